@@ -1,0 +1,120 @@
+// Package preempt is the pure claim logic: may worker W claim task T now,
+// and if not, when to look again; the claim mutation itself; and the bounded
+// heap of claim times the consumer schedules from. It does no I/O.
+package preempt
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Verdict is the outcome of Decide.
+type Verdict int
+
+const (
+	// Never: W cannot claim T until T changes (finished, pinned elsewhere,
+	// W already runs or succeeded it).
+	Never Verdict = iota
+	// Later: look again at Decision.At (delayed, or full until a lease ends).
+	Later
+	// Claim: W may claim now.
+	Claim
+	// Reap: nobody may claim, but expired workers exhaust the retries, so
+	// the task must be written as failed (see Reap).
+	Reap
+)
+
+func (v Verdict) String() string {
+	return [...]string{"never", "later", "claim", "reap"}[v]
+}
+
+// Decision says whether and when a worker may claim a task.
+type Decision struct {
+	Verdict Verdict
+	At      time.Time // for Later
+	Reason  string
+}
+
+// ErrNotClaimable is returned by Claim when Decide does not say Claim.
+var ErrNotClaimable = errors.New("not claimable")
+
+// Decide applies DESIGN.md's claim rule for workerID at store time now.
+// Lock keys are not checked here: they live outside the document.
+//
+// A worker whose own earlier attempt failed or expired may claim again (a
+// single-worker deployment must be able to retry); a worker with a RUNNING
+// or SUCCESS entry may not, so concurrent and successful workers are
+// distinct.
+func Decide(t *task.Task, workerID string, now time.Time) Decision {
+	if t.State.Finished() {
+		return Decision{Verdict: Never, Reason: string(t.State)}
+	}
+	if !t.Allows(workerID) {
+		return Decision{Verdict: Never, Reason: "pinned to other workers"}
+	}
+	for _, w := range t.Workers {
+		if w.WorkerID != workerID {
+			continue
+		}
+		if w.State == task.WorkerSuccess {
+			return Decision{Verdict: Never, Reason: "already succeeded here"}
+		}
+		if w.Live(now) {
+			return Decision{Verdict: Never, Reason: "already running here"}
+		}
+	}
+	c := t.CountWorkers(now)
+	if c.Unexpected+c.Expired > t.MaxUnexpectedRetries {
+		return Decision{Verdict: Reap, Reason: "retries exhausted by expired workers"}
+	}
+	if now.Before(t.RunAt) {
+		return Decision{Verdict: Later, At: t.RunAt, Reason: "delayed"}
+	}
+	if c.Success >= t.SuccessWorkerCnt {
+		return Decision{Verdict: Never, Reason: "enough successes"}
+	}
+	if c.Live >= t.ConcurrentWorkerCnt {
+		at := time.Time{}
+		for _, w := range t.Workers {
+			if w.Live(now) && (at.IsZero() || w.LeaseUntil.Before(at)) {
+				at = w.LeaseUntil
+			}
+		}
+		return Decision{Verdict: Later, At: at, Reason: "all worker slots leased"}
+	}
+	return Decision{Verdict: Claim}
+}
+
+// ClaimTask returns a copy of t with workerID appended as RUNNING under a
+// fresh lease and the next attempt number, expired workers recorded as
+// failures, and derived fields recomputed. The caller writes it with
+// compare-and-set.
+func ClaimTask(t *task.Task, workerID string, now time.Time) (*task.Task, int, error) {
+	if d := Decide(t, workerID, now); d.Verdict != Claim {
+		return nil, 0, fmt.Errorf("claim %s: %w: %s", t.Key, ErrNotClaimable, d.Reason)
+	}
+	next := t.Clone()
+	next.DropExpired(now)
+	next.Attempts++
+	next.Workers = append(next.Workers, task.Worker{
+		WorkerID:   workerID,
+		State:      task.WorkerRunning,
+		Attempt:    next.Attempts,
+		LeaseUntil: now.Add(time.Duration(t.WorkerTimeout)).UTC(),
+		StartedAt:  now.UTC(),
+	})
+	next.UpdatedAt = now.UTC()
+	next.Recompute(now)
+	return next, next.Attempts, nil
+}
+
+// ReapTask returns a copy of t with its expired workers recorded as
+// failures, which for a Reap decision leaves it failed.
+func ReapTask(t *task.Task, now time.Time) *task.Task {
+	next := t.Clone()
+	next.DropExpired(now)
+	return next
+}

@@ -1,0 +1,160 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Backends map their native errors onto these once, and
+// callers branch with errors.Is.
+var (
+	ErrInvalid     = errors.New("invalid")
+	ErrNotFound    = errors.New("task not found")
+	ErrConflict    = errors.New("version conflict")
+	ErrLeaseLost   = errors.New("lease lost")
+	ErrCancelled   = fmt.Errorf("%w: task cancelled", ErrLeaseLost)
+	ErrUnpinned    = fmt.Errorf("%w: worker no longer among specific_worker_ids", ErrLeaseLost)
+	ErrFinished    = errors.New("task already finished")
+	ErrNotFinished = errors.New("task not finished")
+	ErrLocked      = errors.New("lock held")
+	// ErrHistoryLost means a change stream cannot resume from its token:
+	// re-query everything.
+	ErrHistoryLost = errors.New("change history lost")
+	// ErrWatchUnsupported means the store cannot push changes: poll.
+	ErrWatchUnsupported = errors.New("change stream unsupported")
+	ErrClosed           = errors.New("store closed")
+)
+
+// Store is the one seam to storage. Every method takes a context first and
+// is safe for concurrent use. Both backends pass storetest.Run.
+type Store interface {
+	// Insert stores t if no task has t.Key, assigning ID, Seq and Version 1
+	// (t is updated in place), and returns it with inserted true. If one
+	// exists it returns the stored task untouched with inserted false.
+	// Concurrent inserts of one key yield one task.
+	Insert(ctx context.Context, t *Task) (stored *Task, inserted bool, err error)
+	// Get returns the task with key, or ErrNotFound.
+	Get(ctx context.Context, key string) (*Task, error)
+	// Update writes t if the stored version equals t.Version, storing and
+	// setting t.Version+1; otherwise ErrConflict (ErrNotFound if gone).
+	Update(ctx context.Context, t *Task) error
+	// Candidates returns one page of unfinished tasks for the consumer.
+	Candidates(ctx context.Context, q CandidateQuery) ([]*Task, error)
+	// List returns tasks for admin tools, in publish order.
+	List(ctx context.Context, q ListQuery) ([]*Task, error)
+	// Watch opens a change stream of task writes. It returns
+	// ErrWatchUnsupported where the backend cannot push, and
+	// ErrHistoryLost where it cannot resume from p.ResumeAfter.
+	Watch(ctx context.Context, p WatchParams) (ChangeStream, error)
+	// AcquireLocks takes every key for holder until p.Until, or none: a key
+	// held by another holder whose lease is ahead of p.Now fails the call
+	// with a *LockedError. Acquiring again as the same holder renews.
+	AcquireLocks(ctx context.Context, p LockParams) error
+	// ReleaseLocks frees the keys still held by p.Holder.
+	ReleaseLocks(ctx context.Context, p LockParams) error
+	// Now is the store's clock as best known here: leases are written and
+	// compared in it so that skewed hosts agree.
+	Now() time.Time
+	Close() error
+}
+
+// CandidateQuery selects unfinished tasks (pending or running) that a
+// worker could claim.
+type CandidateQuery struct {
+	// Kinds limits the kinds; empty means every kind.
+	Kinds []string
+	// WorkerID drops tasks pinned to other workers; empty keeps all.
+	WorkerID string
+	// Now splits ready from upcoming tasks.
+	Now time.Time
+	// Ready selects next_claim_at <= Now in priority (desc) then seq order;
+	// otherwise next_claim_at > Now in next_claim_at then seq order.
+	Ready bool
+	// After continues a previous page after this task (in the same order).
+	After *Task
+	// Limit is the page size; required.
+	Limit int
+}
+
+// Less reports whether a comes before b in q's order.
+func (q CandidateQuery) Less(a, b *Task) bool {
+	if q.Ready {
+		if a.Priority != b.Priority {
+			return a.Priority > b.Priority
+		}
+		return a.Seq < b.Seq
+	}
+	if !a.NextClaimAt.Equal(b.NextClaimAt) {
+		return a.NextClaimAt.Before(b.NextClaimAt)
+	}
+	return a.Seq < b.Seq
+}
+
+// ListQuery selects tasks for admin tools.
+type ListQuery struct {
+	State State  // empty: any
+	Kind  string // empty: any
+	// AfterSeq continues after this Seq.
+	AfterSeq int64
+	Limit    int // 0: no limit
+}
+
+// Token is an opaque resume position in a change stream.
+type Token []byte
+
+// WatchParams opens a change stream.
+type WatchParams struct {
+	// ResumeAfter resumes after this token; nil starts from now.
+	ResumeAfter Token
+}
+
+// Event is one task write seen on a change stream.
+type Event struct {
+	Key string
+	// Task is the document after the write, or nil when the stream could
+	// not carry it: re-read it by Key.
+	Task *Task
+	// Token resumes the stream after this event.
+	Token Token
+}
+
+// ChangeStream delivers task writes in order. Next blocks until an event,
+// an error, or ctx is done. After an error the stream is dead: reopen it
+// from ResumeToken, and on ErrHistoryLost re-query everything.
+type ChangeStream interface {
+	Next(ctx context.Context) (Event, error)
+	// ResumeToken is the latest position, including positions passed
+	// without events, so a quiet stream does not age out.
+	ResumeToken() Token
+	Close() error
+}
+
+// Holder identifies who holds a lock: one attempt of one worker on one task.
+type Holder struct {
+	TaskKey  string `json:"task_key"`
+	WorkerID string `json:"worker_id"`
+	Attempt  int    `json:"attempt"`
+}
+
+// LockParams takes or frees lock keys.
+type LockParams struct {
+	Keys   []string
+	Holder Holder
+	Now    time.Time // store time; a holder whose Until is not after Now has lost it
+	Until  time.Time
+}
+
+// LockedError says which key is held, by whom, and until when.
+type LockedError struct {
+	Key    string
+	Holder Holder
+	Until  time.Time
+}
+
+func (e *LockedError) Error() string {
+	return fmt.Sprintf("lock %s held by %s/%s attempt %d until %s", e.Key, e.Holder.TaskKey, e.Holder.WorkerID, e.Holder.Attempt, e.Until.Format(time.RFC3339Nano))
+}
+
+func (e *LockedError) Unwrap() error { return ErrLocked }

@@ -1,0 +1,306 @@
+// Package task is leasepool's data model: the task document, its options and
+// their validation, the state derived from its worker list, the mutations
+// that the four operations (publish, claim, ping, finish) apply to it, the
+// Store interface every backend implements, and the sentinel errors callers
+// branch on. It imports no backend and no other leasepool package.
+package task
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// State is a task's state, derived from its worker list and stored so that
+// backends can index it.
+type State string
+
+const (
+	StatePending   State = "pending"   // no live worker, may be claimed (perhaps later)
+	StateRunning   State = "running"   // at least one live RUNNING worker
+	StateSucceeded State = "succeeded" // success_worker_cnt workers succeeded
+	StateFailed    State = "failed"    // more unexpected failures than max_unexpected_retries
+	StateCancelled State = "cancelled" // cancelled by a user
+)
+
+// Finished reports whether no worker will ever claim a task in state s again.
+func (s State) Finished() bool {
+	return s == StateSucceeded || s == StateFailed || s == StateCancelled
+}
+
+// ParseState parses a state name as the CLI and JSON spell it.
+func ParseState(s string) (State, error) {
+	switch st := State(s); st {
+	case StatePending, StateRunning, StateSucceeded, StateFailed, StateCancelled:
+		return st, nil
+	}
+	return "", fmt.Errorf("%w: state: %q is not one of pending, running, succeeded, failed, cancelled", ErrInvalid, s)
+}
+
+// WorkerState is the state of one worker's entry in a task's worker list.
+// EXPIRED is not stored: it is a RUNNING entry whose lease has passed.
+type WorkerState string
+
+const (
+	WorkerRunning WorkerState = "RUNNING"
+	WorkerSuccess WorkerState = "SUCCESS"
+	WorkerFail    WorkerState = "FAIL"
+	WorkerExpired WorkerState = "EXPIRED" // recorded when a claim drops an expired entry
+)
+
+// Worker is one entry of a task's worker list.
+type Worker struct {
+	WorkerID string      `json:"worker_id"`
+	State    WorkerState `json:"state"`
+	// Attempt is the fencing token: it grows with every claim of the task.
+	Attempt    int       `json:"attempt"`
+	LeaseUntil time.Time `json:"lease_until"`
+	StartedAt  time.Time `json:"started_at"`
+	EndedAt    time.Time `json:"ended_at,omitzero"`
+	Error      string    `json:"error,omitempty"`
+}
+
+// Live reports whether w is RUNNING with a lease still ahead of now.
+func (w Worker) Live(now time.Time) bool {
+	return w.State == WorkerRunning && now.Before(w.LeaseUntil)
+}
+
+// Expired reports whether w is RUNNING but its lease has passed.
+func (w Worker) Expired(now time.Time) bool {
+	return w.State == WorkerRunning && !now.Before(w.LeaseUntil)
+}
+
+// Duration is a time.Duration that reads and writes JSON as "1.5s".
+type Duration time.Duration
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		var n int64
+		if err2 := json.Unmarshal(b, &n); err2 != nil {
+			return fmt.Errorf("duration: %w", err)
+		}
+		*d = Duration(n)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Task is the task document. JSON names are those of DESIGN.md.
+type Task struct {
+	ID       string          `json:"_id,omitempty"`
+	Key      string          `json:"key"`
+	Kind     string          `json:"kind"`
+	Payload  json.RawMessage `json:"payload,omitempty"`
+	Priority int             `json:"priority"`
+	RunAt    time.Time       `json:"run_at"`
+	// Seq orders tasks of equal priority by publish; the backend assigns it
+	// and it grows with publish time.
+	Seq                  int64    `json:"seq"`
+	SpecificWorkerIDs    []string `json:"specific_worker_ids,omitempty"`
+	ConcurrentWorkerCnt  int      `json:"concurrent_worker_cnt"`
+	SuccessWorkerCnt     int      `json:"success_worker_cnt"`
+	MaxUnexpectedRetries int      `json:"max_unexpected_retries"`
+	PingInterval         Duration `json:"ping_interval"`
+	WorkerTimeout        Duration `json:"worker_timeout"`
+	LockKeys             []string `json:"lock_keys,omitempty"`
+	Workers              []Worker `json:"workers"`
+	// Attempts is the highest attempt number ever handed out; it survives
+	// entries being released or cleared so the fencing token only grows.
+	Attempts    int       `json:"attempts"`
+	Cancelled   bool      `json:"cancelled,omitempty"`
+	State       State     `json:"state"`
+	NextClaimAt time.Time `json:"next_claim_at"`
+	Version     int64     `json:"version"`
+	CreatedAt   time.Time `json:"created_at"`
+	UpdatedAt   time.Time `json:"updated_at"`
+}
+
+// Clone returns a deep copy, so a mutation never touches a shared document.
+func (t *Task) Clone() *Task {
+	c := *t
+	c.Payload = slices.Clone(t.Payload)
+	c.SpecificWorkerIDs = slices.Clone(t.SpecificWorkerIDs)
+	c.LockKeys = slices.Clone(t.LockKeys)
+	c.Workers = slices.Clone(t.Workers)
+	return &c
+}
+
+// Defaults for task options. A dead worker's task is taken over after
+// DefaultWorkerTimeout, so keep it at seconds.
+const (
+	DefaultPingInterval  = time.Second
+	DefaultWorkerTimeout = 4 * time.Second
+	// DefaultMaxUnexpectedRetries lets a task survive a few crashed workers.
+	DefaultMaxUnexpectedRetries = 3
+	// NoRetries in Options.MaxUnexpectedRetries fails a task at its first
+	// failed or expired worker.
+	NoRetries = -1
+)
+
+// Options are a task's tunable fields as a publisher gives them. Zero values
+// take the documented defaults.
+type Options struct {
+	// Priority orders ready tasks, higher first. Default 0.
+	Priority int
+	// RunAt delays the task; zero means now.
+	RunAt time.Time
+	// SpecificWorkerIDs pins the task to these workers; empty means any.
+	SpecificWorkerIDs []string
+	// ConcurrentWorkerCnt is how many workers may run it at once. Default 1.
+	ConcurrentWorkerCnt int
+	// SuccessWorkerCnt is how many successes finish it. Default 1; at most
+	// ConcurrentWorkerCnt is not required (successes may come one by one).
+	SuccessWorkerCnt int
+	// MaxUnexpectedRetries is how many failed or expired workers are
+	// tolerated before the task fails. Zero means DefaultMaxUnexpectedRetries;
+	// NoRetries means none.
+	MaxUnexpectedRetries int
+	// PingInterval is the lease renewal period. Default DefaultPingInterval.
+	PingInterval time.Duration
+	// WorkerTimeout is the lease length; must exceed PingInterval.
+	// Default DefaultWorkerTimeout, or 4×PingInterval when only that is set.
+	WorkerTimeout time.Duration
+	// LockKeys are resources held exclusively while the task runs.
+	LockKeys []string
+}
+
+// PublishParams is one publish call.
+type PublishParams struct {
+	Key     string
+	Kind    string
+	Payload json.RawMessage
+	Options
+	// Rerun clears a finished task's workers so it runs again. A running
+	// task is never reset.
+	Rerun bool
+}
+
+// Validate checks p and fills defaults in place; call it once. Its errors
+// wrap ErrInvalid and name the field.
+func (p *PublishParams) Validate() error {
+	if err := ValidateName("key", p.Key); err != nil {
+		return err
+	}
+	if err := ValidateName("kind", p.Kind); err != nil {
+		return err
+	}
+	if len(p.Payload) == 0 {
+		p.Payload = json.RawMessage("{}")
+	} else if !json.Valid(p.Payload) {
+		return invalid("payload", "is not valid JSON")
+	}
+	for _, id := range p.SpecificWorkerIDs {
+		if err := ValidateName("specific_worker_ids", id); err != nil {
+			return err
+		}
+	}
+	for _, k := range p.LockKeys {
+		if err := ValidateName("lock_keys", k); err != nil {
+			return err
+		}
+	}
+	switch {
+	case p.ConcurrentWorkerCnt < 0:
+		return invalid("concurrent_worker_cnt", "must be at least 1")
+	case p.SuccessWorkerCnt < 0:
+		return invalid("success_worker_cnt", "must be at least 1")
+	case p.MaxUnexpectedRetries < NoRetries:
+		return invalid("max_unexpected_retries", "must not be negative")
+	case p.PingInterval < 0:
+		return invalid("ping_interval", "must be positive")
+	case p.WorkerTimeout < 0:
+		return invalid("worker_timeout", "must be positive")
+	}
+	if p.ConcurrentWorkerCnt == 0 {
+		p.ConcurrentWorkerCnt = 1
+	}
+	if p.SuccessWorkerCnt == 0 {
+		p.SuccessWorkerCnt = 1
+	}
+	switch p.MaxUnexpectedRetries {
+	case 0:
+		p.MaxUnexpectedRetries = DefaultMaxUnexpectedRetries
+	case NoRetries:
+		p.MaxUnexpectedRetries = 0
+	}
+	switch {
+	case p.PingInterval == 0 && p.WorkerTimeout == 0:
+		p.PingInterval, p.WorkerTimeout = DefaultPingInterval, DefaultWorkerTimeout
+	case p.PingInterval == 0:
+		p.PingInterval = min(DefaultPingInterval, p.WorkerTimeout/4)
+		if p.PingInterval <= 0 {
+			return invalid("worker_timeout", "is too short")
+		}
+	case p.WorkerTimeout == 0:
+		p.WorkerTimeout = 4 * p.PingInterval
+	}
+	if p.WorkerTimeout <= p.PingInterval {
+		return invalid("worker_timeout", fmt.Sprintf("(%s) must be above ping_interval (%s)", p.WorkerTimeout, p.PingInterval))
+	}
+	if len(p.SpecificWorkerIDs) > 0 && len(p.SpecificWorkerIDs) < p.ConcurrentWorkerCnt {
+		// Allowed, but a task can never have more distinct workers than pins.
+		p.ConcurrentWorkerCnt = len(p.SpecificWorkerIDs)
+	}
+	return nil
+}
+
+// NewTask validates p and builds the document a publish inserts.
+func NewTask(p PublishParams, now time.Time) (*Task, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	runAt := p.RunAt
+	if runAt.IsZero() || runAt.Before(now) {
+		runAt = now
+	}
+	t := &Task{
+		Key:                  p.Key,
+		Kind:                 p.Kind,
+		Payload:              p.Payload,
+		Priority:             p.Priority,
+		RunAt:                runAt.UTC(),
+		SpecificWorkerIDs:    p.SpecificWorkerIDs,
+		ConcurrentWorkerCnt:  p.ConcurrentWorkerCnt,
+		SuccessWorkerCnt:     p.SuccessWorkerCnt,
+		MaxUnexpectedRetries: p.MaxUnexpectedRetries,
+		PingInterval:         Duration(p.PingInterval),
+		WorkerTimeout:        Duration(p.WorkerTimeout),
+		LockKeys:             p.LockKeys,
+		Workers:              []Worker{},
+		Version:              1,
+		CreatedAt:            now.UTC(),
+		UpdatedAt:            now.UTC(),
+	}
+	t.Recompute(now)
+	return t, nil
+}
+
+// ValidateName checks a key, kind, worker id or lock key: non-empty, at most
+// 512 bytes, no control characters.
+func ValidateName(field, s string) error {
+	if s == "" {
+		return invalid(field, "must not be empty")
+	}
+	if len(s) > 512 {
+		return invalid(field, "is longer than 512 bytes")
+	}
+	if i := strings.IndexFunc(s, unicode.IsControl); i >= 0 {
+		return invalid(field, fmt.Sprintf("%q has a control character", s))
+	}
+	return nil
+}
+
+func invalid(field, msg string) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalid, field, msg)
+}
