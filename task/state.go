@@ -190,3 +190,16 @@ func (t *Task) touch(now time.Time) {
 	t.UpdatedAt = now.UTC()
 	t.Recompute(now)
 }
+
+// Snooze gives workerID's attempt back without counting a failure and
+// delays the next claim until until.
+func (t *Task) Snooze(workerID string, attempt int, until, now time.Time) error {
+	if err := t.Release(workerID, attempt, now); err != nil {
+		return err
+	}
+	if until.After(t.RunAt) {
+		t.RunAt = until.UTC()
+	}
+	t.touch(now)
+	return nil
+}

@@ -1,0 +1,109 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Job is what a handler gets: the task as claimed, the attempt number (the
+// fencing token; carry it on side effects so a stale holder can be told
+// apart), and the id of the worker running it.
+type Job struct {
+	Task     *task.Task
+	Attempt  int
+	WorkerID string
+}
+
+// Handler runs one attempt of a task. Its context is cancelled when the
+// lease is lost (preempted, unpinned), the task is cancelled, or the worker
+// shuts down; context.Cause tells which. Returning nil records success; an
+// error records failure, unless it is Retryable (retried here within the
+// lease) or a Snooze (released without spending a retry).
+type Handler interface {
+	Handle(ctx context.Context, job *Job) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, job *Job) error
+
+func (f HandlerFunc) Handle(ctx context.Context, job *Job) error { return f(ctx, job) }
+
+// Middleware wraps a handler.
+type Middleware func(Handler) Handler
+
+// Mux routes jobs to handlers by task kind.
+type Mux struct {
+	mu       sync.RWMutex
+	handlers map[string]Handler
+}
+
+// NewMux returns an empty Mux.
+func NewMux() *Mux { return &Mux{handlers: map[string]Handler{}} }
+
+// Register registers h for kind, replacing any earlier one.
+func (m *Mux) Register(kind string, h Handler) { m.mu.Lock(); m.handlers[kind] = h; m.mu.Unlock() }
+
+// RegisterFunc registers f for kind.
+func (m *Mux) RegisterFunc(kind string, f func(context.Context, *Job) error) {
+	m.Register(kind, HandlerFunc(f))
+}
+
+// Kinds lists the registered kinds.
+func (m *Mux) Kinds() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	kinds := make([]string, 0, len(m.handlers))
+	for k := range m.handlers {
+		kinds = append(kinds, k)
+	}
+	return kinds
+}
+
+// Handle runs the handler registered for the job's kind.
+func (m *Mux) Handle(ctx context.Context, job *Job) error {
+	m.mu.RLock()
+	h, ok := m.handlers[job.Task.Kind]
+	m.mu.RUnlock()
+	if !ok {
+		return fmt.Errorf("kind %q: %w", job.Task.Kind, ErrUnknownKind)
+	}
+	return h.Handle(ctx, job)
+}
+
+// ErrUnknownKind is returned for a task whose kind has no handler.
+var ErrUnknownKind = errors.New("no handler for kind")
+
+type retryableError struct{ err error }
+
+func (e retryableError) Error() string { return "retryable: " + e.err.Error() }
+func (e retryableError) Unwrap() error { return e.err }
+
+// Retryable marks err as worth retrying: the worker runs the handler again
+// with backoff while it still holds the lease.
+func Retryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return retryableError{err}
+}
+
+// IsRetryable reports whether err was marked with Retryable.
+func IsRetryable(err error) bool {
+	var r retryableError
+	return errors.As(err, &r)
+}
+
+// SnoozeError asks the worker to give the task back without spending a
+// retry and not to start it again before Delay has passed (an offline
+// device, a busy downstream).
+type SnoozeError struct{ Delay time.Duration }
+
+func (e *SnoozeError) Error() string { return fmt.Sprintf("snooze %s", e.Delay) }
+
+// Snooze returns a *SnoozeError for d.
+func Snooze(d time.Duration) error { return &SnoozeError{Delay: d} }
