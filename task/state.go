@@ -94,22 +94,31 @@ func (t *Task) holding(workerID string, attempt int) (int, error) {
 
 // Renew extends workerID's lease to now+WorkerTimeout. It fails with an
 // error wrapping ErrLeaseLost when the entry is gone, the task was
-// cancelled, or the worker is no longer among the pins (then the entry is
-// removed, so a permitted worker may take over at once: the caller must
-// still write t).
+// cancelled, or the worker is no longer among the pins (see Unpin).
 func (t *Task) Renew(workerID string, attempt int, now time.Time) error {
 	i, err := t.holding(workerID, attempt)
 	if err != nil {
 		return err
 	}
 	if !t.Allows(workerID) {
-		t.Workers = slices.Delete(t.Workers, i, i+1)
-		t.touch(now)
 		return fmt.Errorf("task %s: %w", t.Key, ErrUnpinned)
 	}
 	t.Workers[i].LeaseUntil = now.Add(time.Duration(t.WorkerTimeout)).UTC()
 	t.touch(now)
 	return nil
+}
+
+// Unpin removes workerID's RUNNING entry when the pins no longer allow it,
+// so a permitted worker may take over at once without waiting for the
+// lease to expire. It reports whether it changed t.
+func (t *Task) Unpin(workerID string, attempt int, now time.Time) bool {
+	i := t.Entry(workerID, attempt)
+	if t.Allows(workerID) || i < 0 || t.Workers[i].State != WorkerRunning {
+		return false
+	}
+	t.Workers = slices.Delete(t.Workers, i, i+1)
+	t.touch(now)
+	return true
 }
 
 // Finish records workerID's outcome: success when errMsg is empty. It is

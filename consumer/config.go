@@ -1,0 +1,117 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Config configures a Consumer. Zero values take the documented defaults.
+type Config struct {
+	// Store is the task store. Required.
+	Store task.Store
+	// Handler runs claimed tasks, usually a *Mux. Required.
+	Handler Handler
+	// WorkerID names this worker in leases and pins. Default
+	// "<host>-<pid>-<random>".
+	WorkerID string
+	// Kinds limits the kinds claimed. Default: the kinds registered on the
+	// Handler when it is a *Mux, otherwise every kind.
+	Kinds []string
+	// Concurrency is how many handlers run at once. Default 8.
+	Concurrency int
+	// HeapSize bounds the claim heap. Default 1000.
+	HeapSize int
+	// PageSize is the candidate query's page size. Default 200.
+	PageSize int
+	// PollInterval is how often to query for work when the store cannot
+	// push changes. Default 500ms.
+	PollInterval time.Duration
+	// SafetyNetInterval is how often to query for work even with a healthy
+	// change stream, to catch what an event did not carry. Default 30s.
+	SafetyNetInterval time.Duration
+	// ShutdownTimeout is how long Stop lets running handlers finish before
+	// cancelling them and releasing their leases. Default 10s.
+	ShutdownTimeout time.Duration
+	// LocalRetries is how many times a Retryable error is retried within
+	// the lease before the attempt fails. Default 3; -1 for none.
+	LocalRetries int
+	// RetryBackoff is the first local retry's delay, doubling after.
+	// Default 100ms.
+	RetryBackoff time.Duration
+	// Logger receives the worker's logs. Default slog.Default().
+	Logger *slog.Logger
+	// OnStart and OnFinish, when set, are called around every handler run
+	// (for progress displays and tests); they must not block.
+	OnStart  func(job *Job)
+	OnFinish func(job *Job, err error)
+}
+
+func (c *Config) validate() error {
+	if c.Store == nil {
+		return errors.New("consumer config: Store is required")
+	}
+	if c.Handler == nil {
+		return errors.New("consumer config: Handler is required")
+	}
+	fields := []struct {
+		name string
+		v    int64
+	}{
+		{"Concurrency", int64(c.Concurrency)}, {"HeapSize", int64(c.HeapSize)}, {"PageSize", int64(c.PageSize)},
+		{"PollInterval", int64(c.PollInterval)}, {"SafetyNetInterval", int64(c.SafetyNetInterval)},
+		{"ShutdownTimeout", int64(c.ShutdownTimeout)}, {"RetryBackoff", int64(c.RetryBackoff)},
+	}
+	for _, f := range fields {
+		if f.v < 0 {
+			return fmt.Errorf("consumer config: %s must not be negative", f.name)
+		}
+	}
+	if c.LocalRetries < -1 {
+		return errors.New("consumer config: LocalRetries must be -1 or more")
+	}
+	if c.WorkerID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "worker"
+		}
+		c.WorkerID = fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), rand.IntN(1<<16))
+	}
+	if err := task.ValidateName("WorkerID", c.WorkerID); err != nil {
+		return fmt.Errorf("consumer config: %w", err)
+	}
+	if len(c.Kinds) == 0 {
+		if m, ok := c.Handler.(*Mux); ok {
+			c.Kinds = m.Kinds()
+		}
+	}
+	setDefault(&c.Concurrency, 8)
+	setDefault(&c.HeapSize, 1000)
+	setDefault(&c.PageSize, 200)
+	setDefault(&c.PollInterval, 500*time.Millisecond)
+	setDefault(&c.SafetyNetInterval, 30*time.Second)
+	setDefault(&c.ShutdownTimeout, 10*time.Second)
+	setDefault(&c.RetryBackoff, 100*time.Millisecond)
+	switch c.LocalRetries {
+	case 0:
+		c.LocalRetries = 3
+	case -1:
+		c.LocalRetries = 0
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+func setDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}

@@ -1,0 +1,432 @@
+// Package consumer is leasepool's worker pool. It finds work by watching the
+// store's change stream and querying candidates (watch first, so nothing
+// falls in the gap), keeps each claimable task's claim time in a bounded
+// heap, claims due tasks by compare-and-set, runs handlers with a lease kept
+// alive by package ping, and writes the outcome. Stop drains gracefully and
+// releases leases so peers take over at once.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasepool/leasepool/ping"
+	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/task"
+)
+
+// ErrShutdown is the cancellation cause handlers see when the worker stops.
+var ErrShutdown = errors.New("worker shutting down")
+
+// Stats are counters since Start.
+type Stats struct {
+	Running, Queued                      int
+	Claimed, Succeeded, Failed, LeaseLost int64
+	Released, Snoozed                     int64
+}
+
+// Consumer is one worker: it claims and runs tasks until stopped.
+type Consumer struct {
+	cfg    Config
+	store  task.Store
+	logger *slog.Logger
+
+	startOnce, stopOnce sync.Once
+	stopSchedule        context.CancelFunc
+	scheduleDone        chan struct{}
+	handlerCtx          context.Context // parent of every handler's context
+	cancelHandlers      context.CancelCauseFunc
+	runs                sync.WaitGroup // claim attempts and handler runs
+
+	events  chan task.Event
+	requery chan struct{}
+	pollNow chan struct{}
+	results chan attemptResult
+
+	mu      sync.Mutex
+	running map[string]*run
+
+	queued                                atomic.Int64
+	claimed, succeeded, failed, leaseLost atomic.Int64
+	released, snoozed                     atomic.Int64
+}
+
+type run struct {
+	lease   *ping.Lease
+	version int64 // document version written by the claim
+	cancel  context.CancelCauseFunc
+}
+
+// attemptResult tells the scheduler a slot is free and, when the task
+// could not be claimed, when to try again.
+type attemptResult struct {
+	key      string
+	retry    *preempt.Entry
+	lockKeys []string // waiting for these locks
+}
+
+// New validates cfg and returns a consumer ready to Start.
+func New(cfg Config) (*Consumer, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		cfg:     cfg,
+		store:   cfg.Store,
+		logger:  cfg.Logger.With(slog.String("worker", cfg.WorkerID)),
+		events:  make(chan task.Event, 1024),
+		requery: make(chan struct{}, 1),
+		pollNow: make(chan struct{}, 1),
+		results: make(chan attemptResult, cfg.Concurrency),
+		running: make(map[string]*run),
+	}, nil
+}
+
+// WorkerID is this worker's id.
+func (c *Consumer) WorkerID() string { return c.cfg.WorkerID }
+
+// Stats returns counters since Start.
+func (c *Consumer) Stats() Stats {
+	c.mu.Lock()
+	n := len(c.running)
+	c.mu.Unlock()
+	return Stats{
+		Running: n, Queued: int(c.queued.Load()),
+		Claimed: c.claimed.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
+		LeaseLost: c.leaseLost.Load(), Released: c.released.Load(), Snoozed: c.snoozed.Load(),
+	}
+}
+
+// Start begins claiming and running tasks; it returns at once. Cancelling
+// ctx stops claiming and cancels running handlers (their leases are
+// released); Stop is the graceful way.
+func (c *Consumer) Start(ctx context.Context) error {
+	started := false
+	c.startOnce.Do(func() {
+		started = true
+		c.handlerCtx, c.cancelHandlers = context.WithCancelCause(ctx)
+		schedCtx, cancel := context.WithCancel(ctx)
+		c.stopSchedule = cancel
+		c.scheduleDone = make(chan struct{})
+		watchDone := make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			c.watch(schedCtx)
+		}()
+		go func() {
+			defer close(c.scheduleDone)
+			c.schedule(schedCtx)
+			<-watchDone
+		}()
+		c.logger.Info("worker started", slog.Int("concurrency", c.cfg.Concurrency), slog.Any("kinds", c.cfg.Kinds))
+	})
+	if !started {
+		return errors.New("consumer already started")
+	}
+	return nil
+}
+
+// Stop stops claiming, lets running handlers finish until ShutdownTimeout
+// or ctx's deadline, then cancels them with ErrShutdown and releases their
+// leases so peers claim at once. It returns when every goroutine has
+// exited; calling it again is harmless.
+func (c *Consumer) Stop(ctx context.Context) error {
+	if c.stopSchedule == nil {
+		return nil
+	}
+	c.stopOnce.Do(func() {
+		// 1. No new claims: stop the scheduler and the change stream.
+		c.stopSchedule()
+		<-c.scheduleDone
+		// 2. Give running handlers their grace period.
+		drained := make(chan struct{})
+		go func() { c.runs.Wait(); close(drained) }()
+		grace := time.NewTimer(c.cfg.ShutdownTimeout)
+		defer grace.Stop()
+		select {
+		case <-drained:
+		case <-grace.C:
+		case <-ctx.Done():
+		}
+		// 3. Cancel the rest; each releases its lease before returning.
+		c.cancelHandlers(ErrShutdown)
+		<-drained
+		c.logger.Info("worker stopped", slog.Int64("succeeded", c.succeeded.Load()), slog.Int64("failed", c.failed.Load()))
+	})
+	return nil
+}
+
+// watch feeds change events to the scheduler. It opens the stream before
+// asking for a query, so nothing written between the two is missed, and
+// reopens from the resume token after errors.
+func (c *Consumer) watch(ctx context.Context) {
+	var token task.Token
+	backoff := 10 * time.Millisecond
+	for ctx.Err() == nil {
+		stream, err := c.store.Watch(ctx, task.WatchParams{ResumeAfter: token})
+		switch {
+		case errors.Is(err, task.ErrWatchUnsupported):
+			c.logger.Info("store has no change stream; polling", slog.Duration("interval", c.cfg.PollInterval))
+			signal(c.pollNow)
+			return
+		case errors.Is(err, task.ErrHistoryLost):
+			c.logger.Warn("change history lost; re-querying everything")
+			token = nil
+			continue
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			c.logger.Warn("open change stream", slog.Any("err", err))
+			sleep(ctx, backoff)
+			backoff = min(backoff*2, 2*time.Second)
+			continue
+		}
+		if token == nil {
+			signal(c.requery)
+		}
+		backoff = 10 * time.Millisecond
+		err = c.pump(ctx, stream)
+		token = stream.ResumeToken()
+		stream.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, task.ErrHistoryLost) {
+			c.logger.Warn("change history lost; re-querying everything")
+			token = nil
+		} else {
+			c.logger.Warn("change stream failed; resuming", slog.Any("err", err))
+			sleep(ctx, backoff)
+		}
+	}
+}
+
+func (c *Consumer) pump(ctx context.Context, stream task.ChangeStream) error {
+	for {
+		ev, err := stream.Next(ctx)
+		if err != nil {
+			return err
+		}
+		if ev.Task == nil {
+			t, err := c.store.Get(ctx, ev.Key)
+			if errors.Is(err, task.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("re-read %s: %w", ev.Key, err)
+			}
+			ev.Task = t
+		}
+		select {
+		case c.events <- ev:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// schedule owns the heap: it turns events, query pages and attempt results
+// into claim times, and starts claim attempts while slots are free.
+func (c *Consumer) schedule(ctx context.Context) {
+	s := &scheduler{
+		Consumer:   c,
+		heap:       preempt.NewHeap(c.cfg.HeapSize),
+		free:       c.cfg.Concurrency,
+		lockWaiter: map[string]map[string]bool{},
+	}
+	safety := time.NewTicker(c.cfg.SafetyNetInterval)
+	defer safety.Stop()
+	var poll <-chan time.Time
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	ready := false // a first query has run (after the stream opened)
+	for {
+		if ready {
+			s.dispatch(ctx)
+			if s.heap.Len() == 0 && (s.overflow || time.Since(s.lastQuery) > time.Second) && s.free > 0 {
+				s.query(ctx)
+				s.dispatch(ctx)
+			}
+		}
+		c.queued.Store(int64(s.heap.Len()))
+		timer.Reset(s.wait())
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-c.events:
+			s.onEvent(ev)
+			for drained := false; !drained; {
+				select {
+				case ev := <-c.events:
+					s.onEvent(ev)
+				default:
+					drained = true
+				}
+			}
+		case <-c.requery:
+			ready = true
+			s.query(ctx)
+		case <-c.pollNow:
+			ready = true
+			t := time.NewTicker(c.cfg.PollInterval)
+			defer t.Stop()
+			poll = t.C
+			s.query(ctx)
+		case <-poll:
+			s.query(ctx)
+		case r := <-c.results:
+			s.onResult(r)
+		case <-timer.C:
+		case <-safety.C:
+			s.query(ctx)
+		}
+	}
+}
+
+type scheduler struct {
+	*Consumer
+	heap      *preempt.Heap
+	free      int
+	overflow  bool
+	lastQuery time.Time
+	// lockWaiter maps a lock key to the tasks waiting for it, so that the
+	// holder's finish wakes them at once.
+	lockWaiter map[string]map[string]bool
+}
+
+func (s *scheduler) wait() time.Duration {
+	if s.free == 0 {
+		return time.Hour // a result will wake us
+	}
+	at, ok := s.heap.Next()
+	if !ok {
+		return time.Second // the empty-heap query
+	}
+	return max(time.Until(at)+time.Millisecond, 0)
+}
+
+func (s *scheduler) wants(t *task.Task) bool {
+	return len(s.cfg.Kinds) == 0 || slices.Contains(s.cfg.Kinds, t.Kind)
+}
+
+// offer puts t in the heap at the time this worker may claim it, or drops it.
+func (s *scheduler) offer(t *task.Task, now time.Time) {
+	if !s.wants(t) {
+		return
+	}
+	d := preempt.Decide(t, s.cfg.WorkerID, now)
+	at := now
+	switch d.Verdict {
+	case preempt.Never:
+		s.heap.Remove(t.Key)
+		return
+	case preempt.Later:
+		at = d.At
+	}
+	if !s.heap.Put(preempt.Entry{Key: t.Key, At: at, Priority: t.Priority, Seq: t.Seq, Task: t}) {
+		s.overflow = true
+	}
+}
+
+func (s *scheduler) onEvent(ev task.Event) {
+	t := ev.Task
+	s.mu.Lock()
+	r := s.running[t.Key]
+	s.mu.Unlock()
+	if r != nil && t.Version >= r.version {
+		if err := r.lease.Observe(t); err != nil {
+			r.cancel(err)
+		}
+	}
+	now := s.store.Now()
+	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
+		for _, k := range t.LockKeys {
+			for key := range s.lockWaiter[k] {
+				if e, ok := s.heap.Entry(key); ok {
+					e.At = now
+					s.heap.Put(e)
+				}
+			}
+			delete(s.lockWaiter, k)
+		}
+	}
+	if !s.heap.Has(t.Key) && s.heap.Full() {
+		s.overflow = true
+		return
+	}
+	s.offer(t, now)
+}
+
+func (s *scheduler) onResult(r attemptResult) {
+	s.free++
+	if r.retry != nil && !s.heap.Put(*r.retry) {
+		s.overflow = true
+	}
+	for _, k := range r.lockKeys {
+		if s.lockWaiter[k] == nil {
+			s.lockWaiter[k] = map[string]bool{}
+		}
+		s.lockWaiter[k][r.key] = true
+	}
+}
+
+// query loads candidates page by page: ready tasks in priority order, then
+// upcoming ones by claim time, until the heap is full.
+func (s *scheduler) query(ctx context.Context) {
+	s.lastQuery = time.Now()
+	s.overflow = false
+	now := s.store.Now()
+	for _, ready := range []bool{true, false} {
+		var after *task.Task
+		for {
+			if s.heap.Full() {
+				s.overflow = true
+				return
+			}
+			page, err := s.store.Candidates(ctx, task.CandidateQuery{
+				Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: ready, After: after, Limit: s.cfg.PageSize,
+			})
+			if err != nil {
+				if ctx.Err() == nil {
+					s.logger.Warn("candidate query", slog.Any("err", err))
+					s.overflow = true // try again when the heap drains
+				}
+				return
+			}
+			for _, t := range page {
+				s.offer(t, now)
+			}
+			if len(page) < s.cfg.PageSize {
+				break
+			}
+			after = page[len(page)-1]
+		}
+	}
+}
+
+// dispatch starts a claim attempt for each due entry while slots are free.
+func (s *scheduler) dispatch(ctx context.Context) {
+	for s.free > 0 {
+		e, ok := s.heap.Pop(s.store.Now())
+		if !ok {
+			return
+		}
+		s.free--
+		s.runs.Add(1)
+		go func() {
+			defer s.runs.Done()
+			r := s.attempt(ctx, e)
+			select {
+			case s.results <- r:
+			case <-s.scheduleDone:
+			}
+		}()
+	}
+}

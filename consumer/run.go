@@ -1,0 +1,267 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/leasepool/leasepool/ping"
+	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/task"
+)
+
+// attempt claims e's task and, when that succeeds, runs it to the end. It
+// returns what the scheduler should do with the task if it was not claimed.
+func (c *Consumer) attempt(ctx context.Context, e preempt.Entry) attemptResult {
+	res := attemptResult{key: e.Key}
+	doc := e.Task
+	for range 5 {
+		if doc == nil {
+			var err error
+			if doc, err = c.store.Get(ctx, e.Key); err != nil {
+				if !errors.Is(err, task.ErrNotFound) && ctx.Err() == nil {
+					c.logger.Warn("read task", slog.String("task", e.Key), slog.Any("err", err))
+					res.retry = retryEntry(e, nil, c.store.Now().Add(time.Second))
+				}
+				return res
+			}
+		}
+		now := c.store.Now()
+		d := preempt.Decide(doc, c.cfg.WorkerID, now)
+		switch d.Verdict {
+		case preempt.Never:
+			return res
+		case preempt.Later:
+			res.retry = retryEntry(e, doc, d.At)
+			return res
+		case preempt.Reap:
+			reaped := preempt.ReapTask(doc, now)
+			err := c.store.Update(ctx, reaped)
+			if err == nil {
+				c.logger.Warn("task failed: workers expired and retries are exhausted", slog.String("task", doc.Key))
+				return res
+			}
+			if !errors.Is(err, task.ErrConflict) {
+				res.retry = retryEntry(e, nil, now.Add(time.Second))
+				return res
+			}
+			doc = nil
+			continue
+		}
+		next, attempt, err := preempt.ClaimTask(doc, c.cfg.WorkerID, now)
+		if err != nil {
+			return res
+		}
+		holder := task.Holder{TaskKey: doc.Key, WorkerID: c.cfg.WorkerID, Attempt: attempt}
+		locks := task.LockParams{Keys: next.LockKeys, Holder: holder, Now: now, Until: next.Workers[len(next.Workers)-1].LeaseUntil}
+		if len(locks.Keys) > 0 {
+			var locked *task.LockedError
+			err := c.store.AcquireLocks(ctx, locks)
+			if errors.As(err, &locked) {
+				res.retry = retryEntry(e, doc, locked.Until)
+				res.lockKeys = next.LockKeys
+				return res
+			}
+			if err != nil {
+				c.logger.Warn("acquire locks", slog.String("task", doc.Key), slog.Any("err", err))
+				res.retry = retryEntry(e, nil, now.Add(time.Second))
+				return res
+			}
+		}
+		err = c.store.Update(ctx, next)
+		if err == nil {
+			c.run(next, attempt)
+			return res
+		}
+		if len(locks.Keys) > 0 {
+			c.releaseLocks(locks)
+		}
+		if !errors.Is(err, task.ErrConflict) {
+			if ctx.Err() == nil {
+				c.logger.Warn("claim", slog.String("task", doc.Key), slog.Any("err", err))
+				res.retry = retryEntry(e, nil, now.Add(time.Second))
+			}
+			return res
+		}
+		doc = nil // lost the race: re-read and decide again
+	}
+	res.retry = retryEntry(e, nil, c.store.Now().Add(100*time.Millisecond))
+	return res
+}
+
+func retryEntry(e preempt.Entry, doc *task.Task, at time.Time) *preempt.Entry {
+	e.Task, e.At = doc, at
+	return &e
+}
+
+// run executes a claimed attempt: pings while the handler runs, then writes
+// the outcome (or releases the lease on shutdown).
+func (c *Consumer) run(doc *task.Task, attempt int) {
+	c.claimed.Add(1)
+	lease := ping.New(c.store, doc, c.cfg.WorkerID, attempt, c.logger)
+	hctx, cancel := context.WithCancelCause(c.handlerCtx)
+	defer cancel(nil)
+	c.mu.Lock()
+	c.running[doc.Key] = &run{lease: lease, version: doc.Version, cancel: cancel}
+	c.mu.Unlock()
+
+	pingCtx, stopPing := context.WithCancel(context.Background())
+	pingDone := make(chan struct{})
+	go func() {
+		defer close(pingDone)
+		lease.Keep(pingCtx, func(cause error) { cancel(cause) })
+	}()
+
+	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID}
+	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
+	log.Debug("task started", slog.String("kind", doc.Kind))
+	if c.cfg.OnStart != nil {
+		c.cfg.OnStart(job)
+	}
+	err := c.invoke(hctx, job)
+	stopPing()
+	<-pingDone
+	c.mu.Lock()
+	delete(c.running, doc.Key)
+	c.mu.Unlock()
+
+	err = c.settle(hctx, lease, err, log)
+	if c.cfg.OnFinish != nil {
+		c.cfg.OnFinish(job, err)
+	}
+	if keys := lease.Doc().LockKeys; len(keys) > 0 {
+		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
+	}
+}
+
+// settle writes the attempt's outcome and returns what OnFinish reports.
+func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, log *slog.Logger) error {
+	cause := context.Cause(hctx)
+	if errors.Is(cause, task.ErrUnpinned) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = lease.Unpin(ctx)
+		cancel()
+	}
+	if errors.Is(cause, task.ErrLeaseLost) {
+		c.leaseLost.Add(1)
+		log.Warn("lease lost; handler cancelled", slog.Any("cause", cause))
+		return cause
+	}
+	var snooze *SnoozeError
+	write := func(t *task.Task) error { return nil }
+	now := c.store.Now()
+	switch {
+	case errors.Is(cause, ErrShutdown) && err != nil:
+		write = func(t *task.Task) error { return t.Release(lease.Holder().WorkerID, lease.Holder().Attempt, now) }
+		c.released.Add(1)
+		log.Info("lease released on shutdown")
+		err = ErrShutdown
+	case errors.As(err, &snooze):
+		write = func(t *task.Task) error {
+			return t.Snooze(lease.Holder().WorkerID, lease.Holder().Attempt, now.Add(snooze.Delay), now)
+		}
+		c.snoozed.Add(1)
+	case err == nil:
+		write = func(t *task.Task) error { return t.Finish(lease.Holder().WorkerID, lease.Holder().Attempt, true, "", now) }
+	default:
+		msg := err.Error()
+		write = func(t *task.Task) error { return t.Finish(lease.Holder().WorkerID, lease.Holder().Attempt, false, msg, now) }
+	}
+	if werr := c.writeOutcome(lease, write); werr != nil {
+		if errors.Is(werr, task.ErrLeaseLost) {
+			c.leaseLost.Add(1)
+			log.Warn("outcome refused: lease lost", slog.Any("err", werr))
+			return werr
+		}
+		log.Error("outcome not written; the lease will expire and a peer will retry", slog.Any("err", werr))
+		return werr
+	}
+	switch {
+	case snooze != nil, errors.Is(err, ErrShutdown):
+	case err == nil:
+		c.succeeded.Add(1)
+		log.Debug("task succeeded")
+	default:
+		c.failed.Add(1)
+		log.Warn("task attempt failed", slog.Any("err", err))
+	}
+	return err
+}
+
+// writeOutcome retries store errors with backoff while the lease may still
+// be ours; the write itself refuses once it is not.
+func (c *Consumer) writeOutcome(lease *ping.Lease, fn func(*task.Task) error) error {
+	backoff := 20 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := lease.Write(ctx, fn)
+		cancel()
+		if err == nil || errors.Is(err, task.ErrLeaseLost) {
+			return err
+		}
+		doc := lease.Doc()
+		i := doc.Entry(lease.Holder().WorkerID, lease.Holder().Attempt)
+		if i < 0 || !c.store.Now().Before(doc.Workers[i].LeaseUntil) {
+			return err
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (c *Consumer) releaseLocks(p task.LockParams) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.store.ReleaseLocks(ctx, p); err != nil {
+		c.logger.Warn("release locks; they expire with the lease", slog.Any("keys", p.Keys), slog.Any("err", err))
+	}
+}
+
+// invoke calls the handler, turning panics into errors with the stack and
+// retrying Retryable errors with backoff while the context lives.
+func (c *Consumer) invoke(ctx context.Context, job *Job) error {
+	backoff := c.cfg.RetryBackoff
+	for try := 0; ; try++ {
+		err := c.call(ctx, job)
+		if err == nil || !IsRetryable(err) || try >= c.cfg.LocalRetries || ctx.Err() != nil {
+			return err
+		}
+		c.logger.Info("retrying handler", slog.String("task", job.Task.Key), slog.Int("try", try+1), slog.Any("err", err))
+		if !sleep(ctx, backoff) {
+			return err
+		}
+		backoff *= 2
+	}
+}
+
+func (c *Consumer) call(ctx context.Context, job *Job) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return c.cfg.Handler.Handle(ctx, job)
+}
+
+// sleep waits d or until ctx is done; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// signal wakes a channel of capacity one without blocking.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

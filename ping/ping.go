@@ -1,0 +1,185 @@
+// Package ping keeps a claimed task's lease alive: every ping_interval it
+// extends the worker's lease_until (and the task's lock keys) in store time,
+// and when the lease is lost (preempted, cancelled, unpinned) it says so at
+// once so the running handler can be cancelled. Store outages are ridden
+// out: writes are retried with backoff, and loss is reported only when the
+// store says so or the lease has certainly expired.
+package ping
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Lease is one held attempt of one task.
+type Lease struct {
+	store    task.Store
+	key      string
+	workerID string
+	attempt  int
+	logger   *slog.Logger
+
+	mu  sync.Mutex
+	doc *task.Task // latest document this worker wrote or read
+}
+
+// New returns the lease a successful claim wrote as doc.
+func New(store task.Store, doc *task.Task, workerID string, attempt int, logger *slog.Logger) *Lease {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Lease{store: store, key: doc.Key, workerID: workerID, attempt: attempt, doc: doc, logger: logger}
+}
+
+// Doc returns the latest known document.
+func (l *Lease) Doc() *task.Task {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.doc
+}
+
+// Holder is the lock holder identity of this lease.
+func (l *Lease) Holder() task.Holder {
+	return task.Holder{TaskKey: l.key, WorkerID: l.workerID, Attempt: l.attempt}
+}
+
+// Write applies fn to the latest document and writes it with
+// compare-and-set, trying the cached document first (no read) and
+// re-reading on conflict.
+func (l *Lease) Write(ctx context.Context, fn func(t *task.Task) error) error {
+	cur := l.Doc()
+	for {
+		next := cur.Clone()
+		if err := fn(next); err != nil {
+			l.set(next)
+			return err
+		}
+		err := l.store.Update(ctx, next)
+		if err == nil {
+			l.set(next)
+			return nil
+		}
+		if !errors.Is(err, task.ErrConflict) {
+			return err
+		}
+		if cur, err = l.store.Get(ctx, l.key); err != nil {
+			if errors.Is(err, task.ErrNotFound) {
+				return fmt.Errorf("task %s deleted: %w", l.key, task.ErrLeaseLost)
+			}
+			return err
+		}
+		l.set(cur)
+	}
+}
+
+func (l *Lease) set(t *task.Task) {
+	l.mu.Lock()
+	if l.doc == nil || t.Version >= l.doc.Version {
+		l.doc = t
+	}
+	l.mu.Unlock()
+}
+
+// Observe offers a document seen elsewhere (a change event), so the next
+// write starts from it. It reports the loss it shows, if any: cancelled,
+// unpinned, or this attempt gone.
+func (l *Lease) Observe(t *task.Task) error {
+	l.set(t)
+	if t.Cancelled {
+		return task.ErrCancelled
+	}
+	if !t.Allows(l.workerID) {
+		return task.ErrUnpinned
+	}
+	if i := t.Entry(l.workerID, l.attempt); i < 0 || t.Workers[i].State != task.WorkerRunning {
+		return task.ErrLeaseLost
+	}
+	return nil
+}
+
+// Renew extends the lease once, with the task's lock keys. A worker that
+// is no longer pinned removes its own entry, so a permitted worker can
+// claim at once, and reports ErrUnpinned.
+func (l *Lease) Renew(ctx context.Context) error {
+	now := l.store.Now()
+	err := l.Write(ctx, func(t *task.Task) error { return t.Renew(l.workerID, l.attempt, now) })
+	if errors.Is(err, task.ErrUnpinned) {
+		return l.Unpin(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	doc := l.Doc()
+	if len(doc.LockKeys) == 0 {
+		return nil
+	}
+	i := doc.Entry(l.workerID, l.attempt)
+	err = l.store.AcquireLocks(ctx, task.LockParams{Keys: doc.LockKeys, Holder: l.Holder(), Now: now, Until: doc.Workers[i].LeaseUntil})
+	if errors.Is(err, task.ErrLocked) {
+		return fmt.Errorf("%w: %w", task.ErrLeaseLost, err)
+	}
+	return err
+}
+
+// Unpin writes the removal of this attempt's entry after its worker was
+// dropped from the pins, and returns ErrUnpinned.
+func (l *Lease) Unpin(ctx context.Context) error {
+	err := l.Write(ctx, func(t *task.Task) error {
+		if !t.Unpin(l.workerID, l.attempt, l.store.Now()) {
+			return errNoChange
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNoChange) && !errors.Is(err, task.ErrLeaseLost) {
+		return err
+	}
+	return task.ErrUnpinned
+}
+
+var errNoChange = errors.New("no change")
+
+// Keep renews the lease every ping_interval (read afresh from the document
+// each time, so a changed interval applies at the next ping) until ctx is
+// done. It calls lost once, with a cause wrapping task.ErrLeaseLost, when
+// the lease is gone, and returns.
+func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
+	backoff := 50 * time.Millisecond
+	timer := time.NewTimer(time.Duration(l.Doc().PingInterval))
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		err := l.Renew(ctx)
+		switch {
+		case err == nil:
+			backoff = 50 * time.Millisecond
+			timer.Reset(time.Duration(l.Doc().PingInterval))
+		case errors.Is(err, task.ErrLeaseLost):
+			lost(err)
+			return
+		case ctx.Err() != nil:
+			return
+		default:
+			// The store is unreachable: keep trying while the lease may
+			// still be ours; past its end a peer may hold it.
+			doc := l.Doc()
+			i := doc.Entry(l.workerID, l.attempt)
+			if i < 0 || !l.store.Now().Before(doc.Workers[i].LeaseUntil) {
+				lost(fmt.Errorf("%w: lease expired while the store was unreachable: %w", task.ErrLeaseLost, err))
+				return
+			}
+			l.logger.Warn("lease renewal failed; retrying", slog.String("task", l.key), slog.Int("attempt", l.attempt), slog.Any("err", err))
+			timer.Reset(backoff)
+			backoff = min(backoff*2, time.Duration(doc.PingInterval))
+		}
+	}
+}

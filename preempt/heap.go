@@ -1,0 +1,161 @@
+package preempt
+
+import (
+	"container/heap"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Entry is one task waiting in the claim heap.
+type Entry struct {
+	Key      string
+	At       time.Time // when to try a claim
+	Priority int
+	Seq      int64
+	Task     *task.Task // the latest document seen, reused by the claim
+}
+
+// Heap holds the tasks a worker may claim, bounded in size. Entries wait
+// ordered by claim time; once due they move to a ready queue ordered by
+// priority (higher first), then publish order. Not safe for concurrent
+// use: the consumer's scheduler owns it.
+type Heap struct {
+	max    int
+	byKey  map[string]*item
+	timers timerQueue
+	ready  readyQueue
+}
+
+type item struct {
+	Entry
+	index   int
+	isReady bool
+}
+
+// NewHeap returns a heap holding at most max entries.
+func NewHeap(max int) *Heap {
+	return &Heap{max: max, byKey: make(map[string]*item)}
+}
+
+// Len is the number of entries.
+func (h *Heap) Len() int { return len(h.byKey) }
+
+// Full reports whether a new key would be refused.
+func (h *Heap) Full() bool { return len(h.byKey) >= h.max }
+
+// Has reports whether key has an entry.
+func (h *Heap) Has(key string) bool { _, ok := h.byKey[key]; return ok }
+
+// Put adds or replaces key's entry. It returns false, and keeps nothing,
+// when key is new and the heap is full: the caller must re-query later.
+func (h *Heap) Put(e Entry) bool {
+	if it, ok := h.byKey[e.Key]; ok {
+		h.remove(it)
+	} else if h.Full() {
+		return false
+	}
+	it := &item{Entry: e}
+	h.byKey[e.Key] = it
+	heap.Push(&h.timers, it)
+	return true
+}
+
+// Remove drops key's entry, if any.
+func (h *Heap) Remove(key string) {
+	if it, ok := h.byKey[key]; ok {
+		h.remove(it)
+	}
+}
+
+func (h *Heap) remove(it *item) {
+	delete(h.byKey, it.Key)
+	if it.isReady {
+		heap.Remove(&h.ready, it.index)
+	} else {
+		heap.Remove(&h.timers, it.index)
+	}
+}
+
+// Pop removes and returns the best entry due at now: the highest priority,
+// then the earliest published.
+func (h *Heap) Pop(now time.Time) (Entry, bool) {
+	for len(h.timers) > 0 && !h.timers[0].At.After(now) {
+		it := heap.Pop(&h.timers).(*item)
+		it.isReady = true
+		heap.Push(&h.ready, it)
+	}
+	if len(h.ready) == 0 {
+		return Entry{}, false
+	}
+	it := heap.Pop(&h.ready).(*item)
+	delete(h.byKey, it.Key)
+	return it.Entry, true
+}
+
+// Next returns when the next entry falls due; ok is false when empty.
+func (h *Heap) Next() (at time.Time, ok bool) {
+	if len(h.ready) > 0 {
+		return time.Time{}, true
+	}
+	if len(h.timers) > 0 {
+		return h.timers[0].At, true
+	}
+	return time.Time{}, false
+}
+
+// Each calls fn for every entry, in no order.
+func (h *Heap) Each(fn func(Entry)) {
+	for _, it := range h.byKey {
+		fn(it.Entry)
+	}
+}
+
+type timerQueue []*item
+
+func (q timerQueue) Len() int { return len(q) }
+func (q timerQueue) Less(i, j int) bool {
+	if !q[i].At.Equal(q[j].At) {
+		return q[i].At.Before(q[j].At)
+	}
+	return readyLess(q[i], q[j])
+}
+func (q timerQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i]; q[i].index = i; q[j].index = j }
+func (q *timerQueue) Push(x any)   { it := x.(*item); it.index = len(*q); *q = append(*q, it) }
+func (q *timerQueue) Pop() any {
+	old := *q
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return it
+}
+
+type readyQueue []*item
+
+func readyLess(a, b *item) bool {
+	if a.Priority != b.Priority {
+		return a.Priority > b.Priority
+	}
+	return a.Seq < b.Seq
+}
+
+func (q readyQueue) Len() int           { return len(q) }
+func (q readyQueue) Less(i, j int) bool { return readyLess(q[i], q[j]) }
+func (q readyQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i]; q[i].index = i; q[j].index = j }
+func (q *readyQueue) Push(x any)        { it := x.(*item); it.index = len(*q); *q = append(*q, it) }
+func (q *readyQueue) Pop() any {
+	old := *q
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return it
+}
+
+// Entry returns key's entry.
+func (h *Heap) Entry(key string) (Entry, bool) {
+	it, ok := h.byKey[key]
+	if !ok {
+		return Entry{}, false
+	}
+	return it.Entry, true
+}
