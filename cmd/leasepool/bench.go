@@ -1,0 +1,3 @@
+package main
+import "github.com/urfave/cli/v2"
+func benchCommand() *cli.Command { return &cli.Command{Name: "bench"} }

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+func demoCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "demo",
+		Usage: "run three worker processes on a temporary embedded store, kill one mid-run, and check every task ended as it should",
+		Flags: []cli.Flag{
+			&cli.IntFlag{Name: "tasks", Value: 300, Usage: "how many tasks to publish (at least 50)"},
+			&cli.DurationFlag{Name: "kill-after", Value: 1500 * time.Millisecond, Usage: "when to SIGKILL the first worker"},
+			&cli.DurationFlag{Name: "deadline", Value: 2 * time.Minute, Usage: "give up after this long"},
+			&cli.BoolFlag{Name: "keep", Usage: "keep the temporary store and print its path"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.Int("tasks") < 50 {
+				return fmt.Errorf("--tasks: must be at least 50, got %d", c.Int("tasks"))
+			}
+			for _, f := range []string{"kill-after", "deadline"} {
+				if _, err := positiveDuration(c, f); err != nil {
+					return err
+				}
+			}
+			return runDemo(c.Context, c.App.Writer, c.Int("tasks"), c.Duration("kill-after"), c.Duration("deadline"), c.Bool("keep"))
+		},
+	}
+}
+
+// demoTask is one published task and the state it must end in.
+type demoTask struct {
+	params task.PublishParams
+	want   task.State
+	group  string
+}
+
+func demoTasks(n int) []demoTask {
+	sleep := func(d time.Duration, fail bool) json.RawMessage {
+		b, _ := json.Marshal(map[string]any{"duration": d.String(), "fail": fail})
+		return b
+	}
+	fast := task.Options{PingInterval: 200 * time.Millisecond, WorkerTimeout: time.Second}
+	var out []demoTask
+	add := func(group string, want task.State, kind string, payload json.RawMessage, opts task.Options) {
+		key := fmt.Sprintf("%s-%03d", group, len(out))
+		out = append(out, demoTask{params: task.PublishParams{Key: key, Kind: kind, Payload: payload, Options: opts}, want: want, group: group})
+	}
+	for i := range n {
+		opts := fast
+		switch i % 10 {
+		case 0: // long enough that the killed worker holds some: peers take over
+			add("long", task.StateSucceeded, "sleep", sleep(1500*time.Millisecond, false), opts)
+		case 1: // delayed
+			opts.RunAt = time.Now().Add(time.Duration(1+i%3) * time.Second)
+			add("delayed", task.StateSucceeded, "sleep", sleep(20*time.Millisecond, false), opts)
+		case 2: // pinned to the workers that survive
+			opts.SpecificWorkerIDs = []string{"demo-w2", "demo-w3"}
+			add("pinned", task.StateSucceeded, "sleep", sleep(30*time.Millisecond, false), opts)
+		case 3: // three workers at once, two successes finish it
+			opts.ConcurrentWorkerCnt, opts.SuccessWorkerCnt = 3, 2
+			add("multi", task.StateSucceeded, "sleep", sleep(300*time.Millisecond, false), opts)
+		case 4: // fails every time: retries exhausted, reported failed
+			opts.MaxUnexpectedRetries = 1
+			add("failing", task.StateFailed, "sleep", sleep(10*time.Millisecond, true), opts)
+		case 5: // one shared resource: runs one at a time
+			opts.LockKeys = []string{"printer"}
+			add("locked", task.StateSucceeded, "sleep", sleep(20*time.Millisecond, false), opts)
+		default:
+			opts.Priority = i % 7
+			add("plain", task.StateSucceeded, "sleep", sleep(time.Duration(10+i%90)*time.Millisecond, false), opts)
+		}
+	}
+	return out
+}
+
+func runDemo(ctx context.Context, w io.Writer, n int, killAfter, deadline time.Duration, keep bool) error {
+	dir, err := os.MkdirTemp("", "leasepool-demo-")
+	if err != nil {
+		return err
+	}
+	if keep {
+		fmt.Fprintf(w, "store: sqlite:%s\n", filepath.Join(dir, "demo.db"))
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	storeURL := "sqlite:" + filepath.Join(dir, "demo.db")
+	s, err := openStoreURL(ctx, storeURL, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+
+	tasks := demoTasks(n)
+	want := map[string]demoTask{}
+	for _, dt := range tasks {
+		if _, _, err := task.Publish(ctx, s, dt.params); err != nil {
+			return err
+		}
+		want[dt.params.Key] = dt
+	}
+	fmt.Fprintf(w, "published %d tasks: plain, delayed, pinned to demo-w2/demo-w3, 3-worker, failing, locked on one resource, long\n", n)
+
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	workers := map[string]*exec.Cmd{}
+	for _, id := range []string{"demo-w1", "demo-w2", "demo-w3"} {
+		cmd := exec.Command(exe, "--store", storeURL, "--log-level", "error", "worker", "--id", id, "--concurrency", "8")
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start worker %s: %w", id, err)
+		}
+		workers[id] = cmd
+	}
+	defer func() {
+		for _, cmd := range workers {
+			if cmd.ProcessState == nil {
+				cmd.Process.Signal(syscall.SIGTERM)
+				cmd.Wait()
+			}
+		}
+	}()
+	fmt.Fprintln(w, "started workers demo-w1, demo-w2, demo-w3")
+
+	start := time.Now()
+	killed := false
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var final []*task.Task
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		if !killed && time.Since(start) >= killAfter {
+			killed = true
+			workers["demo-w1"].Process.Kill()
+			workers["demo-w1"].Wait()
+			fmt.Fprintf(w, "\nkilled demo-w1 with SIGKILL at %.1fs; its tasks pass to peers when their leases expire\n", time.Since(start).Seconds())
+		}
+		all, err := s.List(ctx, task.ListQuery{})
+		if err != nil {
+			return err
+		}
+		counts := map[task.State]int{}
+		for _, t := range all {
+			counts[t.State]++
+		}
+		done := counts[task.StateSucceeded] + counts[task.StateFailed] + counts[task.StateCancelled]
+		fmt.Fprintf(w, "\r%5.1fs  pending %3d  running %3d  succeeded %3d  failed %3d  (%d/%d done)   ",
+			time.Since(start).Seconds(), counts[task.StatePending], counts[task.StateRunning],
+			counts[task.StateSucceeded], counts[task.StateFailed], done, len(all))
+		if done == len(all) && killed {
+			final = all
+			break
+		}
+		if time.Since(start) > deadline {
+			fmt.Fprintln(w)
+			return fmt.Errorf("demo: not every task finished within %s", deadline)
+		}
+	}
+	fmt.Fprintf(w, "\nall %d tasks finished in %.1fs\n\n", len(final), time.Since(start).Seconds())
+	return demoSummary(w, final, want)
+}
+
+// demoSummary checks every task against what it should have become and
+// prints what the run showed.
+func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) error {
+	var problems []string
+	byGroup := map[string][2]int{}
+	takeovers := 0
+	var lockIntervals [][2]time.Time
+	for _, t := range final {
+		dt := want[t.Key]
+		g := byGroup[dt.group]
+		g[1]++
+		if t.State == dt.want {
+			g[0]++
+		} else {
+			problems = append(problems, fmt.Sprintf("%s ended %s, want %s", t.Key, t.State, dt.want))
+		}
+		byGroup[dt.group] = g
+		for _, wk := range t.Workers {
+			if wk.State == task.WorkerExpired {
+				takeovers++
+			}
+			if dt.group == "pinned" && wk.WorkerID != "demo-w2" && wk.WorkerID != "demo-w3" {
+				problems = append(problems, fmt.Sprintf("%s ran on %s, which it is not pinned to", t.Key, wk.WorkerID))
+			}
+			if dt.group == "locked" && wk.State == task.WorkerSuccess {
+				lockIntervals = append(lockIntervals, [2]time.Time{wk.StartedAt, wk.EndedAt})
+			}
+		}
+		if dt.group == "multi" {
+			ok := 0
+			for _, wk := range t.Workers {
+				if wk.State == task.WorkerSuccess {
+					ok++
+				}
+			}
+			if ok < 2 {
+				problems = append(problems, fmt.Sprintf("%s has %d successful workers, want 2", t.Key, ok))
+			}
+		}
+	}
+	sort.Slice(lockIntervals, func(i, j int) bool { return lockIntervals[i][0].Before(lockIntervals[j][0]) })
+	for i := 1; i < len(lockIntervals); i++ {
+		if lockIntervals[i][0].Before(lockIntervals[i-1][1]) {
+			problems = append(problems, "two tasks holding lock \"printer\" overlapped")
+		}
+	}
+	groups := make([]string, 0, len(byGroup))
+	for g := range byGroup {
+		groups = append(groups, g)
+	}
+	sort.Strings(groups)
+	for _, g := range groups {
+		fmt.Fprintf(w, "  %-8s %3d/%-3d as expected (%s)\n", g, byGroup[g][0], byGroup[g][1], want[firstKey(want, g)].want)
+	}
+	fmt.Fprintf(w, "  leases taken over from the killed worker: %d\n", takeovers)
+	fmt.Fprintf(w, "  tasks on lock \"printer\" ran one at a time: %v\n", !slicesContains(problems, "overlapped"))
+	if len(problems) > 0 {
+		fmt.Fprintln(w, "\nPROBLEMS:")
+		for _, p := range problems {
+			fmt.Fprintln(w, "  "+p)
+		}
+		return errors.New("demo: some tasks did not end as they should")
+	}
+	fmt.Fprintln(w, "\nOK: every task ended as it should")
+	return nil
+}
+
+func firstKey(want map[string]demoTask, group string) string {
+	for k, dt := range want {
+		if dt.group == group {
+			return k
+		}
+	}
+	return ""
+}
+
+func slicesContains(list []string, sub string) bool {
+	for _, s := range list {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,152 @@
+// Command leasepool publishes, runs and inspects leasepool tasks. It only
+// parses flags and wires library packages together.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lmittmann/tint"
+	"github.com/mattn/go-isatty"
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	app := newApp(os.Stdout, os.Stderr)
+	if err := app.RunContext(ctx, interspersed(app, os.Args)); err != nil {
+		fmt.Fprintln(os.Stderr, "leasepool: "+oneLine(err))
+		os.Exit(1)
+	}
+}
+
+func oneLine(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", " ")
+}
+
+// newApp builds the CLI writing to stdout and stderr, so tests can run it.
+func newApp(stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:      "leasepool",
+		Usage:     "a lease-based distributed task queue",
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "store", EnvVars: []string{"LEASEPOOL_STORE"}, Value: "sqlite:leasepool.db",
+				Usage: "task store: sqlite:PATH or mongodb://..."},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+		},
+		Before: func(c *cli.Context) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+				return fmt.Errorf("--log-level: %q is not one of debug, info, warn, error", c.String("log-level"))
+			}
+			slog.SetDefault(newLogger(stderr, level))
+			return nil
+		},
+		Commands: []*cli.Command{
+			publishCommand(), workerCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
+			demoCommand(), benchCommand(),
+		},
+		ExitErrHandler: func(*cli.Context, error) {}, // main prints the one-line error
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return err
+		},
+	}
+}
+
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+		return slog.New(tint.NewHandler(w, &tint.Options{Level: level, TimeFormat: time.TimeOnly}))
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// positiveDuration reads a duration flag that, when given, must be above zero.
+func positiveDuration(c *cli.Context, name string) (time.Duration, error) {
+	if !c.IsSet(name) {
+		return 0, nil
+	}
+	d := c.Duration(name)
+	if d <= 0 {
+		return 0, fmt.Errorf("--%s: must be a positive duration, got %s", name, d)
+	}
+	return d, nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// interspersed moves a command's positional arguments after its flags, so
+// that "publish KEY --kind noop" parses as users expect (urfave/cli stops
+// at the first argument that is not a flag).
+func interspersed(app *cli.App, args []string) []string {
+	out := []string{args[0]}
+	i := 1
+	takesValue := func(flags []cli.Flag, tok string) bool {
+		name := strings.TrimLeft(tok, "-")
+		if strings.Contains(name, "=") {
+			return false
+		}
+		for _, f := range flags {
+			for _, n := range f.Names() {
+				if n == name {
+					_, isBool := f.(*cli.BoolFlag)
+					return !isBool
+				}
+			}
+		}
+		return false
+	}
+	// Global flags come first, as they are.
+	for i < len(args) && strings.HasPrefix(args[i], "-") {
+		out = append(out, args[i])
+		if takesValue(app.Flags, args[i]) && i+1 < len(args) {
+			out = append(out, args[i+1])
+			i++
+		}
+		i++
+	}
+	if i >= len(args) {
+		return out
+	}
+	cmd := app.Command(args[i])
+	out = append(out, args[i])
+	i++
+	if cmd == nil || len(cmd.Subcommands) > 0 {
+		return append(out, args[i:]...)
+	}
+	var positional []string
+	for ; i < len(args); i++ {
+		switch tok := args[i]; {
+		case tok == "--":
+			positional = append(positional, args[i+1:]...)
+			i = len(args)
+		case strings.HasPrefix(tok, "-") && tok != "-":
+			out = append(out, tok)
+			if takesValue(cmd.Flags, tok) && i+1 < len(args) {
+				out = append(out, args[i+1])
+				i++
+			}
+		default:
+			positional = append(positional, tok)
+		}
+	}
+	return append(append(out, "--"), positional...)
+}

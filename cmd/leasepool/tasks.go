@@ -1,0 +1,286 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leasepool/leasepool/builtin"
+	"github.com/leasepool/leasepool/task"
+)
+
+func publishCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "publish",
+		Usage:     "publish a task idempotently, keyed by name",
+		ArgsUsage: "KEY",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "kind", Required: true, Usage: "exec, noop or sleep"},
+			&cli.StringFlag{Name: "payload", Usage: "payload JSON"},
+			&cli.IntFlag{Name: "priority", Usage: "higher runs first"},
+			&cli.DurationFlag{Name: "delay", Usage: "not claimable before this long from now"},
+			&cli.StringFlag{Name: "pin", Usage: "comma-separated worker ids allowed to run it"},
+			&cli.IntFlag{Name: "workers", Value: 1, Usage: "workers running it at the same time"},
+			&cli.IntFlag{Name: "successes", Value: 1, Usage: "successful workers that finish it"},
+			&cli.IntFlag{Name: "retries", Value: task.DefaultMaxUnexpectedRetries, Usage: "failed or expired workers tolerated before it fails"},
+			&cli.DurationFlag{Name: "ping", Value: task.DefaultPingInterval, Usage: "lease renewal interval"},
+			&cli.DurationFlag{Name: "timeout", Value: task.DefaultWorkerTimeout, Usage: "lease length; must be above --ping"},
+			&cli.StringFlag{Name: "lock", Usage: "comma-separated resources held exclusively while it runs"},
+			&cli.BoolFlag{Name: "rerun", Usage: "run a finished task again"},
+			&cli.BoolFlag{Name: "json", Usage: "print the task as JSON"},
+		},
+		Action: func(c *cli.Context) error {
+			p, err := publishParams(c)
+			if err != nil {
+				return err
+			}
+			s, err := openStore(c, false)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			t, res, err := task.Publish(c.Context, s, p)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return writeJSON(c.App.Writer, t)
+			}
+			fmt.Fprintf(c.App.Writer, "%s %s (%s, attempts %d)\n", res, t.Key, t.State, t.Attempts)
+			return nil
+		},
+	}
+}
+
+// publishParams reads and validates every publish flag before anything is
+// opened, so bad input writes nothing.
+func publishParams(c *cli.Context) (task.PublishParams, error) {
+	var p task.PublishParams
+	if c.NArg() != 1 {
+		return p, errors.New("publish: want exactly one KEY argument")
+	}
+	p.Key, p.Kind = c.Args().First(), c.String("kind")
+	if c.IsSet("payload") {
+		p.Payload = json.RawMessage(c.String("payload"))
+		if !json.Valid(p.Payload) {
+			return p, fmt.Errorf("--payload: not valid JSON: %q", c.String("payload"))
+		}
+	}
+	if err := builtin.Validate(p.Kind, p.Payload); err != nil {
+		return p, fmt.Errorf("--kind/--payload: %w", err)
+	}
+	delay, err := positiveDuration(c, "delay")
+	if err != nil {
+		return p, err
+	}
+	if delay > 0 {
+		p.RunAt = time.Now().Add(delay)
+	}
+	for _, name := range []string{"ping", "timeout"} {
+		if _, err := positiveDuration(c, name); err != nil {
+			return p, err
+		}
+	}
+	p.PingInterval, p.WorkerTimeout = c.Duration("ping"), c.Duration("timeout")
+	if p.WorkerTimeout <= p.PingInterval {
+		return p, fmt.Errorf("--timeout: %s must be above --ping %s", p.WorkerTimeout, p.PingInterval)
+	}
+	for _, f := range []string{"workers", "successes"} {
+		if c.Int(f) < 1 {
+			return p, fmt.Errorf("--%s: must be at least 1, got %d", f, c.Int(f))
+		}
+	}
+	if c.Int("retries") < 0 {
+		return p, fmt.Errorf("--retries: must not be negative, got %d", c.Int("retries"))
+	}
+	p.Priority = c.Int("priority")
+	p.SpecificWorkerIDs = splitList(c.String("pin"))
+	p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = c.Int("workers"), c.Int("successes")
+	p.MaxUnexpectedRetries = c.Int("retries")
+	if p.MaxUnexpectedRetries == 0 {
+		p.MaxUnexpectedRetries = task.NoRetries
+	}
+	p.LockKeys = splitList(c.String("lock"))
+	p.Rerun = c.Bool("rerun")
+	// Validate a copy now so that every error is reported before the store
+	// is touched; task.Publish validates again on its own copy.
+	check := p
+	if err := check.Validate(); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+func lsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "ls",
+		Usage: "list tasks",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "state", Usage: "pending, running, succeeded, failed or cancelled"},
+			&cli.StringFlag{Name: "kind"},
+			&cli.IntFlag{Name: "limit", Value: 1000, Usage: "at most this many tasks (0: all)"},
+			&cli.BoolFlag{Name: "json", Usage: "print a JSON array"},
+		},
+		Action: func(c *cli.Context) error {
+			q := task.ListQuery{Kind: c.String("kind"), Limit: c.Int("limit")}
+			if c.IsSet("state") {
+				st, err := task.ParseState(c.String("state"))
+				if err != nil {
+					return fmt.Errorf("--state: %w", err)
+				}
+				q.State = st
+			}
+			if q.Limit < 0 {
+				return fmt.Errorf("--limit: must not be negative")
+			}
+			s, err := openStore(c, true)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			tasks, err := s.List(c.Context, q)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				if tasks == nil {
+					tasks = []*task.Task{}
+				}
+				return writeJSON(c.App.Writer, tasks)
+			}
+			tw := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "KEY\tKIND\tSTATE\tPRIORITY\tWORKERS\tATTEMPTS\tUPDATED")
+			for _, t := range tasks {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", t.Key, t.Kind, t.State, t.Priority,
+					workerSummary(t), t.Attempts, t.UpdatedAt.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func workerSummary(t *task.Task) string {
+	if len(t.Workers) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, w := range t.Workers {
+		parts = append(parts, fmt.Sprintf("%s:%s", w.WorkerID, w.State))
+	}
+	return strings.Join(parts, ",")
+}
+
+func showCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "show",
+		Usage:     "show one task",
+		ArgsUsage: "KEY",
+		Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the task document as JSON"}},
+		Action: withTask(func(c *cli.Context, s task.Store, key string) error {
+			t, err := s.Get(c.Context, key)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return writeJSON(c.App.Writer, t)
+			}
+			return printTask(c.App.Writer, t)
+		}),
+	}
+}
+
+func printTask(w io.Writer, t *task.Task) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
+	row("key", t.Key)
+	row("kind", t.Kind)
+	row("state", t.State)
+	row("payload", string(t.Payload))
+	row("priority", t.Priority)
+	row("run_at", t.RunAt.Local().Format(time.RFC3339Nano))
+	if len(t.SpecificWorkerIDs) > 0 {
+		row("specific_worker_ids", strings.Join(t.SpecificWorkerIDs, ","))
+	}
+	row("concurrent_worker_cnt", t.ConcurrentWorkerCnt)
+	row("success_worker_cnt", t.SuccessWorkerCnt)
+	row("max_unexpected_retries", t.MaxUnexpectedRetries)
+	row("ping_interval", time.Duration(t.PingInterval))
+	row("worker_timeout", time.Duration(t.WorkerTimeout))
+	if len(t.LockKeys) > 0 {
+		row("lock_keys", strings.Join(t.LockKeys, ","))
+	}
+	row("attempts", t.Attempts)
+	row("version", t.Version)
+	for _, wk := range t.Workers {
+		line := fmt.Sprintf("%s attempt %d %s started %s", wk.WorkerID, wk.Attempt, wk.State, wk.StartedAt.Local().Format(time.TimeOnly+".000"))
+		if !wk.EndedAt.IsZero() {
+			line += " ended " + wk.EndedAt.Local().Format(time.TimeOnly+".000")
+		} else {
+			line += " lease until " + wk.LeaseUntil.Local().Format(time.TimeOnly+".000")
+		}
+		if wk.Error != "" {
+			line += ": " + strings.SplitN(wk.Error, "\n", 2)[0]
+		}
+		row("worker", line)
+	}
+	return tw.Flush()
+}
+
+func cancelCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "cancel",
+		Usage:     "cancel a task; its running handlers are cancelled at once",
+		ArgsUsage: "KEY",
+		Action: withTask(func(c *cli.Context, s task.Store, key string) error {
+			t, err := task.Cancel(c.Context, s, key)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.Writer, "cancelled %s\n", t.Key)
+			return nil
+		}),
+	}
+}
+
+func retryCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "retry",
+		Usage:     "run a finished (failed, cancelled or succeeded) task again",
+		ArgsUsage: "KEY",
+		Action: withTask(func(c *cli.Context, s task.Store, key string) error {
+			t, err := task.Retry(c.Context, s, key)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.Writer, "retrying %s (%s)\n", t.Key, t.State)
+			return nil
+		}),
+	}
+}
+
+// withTask checks the KEY argument and opens the store for fn.
+func withTask(fn func(c *cli.Context, s task.Store, key string) error) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if c.NArg() != 1 {
+			return fmt.Errorf("%s: want exactly one KEY argument", c.Command.Name)
+		}
+		s, err := openStore(c, true)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		return fn(c, s, c.Args().First())
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
