@@ -1,0 +1,202 @@
+package mqttdev
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+func TestValidateID(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"dev-1", "ÄÖ", "a.b_c:d", strings.Repeat("x", MaxIDLen)} {
+		if err := ValidateID("device", ok); err != nil {
+			t.Errorf("ValidateID(%q) = %v, want nil", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "a/b", "+", "#", "x\x00", "a\nb", "dev+1", "/", "\xff", strings.Repeat("x", MaxIDLen+1)} {
+		err := ValidateID("device", bad)
+		if !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "device") {
+			t.Errorf("ValidateID(%q) = %v, want an error wrapping ErrInvalid naming device", bad, err)
+		}
+	}
+}
+
+func TestTopics(t *testing.T) {
+	t.Parallel()
+	tp := Topics{}
+	if got := tp.Device("d1", TopicCmd); got != "leasepool/devices/d1/cmd" {
+		t.Fatalf("Device = %q", got)
+	}
+	if got := (Topics{Prefix: "p"}).All(TopicStatus); got != "p/devices/+/status" {
+		t.Fatalf("All = %q", got)
+	}
+	id, kind, ok := tp.Parse("leasepool/devices/d1/result")
+	if !ok || id != "d1" || kind != TopicResult {
+		t.Fatalf("Parse = %q %q %v", id, kind, ok)
+	}
+	for _, bad := range []string{"leasepool/devices/d1/other", "leasepool/devices/a/b/cmd", "other/devices/d1/cmd", "leasepool/devices//cmd", "leasepool/devices/d1"} {
+		if _, _, ok := tp.Parse(bad); ok {
+			t.Errorf("Parse(%q) ok, want refused", bad)
+		}
+	}
+}
+
+func TestCommandRoundTrip(t *testing.T) {
+	t.Parallel()
+	m := CommandMessage{TaskKey: "k", Attempt: 3, CorrelationID: NewCorrelationID(), Command: "reboot",
+		Args: json.RawMessage(`{"delay":5}`), SentAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	b, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeCommand(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.TaskKey != m.TaskKey || got.Attempt != 3 || got.CorrelationID != m.CorrelationID || string(got.Args) != `{"delay":5}` || !got.SentAt.Equal(m.SentAt) {
+		t.Fatalf("round trip: %+v", got)
+	}
+	for _, bad := range []string{
+		``, `null`, `[]`, `{}`, `{"task_key":"k","attempt":0,"correlation_id":"c","command":"x"}`,
+		`{"task_key":"k","attempt":1,"correlation_id":"c/d","command":"x"}`,
+		`{"task_key":"k","attempt":1,"correlation_id":"c","command":""}`,
+		`{"task_key":"k","attempt":1,"correlation_id":"c","command":"x","args":[1]}`,
+		`{"task_key":"k","attempt":1,"correlation_id":"c","command":"x"} {}`,
+	} {
+		if _, err := DecodeCommand([]byte(bad)); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("DecodeCommand(%s) = %v, want ErrBadMessage", bad, err)
+		}
+	}
+}
+
+func TestReplyRoundTrip(t *testing.T) {
+	t.Parallel()
+	r := Reply{CorrelationID: "c1", TaskKey: "k", Attempt: 1, OK: false, Error: "boom", Output: json.RawMessage(`{"a":1}`)}
+	b, _ := Encode(r)
+	got, err := DecodeReply(b)
+	if err != nil || got.Error != "boom" || got.OK || string(got.Output) != `{"a":1}` {
+		t.Fatalf("DecodeReply = %+v, %v", got, err)
+	}
+	if _, err := DecodeReply([]byte(`{"correlation_id":"c","task_key":"","attempt":1}`)); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("empty task key accepted: %v", err)
+	}
+	if _, err := DecodeReply(make([]byte, MaxMessageSize+1)); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("oversized accepted: %v", err)
+	}
+	st, err := DecodeStatus([]byte(`{"online":true,"at":"2026-01-02T03:04:05Z"}`))
+	if err != nil || !st.Online {
+		t.Fatalf("DecodeStatus = %+v, %v", st, err)
+	}
+}
+
+func TestPublishParams(t *testing.T) {
+	t.Parallel()
+	p, err := PublishParams("job-1", Command{Device: "pump-7", Command: "open", Args: json.RawMessage(`{"pct":50}`)},
+		task.Options{LockKeys: []string{"site:a"}, Priority: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Kind != Kind || p.Priority != 2 || fmt.Sprint(p.LockKeys) != "[site:a device:pump-7]" {
+		t.Fatalf("params: %+v", p)
+	}
+	c, err := DecodePayload(p.Payload)
+	if err != nil || c.Device != "pump-7" || time.Duration(c.AckTimeout) != DefaultAckTimeout || c.MaxPublishes != DefaultMaxPublishes {
+		t.Fatalf("DecodePayload = %+v, %v", c, err)
+	}
+	// The lock key is not added twice.
+	p, _ = PublishParams("job-1", Command{Device: "d", Command: "x"}, task.Options{LockKeys: []string{"device:d"}})
+	if len(p.LockKeys) != 1 {
+		t.Fatalf("lock keys %v", p.LockKeys)
+	}
+	for name, tc := range map[string]struct {
+		key  string
+		c    Command
+		opts task.Options
+		want string
+	}{
+		"injection":   {"k", Command{Device: "a/#", Command: "x"}, task.Options{}, "device"},
+		"nul":         {"k", Command{Device: "x\x00", Command: "x"}, task.Options{}, "device"},
+		"no command":  {"k", Command{Device: "d"}, task.Options{}, "command"},
+		"args":        {"k", Command{Device: "d", Command: "x", Args: json.RawMessage(`"s"`)}, task.Options{}, "args"},
+		"publishes":   {"k", Command{Device: "d", Command: "x", MaxPublishes: -1}, task.Options{}, "max_publishes"},
+		"ack timeout": {"k", Command{Device: "d", Command: "x", AckTimeout: -1}, task.Options{}, "ack_timeout"},
+		"key":         {"", Command{Device: "d", Command: "x"}, task.Options{}, "key"},
+		"options":     {"k", Command{Device: "d", Command: "x"}, task.Options{PingInterval: time.Second, WorkerTimeout: time.Second}, "worker_timeout"},
+	} {
+		_, err := PublishParams(tc.key, tc.c, tc.opts)
+		if !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want ErrInvalid naming %s", name, err, tc.want)
+		}
+	}
+}
+
+func FuzzDecodeReply(f *testing.F) {
+	f.Add([]byte(`{"correlation_id":"c","task_key":"k","attempt":1,"ok":true,"output":{"a":1}}`))
+	f.Add([]byte(`{"correlation_id":"c","task_key":"k","attempt":-1}`))
+	f.Add([]byte(`{"correlation_id":"+","task_key":"k\u0000","attempt":9e99}`))
+	f.Add([]byte(`[`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeReply(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("error %v does not wrap ErrBadMessage", err)
+			}
+			return
+		}
+		if r.Attempt < 1 || ValidateID("c", r.CorrelationID) != nil || task.ValidateName("k", r.TaskKey) != nil {
+			t.Fatalf("accepted invalid reply %+v", r)
+		}
+		again, err := Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := DecodeReply(again); err != nil {
+			t.Fatalf("re-encoded reply refused: %v", err)
+		}
+	})
+}
+
+func FuzzDecodeCommand(f *testing.F) {
+	f.Add([]byte(`{"task_key":"k","attempt":1,"correlation_id":"c","command":"x","args":{"a":[1]},"sent_at":"2026-01-01T00:00:00Z"}`))
+	f.Add([]byte(`{"task_key":"k","attempt":1,"correlation_id":"c","command":"x","args":null}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := DecodeCommand(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("error %v does not wrap ErrBadMessage", err)
+			}
+			return
+		}
+		again, err := Encode(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := DecodeCommand(again); err != nil {
+			t.Fatalf("re-encoded command refused: %v", err)
+		}
+	})
+}
+
+func FuzzDecodeStatus(f *testing.F) {
+	f.Add([]byte(`{"online":true,"at":"2026-01-01T00:00:00Z"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if _, err := DecodeStatus(b); err != nil && !errors.Is(err, ErrBadMessage) {
+			t.Fatalf("error %v does not wrap ErrBadMessage", err)
+		}
+	})
+}
+
+func FuzzTopicsParse(f *testing.F) {
+	f.Add("leasepool/devices/d/cmd")
+	f.Fuzz(func(t *testing.T, topic string) {
+		id, kind, ok := Topics{}.Parse(topic)
+		if ok && (ValidateID("device", id) != nil || (Topics{}).Device(id, kind) != topic) {
+			t.Fatalf("Parse(%q) = %q %q", topic, id, kind)
+		}
+	})
+}

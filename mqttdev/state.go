@@ -1,0 +1,284 @@
+package mqttdev
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// DeviceState is what is known of a device's connection.
+type DeviceState struct {
+	ID     string `json:"id"`
+	Online bool   `json:"online"`
+	// At is the time the device put in its status message.
+	At time.Time `json:"at"`
+	// SeenAt is when a tracker received that message.
+	SeenAt time.Time `json:"seen_at"`
+}
+
+// DeviceStateStore mirrors device states in shared storage so every worker
+// and admin tool sees the same picture. Implementations keep one record per
+// device id and must be safe for concurrent use; several workers write the
+// same state, so a put should keep the record with the later SeenAt.
+type DeviceStateStore interface {
+	PutDeviceState(ctx context.Context, s DeviceState) error
+	DeviceStates(ctx context.Context) ([]DeviceState, error)
+}
+
+// DeviceStates is what ListDevices needs of a tracker.
+type DeviceStates interface {
+	States() []DeviceState
+}
+
+// StateTracker keeps the latest status of every device, fed by the
+// retained status messages on <prefix>/devices/+/status, and writes each
+// change to a DeviceStateStore when one is given. Observe never blocks:
+// store writes happen on the tracker's own goroutine (Start/Stop).
+type StateTracker struct {
+	store  DeviceStateStore
+	logger *slog.Logger
+
+	mu      sync.Mutex
+	states  map[string]DeviceState
+	dirty   map[string]DeviceState
+	watch   map[string][]chan struct{}
+	kick    chan struct{}
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+// NewStateTracker returns an empty tracker; store and logger may be nil.
+func NewStateTracker(store DeviceStateStore, logger *slog.Logger) *StateTracker {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &StateTracker{
+		store:  store,
+		logger: logger,
+		states: map[string]DeviceState{},
+		dirty:  map[string]DeviceState{},
+		watch:  map[string][]chan struct{}{},
+		kick:   make(chan struct{}, 1),
+	}
+}
+
+// Load fills the tracker from the store (states not seen yet here).
+func (t *StateTracker) Load(ctx context.Context) error {
+	if t.store == nil {
+		return nil
+	}
+	states, err := t.store.DeviceStates(ctx)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range states {
+		if cur, ok := t.states[s.ID]; !ok || cur.SeenAt.Before(s.SeenAt) {
+			t.states[s.ID] = s
+		}
+	}
+	return nil
+}
+
+// Start runs the store writer until Stop. Without a store it does nothing.
+func (t *StateTracker) Start(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.store == nil || t.stop != nil {
+		return nil
+	}
+	ctx, t.stop = context.WithCancel(context.WithoutCancel(ctx))
+	t.stopped = make(chan struct{})
+	go t.writer(ctx, t.stopped)
+	return nil
+}
+
+// Stop stops the writer after a last flush; it may be called twice.
+func (t *StateTracker) Stop(ctx context.Context) error {
+	t.mu.Lock()
+	stop, stopped := t.stop, t.stopped
+	t.mu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	stop()
+	select {
+	case <-stopped:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (t *StateTracker) writer(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-t.kick:
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			t.flush(fctx)
+			cancel()
+			return
+		}
+		t.flush(ctx)
+	}
+}
+
+func (t *StateTracker) flush(ctx context.Context) {
+	t.mu.Lock()
+	batch := t.dirty
+	t.dirty = map[string]DeviceState{}
+	t.mu.Unlock()
+	for _, s := range batch {
+		if err := t.store.PutDeviceState(ctx, s); err != nil {
+			t.logger.Warn("device state not stored", slog.String("device", s.ID), slog.Any("error", err))
+		}
+	}
+}
+
+// Observe records a status message of device id.
+func (t *StateTracker) Observe(id string, st Status, seenAt time.Time) {
+	s := DeviceState{ID: id, Online: st.Online, At: st.At.UTC(), SeenAt: seenAt.UTC()}
+	t.mu.Lock()
+	prev, had := t.states[id]
+	t.states[id] = s
+	if t.store != nil {
+		t.dirty[id] = s
+	}
+	var wake []chan struct{}
+	if !had || prev.Online != s.Online {
+		wake = t.watch[id]
+		delete(t.watch, id)
+	}
+	t.mu.Unlock()
+	for _, c := range wake {
+		close(c)
+	}
+	if t.store != nil {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+	}
+	if !had || prev.Online != s.Online {
+		t.logger.Info("device status", slog.String("device", id), slog.Bool("online", s.Online))
+	}
+}
+
+// State returns the state of device id, if any status was seen.
+func (t *StateTracker) State(id string) (DeviceState, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.states[id]
+	return s, ok
+}
+
+// Offline reports whether device id is known to be offline. A device never
+// heard of is not: its commands are sent and wait in its session.
+func (t *StateTracker) Offline(id string) bool {
+	s, ok := t.State(id)
+	return ok && !s.Online
+}
+
+// Changed returns a channel closed at the next change of device id's
+// online state.
+func (t *StateTracker) Changed(id string) <-chan struct{} {
+	c := make(chan struct{})
+	t.mu.Lock()
+	t.watch[id] = append(t.watch[id], c)
+	t.mu.Unlock()
+	return c
+}
+
+// States returns every known state, by id.
+func (t *StateTracker) States() []DeviceState {
+	t.mu.Lock()
+	out := make([]DeviceState, 0, len(t.states))
+	for _, s := range t.states {
+		out = append(out, s)
+	}
+	t.mu.Unlock()
+	slices.SortFunc(out, func(a, b DeviceState) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// DeviceInfo is one line of `leasepool devices`.
+type DeviceInfo struct {
+	ID string `json:"id"`
+	// Known is false when no status was ever seen (only tasks name it).
+	Known  bool      `json:"known"`
+	Online bool      `json:"online"`
+	At     time.Time `json:"at,omitzero"`
+	// Current is the running command's task key, Command its name, and
+	// Holder the worker running it with its attempt.
+	Current string `json:"current,omitempty"`
+	Command string `json:"command,omitempty"`
+	Holder  string `json:"holder,omitempty"`
+	Attempt int    `json:"attempt,omitempty"`
+	// Queued is how many pending device tasks name this device.
+	Queued int `json:"queued"`
+}
+
+// ListDevices joins device states with the device tasks in store: each
+// device's online state, its running command and holder, and how many
+// commands wait for it. states may be nil.
+func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]DeviceInfo, error) {
+	infos := map[string]*DeviceInfo{}
+	get := func(id string) *DeviceInfo {
+		d, ok := infos[id]
+		if !ok {
+			d = &DeviceInfo{ID: id}
+			infos[id] = d
+		}
+		return d
+	}
+	if states != nil {
+		for _, s := range states.States() {
+			d := get(s.ID)
+			d.Known, d.Online, d.At = true, s.Online, s.At
+		}
+	}
+	now := store.Now()
+	for _, st := range []task.State{task.StateRunning, task.StatePending} {
+		var after int64
+		for {
+			page, err := store.List(ctx, task.ListQuery{State: st, Kind: Kind, AfterSeq: after, Limit: 500})
+			if err != nil {
+				return nil, err
+			}
+			for _, t := range page {
+				after = t.Seq
+				c, err := DecodePayload(t.Payload)
+				if err != nil {
+					continue // not ours to judge here
+				}
+				d := get(c.Device)
+				if st == task.StatePending {
+					d.Queued++
+					continue
+				}
+				for _, w := range t.Workers {
+					if w.Live(now) || w.Expired(now) {
+						d.Current, d.Command, d.Holder, d.Attempt = t.Key, c.Command, w.WorkerID, w.Attempt
+					}
+				}
+			}
+			if len(page) < 500 {
+				break
+			}
+		}
+	}
+	out := make([]DeviceInfo, 0, len(infos))
+	for _, d := range infos {
+		out = append(out, *d)
+	}
+	slices.SortFunc(out, func(a, b DeviceInfo) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
+}
