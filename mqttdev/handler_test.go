@@ -1,0 +1,423 @@
+package mqttdev
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/task"
+)
+
+// tlog sends slog records to t.Log.
+type tlogWriter struct{ t *testing.T }
+
+func (w tlogWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("MQTTDEV_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type env struct {
+	broker  *Broker
+	url     string
+	prefix  string
+	handler *Handler
+	fault   *FaultTransport
+	sim     *Simulator
+}
+
+type setupOpts struct {
+	url string // empty: an embedded broker
+	sim SimConfig
+}
+
+// setup starts a broker (unless o.url is set), a simulator and a handler,
+// and stops them at cleanup in the reverse order.
+func setup(t *testing.T, o setupOpts) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	e := &env{url: o.url, prefix: "t" + NewCorrelationID()[:12]}
+	if e.url == "" {
+		b, err := StartBroker(ctx, "127.0.0.1:0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		e.broker, e.url = b, b.URL()
+	}
+	sc := o.sim
+	sc.BrokerURL, sc.Prefix, sc.Logger = e.url, e.prefix, testLogger(t).With("side", "sim")
+	if sc.Count == 0 {
+		sc.Count = 1
+	}
+	sc.IDPrefix = e.prefix + "-dev-"
+	sim, err := NewSimulator(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+		defer c()
+		if err := sim.Stop(sctx); err != nil {
+			t.Error(err)
+		}
+	})
+	e.sim = sim
+	h, err := NewHandler(HandlerConfig{
+		ClientConfig: ClientConfig{BrokerURL: e.url, ClientID: e.prefix + "-worker"},
+		Prefix:       e.prefix,
+		Logger:       testLogger(t).With("side", "worker"),
+		OfflineRetry: 3 * time.Second,
+		WrapTransport: func(tr Transport) Transport {
+			e.fault = NewFaultTransport(tr)
+			return e.fault
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+		defer c()
+		if err := h.Stop(sctx); err != nil {
+			t.Error(err)
+		}
+	})
+	e.handler = h
+	// The handler must be subscribed before commands go out: wait until it
+	// has seen every simulated device's retained online status.
+	for _, d := range sim.Devices() {
+		eventually(t, 10*time.Second, "device "+d.ID()+" online at the worker", func() bool {
+			s, ok := h.Tracker().State(d.ID())
+			return ok && s.Online
+		})
+	}
+	return e
+}
+
+func (e *env) dev(i int) string { return e.sim.Device(i).ID() }
+
+func job(key string, attempt int, c Command) *consumer.Job {
+	p, err := PublishParams(key, c, task.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return &consumer.Job{Task: &task.Task{Key: p.Key, Kind: p.Kind, Payload: p.Payload}, Attempt: attempt, WorkerID: "w1"}
+}
+
+// eventually polls cond until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval, not a wait for an event
+	}
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// testCore is the core scenario: a command is acked, runs and returns.
+func testCore(t *testing.T, e *env) {
+	err := e.handler.Handle(ctxT(t, 20*time.Second), job("core-1", 1, Command{Device: e.dev(0), Command: "blink", Args: json.RawMessage(`{"n":2}`)}))
+	if err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	r := e.sim.Report()
+	if len(r.Runs) != 1 || r.Runs[0].TaskKey != "core-1" || r.Runs[0].Attempt != 1 || r.Runs[0].Command != "blink" || !r.Runs[0].OK {
+		t.Fatalf("runs: %+v", r.Runs)
+	}
+	if len(r.Overlaps)+len(r.StaleAttempts) != 0 {
+		t.Fatalf("report: %+v", r)
+	}
+}
+
+func TestCommandAckedAndResult(t *testing.T) {
+	t.Parallel()
+	testCore(t, setup(t, setupOpts{sim: SimConfig{Latency: 50 * time.Millisecond}}))
+}
+
+func TestCommandAckedAndResultMosquitto(t *testing.T) {
+	t.Parallel()
+	url := os.Getenv("LEASEPOOL_TEST_MQTT_URL")
+	if url == "" {
+		t.Fatal("LEASEPOOL_TEST_MQTT_URL is empty: start the test servers first (tests/servers up) so that it points at Mosquitto")
+	}
+	testCore(t, setup(t, setupOpts{url: url, sim: SimConfig{Latency: 50 * time.Millisecond}}))
+}
+
+func TestDeviceFailureFailsAttempt(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{sim: SimConfig{FailRate: 1}})
+	err := e.handler.Handle(ctxT(t, 20*time.Second), job("fail-1", 1, Command{Device: e.dev(0), Command: "x"}))
+	if !errors.Is(err, ErrDeviceFailed) || !strings.Contains(err.Error(), "simulated failure") {
+		t.Fatalf("Handle = %v, want ErrDeviceFailed", err)
+	}
+}
+
+func TestNoAckRepublishedThenFails(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{})
+	// Nobody answers for this device (it is not offline: never heard of).
+	silent := e.prefix + "-silent"
+	start := time.Now()
+	err := e.handler.Handle(ctxT(t, 20*time.Second), job("noack-1", 1, Command{Device: silent, Command: "x",
+		AckTimeout: task.Duration(150 * time.Millisecond), MaxPublishes: 3}))
+	if !errors.Is(err, ErrNoAck) {
+		t.Fatalf("Handle = %v, want ErrNoAck", err)
+	}
+	if n := e.fault.Published(Topics{Prefix: e.prefix}.Device(silent, TopicCmd)); n != 3 {
+		t.Fatalf("published %d times, want 3", n)
+	}
+	if el := time.Since(start); el < 450*time.Millisecond {
+		t.Fatalf("gave up after %s, before 3 ack timeouts", el)
+	}
+}
+
+func TestDroppedAcksDeviceRunsOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{sim: SimConfig{DropAckRate: 1, Latency: 2 * time.Second}})
+	err := e.handler.Handle(ctxT(t, 20*time.Second), job("drop-1", 1, Command{Device: e.dev(0), Command: "x",
+		AckTimeout: task.Duration(100 * time.Millisecond), MaxPublishes: 4}))
+	if !errors.Is(err, ErrNoAck) {
+		t.Fatalf("Handle = %v, want ErrNoAck", err)
+	}
+	eventually(t, 10*time.Second, "the run to end", func() bool { return len(e.sim.Report().Runs) == 1 })
+	r := e.sim.Report()
+	if tot := r.Totals(); tot.Ran != 1 || tot.Duplicates != 3 || tot.DroppedAcks != 4 || len(r.Overlaps) != 0 {
+		t.Fatalf("report: %+v overlaps %v", tot, r.Overlaps)
+	}
+}
+
+func TestLostAckResultStillCounts(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{sim: SimConfig{DropAckRate: 1}})
+	// Latency zero: the result arrives although no ack ever does.
+	err := e.handler.Handle(ctxT(t, 20*time.Second), job("lostack-1", 1, Command{Device: e.dev(0), Command: "x",
+		AckTimeout: task.Duration(5 * time.Second)}))
+	if err != nil {
+		t.Fatalf("Handle = %v, want nil", err)
+	}
+}
+
+func TestOfflineDeviceSnoozes(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{})
+	e.sim.Device(0).GoOffline(time.Hour)
+	eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
+	err := e.handler.Handle(ctxT(t, 5*time.Second), job("off-1", 1, Command{Device: e.dev(0), Command: "x"}))
+	var sn *consumer.SnoozeError
+	if !errors.As(err, &sn) || sn.Delay != 3*time.Second {
+		t.Fatalf("Handle = %v, want Snooze(3s)", err)
+	}
+	if n := e.fault.Published(Topics{Prefix: e.prefix}.Device(e.dev(0), TopicCmd)); n != 0 {
+		t.Fatalf("published %d commands to an offline device", n)
+	}
+}
+
+func TestOfflineBeforeAckSnoozes(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{sim: SimConfig{DropAckRate: 1, Latency: time.Hour}})
+	done := make(chan error, 1)
+	go func() {
+		done <- e.handler.Handle(ctxT(t, 20*time.Second), job("off-2", 1, Command{Device: e.dev(0), Command: "x",
+			AckTimeout: task.Duration(10 * time.Second)}))
+	}()
+	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	e.sim.Device(0).GoOffline(time.Hour)
+	var sn *consumer.SnoozeError
+	if err := <-done; !errors.As(err, &sn) {
+		t.Fatalf("Handle = %v, want a snooze", err)
+	}
+}
+
+func TestStaleAttemptRefused(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{})
+	ctx := ctxT(t, 20*time.Second)
+	c := Command{Device: e.dev(0), Command: "x"}
+	if err := e.handler.Handle(ctx, job("stale-1", 2, c)); err != nil {
+		t.Fatalf("attempt 2: %v", err)
+	}
+	err := e.handler.Handle(ctx, job("stale-1", 1, c))
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "stale attempt 1 < 2") {
+		t.Fatalf("attempt 1 = %v, want refused as stale", err)
+	}
+	r := e.sim.Report()
+	if len(r.StaleAttempts) != 1 || r.StaleAttempts[0].Attempt != 1 || r.StaleAttempts[0].Highest != 2 || len(r.Runs) != 1 {
+		t.Fatalf("report: stale %+v runs %+v", r.StaleAttempts, r.Runs)
+	}
+}
+
+func TestLeaseLostReturnsPromptly(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{sim: SimConfig{Latency: time.Hour}})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	lost := errors.New("lease lost in test")
+	done := make(chan error, 1)
+	go func() { done <- e.handler.Handle(ctx, job("lease-1", 1, Command{Device: e.dev(0), Command: "x"})) }()
+	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	cancel(lost)
+	select {
+	case err := <-done:
+		if !errors.Is(err, lost) {
+			t.Fatalf("Handle = %v, want the cancel cause", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Handle did not return within 2s of losing its lease")
+	}
+}
+
+func TestOverlapFlagged(t *testing.T) {
+	t.Parallel()
+	// Two commands for one device at once (as if the lock were broken):
+	// the simulator flags the second.
+	e := setup(t, setupOpts{sim: SimConfig{Latency: 300 * time.Millisecond}})
+	ctx := ctxT(t, 20*time.Second)
+	errs := make(chan error, 2)
+	for i := range 2 {
+		go func() { errs <- e.handler.Handle(ctx, job(fmt.Sprintf("ov-%d", i), 1, Command{Device: e.dev(0), Command: "x"})) }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := e.sim.Report()
+	if len(r.Overlaps) != 1 || len(r.Runs) != 2 || r.Runs[0].End.After(r.Runs[1].Start) {
+		t.Fatalf("overlaps %+v runs %+v", r.Overlaps, r.Runs)
+	}
+}
+
+func TestBrokerRestartMidCommand(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{sim: SimConfig{Latency: 1500 * time.Millisecond}})
+	done := make(chan error, 1)
+	go func() {
+		done <- e.handler.Handle(ctxT(t, 30*time.Second), job("restart-1", 1, Command{Device: e.dev(0), Command: "x"}))
+	}()
+	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	addr := e.broker.Addr()
+	_ = e.broker.Close()
+	b2, err := StartBroker(context.Background(), addr, nil)
+	if err != nil {
+		t.Fatalf("restart on %s: %v", addr, err)
+	}
+	t.Cleanup(func() { _ = b2.Close() })
+	if err := <-done; err != nil {
+		t.Fatalf("Handle across a broker restart: %v", err)
+	}
+	if r := e.sim.Report(); len(r.Runs) != 1 || len(r.Overlaps) != 0 {
+		t.Fatalf("runs %+v overlaps %+v", r.Runs, r.Overlaps)
+	}
+}
+
+func TestRepliesForOtherAttemptsIgnored(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{})
+	// A fake device on the broker's inline client: it answers every
+	// command first for the wrong attempt, then with a wrong correlation
+	// id, then properly.
+	topics := Topics{Prefix: e.prefix}
+	fake := e.prefix + "-fake"
+	cmds := make(chan CommandMessage, 4)
+	if err := e.broker.srv.Subscribe(topics.Device(fake, TopicCmd), 1, inlineHandler(func(b []byte) {
+		if c, err := DecodeCommand(b); err == nil {
+			cmds <- c
+		}
+	})); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- e.handler.Handle(ctxT(t, 20*time.Second), job("other-1", 5, Command{Device: fake, Command: "x",
+			AckTimeout: task.Duration(10 * time.Second), ResultTimeout: task.Duration(10 * time.Second)}))
+	}()
+	c := <-cmds
+	pub := func(kind string, r Reply) {
+		b, _ := Encode(r)
+		if err := e.broker.srv.Publish(topics.Device(fake, kind), b, false, 1); err != nil {
+			t.Error(err)
+		}
+	}
+	pub(TopicAck, Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: 4, OK: false, Error: "old"})
+	pub(TopicAck, Reply{CorrelationID: "other", TaskKey: c.TaskKey, Attempt: 5, OK: false, Error: "other"})
+	pub(TopicAck, Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: 5, OK: true})
+	pub(TopicResult, Reply{CorrelationID: c.CorrelationID, TaskKey: "someone-else", Attempt: 5, OK: false, Error: "wrong task"})
+	pub(TopicResult, Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: 5, OK: true})
+	if err := <-done; err != nil {
+		t.Fatalf("Handle = %v, want the reply of its own attempt", err)
+	}
+}
+
+func TestResultTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{sim: SimConfig{Latency: time.Hour}})
+	err := e.handler.Handle(ctxT(t, 20*time.Second), job("rt-1", 1, Command{Device: e.dev(0), Command: "x",
+		ResultTimeout: task.Duration(200 * time.Millisecond)}))
+	if !errors.Is(err, ErrResultTimeout) {
+		t.Fatalf("Handle = %v, want ErrResultTimeout", err)
+	}
+}
+
+func TestHandlerConfigErrors(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		cfg  HandlerConfig
+		want string
+	}{
+		"no url":  {HandlerConfig{}, "broker_url"},
+		"scheme":  {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "http://x:1"}}, "scheme"},
+		"prefix":  {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1"}, Prefix: "a/b"}, "prefix"},
+		"cert":    {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1", CertFile: "c"}}, "key_file"},
+		"retry":   {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1"}, OfflineRetry: -1}, "offline_retry"},
+	} {
+		if _, err := NewHandler(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming %s", name, err, tc.want)
+		}
+	}
+	h, err := NewHandler(HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Handle(context.Background(), job("k", 1, Command{Device: "d", Command: "x"})); !errors.Is(err, ErrNotStarted) {
+		t.Fatalf("Handle before Start = %v", err)
+	}
+	if err := h.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStartBrokerRefusesNonLoopback(t *testing.T) {
+	t.Parallel()
+	if _, err := StartBroker(context.Background(), "0.0.0.0:0", nil); err == nil {
+		t.Fatal("listening on every interface was accepted")
+	}
+}

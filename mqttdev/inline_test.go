@@ -1,0 +1,11 @@
+package mqttdev
+
+import (
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+// inlineHandler adapts fn to a mochi inline subscription; fn must not block.
+func inlineHandler(fn func(payload []byte)) mqtt.InlineSubFn {
+	return func(_ *mqtt.Client, _ packets.Subscription, pk packets.Packet) { fn(pk.Payload) }
+}
