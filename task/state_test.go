@@ -1,0 +1,409 @@
+package task_test
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// runningDoc is a task at t0 held by worker "a" attempt 1 until t0+4s.
+func runningDoc(t *testing.T, edit func(p *task.PublishParams)) *task.Task {
+	t.Helper()
+	return doc(t, edit, running("a", 1, t0.Add(4*time.Second)))
+}
+
+func TestRenew(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Second)
+	t.Run("extends lease in UTC", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		if err := tk.Renew("a", 1, now.In(time.FixedZone("x", 7200))); err != nil {
+			t.Fatal(err)
+		}
+		w := tk.Workers[0]
+		if !w.LeaseUntil.Equal(now.Add(4*time.Second)) || w.LeaseUntil.Location() != time.UTC {
+			t.Errorf("lease_until = %s, want %s UTC", w.LeaseUntil, now.Add(4*time.Second))
+		}
+		if !tk.NextClaimAt.Equal(w.LeaseUntil) || !tk.UpdatedAt.Equal(now) {
+			t.Errorf("next_claim_at %s updated_at %s", tk.NextClaimAt, tk.UpdatedAt)
+		}
+	})
+	t.Run("expired but still recorded RUNNING renews", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		late := t0.Add(10 * time.Second)
+		if err := tk.Renew("a", 1, late); err != nil {
+			t.Fatal(err)
+		}
+		if !tk.Workers[0].Live(late) {
+			t.Error("not live after renew")
+		}
+	})
+	tests := []struct {
+		name    string
+		setup   func(tk *task.Task)
+		worker  string
+		attempt int
+		want    error
+	}{
+		{"other worker", nil, "b", 1, task.ErrLeaseLost},
+		{"other attempt", nil, "a", 2, task.ErrLeaseLost},
+		{"finished entry", func(tk *task.Task) { tk.Workers[0].State = task.WorkerFail }, "a", 1, task.ErrLeaseLost},
+		{"cancelled", func(tk *task.Task) { tk.Cancelled = true }, "a", 1, task.ErrCancelled},
+		{"unpinned", func(tk *task.Task) { tk.SpecificWorkerIDs = []string{"b"} }, "a", 1, task.ErrUnpinned},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tk := runningDoc(t, nil)
+			if tt.setup != nil {
+				tt.setup(tk)
+			}
+			before := tk.Clone()
+			err := tk.Renew(tt.worker, tt.attempt, now)
+			if !errors.Is(err, tt.want) || !errors.Is(err, task.ErrLeaseLost) {
+				t.Fatalf("Renew = %v, want %v (wrapping ErrLeaseLost)", err, tt.want)
+			}
+			if !tk.Workers[0].LeaseUntil.Equal(before.Workers[0].LeaseUntil) {
+				t.Error("refused Renew changed the lease")
+			}
+		})
+	}
+}
+
+func TestFinish(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Second)
+	t.Run("success", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		if err := tk.Finish("a", 1, true, "", now); err != nil {
+			t.Fatal(err)
+		}
+		if w := tk.Workers[0]; w.State != task.WorkerSuccess || !w.EndedAt.Equal(now) || w.Error != "" {
+			t.Errorf("worker = %+v", w)
+		}
+		if tk.State != task.StateSucceeded || !tk.NextClaimAt.IsZero() {
+			t.Errorf("state %s next %s", tk.State, tk.NextClaimAt)
+		}
+	})
+	t.Run("failure within retries", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		if err := tk.Finish("a", 1, false, "boom", now); err != nil {
+			t.Fatal(err)
+		}
+		if w := tk.Workers[0]; w.State != task.WorkerFail || w.Error != "boom" {
+			t.Errorf("worker = %+v", w)
+		}
+		if tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
+			t.Errorf("state %s next %s", tk.State, tk.NextClaimAt)
+		}
+	})
+	t.Run("failure with no retries fails the task", func(t *testing.T) {
+		tk := runningDoc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries })
+		if err := tk.Finish("a", 1, false, "boom", now); err != nil {
+			t.Fatal(err)
+		}
+		if tk.State != task.StateFailed {
+			t.Errorf("state %s", tk.State)
+		}
+	})
+	t.Run("refused twice", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		if err := tk.Finish("a", 1, true, "", now); err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.Finish("a", 1, false, "late", now); !errors.Is(err, task.ErrLeaseLost) {
+			t.Errorf("second Finish = %v, want ErrLeaseLost", err)
+		}
+		if tk.Workers[0].State != task.WorkerSuccess {
+			t.Error("second Finish changed the entry")
+		}
+	})
+	t.Run("refused for stale attempt", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		if err := tk.Finish("a", 7, true, "", now); !errors.Is(err, task.ErrLeaseLost) {
+			t.Errorf("Finish = %v, want ErrLeaseLost", err)
+		}
+	})
+	t.Run("refused when cancelled", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		if err := tk.Cancel(now); err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.Finish("a", 1, true, "", now); !errors.Is(err, task.ErrCancelled) {
+			t.Errorf("Finish = %v, want ErrCancelled", err)
+		}
+	})
+}
+
+func TestRelease(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Second)
+	tk := runningDoc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries })
+	tk.Attempts = 1
+	if err := tk.Release("a", 1, now); err != nil {
+		t.Fatal(err)
+	}
+	if len(tk.Workers) != 0 || tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
+		t.Errorf("workers %v state %s next %s", tk.Workers, tk.State, tk.NextClaimAt)
+	}
+	if tk.Attempts != 1 {
+		t.Errorf("attempts = %d, want 1 (fencing token kept)", tk.Attempts)
+	}
+	if err := tk.Release("a", 1, now); !errors.Is(err, task.ErrLeaseLost) {
+		t.Errorf("second Release = %v, want ErrLeaseLost", err)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Second)
+	for _, tk := range []*task.Task{doc(t, nil), runningDoc(t, nil)} {
+		if err := tk.Cancel(now); err != nil {
+			t.Fatal(err)
+		}
+		if !tk.Cancelled || tk.State != task.StateCancelled || !tk.NextClaimAt.IsZero() {
+			t.Errorf("cancelled %v state %s next %s", tk.Cancelled, tk.State, tk.NextClaimAt)
+		}
+		if err := tk.Cancel(now); !errors.Is(err, task.ErrFinished) {
+			t.Errorf("second Cancel = %v, want ErrFinished", err)
+		}
+	}
+	done := doc(t, nil, ended("a", 1, task.WorkerSuccess))
+	if err := done.Cancel(now); !errors.Is(err, task.ErrFinished) {
+		t.Errorf("Cancel of succeeded = %v, want ErrFinished", err)
+	}
+	if done.Cancelled || done.State != task.StateSucceeded {
+		t.Error("refused Cancel changed the task")
+	}
+}
+
+func TestReset(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Minute)
+	finished := map[string]*task.Task{
+		"succeeded": doc(t, nil, ended("a", 1, task.WorkerSuccess)),
+		"failed":    doc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries }, ended("a", 1, task.WorkerFail)),
+		"cancelled": func() *task.Task { tk := runningDoc(t, nil); _ = tk.Cancel(t0); return tk }(),
+	}
+	for name, tk := range finished {
+		t.Run(name, func(t *testing.T) {
+			attempts := tk.Attempts
+			if err := tk.Reset(now); err != nil {
+				t.Fatal(err)
+			}
+			if len(tk.Workers) != 0 || tk.Workers == nil || tk.Cancelled || tk.State != task.StatePending {
+				t.Errorf("workers %v cancelled %v state %s", tk.Workers, tk.Cancelled, tk.State)
+			}
+			if !tk.RunAt.Equal(now) || !tk.NextClaimAt.Equal(now) {
+				t.Errorf("run_at %s next %s, want %s", tk.RunAt, tk.NextClaimAt, now)
+			}
+			if tk.Attempts != attempts {
+				t.Errorf("attempts %d, want %d kept", tk.Attempts, attempts)
+			}
+		})
+	}
+	t.Run("future run_at kept", func(t *testing.T) {
+		tk := doc(t, func(p *task.PublishParams) { p.RunAt = t0.Add(time.Hour) }, ended("a", 1, task.WorkerSuccess))
+		if err := tk.Reset(now); err != nil {
+			t.Fatal(err)
+		}
+		if !tk.RunAt.Equal(t0.Add(time.Hour)) {
+			t.Errorf("run_at %s", tk.RunAt)
+		}
+	})
+	for name, tk := range map[string]*task.Task{"pending": doc(t, nil), "running": runningDoc(t, nil)} {
+		t.Run("refused "+name, func(t *testing.T) {
+			n := len(tk.Workers)
+			if err := tk.Reset(now); !errors.Is(err, task.ErrNotFinished) {
+				t.Errorf("Reset = %v, want ErrNotFinished", err)
+			}
+			if len(tk.Workers) != n {
+				t.Error("refused Reset changed the workers")
+			}
+		})
+	}
+}
+
+func TestSnooze(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Second)
+	until := t0.Add(time.Minute)
+	tk := runningDoc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries })
+	if err := tk.Snooze("a", 1, until, now); err != nil {
+		t.Fatal(err)
+	}
+	if len(tk.Workers) != 0 || tk.State != task.StatePending {
+		t.Errorf("workers %v state %s", tk.Workers, tk.State)
+	}
+	if !tk.RunAt.Equal(until) || !tk.NextClaimAt.Equal(until) {
+		t.Errorf("run_at %s next %s, want %s", tk.RunAt, tk.NextClaimAt, until)
+	}
+	if err := tk.Snooze("a", 1, until, now); !errors.Is(err, task.ErrLeaseLost) {
+		t.Errorf("second Snooze = %v, want ErrLeaseLost", err)
+	}
+
+	// An earlier until does not pull run_at back.
+	tk = runningDoc(t, func(p *task.PublishParams) { p.RunAt = t0.Add(time.Hour) })
+	tk.Workers[0].LeaseUntil = t0.Add(2 * time.Hour)
+	if err := tk.Snooze("a", 1, t0.Add(time.Minute), now); err != nil {
+		t.Fatal(err)
+	}
+	if !tk.RunAt.Equal(t0.Add(time.Hour)) {
+		t.Errorf("run_at %s, want kept", tk.RunAt)
+	}
+}
+
+func TestUnpin(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Second)
+	tk := runningDoc(t, func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"a", "b"} })
+	if tk.Unpin("a", 1, now) {
+		t.Error("Unpin removed a worker still pinned")
+	}
+	tk.SpecificWorkerIDs = []string{"b"}
+	if tk.Unpin("a", 2, now) {
+		t.Error("Unpin removed another attempt")
+	}
+	if !tk.Unpin("a", 1, now) {
+		t.Fatal("Unpin of an unpinned RUNNING worker did nothing")
+	}
+	if len(tk.Workers) != 0 || tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
+		t.Errorf("workers %v state %s next %s", tk.Workers, tk.State, tk.NextClaimAt)
+	}
+	if tk.Unpin("a", 1, now) {
+		t.Error("second Unpin reported a change")
+	}
+	// A finished entry is history, not removed.
+	tk = doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 2, 2 }, ended("a", 1, task.WorkerSuccess))
+	tk.SpecificWorkerIDs = []string{"b"}
+	if tk.Unpin("a", 1, now) {
+		t.Error("Unpin removed a finished entry")
+	}
+}
+
+func TestDropExpired(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(3 * time.Second)
+	tk := doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.MaxUnexpectedRetries = 3, 1 },
+		running("a", 1, t0.Add(time.Second)), running("b", 2, now), running("c", 3, now.Add(time.Nanosecond)))
+	if n := tk.DropExpired(now); n != 2 {
+		t.Fatalf("DropExpired = %d, want 2", n)
+	}
+	for i, want := range []task.WorkerState{task.WorkerExpired, task.WorkerExpired, task.WorkerRunning} {
+		w := tk.Workers[i]
+		if w.State != want {
+			t.Errorf("worker %s state %s, want %s", w.WorkerID, w.State, want)
+		}
+		if want == task.WorkerExpired && (!w.EndedAt.Equal(now) || w.Error == "") {
+			t.Errorf("worker %s ended %s error %q", w.WorkerID, w.EndedAt, w.Error)
+		}
+	}
+	if tk.State != task.StateFailed {
+		t.Errorf("state %s, want failed (2 expired > 1 retry)", tk.State)
+	}
+	v := tk.UpdatedAt
+	if n := tk.DropExpired(now); n != 0 || !tk.UpdatedAt.Equal(v) {
+		t.Errorf("second DropExpired = %d", n)
+	}
+}
+
+func TestEntryAndAllows(t *testing.T) {
+	t.Parallel()
+	tk := doc(t, nil, ended("a", 1, task.WorkerFail), running("a", 2, t0.Add(time.Second)))
+	if i := tk.Entry("a", 2); i != 1 {
+		t.Errorf("Entry(a,2) = %d", i)
+	}
+	if i := tk.Entry("a", 3); i != -1 {
+		t.Errorf("Entry(a,3) = %d", i)
+	}
+	if !tk.Allows("anyone") {
+		t.Error("unpinned task refuses a worker")
+	}
+	tk.SpecificWorkerIDs = []string{"x"}
+	if tk.Allows("anyone") || !tk.Allows("x") {
+		t.Error("pins not applied")
+	}
+}
+
+func TestCloneIsDeep(t *testing.T) {
+	t.Parallel()
+	tk := doc(t, func(p *task.PublishParams) {
+		p.SpecificWorkerIDs, p.LockKeys, p.Payload = []string{"a"}, []string{"l"}, json.RawMessage(`{"x":1}`)
+	}, running("a", 1, t0.Add(time.Second)))
+	c := tk.Clone()
+	c.SpecificWorkerIDs[0], c.LockKeys[0], c.Payload[2] = "z", "z", 'y'
+	c.Workers[0].State = task.WorkerFail
+	if tk.SpecificWorkerIDs[0] != "a" || tk.LockKeys[0] != "l" || string(tk.Payload) != `{"x":1}` || tk.Workers[0].State != task.WorkerRunning {
+		t.Errorf("Clone shares memory: %+v", tk)
+	}
+}
+
+func TestDurationJSON(t *testing.T) {
+	t.Parallel()
+	for _, d := range []time.Duration{0, time.Nanosecond, 1500 * time.Millisecond, 4 * time.Second, -time.Minute, 36 * time.Hour} {
+		b, err := json.Marshal(task.Duration(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `"` + d.String() + `"`; string(b) != want {
+			t.Errorf("Marshal(%s) = %s, want %s", d, b, want)
+		}
+		var got task.Duration
+		if err := json.Unmarshal(b, &got); err != nil || time.Duration(got) != d {
+			t.Errorf("round trip %s = %s, %v", d, time.Duration(got), err)
+		}
+	}
+	var d task.Duration
+	if err := json.Unmarshal([]byte(`1500000000`), &d); err != nil || time.Duration(d) != 1500*time.Millisecond {
+		t.Errorf("integer nanoseconds = %s, %v", time.Duration(d), err)
+	}
+	for _, bad := range []string{`"soon"`, `true`, `{}`, `1.5`, `"1x"`} {
+		if err := json.Unmarshal([]byte(bad), &d); err == nil {
+			t.Errorf("Unmarshal(%s) accepted", bad)
+		}
+	}
+}
+
+func TestTaskJSONFieldNames(t *testing.T) {
+	t.Parallel()
+	tk := doc(t, func(p *task.PublishParams) {
+		p.SpecificWorkerIDs, p.LockKeys = []string{"a"}, []string{"device:1"}
+	}, running("a", 1, t0.Add(time.Second)))
+	b, err := json.Marshal(tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"key", "kind", "payload", "priority", "run_at", "specific_worker_ids",
+		"concurrent_worker_cnt", "success_worker_cnt", "max_unexpected_retries", "ping_interval",
+		"worker_timeout", "lock_keys", "workers", "state", "next_claim_at", "version"} {
+		if _, ok := m[f]; !ok {
+			t.Errorf("JSON lacks %q: %s", f, b)
+		}
+	}
+	if string(m["ping_interval"]) != `"1s"` || string(m["worker_timeout"]) != `"4s"` {
+		t.Errorf("durations: %s %s", m["ping_interval"], m["worker_timeout"])
+	}
+	var ws []map[string]any
+	if err := json.Unmarshal(m["workers"], &ws); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"worker_id", "state", "attempt", "lease_until", "started_at"} {
+		if _, ok := ws[0][f]; !ok {
+			t.Errorf("worker JSON lacks %q", f)
+		}
+	}
+	var back task.Task
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	b2, _ := json.Marshal(&back)
+	if string(b) != string(b2) {
+		t.Errorf("round trip differs:\n%s\n%s", b, b2)
+	}
+}

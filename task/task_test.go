@@ -1,0 +1,241 @@
+package task_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func valid() task.PublishParams {
+	return task.PublishParams{Key: "k", Kind: "noop"}
+}
+
+func TestValidateErrorsNameField(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 513)
+	tests := []struct {
+		name  string
+		edit  func(p *task.PublishParams)
+		field string
+	}{
+		{"empty key", func(p *task.PublishParams) { p.Key = "" }, "key"},
+		{"long key", func(p *task.PublishParams) { p.Key = long }, "key"},
+		{"control key", func(p *task.PublishParams) { p.Key = "a\nb" }, "key"},
+		{"empty kind", func(p *task.PublishParams) { p.Kind = "" }, "kind"},
+		{"control kind", func(p *task.PublishParams) { p.Kind = "a\x00" }, "kind"},
+		{"bad payload", func(p *task.PublishParams) { p.Payload = json.RawMessage("{") }, "payload"},
+		{"empty pin", func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"w1", ""} }, "specific_worker_ids"},
+		{"long pin", func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{long} }, "specific_worker_ids"},
+		{"empty lock", func(p *task.PublishParams) { p.LockKeys = []string{""} }, "lock_keys"},
+		{"control lock", func(p *task.PublishParams) { p.LockKeys = []string{"dev\t1"} }, "lock_keys"},
+		{"negative concurrent", func(p *task.PublishParams) { p.ConcurrentWorkerCnt = -1 }, "concurrent_worker_cnt"},
+		{"negative success", func(p *task.PublishParams) { p.SuccessWorkerCnt = -1 }, "success_worker_cnt"},
+		{"retries below NoRetries", func(p *task.PublishParams) { p.MaxUnexpectedRetries = -2 }, "max_unexpected_retries"},
+		{"negative ping", func(p *task.PublishParams) { p.PingInterval = -time.Second }, "ping_interval"},
+		{"negative timeout", func(p *task.PublishParams) { p.WorkerTimeout = -time.Second }, "worker_timeout"},
+		{"timeout equals ping", func(p *task.PublishParams) { p.PingInterval, p.WorkerTimeout = time.Second, time.Second }, "worker_timeout"},
+		{"timeout below ping", func(p *task.PublishParams) { p.PingInterval, p.WorkerTimeout = 2*time.Second, time.Second }, "worker_timeout"},
+		{"timeout too short for a ping", func(p *task.PublishParams) { p.WorkerTimeout = 3 * time.Nanosecond }, "worker_timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := valid()
+			tt.edit(&p)
+			err := p.Validate()
+			if !errors.Is(err, task.ErrInvalid) {
+				t.Fatalf("Validate() = %v, want an error wrapping ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tt.field+":") {
+				t.Errorf("Validate() = %q, want it to name %q", err, tt.field)
+			}
+			p = valid()
+			tt.edit(&p)
+			if _, err := task.NewTask(p, t0); !errors.Is(err, task.ErrInvalid) {
+				t.Errorf("NewTask() = %v, want ErrInvalid", err)
+			}
+		})
+	}
+}
+
+func TestValidateDefaults(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name                         string
+		edit                         func(p *task.PublishParams)
+		concurrent, success, retries int
+		ping, timeout                time.Duration
+		payload                      string
+	}{
+		{"all defaults", func(*task.PublishParams) {}, 1, 1, task.DefaultMaxUnexpectedRetries, task.DefaultPingInterval, task.DefaultWorkerTimeout, "{}"},
+		{"no retries", func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries }, 1, 1, 0, time.Second, 4 * time.Second, "{}"},
+		{"explicit retries", func(p *task.PublishParams) { p.MaxUnexpectedRetries = 7 }, 1, 1, 7, time.Second, 4 * time.Second, "{}"},
+		{"ping only", func(p *task.PublishParams) { p.PingInterval = 3 * time.Second }, 1, 1, 3, 3 * time.Second, 12 * time.Second, "{}"},
+		{"timeout only, long", func(p *task.PublishParams) { p.WorkerTimeout = time.Minute }, 1, 1, 3, time.Second, time.Minute, "{}"},
+		{"timeout only, short", func(p *task.PublishParams) { p.WorkerTimeout = 2 * time.Second }, 1, 1, 3, 500 * time.Millisecond, 2 * time.Second, "{}"},
+		{"both", func(p *task.PublishParams) { p.PingInterval, p.WorkerTimeout = time.Second, 1001*time.Millisecond }, 1, 1, 3, time.Second, 1001 * time.Millisecond, "{}"},
+		{"counts kept", func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 5, 3 }, 5, 3, 3, time.Second, 4 * time.Second, "{}"},
+		{"concurrent clamped to pins", func(p *task.PublishParams) {
+			p.ConcurrentWorkerCnt, p.SpecificWorkerIDs = 5, []string{"a", "b"}
+		}, 2, 1, 3, time.Second, 4 * time.Second, "{}"},
+		{"payload kept", func(p *task.PublishParams) { p.Payload = json.RawMessage(`[1,2]`) }, 1, 1, 3, time.Second, 4 * time.Second, "[1,2]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := valid()
+			tt.edit(&p)
+			if err := p.Validate(); err != nil {
+				t.Fatalf("Validate() = %v", err)
+			}
+			if p.ConcurrentWorkerCnt != tt.concurrent || p.SuccessWorkerCnt != tt.success || p.MaxUnexpectedRetries != tt.retries {
+				t.Errorf("counts = concurrent %d success %d retries %d, want %d %d %d",
+					p.ConcurrentWorkerCnt, p.SuccessWorkerCnt, p.MaxUnexpectedRetries, tt.concurrent, tt.success, tt.retries)
+			}
+			if p.PingInterval != tt.ping || p.WorkerTimeout != tt.timeout {
+				t.Errorf("ping %s timeout %s, want %s %s", p.PingInterval, p.WorkerTimeout, tt.ping, tt.timeout)
+			}
+			if p.WorkerTimeout <= p.PingInterval {
+				t.Errorf("timeout %s not above ping %s", p.WorkerTimeout, p.PingInterval)
+			}
+			if string(p.Payload) != tt.payload {
+				t.Errorf("payload = %s, want %s", p.Payload, tt.payload)
+			}
+		})
+	}
+}
+
+func TestNewTask(t *testing.T) {
+	t.Parallel()
+	t.Run("past run_at becomes now", func(t *testing.T) {
+		p := valid()
+		p.RunAt = t0.Add(-time.Hour)
+		tk, err := task.NewTask(p, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !tk.RunAt.Equal(t0) || !tk.NextClaimAt.Equal(t0) || tk.State != task.StatePending || tk.Version != 1 {
+			t.Errorf("got run_at %s next %s state %s version %d", tk.RunAt, tk.NextClaimAt, tk.State, tk.Version)
+		}
+		if tk.Workers == nil {
+			t.Error("workers is nil, want an empty list (JSON [])")
+		}
+	})
+	t.Run("future run_at kept in UTC", func(t *testing.T) {
+		p := valid()
+		p.RunAt = t0.Add(time.Hour).In(time.FixedZone("x", 3600))
+		tk, err := task.NewTask(p, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !tk.RunAt.Equal(t0.Add(time.Hour)) || tk.RunAt.Location() != time.UTC || !tk.NextClaimAt.Equal(tk.RunAt) {
+			t.Errorf("run_at %s next %s", tk.RunAt, tk.NextClaimAt)
+		}
+	})
+}
+
+// doc builds a validated task at t0 with edit applied and the given workers.
+func doc(t *testing.T, edit func(p *task.PublishParams), workers ...task.Worker) *task.Task {
+	t.Helper()
+	p := valid()
+	if edit != nil {
+		edit(&p)
+	}
+	tk, err := task.NewTask(p, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Workers = append(tk.Workers, workers...)
+	for _, w := range workers {
+		tk.Attempts = max(tk.Attempts, w.Attempt)
+	}
+	tk.Recompute(t0)
+	return tk
+}
+
+func running(id string, attempt int, lease time.Time) task.Worker {
+	return task.Worker{WorkerID: id, State: task.WorkerRunning, Attempt: attempt, LeaseUntil: lease, StartedAt: t0.Add(-time.Second)}
+}
+
+func ended(id string, attempt int, st task.WorkerState) task.Worker {
+	return task.Worker{WorkerID: id, State: st, Attempt: attempt, StartedAt: t0.Add(-time.Minute), EndedAt: t0.Add(-time.Second)}
+}
+
+func TestRecompute(t *testing.T) {
+	t.Parallel()
+	soon, later := t0.Add(2*time.Second), t0.Add(5*time.Second)
+	two := func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 2, 2 }
+	tests := []struct {
+		name    string
+		edit    func(p *task.PublishParams)
+		workers []task.Worker
+		cancel  bool
+		state   task.State
+		next    time.Time // zero: none
+	}{
+		{"pending", nil, nil, false, task.StatePending, t0},
+		{"delayed", func(p *task.PublishParams) { p.RunAt = later }, nil, false, task.StatePending, later},
+		{"running and full", nil, []task.Worker{running("a", 1, soon)}, false, task.StateRunning, soon},
+		{"full picks earliest lease", two, []task.Worker{running("a", 1, later), running("b", 2, soon)}, false, task.StateRunning, soon},
+		{"running with a free slot", two, []task.Worker{running("a", 1, later)}, false, task.StateRunning, t0},
+		{"expired lease still running, claimable", nil, []task.Worker{running("a", 1, t0)}, false, task.StateRunning, t0},
+		{"succeeded", nil, []task.Worker{ended("a", 1, task.WorkerSuccess)}, false, task.StateSucceeded, time.Time{}},
+		{"one of two successes", two, []task.Worker{ended("a", 1, task.WorkerSuccess)}, false, task.StatePending, t0},
+		{"failures within retries", nil, []task.Worker{ended("a", 1, task.WorkerFail), ended("b", 2, task.WorkerExpired)}, false, task.StatePending, t0},
+		{"failed", func(p *task.PublishParams) { p.MaxUnexpectedRetries = 1 },
+			[]task.Worker{ended("a", 1, task.WorkerFail), ended("b", 2, task.WorkerExpired)}, false, task.StateFailed, time.Time{}},
+		{"failed at first with NoRetries", func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries },
+			[]task.Worker{ended("a", 1, task.WorkerFail)}, false, task.StateFailed, time.Time{}},
+		{"cancelled", nil, []task.Worker{running("a", 1, soon)}, true, task.StateCancelled, time.Time{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tk := doc(t, tt.edit, tt.workers...)
+			tk.Cancelled = tt.cancel
+			tk.Recompute(t0)
+			if tk.State != tt.state {
+				t.Errorf("state = %s, want %s", tk.State, tt.state)
+			}
+			if !tk.NextClaimAt.Equal(tt.next) {
+				t.Errorf("next_claim_at = %s, want %s", tk.NextClaimAt, tt.next)
+			}
+			wantFinished := tt.state == task.StateSucceeded || tt.state == task.StateFailed || tt.state == task.StateCancelled
+			if tk.State.Finished() != wantFinished {
+				t.Errorf("Finished() = %v for %s", tk.State.Finished(), tk.State)
+			}
+		})
+	}
+}
+
+func TestParseState(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"pending", "running", "succeeded", "failed", "cancelled"} {
+		if st, err := task.ParseState(s); err != nil || string(st) != s {
+			t.Errorf("ParseState(%q) = %q, %v", s, st, err)
+		}
+	}
+	for _, s := range []string{"", "bogus", "RUNNING", "Pending"} {
+		if _, err := task.ParseState(s); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "state") {
+			t.Errorf("ParseState(%q) = %v, want ErrInvalid naming state", s, err)
+		}
+	}
+}
+
+func TestCountWorkers(t *testing.T) {
+	t.Parallel()
+	tk := doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 5, 5 },
+		running("a", 1, t0.Add(time.Second)), running("b", 2, t0), ended("c", 3, task.WorkerSuccess),
+		ended("d", 4, task.WorkerFail), ended("e", 5, task.WorkerExpired))
+	got := tk.CountWorkers(t0)
+	want := task.Counts{Live: 1, Expired: 1, Success: 1, Unexpected: 2}
+	if got != want {
+		t.Errorf("CountWorkers = %+v, want %+v", got, want)
+	}
+}
