@@ -742,6 +742,18 @@ func (s *Store) startTail() error {
 				if name != base && name != base+"-wal" {
 					continue
 				}
+				// A busy writer produces a burst of events: one read
+				// covers all those already queued.
+				for drained := false; !drained; {
+					select {
+					case _, ok := <-events:
+						if !ok {
+							events, drained = nil, true
+						}
+					default:
+						drained = true
+					}
+				}
 			case err, ok := <-errs:
 				if !ok {
 					errs = nil

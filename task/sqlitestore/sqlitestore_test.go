@@ -95,6 +95,11 @@ func TestRefusesNonDatabase(t *testing.T) {
 		if !bytes.Equal(got, content) {
 			t.Errorf("%s: Open modified the file", name)
 		}
+		for _, suffix := range []string{"-wal", "-shm", "-journal"} {
+			if _, err := os.Stat(path + suffix); err == nil {
+				t.Errorf("%s: Open left %s behind", name, path+suffix)
+			}
+		}
 	}
 	// The plain text case reads as the issue asks.
 	path := filepath.Join(dir, "text.db")
