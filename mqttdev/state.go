@@ -282,3 +282,50 @@ func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]
 	slices.SortFunc(out, func(a, b DeviceInfo) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil
 }
+
+// ReadStates connects with a throwaway session, collects the retained
+// status messages under prefix for wait (they arrive at once on
+// subscribe), and returns them in a tracker. It is for admin tools; workers
+// use their Handler's Tracker.
+func ReadStates(ctx context.Context, cfg ClientConfig, prefix string, wait time.Duration) (*StateTracker, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if err := ValidateID("prefix", prefix); err != nil {
+		return nil, err
+	}
+	topics := Topics{Prefix: prefix}
+	tracker := NewStateTracker(nil, nil)
+	tr, err := newPahoTransport(cfg, pahoOptions{
+		role:         "admin",
+		cleanSession: true,
+		logger:       slog.New(slog.DiscardHandler),
+		onMessage: func(m Message) {
+			id, kind, ok := topics.Parse(m.Topic)
+			if !ok || kind != TopicStatus || len(m.Payload) == 0 {
+				return
+			}
+			if st, err := DecodeStatus(m.Payload); err == nil {
+				tracker.Observe(id, st, time.Now())
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	_ = tr.Subscribe(ctx, topics.All(TopicStatus))
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := tr.connect(cctx); err != nil {
+		return nil, err
+	}
+	defer tr.client.Disconnect(0)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	return tracker, nil
+}

@@ -127,6 +127,8 @@ type pahoOptions struct {
 	willPayload func() []byte
 	// dial replaces the TCP dial (simulated outages); nil dials normally.
 	dial func(u *url.URL, tc *tls.Config) (net.Conn, error)
+	// cleanSession asks for a throwaway session (read-only tools).
+	cleanSession bool
 	// maxReconnect caps the reconnect backoff; zero means 5s.
 	maxReconnect time.Duration
 	logger       *slog.Logger
@@ -162,7 +164,7 @@ func newPahoTransport(cfg ClientConfig, o pahoOptions) (*pahoTransport, error) {
 	opts := mqtt.NewClientOptions().
 		AddBroker(cfg.BrokerURL).
 		SetClientID(cfg.ClientID).
-		SetCleanSession(false).
+		SetCleanSession(o.cleanSession).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
 		SetConnectRetryInterval(time.Second).
