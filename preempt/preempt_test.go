@@ -1,0 +1,210 @@
+package preempt_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/task"
+)
+
+var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// newTask builds a validated task published at t0, with edit applied to its
+// params and the given workers; derived fields are recomputed at t0.
+func newTask(t *testing.T, edit func(p *task.PublishParams), workers ...task.Worker) *task.Task {
+	t.Helper()
+	p := task.PublishParams{Key: "k", Kind: "noop"}
+	if edit != nil {
+		edit(&p)
+	}
+	tk, err := task.NewTask(p, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Workers = append(tk.Workers, workers...)
+	for _, w := range workers {
+		tk.Attempts = max(tk.Attempts, w.Attempt)
+	}
+	tk.Recompute(t0)
+	return tk
+}
+
+func running(id string, attempt int, lease time.Time) task.Worker {
+	return task.Worker{WorkerID: id, State: task.WorkerRunning, Attempt: attempt, LeaseUntil: lease, StartedAt: t0.Add(-time.Second)}
+}
+
+func ended(id string, attempt int, st task.WorkerState) task.Worker {
+	return task.Worker{WorkerID: id, State: st, Attempt: attempt, StartedAt: t0.Add(-time.Minute), EndedAt: t0.Add(-time.Second)}
+}
+
+func TestDecide(t *testing.T) {
+	t.Parallel()
+	soon, later := t0.Add(2*time.Second), t0.Add(5*time.Second)
+	three := func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 3, 3 }
+	two := func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 2, 2 }
+	tests := []struct {
+		name    string
+		edit    func(p *task.PublishParams)
+		workers []task.Worker
+		prep    func(tk *task.Task)
+		worker  string
+		verdict preempt.Verdict
+		at      time.Time
+	}{
+		{"pending", nil, nil, nil, "w", preempt.Claim, time.Time{}},
+		{"succeeded", nil, []task.Worker{ended("a", 1, task.WorkerSuccess)}, nil, "w", preempt.Never, time.Time{}},
+		{"failed", func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries },
+			[]task.Worker{ended("a", 1, task.WorkerFail)}, nil, "w", preempt.Never, time.Time{}},
+		{"cancelled", nil, nil, func(tk *task.Task) { _ = tk.Cancel(t0) }, "w", preempt.Never, time.Time{}},
+		{"pinned elsewhere", func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"x", "y"} }, nil, nil, "w", preempt.Never, time.Time{}},
+		{"pinned here", func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"x", "w"} }, nil, nil, "w", preempt.Claim, time.Time{}},
+		{"already running here", three, []task.Worker{running("w", 1, soon)}, nil, "w", preempt.Never, time.Time{}},
+		{"already succeeded here", three, []task.Worker{ended("w", 1, task.WorkerSuccess)}, nil, "w", preempt.Never, time.Time{}},
+		{"own earlier attempt failed", nil, []task.Worker{ended("w", 1, task.WorkerFail)}, nil, "w", preempt.Claim, time.Time{}},
+		{"own earlier attempt expired", nil, []task.Worker{ended("w", 1, task.WorkerExpired)}, nil, "w", preempt.Claim, time.Time{}},
+		{"own lease expired unrecorded", nil, []task.Worker{running("w", 1, t0)}, nil, "w", preempt.Claim, time.Time{}},
+		{"delayed", func(p *task.PublishParams) { p.RunAt = later }, nil, nil, "w", preempt.Later, later},
+		{"full", nil, []task.Worker{running("a", 1, soon)}, nil, "w", preempt.Later, soon},
+		{"full, earliest live lease", two, []task.Worker{running("a", 1, later), running("b", 2, soon)}, nil, "w", preempt.Later, soon},
+		{"full but one expired counts as free", two, []task.Worker{running("a", 1, later), running("b", 2, t0.Add(-time.Second))}, nil, "w", preempt.Claim, time.Time{}},
+		{"free slot", two, []task.Worker{running("a", 1, later)}, nil, "w", preempt.Claim, time.Time{}},
+		{"takeover of expired lease", nil, []task.Worker{running("a", 1, t0)}, nil, "w", preempt.Claim, time.Time{}},
+		{"reap: expired exhausts retries", func(p *task.PublishParams) { p.MaxUnexpectedRetries = 1 },
+			[]task.Worker{ended("a", 1, task.WorkerFail), running("b", 2, t0)}, nil, "w", preempt.Reap, time.Time{}},
+		{"reap with NoRetries", func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries },
+			[]task.Worker{running("b", 1, t0)}, nil, "w", preempt.Reap, time.Time{}},
+		{"expired within retries claims", func(p *task.PublishParams) { p.MaxUnexpectedRetries = 2 },
+			[]task.Worker{ended("a", 1, task.WorkerFail), running("b", 2, t0)}, nil, "w", preempt.Claim, time.Time{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tk := newTask(t, tt.edit, tt.workers...)
+			if tt.prep != nil {
+				tt.prep(tk)
+			}
+			d := preempt.Decide(tk, tt.worker, t0)
+			if d.Verdict != tt.verdict {
+				t.Fatalf("Decide = %s (%s), want %s", d.Verdict, d.Reason, tt.verdict)
+			}
+			if !d.At.Equal(tt.at) {
+				t.Errorf("At = %s, want %s", d.At, tt.at)
+			}
+			if d.Verdict == preempt.Later && d.Reason == "" {
+				t.Error("Later without a reason")
+			}
+			if d.Verdict != preempt.Claim {
+				if _, _, err := preempt.ClaimTask(tk, tt.worker, t0); !errors.Is(err, preempt.ErrNotClaimable) {
+					t.Errorf("ClaimTask = %v, want ErrNotClaimable", err)
+				}
+			}
+		})
+	}
+}
+
+func TestVerdictString(t *testing.T) {
+	t.Parallel()
+	for v, s := range map[preempt.Verdict]string{preempt.Never: "never", preempt.Later: "later", preempt.Claim: "claim", preempt.Reap: "reap"} {
+		if v.String() != s {
+			t.Errorf("%d.String() = %q, want %q", v, v.String(), s)
+		}
+	}
+}
+
+func TestClaimTask(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Second)
+	tk := newTask(t, func(p *task.PublishParams) {
+		p.ConcurrentWorkerCnt, p.SuccessWorkerCnt, p.WorkerTimeout, p.PingInterval = 2, 2, 10*time.Second, time.Second
+	}, ended("a", 1, task.WorkerFail), running("b", 2, t0), running("c", 4, t0.Add(time.Hour)))
+	tk.Attempts = 7 // entries released earlier still count
+	before := tk.Clone()
+
+	next, attempt, err := preempt.ClaimTask(tk, "w", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attempt != 8 || next.Attempts != 8 {
+		t.Errorf("attempt %d attempts %d, want 8", attempt, next.Attempts)
+	}
+	if len(next.Workers) != 4 {
+		t.Fatalf("workers = %+v", next.Workers)
+	}
+	if b := next.Workers[1]; b.State != task.WorkerExpired || !b.EndedAt.Equal(now) {
+		t.Errorf("expired worker recorded as %+v", b)
+	}
+	w := next.Workers[3]
+	if w.WorkerID != "w" || w.State != task.WorkerRunning || w.Attempt != 8 || !w.StartedAt.Equal(now) {
+		t.Errorf("new entry %+v", w)
+	}
+	if !w.LeaseUntil.Equal(now.Add(10 * time.Second)) {
+		t.Errorf("lease_until %s, want now+timeout %s", w.LeaseUntil, now.Add(10*time.Second))
+	}
+	if next.State != task.StateRunning || !next.NextClaimAt.Equal(w.LeaseUntil) {
+		t.Errorf("state %s next %s, want running, %s (full: earliest lease)", next.State, next.NextClaimAt, w.LeaseUntil)
+	}
+	if !next.UpdatedAt.Equal(now) || next.Version != tk.Version {
+		t.Errorf("updated_at %s version %d (the store bumps version)", next.UpdatedAt, next.Version)
+	}
+	if i := next.Entry("w", attempt); i != 3 {
+		t.Errorf("Entry = %d", i)
+	}
+	// The input is untouched.
+	if len(tk.Workers) != len(before.Workers) || tk.Workers[1].State != task.WorkerRunning || tk.Attempts != 7 {
+		t.Errorf("ClaimTask changed its input: %+v", tk)
+	}
+
+	// The same worker cannot claim twice; a second worker finds it full.
+	if d := preempt.Decide(next, "w", now); d.Verdict != preempt.Never {
+		t.Errorf("second claim by w: %s", d.Verdict)
+	}
+	if d := preempt.Decide(next, "x", now); d.Verdict != preempt.Later || !d.At.Equal(t0.Add(time.Second+10*time.Second)) {
+		t.Errorf("claim by x: %s at %s", d.Verdict, d.At)
+	}
+}
+
+func TestClaimAfterOwnFailure(t *testing.T) {
+	t.Parallel()
+	// A single worker must be able to retry its own failure.
+	tk := newTask(t, nil)
+	now := t0
+	for i := 1; i <= 4; i++ {
+		next, attempt, err := preempt.ClaimTask(tk, "solo", now)
+		if err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+		if attempt != i {
+			t.Fatalf("attempt %d, want %d", attempt, i)
+		}
+		if err := next.Finish("solo", attempt, false, "boom", now); err != nil {
+			t.Fatal(err)
+		}
+		tk = next
+	}
+	if tk.State != task.StateFailed {
+		t.Errorf("after 4 failures with 3 retries: %s", tk.State)
+	}
+	if _, _, err := preempt.ClaimTask(tk, "solo", now); !errors.Is(err, preempt.ErrNotClaimable) {
+		t.Errorf("claim of failed task: %v", err)
+	}
+}
+
+func TestReapTask(t *testing.T) {
+	t.Parallel()
+	tk := newTask(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries }, running("a", 1, t0))
+	if d := preempt.Decide(tk, "w", t0); d.Verdict != preempt.Reap {
+		t.Fatalf("Decide = %s", d.Verdict)
+	}
+	got := preempt.ReapTask(tk, t0)
+	if got.State != task.StateFailed || got.Workers[0].State != task.WorkerExpired {
+		t.Errorf("reaped: state %s worker %s", got.State, got.Workers[0].State)
+	}
+	if tk.Workers[0].State != task.WorkerRunning {
+		t.Error("ReapTask changed its input")
+	}
+	if d := preempt.Decide(got, "w", t0); d.Verdict != preempt.Never {
+		t.Errorf("after reap: %s", d.Verdict)
+	}
+}
