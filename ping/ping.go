@@ -65,6 +65,9 @@ func (l *Lease) Write(ctx context.Context, fn func(t *task.Task) error) error {
 			l.set(next)
 			return nil
 		}
+		if errors.Is(err, task.ErrNotFound) {
+			return fmt.Errorf("task %s deleted: %w", l.key, task.ErrLeaseLost)
+		}
 		if !errors.Is(err, task.ErrConflict) {
 			return err
 		}
