@@ -154,7 +154,8 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, lo
 	write := func(t *task.Task) error { return nil }
 	now := c.store.Now()
 	switch {
-	case errors.Is(cause, ErrShutdown) && err != nil:
+	case err != nil && (errors.Is(cause, ErrShutdown) || c.handlerCtx.Err() != nil):
+		// Stop, or the Start context ended: give the attempt back.
 		write = func(t *task.Task) error { return t.Release(lease.Holder().WorkerID, lease.Holder().Attempt, now) }
 		c.released.Add(1)
 		log.Info("lease released on shutdown")
