@@ -303,7 +303,9 @@ func TestOverlapFlagged(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	errs := make(chan error, 2)
 	for i := range 2 {
-		go func() { errs <- e.handler.Handle(ctx, job(fmt.Sprintf("ov-%d", i), 1, Command{Device: e.dev(0), Command: "x"})) }()
+		go func() {
+			errs <- e.handler.Handle(ctx, job(fmt.Sprintf("ov-%d", i), 1, Command{Device: e.dev(0), Command: "x"}))
+		}()
 	}
 	for range 2 {
 		if err := <-errs; err != nil {
@@ -393,11 +395,11 @@ func TestHandlerConfigErrors(t *testing.T) {
 		cfg  HandlerConfig
 		want string
 	}{
-		"no url":  {HandlerConfig{}, "broker_url"},
-		"scheme":  {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "http://x:1"}}, "scheme"},
-		"prefix":  {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1"}, Prefix: "a/b"}, "prefix"},
-		"cert":    {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1", CertFile: "c"}}, "key_file"},
-		"retry":   {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1"}, OfflineRetry: -1}, "offline_retry"},
+		"no url": {HandlerConfig{}, "broker_url"},
+		"scheme": {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "http://x:1"}}, "scheme"},
+		"prefix": {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1"}, Prefix: "a/b"}, "prefix"},
+		"cert":   {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1", CertFile: "c"}}, "key_file"},
+		"retry":  {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1"}, OfflineRetry: -1}, "offline_retry"},
 	} {
 		if _, err := NewHandler(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error naming %s", name, err, tc.want)

@@ -62,7 +62,11 @@ func defaultClientID(role string) string {
 	if h == "" {
 		h = "host"
 	}
-	return fmt.Sprintf("leasepool-%s-%s-%d", role, h, os.Getpid())
+	id := fmt.Sprintf("leasepool-%s-%s-%d", role, h, os.Getpid())
+	if role == "admin" { // several may run in one process: throwaway sessions
+		id += "-" + NewCorrelationID()[:8]
+	}
+	return id
 }
 
 func (c *ClientConfig) tlsConfig() (*tls.Config, error) {
@@ -122,7 +126,7 @@ type pahoOptions struct {
 	// the subscriptions were made again.
 	onConnect func()
 	// onLost runs when the connection is lost.
-	onLost func(error)
+	onLost      func(error)
 	willTopic   string
 	willPayload func() []byte
 	// dial replaces the TCP dial (simulated outages); nil dials normally.

@@ -1,0 +1,99 @@
+// Package mqttdev drives IoT devices over MQTT for the leasepool task queue:
+// a consumer.Handler that sends a device task's command and waits for the
+// device's answer, the publish helper that makes such tasks, a tracker of
+// device online state, a device simulator, and an embedded broker.
+//
+// A device task (kind "device", see PublishParams) carries the lock key
+// device:<id>, so the claim lets one command per device run cluster-wide;
+// the next waits in priority, then publish order. The attempt number of
+// the claim is the fencing token carried on every command.
+//
+// # Protocol
+//
+// Every topic is <prefix>/devices/<id>/<kind>. The prefix (default
+// "leasepool") and the device id are each exactly one topic level:
+// ValidateID refuses empty strings, "+", "#", "/", NUL and other control
+// characters, invalid UTF-8, and more than 128 bytes. All messages are
+// JSON objects of at most 1 MiB, published at QoS 1. Unknown fields are
+// ignored.
+//
+// <prefix>/devices/<id>/cmd, worker to device, not retained:
+//
+//	{"task_key":"reboot-pump-7","attempt":3,"correlation_id":"9f2c...e1",
+//	 "command":"reboot","args":{"delay_s":5},"sent_at":"2026-01-02T03:04:05Z"}
+//
+// A fresh correlation_id is made per attempt; republishes of one attempt
+// (when no ack came in time) reuse it. args is a JSON object or absent.
+//
+// <prefix>/devices/<id>/ack, device to worker, not retained: sent when the
+// device accepts a command (ok true) or refuses it (ok false, error says
+// why):
+//
+//	{"correlation_id":"9f2c...e1","task_key":"reboot-pump-7","attempt":3,"ok":true}
+//	{"correlation_id":"77ab...03","task_key":"reboot-pump-7","attempt":2,"ok":false,
+//	 "error":"stale attempt 2 < 3"}
+//
+// <prefix>/devices/<id>/result, device to worker, not retained: sent when
+// the command has run; output is any JSON value:
+//
+//	{"correlation_id":"9f2c...e1","task_key":"reboot-pump-7","attempt":3,"ok":true,
+//	 "output":{"uptime_s":2}}
+//	{"correlation_id":"9f2c...e1","task_key":"reboot-pump-7","attempt":3,"ok":false,
+//	 "error":"relay stuck"}
+//
+// <prefix>/devices/<id>/status, device to everyone, retained:
+//
+//	{"online":true,"at":"2026-01-02T03:04:05Z"}
+//	{"online":false,"at":"2026-01-02T03:00:00Z"}
+//
+// A device connects with a persistent session (clean session off, a stable
+// client id) and sets the offline message as its MQTT last will; on every
+// connection it subscribes to its cmd topic and publishes online; it
+// republishes online every heartbeat period; before a clean disconnect it
+// publishes offline itself (a clean disconnect suppresses the will). In a
+// will, at is when the will was set, not when the device dropped.
+//
+// Device rules:
+//
+//   - Commands run one at a time.
+//   - For each task key the device remembers the highest attempt seen. A
+//     command with a lower attempt is not run; the device answers with an
+//     ack, ok false, error "stale attempt N < M".
+//   - A command whose task key and attempt it has already accepted is a
+//     duplicate (a republish): the device does not run it again, it sends
+//     the ack again and, if the command has finished, the result again.
+//   - Replies echo correlation_id, task_key and attempt.
+//
+// Worker rules (Handler):
+//
+//   - A device whose last status is offline is not sent anything: the
+//     attempt is given back with consumer.Snooze(OfflineRetry), spending no
+//     retry. A device never heard of is sent the command (its persistent
+//     session queues it).
+//   - The command is published, then the worker waits ack_timeout for the
+//     ack, publishing again up to max_publishes times in all. A result
+//     arriving first counts as the ack too. No ack at all fails the attempt
+//     (ErrNoAck), or snoozes it if the device went offline meanwhile.
+//   - After the ack it waits result_timeout for the result: ok true is
+//     success; ok false (ErrDeviceFailed), an ack with ok false
+//     (ErrRefused) and no result in time (ErrResultTimeout) fail the
+//     attempt, and the task's retry rules apply.
+//   - After a reconnect of its own, the worker publishes the command again
+//     (same correlation id) so that a result lost with a restarted broker
+//     is sent again from the device's cache.
+//   - Replies whose correlation id, task key, attempt or device do not
+//     match the waiting attempt are ignored.
+//   - When the lease is lost the handler's context is cancelled and Handle
+//     returns at once with its cause.
+//
+// Wiring a worker:
+//
+//	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{
+//		ClientConfig: mqttdev.ClientConfig{BrokerURL: "tcp://broker:1883", ClientID: workerID},
+//		Logger:       logger,
+//	})
+//	err = h.Start(ctx)             // before the consumer starts
+//	mux.Register(mqttdev.Kind, h)
+//	... run the consumer ...
+//	err = h.Stop(ctx)              // after the consumer has stopped
+package mqttdev
