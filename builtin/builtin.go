@@ -125,7 +125,7 @@ func Exec(ctx context.Context, job *consumer.Job) error {
 		"LEASEPOOL_ATTEMPT="+strconv.Itoa(job.Attempt),
 		"LEASEPOOL_WORKER_ID="+job.WorkerID,
 	)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = procAttr()
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	var stderr tailBuffer

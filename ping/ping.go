@@ -161,9 +161,14 @@ func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 			return
 		case <-timer.C:
 		}
+		began := time.Now()
 		err := l.Renew(ctx)
+		if took := time.Since(began); took > time.Duration(l.Doc().PingInterval)/2 {
+			l.logger.Warn("slow lease renewal", slog.String("task", l.key), slog.Duration("took", took), slog.Any("err", err))
+		}
 		switch {
 		case err == nil:
+			l.logger.Debug("lease renewed", slog.String("task", l.key), slog.Int64("version", l.Doc().Version))
 			backoff = 50 * time.Millisecond
 			timer.Reset(time.Duration(l.Doc().PingInterval))
 		case errors.Is(err, task.ErrLeaseLost):

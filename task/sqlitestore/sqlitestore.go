@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -86,7 +87,13 @@ type Store struct {
 	log  *slog.Logger
 
 	wdb *sql.DB // one connection: every write transaction
-	rdb *sql.DB // several read-only connections
+	// writeLock is flock(2)ed around every write transaction. SQLite's own
+	// busy handler sleeps and polls (up to 100 ms a nap), so under
+	// contention from other processes a writer can starve for seconds and
+	// miss its lease; a blocking flock hands the lock over at once.
+	writeLock *os.File
+	wmu       sync.Mutex // holds writeLock within this process
+	rdb       *sql.DB    // several read-only connections
 
 	// Prepared statements on wdb.
 	insTask, selTaskW, updTask, existsW, insChange, pruneChanges *sql.Stmt
@@ -129,8 +136,12 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		done:       make(chan struct{}),
 		pruneEvery: int64(min(1000, max(1, c.Retention/10))),
 	}
+	_, statErr := os.Stat(path + "-lock")
 	if err := s.open(ctx); err != nil {
 		s.closeDBs()
+		if errors.Is(statErr, os.ErrNotExist) {
+			os.Remove(path + "-lock") // leave a refused file's directory as it was
+		}
 		return nil, fmt.Errorf("open store %s: %w", path, mapErr(err))
 	}
 	if err := s.startTail(); err != nil {
@@ -180,6 +191,9 @@ func dsn(path string, readOnly bool) string {
 
 func (s *Store) open(ctx context.Context) error {
 	var err error
+	if s.writeLock, err = os.OpenFile(s.path+"-lock", os.O_RDWR|os.O_CREATE, 0o644); err != nil {
+		return err
+	}
 	if s.wdb, err = sql.Open("sqlite", dsn(s.path, false)); err != nil {
 		return err
 	}
@@ -322,8 +336,24 @@ func (s *Store) Close() error {
 	return s.closeDBs()
 }
 
+// lockWrites takes the cross-process write lock (see Store.writeLock).
+func (s *Store) lockWrites() (unlock func(), err error) {
+	s.wmu.Lock()
+	if err := syscall.Flock(int(s.writeLock.Fd()), syscall.LOCK_EX); err != nil {
+		s.wmu.Unlock()
+		return nil, fmt.Errorf("lock %s: %w", s.writeLock.Name(), err)
+	}
+	return func() {
+		syscall.Flock(int(s.writeLock.Fd()), syscall.LOCK_UN)
+		s.wmu.Unlock()
+	}, nil
+}
+
 func (s *Store) closeDBs() error {
 	var errs []error
+	if s.writeLock != nil {
+		errs = append(errs, s.writeLock.Close())
+	}
 	for _, db := range []*sql.DB{s.rdb, s.wdb} {
 		if db != nil {
 			errs = append(errs, db.Close())
@@ -408,6 +438,11 @@ func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) (change int64, er
 	if s.closed.Load() {
 		return errClosed
 	}
+	unlock, err := s.lockWrites()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	tx, err := s.wdb.BeginTx(ctx, nil)
 	if err != nil {
 		return mapErr(err)

@@ -95,7 +95,7 @@ func TestRefusesNonDatabase(t *testing.T) {
 		if !bytes.Equal(got, content) {
 			t.Errorf("%s: Open modified the file", name)
 		}
-		for _, suffix := range []string{"-wal", "-shm", "-journal"} {
+		for _, suffix := range []string{"-wal", "-shm", "-journal", "-lock"} {
 			if _, err := os.Stat(path + suffix); err == nil {
 				t.Errorf("%s: Open left %s behind", name, path+suffix)
 			}

@@ -1,0 +1,211 @@
+// Package tests holds end-to-end tests: several leasepool processes sharing
+// real stores, killed with SIGKILL mid-run.
+package tests
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// leasepoolBin builds the CLI once per test binary.
+func leasepoolBin(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "leasepool-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "leasepool")
+		out, err := exec.Command("go", "build", "-race", "-o", binPath, "../cmd/leasepool").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// workerProc is one `leasepool worker` process.
+type workerProc struct {
+	id  string
+	cmd *exec.Cmd
+}
+
+func startWorker(t *testing.T, store, id string, extra ...string) *workerProc {
+	t.Helper()
+	args := append([]string{"--store", store, "--log-level", "warn", "worker", "--id", id}, extra...)
+	cmd := exec.Command(leasepoolBin(t), args...)
+	logf, err := os.Create(filepath.Join(t.TempDir(), id+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &workerProc{id: id, cmd: cmd}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("worker %s log:\n%s", id, tail(string(b), 4000))
+		}
+	})
+	return w
+}
+
+func (w *workerProc) kill(t *testing.T) time.Time {
+	t.Helper()
+	if err := w.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now()
+	w.cmd.Wait()
+	return at
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// logLine is one line the exec tasks append: key attempt worker start|end nanos.
+type logLine struct {
+	key, worker, event string
+	attempt            int
+	at                 time.Time
+}
+
+func readRunLog(t *testing.T, path string) []logLine {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []logLine
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) != 5 {
+			t.Fatalf("malformed run log line %q", sc.Text())
+		}
+		attempt, err1 := strconv.Atoi(fields[1])
+		ns, err2 := strconv.ParseInt(fields[4], 10, 64)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("malformed run log line %q", sc.Text())
+		}
+		out = append(out, logLine{key: fields[0], attempt: attempt, worker: fields[2], event: fields[3], at: time.Unix(0, ns)})
+	}
+	return out
+}
+
+// execPayload is an exec task that logs its start and end around a sleep.
+func execPayload(logPath string, sleep time.Duration) string {
+	script := fmt.Sprintf(`echo "$LEASEPOOL_TASK_KEY $LEASEPOOL_ATTEMPT $LEASEPOOL_WORKER_ID start $(date +%%s%%N)" >> %[1]s; sleep %[2]f; echo "$LEASEPOOL_TASK_KEY $LEASEPOOL_ATTEMPT $LEASEPOOL_WORKER_ID end $(date +%%s%%N)" >> %[1]s`,
+		logPath, sleep.Seconds())
+	return fmt.Sprintf(`{"argv":["sh","-c",%q]}`, script)
+}
+
+// interval is one attempt's run as the log shows it.
+type interval struct {
+	worker     string
+	attempt    int
+	start, end time.Time
+}
+
+// checkOverlaps asserts that no task ever had more attempts running at once
+// than it allows. Attempts with no end line (their worker was killed) run
+// until killedAt.
+func checkOverlaps(t *testing.T, lines []logLine, allowed map[string]int, killedAt map[string]time.Time) map[string][]interval {
+	t.Helper()
+	runs := map[string]map[int]*interval{}
+	for _, l := range lines {
+		if runs[l.key] == nil {
+			runs[l.key] = map[int]*interval{}
+		}
+		iv := runs[l.key][l.attempt]
+		if iv == nil {
+			iv = &interval{worker: l.worker, attempt: l.attempt}
+			runs[l.key][l.attempt] = iv
+		}
+		if iv.worker != l.worker {
+			t.Errorf("task %s attempt %d logged by two workers %s and %s: attempt numbers must be unique", l.key, l.attempt, iv.worker, l.worker)
+		}
+		if l.event == "start" {
+			iv.start = l.at
+		} else {
+			iv.end = l.at
+		}
+	}
+	out := map[string][]interval{}
+	for key, byAttempt := range runs {
+		var ivs []interval
+		for _, iv := range byAttempt {
+			if iv.end.IsZero() {
+				k, ok := killedAt[iv.worker]
+				if !ok {
+					t.Errorf("task %s attempt %d on live worker %s never ended", key, iv.attempt, iv.worker)
+					continue
+				}
+				iv.end = k
+			}
+			ivs = append(ivs, *iv)
+		}
+		for _, a := range ivs {
+			n := 0
+			for _, b := range ivs {
+				if !b.start.After(a.start) && b.end.After(a.start) {
+					n++
+				}
+			}
+			if n > allowed[key] {
+				t.Errorf("task %s: %d attempts live at once at %s, allowed %d: %+v", key, n, a.start.Format(time.StampMicro), allowed[key], ivs)
+			}
+		}
+		out[key] = ivs
+	}
+	return out
+}
+
+func testContext(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
