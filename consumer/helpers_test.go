@@ -1,0 +1,249 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/sqlitestore"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// Short leases keep every test fast: a dead worker's task is taken over
+// after testTimeout.
+const (
+	testPing    = 100 * time.Millisecond
+	testTimeout = 500 * time.Millisecond
+	testKind    = "test"
+	waitLong    = 10 * time.Second
+)
+
+// errTestOver is what blocked handlers return when the test ends first.
+var errTestOver = errors.New("test over")
+
+// env is one test's store file and the workers on it.
+type env struct {
+	t     *testing.T
+	path  string
+	store *sqlitestore.Store
+	log   *slog.Logger
+}
+
+// setup opens a fresh store file in t.TempDir(); it is closed after every
+// worker of the test has stopped.
+func setup(t *testing.T) *env {
+	t.Helper()
+	e := &env{
+		t:    t,
+		path: filepath.Join(t.TempDir(), "tasks.db"),
+		log:  slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+	e.store = e.open()
+	return e
+}
+
+// open opens another handle on the test's store file, as another process
+// would.
+func (e *env) open() *sqlitestore.Store {
+	e.t.Helper()
+	s, err := sqlitestore.Open(context.Background(), e.path, &sqlitestore.Config{Logger: e.log})
+	if err != nil {
+		e.t.Fatalf("open store: %v", err)
+	}
+	e.t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			e.t.Errorf("close store: %v", err)
+		}
+	})
+	return s
+}
+
+type workerOpt func(*consumer.Config)
+
+func concurrency(n int) workerOpt    { return func(c *consumer.Config) { c.Concurrency = n } }
+func onStore(s task.Store) workerOpt { return func(c *consumer.Config) { c.Store = s } }
+func shutdownAfter(d time.Duration) workerOpt {
+	return func(c *consumer.Config) { c.ShutdownTimeout = d }
+}
+
+// worker starts a consumer with id on the test's store and stops it when
+// the test ends (before the store closes).
+func (e *env) worker(id string, h func(ctx context.Context, job *consumer.Job) error, opts ...workerOpt) *consumer.Consumer {
+	e.t.Helper()
+	c, _ := e.workerCtx(context.Background(), id, h, opts...)
+	return c
+}
+
+func (e *env) workerCtx(ctx context.Context, id string, h func(ctx context.Context, job *consumer.Job) error, opts ...workerOpt) (*consumer.Consumer, consumer.Config) {
+	e.t.Helper()
+	cfg := consumer.Config{
+		Store:           e.store,
+		Handler:         consumer.HandlerFunc(h),
+		WorkerID:        id,
+		Concurrency:     4,
+		ShutdownTimeout: 2 * time.Second,
+		RetryBackoff:    10 * time.Millisecond,
+		Logger:          e.log,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		e.t.Fatalf("new consumer %s: %v", id, err)
+	}
+	if err := c.Start(ctx); err != nil {
+		e.t.Fatalf("start consumer %s: %v", id, err)
+	}
+	e.t.Cleanup(func() { stop(e.t, c) })
+	return c, cfg
+}
+
+// stop stops c, failing the test if that takes unreasonably long.
+func stop(t *testing.T, c *consumer.Consumer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Stop(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("stop %s: %v", c.WorkerID(), err)
+		}
+	case <-time.After(2 * waitLong):
+		t.Fatalf("stop %s hangs", c.WorkerID())
+	}
+}
+
+type publishOpt func(*task.PublishParams)
+
+func priority(p int) publishOpt     { return func(pp *task.PublishParams) { pp.Priority = p } }
+func runAt(at time.Time) publishOpt { return func(pp *task.PublishParams) { pp.RunAt = at } }
+func pinned(ids ...string) publishOpt {
+	return func(pp *task.PublishParams) { pp.SpecificWorkerIDs = ids }
+}
+func lockKeys(keys ...string) publishOpt { return func(pp *task.PublishParams) { pp.LockKeys = keys } }
+func retries(n int) publishOpt           { return func(pp *task.PublishParams) { pp.MaxUnexpectedRetries = n } }
+func rerun() publishOpt                  { return func(pp *task.PublishParams) { pp.Rerun = true } }
+func lease(ping, timeout time.Duration) publishOpt {
+	return func(pp *task.PublishParams) { pp.PingInterval, pp.WorkerTimeout = ping, timeout }
+}
+func workers(concurrent, success int) publishOpt {
+	return func(pp *task.PublishParams) { pp.ConcurrentWorkerCnt, pp.SuccessWorkerCnt = concurrent, success }
+}
+
+func params(key string, opts ...publishOpt) task.PublishParams {
+	p := task.PublishParams{Key: key, Kind: testKind}
+	p.PingInterval, p.WorkerTimeout = testPing, testTimeout
+	for _, o := range opts {
+		o(&p)
+	}
+	return p
+}
+
+// publish publishes key through the test's first store handle.
+func (e *env) publish(key string, opts ...publishOpt) (*task.Task, task.PublishResult) {
+	e.t.Helper()
+	t, res, err := task.Publish(context.Background(), e.store, params(key, opts...))
+	if err != nil {
+		e.t.Fatalf("publish %s: %v", key, err)
+	}
+	return t, res
+}
+
+func (e *env) get(key string) *task.Task {
+	e.t.Helper()
+	t, err := e.store.Get(context.Background(), key)
+	if err != nil {
+		e.t.Fatalf("get %s: %v", key, err)
+	}
+	return t
+}
+
+// waitState polls key until it is in state and returns that document.
+func (e *env) waitState(key string, state task.State) *task.Task {
+	e.t.Helper()
+	var doc *task.Task
+	eventually(e.t, waitLong, func() bool {
+		doc = e.get(key)
+		return doc.State == state
+	}, fmt.Sprintf("task %s to be %s", key, state))
+	return doc
+}
+
+// eventually polls cond until it holds or d has passed.
+func eventually(t *testing.T, d time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		case <-tick.C:
+		}
+	}
+}
+
+// recv waits for one value from ch.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(waitLong):
+		t.Fatalf("timed out after %s waiting for %s", waitLong, what)
+		panic("unreachable")
+	}
+}
+
+// send offers v on ch without blocking: a handler that runs more often
+// than the test expects must not hang the worker's Stop.
+func send[T any](ch chan<- T, v T) {
+	select {
+	case ch <- v:
+	default:
+	}
+}
+
+// hold blocks a handler until release is closed (nil), its context ends
+// (the cause), or the test is over.
+func hold(ctx context.Context, t *testing.T, release <-chan struct{}) error {
+	select {
+	case <-release:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.Context().Done():
+		return errTestOver
+	}
+}
+
+// entry returns worker id's entry in doc, failing if there is not exactly one.
+func entry(t *testing.T, doc *task.Task, id string) task.Worker {
+	t.Helper()
+	var found []task.Worker
+	for _, w := range doc.Workers {
+		if w.WorkerID == id {
+			found = append(found, w)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("task %s: want one entry of %s, have workers %+v", doc.Key, id, doc.Workers)
+	}
+	return found[0]
+}
