@@ -686,7 +686,7 @@ func TestDiscoveryByQueryAndStream(t *testing.T) {
 	c := e.worker("A", func(ctx context.Context, job *consumer.Job) error {
 		calls.Add(1)
 		return nil
-	}, func(c *consumer.Config) { c.SafetyNetInterval = time.Hour })
+	}, func(c *consumer.Config) { c.SafetyNetInterval, c.PollInterval = time.Hour, time.Hour })
 	for i := range 5 {
 		e.waitState(fmt.Sprintf("before-%d", i), task.StateSucceeded)
 	}
@@ -740,7 +740,7 @@ func TestWorkerOnAnotherStoreHandle(t *testing.T) {
 	c := e.worker("P2", func(ctx context.Context, job *consumer.Job) error {
 		send(ran, job.Task.Key)
 		return nil
-	}, onStore(other), func(c *consumer.Config) { c.SafetyNetInterval = time.Hour })
+	}, onStore(other), func(c *consumer.Config) { c.SafetyNetInterval, c.PollInterval = time.Hour, time.Hour })
 	if k := recv(t, ran, "task published before start"); k != "before" {
 		t.Fatalf("ran %s, want before", k)
 	}
