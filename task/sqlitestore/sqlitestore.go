@@ -93,7 +93,8 @@ type Store struct {
 	// miss its lease; a blocking flock hands the lock over at once.
 	writeLock *os.File
 	wmu       sync.Mutex // holds writeLock within this process
-	rdb       *sql.DB    // several read-only connections
+	writeQ    chan *writeReq
+	rdb       *sql.DB // several read-only connections
 
 	// Prepared statements on wdb.
 	insTask, selTaskW, updTask, existsW, insChange, pruneChanges *sql.Stmt
@@ -144,7 +145,12 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		}
 		return nil, fmt.Errorf("open store %s: %w", path, mapErr(err))
 	}
+	s.writeQ = make(chan *writeReq, maxBatch)
+	s.bg.Add(1)
+	go s.writer()
 	if err := s.startTail(); err != nil {
+		close(s.done)
+		s.bg.Wait()
 		s.closeDBs()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
@@ -432,33 +438,137 @@ func scanTask(r rowScanner) (*task.Task, error) {
 	return decode(seq, version, doc)
 }
 
-// write runs fn in one write transaction (BEGIN IMMEDIATE) and, when fn
-// appended change rows, wakes the in-process watchers after the commit.
+// write runs fn in a write transaction and, when fn appended change rows,
+// wakes the in-process watchers after the commit. Concurrent callers are
+// group-committed: the writer goroutine runs up to maxBatch of them in one
+// transaction, each inside its own savepoint so that one caller's error
+// undoes only its own work. A commit is what costs (a WAL append and the
+// cross-process lock), so batching multiplies write throughput without
+// changing any caller's all-or-nothing outcome.
 func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) (change int64, err error)) error {
 	if s.closed.Load() {
 		return errClosed
 	}
+	req := &writeReq{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	select {
+	case s.writeQ <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
+		return errClosed
+	}
+	return <-req.done // the writer always answers, even on Close
+}
+
+type writeReq struct {
+	ctx  context.Context
+	fn   func(tx *sql.Tx) (int64, error)
+	done chan error
+}
+
+const maxBatch = 128
+
+// writer owns the write connection: it runs queued writes in batches until
+// the store closes, then fails what is still queued.
+func (s *Store) writer() {
+	defer s.bg.Done()
+	batch := make([]*writeReq, 0, maxBatch)
+	for {
+		select {
+		case req := <-s.writeQ:
+			batch = append(batch[:0], req)
+		case <-s.done:
+			for {
+				select {
+				case req := <-s.writeQ:
+					req.done <- errClosed
+				default:
+					return
+				}
+			}
+		}
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case req := <-s.writeQ:
+				batch = append(batch, req)
+			default:
+				break fill
+			}
+		}
+		s.commit(batch)
+	}
+}
+
+// commit runs one batch in one transaction and answers every caller.
+func (s *Store) commit(batch []*writeReq) {
+	errs := make([]error, len(batch))
+	answer := func(err error) {
+		for i, r := range batch {
+			if err != nil && errs[i] == nil {
+				errs[i] = err
+			}
+			r.done <- errs[i]
+		}
+	}
 	unlock, err := s.lockWrites()
 	if err != nil {
-		return err
+		answer(err)
+		return
 	}
 	defer unlock()
-	tx, err := s.wdb.BeginTx(ctx, nil)
+	tx, err := s.wdb.BeginTx(context.Background(), nil)
 	if err != nil {
-		return mapErr(err)
+		answer(mapErr(err))
+		return
 	}
-	change, err := fn(tx)
-	if err != nil {
-		tx.Rollback()
-		return err
+	var latest int64
+	single := len(batch) == 1
+	for i, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			errs[i] = err
+			continue
+		}
+		if !single {
+			if _, err := tx.Exec("SAVEPOINT w"); err != nil {
+				tx.Rollback()
+				answer(mapErr(err))
+				return
+			}
+		}
+		change, err := r.fn(tx)
+		if err != nil {
+			errs[i] = err
+			if single {
+				tx.Rollback()
+				answer(nil)
+				return
+			}
+			if _, err := tx.Exec("ROLLBACK TO w"); err != nil {
+				tx.Rollback()
+				answer(mapErr(err))
+				return
+			}
+		}
+		if !single {
+			if _, err := tx.Exec("RELEASE w"); err != nil {
+				tx.Rollback()
+				answer(mapErr(err))
+				return
+			}
+		}
+		if err == nil {
+			latest = max(latest, change)
+		}
 	}
 	if err := tx.Commit(); err != nil {
-		return mapErr(err)
+		answer(mapErr(err))
+		return
 	}
-	if change > 0 {
-		s.broadcast(change)
+	if latest > 0 {
+		s.broadcast(latest)
 	}
-	return nil
+	answer(nil)
 }
 
 // appendChange records a write of key in the changes table, pruning the
