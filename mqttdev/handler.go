@@ -273,8 +273,10 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 		h.mu.Unlock()
 	}()
 	topic := h.topics.Device(c.Device, TopicCmd)
+	ackTimeout, resultTimeout := time.Duration(c.AckTimeout), time.Duration(c.ResultTimeout)
 	publish := func(deadline time.Duration) error {
 		msg.SentAt = time.Now().UTC()
+		msg.ExpiresAt = msg.SentAt.Add(ackTimeout)
 		b, err := Encode(msg)
 		if err != nil {
 			return err
@@ -289,15 +291,18 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 		}
 		return err
 	}
-	ackTimeout, resultTimeout := time.Duration(c.AckTimeout), time.Duration(c.ResultTimeout)
 
-	// Ack phase: publish, wait, publish again while no ack comes.
+	// Ack phase: publish, wait, publish again while no ack comes. When the
+	// device drops offline meanwhile, stop publishing but wait out the
+	// current publish's expiry before giving the attempt back: a device
+	// refuses an expired command, so once it has passed the command cannot
+	// run behind the next holder of the device lock.
 	var result *Reply
-	acked := false
+	acked, offlineSeen := false, false
 	for n := 1; !acked; n++ {
 		offline := h.tracker.Changed(c.Device)
 		if h.tracker.Offline(c.Device) {
-			log.Info("device went offline before ack: snooze")
+			log.Info("device offline: snooze")
 			return consumer.Snooze(h.cfg.OfflineRetry)
 		}
 		log.Debug("publish command", slog.Int("publish", n))
@@ -313,13 +318,12 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 				return fmt.Errorf("task %s attempt %d: %w", msg.TaskKey, msg.Attempt, context.Cause(ctx))
 			case <-offline:
 				offline = h.tracker.Changed(c.Device)
-				if h.tracker.Offline(c.Device) {
-					timer.Stop()
-					log.Info("device went offline before ack: snooze")
-					return consumer.Snooze(h.cfg.OfflineRetry)
-				}
+				offlineSeen = offlineSeen || h.tracker.Offline(c.Device)
 			case rp := <-w.replies:
 				if !rp.r.OK && rp.kind == TopicAck {
+					if rp.r.Code == CodeExpired {
+						continue // an earlier copy; a later one may be live
+					}
 					timer.Stop()
 					return fmt.Errorf("task %s attempt %d on %s: %w: %s", msg.TaskKey, msg.Attempt, c.Device, ErrRefused, rp.r.Error)
 				}
@@ -331,10 +335,11 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 				timer.Stop()
 				break wait
 			case <-timer.C:
+				if offlineSeen || h.tracker.Offline(c.Device) {
+					log.Info("device went offline before ack: snooze")
+					return consumer.Snooze(h.cfg.OfflineRetry)
+				}
 				if n >= c.MaxPublishes {
-					if h.tracker.Offline(c.Device) {
-						return consumer.Snooze(h.cfg.OfflineRetry)
-					}
 					return fmt.Errorf("task %s attempt %d on %s: %w after %d publishes of %s", msg.TaskKey, msg.Attempt, c.Device, ErrNoAck, n, ackTimeout)
 				}
 				break wait

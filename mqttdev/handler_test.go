@@ -248,7 +248,7 @@ func TestOfflineBeforeAckSnoozes(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- e.handler.Handle(ctxT(t, 20*time.Second), job("off-2", 1, Command{Device: e.dev(0), Command: "x",
-			AckTimeout: task.Duration(10 * time.Second)}))
+			AckTimeout: task.Duration(time.Second)}))
 	}()
 	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	e.sim.Device(0).GoOffline(time.Hour)
@@ -421,5 +421,63 @@ func TestStartBrokerRefusesNonLoopback(t *testing.T) {
 	t.Parallel()
 	if _, err := StartBroker(context.Background(), "0.0.0.0:0", nil); err == nil {
 		t.Fatal("listening on every interface was accepted")
+	}
+}
+
+// TestFleetUnderFaults drives three faulty devices the way the consumer
+// would (one command per device at a time, a new attempt after each
+// failure or snooze) and checks every command finally succeeds with no
+// device ever running two at once.
+func TestFleetUnderFaults(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{sim: SimConfig{Count: 3, Latency: 20 * time.Millisecond, FailRate: 0.2,
+		OfflineRate: 0.15, OfflineFor: 300 * time.Millisecond, DropAckRate: 0.2, Seed: 7}})
+	ctx := ctxT(t, 60*time.Second)
+	errs := make(chan error, 3)
+	for i := range 3 {
+		go func() {
+			for n := range 8 {
+				key := fmt.Sprintf("fleet-%d-%d", i, n)
+				ok := false
+				for attempt := 1; attempt <= 40 && !ok; attempt++ {
+					err := e.handler.Handle(ctx, job(key, attempt, Command{Device: e.dev(i), Command: "x",
+						AckTimeout: task.Duration(300 * time.Millisecond), ResultTimeout: task.Duration(3 * time.Second)}))
+					var sn *consumer.SnoozeError
+					switch {
+					case err == nil:
+						ok = true
+					case errors.As(err, &sn):
+						// wait for the device to come back, as the snooze would
+						changed := e.handler.Tracker().Changed(e.dev(i))
+						if e.handler.Tracker().Offline(e.dev(i)) {
+							select {
+							case <-changed:
+							case <-ctx.Done():
+							}
+						}
+					case ctx.Err() != nil:
+						errs <- err
+						return
+					}
+				}
+				if !ok {
+					errs <- fmt.Errorf("%s never succeeded", key)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := e.sim.Report()
+	var sb strings.Builder
+	_ = r.WriteSummary(&sb)
+	t.Log("\n" + sb.String())
+	if len(r.Overlaps) != 0 {
+		t.Fatalf("overlaps: %+v", r.Overlaps)
 	}
 }

@@ -99,17 +99,29 @@ type CommandMessage struct {
 	Command       string          `json:"command"`
 	Args          json.RawMessage `json:"args,omitempty"`
 	SentAt        time.Time       `json:"sent_at"`
+	// ExpiresAt is when the worker stops waiting for the ack of this
+	// publish; a device must refuse (CodeExpired) a command it receives
+	// later, e.g. one queued in its session while it was offline.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
+
+// Reply codes of refusals.
+const (
+	CodeStale   = "stale_attempt" // a later attempt of the task was seen
+	CodeExpired = "expired"       // received after expires_at
+)
 
 // Reply is published by a device on <prefix>/devices/<id>/ack (the command
 // was accepted or refused) and on <prefix>/devices/<id>/result (it ran).
 type Reply struct {
-	CorrelationID string          `json:"correlation_id"`
-	TaskKey       string          `json:"task_key"`
-	Attempt       int             `json:"attempt"`
-	OK            bool            `json:"ok"`
-	Error         string          `json:"error,omitempty"`
-	Output        json.RawMessage `json:"output,omitempty"`
+	CorrelationID string `json:"correlation_id"`
+	TaskKey       string `json:"task_key"`
+	Attempt       int    `json:"attempt"`
+	OK            bool   `json:"ok"`
+	Error         string `json:"error,omitempty"`
+	// Code classifies a refusal: CodeStale, CodeExpired, or empty.
+	Code   string          `json:"code,omitempty"`
+	Output json.RawMessage `json:"output,omitempty"`
 }
 
 // Status is published retained by a device on <prefix>/devices/<id>/status:

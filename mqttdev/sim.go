@@ -134,6 +134,7 @@ type DeviceCounts struct {
 	Failed      int    `json:"failed"`
 	DroppedAcks int    `json:"dropped_acks"`
 	Outages     int    `json:"outages"`
+	Expired     int    `json:"expired"`
 	BadMessages int    `json:"bad_messages"`
 }
 
@@ -156,6 +157,7 @@ func (r *SimReport) Totals() DeviceCounts {
 		t.Failed += d.Failed
 		t.DroppedAcks += d.DroppedAcks
 		t.Outages += d.Outages
+		t.Expired += d.Expired
 		t.BadMessages += d.BadMessages
 	}
 	return t
@@ -165,9 +167,9 @@ func (r *SimReport) Totals() DeviceCounts {
 // and stale attempt.
 func (r *SimReport) WriteSummary(w io.Writer) error {
 	line := func(d DeviceCounts) string {
-		return fmt.Sprintf("%-16s %8d %6d %6d %6d %8d %7d %4d\n", d.ID, d.Received, d.Duplicates, d.Ran, d.Failed, d.DroppedAcks, d.Outages, d.BadMessages)
+		return fmt.Sprintf("%-16s %8d %6d %6d %6d %8d %7d %7d %4d\n", d.ID, d.Received, d.Duplicates, d.Ran, d.Failed, d.DroppedAcks, d.Outages, d.Expired, d.BadMessages)
 	}
-	out := fmt.Sprintf("%-16s %8s %6s %6s %6s %8s %7s %4s\n", "DEVICE", "RECEIVED", "DUPS", "RAN", "FAILED", "NOACKS", "OUTAGES", "BAD")
+	out := fmt.Sprintf("%-16s %8s %6s %6s %6s %8s %7s %7s %4s\n", "DEVICE", "RECEIVED", "DUPS", "RAN", "FAILED", "NOACKS", "OUTAGES", "EXPIRED", "BAD")
 	for _, d := range r.Devices {
 		out += line(d)
 	}
@@ -261,7 +263,6 @@ func (s *Simulator) Start(ctx context.Context) error {
 	s.cancel = cancel
 	s.mu.Unlock()
 	for _, d := range s.devices {
-		d.ctx = runCtx
 		_ = d.tr.Subscribe(ctx, d.topics.Device(d.id, TopicCmd))
 		if err := d.tr.connect(ctx); err != nil {
 			_ = s.Stop(context.WithoutCancel(ctx))
@@ -372,7 +373,6 @@ type SimDevice struct {
 	topics Topics
 	tr     *pahoTransport
 	logger *slog.Logger
-	ctx    context.Context
 	inbox  chan CommandMessage
 	work   chan struct{}
 
@@ -504,7 +504,11 @@ func (d *SimDevice) receive(ctx context.Context) {
 		switch {
 		case c.Attempt < high:
 			d.stale = append(d.stale, StaleAttempt{Device: d.id, TaskKey: c.TaskKey, Attempt: c.Attempt, Highest: high, At: now})
-			ack.OK, ack.Error = false, fmt.Sprintf("stale attempt %d < %d", c.Attempt, high)
+			ack.OK, ack.Code, ack.Error = false, CodeStale, fmt.Sprintf("stale attempt %d < %d", c.Attempt, high)
+			sendAck = true
+		case !isDone && !inQueue && !c.ExpiresAt.IsZero() && now.After(c.ExpiresAt):
+			d.counts.Expired++
+			ack.OK, ack.Code, ack.Error = false, CodeExpired, "expired at "+c.ExpiresAt.Format(time.RFC3339Nano)
 			sendAck = true
 		case isDone || inQueue:
 			d.counts.Duplicates++
@@ -532,7 +536,7 @@ func (d *SimDevice) receive(ctx context.Context) {
 		case d.work <- struct{}{}:
 		default:
 		}
-		if !ack.OK {
+		if ack.Code == CodeStale {
 			d.logger.Warn("stale attempt refused", slog.String("task", c.TaskKey), slog.Int("attempt", c.Attempt), slog.Int("highest", high))
 		}
 		if sendAck {
