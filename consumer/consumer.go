@@ -26,7 +26,7 @@ var ErrShutdown = errors.New("worker shutting down")
 
 // Stats are counters since Start.
 type Stats struct {
-	Running, Queued                      int
+	Running, Queued                       int
 	Claimed, Succeeded, Failed, LeaseLost int64
 	Released, Snoozed                     int64
 }

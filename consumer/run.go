@@ -128,12 +128,14 @@ func (c *Consumer) run(doc *task.Task, attempt int) {
 	delete(c.running, doc.Key)
 	c.mu.Unlock()
 
+	// The handler is done with its resources: free them before the outcome
+	// write, whose change event is what wakes the workers waiting for them.
+	if keys := lease.Doc().LockKeys; len(keys) > 0 {
+		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
+	}
 	err = c.settle(hctx, lease, err, log)
 	if c.cfg.OnFinish != nil {
 		c.cfg.OnFinish(job, err)
-	}
-	if keys := lease.Doc().LockKeys; len(keys) > 0 {
-		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 	}
 }
 
@@ -144,6 +146,10 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, lo
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = lease.Unpin(ctx)
 		cancel()
+	}
+	if errors.Is(cause, task.ErrTaskDone) {
+		log.Info("task finished by other workers; handler stopped")
+		return cause
 	}
 	if errors.Is(cause, task.ErrLeaseLost) {
 		c.leaseLost.Add(1)
@@ -166,10 +172,14 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, lo
 		}
 		c.snoozed.Add(1)
 	case err == nil:
-		write = func(t *task.Task) error { return t.Finish(lease.Holder().WorkerID, lease.Holder().Attempt, true, "", now) }
+		write = func(t *task.Task) error {
+			return t.Finish(lease.Holder().WorkerID, lease.Holder().Attempt, true, "", now)
+		}
 	default:
 		msg := err.Error()
-		write = func(t *task.Task) error { return t.Finish(lease.Holder().WorkerID, lease.Holder().Attempt, false, msg, now) }
+		write = func(t *task.Task) error {
+			return t.Finish(lease.Holder().WorkerID, lease.Holder().Attempt, false, msg, now)
+		}
 	}
 	if werr := c.writeOutcome(lease, write); werr != nil {
 		if errors.Is(werr, task.ErrLeaseLost) {

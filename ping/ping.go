@@ -97,6 +97,9 @@ func (l *Lease) Observe(t *task.Task) error {
 	if t.Cancelled {
 		return task.ErrCancelled
 	}
+	if t.State.Finished() {
+		return task.ErrTaskDone
+	}
 	if !t.Allows(l.workerID) {
 		return task.ErrUnpinned
 	}

@@ -85,6 +85,10 @@ func (t *Task) holding(workerID string, attempt int) (int, error) {
 	if t.Cancelled {
 		return -1, fmt.Errorf("task %s: %w", t.Key, ErrCancelled)
 	}
+	if t.State.Finished() {
+		// Enough workers succeeded (or too many failed): the rest stop.
+		return -1, fmt.Errorf("task %s is %s: %w", t.Key, t.State, ErrTaskDone)
+	}
 	i := t.Entry(workerID, attempt)
 	if i < 0 || t.Workers[i].State != WorkerRunning {
 		return -1, fmt.Errorf("task %s attempt %d: %w", t.Key, attempt, ErrLeaseLost)

@@ -10,12 +10,15 @@ import (
 // Sentinel errors. Backends map their native errors onto these once, and
 // callers branch with errors.Is.
 var (
-	ErrInvalid     = errors.New("invalid")
-	ErrNotFound    = errors.New("task not found")
-	ErrConflict    = errors.New("version conflict")
-	ErrLeaseLost   = errors.New("lease lost")
-	ErrCancelled   = fmt.Errorf("%w: task cancelled", ErrLeaseLost)
-	ErrUnpinned    = fmt.Errorf("%w: worker no longer among specific_worker_ids", ErrLeaseLost)
+	ErrInvalid   = errors.New("invalid")
+	ErrNotFound  = errors.New("task not found")
+	ErrConflict  = errors.New("version conflict")
+	ErrLeaseLost = errors.New("lease lost")
+	ErrCancelled = fmt.Errorf("%w: task cancelled", ErrLeaseLost)
+	ErrUnpinned  = fmt.Errorf("%w: worker no longer among specific_worker_ids", ErrLeaseLost)
+	// ErrTaskDone means other workers finished the task (enough successes,
+	// or retries exhausted) while this one still ran.
+	ErrTaskDone    = fmt.Errorf("%w: task finished by other workers", ErrLeaseLost)
 	ErrFinished    = errors.New("task already finished")
 	ErrNotFinished = errors.New("task not finished")
 	ErrLocked      = errors.New("lock held")

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,6 +65,7 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "runs", Value: 3, Usage: "throughput runs; the median is reported"},
 			&cli.IntFlag{Name: "pending", Value: 100000, Usage: "pending tasks for the memory figure (0 skips it)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
+			&cli.StringFlag{Name: "cpuprofile", Usage: "write this process's CPU profile here (go tool pprof)"},
 		},
 		Action: func(c *cli.Context) error {
 			for _, f := range []string{"tasks", "latency-tasks", "concurrency", "runs"} {
@@ -88,6 +90,17 @@ func benchCommand() *cli.Command {
 				b.storeURL = "sqlite:" + filepath.Join(dir, "bench.db")
 			}
 			b.report.Store = b.storeURL
+			if path := c.String("cpuprofile"); path != "" {
+				f, err := os.Create(path)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer pprof.StopCPUProfile()
+			}
 			if err := b.run(c.Int("runs")); err != nil {
 				return err
 			}
