@@ -20,10 +20,16 @@
 // <prefix>/devices/<id>/cmd, worker to device, not retained:
 //
 //	{"task_key":"reboot-pump-7","attempt":3,"correlation_id":"9f2c...e1",
-//	 "command":"reboot","args":{"delay_s":5},"sent_at":"2026-01-02T03:04:05Z"}
+//	 "command":"reboot","args":{"delay_s":5},"sent_at":"2026-01-02T03:04:05Z",
+//	 "expires_at":"2026-01-02T03:04:10Z"}
 //
 // A fresh correlation_id is made per attempt; republishes of one attempt
 // (when no ack came in time) reuse it. args is a JSON object or absent.
+// expires_at (sent_at + ack_timeout) is when the worker stops waiting for
+// this copy's ack: a device refuses a command it receives later (one queued
+// in its session while it was offline), so a command given up on never
+// runs behind the next holder of the device lock. Device and worker clocks
+// must agree to well within ack_timeout (NTP).
 //
 // <prefix>/devices/<id>/ack, device to worker, not retained: sent when the
 // device accepts a command (ok true) or refuses it (ok false, error says
@@ -31,7 +37,9 @@
 //
 //	{"correlation_id":"9f2c...e1","task_key":"reboot-pump-7","attempt":3,"ok":true}
 //	{"correlation_id":"77ab...03","task_key":"reboot-pump-7","attempt":2,"ok":false,
-//	 "error":"stale attempt 2 < 3"}
+//	 "code":"stale_attempt","error":"stale attempt 2 < 3"}
+//	{"correlation_id":"9f2c...e1","task_key":"reboot-pump-7","attempt":3,"ok":false,
+//	 "code":"expired","error":"expired at 2026-01-02T03:04:10Z"}
 //
 // <prefix>/devices/<id>/result, device to worker, not retained: sent when
 // the command has run; output is any JSON value:
@@ -59,6 +67,8 @@
 //   - For each task key the device remembers the highest attempt seen. A
 //     command with a lower attempt is not run; the device answers with an
 //     ack, ok false, error "stale attempt N < M".
+//   - A command received after its expires_at, and not already accepted,
+//     is not run: ack ok false, code "expired".
 //   - A command whose task key and attempt it has already accepted is a
 //     duplicate (a republish): the device does not run it again, it sends
 //     the ack again and, if the command has finished, the result again.
@@ -72,8 +82,10 @@
 //     session queues it).
 //   - The command is published, then the worker waits ack_timeout for the
 //     ack, publishing again up to max_publishes times in all. A result
-//     arriving first counts as the ack too. No ack at all fails the attempt
-//     (ErrNoAck), or snoozes it if the device went offline meanwhile.
+//     arriving first counts as the ack too; an "expired" refusal of an
+//     earlier copy is ignored. No ack at all fails the attempt (ErrNoAck).
+//     If the device goes offline meanwhile, publishing stops and the
+//     attempt is snoozed once the last copy has expired.
 //   - After the ack it waits result_timeout for the result: ok true is
 //     success; ok false (ErrDeviceFailed), an ack with ok false
 //     (ErrRefused) and no result in time (ErrResultTimeout) fail the
