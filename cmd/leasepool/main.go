@@ -16,6 +16,8 @@ import (
 	"github.com/lmittmann/tint"
 	"github.com/mattn/go-isatty"
 	"github.com/urfave/cli/v2"
+
+	"github.com/leasepool/leasepool/task"
 )
 
 func main() {
@@ -55,6 +57,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands: []*cli.Command{
 			publishCommand(), workerCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
 			demoCommand(), benchCommand(),
+			deviceCommand(), devicesCommand(func(c *cli.Context) (task.Store, error) { return openStore(c, true) }),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints the one-line error
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {

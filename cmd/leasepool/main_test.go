@@ -302,7 +302,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{"ping negative", false, []string{"publish", "k", "--kind", "noop", "--ping", "-1s"}, "--ping"},
 		{"ping zero", false, []string{"publish", "k", "--kind", "noop", "--ping", "0s"}, "--ping"},
 		{"timeout not above ping", false, []string{"publish", "k", "--kind", "noop", "--ping", "2s", "--timeout", "2s"}, "--timeout"},
-		{"timeout below default ping", false, []string{"publish", "k", "--kind", "noop", "--timeout", "500ms"}, "--timeout"},
+		{"timeout not above ping", false, []string{"publish", "k", "--kind", "noop", "--ping", "2s", "--timeout", "2s"}, "--timeout"},
 		{"timeout zero", false, []string{"publish", "k", "--kind", "noop", "--timeout", "0s"}, "--timeout"},
 		{"workers zero", false, []string{"publish", "k", "--kind", "noop", "--workers", "0"}, "--workers"},
 		{"successes zero", false, []string{"publish", "k", "--kind", "noop", "--successes", "0"}, "--successes"},

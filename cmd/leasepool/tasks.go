@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leasepool/leasepool/builtin"
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -21,7 +22,7 @@ func publishCommand() *cli.Command {
 		Usage:     "publish a task idempotently, keyed by name",
 		ArgsUsage: "KEY",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "kind", Required: true, Usage: "exec, noop or sleep"},
+			&cli.StringFlag{Name: "kind", Required: true, Usage: "exec, noop, sleep or device"},
 			&cli.StringFlag{Name: "payload", Usage: "payload JSON"},
 			&cli.IntFlag{Name: "priority", Usage: "higher runs first"},
 			&cli.DurationFlag{Name: "delay", Usage: "not claimable before this long from now"},
@@ -29,8 +30,8 @@ func publishCommand() *cli.Command {
 			&cli.IntFlag{Name: "workers", Value: 1, Usage: "workers running it at the same time"},
 			&cli.IntFlag{Name: "successes", Value: 1, Usage: "successful workers that finish it"},
 			&cli.IntFlag{Name: "retries", Value: task.DefaultMaxUnexpectedRetries, Usage: "failed or expired workers tolerated before it fails"},
-			&cli.DurationFlag{Name: "ping", Value: task.DefaultPingInterval, Usage: "lease renewal interval"},
-			&cli.DurationFlag{Name: "timeout", Value: task.DefaultWorkerTimeout, Usage: "lease length; must be above --ping"},
+			&cli.DurationFlag{Name: "ping", Usage: "lease renewal interval (default 1s)"},
+			&cli.DurationFlag{Name: "timeout", Usage: "lease length; must be above --ping (default 4s, or 4×--ping when only that is given)"},
 			&cli.StringFlag{Name: "lock", Usage: "comma-separated resources held exclusively while it runs"},
 			&cli.BoolFlag{Name: "rerun", Usage: "run a finished task again"},
 			&cli.BoolFlag{Name: "json", Usage: "print the task as JSON"},
@@ -72,8 +73,10 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 			return p, fmt.Errorf("--payload: not valid JSON: %q", c.String("payload"))
 		}
 	}
-	if err := builtin.Validate(p.Kind, p.Payload); err != nil {
-		return p, fmt.Errorf("--kind/--payload: %w", err)
+	if p.Kind != mqttdev.Kind {
+		if err := builtin.Validate(p.Kind, p.Payload); err != nil {
+			return p, fmt.Errorf("--kind/--payload: %w", err)
+		}
 	}
 	delay, err := positiveDuration(c, "delay")
 	if err != nil {
@@ -88,7 +91,7 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 		}
 	}
 	p.PingInterval, p.WorkerTimeout = c.Duration("ping"), c.Duration("timeout")
-	if p.WorkerTimeout <= p.PingInterval {
+	if c.IsSet("ping") && c.IsSet("timeout") && p.WorkerTimeout <= p.PingInterval {
 		return p, fmt.Errorf("--timeout: %s must be above --ping %s", p.WorkerTimeout, p.PingInterval)
 	}
 	for _, f := range []string{"workers", "successes"} {
@@ -108,6 +111,18 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 	}
 	p.LockKeys = splitList(c.String("lock"))
 	p.Rerun = c.Bool("rerun")
+	if p.Kind == mqttdev.Kind {
+		// A device command: the device's lock key serialises it cluster-wide.
+		cmd, err := mqttdev.DecodePayload(p.Payload)
+		if err != nil {
+			return p, fmt.Errorf("--payload: %w", err)
+		}
+		rerun := p.Rerun
+		if p, err = mqttdev.PublishParams(p.Key, cmd, p.Options); err != nil {
+			return p, err
+		}
+		p.Rerun = rerun
+	}
 	// Validate a copy now so that every error is reported before the store
 	// is touched; task.Publish validates again on its own copy.
 	check := p
