@@ -1,0 +1,438 @@
+// Package mongostore is leasepool's MongoDB backend: a task.Store on
+// go.mongodb.org/mongo-driver/v2. Tasks live one document per task in the
+// collection `tasks` (field names as in DESIGN.md), resource locks one
+// document per lock key in `locks`. Writes are single-document operations
+// (upserts and compare-and-set updateOne on `version`), so no transactions
+// are needed and MongoDB 4.4 operators suffice. Watch is a change stream on
+// `tasks` and needs a replica set or sharded cluster; on a standalone
+// server it returns task.ErrWatchUnsupported and the consumer polls.
+//
+// Store.Now is the server's clock as estimated from the `hello` command's
+// localTime, refreshed in the background, so that hosts with skewed clocks
+// agree on leases.
+//
+// It also runs against de.bwaldvogel:mongo-java-server (the test server of
+// tests/servers), whose differences it survives: change events only for
+// updateOne/insert (so every write here is one), getMore that never waits
+// (Watch polls with TryNext), and update events with a wrong documentKey
+// (the key is taken from the looked-up full document).
+package mongostore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+var _ task.Store = (*Store)(nil)
+
+// Collection names.
+const (
+	TasksCollection = "tasks"
+	LocksCollection = "locks"
+)
+
+// DefaultDatabase is used when neither Config.Database nor the URI names one.
+const DefaultDatabase = "leasepool"
+
+// Config tunes a Store. A nil *Config takes every default.
+type Config struct {
+	// Logger receives background errors (clock refresh). Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Database is the database name. Default: the URI's path
+	// (mongodb://host/NAME), else DefaultDatabase.
+	Database string
+	// PollInterval is how long a change stream sleeps after a poll that
+	// returned nothing. Default 10ms; must not be negative.
+	PollInterval time.Duration
+	// ClockRefresh is how often the offset to the server's clock is
+	// measured again. Default 30s; must not be negative.
+	ClockRefresh time.Duration
+	// Clock is the local clock, injectable for tests. Default time.Now.
+	Clock func() time.Time
+}
+
+func (c Config) validate() error {
+	if c.PollInterval < 0 {
+		return fmt.Errorf("%w: mongostore config: PollInterval (%s) must not be negative", task.ErrInvalid, c.PollInterval)
+	}
+	if c.ClockRefresh < 0 {
+		return fmt.Errorf("%w: mongostore config: ClockRefresh (%s) must not be negative", task.ErrInvalid, c.ClockRefresh)
+	}
+	if c.Database != "" && (len(c.Database) > 63 || strings.ContainsAny(c.Database, "/\\. \"$\x00")) {
+		return fmt.Errorf("%w: mongostore config: Database %q is not a valid database name", task.ErrInvalid, c.Database)
+	}
+	return nil
+}
+
+func (c Config) withDefaults(uriDB string) Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Database == "" {
+		c.Database = uriDB
+	}
+	if c.Database == "" {
+		c.Database = DefaultDatabase
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 10 * time.Millisecond
+	}
+	if c.ClockRefresh == 0 {
+		c.ClockRefresh = 30 * time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	return c
+}
+
+// Store is a task.Store on MongoDB. It is safe for concurrent use.
+type Store struct {
+	cfg    Config
+	client *mongo.Client
+	db     *mongo.Database
+	tasks  *mongo.Collection
+	locks  *mongo.Collection
+
+	offset  atomic.Int64 // server clock minus local clock, nanoseconds
+	noHello atomic.Bool  // the server knows isMaster only
+	lastSeq atomic.Int64
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+	stop      context.CancelFunc // stops the clock goroutine
+	wg        sync.WaitGroup
+}
+
+// Open connects to uri, checks the server answers, measures its clock and
+// creates the indexes. Close the Store when done.
+func Open(ctx context.Context, uri string, cfg *Config) (*Store, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	cs, err := connstring.ParseAndValidate(uri)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mongostore: uri: %w", task.ErrInvalid, err)
+	}
+	c = c.withDefaults(cs.Database)
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	if err != nil {
+		return nil, fmt.Errorf("mongostore: connect: %w", mapErr(err))
+	}
+	s := &Store{
+		cfg:    c,
+		client: client,
+		db:     client.Database(c.Database),
+	}
+	s.tasks = s.db.Collection(TasksCollection)
+	s.locks = s.db.Collection(LocksCollection)
+	if err := s.init(ctx); err != nil {
+		_ = client.Disconnect(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	bg, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.wg.Add(1)
+	go s.refreshClock(bg)
+	return s, nil
+}
+
+func (s *Store) init(ctx context.Context) error {
+	// A few samples; the one with the shortest round trip is the best.
+	if err := s.syncClock(ctx, 3); err != nil {
+		return fmt.Errorf("mongostore: %w", err)
+	}
+	_, err := s.tasks.Indexes().CreateMany(ctx, []mongo.IndexModel{
+		{Keys: bson.D{{Key: "key", Value: 1}}, Options: options.Index().SetUnique(true).SetName("key_unique")},
+		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "next_claim_at", Value: 1}, {Key: "priority", Value: -1}}, Options: options.Index().SetName("state_next_claim_at_priority")},
+		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "priority", Value: -1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("state_priority_seq")},
+	})
+	if err != nil {
+		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))
+	}
+	return nil
+}
+
+// Close stops the clock refresh and disconnects. Calling it again is fine.
+// Operations after Close fail with task.ErrClosed.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.stop()
+		s.wg.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.client.Disconnect(ctx); err != nil {
+			s.closeErr = fmt.Errorf("mongostore: close: %w", err)
+		}
+	})
+	return s.closeErr
+}
+
+func (s *Store) check() error {
+	if s.closed.Load() {
+		return task.ErrClosed
+	}
+	return nil
+}
+
+// Database returns the database the store uses.
+func (s *Store) Database() *mongo.Database { return s.db }
+
+// mapErr is the one place that turns driver errors into task sentinels.
+// Errors it does not recognise (connection errors, timeouts) are wrapped
+// unchanged, so callers may retry them.
+func mapErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var cmd mongo.CommandError
+	var srv mongo.ServerError
+	switch {
+	case errors.Is(err, task.ErrClosed), errors.Is(err, task.ErrNotFound),
+		errors.Is(err, task.ErrHistoryLost), errors.Is(err, task.ErrWatchUnsupported):
+		return err
+	case errors.Is(err, mongo.ErrClientDisconnected):
+		return fmt.Errorf("%w: %w", task.ErrClosed, err)
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return fmt.Errorf("%w: %w", task.ErrNotFound, err)
+	case mongo.IsDuplicateKeyError(err):
+		return fmt.Errorf("%w: %w", task.ErrConflict, err)
+	case errors.As(err, &srv) && (srv.HasErrorCode(codeHistoryLost) || srv.HasErrorCode(codeChangeStreamFatal) ||
+		srv.HasErrorCode(codeInvalidResumeToken)):
+		return fmt.Errorf("%w: %w", task.ErrHistoryLost, err)
+	case errors.As(err, &srv) && (srv.HasErrorCode(codeChangeStreamReplicaSetOnly) ||
+		srv.HasErrorCode(codeUnrecognizedStage) || srv.HasErrorCode(codeCommandNotSupported)):
+		return fmt.Errorf("%w: %w", task.ErrWatchUnsupported, err)
+	case errors.As(err, &cmd) && strings.Contains(cmd.Message, "only supported on replica sets"):
+		return fmt.Errorf("%w: %w", task.ErrWatchUnsupported, err)
+	}
+	return err
+}
+
+// Server error codes that mapErr knows.
+const (
+	codeCommandNotFound            = 59
+	codeCommandNotSupported        = 115
+	codeInvalidResumeToken         = 260
+	codeChangeStreamFatal          = 280
+	codeHistoryLost                = 286
+	codeUnrecognizedStage          = 40324
+	codeChangeStreamReplicaSetOnly = 40573
+)
+
+// nextSeq returns a Seq that grows with store time across processes (it
+// is store time in nanoseconds) and strictly within this process.
+func (s *Store) nextSeq() int64 {
+	now := s.Now().UnixNano()
+	for {
+		last := s.lastSeq.Load()
+		seq := max(now, last+1)
+		if s.lastSeq.CompareAndSwap(last, seq) {
+			return seq
+		}
+	}
+}
+
+// Insert implements task.Store: an upsert on key with $setOnInsert.
+func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, error) {
+	if err := s.check(); err != nil {
+		return nil, false, err
+	}
+	next := t.Clone()
+	next.ID = bson.NewObjectID().Hex()
+	next.Seq = s.nextSeq()
+	next.Version = 1
+	d, err := toDoc(next)
+	if err != nil {
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	}
+	fields, err := docFields(d)
+	if err != nil {
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	}
+	res, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "key", Value: t.Key}},
+		bson.D{{Key: "$setOnInsert", Value: fields}}, options.UpdateOne().SetUpsert(true))
+	switch {
+	case err == nil && res.UpsertedCount == 1:
+		t.ID, t.Seq, t.Version = next.ID, next.Seq, next.Version
+		return t, true, nil
+	case err != nil && !mongo.IsDuplicateKeyError(err):
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, mapErr(err))
+	}
+	// It existed, or a concurrent upsert of the same key won.
+	stored, err := s.Get(ctx, t.Key)
+	if err != nil {
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	}
+	return stored, false, nil
+}
+
+// Get implements task.Store.
+func (s *Store) Get(ctx context.Context, key string) (*task.Task, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	raw, err := s.tasks.FindOne(ctx, bson.D{{Key: "key", Value: key}}).Raw()
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", key, mapErr(err))
+	}
+	return decodeTask(raw)
+}
+
+// immutable fields are left out of Update's $set.
+var immutable = []string{"_id", "key", "seq"}
+
+// Update implements task.Store: updateOne filtered on key and version.
+func (s *Store) Update(ctx context.Context, t *task.Task) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	next := t.Clone()
+	next.Version = t.Version + 1
+	d, err := toDoc(next)
+	if err != nil {
+		return fmt.Errorf("update %s: %w", t.Key, err)
+	}
+	fields, err := docFields(d)
+	if err != nil {
+		return fmt.Errorf("update %s: %w", t.Key, err)
+	}
+	fields = slices.DeleteFunc(fields, func(e bson.E) bool { return slices.Contains(immutable, e.Key) })
+	res, err := s.tasks.UpdateOne(ctx,
+		bson.D{{Key: "key", Value: t.Key}, {Key: "version", Value: t.Version}},
+		bson.D{{Key: "$set", Value: fields}})
+	if err != nil {
+		return fmt.Errorf("update %s: %w", t.Key, mapErr(err))
+	}
+	if res.MatchedCount == 0 {
+		n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: "key", Value: t.Key}})
+		if err != nil {
+			return fmt.Errorf("update %s: %w", t.Key, mapErr(err))
+		}
+		if n == 0 {
+			return fmt.Errorf("update %s: %w", t.Key, task.ErrNotFound)
+		}
+		return fmt.Errorf("update %s version %d: %w", t.Key, t.Version, task.ErrConflict)
+	}
+	t.Version = next.Version
+	return nil
+}
+
+var unfinished = bson.A{string(task.StatePending), string(task.StateRunning)}
+
+// Candidates implements task.Store.
+func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.Task, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	if q.Limit <= 0 {
+		return nil, fmt.Errorf("%w: candidates: Limit (%d) must be positive", task.ErrInvalid, q.Limit)
+	}
+	and := bson.A{bson.D{{Key: "state", Value: bson.D{{Key: "$in", Value: unfinished}}}}}
+	if len(q.Kinds) > 0 {
+		and = append(and, bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: q.Kinds}}}})
+	}
+	if q.WorkerID != "" {
+		and = append(and, bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: "specific_worker_ids", Value: bson.D{{Key: "$exists", Value: false}}}},
+			bson.D{{Key: "specific_worker_ids", Value: bson.D{{Key: "$size", Value: 0}}}},
+			bson.D{{Key: "specific_worker_ids", Value: q.WorkerID}},
+		}}})
+	}
+	var sort bson.D
+	if q.Ready {
+		and = append(and, bson.D{{Key: "next_claim_at", Value: bson.D{{Key: "$lte", Value: q.Now.UTC()}}}})
+		sort = bson.D{{Key: "priority", Value: -1}, {Key: "seq", Value: 1}}
+		if a := q.After; a != nil {
+			and = append(and, bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: "priority", Value: bson.D{{Key: "$lt", Value: int64(a.Priority)}}}},
+				bson.D{{Key: "priority", Value: int64(a.Priority)}, {Key: "seq", Value: bson.D{{Key: "$gt", Value: a.Seq}}}},
+			}}})
+		}
+	} else {
+		and = append(and, bson.D{{Key: "next_claim_at", Value: bson.D{{Key: "$gt", Value: q.Now.UTC()}}}})
+		sort = bson.D{{Key: "next_claim_at", Value: 1}, {Key: "seq", Value: 1}}
+		if a := q.After; a != nil {
+			at := a.NextClaimAt.UTC()
+			and = append(and, bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: "next_claim_at", Value: bson.D{{Key: "$gt", Value: at}}}},
+				bson.D{{Key: "next_claim_at", Value: at}, {Key: "seq", Value: bson.D{{Key: "$gt", Value: a.Seq}}}},
+			}}})
+		}
+	}
+	out, err := s.find(ctx, bson.D{{Key: "$and", Value: and}}, options.Find().SetSort(sort).SetLimit(int64(q.Limit)))
+	if err != nil {
+		return nil, fmt.Errorf("candidates: %w", err)
+	}
+	return out, nil
+}
+
+// List implements task.Store.
+func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	filter := bson.D{}
+	if q.State != "" {
+		filter = append(filter, bson.E{Key: "state", Value: string(q.State)})
+	}
+	if q.Kind != "" {
+		filter = append(filter, bson.E{Key: "kind", Value: q.Kind})
+	}
+	if q.AfterSeq != 0 {
+		filter = append(filter, bson.E{Key: "seq", Value: bson.D{{Key: "$gt", Value: q.AfterSeq}}})
+	}
+	opts := options.Find().SetSort(bson.D{{Key: "seq", Value: 1}})
+	if q.Limit > 0 {
+		opts.SetLimit(int64(q.Limit))
+	}
+	out, err := s.find(ctx, filter, opts)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	return out, nil
+}
+
+func (s *Store) find(ctx context.Context, filter any, opts *options.FindOptionsBuilder) ([]*task.Task, error) {
+	cur, err := s.tasks.Find(ctx, filter, opts)
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	defer cur.Close(context.WithoutCancel(ctx))
+	var out []*task.Task
+	for cur.Next(ctx) {
+		t, err := decodeTask(cur.Current)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	if err := cur.Err(); err != nil {
+		return nil, mapErr(err)
+	}
+	return out, nil
+}
