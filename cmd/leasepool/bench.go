@@ -65,6 +65,7 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "runs", Value: 3, Usage: "throughput runs; the median is reported"},
 			&cli.IntFlag{Name: "pending", Value: 100000, Usage: "pending tasks for the memory figure (0 skips it)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
+			&cli.StringFlag{Name: "samples", Usage: "write the raw latency samples (ms) here as JSON {\"in_process\": [...], \"cross_process\": [...]}"},
 			&cli.StringFlag{Name: "cpuprofile", Usage: "write this process's CPU profile here (go tool pprof)"},
 		},
 		Action: func(c *cli.Context) error {
@@ -104,6 +105,12 @@ func benchCommand() *cli.Command {
 			if err := b.run(c.Int("runs")); err != nil {
 				return err
 			}
+			if path := c.String("samples"); path != "" {
+				data, _ := json.Marshal(map[string][]float64{"in_process": b.inProcess, "cross_process": b.crossProcess})
+				if err := os.WriteFile(path, data, 0o644); err != nil {
+					return fmt.Errorf("--samples: %w", err)
+				}
+			}
 			if c.Bool("json") {
 				return json.NewEncoder(c.App.Writer).Encode(b.report)
 			}
@@ -119,6 +126,8 @@ type bench struct {
 	store    task.Store
 	report   benchReport
 	round    int
+	// raw publish-to-start samples in ms, sorted
+	inProcess, crossProcess []float64
 }
 
 func (b *bench) progress(format string, args ...any) {
@@ -199,6 +208,7 @@ func (b *bench) latencyInProcess() error {
 	mu.Lock()
 	defer mu.Unlock()
 	lat := latencies(published, started)
+	b.inProcess = lat
 	r := &b.report
 	r.InProcessP50Ms, r.InProcessP90Ms, r.InProcessP99Ms, r.InProcessMaxMs = pct(lat, 50), pct(lat, 90), pct(lat, 99), pct(lat, 100)
 	return nil
@@ -231,6 +241,7 @@ func (b *bench) latencyCrossProcess() error {
 		}
 	}
 	lat := latencies(published, started)
+	b.crossProcess = lat
 	r := &b.report
 	r.CrossProcessP50Ms, r.CrossProcessP90Ms, r.CrossProcessP99Ms, r.CrossProcessMaxMs = pct(lat, 50), pct(lat, 90), pct(lat, 99), pct(lat, 100)
 	return nil
