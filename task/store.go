@@ -1,6 +1,7 @@
 package task
 
 import (
+	"encoding/json"
 	"context"
 	"errors"
 	"fmt"
@@ -161,3 +162,23 @@ func (e *LockedError) Error() string {
 }
 
 func (e *LockedError) Unwrap() error { return ErrLocked }
+
+// Record is a small named JSON document shared by every worker through the
+// store, such as the last known state of a device.
+type Record struct {
+	Kind  string          `json:"kind"`
+	ID    string          `json:"id"`
+	Value json.RawMessage `json:"value"`
+	// At orders writes: a put older than the stored record is ignored.
+	At time.Time `json:"at"`
+}
+
+// RecordStore is an optional Store capability for shared records (both
+// backends have it). Callers find it with a type assertion.
+type RecordStore interface {
+	// PutRecord stores r unless a record of that kind and id with a later
+	// At is already there.
+	PutRecord(ctx context.Context, r Record) error
+	// Records returns every record of kind.
+	Records(ctx context.Context, kind string) ([]Record, error)
+}

@@ -149,10 +149,10 @@ func simConfig(c *cli.Context) (mqttdev.SimConfig, error) {
 func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Command {
 	return &cli.Command{
 		Name:  "devices",
-		Usage: "list devices: online state (from the broker's retained status), running command and holder, queue length",
+		Usage: "list devices: online state (as the workers recorded it in the store), running command and holder, queue length",
 		Flags: append(mqttFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
-			&cli.BoolFlag{Name: "no-mqtt", Usage: "do not ask the broker (online state unknown)"},
+			&cli.BoolFlag{Name: "from-broker", Usage: "read online states from the broker's retained status messages instead of the store"},
 			&cli.DurationFlag{Name: "wait", Value: time.Second, Usage: "how long to collect status messages from the broker"},
 		),
 		Action: func(c *cli.Context) error {
@@ -168,8 +168,11 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 				return err
 			}
 			defer s.Close()
+			// Online states: as the workers recorded them in the store, or
+			// straight from the broker's retained status messages.
 			var states mqttdev.DeviceStates
-			if !c.Bool("no-mqtt") {
+			switch {
+			case c.Bool("from-broker"):
 				t, err := mqttdev.ReadStates(c.Context, mqttdev.ClientConfig{
 					BrokerURL: c.String("mqtt"), Username: c.String("mqtt-user"), Password: c.String("mqtt-password"),
 				}, c.String("prefix"), wait)
@@ -177,6 +180,14 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 					return fmt.Errorf("--mqtt %s: %w", c.String("mqtt"), err)
 				}
 				states = t
+			default:
+				if rs, ok := s.(task.RecordStore); ok {
+					list, err := mqttdev.StoreStates(rs).DeviceStates(c.Context)
+					if err != nil {
+						return err
+					}
+					states = stateList(list)
+				}
 			}
 			infos, err := mqttdev.ListDevices(c.Context, s, states)
 			if err != nil {
@@ -224,3 +235,8 @@ func deviceJSON(w io.Writer, v any) error {
 	e.SetIndent("", "  ")
 	return e.Encode(v)
 }
+
+// stateList serves device states read from the store.
+type stateList []mqttdev.DeviceState
+
+func (l stateList) States() []mqttdev.DeviceState { return l }

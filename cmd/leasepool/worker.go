@@ -77,7 +77,7 @@ func workerCommand() *cli.Command {
 			// Shutdown order: the consumer stops first (its handlers may be
 			// talking to devices), then the MQTT client, then the broker.
 			if slices.Contains(kinds, mqttdev.Kind) {
-				stop, err := startDevices(c, mux, w.WorkerID())
+				stop, err := startDevices(c, mux, s, w.WorkerID())
 				if err != nil {
 					return err
 				}
@@ -96,7 +96,7 @@ func workerCommand() *cli.Command {
 // startDevices registers the device kind on mux: it connects to --mqtt, or
 // to the embedded broker, starting one when no other worker on this host
 // has.
-func startDevices(c *cli.Context, mux *consumer.Mux, workerID string) (stop func(), err error) {
+func startDevices(c *cli.Context, mux *consumer.Mux, store task.Store, workerID string) (stop func(), err error) {
 	url := c.String("mqtt")
 	var broker *mqttdev.Broker
 	if url == "" {
@@ -119,8 +119,9 @@ func startDevices(c *cli.Context, mux *consumer.Mux, workerID string) (stop func
 			Username: c.String("mqtt-user"), Password: c.String("mqtt-password"),
 			CAFile: c.String("mqtt-ca"), CertFile: c.String("mqtt-cert"), KeyFile: c.String("mqtt-key"),
 		},
-		Prefix: c.String("prefix"),
-		Logger: slog.Default(),
+		Prefix:      c.String("prefix"),
+		Logger:      slog.Default(),
+		DeviceState: deviceStateStore(store),
 	})
 	if err == nil {
 		err = h.Start(c.Context)
@@ -138,4 +139,13 @@ func startDevices(c *cli.Context, mux *consumer.Mux, workerID string) (stop func
 			broker.Close()
 		}
 	}, nil
+}
+
+// deviceStateStore keeps device states in the task store when it can hold
+// shared records, so every worker and `leasepool devices` see them.
+func deviceStateStore(s task.Store) mqttdev.DeviceStateStore {
+	if rs, ok := s.(task.RecordStore); ok {
+		return mqttdev.StoreStates(rs)
+	}
+	return nil
 }

@@ -32,10 +32,13 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-var _ task.Store = (*Store)(nil)
+var (
+	_ task.Store       = (*Store)(nil)
+	_ task.RecordStore = (*Store)(nil)
+)
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 1
+const schemaVersion = 2
 
 // Config tunes a Store. The zero value (or nil) takes every default.
 type Config struct {
@@ -237,6 +240,13 @@ CREATE INDEX IF NOT EXISTS tasks_state_priority ON tasks (state, priority DESC, 
 CREATE TABLE IF NOT EXISTS changes (
 	seq INTEGER PRIMARY KEY AUTOINCREMENT,
 	key TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS records (
+	kind TEXT NOT NULL,
+	id TEXT NOT NULL,
+	at INTEGER NOT NULL,
+	value TEXT NOT NULL,
+	PRIMARY KEY (kind, id)
 );
 CREATE TABLE IF NOT EXISTS locks (
 	key TEXT PRIMARY KEY,
@@ -1081,4 +1091,41 @@ func (st *stream) fill(ctx context.Context) error {
 		want = seq + 1
 	}
 	return mapErr(rows.Err())
+}
+
+// PutRecord stores r unless a later one is there; see task.RecordStore.
+func (s *Store) PutRecord(ctx context.Context, r task.Record) error {
+	if err := task.ValidateName("record kind", r.Kind); err != nil {
+		return err
+	}
+	if err := task.ValidateName("record id", r.ID); err != nil {
+		return err
+	}
+	return s.write(ctx, func(tx *sql.Tx) (int64, error) {
+		_, err := tx.ExecContext(ctx, `INSERT INTO records (kind, id, at, value) VALUES (?, ?, ?, ?)
+			ON CONFLICT (kind, id) DO UPDATE SET at = excluded.at, value = excluded.value WHERE excluded.at >= records.at`,
+			r.Kind, r.ID, nanos(r.At), string(r.Value))
+		return 0, mapErr(err)
+	})
+}
+
+// Records returns every record of kind; see task.RecordStore.
+func (s *Store) Records(ctx context.Context, kind string) ([]task.Record, error) {
+	rows, err := s.rdb.QueryContext(ctx, `SELECT id, at, value FROM records WHERE kind = ? ORDER BY id`, kind)
+	if err != nil {
+		return nil, fmt.Errorf("records %s: %w", kind, mapErr(err))
+	}
+	defer rows.Close()
+	var out []task.Record
+	for rows.Next() {
+		r := task.Record{Kind: kind}
+		var at int64
+		var value string
+		if err := rows.Scan(&r.ID, &at, &value); err != nil {
+			return nil, fmt.Errorf("records %s: %w", kind, mapErr(err))
+		}
+		r.At, r.Value = time.Unix(0, at).UTC(), json.RawMessage(value)
+		out = append(out, r)
+	}
+	return out, mapErr(rows.Err())
 }
