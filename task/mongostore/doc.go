@@ -250,7 +250,7 @@ func jsonValue(dec *json.Decoder) (any, error) {
 		_, err := dec.Token() // }
 		return d, err
 	case json.Number:
-		if i, err := strconv.ParseInt(string(tok), 10, 64); err == nil {
+		if i, err := strconv.ParseInt(string(tok), 10, 64); err == nil && (i != 0 || tok[0] != '-') {
 			return i, nil
 		}
 		f, err := strconv.ParseFloat(string(tok), 64)

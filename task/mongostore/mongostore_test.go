@@ -2,8 +2,10 @@ package mongostore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -91,7 +93,7 @@ func TestCloseTwice(t *testing.T) {
 	if err := st.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if _, err := st.Get(context.Background(), "x"); err == nil || !errorsIs(err, task.ErrClosed) {
+	if _, err := st.Get(context.Background(), "x"); err == nil || !errors.Is(err, task.ErrClosed) {
 		t.Fatalf("Get after Close: %v; want ErrClosed", err)
 	}
 }
@@ -104,7 +106,7 @@ func TestConfigValidate(t *testing.T) {
 		"Database":     {Database: "a.b"},
 	} {
 		_, err := mongostore.Open(context.Background(), "mongodb://127.0.0.1:1/", &cfg)
-		if !errorsIs(err, task.ErrInvalid) || !contains(err.Error(), field) {
+		if !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: Open: %v; want ErrInvalid naming %s", field, err, field)
 		}
 	}
