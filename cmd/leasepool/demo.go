@@ -16,15 +16,18 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
 
 func demoCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "demo",
-		Usage: "run three worker processes on a temporary embedded store, kill one mid-run, and check every task ended as it should",
+		Usage: "run three worker processes on a temporary embedded store and broker with simulated devices, kill one mid-run, and check every task ended as it should",
 		Flags: []cli.Flag{
-			&cli.IntFlag{Name: "tasks", Value: 300, Usage: "how many tasks to publish (at least 50)"},
+			&cli.IntFlag{Name: "tasks", Value: 300, Usage: "how many plain tasks to publish (at least 50)"},
+			&cli.IntFlag{Name: "devices", Value: 20, Usage: "simulated devices (a third of them flaky); 0 for none"},
+			&cli.IntFlag{Name: "commands", Value: 200, Usage: "device commands to publish"},
 			&cli.DurationFlag{Name: "kill-after", Value: 1500 * time.Millisecond, Usage: "when to SIGKILL the first worker"},
 			&cli.DurationFlag{Name: "deadline", Value: 2 * time.Minute, Usage: "give up after this long"},
 			&cli.BoolFlag{Name: "keep", Usage: "keep the temporary store and print its path"},
@@ -38,7 +41,13 @@ func demoCommand() *cli.Command {
 					return err
 				}
 			}
-			return runDemo(c.Context, c.App.Writer, c.Int("tasks"), c.Duration("kill-after"), c.Duration("deadline"), c.Bool("keep"))
+			if c.Int("devices") < 0 || c.Int("commands") < 0 {
+				return fmt.Errorf("--devices and --commands: must not be negative")
+			}
+			return runDemo(c.Context, c.App.Writer, demoConfig{
+				tasks: c.Int("tasks"), devices: c.Int("devices"), commands: c.Int("commands"),
+				killAfter: c.Duration("kill-after"), deadline: c.Duration("deadline"), keep: c.Bool("keep"),
+			})
 		},
 	}
 }
@@ -89,7 +98,72 @@ func demoTasks(n int) []demoTask {
 	return out
 }
 
-func runDemo(ctx context.Context, w io.Writer, n int, killAfter, deadline time.Duration, keep bool) error {
+type demoConfig struct {
+	tasks, devices, commands int
+	killAfter, deadline      time.Duration
+	keep                     bool
+}
+
+// demoDevices starts the embedded broker and the simulated devices: two
+// thirds reliable, a third flaky (failing, dropping acks, going offline).
+func demoDevices(ctx context.Context, n int) (url string, sims []*mqttdev.Simulator, stop func(), err error) {
+	broker, err := mqttdev.StartBroker(ctx, "127.0.0.1:0", nil)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	stop = func() {
+		for _, s := range sims {
+			s.Stop(context.Background())
+		}
+		broker.Close()
+	}
+	flaky := n / 3
+	for _, cfg := range []mqttdev.SimConfig{
+		{BrokerURL: broker.URL(), Count: n - flaky, IDPrefix: "dev-", Latency: 30 * time.Millisecond, Seed: 1},
+		{BrokerURL: broker.URL(), Count: flaky, IDPrefix: "flaky-", Latency: 30 * time.Millisecond, Seed: 2,
+			FailRate: 0.15, DropAckRate: 0.1, OfflineRate: 0.05, OfflineFor: time.Second, Heartbeat: time.Second},
+	} {
+		if cfg.Count == 0 {
+			continue
+		}
+		sim, err := mqttdev.NewSimulator(cfg)
+		if err == nil {
+			err = sim.Start(ctx)
+		}
+		if err != nil {
+			stop()
+			return "", nil, nil, fmt.Errorf("simulated devices: %w", err)
+		}
+		sims = append(sims, sim)
+	}
+	return broker.URL(), sims, stop, nil
+}
+
+// demoCommands are device commands spread over the simulated devices.
+func demoCommands(devices, n int) ([]demoTask, error) {
+	flaky := devices / 3
+	var out []demoTask
+	for i := range n {
+		d := i % devices
+		id, group := fmt.Sprintf("dev-%d", d), "device"
+		opts := task.Options{PingInterval: 200 * time.Millisecond, WorkerTimeout: time.Second, Priority: i % 3}
+		if d >= devices-flaky {
+			id, group = fmt.Sprintf("flaky-%d", d-(devices-flaky)), "flaky"
+			opts.MaxUnexpectedRetries = 10 // fails 15% of the time: retried until it works
+		}
+		cmd := mqttdev.Command{Device: id, Command: "blink", Args: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)),
+			AckTimeout: task.Duration(500 * time.Millisecond), ResultTimeout: task.Duration(3 * time.Second)}
+		p, err := mqttdev.PublishParams(fmt.Sprintf("%s-cmd-%03d", group, i), cmd, opts)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, demoTask{params: p, want: task.StateSucceeded, group: group})
+	}
+	return out, nil
+}
+
+func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
+	n, killAfter, deadline, keep := cfg.tasks, cfg.killAfter, cfg.deadline, cfg.keep
 	dir, err := os.MkdirTemp("", "leasepool-demo-")
 	if err != nil {
 		return err
@@ -107,6 +181,25 @@ func runDemo(ctx context.Context, w io.Writer, n int, killAfter, deadline time.D
 	defer s.Close()
 
 	tasks := demoTasks(n)
+	workerArgs := []string{"--concurrency", "8"}
+	var sims []*mqttdev.Simulator
+	if cfg.devices > 0 && cfg.commands > 0 {
+		url, started, stop, err := demoDevices(ctx, cfg.devices)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		sims = started
+		workerArgs = append(workerArgs, "--mqtt", url)
+		cmds, err := demoCommands(cfg.devices, cfg.commands)
+		if err != nil {
+			return err
+		}
+		tasks = append(tasks, cmds...)
+		fmt.Fprintf(w, "embedded MQTT broker on %s; %d simulated devices (%d flaky)\n", url, cfg.devices, cfg.devices/3)
+	} else {
+		workerArgs = append(workerArgs, "--kinds", "exec,noop,sleep")
+	}
 	want := map[string]demoTask{}
 	for _, dt := range tasks {
 		if _, _, err := task.Publish(ctx, s, dt.params); err != nil {
@@ -114,7 +207,7 @@ func runDemo(ctx context.Context, w io.Writer, n int, killAfter, deadline time.D
 		}
 		want[dt.params.Key] = dt
 	}
-	fmt.Fprintf(w, "published %d tasks: plain, delayed, pinned to demo-w2/demo-w3, 3-worker, failing, locked on one resource, long\n", n)
+	fmt.Fprintf(w, "published %d tasks: plain, delayed, pinned to demo-w2/demo-w3, 3-worker, failing, locked on one resource, long, device commands\n", len(tasks))
 
 	exe, err := os.Executable()
 	if err != nil {
@@ -122,7 +215,8 @@ func runDemo(ctx context.Context, w io.Writer, n int, killAfter, deadline time.D
 	}
 	workers := map[string]*exec.Cmd{}
 	for _, id := range []string{"demo-w1", "demo-w2", "demo-w3"} {
-		cmd := exec.Command(exe, "--store", storeURL, "--log-level", "error", "worker", "--id", id, "--concurrency", "8")
+		args := append([]string{"--store", storeURL, "--log-level", "error", "worker", "--id", id}, workerArgs...)
+		cmd := exec.Command(exe, args...)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			return fmt.Errorf("start worker %s: %w", id, err)
@@ -178,7 +272,25 @@ func runDemo(ctx context.Context, w io.Writer, n int, killAfter, deadline time.D
 		}
 	}
 	fmt.Fprintf(w, "\nall %d tasks finished in %.1fs\n\n", len(final), time.Since(start).Seconds())
-	return demoSummary(w, final, want)
+	err = demoSummary(w, final, want)
+	if len(sims) > 0 {
+		var runs, overlaps, stale, devices int
+		for _, sim := range sims {
+			r := sim.Report()
+			runs += len(r.Runs)
+			overlaps += len(r.Overlaps)
+			stale += len(r.StaleAttempts)
+			devices += len(r.Devices)
+		}
+		fmt.Fprintf(w, "  devices: %d ran %d commands; a device ran two at once %d times; stale attempts refused %d\n", devices, runs, overlaps, stale)
+		if overlaps > 0 {
+			err = errors.Join(err, errors.New("demo: a device ran two commands at once"))
+		}
+	}
+	if err == nil {
+		fmt.Fprintln(w, "\nOK: every task ended as it should")
+	}
+	return err
 }
 
 // demoSummary checks every task against what it should have become and
@@ -244,7 +356,6 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 		}
 		return errors.New("demo: some tasks did not end as they should")
 	}
-	fmt.Fprintln(w, "\nOK: every task ended as it should")
 	return nil
 }
 
