@@ -274,6 +274,7 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	if err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
+	fields = versionFirst(fields)
 	res, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "key", Value: t.Key}},
 		bson.D{{Key: "$setOnInsert", Value: fields}}, options.UpdateOne().SetUpsert(true))
 	switch {
@@ -303,6 +304,36 @@ func (s *Store) Get(ctx context.Context, key string) (*task.Task, error) {
 	return decodeTask(raw)
 }
 
+// The version field is stored first in the document (after _id) and set
+// last by Update. mongo-java-server's memory backend updates a document in
+// place while readers copy it field by field, so a read can be torn. With
+// this order a reader that sees a new version has also seen every field of
+// that write, and a torn read carries the old version, which the next
+// compare-and-set refuses. On MongoDB, where reads are atomic per document,
+// the order changes nothing.
+func versionFirst(fields bson.D) bson.D {
+	i := slices.IndexFunc(fields, func(e bson.E) bool { return e.Key == "version" })
+	if i < 0 {
+		return fields
+	}
+	v := fields[i]
+	fields = slices.Delete(fields, i, i+1)
+	at := 0
+	if len(fields) > 0 && fields[0].Key == "_id" {
+		at = 1
+	}
+	return slices.Insert(fields, at, v)
+}
+
+func versionLast(fields bson.D) bson.D {
+	i := slices.IndexFunc(fields, func(e bson.E) bool { return e.Key == "version" })
+	if i < 0 {
+		return fields
+	}
+	v := fields[i]
+	return append(slices.Delete(fields, i, i+1), v)
+}
+
 // immutable fields are left out of Update's $set.
 var immutable = []string{"_id", "key", "seq"}
 
@@ -322,6 +353,7 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	fields = slices.DeleteFunc(fields, func(e bson.E) bool { return slices.Contains(immutable, e.Key) })
+	fields = versionLast(fields)
 	res, err := s.tasks.UpdateOne(ctx,
 		bson.D{{Key: "key", Value: t.Key}, {Key: "version", Value: t.Version}},
 		bson.D{{Key: "$set", Value: fields}})

@@ -248,3 +248,20 @@ func FuzzPayload(f *testing.F) {
 		}
 	})
 }
+
+// version leads the stored document and trails every $set (see versionFirst).
+func TestVersionOrder(t *testing.T) {
+	_, raw := sampleTask(t)
+	var d bson.D
+	if err := bson.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	first := versionFirst(d)
+	if first[0].Key != "_id" || first[1].Key != "version" || len(first) != len(d) {
+		t.Fatalf("versionFirst: keys start %s, %s", first[0].Key, first[1].Key)
+	}
+	last := versionLast(first)
+	if last[len(last)-1].Key != "version" || len(last) != len(d) {
+		t.Fatalf("versionLast: last key %s", last[len(last)-1].Key)
+	}
+}
