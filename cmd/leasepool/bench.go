@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -193,7 +194,7 @@ func (b *bench) latencyInProcess() error {
 		mu.Lock()
 		started[job.Task.Key] = at
 		mu.Unlock()
-	})
+	}, nil)
 	if err != nil {
 		return err
 	}
@@ -269,12 +270,22 @@ func (b *bench) throughput(runs int) error {
 			return err
 		}
 		b.progress("throughput run %d/%d in one process", run+1, runs)
+		var finished atomic.Int64
+		drained := make(chan struct{})
 		start := time.Now()
-		w, err := b.worker(b.report.Concurrency, nil)
+		w, err := b.worker(b.report.Concurrency, nil, func(*consumer.Job, error) {
+			if finished.Add(1) == int64(n) {
+				close(drained)
+			}
+		})
 		if err != nil {
 			return err
 		}
-		err = b.waitDrained(5 * time.Minute)
+		select {
+		case <-drained:
+		case <-time.After(5 * time.Minute):
+			err = errors.New("timed out")
+		}
 		elapsed := time.Since(start)
 		w.Stop(context.Background())
 		if err != nil {
@@ -362,10 +373,10 @@ func (b *bench) pendingMemory() error {
 }
 
 // worker starts an in-process consumer running noop tasks.
-func (b *bench) worker(concurrency int, onStart func(*consumer.Job)) (*consumer.Consumer, error) {
+func (b *bench) worker(concurrency int, onStart func(*consumer.Job), onFinish func(*consumer.Job, error)) (*consumer.Consumer, error) {
 	mux := consumer.NewMux()
 	mux.RegisterFunc("noop", func(context.Context, *consumer.Job) error { return nil })
-	w, err := consumer.New(consumer.Config{Store: b.store, Handler: mux, Concurrency: concurrency, OnStart: onStart,
+	w, err := consumer.New(consumer.Config{Store: b.store, Handler: mux, Concurrency: concurrency, OnStart: onStart, OnFinish: onFinish,
 		WorkerID: fmt.Sprintf("bench-inproc-%d", b.round)})
 	if err != nil {
 		return nil, err
@@ -451,7 +462,7 @@ func (b *bench) poll(limit time.Duration, done func() (bool, error)) error {
 		select {
 		case <-b.ctx.Done():
 			return b.ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

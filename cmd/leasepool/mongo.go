@@ -2,11 +2,17 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"log/slog"
 
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/mongostore"
 )
 
-func openMongo(_ context.Context, url string) (task.Store, error) {
-	return nil, errors.New("--store: the MongoDB backend is not built into this version yet")
+func openMongo(ctx context.Context, url string) (task.Store, error) {
+	s, err := mongostore.Open(ctx, url, &mongostore.Config{Logger: slog.Default()})
+	if err != nil {
+		return nil, fmt.Errorf("--store: %w", err)
+	}
+	return s, nil
 }
