@@ -112,6 +112,14 @@ type Store struct {
 	wake   chan struct{} // closed and replaced after each known change
 	latest int64         // highest change seq known to this Store
 
+	// recent holds the documents this Store wrote, by change seq, so that
+	// its own watchers need not decode them again (a worker sees mostly its
+	// own claims and finishes). Shared read-only with every stream.
+	recentMu sync.Mutex
+	recent   map[int64]*task.Task
+	ring     [recentSize]int64
+	ringPos  int
+
 	watchers atomic.Int64
 	closed   atomic.Bool
 	done     chan struct{}
@@ -456,10 +464,21 @@ func scanTask(r rowScanner) (*task.Task, error) {
 // cross-process lock), so batching multiplies write throughput without
 // changing any caller's all-or-nothing outcome.
 func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) (change int64, err error)) error {
+	return s.submit(&writeReq{ctx: ctx, fn: fn})
+}
+
+// writeAtomic is write for a fn of several statements that must all
+// apply or none: it runs inside its own savepoint.
+func (s *Store) writeAtomic(ctx context.Context, fn func(tx *sql.Tx) (change int64, err error)) error {
+	return s.submit(&writeReq{ctx: ctx, fn: fn, savepoint: true})
+}
+
+func (s *Store) submit(req *writeReq) error {
 	if s.closed.Load() {
 		return errClosed
 	}
-	req := &writeReq{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	ctx := req.ctx
+	req.done = make(chan error, 1)
 	select {
 	case s.writeQ <- req:
 	case <-ctx.Done():
@@ -471,9 +490,21 @@ func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) (change int64, er
 }
 
 type writeReq struct {
-	ctx  context.Context
-	fn   func(tx *sql.Tx) (int64, error)
-	done chan error
+	ctx context.Context
+	fn  func(tx *sql.Tx) (int64, error)
+	// savepoint isolates fn from the rest of the batch. Without it, fn must
+	// either write nothing and return a task sentinel error (ErrConflict,
+	// ErrNotFound, ErrInvalid: the batch goes on), or fail with any other
+	// error, which rolls the whole batch back.
+	savepoint bool
+	// onCommit runs after the commit, before watchers are woken.
+	onCommit func()
+	done     chan error
+}
+
+// clean reports whether a fn error left nothing written.
+func clean(err error) bool {
+	return errors.Is(err, task.ErrConflict) || errors.Is(err, task.ErrNotFound) || errors.Is(err, task.ErrInvalid)
 }
 
 const maxBatch = 128
@@ -533,47 +564,53 @@ func (s *Store) commit(batch []*writeReq) {
 		return
 	}
 	var latest int64
-	single := len(batch) == 1
+	abort := func(i int, err error) {
+		tx.Rollback()
+		errs[i] = err
+		answer(fmt.Errorf("batched write failed: %w", err))
+	}
 	for i, r := range batch {
 		if err := r.ctx.Err(); err != nil {
 			errs[i] = err
 			continue
 		}
-		if !single {
+		if r.savepoint {
 			if _, err := tx.Exec("SAVEPOINT w"); err != nil {
-				tx.Rollback()
-				answer(mapErr(err))
+				abort(i, mapErr(err))
 				return
 			}
 		}
 		change, err := r.fn(tx)
-		if err != nil {
-			errs[i] = err
-			if single {
-				tx.Rollback()
-				answer(nil)
-				return
-			}
-			if _, err := tx.Exec("ROLLBACK TO w"); err != nil {
-				tx.Rollback()
-				answer(mapErr(err))
-				return
-			}
-		}
-		if !single {
-			if _, err := tx.Exec("RELEASE w"); err != nil {
-				tx.Rollback()
-				answer(mapErr(err))
-				return
-			}
-		}
-		if err == nil {
+		switch {
+		case err == nil:
 			latest = max(latest, change)
+		case r.savepoint:
+			errs[i] = err
+			if _, err := tx.Exec("ROLLBACK TO w"); err != nil {
+				abort(i, mapErr(err))
+				return
+			}
+		case clean(err):
+			errs[i] = err
+		default:
+			abort(i, err)
+			return
+		}
+		if r.savepoint {
+			if _, err := tx.Exec("RELEASE w"); err != nil {
+				abort(i, mapErr(err))
+				return
+			}
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		answer(mapErr(err))
 		return
+	}
+	for i, r := range batch {
+		if errs[i] == nil && r.onCommit != nil {
+			r.onCommit()
+		}
 	}
 	if latest > 0 {
 		s.broadcast(latest)
@@ -611,7 +648,12 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	}
 	var stored *task.Task
 	var inserted bool
-	err = s.write(ctx, func(tx *sql.Tx) (int64, error) {
+	var change int64
+	err = s.submit(&writeReq{ctx: ctx, onCommit: func() {
+		if inserted {
+			s.remember(change, t)
+		}
+	}, fn: func(tx *sql.Tx) (int64, error) {
 		var seq int64
 		err := tx.StmtContext(ctx, s.insTask).QueryRowContext(ctx,
 			t.Key, t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, string(doc)).Scan(&seq)
@@ -625,8 +667,9 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 		inserted = true
 		stored = t
 		t.ID, t.Seq, t.Version = strconv.FormatInt(seq, 10), seq, 1
-		return s.appendChange(ctx, tx, t.Key)
-	})
+		change, err = s.appendChange(ctx, tx, t.Key)
+		return change, err
+	}})
 	if err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
@@ -662,7 +705,8 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	if err != nil {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
-	err = s.write(ctx, func(tx *sql.Tx) (int64, error) {
+	var change int64
+	err = s.submit(&writeReq{ctx: ctx, onCommit: func() { s.remember(change, &c) }, fn: func(tx *sql.Tx) (int64, error) {
 		res, err := tx.StmtContext(ctx, s.updTask).ExecContext(ctx,
 			t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, string(doc), t.Key, t.Version)
 		if err != nil {
@@ -681,8 +725,9 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 			}
 			return 0, fmt.Errorf("version %d: %w", t.Version, task.ErrConflict)
 		}
-		return s.appendChange(ctx, tx, t.Key)
-	})
+		change, err = s.appendChange(ctx, tx, t.Key)
+		return change, err
+	}})
 	if err != nil {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
@@ -793,7 +838,7 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 		return nil
 	}
 	now, until := p.Now.UnixNano(), p.Until.UnixNano()
-	err := s.write(ctx, func(tx *sql.Tx) (int64, error) {
+	err := s.writeAtomic(ctx, func(tx *sql.Tx) (int64, error) {
 		sel, up := tx.StmtContext(ctx, s.selLock), tx.StmtContext(ctx, s.upsertLock)
 		for _, k := range p.Keys {
 			var h task.Holder
@@ -823,7 +868,7 @@ func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
 	if len(p.Keys) == 0 {
 		return nil
 	}
-	err := s.write(ctx, func(tx *sql.Tx) (int64, error) {
+	err := s.writeAtomic(ctx, func(tx *sql.Tx) (int64, error) {
 		del := tx.StmtContext(ctx, s.delLock)
 		for _, k := range p.Keys {
 			if _, err := del.ExecContext(ctx, k, p.Holder.TaskKey, p.Holder.WorkerID, p.Holder.Attempt); err != nil {
@@ -1080,7 +1125,9 @@ func (st *stream) fill(ctx context.Context) error {
 			}
 		}
 		ev := task.Event{Key: key, Token: task.Token(strconv.AppendInt(nil, seq, 10))}
-		if doc.Valid {
+		if t := s.recalled(seq); t != nil {
+			ev.Task = t
+		} else if doc.Valid {
 			t, err := decode(tseq.Int64, version.Int64, doc.String)
 			if err != nil {
 				return fmt.Errorf("change stream: %w", err)
@@ -1128,4 +1175,30 @@ func (s *Store) Records(ctx context.Context, kind string) ([]task.Record, error)
 		out = append(out, r)
 	}
 	return out, mapErr(rows.Err())
+}
+
+const recentSize = 4096
+
+// remember keeps a copy of the document written as change seq.
+func (s *Store) remember(seq int64, t *task.Task) {
+	if seq == 0 {
+		return
+	}
+	doc := t.Clone()
+	s.recentMu.Lock()
+	defer s.recentMu.Unlock()
+	if s.recent == nil {
+		s.recent = make(map[int64]*task.Task, recentSize)
+	}
+	delete(s.recent, s.ring[s.ringPos])
+	s.ring[s.ringPos] = seq
+	s.ringPos = (s.ringPos + 1) % recentSize
+	s.recent[seq] = doc
+}
+
+// recalled returns the document this Store wrote as change seq, if kept.
+func (s *Store) recalled(seq int64) *task.Task {
+	s.recentMu.Lock()
+	defer s.recentMu.Unlock()
+	return s.recent[seq]
 }
