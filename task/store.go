@@ -1,8 +1,8 @@
 package task
 
 import (
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
