@@ -1,0 +1,417 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// peer is one queue system under test, as seen by the producer process.
+type peer interface {
+	// Publish enqueues one job of kind "noop" or "sleep" and returns its id.
+	Publish(ctx context.Context, kind string) (string, error)
+	// PublishMany enqueues n noop jobs, to run at runAt (zero: now).
+	PublishMany(ctx context.Context, n int, runAt time.Time) error
+	// Busy tells whether any job is still waiting or running.
+	Busy(ctx context.Context) (bool, error)
+	// Reset removes every job left (the takeover job, delayed jobs).
+	Reset(ctx context.Context) error
+	// Versions names the client libraries and the server with their versions.
+	Versions(ctx context.Context) map[string]string
+	Close()
+}
+
+// report mirrors the field names of `leasepool bench --json` for the
+// figures measured the same way; every name carries its unit.
+type report struct {
+	System            string            `json:"system"`
+	Store             string            `json:"store"`
+	Versions          map[string]string `json:"versions"`
+	SettingsChanged   []string          `json:"settings_changed"`
+	LatencyTasks      int               `json:"latency_tasks"`
+	CrossProcessP50Ms float64           `json:"publish_to_start_cross_process_p50_ms"`
+	CrossProcessP90Ms float64           `json:"publish_to_start_cross_process_p90_ms"`
+	CrossProcessP99Ms float64           `json:"publish_to_start_cross_process_p99_ms"`
+	CrossProcessMaxMs float64           `json:"publish_to_start_cross_process_max_ms"`
+	ThroughputTasks   int               `json:"throughput_tasks"`
+	Concurrency       int               `json:"concurrency"`
+	ThroughputRuns    []float64         `json:"throughput_runs_per_s"`
+	ThroughputPerS    float64           `json:"throughput_worker_process_per_s"`
+	TakeoverMs        *float64          `json:"takeover_after_sigkill_ms"` // null: not within the cap
+	TakeoverCapMs     float64           `json:"takeover_cap_ms"`
+	TakeoverNote      string            `json:"takeover_note,omitempty"`
+	PeakRSSBytes      int64             `json:"worker_peak_rss_throughput_bytes"`
+	IdleRSSBytes      int64             `json:"worker_rss_idle_bytes"`
+	PendingTasks      int               `json:"pending_tasks"`
+	RSSPendingBytes   int64             `json:"worker_rss_with_pending_bytes"`
+}
+
+type harness struct {
+	ctx      context.Context
+	p        peer
+	system   string
+	url      string
+	dir      string // output: samples, worker logs, record files
+	r        report
+	runs     int
+	cap      time.Duration
+	round    int
+	settings []string
+}
+
+func (h *harness) progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%s] %s\n", h.system, fmt.Sprintf(format, args...))
+}
+
+func (h *harness) run() error {
+	h.r.Versions = h.p.Versions(h.ctx)
+	h.r.SettingsChanged = h.settings
+	steps := []struct {
+		name string
+		fn   func() error
+	}{
+		{"latency across processes", h.latency},
+		{"throughput", h.throughput},
+		{"takeover", h.takeover},
+		{"memory with pending jobs", h.pendingMemory},
+	}
+	for _, s := range steps {
+		h.progress("%s...", s.name)
+		if err := s.fn(); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+// worker is a worker process of the system under test, started from this
+// same executable.
+type worker struct {
+	cmd    *exec.Cmd
+	record string
+}
+
+// spawnWorker starts a worker process; record: it writes job start times.
+func (h *harness) spawnWorker(name string, concurrency int, record bool) (*worker, error) {
+	h.round++
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	rec := filepath.Join(h.dir, fmt.Sprintf("%s-%d-%s.rec", h.system, h.round, name))
+	os.Remove(rec)
+	logf, err := os.Create(filepath.Join(h.dir, fmt.Sprintf("%s-%d-%s.log", h.system, h.round, name)))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	recArg := ""
+	if record {
+		recArg = rec
+	}
+	cmd := exec.Command(exe, "worker", "-system", h.system, "-url", h.url,
+		"-concurrency", strconv.Itoa(concurrency), "-record", recArg)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &worker{cmd: cmd, record: rec}, nil
+}
+
+// waitReady waits for the worker's "ready" line: its client is started.
+func (w *worker) waitReady(ctx context.Context) error {
+	return poll(ctx, 30*time.Second, func() (bool, error) {
+		if w.cmd.ProcessState != nil {
+			return false, errors.New("worker exited")
+		}
+		_, ready := readRecord(w.record)
+		return ready, nil
+	})
+}
+
+func (w *worker) kill() {
+	w.cmd.Process.Kill()
+	w.cmd.Wait()
+}
+
+func (w *worker) stop() {
+	if w.cmd.ProcessState != nil {
+		return
+	}
+	w.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { w.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		w.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func (w *worker) rss(field string) int64 { return procRSS(w.cmd.Process.Pid, field) }
+
+// procRSS reads a memory figure (VmRSS, VmHWM) of a process from /proc.
+func procRSS(pid int, field string) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// readRecord reads a worker's record file: one "ID UNIXNANO" line per job
+// start, written by the worker when the handler starts, plus "ready UNIXNANO".
+func readRecord(path string) (map[string]time.Time, bool) {
+	data, _ := os.ReadFile(path)
+	starts := map[string]time.Time{}
+	ready := false
+	for line := range strings.Lines(string(data)) {
+		id, ns, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok {
+			continue // a line being written
+		}
+		n, err := strconv.ParseInt(ns, 10, 64)
+		if err != nil {
+			continue
+		}
+		if id == "ready" {
+			ready = true
+			continue
+		}
+		if _, seen := starts[id]; !seen {
+			starts[id] = time.Unix(0, n)
+		}
+	}
+	return starts, ready
+}
+
+func (h *harness) latency() error {
+	w, err := h.spawnWorker("latency", 8, true)
+	if err != nil {
+		return err
+	}
+	defer w.stop()
+	if err := w.waitReady(h.ctx); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Millisecond) // idle
+	n := h.r.LatencyTasks
+	published := make(map[string]time.Time, n)
+	next := time.Now()
+	gap := 2 * time.Millisecond
+	for range n {
+		id, err := h.p.Publish(h.ctx, "noop")
+		if err != nil {
+			return err
+		}
+		published[id] = time.Now()
+		next = next.Add(gap)
+		time.Sleep(time.Until(next))
+	}
+	var started map[string]time.Time
+	if err := poll(h.ctx, time.Minute, func() (bool, error) {
+		started, _ = readRecord(w.record)
+		return len(started) >= n, nil
+	}); err != nil {
+		return fmt.Errorf("%d of %d jobs started: %w", len(started), n, err)
+	}
+	lat := latencies(published, started)
+	h.r.CrossProcessP50Ms, h.r.CrossProcessP90Ms, h.r.CrossProcessP99Ms, h.r.CrossProcessMaxMs = pct(lat, 50), pct(lat, 90), pct(lat, 99), pct(lat, 100)
+	return writeJSON(filepath.Join(h.dir, h.system+".samples.json"), lat)
+}
+
+func (h *harness) throughput() error {
+	var runs []float64
+	for run := range h.runs {
+		n := h.r.ThroughputTasks
+		h.progress("throughput run %d/%d: publishing %d", run+1, h.runs, n)
+		if err := h.p.PublishMany(h.ctx, n, time.Time{}); err != nil {
+			return err
+		}
+		h.progress("throughput run %d/%d: draining", run+1, h.runs)
+		start := time.Now()
+		w, err := h.spawnWorker("throughput", h.r.Concurrency, false)
+		if err != nil {
+			return err
+		}
+		err = poll(h.ctx, 5*time.Minute, func() (bool, error) {
+			busy, err := h.p.Busy(h.ctx)
+			return !busy, err
+		})
+		elapsed := time.Since(start)
+		h.r.PeakRSSBytes = max(h.r.PeakRSSBytes, w.rss("VmHWM"))
+		w.stop()
+		if err != nil {
+			return err
+		}
+		runs = append(runs, float64(n)/elapsed.Seconds())
+	}
+	h.r.ThroughputRuns = slices.Clone(runs)
+	h.r.ThroughputPerS = median(runs)
+	return nil
+}
+
+func (h *harness) takeover() error {
+	defer h.p.Reset(context.Background())
+	id, err := h.p.Publish(h.ctx, "sleep")
+	if err != nil {
+		return err
+	}
+	holder, err := h.spawnWorker("holder", 1, true)
+	if err != nil {
+		return err
+	}
+	defer holder.stop()
+	var startedAt time.Time
+	if err := poll(h.ctx, 30*time.Second, func() (bool, error) {
+		s, _ := readRecord(holder.record)
+		startedAt = s[id]
+		return !startedAt.IsZero(), nil
+	}); err != nil {
+		return fmt.Errorf("holder never started the job: %w", err)
+	}
+	peer, err := h.spawnWorker("peer", 1, true)
+	if err != nil {
+		return err
+	}
+	defer peer.kill() // its job sleeps for an hour
+	time.Sleep(time.Until(startedAt.Add(3 * time.Second)))
+	h.r.IdleRSSBytes = peer.rss("VmRSS")
+	killed := time.Now()
+	holder.kill()
+	h.r.TakeoverCapMs = ms(h.cap)
+	h.progress("takeover: holder killed; waiting up to %s for the peer", h.cap)
+	var took time.Time
+	err = poll(h.ctx, h.cap, func() (bool, error) {
+		s, _ := readRecord(peer.record)
+		took = s[id]
+		return !took.IsZero(), nil
+	})
+	if err == nil {
+		v := ms(took.Sub(killed))
+		h.r.TakeoverMs = &v
+	}
+	return nil
+}
+
+func (h *harness) pendingMemory() error {
+	n := h.r.PendingTasks
+	if n == 0 {
+		return nil
+	}
+	// Delayed an hour, so the worker holds them without running them.
+	h.progress("publishing %d delayed jobs", n)
+	if err := h.p.PublishMany(h.ctx, n, time.Now().Add(time.Hour)); err != nil {
+		return err
+	}
+	defer h.p.Reset(context.Background())
+	w, err := h.spawnWorker("pending", h.r.Concurrency, false)
+	if err != nil {
+		return err
+	}
+	defer w.stop()
+	time.Sleep(3 * time.Second) // let it query and settle
+	h.r.RSSPendingBytes = w.rss("VmHWM")
+	return nil
+}
+
+func poll(ctx context.Context, limit time.Duration, done func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	for {
+		ok, err := done()
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errors.New("timed out")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func latencies(published, started map[string]time.Time) []float64 {
+	out := make([]float64, 0, len(published))
+	for k, p := range published {
+		if s, ok := started[k]; ok {
+			out = append(out, ms(s.Sub(p)))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// pct is leasepool bench's percentile (nearest rank).
+func pct(sorted []float64, p int) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := min(len(sorted)-1, max(0, (len(sorted)*p+99)/100-1))
+	return sorted[i]
+}
+
+func median(v []float64) float64 {
+	slices.Sort(v)
+	return pct(v, 50)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// recorder appends "ID UNIXNANO" lines, one write each, so a reader in
+// another process sees whole lines as they happen.
+type recorder struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+func newRecorder(path string) (*recorder, error) {
+	if path == "" {
+		return &recorder{}, nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &recorder{f: f}, nil
+}
+
+func (r *recorder) mark(id string) {
+	if r.f == nil {
+		return
+	}
+	line := id + " " + strconv.FormatInt(time.Now().UnixNano(), 10) + "\n"
+	r.mu.Lock()
+	r.f.WriteString(line)
+	r.mu.Unlock()
+}
