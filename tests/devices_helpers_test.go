@@ -1,0 +1,403 @@
+package tests
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/sqlitestore"
+)
+
+// randomSuffix returns a short random hex string, so that topic prefixes,
+// device ids and MQTT client ids of one run never meet those of another
+// run (or another package's tests) on a shared broker.
+func randomSuffix(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// openTestStore creates a fresh SQLite store file in a temp dir and returns
+// it with its --store URL. The store is closed when t ends.
+func openTestStore(t *testing.T, ctx context.Context) (*sqlitestore.Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "store.db")
+	s, err := sqlitestore.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, "sqlite:" + path
+}
+
+// startSim starts a simulated fleet; it is stopped when t ends.
+func startSim(t *testing.T, ctx context.Context, cfg mqttdev.SimConfig) *mqttdev.Simulator {
+	t.Helper()
+	if cfg.Logger == nil && os.Getenv("LEASEPOOL_TEST_DEVICE_LOGS") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	sim, err := mqttdev.NewSimulator(cfg)
+	if err != nil {
+		t.Fatalf("simulator: %v", err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := sim.Start(sctx); err != nil {
+		t.Fatalf("simulator %s* on %s did not start: %v", cfg.IDPrefix, cfg.BrokerURL, err)
+	}
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = sim.Stop(c)
+	})
+	return sim
+}
+
+// tlogWriter writes log lines to t.Log.
+type tlogWriter struct{ t *testing.T }
+
+func (w tlogWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// deviceWorker starts a `leasepool worker` process that runs device tasks
+// only, against broker url with topic prefix prefix.
+func deviceWorker(t *testing.T, storeURL, id, url, prefix string) *workerProc {
+	t.Helper()
+	args := []string{"--store", storeURL, "--log-level", deviceLogLevel, "worker", "--id", id,
+		"--kinds", "device", "--concurrency", "4", "--mqtt", url, "--prefix", prefix, "--shutdown-timeout", "2s"}
+	cmd := exec.Command(leasepoolBin(t), args...)
+	logPath := filepath.Join(t.TempDir(), id+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start worker %s: %v", id, err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		logf.Close()
+		if t.Failed() || os.Getenv("LEASEPOOL_TEST_DEVICE_LOGS") != "" {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("worker %s log:\n%s", id, tail(string(b), 6000))
+		}
+	})
+	return &workerProc{id: id, cmd: cmd}
+}
+
+// deviceLogLevel is the workers' log level: info shows every device status
+// change and snooze, which the failure messages need.
+var deviceLogLevel = func() string {
+	if l := os.Getenv("LEASEPOOL_TEST_DEVICE_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
+}()
+
+// devCmd is a device task as the tests publish it.
+type devCmd struct {
+	key, device string
+	priority    int
+	retries     int // MaxUnexpectedRetries as given (NoRetries, or >0)
+	seq         int64
+}
+
+// publishDevice publishes one device command with short timeouts.
+func publishDevice(t *testing.T, ctx context.Context, s task.Store, dc *devCmd, c mqttdev.Command) {
+	t.Helper()
+	c.Device = dc.device
+	p, err := mqttdev.PublishParams(dc.key, c, task.Options{
+		Priority: dc.priority, MaxUnexpectedRetries: dc.retries,
+		PingInterval: 200 * time.Millisecond, WorkerTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatalf("publish params %s: %v", dc.key, err)
+	}
+	tk, res, err := task.Publish(ctx, s, p)
+	if err != nil || res != task.Inserted {
+		t.Fatalf("publish %s: %v %v", dc.key, res, err)
+	}
+	dc.seq = tk.Seq
+}
+
+// countStates returns how many tasks are in each state.
+func countStates(t *testing.T, ctx context.Context, s task.Store) map[task.State]int {
+	t.Helper()
+	all, err := s.List(ctx, task.ListQuery{})
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	out := map[task.State]int{}
+	for _, tk := range all {
+		out[tk.State]++
+	}
+	return out
+}
+
+func finished(m map[task.State]int) int {
+	return m[task.StateSucceeded] + m[task.StateFailed] + m[task.StateCancelled]
+}
+
+// tasksByKey lists every task in the store.
+func tasksByKey(t *testing.T, ctx context.Context, s task.Store) map[string]*task.Task {
+	t.Helper()
+	all, err := s.List(ctx, task.ListQuery{})
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	out := map[string]*task.Task{}
+	for _, tk := range all {
+		out[tk.Key] = tk
+	}
+	return out
+}
+
+// heldBy reports whether a task is running with a live entry of worker id.
+func heldBy(t *testing.T, ctx context.Context, s task.Store, id string) bool {
+	t.Helper()
+	all, err := s.List(ctx, task.ListQuery{State: task.StateRunning})
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	now := s.Now()
+	for _, tk := range all {
+		for _, w := range tk.Workers {
+			if w.WorkerID == id && w.Live(now) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// failures counts a task's FAIL and EXPIRED entries.
+func failures(tk *task.Task) int {
+	n := 0
+	for _, w := range tk.Workers {
+		if w.State == task.WorkerFail || w.State == task.WorkerExpired {
+			n++
+		}
+	}
+	return n
+}
+
+// checkDeviceRuns checks the simulator's view against the store's:
+// no overlap on any device, no stale attempt run (per task, the attempts a
+// device ran only grow, and each ran once), every run belongs to an attempt
+// the store handed out, and every SUCCESS entry has a successful run of
+// that very attempt on the task's device. It returns each task's runs in
+// start order.
+func checkDeviceRuns(t *testing.T, rep *mqttdev.SimReport, tasks map[string]*task.Task) map[string][]mqttdev.Run {
+	t.Helper()
+	for _, o := range rep.Overlaps {
+		t.Errorf("OVERLAP on %s: %s#%d arrived while %s#%d ran or waited (%s)", o.Device, o.TaskKey, o.Attempt, o.RunningTask, o.RunningAttempt, o.At.Format(time.StampMicro))
+	}
+	runs := map[string][]mqttdev.Run{}
+	for _, r := range rep.Runs {
+		runs[r.TaskKey] = append(runs[r.TaskKey], r)
+	}
+	for key, rs := range runs {
+		slices.SortFunc(rs, func(a, b mqttdev.Run) int { return a.Start.Compare(b.Start) })
+		tk := tasks[key]
+		if tk == nil {
+			t.Errorf("device ran %s, which is not in the store", key)
+			continue
+		}
+		c, err := mqttdev.DecodePayload(tk.Payload)
+		if err != nil {
+			t.Errorf("task %s: payload: %v", key, err)
+			continue
+		}
+		for i, r := range rs {
+			if r.Device != c.Device {
+				t.Errorf("task %s for device %s ran on %s", key, c.Device, r.Device)
+			}
+			if i > 0 && r.Attempt <= rs[i-1].Attempt {
+				t.Errorf("task %s: stale or repeated run: attempt %d ran after attempt %d", key, r.Attempt, rs[i-1].Attempt)
+			}
+			if r.Attempt > tk.Attempts {
+				t.Errorf("task %s: device ran attempt %d, but the store handed out only %d", key, r.Attempt, tk.Attempts)
+			}
+		}
+	}
+	for key, tk := range tasks {
+		for _, w := range tk.Workers {
+			if w.State != task.WorkerSuccess {
+				continue
+			}
+			found := false
+			for _, r := range runs[key] {
+				found = found || (r.Attempt == w.Attempt && r.OK)
+			}
+			if !found {
+				t.Errorf("task %s: attempt %d recorded SUCCESS by %s but the device has no successful run of it (runs %+v)", key, w.Attempt, w.WorkerID, runs[key])
+			}
+		}
+	}
+	return runs
+}
+
+// mosquittoProc is a private Mosquitto broker a test owns.
+type mosquittoProc struct {
+	t    *testing.T
+	bin  string
+	conf string
+	port int
+	log  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startMosquitto starts a private Mosquitto on a free loopback port with
+// persistence in a temp dir, or fails t (never skips).
+func startMosquitto(t *testing.T) *mosquittoProc {
+	t.Helper()
+	bin, err := exec.LookPath("mosquitto")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/mosquitto"); serr == nil {
+			bin, err = "/usr/sbin/mosquitto", nil
+		}
+	}
+	if err != nil {
+		t.Fatalf("mosquitto is not installed (not on PATH nor /usr/sbin): run `tests/servers up` first, which installs it: %v", err)
+	}
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	conf := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nautosave_interval 1\nlog_dest stdout\nlog_type error\nlog_type warning\nlog_type notice\n", port, data)
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		// As root, mosquitto would otherwise switch to user mosquitto,
+		// which cannot write the temp dir.
+		conf += "user " + u.Username + "\n"
+	}
+	confPath := filepath.Join(dir, "mosquitto.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := &mosquittoProc{t: t, bin: bin, conf: confPath, port: port, log: filepath.Join(dir, "mosquitto.log")}
+	m.start()
+	t.Cleanup(func() {
+		m.stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(m.log)
+			t.Logf("mosquitto log:\n%s", tail(string(b), 4000))
+		}
+	})
+	return m
+}
+
+func (m *mosquittoProc) url() string { return "tcp://127.0.0.1:" + strconv.Itoa(m.port) }
+
+func (m *mosquittoProc) start() {
+	m.t.Helper()
+	logf, err := os.OpenFile(m.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(m.bin, "-c", m.conf)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		m.t.Fatalf("start mosquitto: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	m.mu.Lock()
+	m.cmd, m.done = cmd, done
+	m.mu.Unlock()
+	addr := "127.0.0.1:" + strconv.Itoa(m.port)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-done:
+			b, _ := os.ReadFile(m.log)
+			m.t.Fatalf("mosquitto exited before listening on %s (%v); its log:\n%s", addr, cmd.ProcessState, b)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			m.stop()
+			b, _ := os.ReadFile(m.log)
+			m.t.Fatalf("mosquitto not listening on %s after 15s; its log:\n%s", addr, b)
+		}
+	}
+}
+
+// stop sends SIGTERM (mosquitto saves its persistence file) and waits.
+func (m *mosquittoProc) stop() {
+	m.mu.Lock()
+	cmd, done := m.cmd, m.done
+	m.cmd = nil
+	m.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		m.t.Logf("mosquitto ignored SIGTERM for 10s and was killed")
+	}
+}
+
+// runCLI runs the leasepool binary and returns its stdout, stderr and exit
+// code (-1 if it did not exit normally).
+func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(leasepoolBin(t), args...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		code = 0
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("run leasepool %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
