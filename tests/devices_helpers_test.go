@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -48,6 +49,20 @@ func openTestStore(t *testing.T, ctx context.Context) (*sqlitestore.Store, strin
 	}
 	t.Cleanup(func() { s.Close() })
 	return s, "sqlite:" + path
+}
+
+// sharedBroker returns the URL of the shared Mosquitto (tests/servers up),
+// failing t at once with a clear message when it is unset or unreachable.
+func sharedBroker(t *testing.T) string {
+	t.Helper()
+	url := testservers.MQTTURL(t)
+	host := strings.TrimPrefix(strings.TrimPrefix(url, "tcp://"), "mqtt://")
+	c, err := net.DialTimeout("tcp", host, 3*time.Second)
+	if err != nil {
+		t.Fatalf("shared MQTT broker %s (%s) is not reachable: run `tests/servers up` and export its lines: %v", url, testservers.EnvMQTTURL, err)
+	}
+	c.Close()
+	return url
 }
 
 // startSim starts a simulated fleet; it is stopped when t ends.

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -270,7 +269,7 @@ func TestDevicesMosquittoRestart(t *testing.T) {
 // uses the shared Mosquitto that tests/servers starts.
 func TestDeviceOfflineThenOnline(t *testing.T) {
 	ctx := testContext(t, time.Minute)
-	url := testservers.MQTTURL(t)
+	url := sharedBroker(t)
 	leasepoolBin(t)
 	store, storeURL := openTestStore(t, ctx)
 	sfx := randomSuffix(t)
@@ -364,6 +363,11 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 	}
 	if r := runs[offKey][0]; r.Start.Before(backAt) || r.Attempt != tk.Workers[0].Attempt {
 		t.Errorf("run %+v: want attempt %d started after the device came back at %s", r, tk.Workers[0].Attempt, backAt.Format(time.StampMilli))
+	}
+	// Back means reconnected within a second (the simulator's reconnect
+	// cap), seen online, and claimed at the end of the current snooze.
+	if late := runs[offKey][0].Start.Sub(backAt); late > mqttdev.DefaultOfflineRetry+3*time.Second {
+		t.Errorf("command ran %s after the device's outage ended, want within %s", late.Round(time.Millisecond), mqttdev.DefaultOfflineRetry+3*time.Second)
 	}
 	t.Logf("command waited %d claims (snoozed) and ran at attempt %d, %s after the device came back",
 		tk.Attempts-1, tk.Attempts, runs[offKey][0].Start.Sub(backAt).Round(time.Millisecond))
