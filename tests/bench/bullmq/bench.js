@@ -239,8 +239,10 @@ async function main() {
   const queue = new Queue(QUEUE, { connection });
   await queue.waitUntilReady();
   await queue.obliterate({ force: true });
-  const client = await queue.client;
-  const info = await client.info('server');
+  const { Redis } = require('ioredis');
+  const rdb = new Redis(connection);
+  const info = await rdb.info('server');
+  rdb.disconnect();
   report.versions = {
     bullmq: require('bullmq/package.json').version,
     ioredis: require('ioredis/package.json').version,
