@@ -68,7 +68,8 @@ type run struct {
 type attemptResult struct {
 	key      string
 	retry    *preempt.Entry
-	lockKeys []string // waiting for these locks
+	lockKeys []string // waiting for these locks, held by another process
+	busy     []string // the lock keys dispatch marked busy for this attempt
 }
 
 // New validates cfg and returns a consumer ready to Start.
@@ -240,6 +241,9 @@ func (c *Consumer) schedule(ctx context.Context) {
 		heap:       preempt.NewHeap(c.cfg.HeapSize),
 		free:       c.cfg.Concurrency,
 		lockWaiter: map[string]map[string]bool{},
+		busy:       map[string]int{},
+		parked:     map[string]map[string]preempt.Entry{},
+		parkedBy:   map[string]string{},
 	}
 	safety := time.NewTicker(c.cfg.SafetyNetInterval)
 	defer safety.Stop()
@@ -250,8 +254,8 @@ func (c *Consumer) schedule(ctx context.Context) {
 	for {
 		if ready {
 			s.dispatch(ctx)
-			if s.heap.Len() == 0 && (s.overflow || time.Since(s.lastQuery) > time.Second) && s.free > 0 {
-				s.query(ctx)
+			if s.heap.Len() == 0 && s.free > 0 && !s.full() && s.queryDue() {
+				s.queryFrom(ctx, s.resume)
 				s.dispatch(ctx)
 			}
 		}
@@ -295,10 +299,26 @@ type scheduler struct {
 	heap      *preempt.Heap
 	free      int
 	overflow  bool
+	resume    *task.Task // where the next overflow query continues
 	lastQuery time.Time
-	// lockWaiter maps a lock key to the tasks waiting for it, so that the
-	// holder's finish wakes them at once.
+	// lockWaiter maps a lock key held by another process to the tasks here
+	// waiting for it (still in the heap, due when that lease ends), so that
+	// the holder's finish event wakes the best of them at once.
 	lockWaiter map[string]map[string]bool
+	// busy counts this worker's attempts holding (or claiming) a lock key;
+	// parked holds the tasks that wait for a busy key here, out of the heap,
+	// so that a device's queue costs no store round trips: when the holder
+	// finishes, the best one is woken.
+	busy     map[string]int
+	parked   map[string]map[string]preempt.Entry
+	parkedBy map[string]string // task key → the lock key it is parked on
+}
+
+// queryDue rate-limits the empty-heap query: soon after an overflow (more
+// tasks wait in the store), else once a second.
+func (s *scheduler) queryDue() bool {
+	since := time.Since(s.lastQuery)
+	return since > time.Second || (s.overflow && since > 20*time.Millisecond)
 }
 
 func (s *scheduler) wait() time.Duration {
@@ -326,12 +346,21 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	switch d.Verdict {
 	case preempt.Never:
 		s.heap.Remove(t.Key)
+		s.unpark(t.Key)
 		return
 	case preempt.Later:
 		at = d.At
 	}
+	if k, ok := s.parkedBy[t.Key]; ok {
+		// Still waiting for its lock here: keep the newer document only.
+		if e := s.parked[k][t.Key]; e.Task == nil || t.Version > e.Task.Version {
+			e.Task = t
+			s.parked[k][t.Key] = e
+		}
+		return
+	}
 	if !s.heap.Put(preempt.Entry{Key: t.Key, At: at, Priority: t.Priority, Seq: t.Seq, Task: t}) {
-		s.overflow = true
+		s.dropped()
 	}
 }
 
@@ -348,17 +377,11 @@ func (s *scheduler) onEvent(ev task.Event) {
 	now := s.store.Now()
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
-			for key := range s.lockWaiter[k] {
-				if e, ok := s.heap.Entry(key); ok {
-					e.At = now
-					s.heap.Put(e)
-				}
-			}
-			delete(s.lockWaiter, k)
+			s.wakeOne(k, now)
 		}
 	}
-	if !s.heap.Has(t.Key) && s.heap.Full() {
-		s.overflow = true
+	if !s.heap.Has(t.Key) && s.parkedBy[t.Key] == "" && s.full() {
+		s.dropped()
 		return
 	}
 	s.offer(t, now)
@@ -367,7 +390,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 func (s *scheduler) onResult(r attemptResult) {
 	s.free++
 	if r.retry != nil && !s.heap.Put(*r.retry) {
-		s.overflow = true
+		s.dropped()
 	}
 	for _, k := range r.lockKeys {
 		if s.lockWaiter[k] == nil {
@@ -375,19 +398,112 @@ func (s *scheduler) onResult(r attemptResult) {
 		}
 		s.lockWaiter[k][r.key] = true
 	}
+	now := s.store.Now()
+	for _, k := range r.busy {
+		if s.busy[k]--; s.busy[k] <= 0 {
+			delete(s.busy, k)
+			s.wakeOne(k, now)
+		}
+	}
+}
+
+// lockKeysOf returns the lock keys of an entry's task, when known.
+func lockKeysOf(e preempt.Entry) []string {
+	if e.Task == nil {
+		return nil
+	}
+	return e.Task.LockKeys
+}
+
+// dropped notes that a task was left out for lack of room: query again
+// from the top once there is room, since it may sort before the resume
+// point.
+func (s *scheduler) dropped() {
+	s.overflow = true
+	s.resume = nil
+}
+
+// full reports whether the bound on tasks held here (in the heap or
+// parked) is reached.
+func (s *scheduler) full() bool {
+	return s.heap.Len()+len(s.parkedBy) >= s.cfg.HeapSize
+}
+
+// park moves e out of the heap until its busy lock key is free here.
+func (s *scheduler) park(e preempt.Entry, key string) {
+	if s.parked[key] == nil {
+		s.parked[key] = map[string]preempt.Entry{}
+	}
+	s.parked[key][e.Key] = e
+	s.parkedBy[e.Key] = key
+}
+
+// unpark removes a parked task and returns its entry.
+func (s *scheduler) unpark(taskKey string) (preempt.Entry, bool) {
+	k, ok := s.parkedBy[taskKey]
+	if !ok {
+		return preempt.Entry{}, false
+	}
+	e := s.parked[k][taskKey]
+	delete(s.parked[k], taskKey)
+	delete(s.parkedBy, taskKey)
+	return e, true
+}
+
+// wakeOne makes the best task waiting for lock key k due now: one parked
+// here, else one waiting on another process's lease. Waking one, not all,
+// spares the store a herd of failing claims.
+func (s *scheduler) wakeOne(k string, now time.Time) {
+	var best *preempt.Entry
+	better := func(e preempt.Entry) bool {
+		return best == nil || e.Priority > best.Priority || (e.Priority == best.Priority && e.Seq < best.Seq)
+	}
+	for _, e := range s.parked[k] {
+		if better(e) {
+			best = &e
+		}
+	}
+	if best != nil {
+		s.unpark(best.Key)
+		best.At = now
+		if !s.heap.Put(*best) {
+			s.dropped()
+		}
+		return
+	}
+	for key := range s.lockWaiter[k] {
+		if e, ok := s.heap.Entry(key); ok && better(e) {
+			best = &e
+		}
+	}
+	if best != nil {
+		delete(s.lockWaiter[k], best.Key)
+		best.At = now
+		s.heap.Put(*best)
+	}
 }
 
 // query loads candidates page by page: ready tasks in priority order, then
 // upcoming ones by claim time, until the heap is full.
-func (s *scheduler) query(ctx context.Context) {
+func (s *scheduler) query(ctx context.Context) { s.queryFrom(ctx, nil) }
+
+// queryFrom is query continuing the ready tasks after resume (when the last
+// query filled the heap there), so that a worker draining a long queue does
+// not re-read what it already holds.
+func (s *scheduler) queryFrom(ctx context.Context, resume *task.Task) {
 	s.lastQuery = time.Now()
 	s.overflow = false
+	s.resume = nil
 	now := s.store.Now()
 	for _, ready := range []bool{true, false} {
-		var after *task.Task
+		after := resume
+		resume = nil
 		for {
-			if s.heap.Full() {
+			if s.full() {
 				s.overflow = true
+				if ready {
+					s.resume = after
+				}
 				return
 			}
 			page, err := s.store.Candidates(ctx, task.CandidateQuery{
@@ -400,13 +516,19 @@ func (s *scheduler) query(ctx context.Context) {
 				}
 				return
 			}
-			for _, t := range page {
+			for i, t := range page {
 				s.offer(t, now)
+				if s.full() && i < len(page)-1 {
+					page = page[:i+1] // resume after the last one kept
+					break
+				}
 			}
-			if len(page) < s.cfg.PageSize {
+			if len(page) > 0 {
+				after = page[len(page)-1]
+			}
+			if len(page) < s.cfg.PageSize && !s.full() {
 				break
 			}
-			after = page[len(page)-1]
 		}
 	}
 }
@@ -418,11 +540,20 @@ func (s *scheduler) dispatch(ctx context.Context) {
 		if !ok {
 			return
 		}
+		keys := lockKeysOf(e)
+		if i := slices.IndexFunc(keys, func(k string) bool { return s.busy[k] > 0 }); i >= 0 {
+			s.park(e, keys[i])
+			continue
+		}
+		for _, k := range keys {
+			s.busy[k]++
+		}
 		s.free--
 		s.runs.Add(1)
 		go func() {
 			defer s.runs.Done()
 			r := s.attempt(ctx, e)
+			r.busy = keys
 			select {
 			case s.results <- r:
 			case <-s.scheduleDone:

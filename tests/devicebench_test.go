@@ -1,0 +1,124 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/sqlitestore"
+)
+
+// BenchmarkDeviceCommands measures device commands per second through the
+// whole queue (embedded store, claim with the device lock, MQTT round trip
+// to a simulated device, finish) with 20 zero-latency devices, and the bare
+// MQTT round trip of one command (the handler called directly, no queue),
+// so the queue's overhead per command is the difference.
+//
+//	go test -run XXX -bench DeviceCommands -benchtime 2000x ./tests/
+func BenchmarkDeviceCommands(b *testing.B) {
+	ctx := context.Background()
+	broker, err := mqttdev.StartBroker(ctx, "127.0.0.1:0", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer broker.Close()
+	const devices = 20
+	sim, err := mqttdev.NewSimulator(mqttdev.SimConfig{BrokerURL: broker.URL(), Count: devices, IDPrefix: "bench-", Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := sim.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer sim.Stop(ctx)
+	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{ClientConfig: mqttdev.ClientConfig{BrokerURL: broker.URL(), ClientID: "bench-worker"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := h.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer h.Stop(ctx)
+	// The handler learns device states from retained status messages.
+	for deadline := time.Now().Add(10 * time.Second); len(h.Tracker().States()) < devices; {
+		if time.Now().After(deadline) {
+			b.Fatal("devices did not come online")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	command := func(key string, i int) (task.PublishParams, error) {
+		return mqttdev.PublishParams(key, mqttdev.Command{Device: fmt.Sprintf("bench-%d", i%devices), Command: "noop"}, task.Options{})
+	}
+
+	// Bare round trips: the handler alone, one command at a time.
+	const bare = 200
+	start := time.Now()
+	for i := range bare {
+		p, err := command(fmt.Sprintf("bare-%d", i), i)
+		if err != nil {
+			b.Fatal(err)
+		}
+		doc, err := task.NewTask(p, time.Now())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := h.Handle(ctx, &consumer.Job{Task: doc, Attempt: 1, WorkerID: "bench"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	roundTrip := time.Since(start) / bare
+
+	store, err := sqlitestore.Open(ctx, filepath.Join(b.TempDir(), "bench.db"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	b.ResetTimer()
+	for i := range b.N {
+		p, err := command(fmt.Sprintf("cmd-%d", i), i)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := task.Publish(ctx, store, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var done atomic.Int64
+	finished := make(chan struct{})
+	mux := consumer.NewMux()
+	mux.Register(mqttdev.Kind, h)
+	w, err := consumer.New(consumer.Config{Store: store, Handler: mux, Concurrency: 2 * devices, Logger: slog.New(slog.DiscardHandler),
+		OnFinish: func(_ *consumer.Job, err error) {
+			if err == nil && done.Add(1) == int64(b.N) {
+				close(finished)
+			}
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start = time.Now()
+	w.Start(ctx)
+	select {
+	case <-finished:
+	case <-time.After(5 * time.Minute):
+		b.Fatalf("only %d of %d commands finished", done.Load(), b.N)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	w.Stop(ctx)
+	if r := sim.Report(); len(r.Overlaps) > 0 {
+		b.Fatalf("%d overlapping commands", len(r.Overlaps))
+	}
+	perCommand := elapsed / time.Duration(b.N) * devices // each device runs its commands one at a time
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "commands/s")
+	b.ReportMetric(float64(roundTrip.Microseconds())/1000, "bare-roundtrip-ms")
+	b.ReportMetric(float64((perCommand-roundTrip).Microseconds())/1000, "queue-overhead-ms/command")
+}
