@@ -414,14 +414,7 @@ func (d *SimDevice) GoOffline(dur time.Duration) {
 	d.mu.Unlock()
 	d.logger.Info("going offline", slog.Duration("for", dur))
 	if c != nil {
-		// Fail paho's pending read rather than closing the connection under
-		// it: paho ignores "use of closed network connection" errors (it
-		// takes them for its own close), so it would notice the outage only
-		// when its keepalive fails, 10-20 s later, and stay away that long
-		// whatever dur says. A deadline error is reported at once: paho
-		// closes the connection (the broker sends the will) and reconnects
-		// through dial, which refuses until offlineUntil.
-		_ = c.SetDeadline(time.Now())
+		_ = c.Close()
 	}
 }
 
