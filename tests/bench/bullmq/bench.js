@@ -52,6 +52,7 @@ const report = {
   takeover_after_sigkill_ms: null,
   takeover_cap_ms: Number(args['takeover-cap']) * 1000,
   takeover_note: 'default: lockDuration 30 s, stalledInterval 30 s, maxStalledCount 1',
+  latency_note: 'workers wait on Redis with a blocking call (drainDelay default 5 s), woken by a marker on add',
   worker_peak_rss_throughput_bytes: 0,
   worker_rss_idle_bytes: 0,
   pending_tasks: Number(args.pending),

@@ -51,6 +51,7 @@ type report struct {
 	TakeoverMs        *float64          `json:"takeover_after_sigkill_ms"` // null: not within the cap
 	TakeoverCapMs     float64           `json:"takeover_cap_ms"`
 	TakeoverNote      string            `json:"takeover_note,omitempty"`
+	LatencyNote       string            `json:"latency_note,omitempty"`
 	PeakRSSBytes      int64             `json:"worker_peak_rss_throughput_bytes"`
 	IdleRSSBytes      int64             `json:"worker_rss_idle_bytes"`
 	PendingTasks      int               `json:"pending_tasks"`

@@ -25,7 +25,7 @@ type result struct {
 	report
 	DefaultWorkerTimeoutMs float64 `json:"default_worker_timeout_ms"` // leasepool's
 	name                   string
-	samples []float64
+	samples                []float64
 }
 
 func reportMain(args []string) error {
@@ -168,6 +168,7 @@ func markdown(results []result, command, mode, png string, plotted []string) str
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "![publish-to-start latency CDF](%s)\n\n", png)
 	fmt.Fprintf(&b, "Latency CDF plotted for: %s.", strings.Join(plotted, ", "))
+	b.WriteString(" Latencies at or below 0.01 ms (a job can start before its publish call has returned to the producer) are drawn at 0.01 ms; the percentiles use the raw values.")
 	var missing []string
 	for _, r := range results {
 		if len(r.samples) == 0 {
@@ -186,9 +187,10 @@ Producer and workers are separate processes on this host; start times are taken 
   leasepool bench takes a noop task's ended_at as its start (an upper bound); the peers record the handler's first instruction.
 - **throughput**: noop jobs pre-published, then one worker process at concurrency 32 drains them; from spawning the worker to the producer seeing no job waiting or running (polled every 5 ms). Median of the runs.
 - **takeover**: a worker (concurrency 1) holding a long job is SIGKILLed 3 s after the job started; time until a second, already running worker starts it. Default settings, so this is each system's default failure detection. The wait is capped; "> cap" means it did not happen in time.
+- **servers**: PostgreSQL with initdb's defaults and Redis with its compiled-in defaults (no config file), private instances started by tests/bench/run; only port, listen address and directories set. Peer libraries with their defaults; a worker sets only its concurrency. leasepool: ` + "`leasepool bench`" + `'s defaults (embedded store: a temporary SQLite file).
 - **RSS**: worker idle = VmRSS of that second worker, idle, 3 s in; peak = VmHWM of the throughput worker; with pending = VmHWM of a worker at concurrency 32 given 3 s with that many jobs delayed an hour.
 `)
-	b.WriteString("\n## Per system\n\n| system | throughput runs (jobs/s) | latency p90 | takeover default | settings changed | versions |\n|---|---|---:|---|---|---|\n")
+	b.WriteString("\n## Per system\n\n| system | throughput runs (jobs/s) | latency p90 | defaults behind the latency | takeover default | settings changed | versions |\n|---|---|---:|---|---|---|---|\n")
 	for _, r := range results {
 		var runs []string
 		for _, v := range r.ThroughputRuns {
@@ -209,8 +211,12 @@ Producer and workers are separate processes on this host; start times are taken 
 		for _, k := range slices.Sorted(mapsKeys(r.Versions)) {
 			vs = append(vs, fmt.Sprintf("%s %s", k, r.Versions[k]))
 		}
-		fmt.Fprintf(&b, "| %s | %s (%d jobs each) | %s ms | %s | %s | %s |\n", r.System, strings.Join(runs, ", "), r.ThroughputTasks,
-			msf(r.CrossProcessP90Ms), note, settings, strings.Join(vs, ", "))
+		lnote := r.LatencyNote
+		if lnote == "" {
+			lnote = "–"
+		}
+		fmt.Fprintf(&b, "| %s | %s (%d jobs each) | %s ms | %s | %s | %s | %s |\n", r.System, strings.Join(runs, ", "), r.ThroughputTasks,
+			msf(r.CrossProcessP90Ms), lnote, note, settings, strings.Join(vs, ", "))
 	}
 	b.WriteString("\n## Machine\n\n")
 	b.WriteString(machine())
@@ -237,6 +243,10 @@ func machine() string {
 		fmt.Fprintf(&b, "- kernel: Linux %s\n", strings.TrimSpace(string(k)))
 	}
 	fmt.Fprintf(&b, "- OS: %s\n", strings.Trim(firstField("/etc/os-release", "PRETTY_NAME="), `"`))
+	if l, err := os.ReadFile("/proc/loadavg"); err == nil {
+		fmt.Fprintf(&b, "- load average when the report was written (1, 5, 15 min): %s\n", strings.Join(strings.Fields(string(l))[:3], " "))
+	}
+	b.WriteString("- the machine was not reserved: other processes (e.g. test servers, builds) may have run meanwhile\n")
 	return b.String()
 }
 
@@ -270,8 +280,11 @@ func plotCDF(results []result, path string, plotted *[]string) error {
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Y.Min, p.Y.Max = 0, 1
 	p.Add(plotter.NewGrid())
-	p.Legend.Top = false
-	p.Legend.Left = false
+	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Legend.XOffs = vg.Points(8)
+	p.Legend.YOffs = -vg.Points(8)
+	p.X.Min = 0.01
 	i := 0
 	for _, r := range results {
 		if len(r.samples) == 0 {
@@ -281,7 +294,7 @@ func plotCDF(results []result, path string, plotted *[]string) error {
 		slices.Sort(s)
 		pts := make(plotter.XYs, len(s))
 		for j, v := range s {
-			pts[j].X = math.Max(v, 0.01) // log scale
+			pts[j].X = math.Max(v, 0.01) // log scale: ≤ 0.01 ms (started before publish returned) drawn at 0.01
 			pts[j].Y = float64(j+1) / float64(len(s))
 		}
 		l, err := plotter.NewLine(pts)
