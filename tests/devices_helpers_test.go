@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -118,9 +119,20 @@ func deviceWorker(t *testing.T, storeURL, id, url, prefix string) *workerProc {
 			_ = cmd.Wait()
 		}
 		logf.Close()
+		b, _ := os.ReadFile(logPath)
+		// Workers are built with -race: a race or panic in one is a
+		// failure even when its peers covered for it.
+		for _, bad := range []string{"WARNING: DATA RACE", "panic:"} {
+			if strings.Contains(string(b), bad) {
+				t.Errorf("worker %s log has %q", id, bad)
+			}
+		}
 		if t.Failed() || os.Getenv("LEASEPOOL_TEST_DEVICE_LOGS") != "" {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("worker %s log:\n%s", id, tail(string(b), 6000))
+			keep := filepath.Join(os.TempDir(), "leasepool-device-logs", strings.ReplaceAll(t.Name(), "/", "_"), id+".log")
+			if os.MkdirAll(filepath.Dir(keep), 0o755) == nil && os.WriteFile(keep, b, 0o644) == nil {
+				t.Logf("worker %s log kept in %s", id, keep)
+			}
+			t.Logf("worker %s log (tail):\n%s", id, tail(string(b), 3000))
 		}
 	})
 	return &workerProc{id: id, cmd: cmd}
@@ -236,6 +248,17 @@ func checkDeviceRuns(t *testing.T, rep *mqttdev.SimReport, tasks map[string]*tas
 	runs := map[string][]mqttdev.Run{}
 	for _, r := range rep.Runs {
 		runs[r.TaskKey] = append(runs[r.TaskKey], r)
+	}
+	for _, o := range rep.Overlaps {
+		for _, key := range []string{o.RunningTask, o.TaskKey} {
+			if tk := tasks[key]; tk != nil {
+				b, _ := json.Marshal(tk.Workers)
+				t.Logf("  %s: attempts %d, workers %s", key, tk.Attempts, b)
+			}
+			for _, r := range runs[key] {
+				t.Logf("  %s: ran attempt %d corr %s %s..%s ok=%v", key, r.Attempt, r.CorrelationID, r.Start.Format(time.StampMicro), r.End.Format(time.StampMicro), r.OK)
+			}
+		}
 	}
 	for key, rs := range runs {
 		slices.SortFunc(rs, func(a, b mqttdev.Run) int { return a.Start.Compare(b.Start) })

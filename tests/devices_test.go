@@ -47,7 +47,13 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 
 	// Ten devices: six without faults, three flaky (failures, lost acks),
 	// one that fails every command.
-	base := mqttdev.SimConfig{BrokerURL: broker.URL(), Prefix: prefix, Latency: 30 * time.Millisecond, Heartbeat: time.Second}
+	// Heartbeat: long, so that no retained status is published while a
+	// worker subscribes: mochi-mqtt v2.7.9 has a data race between
+	// RetainMessage (topics.go:461, writes a node's retainPath) and the
+	// retained scan of a wildcard subscribe (scanMessages), which the race
+	// detector of this process reports. Devices publish their status on
+	// connect, before any worker starts.
+	base := mqttdev.SimConfig{BrokerURL: broker.URL(), Prefix: prefix, Latency: 30 * time.Millisecond, Heartbeat: time.Minute}
 	clean, flaky, broken := base, base, base
 	clean.IDPrefix, clean.Count, clean.Seed = "clean-", 6, 1
 	flaky.IDPrefix, flaky.Count, flaky.Seed = "flaky-", 3, 2
@@ -364,10 +370,14 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 	if r := runs[offKey][0]; r.Start.Before(backAt) || r.Attempt != tk.Workers[0].Attempt {
 		t.Errorf("run %+v: want attempt %d started after the device came back at %s", r, tk.Workers[0].Attempt, backAt.Format(time.StampMilli))
 	}
-	// Back means reconnected within a second (the simulator's reconnect
-	// cap), seen online, and claimed at the end of the current snooze.
-	if late := runs[offKey][0].Start.Sub(backAt); late > mqttdev.DefaultOfflineRetry+3*time.Second {
-		t.Errorf("command ran %s after the device's outage ended, want within %s", late.Round(time.Millisecond), mqttdev.DefaultOfflineRetry+3*time.Second)
+	// Back means reconnected, seen online, and claimed at the end of the
+	// current snooze. The simulator reconnects within a second of the
+	// outage's end in principle, but GoOffline closes the net.Conn under
+	// paho, which ignores "use of closed network connection" errors, so
+	// the device notices its own outage only when its keepalive fails
+	// (10 s keepalive + 5 s ping timeout): allow for that.
+	if late, bound := runs[offKey][0].Start.Sub(backAt), 15*time.Second+mqttdev.DefaultOfflineRetry+3*time.Second; late > bound {
+		t.Errorf("command ran %s after the device's outage ended, want within %s", late.Round(time.Millisecond), bound)
 	}
 	t.Logf("command waited %d claims (snoozed) and ran at attempt %d, %s after the device came back",
 		tk.Attempts-1, tk.Attempts, runs[offKey][0].Start.Sub(backAt).Round(time.Millisecond))
