@@ -66,6 +66,18 @@ func countState(t *testing.T, ctx context.Context, s *mongostore.Store, st task.
 	return int(n)
 }
 
+// watchedExecPayload is execPayload plus a watcher in a session of its own
+// (so neither the process-group kill on cancel nor the worker's death
+// reaches it) that logs a "gone" line within ~20 ms of the program's
+// death. An attempt cancelled or killed mid-run thus still shows when it
+// really stopped, and overlaps are checked against that, not guessed.
+func watchedExecPayload(logPath string, sleep time.Duration) string {
+	script := fmt.Sprintf(`setsid sh -c 'tail --pid="$0" -s 0.02 -f /dev/null; echo "$LEASEPOOL_TASK_KEY $LEASEPOOL_ATTEMPT $LEASEPOOL_WORKER_ID gone $(date +%%s%%N)" >> %[1]s' $$ </dev/null >/dev/null 2>&1 &
+echo "$LEASEPOOL_TASK_KEY $LEASEPOOL_ATTEMPT $LEASEPOOL_WORKER_ID start $(date +%%s%%N)" >> %[1]s; sleep %[2]f; echo "$LEASEPOOL_TASK_KEY $LEASEPOOL_ATTEMPT $LEASEPOOL_WORKER_ID end $(date +%%s%%N)" >> %[1]s`,
+		logPath, sleep.Seconds())
+	return fmt.Sprintf(`{"argv":["sh","-c",%q]}`, script)
+}
+
 // attemptRun is one attempt as the run log shows it. ended says the
 // program wrote its end line; otherwise end is filled in by resolve.
 type attemptRun struct {
@@ -73,7 +85,8 @@ type attemptRun struct {
 	attempt     int
 	start, end  time.Time
 	started     bool
-	ended       bool
+	ended       bool      // the program logged its end line
+	gone        time.Time // when its watcher saw the program die
 }
 
 // attemptsFromLog groups the run log by task and attempt, sorted by start.
@@ -101,11 +114,18 @@ func attemptsFromLog(t *testing.T, lines []logLine) map[string][]*attemptRun {
 			a.start, a.started = l.at, true
 		case "end":
 			a.end, a.ended = l.at, true
+		case "gone":
+			a.gone = l.at
+		default:
+			t.Errorf("run log: unknown event %q", l.event)
 		}
 	}
 	out := map[string][]*attemptRun{}
 	for key, m := range byKey {
 		for _, a := range m {
+			if !a.ended && !a.gone.IsZero() {
+				a.end = a.gone // cancelled or killed: it ran until then
+			}
 			if !a.started {
 				t.Errorf("task %s attempt %d on %s: end line without a start line", key, a.attempt, a.worker)
 				a.start = a.end
@@ -117,14 +137,14 @@ func attemptsFromLog(t *testing.T, lines []logLine) map[string][]*attemptRun {
 	return out
 }
 
-// resolveUnended gives every attempt without an end line the end that
+// resolveUnended gives every attempt with neither an end nor a gone line the end that
 // resolve returns (for example its worker's kill time); resolve returning
 // false is an error: a handler that should have ended did not.
 func resolveUnended(t *testing.T, runs map[string][]*attemptRun, why string, resolve func(a *attemptRun) (time.Time, bool)) {
 	t.Helper()
 	for _, as := range runs {
 		for _, a := range as {
-			if a.ended {
+			if a.ended || !a.gone.IsZero() {
 				continue
 			}
 			end, ok := resolve(a)
@@ -231,6 +251,28 @@ func checkStoreAgainstLog(t *testing.T, all []*task.Task, runs map[string][]*att
 		}
 		if successes < tk.SuccessWorkerCnt {
 			t.Errorf("task %s: %d successes, wants %d: %s", tk.Key, successes, tk.SuccessWorkerCnt, fmtWorkers(tk))
+		}
+	}
+}
+
+// checkEndedWithinLease asserts that no program ran past its lease: an
+// attempt whose end (or death) is later than its entry's last lease_until (plus
+// slack for the cancellation to reach the program) should have been
+// cancelled when the lease certainly expired, and any peer could have run
+// the task meanwhile.
+func checkEndedWithinLease(t *testing.T, all []*task.Task, runs map[string][]*attemptRun, slack time.Duration) {
+	t.Helper()
+	for _, tk := range all {
+		for _, w := range tk.Workers {
+			i := slices.IndexFunc(runs[tk.Key], func(a *attemptRun) bool { return a.attempt == w.Attempt })
+			if i < 0 || (!runs[tk.Key][i].ended && runs[tk.Key][i].gone.IsZero()) {
+				continue
+			}
+			if a := runs[tk.Key][i]; a.end.After(w.LeaseUntil.Add(slack)) {
+				t.Errorf("task %s attempt %d on %s ran until %s, %s past its lease (%s): it was not cancelled when the lease expired; store: %s",
+					tk.Key, w.Attempt, w.WorkerID, a.end.Format(time.StampMicro), a.end.Sub(w.LeaseUntil).Round(time.Millisecond),
+					w.LeaseUntil.Local().Format(time.StampMicro), fmtWorkers(tk))
+			}
 		}
 	}
 }
