@@ -475,8 +475,8 @@ func TestMongoClockSkew(t *testing.T) {
 		t.Errorf("B started the ghost's task at %s, lease ended at %s: want within [0, 3s] after, got %s",
 			ss[0].at.Format(time.StampMicro), ghostUntil.Local().Format(time.StampMicro), late)
 	}
-	j := ss[0].job
-	if i := j.Task.Entry("B", j.Attempt); i < 0 || j.Task.Workers[i].StartedAt.Before(ghostUntil) {
+	j := ss[0].job // stored times have millisecond precision
+	if i := j.Task.Entry("B", j.Attempt); i < 0 || j.Task.Workers[i].StartedAt.Before(ghostUntil.Truncate(time.Millisecond)) {
 		t.Errorf("B's claim of the ghost's task is stamped before the ghost's lease ended (%s): %s", ghostUntil.Local().Format(time.StampMicro), fmtWorkers(j.Task))
 	}
 	eventually(t, 10*time.Second, "the ghost's task to succeed", func() bool {
