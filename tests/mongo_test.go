@@ -210,15 +210,16 @@ func TestMongoChaos(t *testing.T) {
 			continue
 		}
 		takeovers = append(takeovers, next.Sub(k))
+		if d := next.Sub(k); d > timeout+3*time.Second {
+			t.Errorf("task %s (pins %v, locks %v): attempt %d killed with %s at %s, taken over only %s later: log %s; store %s", a.key, pins[a.key], lockKeys[a.key],
+				a.attempt, a.worker, k.Format(time.StampMicro), d.Round(time.Millisecond), fmtRuns(runs[a.key]), fmtWorkers(docs[a.key]))
+		}
 	}
 	p50, p90, p99, mx := percentiles(takeovers)
 	t.Logf("%d tasks succeeded in %s with %d kills; %d EXPIRED entries (%d of live processes); %d killed running attempts taken over: p50 %s p90 %s p99 %s max %s (aim: p99 under worker_timeout+250ms = %s)",
 		n, elapsed.Round(time.Millisecond), nKills, expired, lostLive, len(takeovers), p50, p90, p99, mx, timeout+250*time.Millisecond)
 	if nKills == 0 || len(takeovers) == 0 {
 		t.Errorf("the chaos loop killed %d times and %d running attempts were taken over: the run was too short to test takeover", nKills, len(takeovers))
-	}
-	if bound := timeout + 3*time.Second; mx > bound {
-		t.Errorf("slowest takeover %s, want at most worker_timeout+3s = %s", mx, bound)
 	}
 }
 
