@@ -81,7 +81,14 @@ func loadResults(dir, leasepoolRev string) ([]result, error) {
 			}
 		}
 		if data, err := os.ReadFile(strings.TrimSuffix(f, ".json") + ".samples.json"); err == nil {
-			json.Unmarshal(data, &r.samples)
+			// peers: an array; leasepool bench --samples: {"in_process": [...], "cross_process": [...]}
+			if json.Unmarshal(data, &r.samples) != nil {
+				var lp struct {
+					CrossProcess []float64 `json:"cross_process"`
+				}
+				json.Unmarshal(data, &lp)
+				r.samples = lp.CrossProcess
+			}
 		}
 		out = append(out, r)
 	}
@@ -176,7 +183,7 @@ func markdown(results []result, command, mode, png string, plotted []string) str
 		}
 	}
 	if len(missing) > 0 {
-		fmt.Fprintf(&b, " Not plotted (no raw samples: `leasepool bench` prints percentiles only): %s.", strings.Join(missing, ", "))
+		fmt.Fprintf(&b, " Not plotted (no raw samples): %s.", strings.Join(missing, ", "))
 	}
 	b.WriteString("\n\n## Method\n\n")
 	b.WriteString(`The same for every system; the peers' harness (tests/bench/peerbench, tests/bench/bullmq) mirrors cmd/leasepool/bench.go.
