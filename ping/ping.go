@@ -153,44 +153,70 @@ var errNoChange = errors.New("no change")
 // Keep renews the lease every ping_interval (read afresh from the document
 // each time, so a changed interval applies at the next ping) until ctx is
 // done. It calls lost once, with a cause wrapping task.ErrLeaseLost, when
-// the lease is gone, and returns.
+// the lease is gone, and returns. Every renewal must succeed before the
+// lease ends: a store that hangs is given until then and no longer, since
+// past that point a peer may hold the task.
 func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 	backoff := 50 * time.Millisecond
 	timer := time.NewTimer(time.Duration(l.Doc().PingInterval))
 	defer timer.Stop()
+	var storeErr error // the last renewal's failure, if it failed
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
 		}
+		left := l.left()
+		if left <= 0 && storeErr != nil {
+			lost(fmt.Errorf("%w: lease expired while the store was unreachable: %w", task.ErrLeaseLost, storeErr))
+			return
+		}
+		if left <= 0 {
+			lost(fmt.Errorf("%w: lease expired before it could be renewed", task.ErrLeaseLost))
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, left)
 		began := time.Now()
-		err := l.Renew(ctx)
+		err := l.Renew(rctx)
+		cancel()
 		if took := time.Since(began); took > time.Duration(l.Doc().PingInterval)/2 {
 			l.logger.Warn("slow lease renewal", slog.String("task", l.key), slog.Duration("took", took), slog.Any("err", err))
 		}
 		switch {
 		case err == nil:
 			l.logger.Debug("lease renewed", slog.String("task", l.key), slog.Int64("version", l.Doc().Version))
-			backoff = 50 * time.Millisecond
+			backoff, storeErr = 50*time.Millisecond, nil
 			timer.Reset(time.Duration(l.Doc().PingInterval))
 		case errors.Is(err, task.ErrLeaseLost):
 			lost(err)
 			return
 		case ctx.Err() != nil:
 			return
+		case l.left() <= 0:
+			lost(fmt.Errorf("%w: lease expired while the store was unreachable: %w", task.ErrLeaseLost, err))
+			return
 		default:
 			// The store is unreachable: keep trying while the lease may
-			// still be ours; past its end a peer may hold it.
-			doc := l.Doc()
-			i := doc.Entry(l.workerID, l.attempt)
-			if i < 0 || !l.store.Now().Before(doc.Workers[i].LeaseUntil) {
-				lost(fmt.Errorf("%w: lease expired while the store was unreachable: %w", task.ErrLeaseLost, err))
-				return
-			}
+			// still be ours.
 			l.logger.Warn("lease renewal failed; retrying", slog.String("task", l.key), slog.Int("attempt", l.attempt), slog.Any("err", err))
-			timer.Reset(backoff)
-			backoff = min(backoff*2, time.Duration(doc.PingInterval))
+			storeErr = err
+			timer.Reset(min(backoff, l.left()))
+			backoff = min(backoff*2, time.Duration(l.Doc().PingInterval))
 		}
 	}
+}
+
+// left is how long this worker may still count on its lease: until
+// lease_until in store time, less a tenth of worker_timeout, so that it
+// stops before a peer can start (clock estimates and kill delays are not
+// exact).
+func (l *Lease) left() time.Duration {
+	doc := l.Doc()
+	i := doc.Entry(l.workerID, l.attempt)
+	if i < 0 {
+		return 0
+	}
+	margin := time.Duration(doc.WorkerTimeout) / 10
+	return doc.Workers[i].LeaseUntil.Add(-margin).Sub(l.store.Now())
 }
