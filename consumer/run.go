@@ -71,7 +71,11 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry) attemptResult {
 				return res
 			}
 		}
-		err = c.store.Update(ctx, next)
+		// A claim that lands after its own lease would have ended is no
+		// claim: bound the write by the lease.
+		wctx, cancel := context.WithTimeout(ctx, time.Duration(next.WorkerTimeout))
+		err = c.store.Update(wctx, next)
+		cancel()
 		if err == nil {
 			c.run(next, attempt)
 			return res
@@ -102,6 +106,16 @@ func retryEntry(e preempt.Entry, doc *task.Task, at time.Time) *preempt.Entry {
 func (c *Consumer) run(doc *task.Task, attempt int) {
 	c.claimed.Add(1)
 	lease := ping.New(c.store, doc, c.cfg.WorkerID, attempt, c.logger)
+	if lease.Remaining() <= 0 {
+		// The claim took about as long as the lease (a store outage): a
+		// peer may claim it any moment, so do not start.
+		c.leaseLost.Add(1)
+		c.logger.Warn("claim landed after its lease ended; not starting", slog.String("task", doc.Key), slog.Int("attempt", attempt))
+		if keys := doc.LockKeys; len(keys) > 0 {
+			c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
+		}
+		return
+	}
 	hctx, cancel := context.WithCancelCause(c.handlerCtx)
 	defer cancel(nil)
 	c.mu.Lock()

@@ -158,7 +158,8 @@ var errNoChange = errors.New("no change")
 // past that point a peer may hold the task.
 func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 	backoff := 50 * time.Millisecond
-	timer := time.NewTimer(time.Duration(l.Doc().PingInterval))
+	// A claim that took long leaves less than a full lease: renew sooner.
+	timer := time.NewTimer(min(time.Duration(l.Doc().PingInterval), l.Remaining()/2))
 	defer timer.Stop()
 	var storeErr error // the last renewal's failure, if it failed
 	for {
@@ -167,7 +168,7 @@ func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 			return
 		case <-timer.C:
 		}
-		left := l.left()
+		left := l.Remaining()
 		if left <= 0 && storeErr != nil {
 			lost(fmt.Errorf("%w: lease expired while the store was unreachable: %w", task.ErrLeaseLost, storeErr))
 			return
@@ -193,7 +194,7 @@ func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 			return
 		case ctx.Err() != nil:
 			return
-		case l.left() <= 0:
+		case l.Remaining() <= 0:
 			lost(fmt.Errorf("%w: lease expired while the store was unreachable: %w", task.ErrLeaseLost, err))
 			return
 		default:
@@ -201,17 +202,17 @@ func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 			// still be ours.
 			l.logger.Warn("lease renewal failed; retrying", slog.String("task", l.key), slog.Int("attempt", l.attempt), slog.Any("err", err))
 			storeErr = err
-			timer.Reset(min(backoff, l.left()))
+			timer.Reset(min(backoff, l.Remaining()))
 			backoff = min(backoff*2, time.Duration(l.Doc().PingInterval))
 		}
 	}
 }
 
-// left is how long this worker may still count on its lease: until
+// Remaining is how long this worker may still count on its lease: until
 // lease_until in store time, less a tenth of worker_timeout, so that it
 // stops before a peer can start (clock estimates and kill delays are not
 // exact).
-func (l *Lease) left() time.Duration {
+func (l *Lease) Remaining() time.Duration {
 	doc := l.Doc()
 	i := doc.Entry(l.workerID, l.attempt)
 	if i < 0 {
