@@ -163,6 +163,10 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, lo
 	}
 	if errors.Is(cause, task.ErrTaskDone) {
 		log.Info("task finished by other workers; handler stopped")
+		h := lease.Holder()
+		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.Release(h.WorkerID, h.Attempt, c.store.Now()) }); err != nil {
+			log.Debug("release after the task finished", slog.Any("err", err))
+		}
 		return cause
 	}
 	if errors.Is(cause, task.ErrLeaseLost) {

@@ -1,6 +1,7 @@
 package task
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -147,6 +148,12 @@ func (t *Task) Finish(workerID string, attempt int, success bool, errMsg string,
 // peer can claim at once (graceful shutdown).
 func (t *Task) Release(workerID string, attempt int, now time.Time) error {
 	i, err := t.holding(workerID, attempt)
+	if errors.Is(err, ErrTaskDone) {
+		// Other workers finished it: this one steps out as well.
+		if i = t.Entry(workerID, attempt); i >= 0 && t.Workers[i].State == WorkerRunning {
+			err = nil
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -151,9 +151,10 @@ type interval struct {
 }
 
 // checkOverlaps asserts that no task ever had more attempts running at once
-// than it allows. Attempts with no end line (their worker was killed) run
-// until killedAt.
-func checkOverlaps(t *testing.T, lines []logLine, allowed map[string]int, killedAt map[string]time.Time) map[string][]interval {
+// than it allows. Attempts with no end line ran until their worker was
+// killed (killedAt), or, when stoppedAt has the task, until it was stopped
+// because other workers had finished the task.
+func checkOverlaps(t *testing.T, lines []logLine, allowed map[string]int, killedAt map[string]time.Time, stoppedAt map[string]time.Time) map[string][]interval {
 	t.Helper()
 	runs := map[string]map[int]*interval{}
 	for _, l := range lines {
@@ -180,6 +181,9 @@ func checkOverlaps(t *testing.T, lines []logLine, allowed map[string]int, killed
 		for _, iv := range byAttempt {
 			if iv.end.IsZero() {
 				k, ok := killedAt[iv.worker]
+				if stop, stopped := stoppedAt[key]; !ok && stopped {
+					k, ok = stop, true
+				}
 				if !ok {
 					t.Errorf("task %s attempt %d on live worker %s never ended", key, iv.attempt, iv.worker)
 					continue

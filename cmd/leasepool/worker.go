@@ -101,7 +101,9 @@ func startDevices(c *cli.Context, mux *consumer.Mux, store task.Store, workerID 
 	var broker *mqttdev.Broker
 	if url == "" {
 		addr := c.String("embedded-broker")
-		broker, err = mqttdev.StartBroker(c.Context, addr, slog.Default())
+		// The broker logs every client that drops at warn level: keep errors.
+		quiet := slog.New(minLevel{slog.Default().Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker"))
+		broker, err = mqttdev.StartBroker(c.Context, addr, quiet)
 		switch {
 		case err == nil:
 			url = broker.URL()
@@ -148,4 +150,22 @@ func deviceStateStore(s task.Store) mqttdev.DeviceStateStore {
 		return mqttdev.StoreStates(rs)
 	}
 	return nil
+}
+
+// minLevel passes on records at or above its level only.
+type minLevel struct {
+	slog.Handler
+	level slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.level && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevel{h.Handler.WithAttrs(attrs), h.level}
+}
+
+func (h minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{h.Handler.WithGroup(name), h.level}
 }
