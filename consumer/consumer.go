@@ -254,7 +254,11 @@ func (c *Consumer) schedule(ctx context.Context) {
 	for {
 		if ready {
 			s.dispatch(ctx)
-			if s.heap.Len() == 0 && s.free > 0 && !s.full() && s.queryDue() {
+			// Refill before the heap runs dry when the store holds more
+			// (overflow), so the slots never wait on a query; an empty heap
+			// also queries now and then.
+			low := s.heap.Len() == 0 || (s.overflow && s.heap.Len() < s.cfg.HeapSize/4)
+			if low && s.free > 0 && !s.full() && s.queryDue() {
 				s.queryFrom(ctx, s.resume)
 				s.dispatch(ctx)
 			}

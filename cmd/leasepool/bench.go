@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,7 +66,6 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "pending", Value: 100000, Usage: "pending tasks for the memory figure (0 skips it)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
 			&cli.StringFlag{Name: "samples", Usage: "write the raw latency samples (ms) here as JSON {\"in_process\": [...], \"cross_process\": [...]}"},
-			&cli.StringFlag{Name: "cpuprofile", Usage: "write this process's CPU profile here (go tool pprof)"},
 		},
 		Action: func(c *cli.Context) error {
 			for _, f := range []string{"tasks", "latency-tasks", "concurrency", "runs"} {
@@ -92,17 +90,6 @@ func benchCommand() *cli.Command {
 				b.storeURL = "sqlite:" + filepath.Join(dir, "bench.db")
 			}
 			b.report.Store = b.storeURL
-			if path := c.String("cpuprofile"); path != "" {
-				f, err := os.Create(path)
-				if err != nil {
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				defer pprof.StopCPUProfile()
-			}
 			if err := b.run(c.Int("runs")); err != nil {
 				return err
 			}
@@ -391,7 +378,7 @@ func (b *bench) spawnWorker(id string, concurrency int) (*benchProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe, "--store", b.storeURL, "--log-level", "error", "worker",
+	cmd := exec.Command(exe, "--store", b.storeURL, "--log-level", "error", "worker", "--kinds", "noop,sleep",
 		"--id", fmt.Sprintf("%s-%d", id, b.round), "--concurrency", strconv.Itoa(concurrency))
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -436,11 +423,12 @@ func (p *benchProc) rss(field string) int64 {
 	return 0
 }
 
-// waitDrained waits until no task is pending or running.
+// waitDrained waits until no task is pending or running, with the indexed
+// candidate query (a state scan would compete with the worker for CPU).
 func (b *bench) waitDrained(limit time.Duration) error {
 	return b.poll(limit, func() (bool, error) {
-		for _, st := range []task.State{task.StatePending, task.StateRunning} {
-			ts, err := b.store.List(b.ctx, task.ListQuery{State: st, Limit: 1})
+		for _, ready := range []bool{true, false} {
+			ts, err := b.store.Candidates(b.ctx, task.CandidateQuery{Now: b.store.Now(), Ready: ready, Limit: 1})
 			if err != nil || len(ts) > 0 {
 				return false, err
 			}

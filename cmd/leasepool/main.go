@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +46,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.StringFlag{Name: "store", EnvVars: []string{"LEASEPOOL_STORE"}, Value: "sqlite:leasepool.db",
 				Usage: "task store: sqlite:PATH or mongodb://..."},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+			&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of this command here (go tool pprof)"},
 		},
 		Before: func(c *cli.Context) error {
 			var level slog.Level
@@ -52,6 +54,21 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 				return fmt.Errorf("--log-level: %q is not one of debug, info, warn, error", c.String("log-level"))
 			}
 			slog.SetDefault(newLogger(stderr, level))
+			if path := c.String("cpuprofile"); path != "" {
+				f, err := os.Create(path)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+			}
+			return nil
+		},
+		After: func(c *cli.Context) error {
+			if c.String("cpuprofile") != "" {
+				pprof.StopCPUProfile()
+			}
 			return nil
 		},
 		Commands: []*cli.Command{
