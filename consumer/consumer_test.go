@@ -323,6 +323,7 @@ func TestSuccessWorkerCnt(t *testing.T) {
 	var in atomic.Int32
 	all := make(chan struct{})
 	third := make(chan string, 1)
+	causes := make(chan error, 1)
 	releaseThird := make(chan struct{})
 	h := func(ctx context.Context, job *consumer.Job) error {
 		n := in.Add(1)
@@ -336,23 +337,30 @@ func TestSuccessWorkerCnt(t *testing.T) {
 			return nil
 		}
 		send(third, job.WorkerID)
-		return hold(ctx, t, releaseThird)
+		err := hold(ctx, t, releaseThird)
+		causes <- context.Cause(ctx)
+		return err
 	}
 	for _, id := range []string{"A", "B", "C"} {
 		e.worker(id, h)
 	}
 	e.publish("two-of-three", workers(3, 2))
 	slow := recv(t, third, "third handler")
-	doc := e.waitState("two-of-three", task.StateSucceeded)
-	close(releaseThird)
-	success := 0
-	for _, w := range doc.Workers {
-		if w.State == task.WorkerSuccess {
-			success++
-		}
+	e.waitState("two-of-three", task.StateSucceeded)
+	// The third worker is stopped (the task is done) and steps out.
+	if cause := recv(t, causes, "the third handler's end"); !errors.Is(cause, task.ErrTaskDone) {
+		t.Fatalf("third handler ended with cause %v, want ErrTaskDone", cause)
 	}
-	if success != 2 || entry(t, doc, slow).State != task.WorkerRunning {
-		t.Fatalf("task succeeded with workers %+v; want 2 SUCCESS while %s still runs", doc.Workers, slow)
+	close(releaseThird)
+	var doc *task.Task
+	eventually(t, waitLong, func() bool {
+		doc = e.get("two-of-three")
+		return len(doc.Workers) == 2
+	}, "the stopped worker to step out")
+	for _, w := range doc.Workers {
+		if w.State != task.WorkerSuccess || w.WorkerID == slow {
+			t.Fatalf("task ended with workers %+v; want two SUCCESS entries, none of %s", doc.Workers, slow)
+		}
 	}
 }
 
