@@ -365,7 +365,7 @@ func (b *bench) worker(concurrency int, onStart func(*consumer.Job), onFinish fu
 	mux := consumer.NewMux()
 	mux.RegisterFunc("noop", func(context.Context, *consumer.Job) error { return nil })
 	w, err := consumer.New(consumer.Config{Store: b.store, Handler: mux, Concurrency: concurrency, OnStart: onStart, OnFinish: onFinish,
-		Logger: slog.New(minLevel{slog.Default().Handler(), slog.LevelWarn}),
+		Logger:   slog.New(minLevel{slog.Default().Handler(), slog.LevelWarn}),
 		WorkerID: fmt.Sprintf("bench-inproc-%d", b.round)})
 	if err != nil {
 		return nil, err
