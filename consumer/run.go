@@ -118,8 +118,9 @@ func (c *Consumer) run(doc *task.Task, attempt int) {
 	}
 	hctx, cancel := context.WithCancelCause(c.handlerCtx)
 	defer cancel(nil)
+	me := &run{lease: lease, version: doc.Version, cancel: cancel}
 	c.mu.Lock()
-	c.running[doc.Key] = &run{lease: lease, version: doc.Version, cancel: cancel}
+	c.running[doc.Key] = me
 	c.mu.Unlock()
 
 	pingCtx, stopPing := context.WithCancel(context.Background())
@@ -139,7 +140,9 @@ func (c *Consumer) run(doc *task.Task, attempt int) {
 	stopPing()
 	<-pingDone
 	c.mu.Lock()
-	delete(c.running, doc.Key)
+	if c.running[doc.Key] == me { // a later attempt here may have replaced it
+		delete(c.running, doc.Key)
+	}
 	c.mu.Unlock()
 
 	// The handler is done with its resources: free them before the outcome
@@ -175,29 +178,26 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, lo
 		return cause
 	}
 	var snooze *SnoozeError
-	write := func(t *task.Task) error { return nil }
-	now := c.store.Now()
+	var write func(t *task.Task) error
+	h := lease.Holder()
 	switch {
 	case err != nil && (errors.Is(cause, ErrShutdown) || c.handlerCtx.Err() != nil):
 		// Stop, or the Start context ended: give the attempt back.
-		write = func(t *task.Task) error { return t.Release(lease.Holder().WorkerID, lease.Holder().Attempt, now) }
+		write = func(t *task.Task) error { return t.Release(h.WorkerID, h.Attempt, c.store.Now()) }
 		c.released.Add(1)
 		log.Info("lease released on shutdown")
 		err = ErrShutdown
 	case errors.As(err, &snooze):
 		write = func(t *task.Task) error {
-			return t.Snooze(lease.Holder().WorkerID, lease.Holder().Attempt, now.Add(snooze.Delay), now)
+			now := c.store.Now()
+			return t.Snooze(h.WorkerID, h.Attempt, now.Add(snooze.Delay), now)
 		}
 		c.snoozed.Add(1)
 	case err == nil:
-		write = func(t *task.Task) error {
-			return t.Finish(lease.Holder().WorkerID, lease.Holder().Attempt, true, "", now)
-		}
+		write = func(t *task.Task) error { return t.Finish(h.WorkerID, h.Attempt, true, "", c.store.Now()) }
 	default:
 		msg := err.Error()
-		write = func(t *task.Task) error {
-			return t.Finish(lease.Holder().WorkerID, lease.Holder().Attempt, false, msg, now)
-		}
+		write = func(t *task.Task) error { return t.Finish(h.WorkerID, h.Attempt, false, msg, c.store.Now()) }
 	}
 	if werr := c.writeOutcome(lease, write); werr != nil {
 		if errors.Is(werr, task.ErrLeaseLost) {

@@ -114,21 +114,22 @@ func (l *Lease) Observe(t *task.Task) error {
 // claim at once, and reports ErrUnpinned.
 func (l *Lease) Renew(ctx context.Context) error {
 	now := l.store.Now()
+	// Locks first, to the same end as the lease: the document's lease is
+	// then never ahead of the locks', and Remaining, which reads the
+	// document, stops the handler before the locks lapse.
+	if keys := l.Doc().LockKeys; len(keys) > 0 {
+		until := now.Add(time.Duration(l.Doc().WorkerTimeout))
+		err := l.store.AcquireLocks(ctx, task.LockParams{Keys: keys, Holder: l.Holder(), Now: now, Until: until})
+		if errors.Is(err, task.ErrLocked) {
+			return fmt.Errorf("%w: %w", task.ErrLeaseLost, err)
+		}
+		if err != nil {
+			return err
+		}
+	}
 	err := l.Write(ctx, func(t *task.Task) error { return t.Renew(l.workerID, l.attempt, now) })
 	if errors.Is(err, task.ErrUnpinned) {
 		return l.Unpin(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	doc := l.Doc()
-	if len(doc.LockKeys) == 0 {
-		return nil
-	}
-	i := doc.Entry(l.workerID, l.attempt)
-	err = l.store.AcquireLocks(ctx, task.LockParams{Keys: doc.LockKeys, Holder: l.Holder(), Now: now, Until: doc.Workers[i].LeaseUntil})
-	if errors.Is(err, task.ErrLocked) {
-		return fmt.Errorf("%w: %w", task.ErrLeaseLost, err)
 	}
 	return err
 }

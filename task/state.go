@@ -97,11 +97,21 @@ func (t *Task) holding(workerID string, attempt int) (int, error) {
 	return i, nil
 }
 
+// live is holding for writes that need the lease still ahead of now (renew,
+// finish): an expired lease is lost even before a peer takes it.
+func (t *Task) live(workerID string, attempt int, now time.Time) (int, error) {
+	i, err := t.holding(workerID, attempt)
+	if err == nil && !t.Workers[i].Live(now) {
+		return -1, fmt.Errorf("task %s attempt %d: lease expired at %s: %w", t.Key, attempt, t.Workers[i].LeaseUntil.Format(time.RFC3339Nano), ErrLeaseLost)
+	}
+	return i, err
+}
+
 // Renew extends workerID's lease to now+WorkerTimeout. It fails with an
 // error wrapping ErrLeaseLost when the entry is gone, the task was
 // cancelled, or the worker is no longer among the pins (see Unpin).
 func (t *Task) Renew(workerID string, attempt int, now time.Time) error {
-	i, err := t.holding(workerID, attempt)
+	i, err := t.live(workerID, attempt, now)
 	if err != nil {
 		return err
 	}
@@ -129,7 +139,7 @@ func (t *Task) Unpin(workerID string, attempt int, now time.Time) bool {
 // Finish records workerID's outcome: success when errMsg is empty. It is
 // refused with ErrLeaseLost unless the worker is still RUNNING.
 func (t *Task) Finish(workerID string, attempt int, success bool, errMsg string, now time.Time) error {
-	i, err := t.holding(workerID, attempt)
+	i, err := t.live(workerID, attempt, now)
 	if err != nil {
 		return err
 	}
@@ -179,10 +189,18 @@ func (t *Task) Reset(now time.Time) error {
 	if !t.State.Finished() {
 		return fmt.Errorf("reset %s: %w (it is %s)", t.Key, ErrNotFinished, t.State)
 	}
+	// Workers still running (stopping at their next ping) keep their slot
+	// until their leases end: the rerun starts after.
+	runAt := now
+	for _, w := range t.Workers {
+		if w.Live(now) && w.LeaseUntil.After(runAt) {
+			runAt = w.LeaseUntil
+		}
+	}
 	t.Workers = []Worker{}
 	t.Cancelled = false
-	if t.RunAt.Before(now) {
-		t.RunAt = now.UTC()
+	if t.RunAt.Before(runAt) {
+		t.RunAt = runAt.UTC()
 	}
 	t.touch(now)
 	return nil

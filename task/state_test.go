@@ -3,6 +3,7 @@ package task_test
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -31,14 +32,18 @@ func TestRenew(t *testing.T) {
 			t.Errorf("next_claim_at %s updated_at %s", tk.NextClaimAt, tk.UpdatedAt)
 		}
 	})
-	t.Run("expired but still recorded RUNNING renews", func(t *testing.T) {
+	t.Run("an expired lease is lost even before a peer takes it", func(t *testing.T) {
 		tk := runningDoc(t, nil)
 		late := t0.Add(10 * time.Second)
-		if err := tk.Renew("a", 1, late); err != nil {
-			t.Fatal(err)
+		before := tk.Clone()
+		if err := tk.Renew("a", 1, late); !errors.Is(err, task.ErrLeaseLost) {
+			t.Fatalf("Renew after expiry: %v, want ErrLeaseLost", err)
 		}
-		if !tk.Workers[0].Live(late) {
-			t.Error("not live after renew")
+		if err := tk.Finish("a", 1, true, "", late); !errors.Is(err, task.ErrLeaseLost) {
+			t.Fatalf("Finish after expiry: %v, want ErrLeaseLost", err)
+		}
+		if !reflect.DeepEqual(tk, before) {
+			t.Error("a refused write changed the task")
 		}
 	})
 	tests := []struct {

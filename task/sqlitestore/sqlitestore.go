@@ -486,7 +486,23 @@ func (s *Store) submit(req *writeReq) error {
 	case <-s.done:
 		return errClosed
 	}
-	return <-req.done // the writer always answers, even on Close
+	// The writer answers every request it takes; one sent as the store
+	// closed may never be taken, and a caller's deadline is its own (a
+	// lease renewal must not wait past its lease), so stop waiting on
+	// either. The outcome is then unknown, as with any store error.
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
+		select {
+		case err := <-req.done:
+			return err
+		default:
+			return errClosed
+		}
+	}
 }
 
 type writeReq struct {
