@@ -84,8 +84,15 @@
 //     ack, publishing again up to max_publishes times in all. A result
 //     arriving first counts as the ack too; an "expired" refusal of an
 //     earlier copy is ignored. No ack at all fails the attempt (ErrNoAck).
-//     If the device goes offline meanwhile, publishing stops and the
-//     attempt is snoozed once the last copy has expired.
+//     If the device goes offline meanwhile, publishing stops until the
+//     last copy has expired. The attempt is not given back then: a copy
+//     may have been accepted with its ack lost (or queued in the worker's
+//     session while it reconnects), and a snooze would free the device
+//     lock while the device runs it. The worker holds the attempt until
+//     the device is back and publishes again (a duplicate if it had
+//     accepted, answered with its ack and result), spending no publish;
+//     only when the device stays offline for result_timeout is the
+//     attempt snoozed.
 //   - After the ack it waits result_timeout for the result: ok true is
 //     success; ok false (ErrDeviceFailed), an ack with ok false
 //     (ErrRefused) and no result in time (ErrResultTimeout) fail the

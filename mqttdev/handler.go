@@ -237,7 +237,8 @@ func (h *Handler) onMessage(m Message) {
 
 // Handle runs one attempt of a device task. It returns nil when the device
 // reports success; consumer.Snooze(OfflineRetry) when the device is known
-// to be offline (before the command is acked); an error wrapping
+// to be offline before anything was sent, or stayed offline for
+// result_timeout after a copy went out unacked; an error wrapping
 // ErrRefused, ErrDeviceFailed, ErrNoAck or ErrResultTimeout otherwise; and
 // ctx's cause promptly when ctx is cancelled (lease lost).
 func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
@@ -292,18 +293,83 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 		return err
 	}
 
-	// Ack phase: publish, wait, publish again while no ack comes. When the
-	// device drops offline meanwhile, stop publishing but wait out the
-	// current publish's expiry before giving the attempt back: a device
-	// refuses an expired command, so once it has passed the command cannot
-	// run behind the next holder of the device lock.
+	// Ack phase: publish, wait, publish again while no ack comes.
+	//
+	// When the device drops offline meanwhile, stop publishing and wait
+	// out the current copy's expiry: a device refuses an expired command.
+	// That is not enough to give the attempt back, though: a copy may have
+	// been accepted in time with its ack lost or still on its way (the ack
+	// is queued in our session while we reconnect after a broker restart,
+	// and the broker sends the devices' wills when it stops). A snooze then
+	// would free the device lock while the device runs the command, and
+	// the next holder's command would arrive behind it. So once a copy has
+	// been published and the device was seen offline, hold the attempt
+	// until the device is back and ask it again (a republish: a duplicate
+	// for the device if it had accepted, answered with its ack and, when
+	// done, its result), and snooze only when the device stays away for
+	// result_timeout.
 	var result *Reply
 	acked, offlineSeen := false, false
+	var awayUntil time.Time // set at the first outage after a publish
+	// onReply handles an ack or result of this attempt; it reports whether
+	// the ack phase is over, and the refusal if any.
+	onReply := func(rp reply) (bool, error) {
+		if !rp.r.OK && rp.kind == TopicAck {
+			if rp.r.Code == CodeExpired {
+				return false, nil // an earlier copy; a later one may be live
+			}
+			return true, fmt.Errorf("task %s attempt %d on %s: %w: %s", msg.TaskKey, msg.Attempt, c.Device, ErrRefused, rp.r.Error)
+		}
+		acked = true
+		if rp.kind == TopicResult { // its ack was lost
+			r := rp.r
+			result = &r
+		}
+		return true, nil
+	}
+	// awaitBack runs after a copy expired with the device seen offline: it
+	// returns nil once the device is online (publish again), or the
+	// attempt's end: a reply, the snooze after result_timeout away, ctx.
+	awaitBack := func() (bool, error) {
+		if awayUntil.IsZero() {
+			awayUntil = time.Now().Add(resultTimeout)
+		}
+		timer := time.NewTimer(time.Until(awayUntil))
+		defer timer.Stop()
+		for {
+			changed := h.tracker.Changed(c.Device)
+			if !h.tracker.Offline(c.Device) {
+				return false, nil
+			}
+			select {
+			case <-ctx.Done():
+				return true, fmt.Errorf("task %s attempt %d: %w", msg.TaskKey, msg.Attempt, context.Cause(ctx))
+			case <-changed:
+			case rp := <-w.replies:
+				if end, err := onReply(rp); end {
+					return true, err
+				}
+			case <-timer.C:
+				log.Info("device away since a command went out: snooze", slog.Duration("waited", resultTimeout))
+				return true, consumer.Snooze(h.cfg.OfflineRetry)
+			}
+		}
+	}
 	for n := 1; !acked; n++ {
 		offline := h.tracker.Changed(c.Device)
 		if h.tracker.Offline(c.Device) {
-			log.Info("device offline: snooze")
-			return consumer.Snooze(h.cfg.OfflineRetry)
+			if n == 1 { // nothing sent yet
+				log.Info("device offline: snooze")
+				return consumer.Snooze(h.cfg.OfflineRetry)
+			}
+			end, err := awaitBack()
+			if err != nil {
+				return err
+			}
+			if end { // acked meanwhile
+				break
+			}
+			offline = h.tracker.Changed(c.Device)
 		}
 		log.Debug("publish command", slog.Int("publish", n))
 		if err := publish(ackTimeout); err != nil {
@@ -320,24 +386,29 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 				offline = h.tracker.Changed(c.Device)
 				offlineSeen = offlineSeen || h.tracker.Offline(c.Device)
 			case rp := <-w.replies:
-				if !rp.r.OK && rp.kind == TopicAck {
-					if rp.r.Code == CodeExpired {
-						continue // an earlier copy; a later one may be live
-					}
-					timer.Stop()
-					return fmt.Errorf("task %s attempt %d on %s: %w: %s", msg.TaskKey, msg.Attempt, c.Device, ErrRefused, rp.r.Error)
-				}
-				acked = true
-				if rp.kind == TopicResult { // its ack was lost
-					r := rp.r
-					result = &r
+				end, err := onReply(rp)
+				if !end {
+					continue
 				}
 				timer.Stop()
+				if err != nil {
+					return err
+				}
 				break wait
 			case <-timer.C:
 				if offlineSeen || h.tracker.Offline(c.Device) {
-					log.Info("device went offline before ack: snooze")
-					return consumer.Snooze(h.cfg.OfflineRetry)
+					// The copy has expired; the device may still have
+					// accepted it: hold on until it is back and ask again.
+					log.Info("device went offline before ack: waiting for it to ask again")
+					offlineSeen = false
+					end, err := awaitBack()
+					if err != nil {
+						return err
+					}
+					if !end {
+						n-- // asking again after an outage spends no publish
+					}
+					break wait
 				}
 				if n >= c.MaxPublishes {
 					return fmt.Errorf("task %s attempt %d on %s: %w after %d publishes of %s", msg.TaskKey, msg.Attempt, c.Device, ErrNoAck, n, ackTimeout)

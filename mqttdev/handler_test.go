@@ -248,7 +248,7 @@ func TestOfflineBeforeAckSnoozes(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- e.handler.Handle(ctxT(t, 20*time.Second), job("off-2", 1, Command{Device: e.dev(0), Command: "x",
-			AckTimeout: task.Duration(time.Second)}))
+			AckTimeout: task.Duration(time.Second), ResultTimeout: task.Duration(2 * time.Second)}))
 	}()
 	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	e.sim.Device(0).GoOffline(time.Hour)
