@@ -21,10 +21,11 @@ func TestMain(m *testing.M) {
 }
 
 // Short leases keep every test fast: a dead worker's task is taken over
-// after testTimeout.
+// after testTimeout. Not shorter: on a loaded 2-core machine a renewal can
+// take a few hundred milliseconds, and a worker then rightly loses its lease.
 const (
 	testPing    = 100 * time.Millisecond
-	testTimeout = 500 * time.Millisecond
+	testTimeout = 1500 * time.Millisecond
 	testKind    = "test"
 	waitLong    = 10 * time.Second
 )
