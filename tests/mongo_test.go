@@ -40,7 +40,7 @@ const mongoChaosTasks = 1000
 // distribution of time from a kill to the takeover of each attempt the
 // killed process was running.
 func TestMongoChaos(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testContext(t, 6*time.Minute)
 	// A server of its own (in memory, a fresh database in it): the test
 	// server's oplog is never trimmed and every change-stream poll scans
 	// it, so on the shared server this run's throughput would depend on
@@ -103,14 +103,12 @@ func TestMongoChaos(t *testing.T) {
 	}
 
 	// The chaos loop: every 1.5-3s SIGKILL a random worker and start it again
-	// under the same id 300ms later, until every task has succeeded.
+	// under the same id 300ms later, until 95% of the tasks have succeeded
+	// (or two minutes passed); then the rest must finish without chaos.
 	kills := map[string][]time.Time{}
 	nKills := 0
-	deadline := time.Now().Add(3 * time.Minute)
-	for done := countState(t, ctx, store, task.StateSucceeded); done < n; done = countState(t, ctx, store, task.StateSucceeded) {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d tasks succeeded after %d kills", done, n, nKills)
-		}
+	chaosUntil := time.Now().Add(2 * time.Minute)
+	for done := countState(t, ctx, store, task.StateSucceeded); done < n*95/100 && time.Now().Before(chaosUntil); done = countState(t, ctx, store, task.StateSucceeded) {
 		next := time.Now().Add(1500*time.Millisecond + rand.N(1500*time.Millisecond))
 		for time.Now().Before(next) && done < n {
 			time.Sleep(250 * time.Millisecond)
@@ -124,6 +122,19 @@ func TestMongoChaos(t *testing.T) {
 		nKills++
 		time.Sleep(300 * time.Millisecond)
 		workers[id] = startWorker(t, uri, id, "--concurrency", "8", "--kinds", "exec")
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for done := countState(t, ctx, store, task.StateSucceeded); done < n; done = countState(t, ctx, store, task.StateSucceeded) {
+		if time.Now().After(deadline) {
+			all, _ := store.List(ctx, task.ListQuery{})
+			for _, tk := range all {
+				if tk.State != task.StateSucceeded {
+					t.Logf("unfinished: %s %s pins %v workers %+v", tk.Key, tk.State, tk.SpecificWorkerIDs, tk.Workers)
+				}
+			}
+			t.Fatalf("only %d of %d tasks succeeded after %d kills and two quiet minutes", done, n, nKills)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 	elapsed := time.Since(began)
 	for _, id := range ids {
