@@ -238,7 +238,7 @@ func FuzzPayload(f *testing.F) {
 		}
 		var a, b any
 		if err := json.Unmarshal([]byte(in), &a); err != nil {
-			t.Skip()
+			return // valid JSON that Go cannot hold (e.g. a huge number)
 		}
 		if err := json.Unmarshal(out, &b); err != nil {
 			t.Fatalf("%q came back as invalid JSON %q: %v", in, out, err)
