@@ -137,6 +137,7 @@ func (c *Consumer) run(doc *task.Task, attempt int) {
 		c.cfg.OnStart(job)
 	}
 	err := c.invoke(hctx, job)
+	ended := c.store.Now() // the work ended here, before its locks are freed
 	stopPing()
 	<-pingDone
 	c.mu.Lock()
@@ -147,17 +148,22 @@ func (c *Consumer) run(doc *task.Task, attempt int) {
 
 	// The handler is done with its resources: free them before the outcome
 	// write, whose change event is what wakes the workers waiting for them.
-	if keys := lease.Doc().LockKeys; len(keys) > 0 {
+	// Not after a lost lease, though: the handler's last side effect (an
+	// MQTT command in flight) may still land, so the locks run out on their
+	// own, at the lease's end.
+	if keys := lease.Doc().LockKeys; len(keys) > 0 && !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 	}
-	err = c.settle(hctx, lease, err, log)
+	err = c.settle(hctx, lease, err, ended, log)
 	if c.cfg.OnFinish != nil {
 		c.cfg.OnFinish(job, err)
 	}
 }
 
 // settle writes the attempt's outcome and returns what OnFinish reports.
-func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, log *slog.Logger) error {
+// ended is when the handler returned: an outcome is judged against the
+// lease as it stood then, and a peer's claim since makes the write fail.
+func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) error {
 	cause := context.Cause(hctx)
 	if errors.Is(cause, task.ErrUnpinned) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -183,21 +189,18 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, lo
 	switch {
 	case err != nil && (errors.Is(cause, ErrShutdown) || c.handlerCtx.Err() != nil):
 		// Stop, or the Start context ended: give the attempt back.
-		write = func(t *task.Task) error { return t.Release(h.WorkerID, h.Attempt, c.store.Now()) }
+		write = func(t *task.Task) error { return t.Release(h.WorkerID, h.Attempt, ended) }
 		c.released.Add(1)
 		log.Info("lease released on shutdown")
 		err = ErrShutdown
 	case errors.As(err, &snooze):
-		write = func(t *task.Task) error {
-			now := c.store.Now()
-			return t.Snooze(h.WorkerID, h.Attempt, now.Add(snooze.Delay), now)
-		}
+		write = func(t *task.Task) error { return t.Snooze(h.WorkerID, h.Attempt, ended.Add(snooze.Delay), ended) }
 		c.snoozed.Add(1)
 	case err == nil:
-		write = func(t *task.Task) error { return t.Finish(h.WorkerID, h.Attempt, true, "", c.store.Now()) }
+		write = func(t *task.Task) error { return t.Finish(h.WorkerID, h.Attempt, true, "", ended) }
 	default:
 		msg := err.Error()
-		write = func(t *task.Task) error { return t.Finish(h.WorkerID, h.Attempt, false, msg, c.store.Now()) }
+		write = func(t *task.Task) error { return t.Finish(h.WorkerID, h.Attempt, false, msg, ended) }
 	}
 	if werr := c.writeOutcome(lease, write); werr != nil {
 		if errors.Is(werr, task.ErrLeaseLost) {
