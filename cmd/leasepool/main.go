@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -113,60 +114,69 @@ func splitList(s string) []string {
 	return out
 }
 
-// interspersed moves a command's positional arguments after its flags, so
-// that "publish KEY --kind noop" parses as users expect (urfave/cli stops
-// at the first argument that is not a flag).
+// interspersed reorders args for urfave/cli, which stops at the first
+// argument that is not a flag and knows global flags only before the
+// command: a command's positional arguments go after its flags ("publish
+// KEY --kind noop"), and global flags given after the command move before
+// it ("bench --store URL").
 func interspersed(app *cli.App, args []string) []string {
-	out := []string{args[0]}
-	i := 1
-	takesValue := func(flags []cli.Flag, tok string) bool {
-		name := strings.TrimLeft(tok, "-")
-		if strings.Contains(name, "=") {
-			return false
-		}
+	lookup := func(flags []cli.Flag, tok string) (cli.Flag, bool) {
+		name, _, _ := strings.Cut(strings.TrimLeft(tok, "-"), "=")
 		for _, f := range flags {
-			for _, n := range f.Names() {
-				if n == name {
-					_, isBool := f.(*cli.BoolFlag)
-					return !isBool
-				}
+			if slices.Contains(f.Names(), name) {
+				return f, true
 			}
 		}
-		return false
+		return nil, false
 	}
+	takesValue := func(f cli.Flag, tok string) bool {
+		_, isBool := f.(*cli.BoolFlag)
+		return !isBool && !strings.Contains(tok, "=")
+	}
+	global := []string{}
+	i := 1
 	// Global flags come first, as they are.
 	for i < len(args) && strings.HasPrefix(args[i], "-") {
-		out = append(out, args[i])
-		if takesValue(app.Flags, args[i]) && i+1 < len(args) {
-			out = append(out, args[i+1])
+		global = append(global, args[i])
+		if f, ok := lookup(app.Flags, args[i]); ok && takesValue(f, args[i]) && i+1 < len(args) {
+			global = append(global, args[i+1])
 			i++
 		}
 		i++
 	}
 	if i >= len(args) {
-		return out
+		return append([]string{args[0]}, global...)
 	}
 	cmd := app.Command(args[i])
-	out = append(out, args[i])
+	name := args[i]
 	i++
 	if cmd == nil || len(cmd.Subcommands) > 0 {
-		return append(out, args[i:]...)
+		return append(append(append([]string{args[0]}, global...), name), args[i:]...)
 	}
-	var positional []string
+	var flags, positional []string
 	for ; i < len(args); i++ {
 		switch tok := args[i]; {
 		case tok == "--":
 			positional = append(positional, args[i+1:]...)
 			i = len(args)
 		case strings.HasPrefix(tok, "-") && tok != "-":
-			out = append(out, tok)
-			if takesValue(cmd.Flags, tok) && i+1 < len(args) {
-				out = append(out, args[i+1])
+			dst := &flags
+			f, ok := lookup(cmd.Flags, tok)
+			if !ok {
+				if f, ok = lookup(app.Flags, tok); ok {
+					dst = &global
+				}
+			}
+			*dst = append(*dst, tok)
+			if ok && takesValue(f, tok) && i+1 < len(args) {
+				*dst = append(*dst, args[i+1])
 				i++
 			}
 		default:
 			positional = append(positional, tok)
 		}
 	}
+	out := append(append([]string{args[0]}, global...), name)
+	out = append(out, flags...)
 	return append(append(out, "--"), positional...)
 }
