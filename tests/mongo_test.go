@@ -221,7 +221,13 @@ func TestMongoChaos(t *testing.T) {
 			continue
 		}
 		takeovers = append(takeovers, next.Sub(k))
-		if d := next.Sub(k); d > timeout+3*time.Second {
+		// A task whose lease ran out becomes ready again and then waits, in
+		// priority order, behind the backlog of ready tasks when the
+		// permitted workers' slots are full (pins narrow that to two
+		// workers, and a worker that already succeeded on a multi-worker
+		// task may not take it). So the bound only catches a takeover that
+		// never came in reasonable time; the distribution is logged.
+		if d := next.Sub(k); d > timeout+20*time.Second {
 			t.Errorf("task %s (pins %v, locks %v): attempt %d killed with %s at %s, taken over only %s later: log %s; store %s", a.key, pins[a.key], lockKeys[a.key],
 				a.attempt, a.worker, k.Format(time.StampMicro), d.Round(time.Millisecond), fmtRuns(runs[a.key]), fmtWorkers(docs[a.key]))
 		}
