@@ -345,14 +345,17 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	if !s.wants(t) {
 		return
 	}
+	s.mu.Lock()
+	_, runningHere := s.running[t.Key]
+	s.mu.Unlock()
 	d := preempt.Decide(t, s.cfg.WorkerID, now)
 	at := now
-	switch d.Verdict {
-	case preempt.Never:
+	switch {
+	case d.Verdict == preempt.Never, runningHere && d.Verdict == preempt.Later:
 		s.heap.Remove(t.Key)
 		s.unpark(t.Key)
 		return
-	case preempt.Later:
+	case d.Verdict == preempt.Later:
 		at = d.At
 	}
 	if k, ok := s.parkedBy[t.Key]; ok {

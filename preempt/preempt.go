@@ -16,7 +16,7 @@ type Verdict int
 
 const (
 	// Never: W cannot claim T until T changes (finished, pinned elsewhere,
-	// W already runs or succeeded it).
+	// W already succeeded on it).
 	Never Verdict = iota
 	// Later: look again at Decision.At (delayed, or full until a lease ends).
 	Later
@@ -63,7 +63,9 @@ func Decide(t *task.Task, workerID string, now time.Time) Decision {
 			return Decision{Verdict: Never, Reason: "already succeeded here"}
 		}
 		if w.Live(now) {
-			return Decision{Verdict: Never, Reason: "already running here"}
+			// Normally this worker is running it; but a worker restarted
+			// under the same id must look again when that lease ends.
+			return Decision{Verdict: Later, At: w.LeaseUntil, Reason: "already running here"}
 		}
 	}
 	c := t.CountWorkers(now)

@@ -60,7 +60,7 @@ func TestDecide(t *testing.T) {
 		{"cancelled", nil, nil, func(tk *task.Task) { _ = tk.Cancel(t0) }, "w", preempt.Never, time.Time{}},
 		{"pinned elsewhere", func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"x", "y"} }, nil, nil, "w", preempt.Never, time.Time{}},
 		{"pinned here", func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"x", "w"} }, nil, nil, "w", preempt.Claim, time.Time{}},
-		{"already running here", three, []task.Worker{running("w", 1, soon)}, nil, "w", preempt.Never, time.Time{}},
+		{"already running here: look again when that lease ends", three, []task.Worker{running("w", 1, soon)}, nil, "w", preempt.Later, soon},
 		{"already succeeded here", three, []task.Worker{ended("w", 1, task.WorkerSuccess)}, nil, "w", preempt.Never, time.Time{}},
 		{"own earlier attempt failed", nil, []task.Worker{ended("w", 1, task.WorkerFail)}, nil, "w", preempt.Claim, time.Time{}},
 		{"own earlier attempt expired", nil, []task.Worker{ended("w", 1, task.WorkerExpired)}, nil, "w", preempt.Claim, time.Time{}},
@@ -156,8 +156,9 @@ func TestClaimTask(t *testing.T) {
 		t.Errorf("ClaimTask changed its input: %+v", tk)
 	}
 
-	// The same worker cannot claim twice; a second worker finds it full.
-	if d := preempt.Decide(next, "w", now); d.Verdict != preempt.Never {
+	// The same worker cannot claim twice (only look again when its lease
+	// ends); a second worker finds it full.
+	if d := preempt.Decide(next, "w", now); d.Verdict == preempt.Claim {
 		t.Errorf("second claim by w: %s", d.Verdict)
 	}
 	if d := preempt.Decide(next, "x", now); d.Verdict != preempt.Later || !d.At.Equal(t0.Add(time.Second+10*time.Second)) {
