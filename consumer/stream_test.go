@@ -17,11 +17,10 @@ import (
 // events, with fail's error; it records where each stream resumed from.
 type faultyStore struct {
 	task.Store
-	after   int
-	fail    error
-	mu      sync.Mutex
-	opens   []task.Token
-	started atomic.Int32
+	after int
+	fail  error
+	mu    sync.Mutex
+	opens []task.Token
 }
 
 func (f *faultyStore) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStream, error) {

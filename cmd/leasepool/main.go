@@ -86,7 +86,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
-		return slog.New(tint.NewHandler(w, &tint.Options{Level: level, TimeFormat: time.TimeOnly}))
+		return slog.New(tint.NewTextHandler(w, &tint.Options{Level: level, TimeFormat: time.TimeOnly}))
 	}
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
