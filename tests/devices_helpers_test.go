@@ -6,18 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -299,125 +294,6 @@ func checkDeviceRuns(t *testing.T, rep *mqttdev.SimReport, tasks map[string]*tas
 		}
 	}
 	return runs
-}
-
-// mosquittoProc is a private Mosquitto broker a test owns.
-type mosquittoProc struct {
-	t    *testing.T
-	bin  string
-	conf string
-	port int
-	log  string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// startMosquitto starts a private Mosquitto on a free loopback port with
-// persistence in a temp dir, or fails t (never skips).
-func startMosquitto(t *testing.T) *mosquittoProc {
-	t.Helper()
-	bin, err := exec.LookPath("mosquitto")
-	if err != nil {
-		if _, serr := os.Stat("/usr/sbin/mosquitto"); serr == nil {
-			bin, err = "/usr/sbin/mosquitto", nil
-		}
-	}
-	if err != nil {
-		t.Fatalf("mosquitto is not installed (not on PATH nor /usr/sbin): run `tests/servers up` first, which installs it: %v", err)
-	}
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	if err := os.MkdirAll(data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	conf := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nautosave_interval 1\nlog_dest stdout\nlog_type error\nlog_type warning\nlog_type notice\n", port, data)
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		// As root, mosquitto would otherwise switch to user mosquitto,
-		// which cannot write the temp dir.
-		conf += "user " + u.Username + "\n"
-	}
-	confPath := filepath.Join(dir, "mosquitto.conf")
-	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m := &mosquittoProc{t: t, bin: bin, conf: confPath, port: port, log: filepath.Join(dir, "mosquitto.log")}
-	m.start()
-	t.Cleanup(func() {
-		m.stop()
-		if t.Failed() {
-			b, _ := os.ReadFile(m.log)
-			t.Logf("mosquitto log:\n%s", tail(string(b), 4000))
-		}
-	})
-	return m
-}
-
-func (m *mosquittoProc) url() string { return "tcp://127.0.0.1:" + strconv.Itoa(m.port) }
-
-func (m *mosquittoProc) start() {
-	m.t.Helper()
-	logf, err := os.OpenFile(m.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(m.bin, "-c", m.conf)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		m.t.Fatalf("start mosquitto: %v", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	m.mu.Lock()
-	m.cmd, m.done = cmd, done
-	m.mu.Unlock()
-	addr := "127.0.0.1:" + strconv.Itoa(m.port)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		select {
-		case <-done:
-			b, _ := os.ReadFile(m.log)
-			m.t.Fatalf("mosquitto exited before listening on %s (%v); its log:\n%s", addr, cmd.ProcessState, b)
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			m.stop()
-			b, _ := os.ReadFile(m.log)
-			m.t.Fatalf("mosquitto not listening on %s after 15s; its log:\n%s", addr, b)
-		}
-	}
-}
-
-// stop sends SIGTERM (mosquitto saves its persistence file) and waits.
-func (m *mosquittoProc) stop() {
-	m.mu.Lock()
-	cmd, done := m.cmd, m.done
-	m.cmd = nil
-	m.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-		m.t.Logf("mosquitto ignored SIGTERM for 10s and was killed")
-	}
 }
 
 // runCLI runs the leasepool binary and returns its stdout, stderr and exit

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -208,11 +209,11 @@ func TestDevicesMosquittoRestart(t *testing.T) {
 	start := time.Now()
 	ctx := testContext(t, 2*time.Minute)
 	leasepoolBin(t)
-	mosq := startMosquitto(t)
+	mosqURL, stopMosq, restartMosq := testservers.StartMosquitto(t)
 	store, storeURL := openTestStore(t, ctx)
 	prefix := "lp" + randomSuffix(t)
 	sim := startSim(t, ctx, mqttdev.SimConfig{
-		BrokerURL: mosq.url(), Prefix: prefix, IDPrefix: "rdev-", Count: 5,
+		BrokerURL: mosqURL, Prefix: prefix, IDPrefix: "rdev-", Count: 5,
 		Latency: 150 * time.Millisecond, Heartbeat: time.Second, Seed: 4,
 	})
 
@@ -230,16 +231,16 @@ func TestDevicesMosquittoRestart(t *testing.T) {
 	}
 	n := len(tasks0)
 	for _, id := range []string{"r1", "r2", "r3"} {
-		deviceWorker(t, storeURL, id, mosq.url(), prefix)
+		deviceWorker(t, storeURL, id, mosqURL, prefix)
 	}
 	eventually(t, time.Minute, "a third of the commands to succeed", func() bool {
 		return countStates(t, ctx, store)[task.StateSucceeded] >= n/3
 	})
 	before := countStates(t, ctx, store)[task.StateSucceeded]
 	down := time.Now()
-	mosq.stop()
+	stopMosq()
 	time.Sleep(500 * time.Millisecond)
-	mosq.start()
+	restartMosq()
 	t.Logf("mosquitto restarted after %d of %d commands succeeded; down %s", before, n, time.Since(down).Round(time.Millisecond))
 	eventually(t, time.Minute, "every command to finish", func() bool { return finished(countStates(t, ctx, store)) == n })
 

@@ -14,9 +14,11 @@ package testservers
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -91,22 +93,58 @@ func StartMongo(t testing.TB, h2File string) (uri string, stop func(), restart f
 	src := launcher(t)
 	dir := t.TempDir()
 	port := freePort(t)
-	s := &mongoProc{t: t, lib: lib, src: src, dir: dir, port: port, h2: h2File}
-	s.start()
-	t.Cleanup(s.stop)
-	uri = "mongodb://127.0.0.1:" + strconv.Itoa(port) + "/?directConnection=true"
-	return uri, s.stop, func() {
-		t.Helper()
-		s.stop()
-		s.start()
-	}
+	p := startProc(t, "mongo-java-server", port, 30*time.Second, func() *exec.Cmd {
+		args := []string{"-cp", lib + "/*", src, "--port", strconv.Itoa(port)}
+		if h2File != "" {
+			args = append(args, "--h2", h2File)
+		}
+		cmd := exec.Command("java", args...)
+		cmd.Dir = dir
+		return cmd
+	})
+	return "mongodb://127.0.0.1:" + strconv.Itoa(port) + "/?directConnection=true", p.stop, p.restart
 }
 
-type mongoProc struct {
-	t        testing.TB
-	lib, src string
-	dir, h2  string
-	port     int
+// StartMosquitto starts a Mosquitto broker of t's own (the binary that
+// tests/servers up installs) on a free loopback port, with persistence in a
+// temporary directory so that queued QoS 1 messages survive restart. It
+// returns its URL, stop and restart, as StartMongo does.
+func StartMosquitto(t testing.TB) (url string, stop func(), restart func()) {
+	t.Helper()
+	bin, err := exec.LookPath("mosquitto")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/mosquitto"); serr == nil {
+			bin, err = "/usr/sbin/mosquitto", nil
+		}
+	}
+	if err != nil {
+		t.Fatalf("mosquitto is not installed (not on PATH nor /usr/sbin): run tests via the README's test command, which installs it: %v", err)
+	}
+	dir := t.TempDir()
+	port := freePort(t)
+	conf := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nautosave_interval 1\nlog_dest stdout\nlog_type error\nlog_type warning\nlog_type notice\n", port, dir)
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		// As root, mosquitto would otherwise switch to user mosquitto,
+		// which cannot write the temporary directory.
+		conf += "user " + u.Username + "\n"
+	}
+	confPath := filepath.Join(dir, "mosquitto.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startProc(t, "mosquitto", port, 10*time.Second, func() *exec.Cmd { return exec.Command(bin, "-c", confPath) })
+	return "tcp://127.0.0.1:" + strconv.Itoa(port), p.stop, p.restart
+}
+
+// proc is a server process a test owns: started, waited for until its port
+// accepts connections, stopped with SIGTERM (and killed after grace), and
+// stopped when the test ends.
+type proc struct {
+	t      testing.TB
+	name   string
+	port   int
+	grace  time.Duration
+	newCmd func() *exec.Cmd
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -114,29 +152,38 @@ type mongoProc struct {
 	log  *syncBuffer
 }
 
-func (s *mongoProc) start() {
-	s.t.Helper()
-	args := []string{"-cp", s.lib + "/*", s.src, "--port", strconv.Itoa(s.port)}
-	if s.h2 != "" {
-		args = append(args, "--h2", s.h2)
-	}
-	cmd := exec.Command("java", args...)
-	cmd.Dir = s.dir
+func startProc(t testing.TB, name string, port int, grace time.Duration, newCmd func() *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, port: port, grace: grace, newCmd: newCmd}
+	p.start()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *proc) restart() {
+	p.t.Helper()
+	p.stop()
+	p.start()
+}
+
+func (p *proc) start() {
+	p.t.Helper()
+	cmd := p.newCmd()
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start mongo-java-server: %v", err)
+		p.t.Fatalf("start %s: %v", p.name, err)
 	}
 	done := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
 		close(done)
 	}()
-	s.mu.Lock()
-	s.cmd, s.done, s.log = cmd, done, log
-	s.mu.Unlock()
+	p.mu.Lock()
+	p.cmd, p.done, p.log = cmd, done, log
+	p.mu.Unlock()
 
-	addr := "127.0.0.1:" + strconv.Itoa(s.port)
+	addr := "127.0.0.1:" + strconv.Itoa(p.port)
 	deadline := time.Now().Add(StartTimeout)
 	for {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
@@ -146,31 +193,33 @@ func (s *mongoProc) start() {
 		}
 		select {
 		case <-done:
-			s.t.Fatalf("mongo-java-server on %s exited before listening (%s); its log:\n%s", addr, cmd.ProcessState, log.String())
-		case <-time.After(100 * time.Millisecond):
+			p.t.Fatalf("%s on %s exited before listening (%s); its log:\n%s", p.name, addr, cmd.ProcessState, log.String())
+		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			s.stop()
-			s.t.Fatalf("mongo-java-server not listening on %s after %s; its log:\n%s", addr, StartTimeout, log.String())
+			p.stop()
+			p.t.Fatalf("%s not listening on %s after %s; its log:\n%s", p.name, addr, StartTimeout, log.String())
 		}
 	}
 }
 
-func (s *mongoProc) stop() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
+// stop sends SIGTERM (so the server writes its files) and waits; calling
+// it again is harmless.
+func (p *proc) stop() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd = nil
+	p.mu.Unlock()
 	if cmd == nil {
 		return
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-done:
-	case <-time.After(30 * time.Second):
+	case <-time.After(p.grace):
 		_ = cmd.Process.Kill()
 		<-done
-		s.t.Logf("mongo-java-server ignored SIGTERM for 30s and was killed; its log:\n%s", s.log.String())
+		p.t.Logf("%s ignored SIGTERM for %s and was killed; its log:\n%s", p.name, p.grace, p.log.String())
 	}
 }
 
