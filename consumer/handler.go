@@ -17,6 +17,18 @@ type Job struct {
 	Task     *task.Task
 	Attempt  int
 	WorkerID string
+
+	lease interface{ Remaining() time.Duration }
+}
+
+// LeaseRemaining is how long the handler may still count on its lease, as
+// renewed so far (zero when it is lost). Work that outlives the worker (a
+// child process) should be stopped by then.
+func (j *Job) LeaseRemaining() time.Duration {
+	if j.lease == nil {
+		return 0
+	}
+	return max(j.lease.Remaining(), 0)
 }
 
 // Handler runs one attempt of a task. Its context is cancelled when the

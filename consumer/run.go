@@ -130,7 +130,7 @@ func (c *Consumer) run(doc *task.Task, attempt int) {
 		lease.Keep(pingCtx, func(cause error) { cancel(cause) })
 	}()
 
-	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID}
+	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, lease: lease}
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
 	if c.cfg.OnStart != nil {

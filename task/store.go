@@ -135,11 +135,15 @@ type ChangeStream interface {
 	Close() error
 }
 
-// Holder identifies who holds a lock: one attempt of one worker on one task.
+// Holder identifies who holds a lease or a lock: one attempt of one worker
+// process on one task. Instance is the worker process's random instance id
+// (see WorkerInfo): two processes started under one worker id differ in it,
+// so neither can renew or release what the other holds.
 type Holder struct {
 	TaskKey  string `json:"task_key"`
 	WorkerID string `json:"worker_id"`
 	Attempt  int    `json:"attempt"`
+	Instance string `json:"instance,omitempty"`
 }
 
 // LockParams takes or frees lock keys.
