@@ -44,6 +44,18 @@ type Config struct {
 	// RetryBackoff is the first local retry's delay, doubling after.
 	// Default 100ms.
 	RetryBackoff time.Duration
+	// RetryPolicy says how long a task waits after a failed attempt before
+	// any worker may claim it again (written as its next claim time).
+	// Default ExponentialBackoff(time.Second, 5*time.Minute); NoBackoff
+	// retries at once. Expired leases (crashed workers) are retried at once.
+	RetryPolicy RetryPolicy
+	// HeartbeatInterval is how often the worker renews its registry
+	// record. Default 1s.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout is how long the record holds the worker id after
+	// the last heartbeat; until then another process under the same id
+	// refuses to start. Default 4s; must exceed HeartbeatInterval.
+	HeartbeatTimeout time.Duration
 	// Logger receives the worker's logs. Default slog.Default().
 	Logger *slog.Logger
 	// OnStart and OnFinish, when set, are called around every handler run
@@ -66,6 +78,7 @@ func (c *Config) validate() error {
 		{"Concurrency", int64(c.Concurrency)}, {"HeapSize", int64(c.HeapSize)}, {"PageSize", int64(c.PageSize)},
 		{"PollInterval", int64(c.PollInterval)}, {"SafetyNetInterval", int64(c.SafetyNetInterval)},
 		{"ShutdownTimeout", int64(c.ShutdownTimeout)}, {"RetryBackoff", int64(c.RetryBackoff)},
+		{"HeartbeatInterval", int64(c.HeartbeatInterval)}, {"HeartbeatTimeout", int64(c.HeartbeatTimeout)},
 	}
 	for _, f := range fields {
 		if f.v < 0 {
@@ -97,6 +110,14 @@ func (c *Config) validate() error {
 	setDefault(&c.SafetyNetInterval, 30*time.Second)
 	setDefault(&c.ShutdownTimeout, 10*time.Second)
 	setDefault(&c.RetryBackoff, 100*time.Millisecond)
+	setDefault(&c.HeartbeatInterval, time.Second)
+	setDefault(&c.HeartbeatTimeout, 4*time.Second)
+	if c.HeartbeatTimeout <= c.HeartbeatInterval {
+		return fmt.Errorf("consumer config: HeartbeatTimeout (%s) must exceed HeartbeatInterval (%s)", c.HeartbeatTimeout, c.HeartbeatInterval)
+	}
+	if c.RetryPolicy == nil {
+		c.RetryPolicy = ExponentialBackoff(time.Second, 5*time.Minute)
+	}
 	switch c.LocalRetries {
 	case 0:
 		c.LocalRetries = 3
@@ -113,5 +134,30 @@ func setDefault[T comparable](p *T, v T) {
 	var zero T
 	if *p == zero {
 		*p = v
+	}
+}
+
+// RetryPolicy returns how long a task waits after a failed attempt;
+// failures counts its failed and expired attempts so far, this one
+// included, and err is this attempt's error.
+type RetryPolicy func(failures int, err error) time.Duration
+
+// NoBackoff retries a failed task at once.
+func NoBackoff(int, error) time.Duration { return 0 }
+
+// ExponentialBackoff waits first after the first failure, doubling with
+// each further one up to max, each delay jittered by ±25% so that tasks
+// failing together do not come back together.
+func ExponentialBackoff(first, max time.Duration) RetryPolicy {
+	return func(failures int, _ error) time.Duration {
+		if first <= 0 {
+			return 0
+		}
+		d := first
+		for i := 1; i < failures && d < max; i++ {
+			d *= 2
+		}
+		d = min(d, max)
+		return time.Duration(float64(d) * (0.75 + 0.5*rand.Float64()))
 	}
 }

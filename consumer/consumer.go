@@ -33,9 +33,11 @@ type Stats struct {
 
 // Consumer is one worker: it claims and runs tasks until stopped.
 type Consumer struct {
-	cfg    Config
-	store  task.Store
-	logger *slog.Logger
+	cfg       Config
+	store     task.Store
+	logger    *slog.Logger
+	self      task.Holder // worker id and instance, as claims carry them
+	startedAt time.Time
 
 	startOnce, stopOnce sync.Once
 	stopSchedule        context.CancelFunc
@@ -80,6 +82,7 @@ func New(cfg Config) (*Consumer, error) {
 	return &Consumer{
 		cfg:     cfg,
 		store:   cfg.Store,
+		self:    task.Holder{WorkerID: cfg.WorkerID, Instance: newInstance()},
 		logger:  cfg.Logger.With(slog.String("worker", cfg.WorkerID)),
 		events:  make(chan task.Event, 1024),
 		requery: make(chan struct{}, 1),
@@ -104,33 +107,44 @@ func (c *Consumer) Stats() Stats {
 	}
 }
 
-// Start begins claiming and running tasks; it returns at once. Cancelling
-// ctx stops claiming and cancels running handlers (their leases are
-// released); Stop is the graceful way.
+// Start registers the worker and begins claiming and running tasks; it
+// returns at once. It fails, wrapping task.ErrWorkerIDTaken, while another
+// live process holds the worker id. Cancelling ctx stops claiming and
+// cancels running handlers (their leases are released); Stop is the
+// graceful way.
 func (c *Consumer) Start(ctx context.Context) error {
 	started := false
+	var err error
 	c.startOnce.Do(func() {
 		started = true
+		if err = c.register(ctx); err != nil {
+			return
+		}
 		c.handlerCtx, c.cancelHandlers = context.WithCancelCause(ctx)
 		schedCtx, cancel := context.WithCancel(ctx)
 		c.stopSchedule = cancel
 		c.scheduleDone = make(chan struct{})
-		watchDone := make(chan struct{})
+		watchDone, beatDone := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(watchDone)
 			c.watch(schedCtx)
 		}()
 		go func() {
+			defer close(beatDone)
+			c.heartbeat(schedCtx)
+		}()
+		go func() {
 			defer close(c.scheduleDone)
 			c.schedule(schedCtx)
 			<-watchDone
+			<-beatDone
 		}()
 		c.logger.Info("worker started", slog.Int("concurrency", c.cfg.Concurrency), slog.Any("kinds", c.cfg.Kinds))
 	})
 	if !started {
 		return errors.New("consumer already started")
 	}
-	return nil
+	return err
 }
 
 // Stop stops claiming, lets running handlers finish until ShutdownTimeout
@@ -158,6 +172,8 @@ func (c *Consumer) Stop(ctx context.Context) error {
 		// 3. Cancel the rest; each releases its lease before returning.
 		c.cancelHandlers(ErrShutdown)
 		<-drained
+		// 4. Nothing runs here any more: free the worker id.
+		c.unregister()
 		c.logger.Info("worker stopped", slog.Int64("succeeded", c.succeeded.Load()), slog.Int64("failed", c.failed.Load()))
 	})
 	return nil

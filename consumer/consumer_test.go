@@ -391,12 +391,12 @@ func TestMaxUnexpectedRetries(t *testing.T) {
 func claimAsGhost(t *testing.T, e *env, key string) *task.Task {
 	t.Helper()
 	doc := e.get(key)
-	next, attempt, err := preempt.ClaimTask(doc, "ghost", e.store.Now())
+	next, h, err := preempt.ClaimTask(doc, task.Holder{WorkerID: "ghost"}, e.store.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if attempt != 1 {
-		t.Fatalf("ghost claim got attempt %d, want 1", attempt)
+	if h.Attempt != 1 {
+		t.Fatalf("ghost claim got attempt %d, want 1", h.Attempt)
 	}
 	if err := e.store.Update(context.Background(), next); err != nil {
 		t.Fatal(err)
@@ -434,7 +434,9 @@ func TestDeadWorkerLosesTaskToPeer(t *testing.T) {
 	}
 
 	// The ghost wakes up and tries to finish: refused, nothing written.
-	finish := func(tk *task.Task) error { return tk.Finish("ghost", 1, true, "", e.store.Now()) }
+	finish := func(tk *task.Task) error {
+		return tk.Succeed(task.Holder{WorkerID: "ghost", Attempt: 1}, e.store.Now())
+	}
 	if _, err := task.Modify(context.Background(), e.store, "orphan", finish); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("ghost's finish while B runs: %v, want task.ErrLeaseLost", err)
 	}

@@ -18,8 +18,13 @@ type Job struct {
 	Attempt  int
 	WorkerID string
 
-	lease interface{ Remaining() time.Duration }
+	holder task.Holder
+	lease  interface{ Remaining() time.Duration }
 }
+
+// Holder is the identity this attempt's lease and locks carry: task key,
+// worker id, attempt and the worker process's instance id.
+func (j *Job) Holder() task.Holder { return j.holder }
 
 // LeaseRemaining is how long the handler may still count on its lease, as
 // renewed so far (zero when it is lost). Work that outlives the worker (a

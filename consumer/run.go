@@ -51,11 +51,10 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry) attemptResult {
 			doc = nil
 			continue
 		}
-		next, attempt, err := preempt.ClaimTask(doc, c.cfg.WorkerID, now)
+		next, holder, err := preempt.ClaimTask(doc, c.self, now)
 		if err != nil {
 			return res
 		}
-		holder := task.Holder{TaskKey: doc.Key, WorkerID: c.cfg.WorkerID, Attempt: attempt}
 		locks := task.LockParams{Keys: next.LockKeys, Holder: holder, Now: now, Until: next.Workers[len(next.Workers)-1].LeaseUntil}
 		if len(locks.Keys) > 0 {
 			var locked *task.LockedError
@@ -77,7 +76,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry) attemptResult {
 		err = c.store.Update(wctx, next)
 		cancel()
 		if err == nil {
-			c.run(next, attempt)
+			c.run(next, holder)
 			return res
 		}
 		if len(locks.Keys) > 0 {
@@ -103,9 +102,10 @@ func retryEntry(e preempt.Entry, doc *task.Task, at time.Time) *preempt.Entry {
 
 // run executes a claimed attempt: pings while the handler runs, then writes
 // the outcome (or releases the lease on shutdown).
-func (c *Consumer) run(doc *task.Task, attempt int) {
+func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	c.claimed.Add(1)
-	lease := ping.New(c.store, doc, c.cfg.WorkerID, attempt, c.logger)
+	attempt := holder.Attempt
+	lease := ping.New(c.store, doc, holder, c.logger)
 	if lease.Remaining() <= 0 {
 		// The claim took about as long as the lease (a store outage): a
 		// peer may claim it any moment, so do not start.
@@ -130,7 +130,7 @@ func (c *Consumer) run(doc *task.Task, attempt int) {
 		lease.Keep(pingCtx, func(cause error) { cancel(cause) })
 	}()
 
-	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, lease: lease}
+	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
 	if c.cfg.OnStart != nil {
@@ -173,7 +173,7 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 	if errors.Is(cause, task.ErrTaskDone) {
 		log.Info("task finished by other workers; handler stopped")
 		h := lease.Holder()
-		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.Release(h.WorkerID, h.Attempt, c.store.Now()) }); err != nil {
+		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.Release(h, c.store.Now()) }); err != nil {
 			log.Debug("release after the task finished", slog.Any("err", err))
 		}
 		return cause
@@ -189,18 +189,21 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 	switch {
 	case err != nil && (errors.Is(cause, ErrShutdown) || c.handlerCtx.Err() != nil):
 		// Stop, or the Start context ended: give the attempt back.
-		write = func(t *task.Task) error { return t.Release(h.WorkerID, h.Attempt, ended) }
+		write = func(t *task.Task) error { return t.Release(h, ended) }
 		c.released.Add(1)
 		log.Info("lease released on shutdown")
 		err = ErrShutdown
 	case errors.As(err, &snooze):
-		write = func(t *task.Task) error { return t.Snooze(h.WorkerID, h.Attempt, ended.Add(snooze.Delay), ended) }
+		write = func(t *task.Task) error { return t.Snooze(h, ended.Add(snooze.Delay), ended) }
 		c.snoozed.Add(1)
 	case err == nil:
-		write = func(t *task.Task) error { return t.Finish(h.WorkerID, h.Attempt, true, "", ended) }
+		write = func(t *task.Task) error { return t.Succeed(h, ended) }
 	default:
 		msg := err.Error()
-		write = func(t *task.Task) error { return t.Finish(h.WorkerID, h.Attempt, false, msg, ended) }
+		write = func(t *task.Task) error {
+			failures := t.CountWorkers(ended).Unexpected + 1
+			return t.Fail(h, msg, ended.Add(c.cfg.RetryPolicy(failures, err)), ended)
+		}
 	}
 	if werr := c.writeOutcome(lease, write); werr != nil {
 		if errors.Is(werr, task.ErrLeaseLost) {
@@ -235,7 +238,7 @@ func (c *Consumer) writeOutcome(lease *ping.Lease, fn func(*task.Task) error) er
 			return err
 		}
 		doc := lease.Doc()
-		i := doc.Entry(lease.Holder().WorkerID, lease.Holder().Attempt)
+		i := doc.Entry(lease.Holder())
 		if i < 0 || !c.store.Now().Before(doc.Workers[i].LeaseUntil) {
 			return err
 		}

@@ -19,22 +19,20 @@ import (
 
 // Lease is one held attempt of one task.
 type Lease struct {
-	store    task.Store
-	key      string
-	workerID string
-	attempt  int
-	logger   *slog.Logger
+	store  task.Store
+	holder task.Holder
+	logger *slog.Logger
 
 	mu  sync.Mutex
 	doc *task.Task // latest document this worker wrote or read
 }
 
-// New returns the lease a successful claim wrote as doc.
-func New(store task.Store, doc *task.Task, workerID string, attempt int, logger *slog.Logger) *Lease {
+// New returns the lease of holder that a successful claim wrote as doc.
+func New(store task.Store, doc *task.Task, holder task.Holder, logger *slog.Logger) *Lease {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Lease{store: store, key: doc.Key, workerID: workerID, attempt: attempt, doc: doc, logger: logger}
+	return &Lease{store: store, holder: holder, doc: doc, logger: logger}
 }
 
 // Doc returns the latest known document.
@@ -45,9 +43,7 @@ func (l *Lease) Doc() *task.Task {
 }
 
 // Holder is the lock holder identity of this lease.
-func (l *Lease) Holder() task.Holder {
-	return task.Holder{TaskKey: l.key, WorkerID: l.workerID, Attempt: l.attempt}
-}
+func (l *Lease) Holder() task.Holder { return l.holder }
 
 // Write applies fn to the latest document and writes it with
 // compare-and-set, trying the cached document first (no read) and
@@ -66,14 +62,14 @@ func (l *Lease) Write(ctx context.Context, fn func(t *task.Task) error) error {
 			return nil
 		}
 		if errors.Is(err, task.ErrNotFound) {
-			return fmt.Errorf("task %s deleted: %w", l.key, task.ErrLeaseLost)
+			return fmt.Errorf("task %s deleted: %w", l.holder.TaskKey, task.ErrLeaseLost)
 		}
 		if !errors.Is(err, task.ErrConflict) {
 			return err
 		}
-		if cur, err = l.store.Get(ctx, l.key); err != nil {
+		if cur, err = l.store.Get(ctx, l.holder.TaskKey); err != nil {
 			if errors.Is(err, task.ErrNotFound) {
-				return fmt.Errorf("task %s deleted: %w", l.key, task.ErrLeaseLost)
+				return fmt.Errorf("task %s deleted: %w", l.holder.TaskKey, task.ErrLeaseLost)
 			}
 			return err
 		}
@@ -100,10 +96,10 @@ func (l *Lease) Observe(t *task.Task) error {
 	if t.State.Finished() {
 		return task.ErrTaskDone
 	}
-	if !t.Allows(l.workerID) {
+	if !t.Allows(l.holder.WorkerID) {
 		return task.ErrUnpinned
 	}
-	if i := t.Entry(l.workerID, l.attempt); i < 0 || t.Workers[i].State != task.WorkerRunning {
+	if i := t.Entry(l.holder); i < 0 || t.Workers[i].State != task.WorkerRunning {
 		return task.ErrLeaseLost
 	}
 	return nil
@@ -127,7 +123,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 			return err
 		}
 	}
-	err := l.Write(ctx, func(t *task.Task) error { return t.Renew(l.workerID, l.attempt, now) })
+	err := l.Write(ctx, func(t *task.Task) error { return t.Renew(l.holder, now) })
 	if errors.Is(err, task.ErrUnpinned) {
 		return l.Unpin(ctx)
 	}
@@ -138,7 +134,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 // dropped from the pins, and returns ErrUnpinned.
 func (l *Lease) Unpin(ctx context.Context) error {
 	err := l.Write(ctx, func(t *task.Task) error {
-		if !t.Unpin(l.workerID, l.attempt, l.store.Now()) {
+		if !t.Unpin(l.holder, l.store.Now()) {
 			return errNoChange
 		}
 		return nil
@@ -183,11 +179,11 @@ func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 		err := l.Renew(rctx)
 		cancel()
 		if took := time.Since(began); took > time.Duration(l.Doc().PingInterval)/2 {
-			l.logger.Warn("slow lease renewal", slog.String("task", l.key), slog.Duration("took", took), slog.Any("err", err))
+			l.logger.Warn("slow lease renewal", slog.String("task", l.holder.TaskKey), slog.Duration("took", took), slog.Any("err", err))
 		}
 		switch {
 		case err == nil:
-			l.logger.Debug("lease renewed", slog.String("task", l.key), slog.Int64("version", l.Doc().Version))
+			l.logger.Debug("lease renewed", slog.String("task", l.holder.TaskKey), slog.Int64("version", l.Doc().Version))
 			backoff, storeErr = 50*time.Millisecond, nil
 			timer.Reset(time.Duration(l.Doc().PingInterval))
 		case errors.Is(err, task.ErrLeaseLost):
@@ -201,7 +197,7 @@ func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 		default:
 			// The store is unreachable: keep trying while the lease may
 			// still be ours.
-			l.logger.Warn("lease renewal failed; retrying", slog.String("task", l.key), slog.Int("attempt", l.attempt), slog.Any("err", err))
+			l.logger.Warn("lease renewal failed; retrying", slog.String("task", l.holder.TaskKey), slog.Int("attempt", l.holder.Attempt), slog.Any("err", err))
 			storeErr = err
 			timer.Reset(min(backoff, l.Remaining()))
 			backoff = min(backoff*2, time.Duration(l.Doc().PingInterval))
@@ -215,7 +211,7 @@ func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 // exact).
 func (l *Lease) Remaining() time.Duration {
 	doc := l.Doc()
-	i := doc.Entry(l.workerID, l.attempt)
+	i := doc.Entry(l.holder)
 	if i < 0 {
 		return 0
 	}

@@ -146,7 +146,7 @@ func setup(t *testing.T, edit func(p *task.PublishParams)) (*fakeStore, *ping.Le
 		t.Fatal(err)
 	}
 	s.docs[doc.Key] = doc.Clone()
-	claimed, attempt, err := preempt.ClaimTask(doc, "w", s.Now())
+	claimed, attempt, err := preempt.ClaimTask(doc, task.Holder{WorkerID: "w"}, s.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func setup(t *testing.T, edit func(p *task.PublishParams)) (*fakeStore, *ping.Le
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(tWriter{t}, nil))
-	return s, ping.New(s, claimed, "w", attempt, logger)
+	return s, ping.New(s, claimed, attempt, logger)
 }
 
 type tWriter struct{ t *testing.T }
@@ -166,7 +166,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 
 func leaseUntil(t *testing.T, doc *task.Task) time.Time {
 	t.Helper()
-	i := doc.Entry("w", 1)
+	i := doc.Entry(task.Holder{WorkerID: "w", Attempt: 1})
 	if i < 0 {
 		t.Fatalf("no entry for w/1 in %+v", doc.Workers)
 	}
@@ -398,7 +398,7 @@ func TestKeepLost(t *testing.T) {
 				t.Error("lost called twice")
 			}
 			if errors.Is(tt.want, task.ErrUnpinned) {
-				if i := s.stored("k").Entry("w", 1); i >= 0 {
+				if i := s.stored("k").Entry(task.Holder{WorkerID: "w", Attempt: 1}); i >= 0 {
 					t.Errorf("unpinned worker's entry still stored: %+v", s.stored("k").Workers)
 				}
 			}

@@ -90,27 +90,15 @@ func Decide(t *task.Task, workerID string, now time.Time) Decision {
 	return Decision{Verdict: Claim}
 }
 
-// ClaimTask returns a copy of t with workerID appended as RUNNING under a
-// fresh lease and the next attempt number, expired workers recorded as
-// failures, and derived fields recomputed. The caller writes it with
-// compare-and-set.
-func ClaimTask(t *task.Task, workerID string, now time.Time) (*task.Task, int, error) {
-	if d := Decide(t, workerID, now); d.Verdict != Claim {
-		return nil, 0, fmt.Errorf("claim %s: %w: %s", t.Key, ErrNotClaimable, d.Reason)
+// ClaimTask decides the claim for who (worker id and instance) and returns
+// a copy of t with the claim applied (see task.Task.Claim) and the new
+// attempt's holder. The caller writes it with compare-and-set.
+func ClaimTask(t *task.Task, who task.Holder, now time.Time) (*task.Task, task.Holder, error) {
+	if d := Decide(t, who.WorkerID, now); d.Verdict != Claim {
+		return nil, task.Holder{}, fmt.Errorf("claim %s: %w: %s", t.Key, ErrNotClaimable, d.Reason)
 	}
 	next := t.Clone()
-	next.DropExpired(now)
-	next.Attempts++
-	next.Workers = append(next.Workers, task.Worker{
-		WorkerID:   workerID,
-		State:      task.WorkerRunning,
-		Attempt:    next.Attempts,
-		LeaseUntil: now.Add(time.Duration(t.WorkerTimeout)).UTC(),
-		StartedAt:  now.UTC(),
-	})
-	next.UpdatedAt = now.UTC()
-	next.Recompute(now)
-	return next, next.Attempts, nil
+	return next, next.Claim(who, now), nil
 }
 
 // ReapTask returns a copy of t with its expired workers recorded as

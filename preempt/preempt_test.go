@@ -96,7 +96,7 @@ func TestDecide(t *testing.T) {
 				t.Error("Later without a reason")
 			}
 			if d.Verdict != preempt.Claim {
-				if _, _, err := preempt.ClaimTask(tk, tt.worker, t0); !errors.Is(err, preempt.ErrNotClaimable) {
+				if _, _, err := preempt.ClaimTask(tk, task.Holder{WorkerID: tt.worker}, t0); !errors.Is(err, preempt.ErrNotClaimable) {
 					t.Errorf("ClaimTask = %v, want ErrNotClaimable", err)
 				}
 			}
@@ -122,10 +122,11 @@ func TestClaimTask(t *testing.T) {
 	tk.Attempts = 7 // entries released earlier still count
 	before := tk.Clone()
 
-	next, attempt, err := preempt.ClaimTask(tk, "w", now)
+	next, h, err := preempt.ClaimTask(tk, task.Holder{WorkerID: "w"}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
+	attempt := h.Attempt
 	if attempt != 8 || next.Attempts != 8 {
 		t.Errorf("attempt %d attempts %d, want 8", attempt, next.Attempts)
 	}
@@ -148,7 +149,7 @@ func TestClaimTask(t *testing.T) {
 	if !next.UpdatedAt.Equal(now) || next.Version != tk.Version {
 		t.Errorf("updated_at %s version %d (the store bumps version)", next.UpdatedAt, next.Version)
 	}
-	if i := next.Entry("w", attempt); i != 3 {
+	if i := next.Entry(task.Holder{WorkerID: "w", Attempt: attempt}); i != 3 {
 		t.Errorf("Entry = %d", i)
 	}
 	// The input is untouched.
@@ -172,14 +173,15 @@ func TestClaimAfterOwnFailure(t *testing.T) {
 	tk := newTask(t, nil)
 	now := t0
 	for i := 1; i <= 4; i++ {
-		next, attempt, err := preempt.ClaimTask(tk, "solo", now)
+		next, h, err := preempt.ClaimTask(tk, task.Holder{WorkerID: "solo"}, now)
 		if err != nil {
 			t.Fatalf("claim %d: %v", i, err)
 		}
+		attempt := h.Attempt
 		if attempt != i {
 			t.Fatalf("attempt %d, want %d", attempt, i)
 		}
-		if err := next.Finish("solo", attempt, false, "boom", now); err != nil {
+		if err := next.Fail(task.Holder{WorkerID: "solo", Attempt: attempt}, "boom", time.Time{}, now); err != nil {
 			t.Fatal(err)
 		}
 		tk = next
@@ -187,7 +189,7 @@ func TestClaimAfterOwnFailure(t *testing.T) {
 	if tk.State != task.StateFailed {
 		t.Errorf("after 4 failures with 3 retries: %s", tk.State)
 	}
-	if _, _, err := preempt.ClaimTask(tk, "solo", now); !errors.Is(err, preempt.ErrNotClaimable) {
+	if _, _, err := preempt.ClaimTask(tk, task.Holder{WorkerID: "solo"}, now); !errors.Is(err, preempt.ErrNotClaimable) {
 		t.Errorf("claim of failed task: %v", err)
 	}
 }

@@ -68,10 +68,10 @@ func (t *Task) Recompute(now time.Time) {
 	}
 }
 
-// Entry returns the index of workerID's entry with attempt, or -1.
-func (t *Task) Entry(workerID string, attempt int) int {
+// Entry returns the index of h's entry (worker, instance and attempt), or -1.
+func (t *Task) Entry(h Holder) int {
 	return slices.IndexFunc(t.Workers, func(w Worker) bool {
-		return w.WorkerID == workerID && w.Attempt == attempt
+		return w.WorkerID == h.WorkerID && w.Attempt == h.Attempt && w.Instance == h.Instance
 	})
 }
 
@@ -80,9 +80,28 @@ func (t *Task) Allows(workerID string) bool {
 	return len(t.SpecificWorkerIDs) == 0 || slices.Contains(t.SpecificWorkerIDs, workerID)
 }
 
-// holding returns the index of workerID's RUNNING entry for attempt, or an
-// error wrapping ErrLeaseLost that says why it is gone.
-func (t *Task) holding(workerID string, attempt int) (int, error) {
+// Claim appends who as RUNNING under a fresh lease with the next attempt
+// number, records expired entries as failures, and returns the holder of
+// the new attempt. The caller has decided the claim (preempt.Decide) and
+// writes t with compare-and-set.
+func (t *Task) Claim(who Holder, now time.Time) Holder {
+	t.DropExpired(now)
+	t.Attempts++
+	t.Workers = append(t.Workers, Worker{
+		WorkerID:   who.WorkerID,
+		Instance:   who.Instance,
+		State:      WorkerRunning,
+		Attempt:    t.Attempts,
+		LeaseUntil: now.Add(time.Duration(t.WorkerTimeout)).UTC(),
+		StartedAt:  now.UTC(),
+	})
+	t.touch(now)
+	return Holder{TaskKey: t.Key, WorkerID: who.WorkerID, Attempt: t.Attempts, Instance: who.Instance}
+}
+
+// holding returns the index of h's RUNNING entry, or an error wrapping
+// ErrLeaseLost that says why it is gone.
+func (t *Task) holding(h Holder) (int, error) {
 	if t.Cancelled {
 		return -1, fmt.Errorf("task %s: %w", t.Key, ErrCancelled)
 	}
@@ -90,32 +109,32 @@ func (t *Task) holding(workerID string, attempt int) (int, error) {
 		// Enough workers succeeded (or too many failed): the rest stop.
 		return -1, fmt.Errorf("task %s is %s: %w", t.Key, t.State, ErrTaskDone)
 	}
-	i := t.Entry(workerID, attempt)
+	i := t.Entry(h)
 	if i < 0 || t.Workers[i].State != WorkerRunning {
-		return -1, fmt.Errorf("task %s attempt %d: %w", t.Key, attempt, ErrLeaseLost)
+		return -1, fmt.Errorf("task %s attempt %d: %w", t.Key, h.Attempt, ErrLeaseLost)
 	}
 	return i, nil
 }
 
 // live is holding for writes that need the lease still ahead of now (renew,
 // finish): an expired lease is lost even before a peer takes it.
-func (t *Task) live(workerID string, attempt int, now time.Time) (int, error) {
-	i, err := t.holding(workerID, attempt)
+func (t *Task) live(h Holder, now time.Time) (int, error) {
+	i, err := t.holding(h)
 	if err == nil && !t.Workers[i].Live(now) {
-		return -1, fmt.Errorf("task %s attempt %d: lease expired at %s: %w", t.Key, attempt, t.Workers[i].LeaseUntil.Format(time.RFC3339Nano), ErrLeaseLost)
+		return -1, fmt.Errorf("task %s attempt %d: lease expired at %s: %w", t.Key, h.Attempt, t.Workers[i].LeaseUntil.Format(time.RFC3339Nano), ErrLeaseLost)
 	}
 	return i, err
 }
 
-// Renew extends workerID's lease to now+WorkerTimeout. It fails with an
-// error wrapping ErrLeaseLost when the entry is gone, the task was
-// cancelled, or the worker is no longer among the pins (see Unpin).
-func (t *Task) Renew(workerID string, attempt int, now time.Time) error {
-	i, err := t.live(workerID, attempt, now)
+// Renew extends h's lease to now+WorkerTimeout. It fails with an error
+// wrapping ErrLeaseLost when the entry is gone, the task was cancelled, or
+// the worker is no longer among the pins (see Unpin).
+func (t *Task) Renew(h Holder, now time.Time) error {
+	i, err := t.live(h, now)
 	if err != nil {
 		return err
 	}
-	if !t.Allows(workerID) {
+	if !t.Allows(h.WorkerID) {
 		return fmt.Errorf("task %s: %w", t.Key, ErrUnpinned)
 	}
 	t.Workers[i].LeaseUntil = now.Add(time.Duration(t.WorkerTimeout)).UTC()
@@ -123,12 +142,12 @@ func (t *Task) Renew(workerID string, attempt int, now time.Time) error {
 	return nil
 }
 
-// Unpin removes workerID's RUNNING entry when the pins no longer allow it,
-// so a permitted worker may take over at once without waiting for the
-// lease to expire. It reports whether it changed t.
-func (t *Task) Unpin(workerID string, attempt int, now time.Time) bool {
-	i := t.Entry(workerID, attempt)
-	if t.Allows(workerID) || i < 0 || t.Workers[i].State != WorkerRunning {
+// Unpin removes h's RUNNING entry when the pins no longer allow its
+// worker, so a permitted worker may take over at once without waiting for
+// the lease to expire. It reports whether it changed t.
+func (t *Task) Unpin(h Holder, now time.Time) bool {
+	i := t.Entry(h)
+	if t.Allows(h.WorkerID) || i < 0 || t.Workers[i].State != WorkerRunning {
 		return false
 	}
 	t.Workers = slices.Delete(t.Workers, i, i+1)
@@ -136,31 +155,44 @@ func (t *Task) Unpin(workerID string, attempt int, now time.Time) bool {
 	return true
 }
 
-// Finish records workerID's outcome: success when errMsg is empty. It is
-// refused with ErrLeaseLost unless the worker is still RUNNING.
-func (t *Task) Finish(workerID string, attempt int, success bool, errMsg string, now time.Time) error {
-	i, err := t.live(workerID, attempt, now)
+// Succeed records h's attempt as successful. It is refused with
+// ErrLeaseLost unless h still holds a live lease.
+func (t *Task) Succeed(h Holder, now time.Time) error {
+	i, err := t.live(h, now)
 	if err != nil {
 		return err
 	}
-	w := &t.Workers[i]
-	w.EndedAt = now.UTC()
-	if success {
-		w.State = WorkerSuccess
-	} else {
-		w.State, w.Error = WorkerFail, errMsg
-	}
+	t.Workers[i].State, t.Workers[i].EndedAt = WorkerSuccess, now.UTC()
 	t.touch(now)
 	return nil
 }
 
-// Release removes workerID's RUNNING entry without counting a failure, so a
-// peer can claim at once (graceful shutdown).
-func (t *Task) Release(workerID string, attempt int, now time.Time) error {
-	i, err := t.holding(workerID, attempt)
+// Fail records h's attempt as failed with errMsg. When the task may still
+// run, its next claim waits until retryAt (retry backoff; zero: at once),
+// so every worker honours the delay. It is refused with ErrLeaseLost
+// unless h still holds a live lease.
+func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
+	i, err := t.live(h, now)
+	if err != nil {
+		return err
+	}
+	w := &t.Workers[i]
+	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), errMsg
+	t.touch(now)
+	if !t.State.Finished() && retryAt.After(t.RunAt) {
+		t.RunAt = retryAt.UTC()
+		t.touch(now)
+	}
+	return nil
+}
+
+// Release removes h's RUNNING entry without counting a failure, so a peer
+// can claim at once (graceful shutdown).
+func (t *Task) Release(h Holder, now time.Time) error {
+	i, err := t.holding(h)
 	if errors.Is(err, ErrTaskDone) {
 		// Other workers finished it: this one steps out as well.
-		if i = t.Entry(workerID, attempt); i >= 0 && t.Workers[i].State == WorkerRunning {
+		if i = t.Entry(h); i >= 0 && t.Workers[i].State == WorkerRunning {
 			err = nil
 		}
 	}
@@ -229,10 +261,10 @@ func (t *Task) touch(now time.Time) {
 	t.Recompute(now)
 }
 
-// Snooze gives workerID's attempt back without counting a failure and
-// delays the next claim until until.
-func (t *Task) Snooze(workerID string, attempt int, until, now time.Time) error {
-	if err := t.Release(workerID, attempt, now); err != nil {
+// Snooze gives h's attempt back without counting a failure and delays the
+// next claim until until.
+func (t *Task) Snooze(h Holder, until, now time.Time) error {
+	if err := t.Release(h, now); err != nil {
 		return err
 	}
 	if until.After(t.RunAt) {

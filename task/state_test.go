@@ -21,7 +21,7 @@ func TestRenew(t *testing.T) {
 	now := t0.Add(time.Second)
 	t.Run("extends lease in UTC", func(t *testing.T) {
 		tk := runningDoc(t, nil)
-		if err := tk.Renew("a", 1, now.In(time.FixedZone("x", 7200))); err != nil {
+		if err := tk.Renew(task.Holder{WorkerID: "a", Attempt: 1}, now.In(time.FixedZone("x", 7200))); err != nil {
 			t.Fatal(err)
 		}
 		w := tk.Workers[0]
@@ -36,10 +36,10 @@ func TestRenew(t *testing.T) {
 		tk := runningDoc(t, nil)
 		late := t0.Add(10 * time.Second)
 		before := tk.Clone()
-		if err := tk.Renew("a", 1, late); !errors.Is(err, task.ErrLeaseLost) {
+		if err := tk.Renew(task.Holder{WorkerID: "a", Attempt: 1}, late); !errors.Is(err, task.ErrLeaseLost) {
 			t.Fatalf("Renew after expiry: %v, want ErrLeaseLost", err)
 		}
-		if err := tk.Finish("a", 1, true, "", late); !errors.Is(err, task.ErrLeaseLost) {
+		if err := tk.Succeed(task.Holder{WorkerID: "a", Attempt: 1}, late); !errors.Is(err, task.ErrLeaseLost) {
 			t.Fatalf("Finish after expiry: %v, want ErrLeaseLost", err)
 		}
 		if !reflect.DeepEqual(tk, before) {
@@ -66,7 +66,7 @@ func TestRenew(t *testing.T) {
 				tt.setup(tk)
 			}
 			before := tk.Clone()
-			err := tk.Renew(tt.worker, tt.attempt, now)
+			err := tk.Renew(task.Holder{WorkerID: tt.worker, Attempt: tt.attempt}, now)
 			if !errors.Is(err, tt.want) || !errors.Is(err, task.ErrLeaseLost) {
 				t.Fatalf("Renew = %v, want %v (wrapping ErrLeaseLost)", err, tt.want)
 			}
@@ -82,7 +82,7 @@ func TestFinish(t *testing.T) {
 	now := t0.Add(time.Second)
 	t.Run("success", func(t *testing.T) {
 		tk := runningDoc(t, nil)
-		if err := tk.Finish("a", 1, true, "", now); err != nil {
+		if err := tk.Succeed(task.Holder{WorkerID: "a", Attempt: 1}, now); err != nil {
 			t.Fatal(err)
 		}
 		if w := tk.Workers[0]; w.State != task.WorkerSuccess || !w.EndedAt.Equal(now) || w.Error != "" {
@@ -94,7 +94,7 @@ func TestFinish(t *testing.T) {
 	})
 	t.Run("failure within retries", func(t *testing.T) {
 		tk := runningDoc(t, nil)
-		if err := tk.Finish("a", 1, false, "boom", now); err != nil {
+		if err := tk.Fail(task.Holder{WorkerID: "a", Attempt: 1}, "boom", time.Time{}, now); err != nil {
 			t.Fatal(err)
 		}
 		if w := tk.Workers[0]; w.State != task.WorkerFail || w.Error != "boom" {
@@ -106,7 +106,7 @@ func TestFinish(t *testing.T) {
 	})
 	t.Run("failure with no retries fails the task", func(t *testing.T) {
 		tk := runningDoc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries })
-		if err := tk.Finish("a", 1, false, "boom", now); err != nil {
+		if err := tk.Fail(task.Holder{WorkerID: "a", Attempt: 1}, "boom", time.Time{}, now); err != nil {
 			t.Fatal(err)
 		}
 		if tk.State != task.StateFailed {
@@ -115,10 +115,10 @@ func TestFinish(t *testing.T) {
 	})
 	t.Run("refused twice", func(t *testing.T) {
 		tk := runningDoc(t, nil)
-		if err := tk.Finish("a", 1, true, "", now); err != nil {
+		if err := tk.Succeed(task.Holder{WorkerID: "a", Attempt: 1}, now); err != nil {
 			t.Fatal(err)
 		}
-		if err := tk.Finish("a", 1, false, "late", now); !errors.Is(err, task.ErrLeaseLost) {
+		if err := tk.Fail(task.Holder{WorkerID: "a", Attempt: 1}, "late", time.Time{}, now); !errors.Is(err, task.ErrLeaseLost) {
 			t.Errorf("second Finish = %v, want ErrLeaseLost", err)
 		}
 		if tk.Workers[0].State != task.WorkerSuccess {
@@ -127,7 +127,7 @@ func TestFinish(t *testing.T) {
 	})
 	t.Run("refused for stale attempt", func(t *testing.T) {
 		tk := runningDoc(t, nil)
-		if err := tk.Finish("a", 7, true, "", now); !errors.Is(err, task.ErrLeaseLost) {
+		if err := tk.Succeed(task.Holder{WorkerID: "a", Attempt: 7}, now); !errors.Is(err, task.ErrLeaseLost) {
 			t.Errorf("Finish = %v, want ErrLeaseLost", err)
 		}
 	})
@@ -136,7 +136,7 @@ func TestFinish(t *testing.T) {
 		if err := tk.Cancel(now); err != nil {
 			t.Fatal(err)
 		}
-		if err := tk.Finish("a", 1, true, "", now); !errors.Is(err, task.ErrCancelled) {
+		if err := tk.Succeed(task.Holder{WorkerID: "a", Attempt: 1}, now); !errors.Is(err, task.ErrCancelled) {
 			t.Errorf("Finish = %v, want ErrCancelled", err)
 		}
 	})
@@ -147,7 +147,7 @@ func TestRelease(t *testing.T) {
 	now := t0.Add(time.Second)
 	tk := runningDoc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries })
 	tk.Attempts = 1
-	if err := tk.Release("a", 1, now); err != nil {
+	if err := tk.Release(task.Holder{WorkerID: "a", Attempt: 1}, now); err != nil {
 		t.Fatal(err)
 	}
 	if len(tk.Workers) != 0 || tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
@@ -156,7 +156,7 @@ func TestRelease(t *testing.T) {
 	if tk.Attempts != 1 {
 		t.Errorf("attempts = %d, want 1 (fencing token kept)", tk.Attempts)
 	}
-	if err := tk.Release("a", 1, now); !errors.Is(err, task.ErrLeaseLost) {
+	if err := tk.Release(task.Holder{WorkerID: "a", Attempt: 1}, now); !errors.Is(err, task.ErrLeaseLost) {
 		t.Errorf("second Release = %v, want ErrLeaseLost", err)
 	}
 }
@@ -236,7 +236,7 @@ func TestSnooze(t *testing.T) {
 	now := t0.Add(time.Second)
 	until := t0.Add(time.Minute)
 	tk := runningDoc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries })
-	if err := tk.Snooze("a", 1, until, now); err != nil {
+	if err := tk.Snooze(task.Holder{WorkerID: "a", Attempt: 1}, until, now); err != nil {
 		t.Fatal(err)
 	}
 	if len(tk.Workers) != 0 || tk.State != task.StatePending {
@@ -245,14 +245,14 @@ func TestSnooze(t *testing.T) {
 	if !tk.RunAt.Equal(until) || !tk.NextClaimAt.Equal(until) {
 		t.Errorf("run_at %s next %s, want %s", tk.RunAt, tk.NextClaimAt, until)
 	}
-	if err := tk.Snooze("a", 1, until, now); !errors.Is(err, task.ErrLeaseLost) {
+	if err := tk.Snooze(task.Holder{WorkerID: "a", Attempt: 1}, until, now); !errors.Is(err, task.ErrLeaseLost) {
 		t.Errorf("second Snooze = %v, want ErrLeaseLost", err)
 	}
 
 	// An earlier until does not pull run_at back.
 	tk = runningDoc(t, func(p *task.PublishParams) { p.RunAt = t0.Add(time.Hour) })
 	tk.Workers[0].LeaseUntil = t0.Add(2 * time.Hour)
-	if err := tk.Snooze("a", 1, t0.Add(time.Minute), now); err != nil {
+	if err := tk.Snooze(task.Holder{WorkerID: "a", Attempt: 1}, t0.Add(time.Minute), now); err != nil {
 		t.Fatal(err)
 	}
 	if !tk.RunAt.Equal(t0.Add(time.Hour)) {
@@ -264,26 +264,26 @@ func TestUnpin(t *testing.T) {
 	t.Parallel()
 	now := t0.Add(time.Second)
 	tk := runningDoc(t, func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"a", "b"} })
-	if tk.Unpin("a", 1, now) {
+	if tk.Unpin(task.Holder{WorkerID: "a", Attempt: 1}, now) {
 		t.Error("Unpin removed a worker still pinned")
 	}
 	tk.SpecificWorkerIDs = []string{"b"}
-	if tk.Unpin("a", 2, now) {
+	if tk.Unpin(task.Holder{WorkerID: "a", Attempt: 2}, now) {
 		t.Error("Unpin removed another attempt")
 	}
-	if !tk.Unpin("a", 1, now) {
+	if !tk.Unpin(task.Holder{WorkerID: "a", Attempt: 1}, now) {
 		t.Fatal("Unpin of an unpinned RUNNING worker did nothing")
 	}
 	if len(tk.Workers) != 0 || tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
 		t.Errorf("workers %v state %s next %s", tk.Workers, tk.State, tk.NextClaimAt)
 	}
-	if tk.Unpin("a", 1, now) {
+	if tk.Unpin(task.Holder{WorkerID: "a", Attempt: 1}, now) {
 		t.Error("second Unpin reported a change")
 	}
 	// A finished entry is history, not removed.
 	tk = doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 2, 2 }, ended("a", 1, task.WorkerSuccess))
 	tk.SpecificWorkerIDs = []string{"b"}
-	if tk.Unpin("a", 1, now) {
+	if tk.Unpin(task.Holder{WorkerID: "a", Attempt: 1}, now) {
 		t.Error("Unpin removed a finished entry")
 	}
 }
@@ -317,10 +317,10 @@ func TestDropExpired(t *testing.T) {
 func TestEntryAndAllows(t *testing.T) {
 	t.Parallel()
 	tk := doc(t, nil, ended("a", 1, task.WorkerFail), running("a", 2, t0.Add(time.Second)))
-	if i := tk.Entry("a", 2); i != 1 {
+	if i := tk.Entry(task.Holder{WorkerID: "a", Attempt: 2}); i != 1 {
 		t.Errorf("Entry(a,2) = %d", i)
 	}
-	if i := tk.Entry("a", 3); i != -1 {
+	if i := tk.Entry(task.Holder{WorkerID: "a", Attempt: 3}); i != -1 {
 		t.Errorf("Entry(a,3) = %d", i)
 	}
 	if !tk.Allows("anyone") {

@@ -58,6 +58,8 @@ type Store interface {
 	AcquireLocks(ctx context.Context, p LockParams) error
 	// ReleaseLocks frees the keys still held by p.Holder.
 	ReleaseLocks(ctx context.Context, p LockParams) error
+	// The worker registry: one record per live worker process.
+	Registry
 	// Now is the store's clock as best known here: leases are written and
 	// compared in it so that skewed hosts agree.
 	Now() time.Time

@@ -53,7 +53,11 @@ const (
 
 // Worker is one entry of a task's worker list.
 type Worker struct {
-	WorkerID string      `json:"worker_id"`
+	WorkerID string `json:"worker_id"`
+	// Instance is the claiming process's instance id (see WorkerInfo), so
+	// that two processes under one worker id never renew or finish each
+	// other's attempts.
+	Instance string      `json:"instance,omitempty"`
 	State    WorkerState `json:"state"`
 	// Attempt is the fencing token: it grows with every claim of the task.
 	Attempt    int       `json:"attempt"`
@@ -61,6 +65,11 @@ type Worker struct {
 	StartedAt  time.Time `json:"started_at"`
 	EndedAt    time.Time `json:"ended_at,omitzero"`
 	Error      string    `json:"error,omitempty"`
+}
+
+// Holder is the holder identity of w's attempt of the task with key.
+func (w Worker) Holder(key string) Holder {
+	return Holder{TaskKey: key, WorkerID: w.WorkerID, Attempt: w.Attempt, Instance: w.Instance}
 }
 
 // Live reports whether w is RUNNING with a lease still ahead of now.

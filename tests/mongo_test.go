@@ -207,7 +207,9 @@ func TestMongoChaos(t *testing.T) {
 	// attempt's start minus the kill.
 	var takeovers []time.Duration
 	for a, k := range killedAt {
-		if i := docs[a.key].Entry(a.worker, a.attempt); i < 0 || docs[a.key].Workers[i].State != task.WorkerExpired {
+		// Attempt numbers are unique within a task; the process's instance
+		// id is not in the exec program's log.
+		if i := slices.IndexFunc(docs[a.key].Workers, func(w task.Worker) bool { return w.WorkerID == a.worker && w.Attempt == a.attempt }); i < 0 || docs[a.key].Workers[i].State != task.WorkerExpired {
 			continue // other workers finished the task: nothing to take over
 		}
 		var next time.Time
@@ -396,7 +398,7 @@ func TestMongoClockSkew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimed, _, err := preempt.ClaimTask(doc, "ghost", storeA.Now())
+	claimed, _, err := preempt.ClaimTask(doc, task.Holder{WorkerID: "ghost"}, storeA.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +496,7 @@ func TestMongoClockSkew(t *testing.T) {
 			ss[0].at.Format(time.StampMicro), ghostUntil.Local().Format(time.StampMicro), late)
 	}
 	j := ss[0].job // stored times have millisecond precision
-	if i := j.Task.Entry("B", j.Attempt); i < 0 || j.Task.Workers[i].StartedAt.Before(ghostUntil.Truncate(time.Millisecond)) {
+	if i := j.Task.Entry(j.Holder()); i < 0 || j.Task.Workers[i].StartedAt.Before(ghostUntil.Truncate(time.Millisecond)) {
 		t.Errorf("B's claim of the ghost's task is stamped before the ghost's lease ended (%s): %s", ghostUntil.Local().Format(time.StampMicro), fmtWorkers(j.Task))
 	}
 	eventually(t, 10*time.Second, "the ghost's task to succeed", func() bool {

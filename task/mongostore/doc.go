@@ -43,6 +43,7 @@ type taskDoc struct {
 
 type workerDoc struct {
 	WorkerID   string    `bson:"worker_id"`
+	Instance   string    `bson:"instance,omitempty"`
 	State      string    `bson:"state"`
 	Attempt    int64     `bson:"attempt"`
 	LeaseUntil time.Time `bson:"lease_until"`
@@ -100,6 +101,7 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 	for i, w := range t.Workers {
 		d.Workers[i] = workerDoc{
 			WorkerID:   w.WorkerID,
+			Instance:   w.Instance,
 			State:      string(w.State),
 			Attempt:    int64(w.Attempt),
 			LeaseUntil: w.LeaseUntil.UTC(),
@@ -159,6 +161,7 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 	for i, w := range d.Workers {
 		t.Workers[i] = task.Worker{
 			WorkerID:   w.WorkerID,
+			Instance:   w.Instance,
 			State:      task.WorkerState(w.State),
 			Attempt:    int(w.Attempt),
 			LeaseUntil: utc(w.LeaseUntil),

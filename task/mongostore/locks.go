@@ -21,15 +21,16 @@ type lockDoc struct {
 	TaskKey  string    `bson:"task_key"`
 	WorkerID string    `bson:"worker_id"`
 	Attempt  int64     `bson:"attempt"`
+	Instance string    `bson:"instance"`
 	Until    time.Time `bson:"until"`
 }
 
 func (d lockDoc) holder() task.Holder {
-	return task.Holder{TaskKey: d.TaskKey, WorkerID: d.WorkerID, Attempt: int(d.Attempt)}
+	return task.Holder{TaskKey: d.TaskKey, WorkerID: d.WorkerID, Attempt: int(d.Attempt), Instance: d.Instance}
 }
 
 func holderFilter(h task.Holder) bson.D {
-	return bson.D{{Key: "task_key", Value: h.TaskKey}, {Key: "worker_id", Value: h.WorkerID}, {Key: "attempt", Value: int64(h.Attempt)}}
+	return bson.D{{Key: "task_key", Value: h.TaskKey}, {Key: "worker_id", Value: h.WorkerID}, {Key: "attempt", Value: int64(h.Attempt)}, {Key: "instance", Value: h.Instance}}
 }
 
 // sortedKeys returns keys sorted and without duplicates, so that callers
@@ -80,6 +81,7 @@ func (s *Store) acquire(ctx context.Context, key string, p task.LockParams) (ren
 		{Key: "task_key", Value: p.Holder.TaskKey},
 		{Key: "worker_id", Value: p.Holder.WorkerID},
 		{Key: "attempt", Value: int64(p.Holder.Attempt)},
+		{Key: "instance", Value: p.Holder.Instance},
 		{Key: "until", Value: p.Until.UTC()},
 	}}}
 	opts := options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before)

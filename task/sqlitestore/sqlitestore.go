@@ -38,7 +38,7 @@ var (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 2
+const schemaVersion = 3
 
 // Config tunes a Store. The zero value (or nil) takes every default.
 type Config struct {
@@ -261,9 +261,22 @@ CREATE TABLE IF NOT EXISTS locks (
 	task_key TEXT NOT NULL,
 	worker_id TEXT NOT NULL,
 	attempt INTEGER NOT NULL,
-	until INTEGER NOT NULL
+	until INTEGER NOT NULL,
+	instance TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS workers (
+	id TEXT PRIMARY KEY,
+	instance TEXT NOT NULL,
+	until INTEGER NOT NULL,
+	info TEXT NOT NULL
 );
 `
+
+// upgrades[v] takes a store of schema version v to v+1.
+var upgrades = map[int]string{
+	2: `ALTER TABLE locks ADD COLUMN instance TEXT NOT NULL DEFAULT '';
+CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL, until INTEGER NOT NULL, info TEXT NOT NULL);`,
+}
 
 // migrate creates the schema in one transaction if it is missing.
 func (s *Store) migrate(ctx context.Context) error {
@@ -289,8 +302,15 @@ func (s *Store) migrate(ctx context.Context) error {
 	if v == schemaVersion {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, schema); err != nil {
-		return err
+	if v == 0 {
+		if _, err := tx.ExecContext(ctx, schema); err != nil {
+			return err
+		}
+	}
+	for ; v > 0 && v < schemaVersion; v++ {
+		if _, err := tx.ExecContext(ctx, upgrades[v]); err != nil {
+			return fmt.Errorf("upgrade schema from version %d: %w", v, err)
+		}
 	}
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion)); err != nil {
 		return err
@@ -311,11 +331,11 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.existsW, `SELECT 1 FROM tasks WHERE key = ?`},
 		{&s.insChange, `INSERT INTO changes (key) VALUES (?) RETURNING seq`},
 		{&s.pruneChanges, `DELETE FROM changes WHERE seq <= ?`},
-		{&s.selLock, `SELECT task_key, worker_id, attempt, until FROM locks WHERE key = ?`},
-		{&s.upsertLock, `INSERT INTO locks (key, task_key, worker_id, attempt, until) VALUES (?, ?, ?, ?, ?)
+		{&s.selLock, `SELECT task_key, worker_id, attempt, instance, until FROM locks WHERE key = ?`},
+		{&s.upsertLock, `INSERT INTO locks (key, task_key, worker_id, attempt, instance, until) VALUES (?, ?, ?, ?, ?, ?)
 			ON CONFLICT (key) DO UPDATE SET task_key = excluded.task_key, worker_id = excluded.worker_id,
-			attempt = excluded.attempt, until = excluded.until`},
-		{&s.delLock, `DELETE FROM locks WHERE key = ? AND task_key = ? AND worker_id = ? AND attempt = ?`},
+			attempt = excluded.attempt, instance = excluded.instance, until = excluded.until`},
+		{&s.delLock, `DELETE FROM locks WHERE key = ? AND task_key = ? AND worker_id = ? AND attempt = ? AND instance = ?`},
 	}
 	for _, p := range w {
 		st, err := s.wdb.PrepareContext(ctx, p.q)
@@ -859,7 +879,7 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 		for _, k := range p.Keys {
 			var h task.Holder
 			var u int64
-			err := sel.QueryRowContext(ctx, k).Scan(&h.TaskKey, &h.WorkerID, &h.Attempt, &u)
+			err := sel.QueryRowContext(ctx, k).Scan(&h.TaskKey, &h.WorkerID, &h.Attempt, &h.Instance, &u)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
 			case err != nil:
@@ -867,7 +887,7 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 			case h != p.Holder && u > now:
 				return 0, &task.LockedError{Key: k, Holder: h, Until: time.Unix(0, u).UTC()}
 			}
-			if _, err := up.ExecContext(ctx, k, p.Holder.TaskKey, p.Holder.WorkerID, p.Holder.Attempt, until); err != nil {
+			if _, err := up.ExecContext(ctx, k, p.Holder.TaskKey, p.Holder.WorkerID, p.Holder.Attempt, p.Holder.Instance, until); err != nil {
 				return 0, mapErr(err)
 			}
 		}
@@ -887,7 +907,7 @@ func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
 	err := s.writeAtomic(ctx, func(tx *sql.Tx) (int64, error) {
 		del := tx.StmtContext(ctx, s.delLock)
 		for _, k := range p.Keys {
-			if _, err := del.ExecContext(ctx, k, p.Holder.TaskKey, p.Holder.WorkerID, p.Holder.Attempt); err != nil {
+			if _, err := del.ExecContext(ctx, k, p.Holder.TaskKey, p.Holder.WorkerID, p.Holder.Attempt, p.Holder.Instance); err != nil {
 				return 0, mapErr(err)
 			}
 		}

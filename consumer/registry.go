@@ -1,0 +1,104 @@
+package consumer
+
+// The worker's record in the store's registry: registered by Start (which
+// fails while another live process holds the worker id), renewed every
+// HeartbeatInterval with the running count, deleted by Stop.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// newInstance returns a random process instance id.
+func newInstance() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Instance is this worker process's random instance id; its claims and
+// locks carry it (task.Holder.Instance).
+func (c *Consumer) Instance() string { return c.self.Instance }
+
+func (c *Consumer) info() task.WorkerInfo {
+	now := c.store.Now()
+	c.mu.Lock()
+	running := len(c.running)
+	c.mu.Unlock()
+	host, _ := os.Hostname()
+	return task.WorkerInfo{
+		ID: c.cfg.WorkerID, Instance: c.self.Instance, Host: host, PID: os.Getpid(),
+		StartedAt: c.startedAt, Kinds: c.cfg.Kinds, Concurrency: c.cfg.Concurrency, Running: running,
+		Heartbeat: now.UTC(), Until: now.Add(c.cfg.HeartbeatTimeout).UTC(),
+	}
+}
+
+// register takes the worker id in the registry. A record held by a
+// process of this host that no longer exists (a crash, then a restart
+// under the same id) is taken over at once instead of waiting for it to
+// lapse.
+func (c *Consumer) register(ctx context.Context) error {
+	c.startedAt = c.store.Now().UTC()
+	p := task.RegisterParams{Worker: c.info(), Now: c.store.Now()}
+	err := c.store.RegisterWorker(ctx, p)
+	var taken *task.WorkerIDTakenError
+	if errors.As(err, &taken) && deadHere(taken.Holder) {
+		c.logger.Info("worker id was held by a process of this host that is gone; taking it over",
+			slog.Int("pid", taken.Holder.PID), slog.String("instance", taken.Holder.Instance))
+		p.Replace = taken.Holder.Instance
+		err = c.store.RegisterWorker(ctx, p)
+	}
+	return err
+}
+
+// deadHere reports whether w was registered by a process of this host
+// that no longer exists.
+func deadHere(w task.WorkerInfo) bool {
+	host, _ := os.Hostname()
+	if w.Host != host || w.PID <= 0 || w.PID == os.Getpid() {
+		return false
+	}
+	return errors.Is(syscall.Kill(w.PID, 0), syscall.ESRCH)
+}
+
+// heartbeat renews the registration until ctx is done.
+func (c *Consumer) heartbeat(ctx context.Context) {
+	t := time.NewTicker(c.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatTimeout)
+		err := c.store.RegisterWorker(rctx, task.RegisterParams{Worker: c.info(), Now: c.store.Now()})
+		cancel()
+		switch {
+		case err == nil, ctx.Err() != nil:
+		case errors.Is(err, task.ErrWorkerIDTaken):
+			// This process was frozen past its registration and another
+			// took the id. Its leases carry its own instance, so neither
+			// can renew or finish the other's attempts.
+			c.logger.Error("worker id taken by another process while this one was unresponsive", slog.Any("err", err))
+		default:
+			c.logger.Warn("worker heartbeat", slog.Any("err", err))
+		}
+	}
+}
+
+func (c *Consumer) unregister() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.store.UnregisterWorker(ctx, c.cfg.WorkerID, c.self.Instance); err != nil {
+		c.logger.Warn("unregister worker; the record lapses on its own", slog.Any("err", err))
+	}
+}
