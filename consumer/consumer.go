@@ -39,6 +39,9 @@ type Consumer struct {
 	self      task.Holder // worker id and instance, as claims carry them
 	startedAt time.Time
 
+	regMu      sync.Mutex
+	registered bool
+
 	startOnce, stopOnce sync.Once
 	stopSchedule        context.CancelFunc
 	scheduleDone        chan struct{}
@@ -117,7 +120,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	var err error
 	c.startOnce.Do(func() {
 		started = true
-		if err = c.register(ctx); err != nil {
+		if err = c.Register(ctx); err != nil {
 			return
 		}
 		c.handlerCtx, c.cancelHandlers = context.WithCancelCause(ctx)
@@ -153,6 +156,12 @@ func (c *Consumer) Start(ctx context.Context) error {
 // exited; calling it again is harmless.
 func (c *Consumer) Stop(ctx context.Context) error {
 	if c.stopSchedule == nil {
+		c.regMu.Lock()
+		registered := c.registered
+		c.regMu.Unlock()
+		if registered { // Register without Start
+			c.stopOnce.Do(c.unregister)
+		}
 		return nil
 	}
 	c.stopOnce.Do(func() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -816,5 +817,72 @@ func TestLockKeysNeverOverlap(t *testing.T) {
 		if intervals[i].start.Before(intervals[i-1].end) {
 			t.Errorf("run %d started before run %d ended", i, i-1)
 		}
+	}
+}
+
+// TestDuplicateWorkerIDRefused: a second consumer under a live worker id
+// does not start; it names the holder. Once the first stops, the id is free.
+func TestDuplicateWorkerIDRefused(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	first := e.worker("dup", func(context.Context, *consumer.Job) error { return nil })
+	second, err := consumer.New(consumer.Config{Store: e.open(), Handler: consumer.NewMux(), WorkerID: "dup", Logger: e.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = second.Start(context.Background())
+	var taken *task.WorkerIDTakenError
+	if !errors.As(err, &taken) || taken.Holder.Instance != first.Instance() || taken.Holder.PID != os.Getpid() {
+		t.Fatalf("second Start under a live id: %v; want a *task.WorkerIDTakenError naming the first (instance %s)", err, first.Instance())
+	}
+	ws, err := e.store.Workers(context.Background())
+	if err != nil || len(ws) != 1 || ws[0].Instance != first.Instance() || !ws[0].Live(e.store.Now()) {
+		t.Fatalf("registry = %+v, %v; want the first worker, live", ws, err)
+	}
+	stop(t, first)
+	if ws, _ := e.store.Workers(context.Background()); len(ws) != 0 {
+		t.Fatalf("registry after Stop = %+v; want empty", ws)
+	}
+	third := e.worker("dup", func(context.Context, *consumer.Job) error { return nil })
+	if third.Instance() == first.Instance() {
+		t.Fatal("two consumers got one instance id")
+	}
+}
+
+// TestFailedTaskBacksOff: a failed attempt is retried after the retry
+// policy's delay, by any worker, not at once.
+func TestFailedTaskBacksOff(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const delay = 300 * time.Millisecond
+	starts := make(chan time.Time, 4)
+	e.worker("A", func(ctx context.Context, job *consumer.Job) error {
+		send(starts, time.Now())
+		return errors.New("boom")
+	}, func(c *consumer.Config) { c.RetryPolicy = func(int, error) time.Duration { return delay } })
+	e.publish("flaky")
+	first := recv(t, starts, "first attempt")
+	second := recv(t, starts, "second attempt")
+	if gap := second.Sub(first); gap < delay {
+		t.Fatalf("second attempt %s after the first, want at least the backoff %s", gap, delay)
+	}
+	doc := e.get("flaky")
+	if len(doc.Workers) < 1 || doc.Workers[0].State != task.WorkerFail {
+		t.Fatalf("workers %+v", doc.Workers)
+	}
+}
+
+func TestExponentialBackoff(t *testing.T) {
+	t.Parallel()
+	p := consumer.ExponentialBackoff(time.Second, 5*time.Minute)
+	for failures, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 10: 5 * time.Minute, 30: 5 * time.Minute} {
+		for range 20 {
+			if d := p(failures, nil); d < want*3/4 || d > want*5/4 {
+				t.Fatalf("failures %d: delay %s, want %s ±25%%", failures, d, want)
+			}
+		}
+	}
+	if d := consumer.ExponentialBackoff(0, time.Minute)(3, nil); d != 0 {
+		t.Fatalf("zero first delay: %s, want 0", d)
 	}
 }

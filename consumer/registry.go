@@ -41,11 +41,19 @@ func (c *Consumer) info() task.WorkerInfo {
 	}
 }
 
-// register takes the worker id in the registry. A record held by a
-// process of this host that no longer exists (a crash, then a restart
-// under the same id) is taken over at once instead of waiting for it to
-// lapse.
-func (c *Consumer) register(ctx context.Context) error {
+// Register takes the worker id in the store's registry, failing with an
+// error wrapping task.ErrWorkerIDTaken while another live process holds
+// it. Start registers when Register was not called; call it first to claim
+// the id before wiring anything else that uses it (an MQTT client id). A
+// record held by a process of this host that no longer exists (a crash,
+// then a restart under the same id) is taken over at once instead of
+// waiting for it to lapse.
+func (c *Consumer) Register(ctx context.Context) error {
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
+	if c.registered {
+		return nil
+	}
 	c.startedAt = c.store.Now().UTC()
 	p := task.RegisterParams{Worker: c.info(), Now: c.store.Now()}
 	err := c.store.RegisterWorker(ctx, p)
@@ -56,6 +64,7 @@ func (c *Consumer) register(ctx context.Context) error {
 		p.Replace = taken.Holder.Instance
 		err = c.store.RegisterWorker(ctx, p)
 	}
+	c.registered = err == nil
 	return err
 }
 

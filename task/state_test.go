@@ -412,3 +412,58 @@ func TestTaskJSONFieldNames(t *testing.T) {
 		t.Errorf("round trip differs:\n%s\n%s", b, b2)
 	}
 }
+
+// TestInstanceFencing: a second process under the same worker id (another
+// instance) can neither renew, finish nor release the first one's attempt.
+func TestInstanceFencing(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Second)
+	tk := doc(t, nil)
+	mine := tk.Claim(task.Holder{WorkerID: "dup", Instance: "i1"}, now)
+	if mine.Instance != "i1" || mine.Attempt != 1 || tk.Workers[0].Instance != "i1" {
+		t.Fatalf("claim holder %+v entry %+v", mine, tk.Workers[0])
+	}
+	other := mine
+	other.Instance = "i2"
+	for name, write := range map[string]func(*task.Task) error{
+		"renew":   func(x *task.Task) error { return x.Renew(other, now) },
+		"succeed": func(x *task.Task) error { return x.Succeed(other, now) },
+		"fail":    func(x *task.Task) error { return x.Fail(other, "boom", time.Time{}, now) },
+		"release": func(x *task.Task) error { return x.Release(other, now) },
+	} {
+		x := tk.Clone()
+		if err := write(x); !errors.Is(err, task.ErrLeaseLost) {
+			t.Errorf("%s by another instance: %v, want ErrLeaseLost", name, err)
+		}
+		if !reflect.DeepEqual(x.Workers, tk.Workers) {
+			t.Errorf("%s by another instance changed the entry: %+v", name, x.Workers)
+		}
+	}
+	if err := tk.Renew(mine, now); err != nil {
+		t.Fatalf("the holder renews: %v", err)
+	}
+}
+
+// TestFailRetryAt: a failed attempt's retry waits until retryAt; the last
+// failure of a task leaves run_at alone.
+func TestFailRetryAt(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Second)
+	tk := doc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = 1 })
+	h := tk.Claim(task.Holder{WorkerID: "w"}, now)
+	retryAt := now.Add(30 * time.Second)
+	if err := tk.Fail(h, "boom", retryAt, now); err != nil {
+		t.Fatal(err)
+	}
+	if tk.State != task.StatePending || !tk.RunAt.Equal(retryAt) || !tk.NextClaimAt.Equal(retryAt) {
+		t.Fatalf("after a failure: state %s run_at %s next_claim_at %s, want pending and %s", tk.State, tk.RunAt, tk.NextClaimAt, retryAt)
+	}
+	later := retryAt.Add(time.Second)
+	h = tk.Claim(task.Holder{WorkerID: "w"}, later)
+	if err := tk.Fail(h, "boom", later.Add(time.Hour), later); err != nil {
+		t.Fatal(err)
+	}
+	if tk.State != task.StateFailed || !tk.RunAt.Equal(retryAt) {
+		t.Fatalf("after the last failure: state %s run_at %s, want failed and run_at unchanged", tk.State, tk.RunAt)
+	}
+}

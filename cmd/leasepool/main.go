@@ -73,7 +73,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			return nil
 		},
 		Commands: []*cli.Command{
-			publishCommand(), workerCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
+			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
 			demoCommand(), benchCommand(),
 			deviceCommand(), devicesCommand(func(c *cli.Context) (task.Store, error) { return openStore(c, true) }),
 		},

@@ -34,6 +34,8 @@ func workerCommand() *cli.Command {
 			&cli.StringFlag{Name: "mqtt-cert", Usage: "client certificate (PEM)"},
 			&cli.StringFlag{Name: "mqtt-key", Usage: "client key (PEM)"},
 			&cli.StringFlag{Name: "prefix", Value: mqttdev.DefaultPrefix, Usage: "first MQTT topic level"},
+			&cli.DurationFlag{Name: "backoff", Value: time.Second,
+				Usage: "delay before a failed task is tried again, doubling with each failure up to 5m (jittered ±25%); 0 retries at once"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: 10 * time.Second,
 				Usage: "on SIGINT/SIGTERM, how long running handlers may finish before they are cancelled and their leases released"},
 		},
@@ -43,6 +45,9 @@ func workerCommand() *cli.Command {
 			}
 			if _, err := positiveDuration(c, "shutdown-timeout"); err != nil {
 				return err
+			}
+			if c.Duration("backoff") < 0 {
+				return fmt.Errorf("--backoff: must not be negative, got %s", c.Duration("backoff"))
 			}
 			known := append(slices.Clone(builtin.Kinds), mqttdev.Kind)
 			kinds := splitList(c.String("kinds"))
@@ -69,9 +74,16 @@ func workerCommand() *cli.Command {
 			w, err := consumer.New(consumer.Config{
 				Store: s, Handler: mux, WorkerID: c.String("id"), Kinds: kinds,
 				Concurrency: c.Int("concurrency"), ShutdownTimeout: c.Duration("shutdown-timeout"),
+				RetryPolicy: consumer.ExponentialBackoff(c.Duration("backoff"), 5*time.Minute),
 				Logger: slog.Default(),
 			})
 			if err != nil {
+				return err
+			}
+			// The worker id first: a second process under a live id must
+			// stop before it touches anything named after it (its MQTT
+			// client id would take over the live worker's session).
+			if err := w.Register(c.Context); err != nil {
 				return err
 			}
 			// Shutdown order: the consumer stops first (its handlers may be
