@@ -15,85 +15,83 @@ import (
 
 // attempt claims e's task and, when that succeeds, runs it to the end. It
 // returns what the scheduler should do with the task if it was not claimed.
+// Each try decides the claim once on the document it writes, takes the
+// task's lock keys for the new attempt, and writes the claim with
+// compare-and-set; a lost race re-reads and tries again.
 func (c *Consumer) attempt(ctx context.Context, e preempt.Entry) attemptResult {
 	res := attemptResult{key: e.Key}
-	doc := e.Task
-	for range 5 {
-		if doc == nil {
-			var err error
-			if doc, err = c.store.Get(ctx, e.Key); err != nil {
-				if !errors.Is(err, task.ErrNotFound) && ctx.Err() == nil {
-					c.logger.Warn("read task", slog.String("task", e.Key), slog.Any("err", err))
-					res.retry = retryEntry(e, nil, c.store.Now().Add(time.Second))
-				}
-				return res
-			}
+	var (
+		holder task.Holder
+		reaped bool
+		held   *task.LockParams // the locks the latest try took
+	)
+	freeHeld := func() {
+		if held != nil {
+			c.releaseLocks(*held)
+			held = nil
 		}
-		now := c.store.Now()
-		d := preempt.Decide(doc, c.cfg.WorkerID, now)
-		switch d.Verdict {
-		case preempt.Never:
-			return res
-		case preempt.Later:
-			res.retry = retryEntry(e, doc, d.At)
-			return res
-		case preempt.Reap:
-			reaped := preempt.ReapTask(doc, now)
-			err := c.store.Update(ctx, reaped)
-			if err == nil {
-				c.logger.Warn("task failed: workers expired and retries are exhausted", slog.String("task", doc.Key))
-				return res
-			}
-			if !errors.Is(err, task.ErrConflict) {
-				res.retry = retryEntry(e, nil, now.Add(time.Second))
-				return res
-			}
-			doc = nil
-			continue
-		}
-		next, holder, err := preempt.ClaimTask(doc, c.self, now)
-		if err != nil {
-			return res
-		}
-		locks := task.LockParams{Keys: next.LockKeys, Holder: holder, Now: now, Until: next.Workers[len(next.Workers)-1].LeaseUntil}
-		if len(locks.Keys) > 0 {
-			var locked *task.LockedError
-			err := c.store.AcquireLocks(ctx, locks)
-			if errors.As(err, &locked) {
-				res.retry = retryEntry(e, doc, locked.Until)
-				res.lockKeys = next.LockKeys
-				return res
-			}
-			if err != nil {
-				c.logger.Warn("acquire locks", slog.String("task", doc.Key), slog.Any("err", err))
-				res.retry = retryEntry(e, nil, now.Add(time.Second))
-				return res
-			}
-		}
-		// A claim that lands after its own lease would have ended is no
-		// claim: bound the write by the lease.
-		wctx, cancel := context.WithTimeout(ctx, time.Duration(next.WorkerTimeout))
-		err = c.store.Update(wctx, next)
-		cancel()
-		if err == nil {
-			c.run(next, holder)
-			return res
-		}
-		if len(locks.Keys) > 0 {
-			c.releaseLocks(locks)
-		}
-		if !errors.Is(err, task.ErrConflict) {
-			if ctx.Err() == nil {
-				c.logger.Warn("claim", slog.String("task", doc.Key), slog.Any("err", err))
-				res.retry = retryEntry(e, nil, now.Add(time.Second))
-			}
-			return res
-		}
-		doc = nil // lost the race: re-read and decide again
 	}
-	res.retry = retryEntry(e, nil, c.store.Now().Add(100*time.Millisecond))
+	claim := func(t *task.Task) error {
+		freeHeld()
+		reaped = false
+		now := c.store.Now()
+		d := preempt.Decide(t, c.cfg.WorkerID, now)
+		switch d.Verdict {
+		case preempt.Reap:
+			t.Reap(now)
+			reaped = true
+			return nil
+		case preempt.Claim:
+		default:
+			return &notNow{d}
+		}
+		holder = t.Claim(c.self, now)
+		if len(t.LockKeys) > 0 {
+			p := task.LockParams{Keys: t.LockKeys, Holder: holder, Now: now, Until: t.Workers[len(t.Workers)-1].LeaseUntil}
+			if err := c.store.AcquireLocks(ctx, p); err != nil {
+				return err
+			}
+			held = &p
+		}
+		return nil
+	}
+	// A claim that lands after its own lease would have ended is no claim:
+	// bound the tries by a lease (run checks what is left of it).
+	timeout := task.DefaultWorkerTimeout
+	if e.Task != nil {
+		timeout = time.Duration(e.Task.WorkerTimeout)
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	doc, err := task.ModifyFrom(wctx, c.store, e.Key, e.Task, claim)
+	cancel()
+	var wait *notNow
+	var locked *task.LockedError
+	switch {
+	case err == nil && reaped:
+		c.logger.Warn("task failed: workers expired and retries are exhausted", slog.String("task", e.Key))
+	case err == nil:
+		c.run(doc, holder)
+	case errors.As(err, &wait):
+		if wait.Verdict == preempt.Later {
+			res.retry = retryEntry(e, doc, wait.At)
+		}
+	case errors.As(err, &locked):
+		res.retry = retryEntry(e, doc, locked.Until)
+		res.lockKeys = doc.LockKeys
+	case errors.Is(err, task.ErrNotFound), ctx.Err() != nil:
+		freeHeld()
+	default:
+		freeHeld()
+		c.logger.Warn("claim", slog.String("task", e.Key), slog.Any("err", err))
+		res.retry = retryEntry(e, nil, c.store.Now().Add(time.Second))
+	}
 	return res
 }
+
+// notNow is a claim's decision not to claim now (Never or Later).
+type notNow struct{ preempt.Decision }
+
+func (n *notNow) Error() string { return fmt.Sprintf("not claimable: %s", n.Reason) }
 
 func retryEntry(e preempt.Entry, doc *task.Task, at time.Time) *preempt.Entry {
 	e.Task, e.At = doc, at

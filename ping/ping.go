@@ -46,35 +46,17 @@ func (l *Lease) Doc() *task.Task {
 func (l *Lease) Holder() task.Holder { return l.holder }
 
 // Write applies fn to the latest document and writes it with
-// compare-and-set, trying the cached document first (no read) and
-// re-reading on conflict.
+// compare-and-set (task.ModifyFrom: the cached document first, re-read on
+// conflict).
 func (l *Lease) Write(ctx context.Context, fn func(t *task.Task) error) error {
-	cur := l.Doc()
-	for {
-		next := cur.Clone()
-		if err := fn(next); err != nil {
-			l.set(next)
-			return err
-		}
-		err := l.store.Update(ctx, next)
-		if err == nil {
-			l.set(next)
-			return nil
-		}
-		if errors.Is(err, task.ErrNotFound) {
-			return fmt.Errorf("task %s deleted: %w", l.holder.TaskKey, task.ErrLeaseLost)
-		}
-		if !errors.Is(err, task.ErrConflict) {
-			return err
-		}
-		if cur, err = l.store.Get(ctx, l.holder.TaskKey); err != nil {
-			if errors.Is(err, task.ErrNotFound) {
-				return fmt.Errorf("task %s deleted: %w", l.holder.TaskKey, task.ErrLeaseLost)
-			}
-			return err
-		}
-		l.set(cur)
+	doc, err := task.ModifyFrom(ctx, l.store, l.holder.TaskKey, l.Doc(), fn)
+	if doc != nil {
+		l.set(doc)
 	}
+	if errors.Is(err, task.ErrNotFound) {
+		return fmt.Errorf("task %s deleted: %w", l.holder.TaskKey, task.ErrLeaseLost)
+	}
+	return err
 }
 
 func (l *Lease) set(t *task.Task) {

@@ -1,6 +1,7 @@
 // Package preempt is the pure claim logic: may worker W claim task T now,
-// and if not, when to look again; the claim mutation itself; and the bounded
-// heap of claim times the consumer schedules from. It does no I/O.
+// and if not, when to look again; and the bounded heap of claim times the
+// consumer schedules from. It does no I/O; the mutations themselves are
+// task.Task's methods.
 package preempt
 
 import (
@@ -99,12 +100,4 @@ func ClaimTask(t *task.Task, who task.Holder, now time.Time) (*task.Task, task.H
 	}
 	next := t.Clone()
 	return next, next.Claim(who, now), nil
-}
-
-// ReapTask returns a copy of t with its expired workers recorded as
-// failures, which for a Reap decision leaves it failed.
-func ReapTask(t *task.Task, now time.Time) *task.Task {
-	next := t.Clone()
-	next.DropExpired(now)
-	return next
 }

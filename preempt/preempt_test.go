@@ -200,12 +200,13 @@ func TestReapTask(t *testing.T) {
 	if d := preempt.Decide(tk, "w", t0); d.Verdict != preempt.Reap {
 		t.Fatalf("Decide = %s", d.Verdict)
 	}
-	got := preempt.ReapTask(tk, t0)
+	got := tk.Clone()
+	got.Reap(t0)
 	if got.State != task.StateFailed || got.Workers[0].State != task.WorkerExpired {
 		t.Errorf("reaped: state %s worker %s", got.State, got.Workers[0].State)
 	}
 	if tk.Workers[0].State != task.WorkerRunning {
-		t.Error("ReapTask changed its input")
+		t.Error("Reap on a clone changed the original")
 	}
 	if d := preempt.Decide(got, "w", t0); d.Verdict != preempt.Never {
 		t.Errorf("after reap: %s", d.Verdict)

@@ -46,7 +46,7 @@ func FuzzTaskJSON(f *testing.F) {
 		c := t2.Clone()
 		c.Recompute(t0)
 		c.CountWorkers(t0)
-		c.DropExpired(t0)
+		c.Reap(t0)
 	})
 }
 

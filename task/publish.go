@@ -34,41 +34,41 @@ func Publish(ctx context.Context, s Store, p PublishParams) (*Task, PublishResul
 	if !p.Rerun {
 		return stored, Existing, nil
 	}
-	for {
-		if !stored.State.Finished() {
-			return stored, Existing, nil
-		}
-		next := stored.Clone()
-		if err := next.Reset(s.Now()); err != nil {
-			return nil, "", err
-		}
-		err := s.Update(ctx, next)
-		if err == nil {
-			return next, Rerun, nil
-		}
-		if !errors.Is(err, ErrConflict) {
-			return nil, "", fmt.Errorf("publish %s: rerun: %w", p.Key, err)
-		}
-		if stored, err = s.Get(ctx, p.Key); err != nil {
-			return nil, "", fmt.Errorf("publish %s: %w", p.Key, err)
-		}
+	next, err := ModifyFrom(ctx, s, p.Key, stored, func(t *Task) error { return t.Reset(s.Now()) })
+	switch {
+	case errors.Is(err, ErrNotFinished):
+		return next, Existing, nil // running: never reset
+	case err != nil:
+		return nil, "", fmt.Errorf("publish %s: rerun: %w", p.Key, err)
 	}
+	return next, Rerun, nil
 }
 
-// Modify applies fn to the current document of key and writes it with
-// compare-and-set, re-reading and re-applying on conflict. An error from fn
-// stops it and is returned as is.
+// Modify applies fn to the stored document of key and writes it with
+// compare-and-set; see ModifyFrom.
 func Modify(ctx context.Context, s Store, key string, fn func(t *Task) error) (*Task, error) {
+	return ModifyFrom(ctx, s, key, nil, fn)
+}
+
+// ModifyFrom is the one compare-and-set loop every write to a task goes
+// through. It applies fn to a copy of cur (the document of key read or
+// written earlier, so a current cache costs no read; nil reads it) and
+// writes it; on a version conflict it re-reads the task and applies fn
+// again. It returns the document written, or, when fn fails, fn's error as
+// is with the document fn was given.
+func ModifyFrom(ctx context.Context, s Store, key string, cur *Task, fn func(t *Task) error) (*Task, error) {
 	for {
-		cur, err := s.Get(ctx, key)
-		if err != nil {
-			return nil, err
+		if cur == nil {
+			var err error
+			if cur, err = s.Get(ctx, key); err != nil {
+				return nil, err
+			}
 		}
 		next := cur.Clone()
 		if err := fn(next); err != nil {
 			return cur, err
 		}
-		err = s.Update(ctx, next)
+		err := s.Update(ctx, next)
 		if err == nil {
 			return next, nil
 		}
@@ -78,6 +78,7 @@ func Modify(ctx context.Context, s Store, key string, fn func(t *Task) error) (*
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		cur = nil
 	}
 }
 

@@ -85,7 +85,7 @@ func (t *Task) Allows(workerID string) bool {
 // the new attempt. The caller has decided the claim (preempt.Decide) and
 // writes t with compare-and-set.
 func (t *Task) Claim(who Holder, now time.Time) Holder {
-	t.DropExpired(now)
+	t.Reap(now)
 	t.Attempts++
 	t.Workers = append(t.Workers, Worker{
 		WorkerID:   who.WorkerID,
@@ -238,9 +238,10 @@ func (t *Task) Reset(now time.Time) error {
 	return nil
 }
 
-// DropExpired records expired RUNNING entries as EXPIRED failures.
-// It reports how many it recorded.
-func (t *Task) DropExpired(now time.Time) int {
+// Reap records expired RUNNING entries as EXPIRED failures (a claim does
+// it first; a worker that finds expired workers exhausting the retries
+// writes it alone, failing the task). It reports how many it recorded.
+func (t *Task) Reap(now time.Time) int {
 	n := 0
 	for i := range t.Workers {
 		if w := &t.Workers[i]; w.Expired(now) {

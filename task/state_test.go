@@ -288,13 +288,13 @@ func TestUnpin(t *testing.T) {
 	}
 }
 
-func TestDropExpired(t *testing.T) {
+func TestReap(t *testing.T) {
 	t.Parallel()
 	now := t0.Add(3 * time.Second)
 	tk := doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.MaxUnexpectedRetries = 3, 1 },
 		running("a", 1, t0.Add(time.Second)), running("b", 2, now), running("c", 3, now.Add(time.Nanosecond)))
-	if n := tk.DropExpired(now); n != 2 {
-		t.Fatalf("DropExpired = %d, want 2", n)
+	if n := tk.Reap(now); n != 2 {
+		t.Fatalf("Reap = %d, want 2", n)
 	}
 	for i, want := range []task.WorkerState{task.WorkerExpired, task.WorkerExpired, task.WorkerRunning} {
 		w := tk.Workers[i]
@@ -309,8 +309,8 @@ func TestDropExpired(t *testing.T) {
 		t.Errorf("state %s, want failed (2 expired > 1 retry)", tk.State)
 	}
 	v := tk.UpdatedAt
-	if n := tk.DropExpired(now); n != 0 || !tk.UpdatedAt.Equal(v) {
-		t.Errorf("second DropExpired = %d", n)
+	if n := tk.Reap(now); n != 0 || !tk.UpdatedAt.Equal(v) {
+		t.Errorf("second Reap = %d", n)
 	}
 }
 
