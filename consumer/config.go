@@ -58,10 +58,6 @@ type Config struct {
 	HeartbeatTimeout time.Duration
 	// Logger receives the worker's logs. Default slog.Default().
 	Logger *slog.Logger
-	// OnStart and OnFinish, when set, are called around every handler run
-	// (for progress displays and tests); they must not block.
-	OnStart  func(job *Job)
-	OnFinish func(job *Job, err error)
 }
 
 func (c *Config) validate() error {

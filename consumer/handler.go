@@ -50,24 +50,74 @@ type HandlerFunc func(ctx context.Context, job *Job) error
 
 func (f HandlerFunc) Handle(ctx context.Context, job *Job) error { return f(ctx, job) }
 
-// Middleware wraps a handler.
+// Middleware wraps a handler: metrics, tracing, logging, hooks around
+// every run. It sees the handler's error, before the outcome is written.
 type Middleware func(Handler) Handler
 
-// Mux routes jobs to handlers by task kind.
+// Mux routes jobs to handlers by task kind, through its middleware.
 type Mux struct {
-	mu       sync.RWMutex
-	handlers map[string]Handler
+	mu         sync.RWMutex
+	handlers   map[string]Handler // as registered
+	wrapped    map[string]Handler // with the middleware applied
+	middleware []Middleware
+	notFound   Handler
 }
 
-// NewMux returns an empty Mux.
-func NewMux() *Mux { return &Mux{handlers: map[string]Handler{}} }
+// NewMux returns an empty Mux. Jobs of a kind with no handler fail with
+// ErrUnknownKind unless NotFound sets another handler.
+func NewMux() *Mux {
+	m := &Mux{handlers: map[string]Handler{}, wrapped: map[string]Handler{}}
+	m.notFound = HandlerFunc(func(_ context.Context, job *Job) error {
+		return fmt.Errorf("kind %q: %w", job.Task.Kind, ErrUnknownKind)
+	})
+	return m
+}
 
-// Register registers h for kind, replacing any earlier one.
-func (m *Mux) Register(kind string, h Handler) { m.mu.Lock(); m.handlers[kind] = h; m.mu.Unlock() }
+// Register registers h for kind. It panics when kind is empty, h is nil,
+// or kind already has a handler, as http.ServeMux does: these are
+// programming errors found at startup.
+func (m *Mux) Register(kind string, h Handler) {
+	if kind == "" || h == nil {
+		panic("consumer: Register needs a kind and a handler")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, dup := m.handlers[kind]; dup {
+		panic(fmt.Sprintf("consumer: kind %q registered twice", kind))
+	}
+	m.handlers[kind] = h
+	m.wrapped[kind] = m.wrap(h)
+}
 
 // RegisterFunc registers f for kind.
 func (m *Mux) RegisterFunc(kind string, f func(context.Context, *Job) error) {
 	m.Register(kind, HandlerFunc(f))
+}
+
+// Use appends middleware; the first added is the outermost. It applies to
+// handlers registered before and after.
+func (m *Mux) Use(mw ...Middleware) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.middleware = append(m.middleware, mw...)
+	for k, h := range m.handlers {
+		m.wrapped[k] = m.wrap(h)
+	}
+}
+
+// NotFound sets the handler for jobs of kinds with no handler (it runs
+// through the middleware too).
+func (m *Mux) NotFound(h Handler) {
+	m.mu.Lock()
+	m.notFound = h
+	m.mu.Unlock()
+}
+
+func (m *Mux) wrap(h Handler) Handler {
+	for i := len(m.middleware) - 1; i >= 0; i-- {
+		h = m.middleware[i](h)
+	}
+	return h
 }
 
 // Kinds lists the registered kinds.
@@ -84,11 +134,11 @@ func (m *Mux) Kinds() []string {
 // Handle runs the handler registered for the job's kind.
 func (m *Mux) Handle(ctx context.Context, job *Job) error {
 	m.mu.RLock()
-	h, ok := m.handlers[job.Task.Kind]
-	m.mu.RUnlock()
+	h, ok := m.wrapped[job.Task.Kind]
 	if !ok {
-		return fmt.Errorf("kind %q: %w", job.Task.Kind, ErrUnknownKind)
+		h = m.wrap(m.notFound)
 	}
+	m.mu.RUnlock()
 	return h.Handle(ctx, job)
 }
 

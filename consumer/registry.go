@@ -30,9 +30,7 @@ func (c *Consumer) Instance() string { return c.self.Instance }
 
 func (c *Consumer) info() task.WorkerInfo {
 	now := c.store.Now()
-	c.mu.Lock()
-	running := len(c.running)
-	c.mu.Unlock()
+	running := c.running.len()
 	host, _ := os.Hostname()
 	return task.WorkerInfo{
 		ID: c.cfg.WorkerID, Instance: c.self.Instance, Host: host, PID: os.Getpid(),

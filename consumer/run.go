@@ -117,9 +117,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	hctx, cancel := context.WithCancelCause(c.handlerCtx)
 	defer cancel(nil)
 	me := &run{lease: lease, version: doc.Version, cancel: cancel}
-	c.mu.Lock()
-	c.running[doc.Key] = me
-	c.mu.Unlock()
+	c.running.set(doc.Key, me)
 
 	pingCtx, stopPing := context.WithCancel(context.Background())
 	pingDone := make(chan struct{})
@@ -131,18 +129,11 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
-	if c.cfg.OnStart != nil {
-		c.cfg.OnStart(job)
-	}
 	err := c.invoke(hctx, job)
 	ended := c.store.Now() // the work ended here, before its locks are freed
 	stopPing()
 	<-pingDone
-	c.mu.Lock()
-	if c.running[doc.Key] == me { // a later attempt here may have replaced it
-		delete(c.running, doc.Key)
-	}
-	c.mu.Unlock()
+	c.running.remove(doc.Key, me)
 
 	// The handler is done with its resources: free them before the outcome
 	// write, whose change event is what wakes the workers waiting for them.
@@ -152,13 +143,10 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	if keys := lease.Doc().LockKeys; len(keys) > 0 && !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 	}
-	err = c.settle(hctx, lease, err, ended, log)
-	if c.cfg.OnFinish != nil {
-		c.cfg.OnFinish(job, err)
-	}
+	c.settle(hctx, lease, err, ended, log)
 }
 
-// settle writes the attempt's outcome and returns what OnFinish reports.
+// settle writes the attempt's outcome and returns the outcome recorded.
 // ended is when the handler returned: an outcome is judged against the
 // lease as it stood then, and a peer's claim since makes the write fail.
 func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) error {

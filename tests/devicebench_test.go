@@ -95,12 +95,16 @@ func BenchmarkDeviceCommands(b *testing.B) {
 	finished := make(chan struct{})
 	mux := consumer.NewMux()
 	mux.Register(mqttdev.Kind, h)
-	w, err := consumer.New(consumer.Config{Store: store, Handler: mux, Concurrency: 2 * devices, Logger: slog.New(slog.DiscardHandler),
-		OnFinish: func(_ *consumer.Job, err error) {
+	mux.Use(func(next consumer.Handler) consumer.Handler {
+		return consumer.HandlerFunc(func(ctx context.Context, job *consumer.Job) error {
+			err := next.Handle(ctx, job)
 			if err == nil && done.Add(1) == int64(b.N) {
 				close(finished)
 			}
-		}})
+			return err
+		})
+	})
+	w, err := consumer.New(consumer.Config{Store: store, Handler: mux, Concurrency: 2 * devices, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

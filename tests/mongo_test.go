@@ -445,7 +445,13 @@ func TestMongoClockSkew(t *testing.T) {
 				return context.Cause(ctx)
 			}
 		})
-		c, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: id, Concurrency: 4, OnStart: onStart})
+		mux.Use(func(next consumer.Handler) consumer.Handler {
+			return consumer.HandlerFunc(func(ctx context.Context, job *consumer.Job) error {
+				onStart(job)
+				return next.Handle(ctx, job)
+			})
+		})
+		c, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: id, Concurrency: 4})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -363,8 +363,9 @@ func (b *bench) pendingMemory() error {
 // worker starts an in-process consumer running noop tasks.
 func (b *bench) worker(concurrency int, onStart func(*consumer.Job), onFinish func(*consumer.Job, error)) (*consumer.Consumer, error) {
 	mux := consumer.NewMux()
+	mux.Use(hooks(onStart, onFinish))
 	mux.RegisterFunc("noop", func(context.Context, *consumer.Job) error { return nil })
-	w, err := consumer.New(consumer.Config{Store: b.store, Handler: mux, Concurrency: concurrency, OnStart: onStart, OnFinish: onFinish,
+	w, err := consumer.New(consumer.Config{Store: b.store, Handler: mux, Concurrency: concurrency,
 		Logger:   slog.New(minLevel{slog.Default().Handler(), slog.LevelWarn}),
 		WorkerID: fmt.Sprintf("bench-inproc-%d", b.round)})
 	if err != nil {
@@ -497,3 +498,20 @@ func (b *bench) print(w io.Writer) error {
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+// hooks is middleware calling onStart and onFinish (each may be nil)
+// around every handler run.
+func hooks(onStart func(*consumer.Job), onFinish func(*consumer.Job, error)) consumer.Middleware {
+	return func(next consumer.Handler) consumer.Handler {
+		return consumer.HandlerFunc(func(ctx context.Context, job *consumer.Job) error {
+			if onStart != nil {
+				onStart(job)
+			}
+			err := next.Handle(ctx, job)
+			if onFinish != nil {
+				onFinish(job, err)
+			}
+			return err
+		})
+	}
+}

@@ -1,0 +1,138 @@
+package consumer
+
+// The lock-waiting queue: tasks that wait for a lock key, so that the
+// holder's release wakes the best waiter (priority, then publish order) at
+// once instead of every waiter polling the store.
+
+import (
+	"github.com/leasepool/leasepool/preempt"
+)
+
+type lockQueue struct {
+	// waiting maps a lock key held by another process to the tasks here
+	// waiting for it (still in the heap, due when that lease ends), so
+	// that the holder's finish event wakes the best of them at once.
+	waiting map[string]map[string]bool
+	// busy counts this worker's attempts holding (or claiming) a lock key;
+	// parked holds the tasks that wait for a busy key here, out of the
+	// heap, so that a device's queue costs no store round trips.
+	busy     map[string]int
+	parked   map[string]map[string]preempt.Entry
+	parkedBy map[string]string // task key → the lock key it is parked on
+}
+
+func newLockQueue() *lockQueue {
+	return &lockQueue{
+		waiting:  map[string]map[string]bool{},
+		busy:     map[string]int{},
+		parked:   map[string]map[string]preempt.Entry{},
+		parkedBy: map[string]string{},
+	}
+}
+
+// Parked is how many tasks are parked here.
+func (q *lockQueue) Parked() int { return len(q.parkedBy) }
+
+// busyKey returns the first of keys that an attempt here holds.
+func (q *lockQueue) busyKey(keys []string) (string, bool) {
+	for _, k := range keys {
+		if q.busy[k] > 0 {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// hold marks keys busy for an attempt starting here.
+func (q *lockQueue) hold(keys []string) {
+	for _, k := range keys {
+		q.busy[k]++
+	}
+}
+
+// unhold ends an attempt's hold on keys and returns those now free here.
+func (q *lockQueue) unhold(keys []string) []string {
+	var free []string
+	for _, k := range keys {
+		if q.busy[k]--; q.busy[k] <= 0 {
+			delete(q.busy, k)
+			free = append(free, k)
+		}
+	}
+	return free
+}
+
+// wait notes that taskKey waits for keys held by another process.
+func (q *lockQueue) wait(taskKey string, keys []string) {
+	for _, k := range keys {
+		if q.waiting[k] == nil {
+			q.waiting[k] = map[string]bool{}
+		}
+		q.waiting[k][taskKey] = true
+	}
+}
+
+// park moves e out of the heap until its busy lock key is free here.
+func (q *lockQueue) park(e preempt.Entry, key string) {
+	if q.parked[key] == nil {
+		q.parked[key] = map[string]preempt.Entry{}
+	}
+	q.parked[key][e.Key] = e
+	q.parkedBy[e.Key] = key
+}
+
+// update keeps the newer document of a parked task; it reports whether
+// the task is parked.
+func (q *lockQueue) update(e preempt.Entry) bool {
+	k, ok := q.parkedBy[e.Key]
+	if !ok {
+		return false
+	}
+	if cur := q.parked[k][e.Key]; cur.Task == nil || e.Task.Version > cur.Task.Version {
+		cur.Task = e.Task
+		q.parked[k][e.Key] = cur
+	}
+	return true
+}
+
+// unpark removes a parked task and returns its entry.
+func (q *lockQueue) unpark(taskKey string) (preempt.Entry, bool) {
+	k, ok := q.parkedBy[taskKey]
+	if !ok {
+		return preempt.Entry{}, false
+	}
+	e := q.parked[k][taskKey]
+	delete(q.parked[k], taskKey)
+	delete(q.parkedBy, taskKey)
+	return e, true
+}
+
+// next picks the best task waiting for lock key k: one parked here
+// (unparked), else one in heap waiting on another process's lease (no
+// longer noted as waiting). Waking one, not all, spares the store a herd
+// of failing claims.
+func (q *lockQueue) next(k string, heap *preempt.Heap) (preempt.Entry, bool) {
+	var best *preempt.Entry
+	better := func(e preempt.Entry) bool {
+		return best == nil || e.Priority > best.Priority || (e.Priority == best.Priority && e.Seq < best.Seq)
+	}
+	for _, e := range q.parked[k] {
+		if better(e) {
+			best = &e
+		}
+	}
+	if best != nil {
+		q.unpark(best.Key)
+		return *best, true
+	}
+	for key := range q.waiting[k] {
+		if e, ok := heap.Entry(key); ok && better(e) {
+			best = &e
+		}
+	}
+	if best != nil {
+		delete(q.waiting[k], best.Key)
+		return *best, true
+	}
+	return preempt.Entry{}, false
+}

@@ -1,0 +1,327 @@
+package consumer
+
+// The scheduler owns the claim heap: it turns change events, query pages
+// and attempt results into claim times, and starts claim attempts while
+// slots are free. It runs in one goroutine; only the run table is shared.
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/task"
+)
+
+type scheduler struct {
+	cfg     Config
+	store   task.Store
+	logger  *slog.Logger
+	running *runTable
+	// attempt claims an entry's task and runs it; it is started in its own
+	// goroutine, counted by inflight, and reports to results.
+	attempt  func(context.Context, preempt.Entry) attemptResult
+	inflight *sync.WaitGroup
+	results  chan attemptResult
+	done     <-chan struct{} // closed once the scheduler returned
+	queued   *atomic.Int64
+
+	heap      *preempt.Heap
+	locks     *lockQueue
+	free      int
+	overflow  bool
+	resume    *task.Task // where the next overflow query continues
+	lastQuery time.Time
+}
+
+// scheduleInputs are what wakes the scheduler.
+type scheduleInputs struct {
+	events  <-chan task.Event
+	requery <-chan struct{} // the change stream opened: query everything
+	pollNow <-chan struct{} // the store cannot push: poll
+}
+
+func (c *Consumer) newScheduler() *scheduler {
+	return &scheduler{
+		cfg: c.cfg, store: c.store, logger: c.logger, running: c.running,
+		attempt: c.attempt, inflight: &c.runs, results: c.results, done: c.scheduleDone, queued: &c.queued,
+		heap: preempt.NewHeap(c.cfg.HeapSize), locks: newLockQueue(), free: c.cfg.Concurrency,
+	}
+}
+
+// run is the scheduler's loop, until ctx is done.
+func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
+	safety := time.NewTicker(s.cfg.SafetyNetInterval)
+	defer safety.Stop()
+	var poll <-chan time.Time
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	ready := false // a first query has run (after the stream opened)
+	for {
+		if ready {
+			s.dispatch(ctx)
+			// Refill before the heap runs dry when the store holds more
+			// (overflow), so the slots never wait on a query; an empty heap
+			// also queries now and then.
+			low := s.heap.Len() == 0 || (s.overflow && s.heap.Len() < s.cfg.HeapSize/4)
+			if low && s.free > 0 && !s.full() && s.queryDue() {
+				s.queryFrom(ctx, s.resume)
+				s.dispatch(ctx)
+			}
+		}
+		s.queued.Store(int64(s.heap.Len()))
+		timer.Reset(s.wait())
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-in.events:
+			s.onEvent(ev)
+			for drained := false; !drained; {
+				select {
+				case ev := <-in.events:
+					s.onEvent(ev)
+				default:
+					drained = true
+				}
+			}
+		case <-in.requery:
+			ready = true
+			s.query(ctx)
+		case <-in.pollNow:
+			ready = true
+			t := time.NewTicker(s.cfg.PollInterval)
+			defer t.Stop()
+			poll = t.C
+			s.query(ctx)
+		case <-poll:
+			s.query(ctx)
+		case r := <-s.results:
+			s.onResult(r)
+		case <-timer.C:
+		case <-safety.C:
+			s.query(ctx)
+		}
+	}
+}
+
+// queryDue rate-limits the empty-heap query: soon after an overflow (more
+// tasks wait in the store), else once a second.
+func (s *scheduler) queryDue() bool {
+	since := time.Since(s.lastQuery)
+	return since > time.Second || (s.overflow && since > 20*time.Millisecond)
+}
+
+func (s *scheduler) wait() time.Duration {
+	if s.free == 0 {
+		return time.Hour // a result will wake us
+	}
+	at, ok := s.heap.Next()
+	if !ok {
+		return time.Second // the empty-heap query
+	}
+	return max(time.Until(at)+time.Millisecond, 0)
+}
+
+func (s *scheduler) wants(t *task.Task) bool {
+	return len(s.cfg.Kinds) == 0 || slices.Contains(s.cfg.Kinds, t.Kind)
+}
+
+// offer puts t in the heap at the time this worker may claim it, or drops it.
+func (s *scheduler) offer(t *task.Task, now time.Time) {
+	if !s.wants(t) {
+		return
+	}
+	runningHere := s.running.get(t.Key) != nil
+	d := preempt.Decide(t, s.cfg.WorkerID, now)
+	at := now
+	switch {
+	case d.Verdict == preempt.Never, runningHere && d.Verdict == preempt.Later:
+		s.heap.Remove(t.Key)
+		s.locks.unpark(t.Key)
+		return
+	case d.Verdict == preempt.Later:
+		at = d.At
+	}
+	e := preempt.Entry{Key: t.Key, At: at, Priority: t.Priority, Seq: t.Seq, Task: t}
+	if s.locks.update(e) {
+		return // still waiting for its lock here
+	}
+	if !s.heap.Put(e) {
+		s.dropped()
+	}
+}
+
+func (s *scheduler) onEvent(ev task.Event) {
+	t := ev.Task
+	if r := s.running.get(t.Key); r != nil && t.Version >= r.version {
+		if err := r.lease.Observe(t); err != nil {
+			r.cancel(err)
+		}
+	}
+	now := s.store.Now()
+	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
+		for _, k := range t.LockKeys {
+			s.wakeOne(k, now)
+		}
+	}
+	if _, parked := s.locks.parkedBy[t.Key]; !parked && !s.heap.Has(t.Key) && s.full() {
+		s.dropped()
+		return
+	}
+	s.offer(t, now)
+}
+
+func (s *scheduler) onResult(r attemptResult) {
+	s.free++
+	if r.retry != nil && !s.heap.Put(*r.retry) {
+		s.dropped()
+	}
+	s.locks.wait(r.key, r.lockKeys)
+	now := s.store.Now()
+	for _, k := range s.locks.unhold(r.busy) {
+		s.wakeOne(k, now)
+	}
+}
+
+// wakeOne makes the best task waiting for lock key k due now.
+func (s *scheduler) wakeOne(k string, now time.Time) {
+	e, ok := s.locks.next(k, s.heap)
+	if !ok {
+		return
+	}
+	e.At = now
+	if !s.heap.Put(e) {
+		s.dropped()
+	}
+}
+
+// dropped notes that a task was left out for lack of room: query again
+// from the top once there is room, since it may sort before the resume
+// point.
+func (s *scheduler) dropped() {
+	s.overflow = true
+	s.resume = nil
+}
+
+// full reports whether the bound on tasks held here (in the heap or
+// parked) is reached.
+func (s *scheduler) full() bool {
+	return s.heap.Len()+s.locks.Parked() >= s.cfg.HeapSize
+}
+
+// query loads candidates page by page: ready tasks in priority order, then
+// upcoming ones by claim time, until the heap is full.
+func (s *scheduler) query(ctx context.Context) { s.queryFrom(ctx, nil) }
+
+// queryFrom is query continuing the ready tasks after resume (when the last
+// query filled the heap there), so that a worker draining a long queue does
+// not re-read what it already holds.
+func (s *scheduler) queryFrom(ctx context.Context, resume *task.Task) {
+	s.lastQuery = time.Now()
+	s.overflow = false
+	s.resume = nil
+	now := s.store.Now()
+	for _, ready := range []bool{true, false} {
+		after := resume
+		resume = nil
+		for {
+			if s.full() {
+				s.overflow = true
+				if ready {
+					s.resume = after
+				}
+				return
+			}
+			page, err := s.store.Candidates(ctx, task.CandidateQuery{
+				Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: ready, After: after, Limit: s.cfg.PageSize,
+			})
+			if err != nil {
+				if ctx.Err() == nil {
+					s.logger.Warn("candidate query", slog.Any("err", err))
+					s.overflow = true // try again when the heap drains
+				}
+				return
+			}
+			for i, t := range page {
+				s.offer(t, now)
+				if s.full() && i < len(page)-1 {
+					page = page[:i+1] // resume after the last one kept
+					break
+				}
+			}
+			if len(page) > 0 {
+				after = page[len(page)-1]
+			}
+			if len(page) < s.cfg.PageSize && !s.full() {
+				break
+			}
+		}
+	}
+}
+
+// dispatch starts a claim attempt for each due entry while slots are free.
+func (s *scheduler) dispatch(ctx context.Context) {
+	for s.free > 0 {
+		e, ok := s.heap.Pop(s.store.Now())
+		if !ok {
+			return
+		}
+		var keys []string
+		if e.Task != nil {
+			keys = e.Task.LockKeys
+		}
+		if k, busy := s.locks.busyKey(keys); busy {
+			s.locks.park(e, k)
+			continue
+		}
+		s.locks.hold(keys)
+		s.free--
+		s.inflight.Add(1)
+		go func() {
+			defer s.inflight.Done()
+			r := s.attempt(ctx, e)
+			r.busy = keys
+			select {
+			case s.results <- r:
+			case <-s.done:
+			}
+		}()
+	}
+}
+
+// runTable is the attempts running here, by task key.
+type runTable struct {
+	mu sync.Mutex
+	m  map[string]*run
+}
+
+func (t *runTable) get(key string) *run {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[key]
+}
+
+func (t *runTable) set(key string, r *run) {
+	t.mu.Lock()
+	t.m[key] = r
+	t.mu.Unlock()
+}
+
+// remove deletes key's run if it is still r (a later attempt here may
+// have replaced it).
+func (t *runTable) remove(key string, r *run) {
+	t.mu.Lock()
+	if t.m[key] == r {
+		delete(t.m, key)
+	}
+	t.mu.Unlock()
+}
+
+func (t *runTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
