@@ -231,7 +231,6 @@ func NewSimulator(cfg SimConfig) (*Simulator, error) {
 			willTopic:    topics.Device(id, TopicStatus),
 			willPayload:  func() []byte { b, _ := Encode(Status{Online: false, At: time.Now().UTC()}); return b },
 			dial:         d.dial,
-			maxReconnect: time.Second,
 			logger:       d.logger,
 		})
 		if err != nil {
