@@ -105,6 +105,44 @@
 //   - When the lease is lost the handler's context is cancelled and Handle
 //     returns at once with its cause.
 //
+// # Embedded broker and its takeover
+//
+// StartBroker runs an embedded broker (mochi-mqtt, loopback only, sessions
+// and retained messages in memory). For a group of worker processes on one
+// host sharing a store, BrokerHost keeps one running on a fixed address
+// even when the process running it dies: hosting is a lease in the store's
+// lock table (key BrokerLockKey(addr), e.g. "mqtt-broker:127.0.0.1:1883";
+// holder task key "embedded-broker@<instance>", worker id the worker's),
+// renewed every third of the lease (default DefaultBrokerLease, 3s). Every
+// process runs a BrokerHost (Start, Stop); the holder hosts; the others
+// take the lease once it runs out (they sleep until the holder's lease
+// ends) and start the broker on the same address, retrying the bind every
+// 100ms while the old socket is released. A holder that cannot renew before
+// its lease, less a tenth, runs out, or finds the lease taken, closes its
+// broker; a new holder is granted the lease only after the old lease ended,
+// so two brokers never serve at once (a host frozen past its lease still
+// holds the port: the new holder's binds fail until the old one wakes,
+// sees the lost lease and closes). Stop closes the broker and releases the
+// lease, so the next host starts within a third of a lease.
+//
+// A takeover loses the broker's sessions, retained statuses and queued
+// messages; clients of this package find the new broker within 500ms
+// (their reconnect interval), subscribe again on every connection, devices
+// publish their status again, and replies a client queued while
+// disconnected are sent once it is back. The handler treats its own lost
+// connection like a device outage, without spending publishes or retries:
+//
+//   - a copy whose ack wait saw the handler's connection drop spends no
+//     publish; while the connection is down the attempt is held (the device
+//     lock kept) until it is back, then the command is published again; only
+//     a connection down for max(result_timeout, 10s) snoozes the attempt;
+//   - after a reconnect while waiting for the result, the command is
+//     published again every ack_timeout until the result comes (the device
+//     may reconnect after the handler and miss the first copy; it answers
+//     duplicates from its cache), and result_timeout starts again;
+//   - a result timeout that fires while disconnected waits once more, up to
+//     max(result_timeout, 10s), for the connection.
+//
 // Wiring a worker:
 //
 //	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{

@@ -26,6 +26,11 @@ var (
 	ErrNotStarted = errors.New("mqttdev handler not started")
 )
 
+// minLinkWait is the least time an attempt holds its device while the
+// handler's own MQTT connection is down (a broker moving to another host
+// takes about one broker lease).
+const minLinkWait = 10 * time.Second
+
 // DefaultOfflineRetry is HandlerConfig.OfflineRetry's default.
 const DefaultOfflineRetry = 2 * time.Second
 
@@ -88,6 +93,8 @@ type Handler struct {
 	waiters   map[string]*waiter // by correlation id
 	reconnect chan struct{}      // closed and replaced at every reconnect
 	connects  int
+	losses    int  // connections lost so far
+	down      bool // the connection is lost and not back yet
 	started   bool
 	stopped   bool
 }
@@ -145,6 +152,7 @@ func (h *Handler) Start(ctx context.Context) error {
 		role:      "worker",
 		onMessage: h.onMessage,
 		onConnect: h.onConnect,
+		onLost:    h.onLost,
 		logger:    h.logger,
 	})
 	if err != nil {
@@ -190,11 +198,27 @@ func (h *Handler) Stop(ctx context.Context) error {
 func (h *Handler) onConnect() {
 	h.mu.Lock()
 	h.connects++
+	h.down = false
 	if h.connects > 1 {
 		close(h.reconnect)
 		h.reconnect = make(chan struct{})
 	}
 	h.mu.Unlock()
+}
+
+func (h *Handler) onLost(error) {
+	h.mu.Lock()
+	h.losses++
+	h.down = true
+	h.mu.Unlock()
+}
+
+// link reports how many connections were lost so far, whether the
+// connection is down now, and a channel closed at the next reconnect.
+func (h *Handler) link() (losses int, down bool, reconnected <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.losses, h.down, h.reconnect
 }
 
 // onMessage runs on paho's goroutine: decode, route, never block.
@@ -275,7 +299,13 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 	}()
 	topic := h.topics.Device(c.Device, TopicCmd)
 	ackTimeout, resultTimeout := time.Duration(c.AckTimeout), time.Duration(c.ResultTimeout)
+	// pubLosses and pubDown describe the link when the last copy went out:
+	// a copy that our own connection loss kept from the device spends no
+	// publish.
+	var pubLosses int
+	var pubDown bool
 	publish := func(deadline time.Duration) error {
+		pubLosses, pubDown, _ = h.link()
 		msg.SentAt = time.Now().UTC()
 		msg.ExpiresAt = msg.SentAt.Add(ackTimeout)
 		b, err := Encode(msg)
@@ -355,6 +385,34 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 			}
 		}
 	}
+	// awaitLink runs when our own connection dropped while a copy waited
+	// for its ack (the broker died or moved: its wills were never sent, so
+	// the device may look online): hold the attempt until we are
+	// connected again, then publish again. Only a link down for
+	// linkWait gives the attempt back.
+	linkWait := max(resultTimeout, minLinkWait)
+	awaitLink := func() (bool, error) {
+		timer := time.NewTimer(linkWait)
+		defer timer.Stop()
+		for {
+			_, down, reconnected := h.link()
+			if !down {
+				return false, nil
+			}
+			select {
+			case <-ctx.Done():
+				return true, fmt.Errorf("task %s attempt %d: %w", msg.TaskKey, msg.Attempt, context.Cause(ctx))
+			case <-reconnected:
+			case rp := <-w.replies:
+				if end, err := onReply(rp); end {
+					return true, err
+				}
+			case <-timer.C:
+				log.Info("own MQTT connection down since a command went out: snooze", slog.Duration("waited", linkWait))
+				return true, consumer.Snooze(h.cfg.OfflineRetry)
+			}
+		}
+	}
 	for n := 1; !acked; n++ {
 		offline := h.tracker.Changed(c.Device)
 		if h.tracker.Offline(c.Device) {
@@ -396,6 +454,23 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 				}
 				break wait
 			case <-timer.C:
+				if losses, down, _ := h.link(); losses != pubLosses || pubDown || down {
+					// Our connection dropped while this copy waited: it
+					// may never have reached the device, or its ack never
+					// reached us. Asking again spends no publish.
+					log.Info("own MQTT connection dropped before ack: asking again once connected")
+					n--
+					if down {
+						end, err := awaitLink()
+						if err != nil {
+							return err
+						}
+						if end { // acked meanwhile
+							break wait
+						}
+					}
+					break wait
+				}
 				if offlineSeen || h.tracker.Offline(c.Device) {
 					// The copy has expired; the device may still have
 					// accepted it: hold on until it is back and ask again.
@@ -423,18 +498,35 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 	// published while we were away (and lost if the broker restarted):
 	// publish the command again; the device answers a duplicate with its
 	// cached ack and result instead of running it twice.
+	//
+	// The device may reconnect after us (a broker that moved to another
+	// host): a copy published at once can miss it, so after a reconnect
+	// the command is asked again every ack_timeout until the result comes,
+	// and the result timeout starts again (time without a connection does
+	// not count against the device).
 	if result == nil {
 		timer := time.NewTimer(resultTimeout)
 		defer timer.Stop()
+		var reask <-chan time.Time
+		extended := false
 		for result == nil {
-			h.mu.Lock()
-			reconnected := h.reconnect
-			h.mu.Unlock()
+			_, _, reconnected := h.link()
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("task %s attempt %d: %w", msg.TaskKey, msg.Attempt, context.Cause(ctx))
 			case <-reconnected:
 				log.Info("reconnected: publish command again for its result")
+				if err := publish(ackTimeout); err != nil {
+					return fmt.Errorf("task %s attempt %d: publish: %w", msg.TaskKey, msg.Attempt, err)
+				}
+				timer.Reset(resultTimeout)
+				if reask == nil {
+					tick := time.NewTicker(ackTimeout)
+					defer tick.Stop()
+					reask = tick.C
+				}
+			case <-reask:
+				log.Debug("no result since reconnect: publish command again")
 				if err := publish(ackTimeout); err != nil {
 					return fmt.Errorf("task %s attempt %d: publish: %w", msg.TaskKey, msg.Attempt, err)
 				}
@@ -444,6 +536,13 @@ func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
 					result = &r
 				}
 			case <-timer.C:
+				if _, down, _ := h.link(); down && !extended {
+					// Disconnected: wait for the link (the reconnect
+					// restarts the result timeout), within bounds.
+					extended = true
+					timer.Reset(linkWait)
+					continue
+				}
 				return fmt.Errorf("task %s attempt %d on %s: %w after %s", msg.TaskKey, msg.Attempt, c.Device, ErrResultTimeout, resultTimeout)
 			}
 		}

@@ -225,14 +225,13 @@ func NewSimulator(cfg SimConfig) (*Simulator, error) {
 			Username:  cfg.Username,
 			Password:  cfg.Password,
 		}, pahoOptions{
-			role:         "sim",
-			onMessage:    d.onMessage,
-			onConnect:    d.onConnect,
-			willTopic:    topics.Device(id, TopicStatus),
-			willPayload:  func() []byte { b, _ := Encode(Status{Online: false, At: time.Now().UTC()}); return b },
-			dial:         d.dial,
-			maxReconnect: time.Second,
-			logger:       d.logger,
+			role:        "sim",
+			onMessage:   d.onMessage,
+			onConnect:   d.onConnect,
+			willTopic:   topics.Device(id, TopicStatus),
+			willPayload: func() []byte { b, _ := Encode(Status{Online: false, At: time.Now().UTC()}); return b },
+			dial:        d.dial,
+			logger:      d.logger,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("simulator: %w", err)

@@ -133,10 +133,17 @@ type pahoOptions struct {
 	dial func(u *url.URL, tc *tls.Config) (net.Conn, error)
 	// cleanSession asks for a throwaway session (read-only tools).
 	cleanSession bool
-	// maxReconnect caps the reconnect backoff; zero means 5s.
+	// maxReconnect caps the reconnect backoff; zero means
+	// defaultMaxReconnect.
 	maxReconnect time.Duration
 	logger       *slog.Logger
 }
+
+// defaultMaxReconnect caps the time between connection attempts: a broker
+// that comes back (a restart, or another host taking it over) is found
+// again within it. A dial per half second to a dead loopback or LAN
+// address costs nothing worth saving.
+const defaultMaxReconnect = 500 * time.Millisecond
 
 // pahoTransport is Transport over a paho client with a persistent session.
 type pahoTransport struct {
@@ -160,7 +167,7 @@ func newPahoTransport(cfg ClientConfig, o pahoOptions) (*pahoTransport, error) {
 	}
 	t := &pahoTransport{logger: o.logger}
 	if o.maxReconnect == 0 {
-		o.maxReconnect = 5 * time.Second
+		o.maxReconnect = defaultMaxReconnect
 	}
 	onMessage := func(_ mqtt.Client, m mqtt.Message) {
 		o.onMessage(Message{Topic: m.Topic(), Payload: m.Payload(), Retained: m.Retained()})
@@ -171,7 +178,7 @@ func newPahoTransport(cfg ClientConfig, o pahoOptions) (*pahoTransport, error) {
 		SetCleanSession(o.cleanSession).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
-		SetConnectRetryInterval(time.Second).
+		SetConnectRetryInterval(defaultMaxReconnect).
 		SetMaxReconnectInterval(o.maxReconnect).
 		SetKeepAlive(10 * time.Second).
 		SetPingTimeout(5 * time.Second).

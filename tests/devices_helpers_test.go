@@ -96,8 +96,18 @@ func (w tlogWriter) Write(p []byte) (int, error) {
 // only, against broker url with topic prefix prefix.
 func deviceWorker(t *testing.T, storeURL, id, url, prefix string) *workerProc {
 	t.Helper()
+	w, _ := startDeviceWorker(t, storeURL, id, prefix, "--mqtt", url)
+	return w
+}
+
+// startDeviceWorker starts a `leasepool worker` process that runs device
+// tasks only, with broker flags brokerArgs; it returns the process and the
+// path of its log.
+func startDeviceWorker(t *testing.T, storeURL, id, prefix string, brokerArgs ...string) (*workerProc, string) {
+	t.Helper()
 	args := []string{"--store", storeURL, "--log-level", deviceLogLevel, "worker", "--id", id,
-		"--kinds", "device", "--concurrency", "4", "--mqtt", url, "--prefix", prefix, "--shutdown-timeout", "2s"}
+		"--kinds", "device", "--concurrency", "4", "--prefix", prefix, "--shutdown-timeout", "2s"}
+	args = append(args, brokerArgs...)
 	cmd := exec.Command(leasepoolBin(t), args...)
 	logPath := filepath.Join(t.TempDir(), id+".log")
 	logf, err := os.Create(logPath)
@@ -130,7 +140,7 @@ func deviceWorker(t *testing.T, storeURL, id, url, prefix string) *workerProc {
 			t.Logf("worker %s log (tail):\n%s", id, tail(string(b), 3000))
 		}
 	})
-	return &workerProc{id: id, cmd: cmd}
+	return &workerProc{id: id, cmd: cmd}, logPath
 }
 
 // deviceLogLevel is the workers' log level: info shows every device status

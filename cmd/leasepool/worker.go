@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -28,6 +26,8 @@ func workerCommand() *cli.Command {
 			&cli.StringFlag{Name: "mqtt", EnvVars: []string{"LEASEPOOL_MQTT_URL"},
 				Usage: "MQTT broker for device tasks (tcp://, ssl://); empty: use the embedded broker at --embedded-broker, starting it if no other worker has"},
 			&cli.StringFlag{Name: "embedded-broker", Value: "127.0.0.1:1883", Usage: "loopback address of the embedded MQTT broker"},
+			&cli.DurationFlag{Name: "embedded-broker-lease", Value: mqttdev.DefaultBrokerLease,
+				Usage: "hosting lease of the embedded broker: when its host dies, another worker on the host takes it over within about this long"},
 			&cli.StringFlag{Name: "mqtt-user", EnvVars: []string{"LEASEPOOL_MQTT_USER"}, Usage: "MQTT user name"},
 			&cli.StringFlag{Name: "mqtt-password", EnvVars: []string{"LEASEPOOL_MQTT_PASSWORD"}, Usage: "MQTT password"},
 			&cli.StringFlag{Name: "mqtt-ca", Usage: "CA certificate (PEM) that signs the broker's"},
@@ -106,26 +106,27 @@ func workerCommand() *cli.Command {
 }
 
 // startDevices registers the device kind on mux: it connects to --mqtt, or
-// to the embedded broker, starting one when no other worker on this host
-// has.
+// to the embedded broker at --embedded-broker, which one worker sharing
+// the store hosts at a time (mqttdev.BrokerHost): every worker runs the
+// hosting supervisor, and another takes over when the host dies.
 func startDevices(c *cli.Context, mux *consumer.Mux, store task.Store, workerID string) (stop func(), err error) {
 	url := c.String("mqtt")
-	var broker *mqttdev.Broker
+	var host *mqttdev.BrokerHost
 	if url == "" {
-		addr := c.String("embedded-broker")
 		// The broker logs every client that drops at warn level: keep errors.
 		quiet := slog.New(minLevel{slog.Default().Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker"))
-		broker, err = mqttdev.StartBroker(c.Context, addr, quiet)
-		switch {
-		case err == nil:
-			url = broker.URL()
-			slog.Info("embedded MQTT broker started", slog.String("url", url))
-		case errors.Is(err, syscall.EADDRINUSE):
-			url = "tcp://" + addr
-			slog.Info("using the embedded MQTT broker another worker started", slog.String("url", url))
-		default:
+		host, err = mqttdev.NewBrokerHost(mqttdev.BrokerHostConfig{
+			Store: store, Addr: c.String("embedded-broker"), WorkerID: workerID,
+			Lease:  c.Duration("embedded-broker-lease"),
+			Logger: slog.Default(), BrokerLogger: quiet,
+		})
+		if err != nil {
 			return nil, fmt.Errorf("--embedded-broker: %w", err)
 		}
+		if err := host.Start(c.Context); err != nil {
+			return nil, fmt.Errorf("--embedded-broker: %w", err)
+		}
+		url = host.URL()
 	}
 	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{
 		ClientConfig: mqttdev.ClientConfig{
@@ -141,16 +142,18 @@ func startDevices(c *cli.Context, mux *consumer.Mux, store task.Store, workerID 
 		err = h.Start(c.Context)
 	}
 	if err != nil {
-		if broker != nil {
-			broker.Close()
+		if host != nil {
+			host.Stop(context.Background())
 		}
 		return nil, fmt.Errorf("--mqtt: %w", err)
 	}
 	mux.Register(mqttdev.Kind, h)
 	return func() {
 		h.Stop(context.Background())
-		if broker != nil {
-			broker.Close()
+		if host != nil {
+			// Closes the broker if hosted here and releases the lease:
+			// another worker takes over within a third of it.
+			host.Stop(context.Background())
 		}
 	}, nil
 }
