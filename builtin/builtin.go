@@ -9,10 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
@@ -106,42 +102,12 @@ func Sleep(ctx context.Context, job *consumer.Job) error {
 	return nil
 }
 
-// Exec runs the payload's program. It gets LEASEPOOL_TASK_KEY,
-// LEASEPOOL_ATTEMPT and LEASEPOOL_WORKER_ID; exit status 0 is success. On
-// lease loss, cancel or shutdown the whole process group is killed.
+// Exec runs the payload's program with no guard process: it is
+// NewExec(ExecConfig{}), today's fallback for binaries that cannot act as a
+// guard. See NewExec for what a program is told and when it is stopped, and
+// the package doc for what only a guard covers.
 func Exec(ctx context.Context, job *consumer.Job) error {
-	p, err := execPayload(job.Task.Payload)
-	if err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, p.Argv[0], p.Argv[1:]...)
-	cmd.Dir = p.Dir
-	cmd.Env = os.Environ()
-	for k, v := range p.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	cmd.Env = append(cmd.Env,
-		"LEASEPOOL_TASK_KEY="+job.Task.Key,
-		"LEASEPOOL_ATTEMPT="+strconv.Itoa(job.Attempt),
-		"LEASEPOOL_WORKER_ID="+job.WorkerID,
-	)
-	cmd.SysProcAttr = procAttr()
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
-	var stderr tailBuffer
-	cmd.Stdout = os.Stdout
-	cmd.Stderr = &stderr
-	err = cmd.Run()
-	if ctx.Err() != nil {
-		return fmt.Errorf("exec %s: killed: %w", p.Argv[0], context.Cause(ctx))
-	}
-	if err != nil {
-		if s := bytes.TrimSpace(stderr.buf); len(s) > 0 {
-			return fmt.Errorf("exec %s: %w: %s", p.Argv[0], err, s)
-		}
-		return fmt.Errorf("exec %s: %w", p.Argv[0], err)
-	}
-	return nil
+	return defaultExec.handle(ctx, job)
 }
 
 // tailBuffer keeps the last 2 KiB written, for error messages.

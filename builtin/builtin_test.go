@@ -20,7 +20,10 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	builtin.GuardMain() // this test binary is the guard of guardedExec
+	goleak.VerifyTestMain(m)
+}
 
 func TestValidate(t *testing.T) {
 	t.Parallel()

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"syscall"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -34,14 +34,20 @@ func workerCommand() *cli.Command {
 			&cli.StringFlag{Name: "mqtt-cert", Usage: "client certificate (PEM)"},
 			&cli.StringFlag{Name: "mqtt-key", Usage: "client key (PEM)"},
 			&cli.StringFlag{Name: "prefix", Value: mqttdev.DefaultPrefix, Usage: "first MQTT topic level"},
-			&cli.DurationFlag{Name: "shutdown-timeout", Value: 10 * time.Second,
-				Usage: "on SIGINT/SIGTERM, how long running handlers may finish before they are cancelled and their leases released"},
+			&cli.DurationFlag{Name: "shutdown-timeout", Value: task.DefaultWorkerTimeout,
+				Usage: "on SIGINT/SIGTERM, how long running handlers may finish before they are cancelled and their leases released; " +
+					"longer lets more tasks finish, but a stopped worker then hands its tasks over later than a crashed one would (after worker_timeout)"},
+			&cli.DurationFlag{Name: "kill-grace", Value: builtin.DefaultKillGrace,
+				Usage: "on shutdown, how long an exec program has between SIGTERM and SIGKILL (lease loss and cancel kill at once)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.Int("concurrency") < 1 {
 				return fmt.Errorf("--concurrency: must be at least 1, got %d", c.Int("concurrency"))
 			}
 			if _, err := positiveDuration(c, "shutdown-timeout"); err != nil {
+				return err
+			}
+			if _, err := positiveDuration(c, "kill-grace"); err != nil {
 				return err
 			}
 			known := append(slices.Clone(builtin.Kinds), mqttdev.Kind)
@@ -61,6 +67,16 @@ func workerCommand() *cli.Command {
 			}
 			mux := consumer.NewMux()
 			builtin.Register(mux)
+			// Exec programs run under a guard: this binary (see main).
+			self, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("exec guard: %w", err)
+			}
+			execHandler, err := builtin.NewExec(builtin.ExecConfig{GuardPath: self, KillGrace: c.Duration("kill-grace")})
+			if err != nil {
+				return err
+			}
+			mux.RegisterFunc("exec", execHandler)
 			s, err := openStore(c, false)
 			if err != nil {
 				return err
