@@ -1,6 +1,31 @@
 // Package builtin holds the task kinds usable without writing Go: exec runs
 // a process, noop does nothing, sleep waits. The CLI worker registers them;
-// a library user can register them on any consumer.Mux.
+// a library user can register them on any consumer.Mux (Register, then
+// NewExec with a GuardPath to replace the unguarded exec).
+//
+// # Exec processes and their lease
+//
+// An exec program must not run on once its worker's lease is over, since a
+// peer may then run the task. With ExecConfig.GuardPath set (the leasepool
+// CLI sets it to itself), each program runs under a guard process that is
+// a child subreaper (Linux), so every process the program starts, even one
+// that forks away into its own session, stays below the guard. The guard
+// kills them all (SIGKILL) when the worker dies (its pipe closes), when the
+// lease the worker last reported runs out by the guard's own clock (a
+// frozen worker: SIGSTOP, a stalled process), on lease loss or cancel, and
+// once the program exits; on graceful shutdown they get SIGTERM first and
+// SIGKILL after ExecConfig.KillGrace.
+//
+// Limits that remain: the guard is one more process; if it is itself
+// frozen or SIGKILLed, only the program's direct child dies with it
+// (parent-death signal), not its descendants. A whole host or VM paused
+// past the lease stops everything, the guard's clock included, and its
+// programs resume after a peer has started. A process handed to something
+// outside the guard's tree (systemd-run, a container runtime, at) is not a
+// descendant and is not killed. Without a guard (Exec, or NewExec with no
+// GuardPath), and on systems other than Linux, a program's descendants
+// outlive a worker killed with SIGKILL, and nothing stops a frozen
+// worker's programs.
 package builtin
 
 import (
