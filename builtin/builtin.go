@@ -1,6 +1,31 @@
 // Package builtin holds the task kinds usable without writing Go: exec runs
 // a process, noop does nothing, sleep waits. The CLI worker registers them;
-// a library user can register them on any consumer.Mux.
+// a library user can register them on any consumer.Mux (Register, with an
+// ExecConfig.GuardPath for guarded exec programs).
+//
+// # Exec processes and their lease
+//
+// An exec program must not run on once its worker's lease is over, since a
+// peer may then run the task. With ExecConfig.GuardPath set (the leasepool
+// CLI sets it to itself), each program runs under a guard process that is
+// a child subreaper (Linux), so every process the program starts, even one
+// that forks away into its own session, stays below the guard. The guard
+// kills them all (SIGKILL) when the worker dies (its pipe closes), when the
+// lease the worker last reported runs out by the guard's own clock (a
+// frozen worker: SIGSTOP, a stalled process), on lease loss or cancel, and
+// once the program exits; on graceful shutdown they get SIGTERM first and
+// SIGKILL after ExecConfig.KillGrace.
+//
+// Limits that remain: the guard is one more process; if it is itself
+// frozen or SIGKILLed, only the program's direct child dies with it
+// (parent-death signal), not its descendants. A whole host or VM paused
+// past the lease stops everything, the guard's clock included, and its
+// programs resume after a peer has started. A process handed to something
+// outside the guard's tree (systemd-run, a container runtime, at) is not a
+// descendant and is not killed. Without a guard (Exec, or NewExec with no
+// GuardPath), and on systems other than Linux, a program's descendants
+// outlive a worker killed with SIGKILL, and nothing stops a frozen
+// worker's programs.
 package builtin
 
 import (
@@ -9,10 +34,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
@@ -22,11 +43,17 @@ import (
 // Kinds are the built-in kinds' names.
 var Kinds = []string{"exec", "noop", "sleep"}
 
-// Register registers every built-in kind on m.
-func Register(m *consumer.Mux) {
-	m.RegisterFunc("exec", Exec)
+// Register registers every built-in kind on m, exec configured by exec
+// (ExecConfig{} is exec with no guard).
+func Register(m *consumer.Mux, exec ExecConfig) error {
+	execHandler, err := NewExec(exec)
+	if err != nil {
+		return err
+	}
+	m.RegisterFunc("exec", execHandler)
 	m.RegisterFunc("noop", func(context.Context, *consumer.Job) error { return nil })
 	m.RegisterFunc("sleep", Sleep)
+	return nil
 }
 
 // ExecPayload is the exec kind's payload.
@@ -106,42 +133,12 @@ func Sleep(ctx context.Context, job *consumer.Job) error {
 	return nil
 }
 
-// Exec runs the payload's program. It gets LEASEPOOL_TASK_KEY,
-// LEASEPOOL_ATTEMPT and LEASEPOOL_WORKER_ID; exit status 0 is success. On
-// lease loss, cancel or shutdown the whole process group is killed.
+// Exec runs the payload's program with no guard process: it is
+// NewExec(ExecConfig{}), today's fallback for binaries that cannot act as a
+// guard. See NewExec for what a program is told and when it is stopped, and
+// the package doc for what only a guard covers.
 func Exec(ctx context.Context, job *consumer.Job) error {
-	p, err := execPayload(job.Task.Payload)
-	if err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, p.Argv[0], p.Argv[1:]...)
-	cmd.Dir = p.Dir
-	cmd.Env = os.Environ()
-	for k, v := range p.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	cmd.Env = append(cmd.Env,
-		"LEASEPOOL_TASK_KEY="+job.Task.Key,
-		"LEASEPOOL_ATTEMPT="+strconv.Itoa(job.Attempt),
-		"LEASEPOOL_WORKER_ID="+job.WorkerID,
-	)
-	cmd.SysProcAttr = procAttr()
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
-	var stderr tailBuffer
-	cmd.Stdout = os.Stdout
-	cmd.Stderr = &stderr
-	err = cmd.Run()
-	if ctx.Err() != nil {
-		return fmt.Errorf("exec %s: killed: %w", p.Argv[0], context.Cause(ctx))
-	}
-	if err != nil {
-		if s := bytes.TrimSpace(stderr.buf); len(s) > 0 {
-			return fmt.Errorf("exec %s: %w: %s", p.Argv[0], err, s)
-		}
-		return fmt.Errorf("exec %s: %w", p.Argv[0], err)
-	}
-	return nil
+	return defaultExec.handle(ctx, job)
 }
 
 // tailBuffer keeps the last 2 KiB written, for error messages.

@@ -20,7 +20,10 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	builtin.GuardMain() // this test binary is the guard of guardedExec
+	goleak.VerifyTestMain(m)
+}
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
@@ -75,7 +78,12 @@ func TestValidate(t *testing.T) {
 func TestRegister(t *testing.T) {
 	t.Parallel()
 	m := consumer.NewMux()
-	builtin.Register(m)
+	if err := builtin.Register(m, builtin.ExecConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := builtin.Register(consumer.NewMux(), builtin.ExecConfig{KillGrace: -1}); err == nil {
+		t.Error("Register accepted a negative KillGrace")
+	}
 	for _, k := range builtin.Kinds {
 		if !slices.Contains(m.Kinds(), k) {
 			t.Errorf("kind %s not registered: %v", k, m.Kinds())

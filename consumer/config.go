@@ -36,7 +36,9 @@ type Config struct {
 	// change stream, to catch what an event did not carry. Default 30s.
 	SafetyNetInterval time.Duration
 	// ShutdownTimeout is how long Stop lets running handlers finish before
-	// cancelling them and releasing their leases. Default 10s.
+	// cancelling them and releasing their leases. Default
+	// task.DefaultWorkerTimeout (4s): a longer one lets more handlers finish,
+	// but hands their tasks over later than a crash of this worker would.
 	ShutdownTimeout time.Duration
 	// LocalRetries is how many times a Retryable error is retried within
 	// the lease before the attempt fails. Default 3; -1 for none.
@@ -104,7 +106,7 @@ func (c *Config) validate() error {
 	setDefault(&c.PageSize, 200)
 	setDefault(&c.PollInterval, 500*time.Millisecond)
 	setDefault(&c.SafetyNetInterval, 30*time.Second)
-	setDefault(&c.ShutdownTimeout, 10*time.Second)
+	setDefault(&c.ShutdownTimeout, task.DefaultWorkerTimeout)
 	setDefault(&c.RetryBackoff, 100*time.Millisecond)
 	setDefault(&c.HeartbeatInterval, time.Second)
 	setDefault(&c.HeartbeatTimeout, 4*time.Second)

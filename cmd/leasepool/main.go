@@ -19,10 +19,14 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/builtin"
 	"github.com/leasepool/leasepool/task"
 )
 
 func main() {
+	// `leasepool __exec-guard ARGV...` (hidden): the guard the worker runs
+	// each exec program under (builtin.ExecConfig.GuardPath).
+	builtin.GuardMain()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	app := newApp(os.Stdout, os.Stderr)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"time"
 
@@ -36,8 +37,11 @@ func workerCommand() *cli.Command {
 			&cli.StringFlag{Name: "prefix", Value: mqttdev.DefaultPrefix, Usage: "first MQTT topic level"},
 			&cli.DurationFlag{Name: "backoff", Value: time.Second,
 				Usage: "delay before a failed task is tried again, doubling with each failure up to 5m (jittered ±25%); 0 retries at once"},
-			&cli.DurationFlag{Name: "shutdown-timeout", Value: 10 * time.Second,
-				Usage: "on SIGINT/SIGTERM, how long running handlers may finish before they are cancelled and their leases released"},
+			&cli.DurationFlag{Name: "shutdown-timeout", Value: task.DefaultWorkerTimeout,
+				Usage: "on SIGINT/SIGTERM, how long running handlers may finish before they are cancelled and their leases released; " +
+					"longer lets more tasks finish, but a stopped worker then hands its tasks over later than a crashed one would (after worker_timeout)"},
+			&cli.DurationFlag{Name: "kill-grace", Value: builtin.DefaultKillGrace,
+				Usage: "on shutdown, how long an exec program has between SIGTERM and SIGKILL (lease loss and cancel kill at once)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.Int("concurrency") < 1 {
@@ -48,6 +52,9 @@ func workerCommand() *cli.Command {
 			}
 			if c.Duration("backoff") < 0 {
 				return fmt.Errorf("--backoff: must not be negative, got %s", c.Duration("backoff"))
+			}
+			if _, err := positiveDuration(c, "kill-grace"); err != nil {
+				return err
 			}
 			known := append(slices.Clone(builtin.Kinds), mqttdev.Kind)
 			kinds := splitList(c.String("kinds"))
@@ -64,8 +71,15 @@ func workerCommand() *cli.Command {
 					return err
 				}
 			}
+			// Exec programs run under a guard: this binary (see main).
+			self, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("exec guard: %w", err)
+			}
 			mux := consumer.NewMux()
-			builtin.Register(mux)
+			if err := builtin.Register(mux, builtin.ExecConfig{GuardPath: self, KillGrace: c.Duration("kill-grace")}); err != nil {
+				return err
+			}
 			s, err := openStore(c, false)
 			if err != nil {
 				return err
@@ -75,7 +89,7 @@ func workerCommand() *cli.Command {
 				Store: s, Handler: mux, WorkerID: c.String("id"), Kinds: kinds,
 				Concurrency: c.Int("concurrency"), ShutdownTimeout: c.Duration("shutdown-timeout"),
 				RetryPolicy: consumer.ExponentialBackoff(c.Duration("backoff"), 5*time.Minute),
-				Logger: slog.Default(),
+				Logger:      slog.Default(),
 			})
 			if err != nil {
 				return err
