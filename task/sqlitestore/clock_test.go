@@ -154,5 +154,3 @@ func stop(t *testing.T, c *consumer.Consumer) {
 		t.Errorf("stop %s: %v", c.WorkerID(), err)
 	}
 }
-
-
