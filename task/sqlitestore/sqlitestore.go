@@ -52,8 +52,12 @@ type Config struct {
 	// older ones are pruned and resuming before them gives
 	// task.ErrHistoryLost. Default 100000; must not be negative.
 	Retention int
-	// Clock is the store's clock (Store.Now). Default time.Now.
+	// Clock is the local wall clock. Default time.Now. It does not drive
+	// Store.Now (see clock.go): it seeds a new clock epoch and is compared
+	// with the store clock, with a warning when they disagree.
 	Clock func() time.Time
+
+	host *hostClock // test hook: the host's boot clock; nil is the real one
 }
 
 func (c *Config) validate() error {
@@ -125,6 +129,8 @@ type Store struct {
 	done     chan struct{}
 	bg       sync.WaitGroup
 	closeMu  sync.Mutex
+
+	clock storeClock // see clock.go
 }
 
 // Open opens (creating if missing) the store in the SQLite file at path.
@@ -156,6 +162,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		}
 		return nil, fmt.Errorf("open store %s: %w", path, mapErr(err))
 	}
+	s.initClock(ctx)
 	s.writeQ = make(chan *writeReq, maxBatch)
 	s.bg.Add(1)
 	go s.writer()
@@ -406,9 +413,6 @@ func (s *Store) closeDBs() error {
 	return errors.Join(errs...)
 }
 
-// Now returns the configured clock's time.
-func (s *Store) Now() time.Time { return s.cfg.Clock() }
-
 // errClosed is returned by every call after Close.
 var errClosed = fmt.Errorf("sqlitestore: %w", task.ErrClosed)
 
@@ -639,10 +643,12 @@ func (s *Store) commit(batch []*writeReq) {
 			}
 		}
 	}
+	hwm := s.markHWM(tx)
 	if err := tx.Commit(); err != nil {
 		answer(mapErr(err))
 		return
 	}
+	s.clock.hwmAt = max(s.clock.hwmAt, hwm)
 	for i, r := range batch {
 		if errs[i] == nil && r.onCommit != nil {
 			r.onCommit()

@@ -1,0 +1,156 @@
+package sqlitestore_test
+
+import (
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/sqlitestore"
+)
+
+// skewed returns a local clock off by d from time.Now.
+func skewed(d time.Duration) func() time.Time {
+	return func() time.Time { return time.Now().Add(d) }
+}
+
+// TestSkewedWorkers runs three consumers on one file, as three processes of
+// one host would, whose local clocks are right (A), 30 s ahead (B) and 30 s
+// behind (C). A task A holds under a live lease must stay A's (no takeover
+// by B, no retry spent), and tasks published through one store for a worker
+// on another must start at once, not 30 s late.
+func TestSkewedWorkers(t *testing.T) {
+	t.Parallel()
+	const skew = 30 * time.Second
+	path := filepath.Join(t.TempDir(), "skew.db")
+	storeA := open(t, path, nil)
+	storeB := open(t, path, &sqlitestore.Config{Clock: skewed(skew)})
+	storeC := open(t, path, &sqlitestore.Config{Clock: skewed(-skew)})
+	for name, s := range map[string]*sqlitestore.Store{"B": storeB, "C": storeC} {
+		if d := s.Now().Sub(storeA.Now()).Abs(); d > time.Second {
+			t.Errorf("store %s's Now is %s away from A's", name, d)
+		}
+	}
+
+	type start struct {
+		worker, key string
+		attempt     int64
+		at          time.Time
+	}
+	starts := make(chan start, 64)
+	release := make(chan struct{})
+	var cancelled atomic.Bool
+	newWorker := func(id string, s task.Store) {
+		c, err := consumer.New(consumer.Config{
+			Store:    s,
+			WorkerID: id,
+			Logger:   testLogger(t),
+			Handler: consumer.HandlerFunc(func(ctx context.Context, job *consumer.Job) error {
+				if job.Task.Key != "held" {
+					return nil
+				}
+				select {
+				case <-release:
+					return nil
+				case <-ctx.Done():
+					cancelled.Store(true)
+					return context.Cause(ctx)
+				}
+			}),
+			OnStart: func(job *consumer.Job) {
+				starts <- start{job.WorkerID, job.Task.Key, int64(job.Attempt), time.Now()}
+			},
+			ShutdownTimeout: time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { stop(t, c) })
+	}
+	await := func(worker, key string, within time.Duration) start {
+		t.Helper()
+		deadline := time.After(within)
+		for {
+			select {
+			case s := <-starts:
+				if s.key == "held" && s.worker != "A" {
+					t.Fatalf("worker %s took over held (attempt %d) while A's lease was live", s.worker, s.attempt)
+				}
+				if s.worker == worker && s.key == key {
+					return s
+				}
+				t.Errorf("unexpected start: %+v", s)
+			case <-deadline:
+				t.Fatalf("%s did not start %s within %s", worker, key, within)
+			}
+		}
+	}
+	publish := func(s task.Store, key string, pin ...string) time.Time {
+		t.Helper()
+		p := task.PublishParams{Key: key, Kind: "k", Options: task.Options{
+			PingInterval: 100 * time.Millisecond, WorkerTimeout: 1500 * time.Millisecond, SpecificWorkerIDs: pin,
+		}}
+		at := time.Now()
+		if _, _, err := task.Publish(context.Background(), s, p); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	defer close(release) // before the workers stop (cleanups run later)
+
+	newWorker("A", storeA)
+	publish(storeA, "held")
+	await("A", "held", 5*time.Second)
+	newWorker("B", storeB)
+	newWorker("C", storeC)
+
+	// Tasks for one worker published through another's store.
+	for _, c := range []struct {
+		via    task.Store
+		key    string
+		worker string
+	}{
+		{storeB, "ahead-to-A", "A"},  // B's clock ahead of A's
+		{storeA, "right-to-C", "C"},  // C's clock behind A's
+		{storeB, "ahead-to-C", "C"},  // 60 s apart
+		{storeC, "behind-to-B", "B"}, // prompt even today
+	} {
+		at := publish(c.via, c.key, c.worker)
+		s := await(c.worker, c.key, 2*time.Second)
+		t.Logf("%s started %s %s after publish", c.worker, c.key, s.at.Sub(at).Round(time.Millisecond))
+	}
+
+	// Keep watching over two lease lengths: B's local clock is 30 s past
+	// A's lease, so without a shared store clock it takes the task at once.
+	select {
+	case s := <-starts:
+		t.Fatalf("unexpected start while A holds held: %+v", s)
+	case <-time.After(3 * time.Second):
+	}
+	doc, err := storeA.Get(context.Background(), "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if doc.Attempts != 1 || len(doc.Workers) != 1 || doc.Workers[0].WorkerID != "A" || doc.Workers[0].State != task.WorkerRunning {
+		t.Errorf("held: attempts %d, workers %+v; want A's one running attempt", doc.Attempts, doc.Workers)
+	}
+	if cancelled.Load() {
+		t.Error("A's handler was cancelled")
+	}
+}
+
+// stop stops c within a bound.
+func stop(t *testing.T, c *consumer.Consumer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Errorf("stop %s: %v", c.WorkerID(), err)
+	}
+}
