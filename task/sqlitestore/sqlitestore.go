@@ -54,7 +54,16 @@ type Config struct {
 	Retention int
 	// Clock is the store's clock (Store.Now). Default time.Now.
 	Clock func() time.Time
+	// ReadOnly opens an existing store for reading only, for tools that
+	// only look: the file is opened with mode=ro, no schema is created, the
+	// journal mode is left as it is and no -lock file is made. A file
+	// without a leasepool schema is refused untouched. Every write returns
+	// an error wrapping ErrReadOnly.
+	ReadOnly bool
 }
+
+// ErrReadOnly is returned by writes to a Store opened with Config.ReadOnly.
+var ErrReadOnly = errors.New("sqlitestore: store opened read-only")
 
 func (c *Config) validate() error {
 	if c.PollInterval < 0 {
@@ -148,6 +157,19 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		done:       make(chan struct{}),
 		pruneEvery: int64(min(1000, max(1, c.Retention/10))),
 	}
+	if c.ReadOnly {
+		if err := s.openReadOnly(ctx); err != nil {
+			s.closeDBs()
+			return nil, fmt.Errorf("open store %s: %w", path, mapErr(err))
+		}
+		if err := s.startTail(); err != nil {
+			close(s.done)
+			s.bg.Wait()
+			s.closeDBs()
+			return nil, fmt.Errorf("open store %s: %w", path, err)
+		}
+		return s, nil
+	}
 	_, statErr := os.Stat(path + "-lock")
 	if err := s.open(ctx); err != nil {
 		s.closeDBs()
@@ -194,6 +216,37 @@ func checkHeader(path string) error {
 		return errors.New("file is not a database")
 	}
 	return nil
+}
+
+// openReadOnly opens rdb alone, with mode=ro, and checks that the file
+// holds this program's schema.
+func (s *Store) openReadOnly(ctx context.Context) error {
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return err
+	}
+	if fi.Size() == 0 {
+		return errors.New("not a leasepool store (empty file)")
+	}
+	if s.rdb, err = sql.Open("sqlite", "file:"+filepath.ToSlash(s.path)+
+		"?mode=ro&_pragma=busy_timeout(10000)&_pragma=query_only(1)"); err != nil {
+		return err
+	}
+	s.rdb.SetMaxOpenConns(8)
+	s.rdb.SetMaxIdleConns(8)
+	s.rdb.SetConnMaxIdleTime(0)
+	s.rdb.SetConnMaxLifetime(0)
+	var v int
+	if err := s.rdb.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return err
+	}
+	if v != schemaVersion {
+		if v == 0 {
+			return errors.New("not a leasepool store (no leasepool schema)")
+		}
+		return fmt.Errorf("not a store of this program (schema version %d, want %d)", v, schemaVersion)
+	}
+	return s.prepareRead(ctx)
 }
 
 func dsn(path string, readOnly bool) string {
@@ -324,6 +377,11 @@ func (s *Store) prepare(ctx context.Context) error {
 		}
 		*p.st = st
 	}
+	return s.prepareRead(ctx)
+}
+
+// prepareRead prepares the statements on rdb.
+func (s *Store) prepareRead(ctx context.Context) error {
 	r := []struct {
 		st **sql.Stmt
 		q  string
@@ -476,6 +534,9 @@ func (s *Store) writeAtomic(ctx context.Context, fn func(tx *sql.Tx) (change int
 func (s *Store) submit(req *writeReq) error {
 	if s.closed.Load() {
 		return errClosed
+	}
+	if s.cfg.ReadOnly {
+		return ErrReadOnly
 	}
 	ctx := req.ctx
 	req.done = make(chan error, 1)
@@ -654,6 +715,9 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	if err := task.ValidateName("key", t.Key); err != nil {
 		return nil, false, err
 	}
+	if err := task.ValidatePayload(t.Payload); err != nil {
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	}
 	pin, err := pinned(t)
 	if err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
@@ -709,6 +773,9 @@ func (s *Store) Get(ctx context.Context, key string) (*task.Task, error) {
 
 // Update writes t if the stored version is t.Version; see task.Store.
 func (s *Store) Update(ctx context.Context, t *task.Task) error {
+	if err := task.ValidatePayload(t.Payload); err != nil {
+		return fmt.Errorf("update %s: %w", t.Key, err)
+	}
 	pin, err := pinned(t)
 	if err != nil {
 		return fmt.Errorf("update %s: %w", t.Key, err)
