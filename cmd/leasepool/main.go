@@ -204,17 +204,6 @@ func positiveDuration(c *cli.Context, name string) (time.Duration, error) {
 	return d, nil
 }
 
-// splitList splits a comma-separated flag value, dropping empty items.
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 // listFlag reads a comma-separated list flag. Given, it must name at least
 // one item and have no empty ones: "--pin ,,," would otherwise silently mean
 // no pins at all.

@@ -228,8 +228,17 @@ func (s *Store) openReadOnly(ctx context.Context) error {
 	if fi.Size() == 0 {
 		return errors.New("not a leasepool store (empty file)")
 	}
-	if s.rdb, err = sql.Open("sqlite", "file:"+filepath.ToSlash(s.path)+
-		"?mode=ro&_pragma=busy_timeout(10000)&_pragma=query_only(1)"); err != nil {
+	// A read-only connection to a WAL database creates the -wal and -shm
+	// files when they are missing (and cannot remove them on close). They
+	// are missing only when no connection has the database open, so the
+	// main file then holds every commit and is read as immutable: no
+	// locks, no files. A writer that starts and checkpoints during the
+	// read could tear it (an error, never a write).
+	q := "?mode=ro&_pragma=busy_timeout(10000)&_pragma=query_only(1)"
+	if _, err := os.Stat(s.path + "-wal"); errors.Is(err, os.ErrNotExist) {
+		q = "?mode=ro&immutable=1&_pragma=query_only(1)"
+	}
+	if s.rdb, err = sql.Open("sqlite", "file:"+filepath.ToSlash(s.path)+q); err != nil {
 		return err
 	}
 	s.rdb.SetMaxOpenConns(8)
