@@ -322,4 +322,3 @@ func TestHelpShowsEachDefaultOnce(t *testing.T) {
 		}
 	}
 }
-
