@@ -1,6 +1,7 @@
 package mqttdev
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -98,20 +99,24 @@ func PublishParams(key string, c Command, opts task.Options) (task.PublishParams
 		opts.LockKeys = append(opts.LockKeys, lk)
 	}
 	p := task.PublishParams{Key: key, Kind: Kind, Payload: payload, Options: opts}
-	check := p // Validate fills defaults in place: check a copy.
-	check.SpecificWorkerIDs = slices.Clone(p.SpecificWorkerIDs)
-	if err := check.Validate(); err != nil {
+	if err := p.Validate(); err != nil {
 		return task.PublishParams{}, err
 	}
 	return p, nil
 }
 
-// DecodePayload reads a device task's payload and checks it. Errors wrap
-// task.ErrInvalid.
+// DecodePayload reads a device task's payload and checks it, with its
+// defaults filled. A field it does not know (a misspelt "ack_timout") is
+// refused, as the built-in kinds do. Errors wrap task.ErrInvalid.
 func DecodePayload(payload json.RawMessage) (Command, error) {
 	var c Command
-	if err := json.Unmarshal(payload, &c); err != nil {
-		return Command{}, fmt.Errorf("%w: payload: %w", task.ErrInvalid, err)
+	d := json.NewDecoder(bytes.NewReader(payload))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&c); err != nil {
+		return Command{}, fmt.Errorf("%w: payload: device: %w", task.ErrInvalid, err)
+	}
+	if d.More() {
+		return Command{}, fmt.Errorf("%w: payload: device: data after the JSON object", task.ErrInvalid)
 	}
 	if err := c.validate(); err != nil {
 		return Command{}, err

@@ -14,12 +14,19 @@ func ExamplePublishParams_Validate() {
 	if err := p.Validate(); err != nil {
 		panic(err)
 	}
-	fmt.Println(p.ConcurrentWorkerCnt, p.SuccessWorkerCnt, p.MaxUnexpectedRetries, p.PingInterval, p.WorkerTimeout, string(p.Payload))
+	// Validate changes nothing; NewTask fills the defaults.
+	fmt.Println(p.ConcurrentWorkerCnt, p.WorkerTimeout)
+	t, err := task.NewTask(p, time.Now())
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(t.ConcurrentWorkerCnt, t.SuccessWorkerCnt, t.MaxUnexpectedRetries, time.Duration(t.PingInterval), time.Duration(t.WorkerTimeout), string(t.Payload))
 
 	bad := task.PublishParams{Key: "k", Kind: "exec", Options: task.Options{PingInterval: 5 * time.Second, WorkerTimeout: 5 * time.Second}}
-	err := bad.Validate()
+	err = bad.Validate()
 	fmt.Println(errors.Is(err, task.ErrInvalid), err)
 	// Output:
+	// 0 0s
 	// 1 1 3 2s 8s {}
 	// true invalid: worker_timeout: (5s) must be above ping_interval (5s)
 }

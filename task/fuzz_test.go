@@ -66,12 +66,12 @@ func FuzzValidate(f *testing.F) {
 			}
 			return
 		}
-		if !json.Valid(p.Payload) {
-			t.Fatalf("accepted invalid JSON %q", payload)
-		}
-		tk, err := task.NewTask(task.PublishParams{Key: "k", Kind: "noop", Payload: payload}, t0)
+		tk, err := task.NewTask(p, t0)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !json.Valid(tk.Payload) {
+			t.Fatalf("accepted invalid JSON %q", payload)
 		}
 		b, err := json.Marshal(tk)
 		if err != nil {

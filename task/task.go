@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 )
 
 // State is a task's state, derived from its worker list and stored so that
@@ -157,6 +158,24 @@ const (
 	NoRetries = -1
 )
 
+// Limits on task options, refused at publish (by Validate, so the Go API,
+// the CLI and every backend agree).
+const (
+	// MinPingInterval is the shortest ping_interval: each renewal is a
+	// store write, and shorter periods only load the store.
+	MinPingInterval = 10 * time.Millisecond
+	// MinWorkerTimeout is the shortest worker_timeout. A holder counts on
+	// its lease only until a tenth of worker_timeout before it ends (see
+	// ping.Lease.Remaining), so the claim write, the first renewal and the
+	// store clock's error must all fit well inside it.
+	MinWorkerTimeout = 100 * time.Millisecond
+	// MaxPayloadSize is the largest payload, in bytes of JSON. Backends
+	// refuse a document whose payload is larger.
+	MaxPayloadSize = 1 << 20
+	// MaxNameLen is the longest key, kind, worker id or lock key, in bytes.
+	MaxNameLen = 512
+)
+
 // Options are a task's tunable fields as a publisher gives them. Zero values
 // take the documented defaults.
 type Options struct {
@@ -175,10 +194,13 @@ type Options struct {
 	// tolerated before the task fails. Zero means DefaultMaxUnexpectedRetries;
 	// NoRetries means none.
 	MaxUnexpectedRetries int
-	// PingInterval is the lease renewal period. Default DefaultPingInterval.
+	// PingInterval is the lease renewal period. Default DefaultPingInterval,
+	// or WorkerTimeout/4 (at most the default) when only that is set; at
+	// least MinPingInterval.
 	PingInterval time.Duration
-	// WorkerTimeout is the lease length; must exceed PingInterval.
-	// Default DefaultWorkerTimeout, or 4×PingInterval when only that is set.
+	// WorkerTimeout is the lease length; must exceed PingInterval and be at
+	// least MinWorkerTimeout. Default DefaultWorkerTimeout, or
+	// 4×PingInterval (at least MinWorkerTimeout) when only that is set.
 	WorkerTimeout time.Duration
 	// LockKeys are resources held exclusively while the task runs.
 	LockKeys []string
@@ -195,19 +217,18 @@ type PublishParams struct {
 	Rerun bool
 }
 
-// Validate checks p and fills defaults in place; call it once. Its errors
-// wrap ErrInvalid and name the field.
-func (p *PublishParams) Validate() error {
+// Validate checks p as given, defaults included, and changes nothing, so
+// calling it again gives the same answer. Its errors wrap ErrInvalid and name
+// the field.
+func (p PublishParams) Validate() error {
 	if err := ValidateName("key", p.Key); err != nil {
 		return err
 	}
 	if err := ValidateName("kind", p.Kind); err != nil {
 		return err
 	}
-	if len(p.Payload) == 0 {
-		p.Payload = json.RawMessage("{}")
-	} else if !json.Valid(p.Payload) {
-		return invalid("payload", "is not valid JSON")
+	if err := ValidatePayload(p.Payload); err != nil {
+		return err
 	}
 	for _, id := range p.SpecificWorkerIDs {
 		if err := ValidateName("specific_worker_ids", id); err != nil {
@@ -231,6 +252,28 @@ func (p *PublishParams) Validate() error {
 	case p.WorkerTimeout < 0:
 		return invalid("worker_timeout", "must be positive")
 	}
+	if p.PingInterval != 0 && p.PingInterval < MinPingInterval {
+		return invalid("ping_interval", fmt.Sprintf("(%s) must be at least %s", p.PingInterval, MinPingInterval))
+	}
+	d := p.withDefaults()
+	switch {
+	case d.WorkerTimeout < MinWorkerTimeout:
+		return invalid("worker_timeout", fmt.Sprintf("(%s) must be at least %s", d.WorkerTimeout, MinWorkerTimeout))
+	case d.PingInterval < MinPingInterval:
+		return invalid("ping_interval", fmt.Sprintf("(%s) must be at least %s", d.PingInterval, MinPingInterval))
+	case d.WorkerTimeout <= d.PingInterval:
+		return invalid("worker_timeout", fmt.Sprintf("(%s) must be above ping_interval (%s)", d.WorkerTimeout, d.PingInterval))
+	}
+	return nil
+}
+
+// withDefaults returns p with zero options set to their defaults, as the
+// document stores them (NoRetries becomes 0). Apply it once, to params that
+// Validate accepted: it is not idempotent.
+func (p PublishParams) withDefaults() PublishParams {
+	if len(p.Payload) == 0 {
+		p.Payload = json.RawMessage("{}")
+	}
 	if p.ConcurrentWorkerCnt == 0 {
 		p.ConcurrentWorkerCnt = 1
 	}
@@ -248,18 +291,24 @@ func (p *PublishParams) Validate() error {
 		p.PingInterval, p.WorkerTimeout = DefaultPingInterval, DefaultWorkerTimeout
 	case p.PingInterval == 0:
 		p.PingInterval = min(DefaultPingInterval, p.WorkerTimeout/4)
-		if p.PingInterval <= 0 {
-			return invalid("worker_timeout", "is too short")
-		}
 	case p.WorkerTimeout == 0:
-		p.WorkerTimeout = 4 * p.PingInterval
-	}
-	if p.WorkerTimeout <= p.PingInterval {
-		return invalid("worker_timeout", fmt.Sprintf("(%s) must be above ping_interval (%s)", p.WorkerTimeout, p.PingInterval))
+		p.WorkerTimeout = max(4*p.PingInterval, MinWorkerTimeout)
 	}
 	if len(p.SpecificWorkerIDs) > 0 && len(p.SpecificWorkerIDs) < p.ConcurrentWorkerCnt {
 		// Allowed, but a task can never have more distinct workers than pins.
 		p.ConcurrentWorkerCnt = len(p.SpecificWorkerIDs)
+	}
+	return p
+}
+
+// ValidatePayload checks a task payload: valid JSON (empty means {}) of at
+// most MaxPayloadSize bytes.
+func ValidatePayload(b json.RawMessage) error {
+	if len(b) > MaxPayloadSize {
+		return invalid("payload", fmt.Sprintf("is %d bytes, more than the limit of %d", len(b), MaxPayloadSize))
+	}
+	if len(b) > 0 && !json.Valid(b) {
+		return invalid("payload", "is not valid JSON")
 	}
 	return nil
 }
@@ -269,6 +318,7 @@ func NewTask(p PublishParams, now time.Time) (*Task, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
+	p = p.withDefaults()
 	runAt := p.RunAt
 	if runAt.IsZero() || runAt.Before(now) {
 		runAt = now
@@ -296,13 +346,16 @@ func NewTask(p PublishParams, now time.Time) (*Task, error) {
 }
 
 // ValidateName checks a key, kind, worker id or lock key: non-empty, at most
-// 512 bytes, no control characters.
+// MaxNameLen bytes of valid UTF-8, no control characters.
 func ValidateName(field, s string) error {
 	if s == "" {
 		return invalid(field, "must not be empty")
 	}
-	if len(s) > 512 {
-		return invalid(field, "is longer than 512 bytes")
+	if len(s) > MaxNameLen {
+		return invalid(field, fmt.Sprintf("is longer than %d bytes", MaxNameLen))
+	}
+	if !utf8.ValidString(s) {
+		return invalid(field, fmt.Sprintf("%q is not valid UTF-8", s))
 	}
 	if i := strings.IndexFunc(s, unicode.IsControl); i >= 0 {
 		return invalid(field, fmt.Sprintf("%q has a control character", s))

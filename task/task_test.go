@@ -3,6 +3,8 @@ package task_test
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +81,7 @@ func TestValidateDefaults(t *testing.T) {
 		{"ping only", func(p *task.PublishParams) { p.PingInterval = 3 * time.Second }, 1, 1, 3, 3 * time.Second, 12 * time.Second, "{}"},
 		{"timeout only, long", func(p *task.PublishParams) { p.WorkerTimeout = time.Minute }, 1, 1, 3, time.Second, time.Minute, "{}"},
 		{"timeout only, short", func(p *task.PublishParams) { p.WorkerTimeout = 2 * time.Second }, 1, 1, 3, 500 * time.Millisecond, 2 * time.Second, "{}"},
+		{"ping only, short", func(p *task.PublishParams) { p.PingInterval = task.MinPingInterval }, 1, 1, 3, task.MinPingInterval, task.MinWorkerTimeout, "{}"},
 		{"both", func(p *task.PublishParams) { p.PingInterval, p.WorkerTimeout = time.Second, 1001*time.Millisecond }, 1, 1, 3, time.Second, 1001 * time.Millisecond, "{}"},
 		{"counts kept", func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 5, 3 }, 5, 3, 3, time.Second, 4 * time.Second, "{}"},
 		{"concurrent clamped to pins", func(p *task.PublishParams) {
@@ -91,23 +94,113 @@ func TestValidateDefaults(t *testing.T) {
 			t.Parallel()
 			p := valid()
 			tt.edit(&p)
-			if err := p.Validate(); err != nil {
-				t.Fatalf("Validate() = %v", err)
+			tk, err := task.NewTask(p, t0)
+			if err != nil {
+				t.Fatalf("NewTask() = %v", err)
 			}
-			if p.ConcurrentWorkerCnt != tt.concurrent || p.SuccessWorkerCnt != tt.success || p.MaxUnexpectedRetries != tt.retries {
+			if tk.ConcurrentWorkerCnt != tt.concurrent || tk.SuccessWorkerCnt != tt.success || tk.MaxUnexpectedRetries != tt.retries {
 				t.Errorf("counts = concurrent %d success %d retries %d, want %d %d %d",
-					p.ConcurrentWorkerCnt, p.SuccessWorkerCnt, p.MaxUnexpectedRetries, tt.concurrent, tt.success, tt.retries)
+					tk.ConcurrentWorkerCnt, tk.SuccessWorkerCnt, tk.MaxUnexpectedRetries, tt.concurrent, tt.success, tt.retries)
 			}
-			if p.PingInterval != tt.ping || p.WorkerTimeout != tt.timeout {
-				t.Errorf("ping %s timeout %s, want %s %s", p.PingInterval, p.WorkerTimeout, tt.ping, tt.timeout)
+			ping, timeout := time.Duration(tk.PingInterval), time.Duration(tk.WorkerTimeout)
+			if ping != tt.ping || timeout != tt.timeout {
+				t.Errorf("ping %s timeout %s, want %s %s", ping, timeout, tt.ping, tt.timeout)
 			}
-			if p.WorkerTimeout <= p.PingInterval {
-				t.Errorf("timeout %s not above ping %s", p.WorkerTimeout, p.PingInterval)
+			if timeout <= ping {
+				t.Errorf("timeout %s not above ping %s", timeout, ping)
 			}
-			if string(p.Payload) != tt.payload {
-				t.Errorf("payload = %s, want %s", p.Payload, tt.payload)
+			if string(tk.Payload) != tt.payload {
+				t.Errorf("payload = %s, want %s", tk.Payload, tt.payload)
 			}
 		})
+	}
+}
+
+// TestValidateTwice: Validate changes nothing, so calling it again (as the
+// CLI, mqttdev.PublishParams and task.Publish each do) gives the same
+// params and the same answer; NoRetries stays NoRetries.
+func TestValidateTwice(t *testing.T) {
+	t.Parallel()
+	p := valid()
+	p.MaxUnexpectedRetries = task.NoRetries
+	p.ConcurrentWorkerCnt, p.SpecificWorkerIDs = 5, []string{"a", "b"}
+	p.WorkerTimeout = 2 * time.Second
+	want := p
+	want.SpecificWorkerIDs = slices.Clone(p.SpecificWorkerIDs)
+	for i := range 3 {
+		if err := p.Validate(); err != nil {
+			t.Fatalf("Validate #%d = %v", i+1, err)
+		}
+		if !reflect.DeepEqual(p, want) {
+			t.Fatalf("Validate #%d changed the params:\n got %+v\nwant %+v", i+1, p, want)
+		}
+	}
+	tk, err := task.NewTask(p, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk.MaxUnexpectedRetries != 0 || tk.ConcurrentWorkerCnt != 2 || time.Duration(tk.PingInterval) != 500*time.Millisecond {
+		t.Errorf("NewTask: retries %d concurrent %d ping %s; want 0 2 500ms", tk.MaxUnexpectedRetries, tk.ConcurrentWorkerCnt, time.Duration(tk.PingInterval))
+	}
+	if !reflect.DeepEqual(p, want) {
+		t.Errorf("NewTask changed its argument: %+v", p)
+	}
+}
+
+// TestValidateInput: names that cannot be stored or matched, leases too
+// short to honour and payloads over the limit are refused, naming the field.
+func TestValidateInput(t *testing.T) {
+	t.Parallel()
+	big := json.RawMessage(`"` + strings.Repeat("x", task.MaxPayloadSize-2) + `"`)
+	tests := []struct {
+		name, field string
+		edit        func(p *task.PublishParams)
+	}{
+		{"key not UTF-8", "key", func(p *task.PublishParams) { p.Key = "a\xffb" }},
+		{"key control", "key", func(p *task.PublishParams) { p.Key = "a\x1bb" }},
+		{"key C1 control", "key", func(p *task.PublishParams) { p.Key = "a\u0085b" }},
+		{"kind not UTF-8", "kind", func(p *task.PublishParams) { p.Kind = "\xc3" }},
+		{"pin not UTF-8", "specific_worker_ids", func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"w\xfe"} }},
+		{"lock control", "lock_keys", func(p *task.PublishParams) { p.LockKeys = []string{"l\n"} }},
+		{"ping 1ns timeout 2ns", "ping_interval", func(p *task.PublishParams) { p.PingInterval, p.WorkerTimeout = 1, 2 }},
+		{"ping under floor", "ping_interval", func(p *task.PublishParams) { p.PingInterval = task.MinPingInterval - 1 }},
+		{"ping under floor, long timeout", "ping_interval", func(p *task.PublishParams) {
+			p.PingInterval, p.WorkerTimeout = time.Millisecond, time.Second
+		}},
+		{"timeout under floor", "worker_timeout", func(p *task.PublishParams) {
+			p.PingInterval, p.WorkerTimeout = task.MinPingInterval, task.MinWorkerTimeout-1
+		}},
+		{"timeout 2ns", "worker_timeout", func(p *task.PublishParams) { p.WorkerTimeout = 2 }},
+		{"timeout only, under floor", "worker_timeout", func(p *task.PublishParams) { p.WorkerTimeout = 80 * time.Millisecond }},
+		{"payload over the limit", "payload", func(p *task.PublishParams) { p.Payload = append(big, ' ', ' ') }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := valid()
+			tt.edit(&p)
+			err := p.Validate()
+			if !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), tt.field+":") {
+				t.Fatalf("Validate() = %v; want ErrInvalid naming %s", err, tt.field)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error is not one line: %q", err)
+			}
+		})
+	}
+	// The floors themselves and a payload at the limit are accepted.
+	p := valid()
+	p.PingInterval, p.WorkerTimeout, p.Payload = task.MinPingInterval, task.MinWorkerTimeout, big
+	if len(p.Payload) != task.MaxPayloadSize {
+		t.Fatalf("fixture: %d bytes", len(p.Payload))
+	}
+	if err := p.Validate(); err != nil {
+		t.Errorf("Validate at the limits = %v", err)
+	}
+	q := valid()
+	q.WorkerTimeout = task.MinWorkerTimeout // ping defaults to 25ms
+	if err := q.Validate(); err != nil {
+		t.Errorf("Validate with only timeout %s = %v", q.WorkerTimeout, err)
 	}
 }
 

@@ -43,7 +43,7 @@ func deviceCommand() *cli.Command {
 					&cli.Float64Flag{Name: "drop-ack-rate", Usage: "probability that a device sends no ack, in [0,1]"},
 					&cli.DurationFlag{Name: "heartbeat", Value: 5 * time.Second, Usage: "online status period"},
 					&cli.Int64Flag{Name: "seed", Value: 1, Usage: "random seed"},
-					&cli.DurationFlag{Name: "duration", Usage: "stop after this long (default: until interrupted)"},
+					&cli.DurationFlag{Name: "duration", Usage: "stop after this long", DefaultText: "until interrupted"},
 					&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 				),
 				Action: func(c *cli.Context) error {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,11 +29,82 @@ func main() {
 	// each exec program under (builtin.ExecConfig.GuardPath).
 	builtin.GuardMain()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	app := newApp(os.Stdout, os.Stderr)
-	if err := app.RunContext(ctx, interspersed(app, os.Args)); err != nil {
-		fmt.Fprintln(os.Stderr, "leasepool: "+oneLine(err))
-		os.Exit(1)
+	code := run(ctx, os.Args, os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Exit statuses.
+const (
+	exitOK       = 0
+	exitFailed   = 1 // the command failed: store unreachable, task not found...
+	exitBadInput = 2 // a usage error or an invalid value: nothing was done
+)
+
+// run runs the CLI on args as main does and returns the exit status; an
+// error is printed as one line on stderr.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	app := newApp(stdout, stderr)
+	app.Reader = stdin
+	err := app.RunContext(ctx, interspersed(app, args))
+	if err == nil {
+		return exitOK
+	}
+	msg := "leasepool: " + oneLine(err)
+	var ue *usageError
+	if errors.As(err, &ue) {
+		msg += "; see '" + ue.cmd + " --help'"
+	}
+	fmt.Fprintln(stderr, msg)
+	return exitStatus(err)
+}
+
+// exitStatus is exitBadInput for usage errors and invalid values
+// (task.ErrInvalid), exitFailed for any other error.
+func exitStatus(err error) int {
+	var ue *usageError
+	if errors.As(err, &ue) || errors.Is(err, task.ErrInvalid) {
+		return exitBadInput
+	}
+	return exitFailed
+}
+
+// usageError is a command line that does not parse: an unknown command or
+// flag, a value of the wrong type, a missing argument. It exits with
+// exitBadInput and points at cmd's --help instead of printing it.
+type usageError struct {
+	cmd string // "leasepool publish"
+	err error
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// badUsage returns a usageError of the command c runs.
+func badUsage(c *cli.Context, format string, args ...any) error {
+	return &usageError{cmd: c.Command.HelpName, err: fmt.Errorf(format, args...)}
+}
+
+// onUsageError replaces urfave/cli's "Incorrect Usage" and full help with
+// one line naming the flag.
+func onUsageError(c *cli.Context, err error, _ bool) error {
+	// The flag package spells flags with one dash.
+	msg := strings.Replace(err.Error(), "flag -", "flag --", 1)
+	msg = strings.Replace(msg, "flag provided but not defined: -", "unknown flag --", 1)
+	name := c.App.Name
+	if c.Command != nil && c.Command.HelpName != "" {
+		name = c.Command.HelpName
+	}
+	return &usageError{cmd: name, err: errors.New(msg)}
+}
+
+// setUsageErrors installs onUsageError on cmds and their subcommands.
+func setUsageErrors(cmds []*cli.Command) {
+	for _, cmd := range cmds {
+		if cmd.OnUsageError == nil {
+			cmd.OnUsageError = onUsageError
+		}
+		setUsageErrors(cmd.Subcommands)
 	}
 }
 
@@ -42,7 +114,7 @@ func oneLine(err error) string {
 
 // newApp builds the CLI writing to stdout and stderr, so tests can run it.
 func newApp(stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:      "leasepool",
 		Usage:     "a lease-based distributed task queue",
 		Writer:    stdout,
@@ -56,7 +128,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Before: func(c *cli.Context) error {
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
-				return fmt.Errorf("--log-level: %q is not one of debug, info, warn, error", c.String("log-level"))
+				return badUsage(c, "--log-level: %q is not one of debug, info, warn, error", c.String("log-level"))
 			}
 			slog.SetDefault(newLogger(stderr, level))
 			if path := c.String("cpuprofile"); path != "" {
@@ -79,13 +151,21 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands: []*cli.Command{
 			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
 			demoCommand(), benchCommand(),
-			deviceCommand(), devicesCommand(func(c *cli.Context) (task.Store, error) { return openStore(c, true) }),
+			deviceCommand(), devicesCommand(openStoreReadOnly),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints the one-line error
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return err
+		OnUsageError:   onUsageError,
+		// Reached with arguments only when the first names no command.
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return &usageError{cmd: c.App.Name, err: fmt.Errorf("unknown command %q", c.Args().First())}
+			}
+			return cli.ShowAppHelp(c)
 		},
 	}
+	setUsageErrors(app.Commands)
+	setUnknownSubcommand(app.Commands)
+	return app
 }
 
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
@@ -95,6 +175,27 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
+// setUnknownSubcommand makes a command with subcommands refuse one it does
+// not have, as a usage error, instead of urfave/cli's "No help topic".
+func setUnknownSubcommand(cmds []*cli.Command) {
+	for _, cmd := range cmds {
+		if len(cmd.Subcommands) > 0 && cmd.Action == nil {
+			cmd.Action = func(c *cli.Context) error {
+				if c.NArg() > 0 {
+					return badUsage(c, "unknown command %q", c.Args().First())
+				}
+				return cli.ShowSubcommandHelp(c)
+			}
+		}
+		setUnknownSubcommand(cmd.Subcommands)
+	}
+}
+
+// badFlag is an invalid value of flag name: a usage error naming it.
+func badFlag(c *cli.Context, name, format string, args ...any) error {
+	return badUsage(c, "--%s: "+format, append([]any{name}, args...)...)
+}
+
 // positiveDuration reads a duration flag that, when given, must be above zero.
 func positiveDuration(c *cli.Context, name string) (time.Duration, error) {
 	if !c.IsSet(name) {
@@ -102,20 +203,28 @@ func positiveDuration(c *cli.Context, name string) (time.Duration, error) {
 	}
 	d := c.Duration(name)
 	if d <= 0 {
-		return 0, fmt.Errorf("--%s: must be a positive duration, got %s", name, d)
+		return 0, badFlag(c, name, "must be a positive duration, got %s", d)
 	}
 	return d, nil
 }
 
-// splitList splits a comma-separated flag value, dropping empty items.
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
+// listFlag reads a comma-separated list flag. Given, it must name at least
+// one item and have no empty ones: "--pin ,,," would otherwise silently mean
+// no pins at all.
+func listFlag(c *cli.Context, name string) ([]string, error) {
+	if !c.IsSet(name) {
+		return nil, nil
 	}
-	return out
+	v := c.String(name)
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			return nil, badFlag(c, name, "%q has an empty item (want ID[,ID...])", v)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // interspersed reorders args for urfave/cli, which stops at the first

@@ -432,13 +432,3 @@ func TestInterspersed(t *testing.T) {
 		}
 	}
 }
-
-func TestSplitList(t *testing.T) {
-	t.Parallel()
-	if got := splitList(" a, b,,c ,"); !slices.Equal(got, []string{"a", "b", "c"}) {
-		t.Errorf("splitList = %q", got)
-	}
-	if got := splitList(""); got != nil {
-		t.Errorf("splitList(\"\") = %q", got)
-	}
-}

@@ -19,7 +19,18 @@ func openStore(c *cli.Context, mustExist bool) (task.Store, error) {
 	return openStoreURL(c.Context, c.String("store"), mustExist)
 }
 
+// openStoreReadOnly opens the --store URL for a command that only reads: an
+// embedded store file must exist, is opened read-only (nothing written, not
+// even the schema or the journal mode) and must be a leasepool store.
+func openStoreReadOnly(c *cli.Context) (task.Store, error) {
+	return openStoreMode(c.Context, c.String("store"), true, true)
+}
+
 func openStoreURL(ctx context.Context, url string, mustExist bool) (task.Store, error) {
+	return openStoreMode(ctx, url, mustExist, false)
+}
+
+func openStoreMode(ctx context.Context, url string, mustExist, readOnly bool) (task.Store, error) {
 	switch {
 	case strings.HasPrefix(url, "sqlite:"):
 		path := strings.TrimPrefix(url, "sqlite:")
@@ -31,7 +42,7 @@ func openStoreURL(ctx context.Context, url string, mustExist bool) (task.Store, 
 				return nil, fmt.Errorf("--store: %w", err)
 			}
 		}
-		s, err := sqlitestore.Open(ctx, path, &sqlitestore.Config{Logger: slog.Default()})
+		s, err := sqlitestore.Open(ctx, path, &sqlitestore.Config{Logger: slog.Default(), ReadOnly: readOnly})
 		if err != nil {
 			return nil, fmt.Errorf("--store: %w", err)
 		}

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -22,16 +24,19 @@ func publishCommand() *cli.Command {
 		Usage:     "publish a task idempotently, keyed by name",
 		ArgsUsage: "KEY",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "kind", Required: true, Usage: "exec, noop, sleep or device"},
-			&cli.StringFlag{Name: "payload", Usage: "payload JSON"},
+			&cli.StringFlag{Name: "kind", Usage: "exec, noop, sleep or device (required)"},
+			&cli.StringFlag{Name: "payload", Usage: "payload JSON; - reads it from stdin (default: {})"},
+			&cli.StringFlag{Name: "payload-file", Usage: "read the payload JSON from this file"},
 			&cli.IntFlag{Name: "priority", Usage: "higher runs first"},
-			&cli.DurationFlag{Name: "delay", Usage: "not claimable before this long from now"},
-			&cli.StringFlag{Name: "pin", Usage: "comma-separated worker ids allowed to run it"},
+			&cli.DurationFlag{Name: "delay", Usage: "not claimable before this long from now", DefaultText: "none"},
+			&cli.StringFlag{Name: "pin", Usage: "comma-separated worker ids allowed to run it", DefaultText: "any worker"},
 			&cli.IntFlag{Name: "workers", Value: 1, Usage: "workers running it at the same time"},
 			&cli.IntFlag{Name: "successes", Value: 1, Usage: "successful workers that finish it"},
 			&cli.IntFlag{Name: "retries", Value: task.DefaultMaxUnexpectedRetries, Usage: "failed or expired workers tolerated before it fails"},
-			&cli.DurationFlag{Name: "ping", Usage: "lease renewal interval (default 1s)"},
-			&cli.DurationFlag{Name: "timeout", Usage: "lease length; must be above --ping (default 4s, or 4×--ping when only that is given)"},
+			&cli.DurationFlag{Name: "ping", Usage: fmt.Sprintf("lease renewal interval; at least %s", task.MinPingInterval),
+				DefaultText: "1s, or --timeout/4 when only that is given"},
+			&cli.DurationFlag{Name: "timeout", Usage: fmt.Sprintf("lease length; above --ping and at least %s", task.MinWorkerTimeout),
+				DefaultText: "4s, or 4×--ping (at least 100ms) when only that is given"},
 			&cli.StringFlag{Name: "lock", Usage: "comma-separated resources held exclusively while it runs"},
 			&cli.BoolFlag{Name: "rerun", Usage: "run a finished task again"},
 			&cli.BoolFlag{Name: "json", Usage: "print the task as JSON"},
@@ -39,6 +44,9 @@ func publishCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			p, err := publishParams(c)
 			if err != nil {
+				if errors.Is(err, task.ErrInvalid) {
+					return &usageError{cmd: c.Command.HelpName, err: err}
+				}
 				return err
 			}
 			s, err := openStore(c, false)
@@ -64,15 +72,17 @@ func publishCommand() *cli.Command {
 func publishParams(c *cli.Context) (task.PublishParams, error) {
 	var p task.PublishParams
 	if c.NArg() != 1 {
-		return p, errors.New("publish: want exactly one KEY argument")
+		return p, badUsage(c, "want exactly one KEY argument, got %d", c.NArg())
+	}
+	if !c.IsSet("kind") {
+		return p, badFlag(c, "kind", "required (exec, noop, sleep or device)")
 	}
 	p.Key, p.Kind = c.Args().First(), c.String("kind")
-	if c.IsSet("payload") {
-		p.Payload = json.RawMessage(c.String("payload"))
-		if !json.Valid(p.Payload) {
-			return p, fmt.Errorf("--payload: not valid JSON: %q", c.String("payload"))
-		}
+	payload, err := readPayload(c)
+	if err != nil {
+		return p, err
 	}
+	p.Payload = payload
 	if p.Kind != mqttdev.Kind {
 		if err := builtin.Validate(p.Kind, p.Payload); err != nil {
 			return p, fmt.Errorf("--kind/--payload: %w", err)
@@ -92,24 +102,28 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 	}
 	p.PingInterval, p.WorkerTimeout = c.Duration("ping"), c.Duration("timeout")
 	if c.IsSet("ping") && c.IsSet("timeout") && p.WorkerTimeout <= p.PingInterval {
-		return p, fmt.Errorf("--timeout: %s must be above --ping %s", p.WorkerTimeout, p.PingInterval)
+		return p, badFlag(c, "timeout", "%s must be above --ping %s", p.WorkerTimeout, p.PingInterval)
 	}
 	for _, f := range []string{"workers", "successes"} {
 		if c.Int(f) < 1 {
-			return p, fmt.Errorf("--%s: must be at least 1, got %d", f, c.Int(f))
+			return p, badFlag(c, f, "must be at least 1, got %d", c.Int(f))
 		}
 	}
 	if c.Int("retries") < 0 {
-		return p, fmt.Errorf("--retries: must not be negative, got %d", c.Int("retries"))
+		return p, badFlag(c, "retries", "must not be negative, got %d", c.Int("retries"))
 	}
 	p.Priority = c.Int("priority")
-	p.SpecificWorkerIDs = splitList(c.String("pin"))
+	if p.SpecificWorkerIDs, err = listFlag(c, "pin"); err != nil {
+		return p, err
+	}
 	p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = c.Int("workers"), c.Int("successes")
 	p.MaxUnexpectedRetries = c.Int("retries")
 	if p.MaxUnexpectedRetries == 0 {
 		p.MaxUnexpectedRetries = task.NoRetries
 	}
-	p.LockKeys = splitList(c.String("lock"))
+	if p.LockKeys, err = listFlag(c, "lock"); err != nil {
+		return p, err
+	}
 	p.Rerun = c.Bool("rerun")
 	if p.Kind == mqttdev.Kind {
 		// A device command: the device's lock key serialises it cluster-wide.
@@ -117,19 +131,55 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 		if err != nil {
 			return p, fmt.Errorf("--payload: %w", err)
 		}
+		// PublishParams validates the whole publish.
 		rerun := p.Rerun
 		if p, err = mqttdev.PublishParams(p.Key, cmd, p.Options); err != nil {
 			return p, err
 		}
 		p.Rerun = rerun
+		return p, nil
 	}
-	// Validate a copy now so that every error is reported before the store
-	// is touched; task.Publish validates again on its own copy.
-	check := p
-	if err := check.Validate(); err != nil {
-		return p, err
+	// Validate now so that every error is reported before the store is
+	// touched (task.Publish checks again; Validate changes nothing).
+	return p, p.Validate()
+}
+
+// readPayload reads the payload from --payload (- for stdin) or
+// --payload-file, at most task.MaxPayloadSize bytes of JSON; nil when
+// neither is given.
+func readPayload(c *cli.Context) (json.RawMessage, error) {
+	var name string
+	var r io.Reader
+	switch {
+	case c.IsSet("payload") && c.IsSet("payload-file"):
+		return nil, badFlag(c, "payload-file", "give --payload or --payload-file, not both")
+	case c.IsSet("payload-file"):
+		name = "payload-file"
+		f, err := os.Open(c.String("payload-file"))
+		if err != nil {
+			return nil, badFlag(c, "payload-file", "%w", err)
+		}
+		defer f.Close()
+		r = f
+	case c.String("payload") == "-":
+		name, r = "payload", c.App.Reader
+	case c.IsSet("payload"):
+		name, r = "payload", strings.NewReader(c.String("payload"))
+	default:
+		return nil, nil
 	}
-	return p, nil
+	b, err := io.ReadAll(io.LimitReader(r, task.MaxPayloadSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("--%s: %w", name, err)
+	}
+	if len(b) > task.MaxPayloadSize {
+		return nil, badFlag(c, name, "payload is more than the limit of %d bytes", task.MaxPayloadSize)
+	}
+	b = bytes.TrimSpace(b)
+	if !json.Valid(b) {
+		return nil, badFlag(c, name, "not valid JSON: %.80q", b)
+	}
+	return json.RawMessage(b), nil
 }
 
 func lsCommand() *cli.Command {
@@ -140,28 +190,39 @@ func lsCommand() *cli.Command {
 			&cli.StringFlag{Name: "state", Usage: "pending, running, succeeded, failed or cancelled"},
 			&cli.StringFlag{Name: "kind"},
 			&cli.IntFlag{Name: "limit", Value: 1000, Usage: "at most this many tasks (0: all)"},
+			&cli.Int64Flag{Name: "after", Usage: "continue after the task of this seq (as the last page's note says)"},
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON array"},
 		},
 		Action: func(c *cli.Context) error {
-			q := task.ListQuery{Kind: c.String("kind"), Limit: c.Int("limit")}
+			q := task.ListQuery{Kind: c.String("kind"), Limit: c.Int("limit"), AfterSeq: c.Int64("after")}
 			if c.IsSet("state") {
 				st, err := task.ParseState(c.String("state"))
 				if err != nil {
-					return fmt.Errorf("--state: %w", err)
+					return badUsage(c, "--state: %w", err)
 				}
 				q.State = st
 			}
 			if q.Limit < 0 {
-				return fmt.Errorf("--limit: must not be negative")
+				return badFlag(c, "limit", "must not be negative")
 			}
-			s, err := openStore(c, true)
+			if q.AfterSeq < 0 {
+				return badFlag(c, "after", "must not be negative")
+			}
+			s, err := openStoreReadOnly(c)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
+			if q.Limit > 0 {
+				q.Limit++ // one more tells whether the list stopped at the limit
+			}
 			tasks, err := s.List(c.Context, q)
 			if err != nil {
 				return err
+			}
+			if q.Limit > 0 && len(tasks) == q.Limit {
+				tasks = tasks[:len(tasks)-1]
+				fmt.Fprintf(c.App.ErrWriter, "showing the first %d tasks; more with --after %d\n", len(tasks), tasks[len(tasks)-1].Seq)
 			}
 			if c.Bool("json") {
 				if tasks == nil {
@@ -197,7 +258,7 @@ func showCommand() *cli.Command {
 		Usage:     "show one task",
 		ArgsUsage: "KEY",
 		Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the task document as JSON"}},
-		Action: withTask(func(c *cli.Context, s task.Store, key string) error {
+		Action: withTaskReadOnly(func(c *cli.Context, s task.Store, key string) error {
 			t, err := s.Get(c.Context, key)
 			if err != nil {
 				return err
@@ -281,11 +342,20 @@ func retryCommand() *cli.Command {
 
 // withTask checks the KEY argument and opens the store for fn.
 func withTask(fn func(c *cli.Context, s task.Store, key string) error) cli.ActionFunc {
+	return withTaskStore(func(c *cli.Context) (task.Store, error) { return openStore(c, true) }, fn)
+}
+
+// withTaskReadOnly is withTask for commands that only read.
+func withTaskReadOnly(fn func(c *cli.Context, s task.Store, key string) error) cli.ActionFunc {
+	return withTaskStore(openStoreReadOnly, fn)
+}
+
+func withTaskStore(open func(*cli.Context) (task.Store, error), fn func(c *cli.Context, s task.Store, key string) error) cli.ActionFunc {
 	return func(c *cli.Context) error {
 		if c.NArg() != 1 {
-			return fmt.Errorf("%s: want exactly one KEY argument", c.Command.Name)
+			return badUsage(c, "want exactly one KEY argument, got %d", c.NArg())
 		}
-		s, err := openStore(c, true)
+		s, err := open(c)
 		if err != nil {
 			return err
 		}

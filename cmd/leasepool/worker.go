@@ -57,7 +57,10 @@ func workerCommand() *cli.Command {
 				return err
 			}
 			known := append(slices.Clone(builtin.Kinds), mqttdev.Kind)
-			kinds := splitList(c.String("kinds"))
+			kinds, err := listFlag(c, "kinds")
+			if err != nil {
+				return err
+			}
 			for _, k := range kinds {
 				if !slices.Contains(known, k) {
 					return fmt.Errorf("--kinds: %q is not a kind this worker can run (%v)", k, known)

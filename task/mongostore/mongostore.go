@@ -262,6 +262,9 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	if err := s.check(); err != nil {
 		return nil, false, err
 	}
+	if err := task.ValidatePayload(t.Payload); err != nil {
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	}
 	next := t.Clone()
 	next.ID = bson.NewObjectID().Hex()
 	next.Seq = s.nextSeq()
@@ -341,6 +344,9 @@ var immutable = []string{"_id", "key", "seq"}
 func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	if err := s.check(); err != nil {
 		return err
+	}
+	if err := task.ValidatePayload(t.Payload); err != nil {
+		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	next := t.Clone()
 	next.Version = t.Version + 1

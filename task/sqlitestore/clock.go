@@ -185,7 +185,11 @@ func (s *Store) initClock(ctx context.Context) {
 	c.mono = func() (time.Duration, error) { return time.Since(start), nil }
 	c.epochStore, c.epochMono, c.shared = max(c.local().UnixNano(), hwm), 0, false
 	s.prepareHWM(ctx)
-	s.log.Warn("store clock: no shared epoch, using a private one; processes agree only as well as their wall clocks did at open",
+	level := slog.LevelWarn
+	if s.wdb == nil {
+		level = slog.LevelDebug // a read-only look writes nothing, so its clock matters little
+	}
+	s.log.Log(ctx, level, "store clock: no shared epoch, using a private one; processes agree only as well as their wall clocks did at open",
 		slog.Any("reason", err), slog.Time("store_time", time.Unix(0, c.epochStore).UTC()))
 	c.checkSkew(c.now())
 }

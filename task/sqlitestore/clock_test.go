@@ -49,6 +49,7 @@ func TestSkewedWorkers(t *testing.T) {
 			WorkerID: id,
 			Logger:   testLogger(t),
 			Handler: consumer.HandlerFunc(func(ctx context.Context, job *consumer.Job) error {
+				starts <- start{job.WorkerID, job.Task.Key, int64(job.Attempt), time.Now()}
 				if job.Task.Key != "held" {
 					return nil
 				}
@@ -60,9 +61,6 @@ func TestSkewedWorkers(t *testing.T) {
 					return context.Cause(ctx)
 				}
 			}),
-			OnStart: func(job *consumer.Job) {
-				starts <- start{job.WorkerID, job.Task.Key, int64(job.Attempt), time.Now()}
-			},
 			ShutdownTimeout: time.Second,
 		})
 		if err != nil {

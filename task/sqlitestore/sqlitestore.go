@@ -56,9 +56,18 @@ type Config struct {
 	// Store.Now (see clock.go): it seeds a new clock epoch and is compared
 	// with the store clock, with a warning when they disagree.
 	Clock func() time.Time
+	// ReadOnly opens an existing store for reading only, for tools that
+	// only look: the file is opened with mode=ro, no schema is created, the
+	// journal mode is left as it is and no -lock file is made. A file
+	// without a leasepool schema is refused untouched. Every write returns
+	// an error wrapping ErrReadOnly.
+	ReadOnly bool
 
 	host *hostClock // test hook: the host's boot clock; nil is the real one
 }
+
+// ErrReadOnly is returned by writes to a Store opened with Config.ReadOnly.
+var ErrReadOnly = errors.New("sqlitestore: store opened read-only")
 
 func (c *Config) validate() error {
 	if c.PollInterval < 0 {
@@ -154,6 +163,20 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		done:       make(chan struct{}),
 		pruneEvery: int64(min(1000, max(1, c.Retention/10))),
 	}
+	if c.ReadOnly {
+		if err := s.openReadOnly(ctx); err != nil {
+			s.closeDBs()
+			return nil, fmt.Errorf("open store %s: %w", path, mapErr(err))
+		}
+		s.initClock(ctx)
+		if err := s.startTail(); err != nil {
+			close(s.done)
+			s.bg.Wait()
+			s.closeDBs()
+			return nil, fmt.Errorf("open store %s: %w", path, err)
+		}
+		return s, nil
+	}
 	_, statErr := os.Stat(path + "-lock")
 	if err := s.open(ctx); err != nil {
 		s.closeDBs()
@@ -201,6 +224,46 @@ func checkHeader(path string) error {
 		return errors.New("file is not a database")
 	}
 	return nil
+}
+
+// openReadOnly opens rdb alone, with mode=ro, and checks that the file
+// holds this program's schema.
+func (s *Store) openReadOnly(ctx context.Context) error {
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return err
+	}
+	if fi.Size() == 0 {
+		return errors.New("not a leasepool store (empty file)")
+	}
+	// A read-only connection to a WAL database creates the -wal and -shm
+	// files when they are missing (and cannot remove them on close). They
+	// are missing only when no connection has the database open, so the
+	// main file then holds every commit and is read as immutable: no
+	// locks, no files. A writer that starts and checkpoints during the
+	// read could tear it (an error, never a write).
+	q := "?mode=ro&_pragma=busy_timeout(10000)&_pragma=query_only(1)"
+	if _, err := os.Stat(s.path + "-wal"); errors.Is(err, os.ErrNotExist) {
+		q = "?mode=ro&immutable=1&_pragma=query_only(1)"
+	}
+	if s.rdb, err = sql.Open("sqlite", "file:"+filepath.ToSlash(s.path)+q); err != nil {
+		return err
+	}
+	s.rdb.SetMaxOpenConns(8)
+	s.rdb.SetMaxIdleConns(8)
+	s.rdb.SetConnMaxIdleTime(0)
+	s.rdb.SetConnMaxLifetime(0)
+	var v int
+	if err := s.rdb.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return err
+	}
+	if v != schemaVersion {
+		if v == 0 {
+			return errors.New("not a leasepool store (no leasepool schema)")
+		}
+		return fmt.Errorf("not a store of this program (schema version %d, want %d)", v, schemaVersion)
+	}
+	return s.prepareRead(ctx)
 }
 
 func dsn(path string, readOnly bool) string {
@@ -351,6 +414,11 @@ func (s *Store) prepare(ctx context.Context) error {
 		}
 		*p.st = st
 	}
+	return s.prepareRead(ctx)
+}
+
+// prepareRead prepares the statements on rdb.
+func (s *Store) prepareRead(ctx context.Context) error {
 	r := []struct {
 		st **sql.Stmt
 		q  string
@@ -500,6 +568,9 @@ func (s *Store) writeAtomic(ctx context.Context, fn func(tx *sql.Tx) (change int
 func (s *Store) submit(req *writeReq) error {
 	if s.closed.Load() {
 		return errClosed
+	}
+	if s.cfg.ReadOnly {
+		return ErrReadOnly
 	}
 	ctx := req.ctx
 	req.done = make(chan error, 1)
@@ -680,6 +751,9 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	if err := task.ValidateName("key", t.Key); err != nil {
 		return nil, false, err
 	}
+	if err := task.ValidatePayload(t.Payload); err != nil {
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	}
 	pin, err := pinned(t)
 	if err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
@@ -735,6 +809,9 @@ func (s *Store) Get(ctx context.Context, key string) (*task.Task, error) {
 
 // Update writes t if the stored version is t.Version; see task.Store.
 func (s *Store) Update(ctx context.Context, t *task.Task) error {
+	if err := task.ValidatePayload(t.Payload); err != nil {
+		return fmt.Errorf("update %s: %w", t.Key, err)
+	}
 	pin, err := pinned(t)
 	if err != nil {
 		return fmt.Errorf("update %s: %w", t.Key, err)

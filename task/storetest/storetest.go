@@ -167,6 +167,18 @@ func keys(ts []*task.Task) []string {
 	return out
 }
 
+// bigPayload is valid JSON one byte over task.MaxPayloadSize.
+func bigPayload() json.RawMessage { return payloadOf(task.MaxPayloadSize + 1) }
+
+// payloadOf is a JSON object of exactly n bytes (n ≥ 8).
+func payloadOf(n int) json.RawMessage {
+	b := append(make([]byte, 0, n), `{"s":"`...)
+	for len(b) < n-2 {
+		b = append(b, 'x')
+	}
+	return append(b, '"', '}')
+}
+
 func (s suite) insert(t *testing.T) {
 	t.Run("New", func(t *testing.T) {
 		st := s.store(t)
@@ -193,6 +205,30 @@ func (s suite) insert(t *testing.T) {
 		}
 		requireSame(t, "second Insert result", got, first)
 		requireSame(t, "Get after second Insert", mustGet(t, st, "a"), first)
+	})
+	t.Run("PayloadTooBig", func(t *testing.T) {
+		// The backend refuses it itself, whatever built the document.
+		st := s.store(t)
+		tk := newTask(t, "big", "k", st.Now(), task.Options{})
+		tk.Payload = bigPayload()
+		if _, _, err := st.Insert(ctxFor(t), tk); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "payload") {
+			t.Fatalf("Insert of a %d-byte payload: %v; want ErrInvalid naming payload", len(tk.Payload), err)
+		}
+		if _, err := st.Get(ctxFor(t), "big"); !errors.Is(err, task.ErrNotFound) {
+			t.Fatalf("Get after refused Insert: %v; want ErrNotFound", err)
+		}
+		mustInsert(t, st, newTask(t, "small", "k", st.Now(), task.Options{}))
+		cur := mustGet(t, st, "small")
+		next := cur.Clone()
+		next.Payload = bigPayload()
+		if err := st.Update(ctxFor(t), next); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "payload") {
+			t.Fatalf("Update to a %d-byte payload: %v; want ErrInvalid naming payload", len(next.Payload), err)
+		}
+		requireSame(t, "Get after refused Update", mustGet(t, st, "small"), cur)
+		// Exactly at the limit is accepted.
+		at := newTask(t, "at-limit", "k", st.Now(), task.Options{})
+		at.Payload = payloadOf(task.MaxPayloadSize)
+		mustInsert(t, st, at)
 	})
 	t.Run("Concurrent", func(t *testing.T) {
 		st := s.store(t)
@@ -457,6 +493,9 @@ func (s suite) publish(t *testing.T) {
 			"payload":        {Key: "bad1", Kind: "k", Payload: json.RawMessage(`{`)},
 			"kind":           {Key: "bad2"},
 			"worker_timeout": {Key: "bad3", Kind: "k", Options: task.Options{PingInterval: time.Second, WorkerTimeout: time.Second}},
+			"payload size":   {Key: "bad4", Kind: "k", Payload: bigPayload()},
+			"key UTF-8":      {Key: "bad5\xff", Kind: "k"},
+			"short lease":    {Key: "bad6", Kind: "k", Options: task.Options{PingInterval: time.Nanosecond, WorkerTimeout: 2 * time.Nanosecond}},
 		} {
 			if _, _, err := task.Publish(ctxFor(t), st, p); !errors.Is(err, task.ErrInvalid) {
 				t.Errorf("%s: Publish: %v; want ErrInvalid", name, err)
