@@ -137,7 +137,7 @@ func (s *fakeStore) counts() (updates, failed, gets int) {
 func setup(t *testing.T, edit func(p *task.PublishParams)) (*fakeStore, *ping.Lease) {
 	t.Helper()
 	s := newFakeStore()
-	p := task.PublishParams{Key: "k", Kind: "noop", Options: task.Options{PingInterval: 5 * time.Millisecond, WorkerTimeout: time.Minute}}
+	p := task.PublishParams{Key: "k", Kind: "noop", Options: task.Options{PingInterval: 10 * time.Millisecond, WorkerTimeout: time.Minute}}
 	if edit != nil {
 		edit(&p)
 	}
