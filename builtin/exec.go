@@ -148,62 +148,19 @@ func execResult(p ExecPayload, err error, stderr []byte) error {
 // protocol): the worker writes the lease it holds to the guard's stdin
 // every renewEvery, and reads the program's status from the guard's fd 3.
 func (h *execHandler) guarded(ctx context.Context, job *consumer.Job, p ExecPayload, env []string) error {
-	ctlR, ctlW, err := os.Pipe()
+	g, err := h.startGuard(job, p, env)
 	if err != nil {
-		return fmt.Errorf("exec %s: guard pipe: %w", p.Argv[0], err)
+		return fmt.Errorf("exec %s: %w", p.Argv[0], err)
 	}
-	defer ctlW.Close()
-	stR, stW, err := os.Pipe()
-	if err != nil {
-		ctlR.Close()
-		return fmt.Errorf("exec %s: guard pipe: %w", p.Argv[0], err)
-	}
-	defer stR.Close()
-
-	hasLease := job.LeaseRemaining() > 0
-	lease := func() string {
-		return "lease " + strconv.FormatInt(job.LeaseRemaining().Milliseconds(), 10) + "\n"
-	}
-	// The first line is in the pipe before the guard starts: it starts the
-	// program only once it knows its deadline.
-	first := "nolease\n"
-	if hasLease {
-		first = lease()
-	}
-	if _, err := io.WriteString(ctlW, first); err != nil {
-		ctlR.Close()
-		stW.Close()
-		return fmt.Errorf("exec %s: guard pipe: %w", p.Argv[0], err)
-	}
-
-	cmd := exec.Command(h.cfg.GuardPath, append([]string{GuardCommand}, p.Argv...)...)
-	cmd.Dir = p.Dir
-	cmd.Env = env
-	cmd.Stdin = ctlR
-	cmd.ExtraFiles = []*os.File{stW}
-	// Its own process group, so a terminal's Ctrl-C reaches the worker
-	// only; no parent-death signal: the guard must outlive the worker to
-	// clean up, and the pipe's end tells it the worker is gone.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var stderr tailBuffer
-	cmd.Stdout = os.Stdout
-	cmd.Stderr = &stderr
-	// Descendants holding stderr cannot keep Wait waiting: the guard kills
-	// them, and this bounds what is left if the guard itself is killed.
-	cmd.WaitDelay = 5 * time.Second
-	err = cmd.Start()
-	ctlR.Close()
-	stW.Close()
-	if err != nil {
-		return fmt.Errorf("exec %s: guard: %w", p.Argv[0], err)
-	}
+	defer g.ctl.Close()
+	defer g.statusR.Close()
 	statusc := make(chan string, 1)
 	go func() {
-		b, _ := io.ReadAll(io.LimitReader(stR, 4096))
+		b, _ := io.ReadAll(io.LimitReader(g.statusR, 4096))
 		statusc <- string(b)
 	}()
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go func() { done <- g.cmd.Wait() }()
 
 	tick := time.NewTicker(renewEvery(job))
 	defer tick.Stop()
@@ -216,29 +173,96 @@ func (h *execHandler) guarded(ctx context.Context, job *consumer.Job, p ExecPayl
 			if ctx.Err() != nil {
 				return fmt.Errorf("exec %s: killed: %w", p.Argv[0], context.Cause(ctx))
 			}
-			return execResult(p, guardStatus(status, werr), stderr.buf)
+			return execResult(p, guardStatus(status, werr), g.stderr.buf)
 		case <-tick.C:
-			if hasLease {
-				_, _ = io.WriteString(ctlW, lease())
+			if g.hasLease {
+				_, _ = io.WriteString(g.ctl, leaseLine(job))
 			}
 		case <-ctxDone:
 			ctxDone = nil
-			wait := 5 * time.Second
-			if shuttingDown(ctx) {
-				_, _ = fmt.Fprintf(ctlW, "term %d\n", h.cfg.KillGrace.Milliseconds())
-				wait += h.cfg.KillGrace
-			} else {
-				_, _ = io.WriteString(ctlW, "kill\n")
-			}
-			giveUp = time.After(wait)
+			giveUp = time.After(h.stopGuard(ctx, g))
 		case <-giveUp:
 			// The guard did not finish: its stdin's end makes it kill
 			// everything; failing that, it goes.
 			giveUp = nil
-			ctlW.Close()
-			time.AfterFunc(5*time.Second, func() { _ = cmd.Process.Kill() })
+			g.ctl.Close()
+			time.AfterFunc(5*time.Second, func() { _ = g.cmd.Process.Kill() })
 		}
 	}
+}
+
+// guardProc is a started guard and the worker's ends of its pipes.
+type guardProc struct {
+	cmd      *exec.Cmd
+	ctl      *os.File // the guard's stdin: lease, term, kill lines
+	statusR  *os.File // the guard's fd 3: its one status line
+	stderr   *tailBuffer
+	hasLease bool
+}
+
+func leaseLine(job *consumer.Job) string {
+	return "lease " + strconv.FormatInt(job.LeaseRemaining().Milliseconds(), 10) + "\n"
+}
+
+// startGuard starts `GuardPath __exec-guard ARGV...` with its first
+// control line already in its stdin, so it starts the program only once it
+// knows its deadline.
+func (h *execHandler) startGuard(job *consumer.Job, p ExecPayload, env []string) (_ *guardProc, err error) {
+	ctlR, ctlW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("guard pipe: %w", err)
+	}
+	defer ctlR.Close()
+	stR, stW, err := os.Pipe()
+	if err != nil {
+		ctlW.Close()
+		return nil, fmt.Errorf("guard pipe: %w", err)
+	}
+	defer stW.Close()
+	defer func() {
+		if err != nil {
+			ctlW.Close()
+			stR.Close()
+		}
+	}()
+	g := &guardProc{ctl: ctlW, statusR: stR, stderr: &tailBuffer{}, hasLease: job.LeaseRemaining() > 0}
+	first := "nolease\n"
+	if g.hasLease {
+		first = leaseLine(job)
+	}
+	if _, err := io.WriteString(ctlW, first); err != nil {
+		return nil, fmt.Errorf("guard pipe: %w", err)
+	}
+	g.cmd = exec.Command(h.cfg.GuardPath, append([]string{GuardCommand}, p.Argv...)...)
+	g.cmd.Dir = p.Dir
+	g.cmd.Env = env
+	g.cmd.Stdin = ctlR
+	g.cmd.ExtraFiles = []*os.File{stW}
+	// Its own process group, so a terminal's Ctrl-C reaches the worker
+	// only; no parent-death signal: the guard must outlive the worker to
+	// clean up, and the pipe's end tells it the worker is gone.
+	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	g.cmd.Stdout = os.Stdout
+	g.cmd.Stderr = g.stderr
+	// Descendants holding stderr cannot keep Wait waiting: the guard kills
+	// them, and this bounds what is left if the guard itself is killed.
+	g.cmd.WaitDelay = 5 * time.Second
+	if err := g.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("guard: %w", err)
+	}
+	return g, nil
+}
+
+// stopGuard asks the guard to stop the program (SIGTERM and a grace on
+// shutdown, SIGKILL otherwise) and returns how long to wait for it.
+func (h *execHandler) stopGuard(ctx context.Context, g *guardProc) time.Duration {
+	wait := 5 * time.Second
+	if shuttingDown(ctx) {
+		_, _ = fmt.Fprintf(g.ctl, "term %d\n", h.cfg.KillGrace.Milliseconds())
+		return wait + h.cfg.KillGrace
+	}
+	_, _ = io.WriteString(g.ctl, "kill\n")
+	return wait
 }
 
 // renewEvery is how often the worker tells the guard its lease:

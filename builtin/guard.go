@@ -39,131 +39,165 @@ func GuardMain() {
 // "kill", after "term", on SIGTERM/SIGINT/SIGHUP, and once the program has
 // exited (left-over background processes).
 func RunGuard(argv []string) int {
-	status := os.NewFile(3, "status")
-	report := func(format string, args ...any) {
-		if status != nil {
-			_, _ = fmt.Fprintf(status, format+"\n", args...)
-		}
-	}
-	logf := func(format string, args ...any) {
-		_, _ = fmt.Fprintf(os.Stderr, "leasepool exec guard: "+format+"\n", args...)
-	}
+	g := &guard{status: os.NewFile(3, "status")}
 	if len(argv) == 0 {
-		logf("no program to run")
+		g.logf("no program to run")
 		return 2
 	}
 	// A write to a closed stderr (the worker died) must fail, not kill the
 	// guard before it cleans up. Notify, unlike Ignore, is not inherited by
 	// the program.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	g.stop = make(chan os.Signal, 1)
+	signal.Notify(g.stop, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 
-	lines := readLines(os.Stdin)
-	var deadline *time.Timer
-	switch first, ok := <-lines; {
-	case !ok:
-		logf("worker gone before the program started")
+	g.lines = readLines(os.Stdin)
+	if err := g.firstLease(); err != nil {
+		g.logf("%v", err)
 		return 2
-	case first == "nolease":
-	default:
-		d, err := parseMS(first, "lease")
-		if err != nil {
-			logf("%v", err)
-			return 2
-		}
-		deadline = time.NewTimer(d)
-	}
-	if deadline == nil {
-		deadline = time.NewTimer(time.Hour)
-		deadline.Stop()
 	}
 	if err := setSubreaper(); err != nil {
-		logf("cannot become a child subreaper, descendants may escape: %v", err)
+		g.logf("cannot become a child subreaper, descendants may escape: %v", err)
 	}
-
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	setPdeathsig(cmd.SysProcAttr)
 	if err := cmd.Start(); err != nil {
-		report("start %s", oneLine(err.Error()))
+		g.report("start %s", oneLine(err.Error()))
 		return 0
 	}
-	pgid := cmd.Process.Pid
+	g.pgid = cmd.Process.Pid
 	exited := make(chan struct{})
 	var waitErr error
 	go func() { waitErr = cmd.Wait(); close(exited) }()
+	g.supervise(exited)
+	// Whatever the program left behind goes with it.
+	_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
+	reapAll()
+	g.reportExit(waitErr)
+	return 0
+}
 
-	killAll := func(why string) {
-		if why != "" {
-			logf("%s: killing the program and its descendants", why)
-		}
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		for _, pid := range descendants() {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+// guard is one RunGuard: the worker's control lines, the lease deadline
+// and the program's process group.
+type guard struct {
+	status   *os.File // fd 3: the one status line
+	stop     chan os.Signal
+	lines    <-chan string
+	deadline *time.Timer // the lease the worker last reported
+	pgid     int
+}
+
+func (g *guard) report(format string, args ...any) {
+	if g.status != nil {
+		_, _ = fmt.Fprintf(g.status, format+"\n", args...)
 	}
+}
+
+func (g *guard) logf(format string, args ...any) {
+	_, _ = fmt.Fprintf(os.Stderr, "leasepool exec guard: "+format+"\n", args...)
+}
+
+// firstLease reads the worker's first line: "lease MS" or "nolease".
+func (g *guard) firstLease() error {
+	g.deadline = time.NewTimer(time.Hour)
+	g.deadline.Stop()
+	first, ok := <-g.lines
+	switch {
+	case !ok:
+		return errors.New("worker gone before the program started")
+	case first == "nolease":
+		return nil
+	}
+	d, err := parseMS(first, "lease")
+	if err != nil {
+		return err
+	}
+	g.deadline.Reset(d)
+	return nil
+}
+
+// signalAll sends sig to the program's group and every descendant.
+func (g *guard) signalAll(sig syscall.Signal) {
+	_ = syscall.Kill(-g.pgid, sig)
+	for _, pid := range descendants() {
+		_ = syscall.Kill(pid, sig)
+	}
+}
+
+func (g *guard) killAll(why string) {
+	if why != "" {
+		g.logf("%s: killing the program and its descendants", why)
+	}
+	g.signalAll(syscall.SIGKILL)
+}
+
+// supervise acts on the worker's lines, the lease deadline and signals
+// until the program exits.
+func (g *guard) supervise(exited <-chan struct{}) {
 	var graceTimer <-chan time.Time
-loop:
 	for {
 		select {
 		case <-exited:
-			break loop
-		case line, ok := <-lines:
-			switch {
-			case !ok:
-				killAll("the worker is gone")
-				lines = nil
-			case line == "kill":
-				killAll("")
-			case strings.HasPrefix(line, "term "):
-				grace, err := parseMS(line, "term")
-				if err != nil {
-					logf("%v", err)
-					grace = 0
-				}
-				_ = syscall.Kill(-pgid, syscall.SIGTERM)
-				for _, pid := range descendants() {
-					_ = syscall.Kill(pid, syscall.SIGTERM)
-				}
-				if graceTimer == nil {
-					graceTimer = time.After(grace)
-				}
-			case strings.HasPrefix(line, "lease "):
-				d, err := parseMS(line, "lease")
-				if err != nil {
-					logf("%v", err)
-					continue
-				}
-				deadline.Reset(d)
+			return
+		case line, ok := <-g.lines:
+			if !ok {
+				g.killAll("the worker is gone")
+				g.lines = nil
+				continue
 			}
-		case <-deadline.C:
-			killAll("the lease ran out with no renewal from the worker")
+			if grace, term := g.control(line); term && graceTimer == nil {
+				graceTimer = time.After(grace)
+			}
+		case <-g.deadline.C:
+			g.killAll("the lease ran out with no renewal from the worker")
 		case <-graceTimer:
-			killAll("the program outlived its grace period after SIGTERM")
-		case sig := <-stop:
-			killAll("got " + sig.String())
+			g.killAll("the program outlived its grace period after SIGTERM")
+		case sig := <-g.stop:
+			g.killAll("got " + sig.String())
 		}
 	}
-	// Whatever the program left behind goes with it.
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	reapAll()
+}
 
+// control carries out one line from the worker; after "term MS" it returns
+// the grace period and true.
+func (g *guard) control(line string) (time.Duration, bool) {
+	switch {
+	case line == "kill":
+		g.killAll("")
+	case strings.HasPrefix(line, "term "):
+		grace, err := parseMS(line, "term")
+		if err != nil {
+			g.logf("%v", err)
+		}
+		g.signalAll(syscall.SIGTERM)
+		return grace, true
+	case strings.HasPrefix(line, "lease "):
+		d, err := parseMS(line, "lease")
+		if err != nil {
+			g.logf("%v", err)
+			break
+		}
+		g.deadline.Reset(d)
+	}
+	return 0, false
+}
+
+func (g *guard) reportExit(waitErr error) {
 	var ee *exec.ExitError
 	switch {
 	case waitErr == nil:
-		report("exit 0")
+		g.report("exit 0")
 	case errors.As(waitErr, &ee):
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			report("signal %d", int(ws.Signal()))
+			g.report("signal %d", int(ws.Signal()))
 		} else {
-			report("exit %d", ee.ExitCode())
+			g.report("exit %d", ee.ExitCode())
 		}
 	default:
-		report("start %s", oneLine(waitErr.Error()))
+		g.report("start %s", oneLine(waitErr.Error()))
 	}
-	return 0
 }
 
 // reapAll kills and reaps every remaining descendant (the program's
