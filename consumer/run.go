@@ -146,10 +146,10 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	c.settle(hctx, lease, err, ended, log)
 }
 
-// settle writes the attempt's outcome and returns the outcome recorded.
+// settle writes the attempt's outcome.
 // ended is when the handler returned: an outcome is judged against the
 // lease as it stood then, and a peer's claim since makes the write fail.
-func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) error {
+func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) {
 	cause := context.Cause(hctx)
 	if errors.Is(cause, task.ErrUnpinned) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -162,12 +162,12 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.Release(h, c.store.Now()) }); err != nil {
 			log.Debug("release after the task finished", slog.Any("err", err))
 		}
-		return cause
+		return
 	}
 	if errors.Is(cause, task.ErrLeaseLost) {
 		c.leaseLost.Add(1)
 		log.Warn("lease lost; handler cancelled", slog.Any("cause", cause))
-		return cause
+		return
 	}
 	var snooze *SnoozeError
 	var write func(t *task.Task) error
@@ -195,10 +195,10 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 		if errors.Is(werr, task.ErrLeaseLost) {
 			c.leaseLost.Add(1)
 			log.Warn("outcome refused: lease lost", slog.Any("err", werr))
-			return werr
+			return
 		}
 		log.Error("outcome not written; the lease will expire and a peer will retry", slog.Any("err", werr))
-		return werr
+		return
 	}
 	switch {
 	case snooze != nil, errors.Is(err, ErrShutdown):
@@ -209,7 +209,6 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 		c.failed.Add(1)
 		log.Warn("task attempt failed", slog.Any("err", err))
 	}
-	return err
 }
 
 // writeOutcome retries store errors with backoff while the lease may still
