@@ -157,15 +157,13 @@ func TestNewEpochAfterReboot(t *testing.T) {
 	}
 	var latest time.Time
 	for _, key := range []string{"a", "b", "c", "d", "e"} {
-		tk, _, err := task.Publish(ctx, s1, task.PublishParams{Key: key, Kind: "k"})
-		if err != nil {
+		if _, _, err := task.Publish(ctx, s1, task.PublishParams{Key: key, Kind: "k"}); err != nil {
 			t.Fatal(err)
 		}
-		latest = tk.UpdatedAt
 		if _, err := task.Cancel(ctx, s1, key); err != nil {
 			t.Fatal(err)
 		}
-		tk, err = s1.Get(ctx, key)
+		tk, err := s1.Get(ctx, key)
 		if err != nil {
 			t.Fatal(err)
 		}
