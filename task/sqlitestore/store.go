@@ -153,32 +153,15 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		done:       make(chan struct{}),
 		pruneEvery: int64(min(1000, max(1, c.Retention/10))),
 	}
-	if c.ReadOnly {
-		if err := s.openReadOnly(ctx); err != nil {
-			s.closeDBs()
-			return nil, fmt.Errorf("open store %s: %w", path, mapErr(err))
-		}
-		s.initClock(ctx)
-		if err := s.startTail(); err != nil {
-			close(s.done)
-			s.bg.Wait()
-			s.closeDBs()
-			return nil, fmt.Errorf("open store %s: %w", path, err)
-		}
-		return s, nil
-	}
-	_, statErr := os.Stat(path + "-lock")
-	if err := s.open(ctx); err != nil {
-		s.closeDBs()
-		if errors.Is(statErr, os.ErrNotExist) {
-			os.Remove(path + "-lock") // leave a refused file's directory as it was
-		}
-		return nil, fmt.Errorf("open store %s: %w", path, mapErr(err))
+	if err := s.openFiles(ctx); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	s.initClock(ctx)
-	s.writeQ = make(chan *writeReq, maxBatch)
-	s.bg.Add(1)
-	go s.writer()
+	if !c.ReadOnly {
+		s.writeQ = make(chan *writeReq, maxBatch)
+		s.bg.Add(1)
+		go s.writer()
+	}
 	if err := s.startTail(); err != nil {
 		close(s.done)
 		s.bg.Wait()
@@ -186,6 +169,27 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// openFiles opens the databases, read-only or read-write as configured,
+// and closes what it opened when it fails.
+func (s *Store) openFiles(ctx context.Context) error {
+	if s.cfg.ReadOnly {
+		if err := s.openReadOnly(ctx); err != nil {
+			s.closeDBs()
+			return mapErr(err)
+		}
+		return nil
+	}
+	_, statErr := os.Stat(s.path + "-lock")
+	if err := s.open(ctx); err != nil {
+		s.closeDBs()
+		if errors.Is(statErr, os.ErrNotExist) {
+			os.Remove(s.path + "-lock") // leave a refused file's directory as it was
+		}
+		return mapErr(err)
+	}
+	return nil
 }
 
 // sqliteHeader starts every SQLite database file.
@@ -236,13 +240,9 @@ func (s *Store) openReadOnly(ctx context.Context) error {
 	if _, err := os.Stat(s.path + "-wal"); errors.Is(err, os.ErrNotExist) {
 		q = "?mode=ro&immutable=1&_pragma=query_only(1)"
 	}
-	if s.rdb, err = sql.Open("sqlite", "file:"+filepath.ToSlash(s.path)+q); err != nil {
+	if s.rdb, err = openDB("file:"+filepath.ToSlash(s.path)+q, readConns); err != nil {
 		return err
 	}
-	s.rdb.SetMaxOpenConns(8)
-	s.rdb.SetMaxIdleConns(8)
-	s.rdb.SetConnMaxIdleTime(0)
-	s.rdb.SetConnMaxLifetime(0)
 	var v int
 	if err := s.rdb.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
 		return err
@@ -254,6 +254,23 @@ func (s *Store) openReadOnly(ctx context.Context) error {
 		return fmt.Errorf("not a store of this program (schema version %d, want %d)", v, schemaVersion)
 	}
 	return s.prepareRead(ctx)
+}
+
+// readConns is the size of the read pool.
+const readConns = 8
+
+// openDB opens a pool of at most conns connections, kept open for the
+// Store's life since each one holds its prepared statements.
+func openDB(dsn string, conns int) (*sql.DB, error) {
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+	return db, nil
 }
 
 func dsn(path string, readOnly bool) string {
@@ -271,23 +288,15 @@ func (s *Store) open(ctx context.Context) error {
 	if s.writeLock, err = os.OpenFile(s.path+"-lock", os.O_RDWR|os.O_CREATE, 0o644); err != nil {
 		return err
 	}
-	if s.wdb, err = sql.Open("sqlite", dsn(s.path, false)); err != nil {
+	if s.wdb, err = openDB(dsn(s.path, false), 1); err != nil {
 		return err
 	}
-	s.wdb.SetMaxOpenConns(1)
-	s.wdb.SetMaxIdleConns(1)
-	s.wdb.SetConnMaxLifetime(0)
-	s.wdb.SetConnMaxIdleTime(0)
 	if err := s.migrate(ctx); err != nil {
 		return err
 	}
-	if s.rdb, err = sql.Open("sqlite", dsn(s.path, true)); err != nil {
+	if s.rdb, err = openDB(dsn(s.path, true), readConns); err != nil {
 		return err
 	}
-	s.rdb.SetMaxOpenConns(8)
-	s.rdb.SetMaxIdleConns(8)
-	s.rdb.SetConnMaxIdleTime(0)
-	s.rdb.SetConnMaxLifetime(0)
 	return s.prepare(ctx)
 }
 

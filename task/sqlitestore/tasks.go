@@ -172,6 +172,17 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("%w: candidates: limit must be positive", task.ErrInvalid)
 	}
+	stmt, args := candidateSQL(q)
+	ts, err := s.query(ctx, stmt, args...)
+	if err != nil {
+		return nil, fmt.Errorf("candidates: %w", err)
+	}
+	return ts, nil
+}
+
+// candidateSQL builds the query of Candidates: ready tasks by priority,
+// waiting ones by when they become claimable, each page after q.After.
+func candidateSQL(q task.CandidateQuery) (string, []any) {
 	var b strings.Builder
 	args := make([]any, 0, 8)
 	b.WriteString("SELECT seq, version, doc FROM tasks WHERE " + unfinished)
@@ -209,11 +220,7 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 	}
 	b.WriteString(" LIMIT ?")
 	args = append(args, q.Limit)
-	ts, err := s.query(ctx, b.String(), args...)
-	if err != nil {
-		return nil, fmt.Errorf("candidates: %w", err)
-	}
-	return ts, nil
+	return b.String(), args
 }
 
 // List returns tasks in publish order; see task.ListQuery.

@@ -43,80 +43,104 @@ func (s *Store) waitChan() <-chan struct{} {
 // PollInterval, it reads the highest change seq and wakes the streams when
 // it grew. It only queries while streams are open.
 func (s *Store) startTail() error {
+	fw := s.fileWatcher()
+	s.bg.Add(1)
+	go s.tail(fw)
+	return nil
+}
+
+// fileWatcher watches the database's directory, or returns nil where file
+// notifications are unavailable: the tail then polls only.
+func (s *Store) fileWatcher() *fsnotify.Watcher {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		s.log.Warn("no file notifications; polling only", slog.Any("err", err))
-		fw = nil
-	} else if err := fw.Add(filepath.Dir(s.path)); err != nil {
+		return nil
+	}
+	if err := fw.Add(filepath.Dir(s.path)); err != nil {
 		s.log.Warn("no file notifications; polling only", slog.Any("err", err))
 		fw.Close()
-		fw = nil
+		return nil
+	}
+	return fw
+}
+
+// tail is the goroutine of startTail; it ends when the store closes.
+func (s *Store) tail(fw *fsnotify.Watcher) {
+	defer s.bg.Done()
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	if fw != nil {
+		defer fw.Close()
+		events, errs = fw.Events, fw.Errors
 	}
 	base := filepath.Base(s.path)
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		var events <-chan fsnotify.Event
-		var errs <-chan error
-		if fw != nil {
-			defer fw.Close()
-			events, errs = fw.Events, fw.Errors
+	tick := time.NewTicker(s.cfg.PollInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-tick.C:
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			name := filepath.Base(ev.Name)
+			if name != base && name != base+"-wal" {
+				continue
+			}
+			if !drainEvents(events) {
+				events = nil
+			}
+		case err, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			s.log.Warn("file notifications", slog.Any("err", err))
+			continue
 		}
-		tick := time.NewTicker(s.cfg.PollInterval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-s.done:
-				return
-			case <-tick.C:
-			case ev, ok := <-events:
-				if !ok {
-					events = nil
-					continue
-				}
-				name := filepath.Base(ev.Name)
-				if name != base && name != base+"-wal" {
-					continue
-				}
-				// A busy writer produces a burst of events: one read
-				// covers all those already queued.
-				for drained := false; !drained; {
-					select {
-					case _, ok := <-events:
-						if !ok {
-							events, drained = nil, true
-						}
-					default:
-						drained = true
-					}
-				}
-			case err, ok := <-errs:
-				if !ok {
-					errs = nil
-					continue
-				}
-				s.log.Warn("file notifications", slog.Any("err", err))
-				continue
+		s.pollLatest()
+	}
+}
+
+// drainEvents discards the events already queued, since a busy writer
+// produces a burst of them and one read covers them all. It reports
+// whether events is still open.
+func drainEvents(events <-chan fsnotify.Event) (open bool) {
+	for {
+		select {
+		case _, ok := <-events:
+			if !ok {
+				return false
 			}
-			if s.watchers.Load() == 0 {
-				continue
-			}
-			var max int64
-			if err := s.maxChange.QueryRowContext(context.Background()).Scan(&max); err != nil {
-				if !s.closed.Load() {
-					s.log.Warn("tail changes", slog.Any("err", err))
-				}
-				continue
-			}
-			s.mu.Lock()
-			grew := max > s.latest
-			s.mu.Unlock()
-			if grew {
-				s.broadcast(max)
-			}
+		default:
+			return true
 		}
-	}()
-	return nil
+	}
+}
+
+// pollLatest reads the highest change seq, while any stream is open, and
+// wakes the streams when it grew.
+func (s *Store) pollLatest() {
+	if s.watchers.Load() == 0 {
+		return
+	}
+	var max int64
+	if err := s.maxChange.QueryRowContext(context.Background()).Scan(&max); err != nil {
+		if !s.closed.Load() {
+			s.log.Warn("tail changes", slog.Any("err", err))
+		}
+		return
+	}
+	s.mu.Lock()
+	grew := max > s.latest
+	s.mu.Unlock()
+	if grew {
+		s.broadcast(max)
+	}
 }
 
 // Watch opens a change stream of task writes; see task.Store. The stream

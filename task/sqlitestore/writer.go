@@ -138,45 +138,11 @@ func (s *Store) commit(batch []*writeReq) {
 		answer(mapErr(err))
 		return
 	}
-	var latest int64
-	abort := func(i int, err error) {
+	latest, err := runBatch(tx, batch, errs)
+	if err != nil {
 		tx.Rollback()
-		errs[i] = err
 		answer(fmt.Errorf("batched write failed: %w", err))
-	}
-	for i, r := range batch {
-		if err := r.ctx.Err(); err != nil {
-			errs[i] = err
-			continue
-		}
-		if r.savepoint {
-			if _, err := tx.Exec("SAVEPOINT w"); err != nil {
-				abort(i, mapErr(err))
-				return
-			}
-		}
-		change, err := r.fn(tx)
-		switch {
-		case err == nil:
-			latest = max(latest, change)
-		case r.savepoint:
-			errs[i] = err
-			if _, err := tx.Exec("ROLLBACK TO w"); err != nil {
-				abort(i, mapErr(err))
-				return
-			}
-		case clean(err):
-			errs[i] = err
-		default:
-			abort(i, err)
-			return
-		}
-		if r.savepoint {
-			if _, err := tx.Exec("RELEASE w"); err != nil {
-				abort(i, mapErr(err))
-				return
-			}
-		}
+		return
 	}
 	hwm := s.markHWM(tx)
 	if err := tx.Commit(); err != nil {
@@ -193,6 +159,57 @@ func (s *Store) commit(batch []*writeReq) {
 		s.broadcast(latest)
 	}
 	answer(nil)
+}
+
+// runBatch runs each request of batch in tx, setting errs[i] for each one
+// that failed on its own, and returns the highest change seq written. An
+// error that dooms the transaction stops it: that request's errs[i] is set
+// to it and it is returned, for the caller to roll back and fail the rest.
+func runBatch(tx *sql.Tx, batch []*writeReq, errs []error) (latest int64, err error) {
+	for i, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			errs[i] = err
+			continue
+		}
+		change, own, fatal := runOne(tx, r)
+		if fatal != nil {
+			errs[i] = fatal
+			return 0, fatal
+		}
+		errs[i] = own
+		latest = max(latest, change)
+	}
+	return latest, nil
+}
+
+// runOne runs one request in tx, inside a savepoint if it asked for one.
+// own is its failure that left nothing written, so the batch goes on;
+// fatal is an error after which the transaction cannot be committed.
+func runOne(tx *sql.Tx, r *writeReq) (change int64, own, fatal error) {
+	if r.savepoint {
+		if _, err := tx.Exec("SAVEPOINT w"); err != nil {
+			return 0, nil, mapErr(err)
+		}
+	}
+	change, err := r.fn(tx)
+	switch {
+	case err == nil:
+	case r.savepoint:
+		if _, err := tx.Exec("ROLLBACK TO w"); err != nil {
+			return 0, nil, mapErr(err)
+		}
+		change, own = 0, err
+	case clean(err):
+		return 0, err, nil
+	default:
+		return 0, nil, err
+	}
+	if r.savepoint {
+		if _, err := tx.Exec("RELEASE w"); err != nil {
+			return 0, nil, mapErr(err)
+		}
+	}
+	return change, own, nil
 }
 
 // appendChange records a write of key in the changes table, pruning the
