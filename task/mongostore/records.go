@@ -17,8 +17,6 @@ import (
 // id, value, at}.
 const RecordsCollection = "records"
 
-var _ task.RecordStore = (*Store)(nil)
-
 type recordDoc struct {
 	Kind  string        `bson:"kind"`
 	ID    string        `bson:"id"`

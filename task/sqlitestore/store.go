@@ -28,10 +28,7 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-var (
-	_ task.Store       = (*Store)(nil)
-	_ task.RecordStore = (*Store)(nil)
-)
+var _ task.Store = (*Store)(nil)
 
 // Config tunes a Store. The zero value (or nil) takes every default.
 type Config struct {

@@ -1027,11 +1027,7 @@ func (s suite) registry(t *testing.T) {
 
 // records checks the shared records every backend offers (device states).
 func (s suite) records(t *testing.T) {
-	st := s.store(t)
-	rs, ok := st.(task.RecordStore)
-	if !ok {
-		t.Fatalf("%T does not implement task.RecordStore", st)
-	}
+	rs := s.store(t)
 	ctx := context.Background()
 	t0 := time.Now().UTC().Truncate(time.Millisecond)
 	put := func(id, value string, at time.Time) {
