@@ -73,100 +73,123 @@ func (s suite) candidates(t *testing.T) {
 	if len(ready) != 14 || len(upcoming) != 7 {
 		t.Fatalf("fixture: %d ready, %d upcoming; want 14, 7", len(ready), len(upcoming))
 	}
-	// expect returns the keys of want that pass keep, in q's order.
-	expect := func(q task.CandidateQuery, want map[string]*task.Task, keep func(*task.Task) bool) []string {
-		var ts []*task.Task
-		for _, tk := range want {
-			if keep == nil || keep(tk) {
-				ts = append(ts, tk)
-			}
-		}
-		slices.SortFunc(ts, func(a, b *task.Task) int {
-			if q.Less(a, b) {
-				return -1
-			}
-			if q.Less(b, a) {
-				return 1
-			}
-			return 0
-		})
-		return keys(ts)
-	}
-	query := func(t *testing.T, q task.CandidateQuery) []*task.Task {
-		t.Helper()
-		got, err := st.Candidates(ctxFor(t), q)
-		if err != nil {
-			t.Fatalf("Candidates(%+v): %v", q, err)
-		}
-		for _, tk := range got {
-			if tk.State.Finished() {
-				t.Errorf("Candidates returned %s in state %s", tk.Key, tk.State)
-			}
-		}
-		return got
-	}
 	for _, mode := range []bool{true, false} {
 		want := upcoming
 		if mode {
 			want = ready
 		}
+		c := candidateCheck{st: st, now: now, mode: mode, want: want}
 		t.Run(fmt.Sprintf("Ready=%v", mode), func(t *testing.T) {
-			t.Run("All", func(t *testing.T) {
-				q := task.CandidateQuery{Now: now, Ready: mode, Limit: 100}
-				if got, w := keys(query(t, q)), expect(q, want, nil); !slices.Equal(got, w) {
-					t.Fatalf("got  %v\nwant %v", got, w)
-				}
-			})
-			t.Run("Limit", func(t *testing.T) {
-				q := task.CandidateQuery{Now: now, Ready: mode, Limit: 3}
-				if got, w := keys(query(t, q)), expect(q, want, nil)[:3]; !slices.Equal(got, w) {
-					t.Fatalf("got  %v\nwant %v", got, w)
-				}
-			})
-			t.Run("Paging", func(t *testing.T) {
-				for _, limit := range []int{1, 2, 3, 5} {
-					q := task.CandidateQuery{Now: now, Ready: mode, Limit: limit}
-					var got []string
-					for pages := 0; ; pages++ {
-						if pages > 50 {
-							t.Fatalf("limit %d: paging does not end: %v", limit, got)
-						}
-						page := query(t, q)
-						if len(page) > limit {
-							t.Fatalf("limit %d: page of %d", limit, len(page))
-						}
-						got = append(got, keys(page)...)
-						if len(page) < limit {
-							break
-						}
-						q.After = page[len(page)-1]
-					}
-					if w := expect(q, want, nil); !slices.Equal(got, w) {
-						t.Fatalf("limit %d: pages gave\n %v\nwant\n %v", limit, got, w)
-					}
-				}
-			})
-			t.Run("Kinds", func(t *testing.T) {
-				q := task.CandidateQuery{Now: now, Ready: mode, Limit: 100, Kinds: []string{"k2"}}
-				w := expect(q, want, func(tk *task.Task) bool { return tk.Kind == "k2" })
-				if got := keys(query(t, q)); !slices.Equal(got, w) || len(w) == 0 {
-					t.Fatalf("got  %v\nwant %v", got, w)
-				}
-				q.Kinds = []string{"k1", "k2"}
-				if got, w := keys(query(t, q)), expect(q, want, nil); !slices.Equal(got, w) {
-					t.Fatalf("both kinds: got  %v\nwant %v", got, w)
-				}
-			})
-			t.Run("WorkerID", func(t *testing.T) {
-				for _, w := range []string{"w1", "w2", "w9"} {
-					q := task.CandidateQuery{Now: now, Ready: mode, Limit: 100, WorkerID: w}
-					exp := expect(q, want, func(tk *task.Task) bool { return tk.Allows(w) })
-					if got := keys(query(t, q)); !slices.Equal(got, exp) {
-						t.Fatalf("worker %s: got  %v\nwant %v", w, got, exp)
-					}
-				}
-			})
+			t.Run("All", c.all)
+			t.Run("Limit", c.limit)
+			t.Run("Paging", c.paging)
+			t.Run("Kinds", c.kinds)
+			t.Run("WorkerID", c.workerID)
 		})
+	}
+}
+
+// candidateCheck checks Candidates in one mode (ready or upcoming) against
+// the fixture's tasks of that mode.
+type candidateCheck struct {
+	st   task.Store
+	now  time.Time
+	mode bool
+	want map[string]*task.Task
+}
+
+// expect returns the keys of c.want that pass keep, in q's order.
+func (c candidateCheck) expect(q task.CandidateQuery, keep func(*task.Task) bool) []string {
+	var ts []*task.Task
+	for _, tk := range c.want {
+		if keep == nil || keep(tk) {
+			ts = append(ts, tk)
+		}
+	}
+	slices.SortFunc(ts, func(a, b *task.Task) int {
+		if q.Less(a, b) {
+			return -1
+		}
+		if q.Less(b, a) {
+			return 1
+		}
+		return 0
+	})
+	return keys(ts)
+}
+
+// query runs q, failing on an error or on a finished task returned.
+func (c candidateCheck) query(t *testing.T, q task.CandidateQuery) []*task.Task {
+	t.Helper()
+	got, err := c.st.Candidates(ctxFor(t), q)
+	if err != nil {
+		t.Fatalf("Candidates(%+v): %v", q, err)
+	}
+	for _, tk := range got {
+		if tk.State.Finished() {
+			t.Errorf("Candidates returned %s in state %s", tk.Key, tk.State)
+		}
+	}
+	return got
+}
+
+func (c candidateCheck) all(t *testing.T) {
+	q := task.CandidateQuery{Now: c.now, Ready: c.mode, Limit: 100}
+	if got, w := keys(c.query(t, q)), c.expect(q, nil); !slices.Equal(got, w) {
+		t.Fatalf("got  %v\nwant %v", got, w)
+	}
+}
+
+func (c candidateCheck) limit(t *testing.T) {
+	q := task.CandidateQuery{Now: c.now, Ready: c.mode, Limit: 3}
+	if got, w := keys(c.query(t, q)), c.expect(q, nil)[:3]; !slices.Equal(got, w) {
+		t.Fatalf("got  %v\nwant %v", got, w)
+	}
+}
+
+func (c candidateCheck) paging(t *testing.T) {
+	for _, limit := range []int{1, 2, 3, 5} {
+		q := task.CandidateQuery{Now: c.now, Ready: c.mode, Limit: limit}
+		var got []string
+		for pages := 0; ; pages++ {
+			if pages > 50 {
+				t.Fatalf("limit %d: paging does not end: %v", limit, got)
+			}
+			page := c.query(t, q)
+			if len(page) > limit {
+				t.Fatalf("limit %d: page of %d", limit, len(page))
+			}
+			got = append(got, keys(page)...)
+			if len(page) < limit {
+				break
+			}
+			q.After = page[len(page)-1]
+		}
+		if w := c.expect(q, nil); !slices.Equal(got, w) {
+			t.Fatalf("limit %d: pages gave\n %v\nwant\n %v", limit, got, w)
+		}
+	}
+}
+
+func (c candidateCheck) kinds(t *testing.T) {
+	q := task.CandidateQuery{Now: c.now, Ready: c.mode, Limit: 100, Kinds: []string{"k2"}}
+	w := c.expect(q, func(tk *task.Task) bool { return tk.Kind == "k2" })
+	if got := keys(c.query(t, q)); !slices.Equal(got, w) || len(w) == 0 {
+		t.Fatalf("got  %v\nwant %v", got, w)
+	}
+	q.Kinds = []string{"k1", "k2"}
+	if got, w := keys(c.query(t, q)), c.expect(q, nil); !slices.Equal(got, w) {
+		t.Fatalf("both kinds: got  %v\nwant %v", got, w)
+	}
+}
+
+func (c candidateCheck) workerID(t *testing.T) {
+	for _, w := range []string{"w1", "w2", "w9"} {
+		q := task.CandidateQuery{Now: c.now, Ready: c.mode, Limit: 100, WorkerID: w}
+		exp := c.expect(q, func(tk *task.Task) bool { return tk.Allows(w) })
+		if got := keys(c.query(t, q)); !slices.Equal(got, exp) {
+			t.Fatalf("worker %s: got  %v\nwant %v", w, got, exp)
+		}
 	}
 }
 

@@ -17,103 +17,113 @@ import (
 )
 
 func (s suite) insert(t *testing.T) {
-	t.Run("New", func(t *testing.T) {
-		st := s.store(t)
-		tk := newTask(t, "a", "k", st.Now(), task.Options{})
-		got, inserted, err := st.Insert(ctxFor(t), tk)
-		if err != nil || !inserted {
-			t.Fatalf("Insert: inserted=%v err=%v", inserted, err)
-		}
-		if got.ID == "" || got.Seq <= 0 || got.Version != 1 {
-			t.Fatalf("Insert returned ID=%q Seq=%d Version=%d; want an ID, Seq>0, Version 1", got.ID, got.Seq, got.Version)
-		}
-		if tk.ID != got.ID || tk.Seq != got.Seq || tk.Version != 1 {
-			t.Errorf("Insert did not update its argument in place: ID=%q Seq=%d Version=%d", tk.ID, tk.Seq, tk.Version)
-		}
-		requireSame(t, "Get after Insert", mustGet(t, st, "a"), got)
-	})
-	t.Run("Existing", func(t *testing.T) {
-		st := s.store(t)
-		first := mustInsert(t, st, newTask(t, "a", "k1", st.Now(), task.Options{Priority: 1}))
-		again := newTask(t, "a", "k2", st.Now(), task.Options{Priority: 9})
-		got, inserted, err := st.Insert(ctxFor(t), again)
-		if err != nil || inserted {
-			t.Fatalf("second Insert: inserted=%v err=%v; want false, nil", inserted, err)
-		}
-		requireSame(t, "second Insert result", got, first)
-		requireSame(t, "Get after second Insert", mustGet(t, st, "a"), first)
-	})
-	t.Run("PayloadTooBig", func(t *testing.T) {
-		// The backend refuses it itself, whatever built the document.
-		st := s.store(t)
-		tk := newTask(t, "big", "k", st.Now(), task.Options{})
-		tk.Payload = bigPayload()
-		if _, _, err := st.Insert(ctxFor(t), tk); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "payload") {
-			t.Fatalf("Insert of a %d-byte payload: %v; want ErrInvalid naming payload", len(tk.Payload), err)
-		}
-		if _, err := st.Get(ctxFor(t), "big"); !errors.Is(err, task.ErrNotFound) {
-			t.Fatalf("Get after refused Insert: %v; want ErrNotFound", err)
-		}
-		mustInsert(t, st, newTask(t, "small", "k", st.Now(), task.Options{}))
-		cur := mustGet(t, st, "small")
-		next := cur.Clone()
-		next.Payload = bigPayload()
-		if err := st.Update(ctxFor(t), next); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "payload") {
-			t.Fatalf("Update to a %d-byte payload: %v; want ErrInvalid naming payload", len(next.Payload), err)
-		}
-		requireSame(t, "Get after refused Update", mustGet(t, st, "small"), cur)
-		// Exactly at the limit is accepted.
-		at := newTask(t, "at-limit", "k", st.Now(), task.Options{})
-		at.Payload = payloadOf(task.MaxPayloadSize)
-		mustInsert(t, st, at)
-	})
-	t.Run("Concurrent", func(t *testing.T) {
-		st := s.store(t)
-		const n = 20
-		var wg sync.WaitGroup
-		ids := make([]string, n)
-		ins := make([]bool, n)
-		errs := make([]error, n)
-		now := st.Now()
-		for i := range n {
-			wg.Go(func() {
-				tk, err := task.NewTask(task.PublishParams{Key: "same", Kind: "k", Options: task.Options{Priority: i}}, now)
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				got, inserted, err := st.Insert(context.Background(), tk)
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				ids[i], ins[i] = got.ID, inserted
-			})
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			t.Fatalf("concurrent Insert: %v", err)
-		}
-		if c := countTrue(ins); c != 1 {
-			t.Errorf("%d of %d concurrent inserts reported inserted=true; want 1", c, n)
-		}
-		for i, id := range ids {
-			if id != ids[0] {
-				t.Errorf("insert %d saw ID %q, insert 0 saw %q", i, id, ids[0])
+	t.Run("New", s.insertNew)
+	t.Run("Existing", s.insertExisting)
+	t.Run("PayloadTooBig", s.insertPayloadTooBig)
+	t.Run("Concurrent", s.insertConcurrent)
+	t.Run("SeqGrows", s.insertSeqGrows)
+}
+
+func (s suite) insertNew(t *testing.T) {
+	st := s.store(t)
+	tk := newTask(t, "a", "k", st.Now(), task.Options{})
+	got, inserted, err := st.Insert(ctxFor(t), tk)
+	if err != nil || !inserted {
+		t.Fatalf("Insert: inserted=%v err=%v", inserted, err)
+	}
+	if got.ID == "" || got.Seq <= 0 || got.Version != 1 {
+		t.Fatalf("Insert returned ID=%q Seq=%d Version=%d; want an ID, Seq>0, Version 1", got.ID, got.Seq, got.Version)
+	}
+	if tk.ID != got.ID || tk.Seq != got.Seq || tk.Version != 1 {
+		t.Errorf("Insert did not update its argument in place: ID=%q Seq=%d Version=%d", tk.ID, tk.Seq, tk.Version)
+	}
+	requireSame(t, "Get after Insert", mustGet(t, st, "a"), got)
+}
+
+func (s suite) insertExisting(t *testing.T) {
+	st := s.store(t)
+	first := mustInsert(t, st, newTask(t, "a", "k1", st.Now(), task.Options{Priority: 1}))
+	again := newTask(t, "a", "k2", st.Now(), task.Options{Priority: 9})
+	got, inserted, err := st.Insert(ctxFor(t), again)
+	if err != nil || inserted {
+		t.Fatalf("second Insert: inserted=%v err=%v; want false, nil", inserted, err)
+	}
+	requireSame(t, "second Insert result", got, first)
+	requireSame(t, "Get after second Insert", mustGet(t, st, "a"), first)
+}
+
+func (s suite) insertPayloadTooBig(t *testing.T) {
+	// The backend refuses it itself, whatever built the document.
+	st := s.store(t)
+	tk := newTask(t, "big", "k", st.Now(), task.Options{})
+	tk.Payload = bigPayload()
+	if _, _, err := st.Insert(ctxFor(t), tk); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "payload") {
+		t.Fatalf("Insert of a %d-byte payload: %v; want ErrInvalid naming payload", len(tk.Payload), err)
+	}
+	if _, err := st.Get(ctxFor(t), "big"); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("Get after refused Insert: %v; want ErrNotFound", err)
+	}
+	mustInsert(t, st, newTask(t, "small", "k", st.Now(), task.Options{}))
+	cur := mustGet(t, st, "small")
+	next := cur.Clone()
+	next.Payload = bigPayload()
+	if err := st.Update(ctxFor(t), next); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "payload") {
+		t.Fatalf("Update to a %d-byte payload: %v; want ErrInvalid naming payload", len(next.Payload), err)
+	}
+	requireSame(t, "Get after refused Update", mustGet(t, st, "small"), cur)
+	// Exactly at the limit is accepted.
+	at := newTask(t, "at-limit", "k", st.Now(), task.Options{})
+	at.Payload = payloadOf(task.MaxPayloadSize)
+	mustInsert(t, st, at)
+}
+
+func (s suite) insertConcurrent(t *testing.T) {
+	st := s.store(t)
+	const n = 20
+	var wg sync.WaitGroup
+	ids := make([]string, n)
+	ins := make([]bool, n)
+	errs := make([]error, n)
+	now := st.Now()
+	for i := range n {
+		wg.Go(func() {
+			tk, err := task.NewTask(task.PublishParams{Key: "same", Kind: "k", Options: task.Options{Priority: i}}, now)
+			if err != nil {
+				errs[i] = err
+				return
 			}
-		}
-	})
-	t.Run("SeqGrows", func(t *testing.T) {
-		st := s.store(t)
-		var last int64
-		for i := range 5 {
-			got := mustInsert(t, st, newTask(t, fmt.Sprint("k", i), "k", st.Now(), task.Options{}))
-			if got.Seq <= last {
-				t.Fatalf("insert %d got Seq %d, not after %d", i, got.Seq, last)
+			got, inserted, err := st.Insert(context.Background(), tk)
+			if err != nil {
+				errs[i] = err
+				return
 			}
-			last = got.Seq
+			ids[i], ins[i] = got.ID, inserted
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("concurrent Insert: %v", err)
+	}
+	if c := countTrue(ins); c != 1 {
+		t.Errorf("%d of %d concurrent inserts reported inserted=true; want 1", c, n)
+	}
+	for i, id := range ids {
+		if id != ids[0] {
+			t.Errorf("insert %d saw ID %q, insert 0 saw %q", i, id, ids[0])
 		}
-	})
+	}
+}
+
+func (s suite) insertSeqGrows(t *testing.T) {
+	st := s.store(t)
+	var last int64
+	for i := range 5 {
+		got := mustInsert(t, st, newTask(t, fmt.Sprint("k", i), "k", st.Now(), task.Options{}))
+		if got.Seq <= last {
+			t.Fatalf("insert %d got Seq %d, not after %d", i, got.Seq, last)
+		}
+		last = got.Seq
+	}
 }
 
 func countTrue(bs []bool) int {
