@@ -1,5 +1,8 @@
 package mongostore
 
+// Shared records (task.RecordStore): one document per kind and id in
+// `records`, a write ignored when a later one is stored.
+
 import (
 	"context"
 	"encoding/json"
