@@ -1,3 +1,5 @@
+// records.go keeps device states in the task store's shared records.
+
 package mqttdev
 
 import (
@@ -12,7 +14,8 @@ import (
 const recordKind = "device-state"
 
 // StoreStates keeps device states in the task store's shared records, so
-// that every worker and admin tool sees the same picture. Pass it as
+// that every worker and admin tool sees the same picture. Every task.Store
+// is a task.RecordStore; it asks for no more than the records. Pass it as
 // HandlerConfig.DeviceState.
 func StoreStates(rs task.RecordStore) DeviceStateStore { return recordStates{rs} }
 

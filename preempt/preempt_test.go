@@ -5,39 +5,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/tasktest"
 	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 
-var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-
-// newTask builds a validated task published at t0, with edit applied to its
-// params and the given workers; derived fields are recomputed at t0.
-func newTask(t *testing.T, edit func(p *task.PublishParams), workers ...task.Worker) *task.Task {
-	t.Helper()
-	p := task.PublishParams{Key: "k", Kind: "noop"}
-	if edit != nil {
-		edit(&p)
-	}
-	tk, err := task.NewTask(p, t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tk.Workers = append(tk.Workers, workers...)
-	for _, w := range workers {
-		tk.Attempts = max(tk.Attempts, w.Attempt)
-	}
-	tk.Recompute(t0)
-	return tk
-}
-
-func running(id string, attempt int, lease time.Time) task.Worker {
-	return task.Worker{WorkerID: id, State: task.WorkerRunning, Attempt: attempt, LeaseUntil: lease, StartedAt: t0.Add(-time.Second)}
-}
-
-func ended(id string, attempt int, st task.WorkerState) task.Worker {
-	return task.Worker{WorkerID: id, State: st, Attempt: attempt, StartedAt: t0.Add(-time.Minute), EndedAt: t0.Add(-time.Second)}
-}
+// The task fixtures shared with task's tests, under this file's names.
+var (
+	t0      = tasktest.T0
+	newTask = tasktest.New
+	running = tasktest.Running
+	ended   = tasktest.Ended
+)
 
 func TestDecide(t *testing.T) {
 	t.Parallel()

@@ -60,6 +60,8 @@ type Store interface {
 	ReleaseLocks(ctx context.Context, p LockParams) error
 	// The worker registry: one record per live worker process.
 	Registry
+	// Shared records, such as the last known state of each device.
+	RecordStore
 	// Now is the store's clock as best known here: leases are written and
 	// compared in it so that skewed hosts agree.
 	Now() time.Time
@@ -179,8 +181,8 @@ type Record struct {
 	At time.Time `json:"at"`
 }
 
-// RecordStore is an optional Store capability for shared records (both
-// backends have it). Callers find it with a type assertion.
+// RecordStore keeps shared records, part of every Store. It stands alone
+// for callers that need records and nothing else (mqttdev.StoreStates).
 type RecordStore interface {
 	// PutRecord stores r unless a record of that kind and id with a later
 	// At is already there.

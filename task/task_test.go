@@ -9,14 +9,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/tasktest"
 	"github.com/leasepool/leasepool/task"
 )
 
-var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-
-func valid() task.PublishParams {
-	return task.PublishParams{Key: "k", Kind: "noop"}
-}
+// The fixtures shared with preempt's tests, under this file's names.
+var (
+	t0      = tasktest.T0
+	valid   = tasktest.Params
+	doc     = tasktest.New
+	running = tasktest.Running
+	ended   = tasktest.Ended
+)
 
 func TestValidateErrorsNameField(t *testing.T) {
 	t.Parallel()
@@ -231,33 +235,6 @@ func TestNewTask(t *testing.T) {
 			t.Errorf("run_at %s next %s", tk.RunAt, tk.NextClaimAt)
 		}
 	})
-}
-
-// doc builds a validated task at t0 with edit applied and the given workers.
-func doc(t *testing.T, edit func(p *task.PublishParams), workers ...task.Worker) *task.Task {
-	t.Helper()
-	p := valid()
-	if edit != nil {
-		edit(&p)
-	}
-	tk, err := task.NewTask(p, t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tk.Workers = append(tk.Workers, workers...)
-	for _, w := range workers {
-		tk.Attempts = max(tk.Attempts, w.Attempt)
-	}
-	tk.Recompute(t0)
-	return tk
-}
-
-func running(id string, attempt int, lease time.Time) task.Worker {
-	return task.Worker{WorkerID: id, State: task.WorkerRunning, Attempt: attempt, LeaseUntil: lease, StartedAt: t0.Add(-time.Second)}
-}
-
-func ended(id string, attempt int, st task.WorkerState) task.Worker {
-	return task.Worker{WorkerID: id, State: st, Attempt: attempt, StartedAt: t0.Add(-time.Minute), EndedAt: t0.Add(-time.Second)}
 }
 
 func TestRecompute(t *testing.T) {

@@ -1,5 +1,8 @@
 package mongostore
 
+// The store clock: the local clock plus an offset to the server's, measured
+// at open and refreshed in the background.
+
 import (
 	"context"
 	"errors"

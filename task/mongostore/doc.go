@@ -1,5 +1,8 @@
 package mongostore
 
+// The stored task document: task.Task to and from BSON, the JSON payload
+// stored as a BSON value (key order kept) and read back as JSON.
+
 import (
 	"bytes"
 	"encoding/json"

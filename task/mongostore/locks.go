@@ -1,5 +1,9 @@
 package mongostore
 
+// Resource locks: one document per lock key in `locks`, taken key by key
+// in sorted order; when one is held elsewhere the call frees the keys it
+// took.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,8 @@
 package mongostore
 
+// Shared records (task.RecordStore): one document per kind and id in
+// `records`, a write ignored when a later one is stored.
+
 import (
 	"context"
 	"encoding/json"
@@ -16,8 +19,6 @@ import (
 // RecordsCollection holds task.Record documents: {_id: {kind, id}, kind,
 // id, value, at}.
 const RecordsCollection = "records"
-
-var _ task.RecordStore = (*Store)(nil)
 
 type recordDoc struct {
 	Kind  string        `bson:"kind"`

@@ -1,5 +1,8 @@
 package mongostore
 
+// The change stream: a MongoDB change stream on `tasks`, its events
+// turned into task.Events and its resume token into task.Tokens.
+
 import (
 	"context"
 	"errors"

@@ -1,0 +1,151 @@
+// schema.go is the on-disk layout: the schema and its version, the
+// upgrades between versions, and the prepared statements on it.
+
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// schemaVersion is recorded in PRAGMA user_version.
+const schemaVersion = 3
+
+const schema = `
+CREATE TABLE IF NOT EXISTS tasks (
+	seq INTEGER PRIMARY KEY AUTOINCREMENT,
+	key TEXT NOT NULL UNIQUE,
+	kind TEXT NOT NULL,
+	state TEXT NOT NULL,
+	next_claim_at INTEGER NOT NULL,
+	priority INTEGER NOT NULL,
+	pinned TEXT NOT NULL,
+	version INTEGER NOT NULL,
+	doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tasks_state_next_claim ON tasks (state, next_claim_at);
+CREATE INDEX IF NOT EXISTS tasks_state_priority ON tasks (state, priority DESC, seq);
+CREATE TABLE IF NOT EXISTS changes (
+	seq INTEGER PRIMARY KEY AUTOINCREMENT,
+	key TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS records (
+	kind TEXT NOT NULL,
+	id TEXT NOT NULL,
+	at INTEGER NOT NULL,
+	value TEXT NOT NULL,
+	PRIMARY KEY (kind, id)
+);
+CREATE TABLE IF NOT EXISTS locks (
+	key TEXT PRIMARY KEY,
+	task_key TEXT NOT NULL,
+	worker_id TEXT NOT NULL,
+	attempt INTEGER NOT NULL,
+	until INTEGER NOT NULL,
+	instance TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS workers (
+	id TEXT PRIMARY KEY,
+	instance TEXT NOT NULL,
+	until INTEGER NOT NULL,
+	info TEXT NOT NULL
+);
+`
+
+// upgrades[v] takes a store of schema version v to v+1.
+var upgrades = map[int]string{
+	2: `ALTER TABLE locks ADD COLUMN instance TEXT NOT NULL DEFAULT '';
+CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL, until INTEGER NOT NULL, info TEXT NOT NULL);`,
+}
+
+// migrate creates the schema in one transaction if it is missing.
+func (s *Store) migrate(ctx context.Context) error {
+	var v int
+	if err := s.wdb.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return err
+	}
+	if v == schemaVersion {
+		return nil
+	}
+	if v > schemaVersion {
+		return fmt.Errorf("schema version %d is newer than this program's %d", v, schemaVersion)
+	}
+	tx, err := s.wdb.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	// Re-check under the write lock: another process may have won.
+	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return err
+	}
+	if v == schemaVersion {
+		return nil
+	}
+	if v == 0 {
+		if _, err := tx.ExecContext(ctx, schema); err != nil {
+			return err
+		}
+	}
+	for ; v > 0 && v < schemaVersion; v++ {
+		if _, err := tx.ExecContext(ctx, upgrades[v]); err != nil {
+			return fmt.Errorf("upgrade schema from version %d: %w", v, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (s *Store) prepare(ctx context.Context) error {
+	w := []struct {
+		st **sql.Stmt
+		q  string
+	}{
+		{&s.insTask, `INSERT INTO tasks (key, kind, state, next_claim_at, priority, pinned, version, doc)
+			VALUES (?, ?, ?, ?, ?, ?, 1, ?) ON CONFLICT (key) DO NOTHING RETURNING seq`},
+		{&s.selTaskW, `SELECT seq, version, doc FROM tasks WHERE key = ?`},
+		{&s.updTask, `UPDATE tasks SET kind = ?, state = ?, next_claim_at = ?, priority = ?, pinned = ?,
+			version = version + 1, doc = ? WHERE key = ? AND version = ?`},
+		{&s.existsW, `SELECT 1 FROM tasks WHERE key = ?`},
+		{&s.insChange, `INSERT INTO changes (key) VALUES (?) RETURNING seq`},
+		{&s.pruneChanges, `DELETE FROM changes WHERE seq <= ?`},
+		{&s.selLock, `SELECT task_key, worker_id, attempt, instance, until FROM locks WHERE key = ?`},
+		{&s.upsertLock, `INSERT INTO locks (key, task_key, worker_id, attempt, instance, until) VALUES (?, ?, ?, ?, ?, ?)
+			ON CONFLICT (key) DO UPDATE SET task_key = excluded.task_key, worker_id = excluded.worker_id,
+			attempt = excluded.attempt, instance = excluded.instance, until = excluded.until`},
+		{&s.delLock, `DELETE FROM locks WHERE key = ? AND task_key = ? AND worker_id = ? AND attempt = ? AND instance = ?`},
+	}
+	for _, p := range w {
+		st, err := s.wdb.PrepareContext(ctx, p.q)
+		if err != nil {
+			return err
+		}
+		*p.st = st
+	}
+	return s.prepareRead(ctx)
+}
+
+// prepareRead prepares the statements on rdb.
+func (s *Store) prepareRead(ctx context.Context) error {
+	r := []struct {
+		st **sql.Stmt
+		q  string
+	}{
+		{&s.selTask, `SELECT seq, version, doc FROM tasks WHERE key = ?`},
+		{&s.selChanges, `SELECT c.seq, c.key, t.seq, t.version, t.doc FROM changes c
+			LEFT JOIN tasks t ON t.key = c.key WHERE c.seq > ? ORDER BY c.seq LIMIT ?`},
+		{&s.maxChange, `SELECT COALESCE(MAX(seq), 0) FROM changes`},
+		{&s.minChange, `SELECT COALESCE(MIN(seq), 0) FROM changes`},
+	}
+	for _, p := range r {
+		st, err := s.rdb.PrepareContext(ctx, p.q)
+		if err != nil {
+			return err
+		}
+		*p.st = st
+	}
+	return nil
+}

@@ -1,0 +1,340 @@
+// store.go opens and closes a Store: its Config, the file checks, the
+// read-write and read-only opens, and the cross-process write lock.
+
+// Package sqlitestore is leasepool's embedded backend: a task.Store kept in
+// one SQLite file (modernc.org/sqlite, WAL mode) for a single box without
+// MongoDB. Several processes may open the same file. Every task write also
+// appends a row to a changes table in the same transaction; watchers in the
+// same process are woken at once after each commit, and watchers in other
+// processes tail that table by sequence number, woken by file notifications
+// on the database directory and by a polling fallback.
+package sqlitestore
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+var _ task.Store = (*Store)(nil)
+
+// Config tunes a Store. The zero value (or nil) takes every default.
+type Config struct {
+	// Logger receives background errors. Default slog.Default().
+	Logger *slog.Logger
+	// PollInterval is how often watchers look for changes written by other
+	// processes when no file notification woke them. Default 25ms; must
+	// not be negative.
+	PollInterval time.Duration
+	// Retention is how many change rows are kept for resuming watchers;
+	// older ones are pruned and resuming before them gives
+	// task.ErrHistoryLost. Default 100000; must not be negative.
+	Retention int
+	// Clock is the local wall clock. Default time.Now. It does not drive
+	// Store.Now (see clock.go): it seeds a new clock epoch and is compared
+	// with the store clock, with a warning when they disagree.
+	Clock func() time.Time
+	// ReadOnly opens an existing store for reading only, for tools that
+	// only look: the file is opened with mode=ro, no schema is created, the
+	// journal mode is left as it is and no -lock file is made. A file
+	// without a leasepool schema is refused untouched. Every write returns
+	// an error wrapping ErrReadOnly.
+	ReadOnly bool
+
+	host *hostClock // test hook: the host's boot clock; nil is the real one
+}
+
+func (c *Config) validate() error {
+	if c.PollInterval < 0 {
+		return fmt.Errorf("%w: sqlitestore config: PollInterval (%s) must not be negative", task.ErrInvalid, c.PollInterval)
+	}
+	if c.Retention < 0 {
+		return fmt.Errorf("%w: sqlitestore config: Retention (%d) must not be negative", task.ErrInvalid, c.Retention)
+	}
+	return nil
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.PollInterval == 0 {
+		out.PollInterval = 25 * time.Millisecond
+	}
+	if out.Retention == 0 {
+		out.Retention = 100000
+	}
+	if out.Clock == nil {
+		out.Clock = time.Now
+	}
+	return out
+}
+
+// Store is a task.Store on one SQLite file. It is safe for concurrent use.
+type Store struct {
+	path string
+	cfg  Config
+	log  *slog.Logger
+
+	wdb *sql.DB // one connection: every write transaction
+	// writeLock is flock(2)ed around every write transaction. SQLite's own
+	// busy handler sleeps and polls (up to 100 ms a nap), so under
+	// contention from other processes a writer can starve for seconds and
+	// miss its lease; a blocking flock hands the lock over at once.
+	writeLock *os.File
+	wmu       sync.Mutex // holds writeLock within this process
+	writeQ    chan *writeReq
+	rdb       *sql.DB // several read-only connections
+
+	// Prepared statements on wdb.
+	insTask, selTaskW, updTask, existsW, insChange, pruneChanges *sql.Stmt
+	selLock, upsertLock, delLock                                 *sql.Stmt
+	// Prepared statements on rdb.
+	selTask, selChanges, maxChange, minChange *sql.Stmt
+
+	writes     atomic.Int64 // task writes by this Store, for pruning
+	pruneEvery int64
+
+	mu     sync.Mutex
+	wake   chan struct{} // closed and replaced after each known change
+	latest int64         // highest change seq known to this Store
+
+	// recent holds the documents this Store wrote, by change seq, so that
+	// its own watchers need not decode them again (a worker sees mostly its
+	// own claims and finishes). Shared read-only with every stream.
+	recentMu sync.Mutex
+	recent   map[int64]*task.Task
+	ring     [recentSize]int64
+	ringPos  int
+
+	watchers atomic.Int64
+	closed   atomic.Bool
+	done     chan struct{}
+	bg       sync.WaitGroup
+	closeMu  sync.Mutex
+
+	clock storeClock // see clock.go
+}
+
+// Open opens (creating if missing) the store in the SQLite file at path.
+// A file that is not a SQLite database is refused and left untouched.
+func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := cfg.withDefaults()
+	if err := checkHeader(path); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	s := &Store{
+		path:       path,
+		cfg:        c,
+		log:        c.Logger.With(slog.String("store", path)),
+		wake:       make(chan struct{}),
+		done:       make(chan struct{}),
+		pruneEvery: int64(min(1000, max(1, c.Retention/10))),
+	}
+	if err := s.openFiles(ctx); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	s.initClock(ctx)
+	if !c.ReadOnly {
+		s.writeQ = make(chan *writeReq, maxBatch)
+		s.bg.Add(1)
+		go s.writer()
+	}
+	if err := s.startTail(); err != nil {
+		close(s.done)
+		s.bg.Wait()
+		s.closeDBs()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// openFiles opens the databases, read-only or read-write as configured,
+// and closes what it opened when it fails.
+func (s *Store) openFiles(ctx context.Context) error {
+	if s.cfg.ReadOnly {
+		if err := s.openReadOnly(ctx); err != nil {
+			s.closeDBs()
+			return mapErr(err)
+		}
+		return nil
+	}
+	_, statErr := os.Stat(s.path + "-lock")
+	if err := s.open(ctx); err != nil {
+		s.closeDBs()
+		if errors.Is(statErr, os.ErrNotExist) {
+			os.Remove(s.path + "-lock") // leave a refused file's directory as it was
+		}
+		return mapErr(err)
+	}
+	return nil
+}
+
+// sqliteHeader starts every SQLite database file.
+var sqliteHeader = []byte("SQLite format 3\x00")
+
+// checkHeader refuses an existing non-empty file that is not a SQLite
+// database before the driver touches it (setting WAL mode would write).
+func checkHeader(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var b [16]byte
+	n, err := io.ReadFull(f, b[:])
+	if n == 0 && (err == io.EOF) {
+		return nil // empty file: a new database
+	}
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return err
+	}
+	if !bytes.Equal(b[:n], sqliteHeader) {
+		return errors.New("file is not a database")
+	}
+	return nil
+}
+
+// openReadOnly opens rdb alone, with mode=ro, and checks that the file
+// holds this program's schema.
+func (s *Store) openReadOnly(ctx context.Context) error {
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return err
+	}
+	if fi.Size() == 0 {
+		return errors.New("not a leasepool store (empty file)")
+	}
+	// A read-only connection to a WAL database creates the -wal and -shm
+	// files when they are missing (and cannot remove them on close). They
+	// are missing only when no connection has the database open, so the
+	// main file then holds every commit and is read as immutable: no
+	// locks, no files. A writer that starts and checkpoints during the
+	// read could tear it (an error, never a write).
+	q := "?mode=ro&_pragma=busy_timeout(10000)&_pragma=query_only(1)"
+	if _, err := os.Stat(s.path + "-wal"); errors.Is(err, os.ErrNotExist) {
+		q = "?mode=ro&immutable=1&_pragma=query_only(1)"
+	}
+	if s.rdb, err = openDB("file:"+filepath.ToSlash(s.path)+q, readConns); err != nil {
+		return err
+	}
+	var v int
+	if err := s.rdb.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return err
+	}
+	if v != schemaVersion {
+		if v == 0 {
+			return errors.New("not a leasepool store (no leasepool schema)")
+		}
+		return fmt.Errorf("not a store of this program (schema version %d, want %d)", v, schemaVersion)
+	}
+	return s.prepareRead(ctx)
+}
+
+// readConns is the size of the read pool.
+const readConns = 8
+
+// openDB opens a pool of at most conns connections, kept open for the
+// Store's life since each one holds its prepared statements.
+func openDB(dsn string, conns int) (*sql.DB, error) {
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+	return db, nil
+}
+
+func dsn(path string, readOnly bool) string {
+	q := "?_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(0)&_txlock=immediate"
+	if readOnly {
+		q = "?_pragma=busy_timeout(10000)&_pragma=query_only(1)"
+	} else {
+		q += "&_pragma=journal_mode(WAL)"
+	}
+	return "file:" + filepath.ToSlash(path) + q
+}
+
+func (s *Store) open(ctx context.Context) error {
+	var err error
+	if s.writeLock, err = os.OpenFile(s.path+"-lock", os.O_RDWR|os.O_CREATE, 0o644); err != nil {
+		return err
+	}
+	if s.wdb, err = openDB(dsn(s.path, false), 1); err != nil {
+		return err
+	}
+	if err := s.migrate(ctx); err != nil {
+		return err
+	}
+	if s.rdb, err = openDB(dsn(s.path, true), readConns); err != nil {
+		return err
+	}
+	return s.prepare(ctx)
+}
+
+// Close stops the background goroutines, ends open change streams and
+// closes the database. It may be called more than once.
+func (s *Store) Close() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed.Swap(true) {
+		return nil
+	}
+	// Order: stop the tail goroutine (it reads through rdb), wake the
+	// streams so they see the store closed, then close the databases.
+	close(s.done)
+	s.bg.Wait()
+	s.broadcast(0)
+	return s.closeDBs()
+}
+
+// lockWrites takes the cross-process write lock (see Store.writeLock).
+func (s *Store) lockWrites() (unlock func(), err error) {
+	s.wmu.Lock()
+	if err := syscall.Flock(int(s.writeLock.Fd()), syscall.LOCK_EX); err != nil {
+		s.wmu.Unlock()
+		return nil, fmt.Errorf("lock %s: %w", s.writeLock.Name(), err)
+	}
+	return func() {
+		syscall.Flock(int(s.writeLock.Fd()), syscall.LOCK_UN)
+		s.wmu.Unlock()
+	}, nil
+}
+
+func (s *Store) closeDBs() error {
+	var errs []error
+	if s.writeLock != nil {
+		errs = append(errs, s.writeLock.Close())
+	}
+	for _, db := range []*sql.DB{s.rdb, s.wdb} {
+		if db != nil {
+			errs = append(errs, db.Close())
+		}
+	}
+	return errors.Join(errs...)
+}

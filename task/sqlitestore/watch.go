@@ -1,0 +1,299 @@
+// watch.go is the change stream: in-process wake-ups after each commit,
+// the tail that notices other processes' commits (file notifications and
+// polling), and the streams that read the changes table.
+
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// broadcast records that changes up to seq exist (0: no news, just wake)
+// and wakes every waiting stream of this Store.
+func (s *Store) broadcast(seq int64) {
+	s.mu.Lock()
+	if seq > s.latest {
+		s.latest = seq
+	}
+	close(s.wake)
+	s.wake = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// waitChan returns the channel the next broadcast closes.
+func (s *Store) waitChan() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.wake
+}
+
+// startTail starts the goroutine that notices changes committed by other
+// processes: on file notifications for the database and its WAL, and every
+// PollInterval, it reads the highest change seq and wakes the streams when
+// it grew. It only queries while streams are open.
+func (s *Store) startTail() error {
+	fw := s.fileWatcher()
+	s.bg.Add(1)
+	go s.tail(fw)
+	return nil
+}
+
+// fileWatcher watches the database's directory, or returns nil where file
+// notifications are unavailable: the tail then polls only.
+func (s *Store) fileWatcher() *fsnotify.Watcher {
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		s.log.Warn("no file notifications; polling only", slog.Any("err", err))
+		return nil
+	}
+	if err := fw.Add(filepath.Dir(s.path)); err != nil {
+		s.log.Warn("no file notifications; polling only", slog.Any("err", err))
+		fw.Close()
+		return nil
+	}
+	return fw
+}
+
+// tail is the goroutine of startTail; it ends when the store closes.
+func (s *Store) tail(fw *fsnotify.Watcher) {
+	defer s.bg.Done()
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	if fw != nil {
+		defer fw.Close()
+		events, errs = fw.Events, fw.Errors
+	}
+	base := filepath.Base(s.path)
+	tick := time.NewTicker(s.cfg.PollInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-tick.C:
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			name := filepath.Base(ev.Name)
+			if name != base && name != base+"-wal" {
+				continue
+			}
+			if !drainEvents(events) {
+				events = nil
+			}
+		case err, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			s.log.Warn("file notifications", slog.Any("err", err))
+			continue
+		}
+		s.pollLatest()
+	}
+}
+
+// drainEvents discards the events already queued, since a busy writer
+// produces a burst of them and one read covers them all. It reports
+// whether events is still open.
+func drainEvents(events <-chan fsnotify.Event) (open bool) {
+	for {
+		select {
+		case _, ok := <-events:
+			if !ok {
+				return false
+			}
+		default:
+			return true
+		}
+	}
+}
+
+// pollLatest reads the highest change seq, while any stream is open, and
+// wakes the streams when it grew.
+func (s *Store) pollLatest() {
+	if s.watchers.Load() == 0 {
+		return
+	}
+	var max int64
+	if err := s.maxChange.QueryRowContext(context.Background()).Scan(&max); err != nil {
+		if !s.closed.Load() {
+			s.log.Warn("tail changes", slog.Any("err", err))
+		}
+		return
+	}
+	s.mu.Lock()
+	grew := max > s.latest
+	s.mu.Unlock()
+	if grew {
+		s.broadcast(max)
+	}
+}
+
+// Watch opens a change stream of task writes; see task.Store. The stream
+// ends when ctx is done, Close is called on it, or the Store is closed.
+func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStream, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	var pos int64
+	if p.ResumeAfter != nil {
+		n, err := strconv.ParseInt(string(p.ResumeAfter), 10, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%w: watch: resume token %q", task.ErrInvalid, p.ResumeAfter)
+		}
+		pos = n
+		if err := s.checkHistory(ctx, pos); err != nil {
+			return nil, fmt.Errorf("watch: %w", err)
+		}
+	} else if err := s.maxChange.QueryRowContext(ctx).Scan(&pos); err != nil {
+		return nil, fmt.Errorf("watch: %w", mapErr(err))
+	}
+	st := &stream{s: s, pos: pos, done: make(chan struct{})}
+	s.watchers.Add(1)
+	st.stop = context.AfterFunc(ctx, func() { st.close() })
+	return st, nil
+}
+
+// checkHistory fails with task.ErrHistoryLost when changes after pos have
+// been pruned.
+func (s *Store) checkHistory(ctx context.Context, pos int64) error {
+	var oldest int64
+	if err := s.minChange.QueryRowContext(ctx).Scan(&oldest); err != nil {
+		return mapErr(err)
+	}
+	if oldest > pos+1 {
+		return fmt.Errorf("resume after change %d, oldest kept is %d: %w", pos, oldest, task.ErrHistoryLost)
+	}
+	return nil
+}
+
+// batch is how many change rows one query reads.
+const batch = 256
+
+type stream struct {
+	s    *Store
+	stop func() bool
+
+	mu   sync.Mutex // serialises Next
+	pos  int64      // guarded by tokMu for ResumeToken
+	tokM sync.Mutex
+	buf  []task.Event
+
+	once sync.Once
+	done chan struct{}
+}
+
+func (st *stream) close() {
+	st.once.Do(func() {
+		close(st.done)
+		st.s.watchers.Add(-1)
+	})
+}
+
+// Close ends the stream; Next then fails.
+func (st *stream) Close() error {
+	st.stop()
+	st.close()
+	return nil
+}
+
+func (st *stream) ResumeToken() task.Token {
+	st.tokM.Lock()
+	defer st.tokM.Unlock()
+	return task.Token(strconv.AppendInt(nil, st.pos, 10))
+}
+
+// Next returns the next task write; see task.ChangeStream.
+func (st *stream) Next(ctx context.Context) (task.Event, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for {
+		select {
+		case <-st.done:
+			return task.Event{}, errStreamClosed
+		default:
+		}
+		if st.s.closed.Load() {
+			return task.Event{}, errClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return task.Event{}, err
+		}
+		if len(st.buf) > 0 {
+			ev := st.buf[0]
+			st.buf = st.buf[1:]
+			seq, _ := strconv.ParseInt(string(ev.Token), 10, 64)
+			st.tokM.Lock()
+			st.pos = seq
+			st.tokM.Unlock()
+			return ev, nil
+		}
+		// Take the wake channel before reading so that a commit between
+		// the read and the wait is not missed.
+		wake := st.s.waitChan()
+		if err := st.fill(ctx); err != nil {
+			return task.Event{}, err
+		}
+		if len(st.buf) > 0 {
+			continue
+		}
+		select {
+		case <-wake:
+		case <-st.done:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// fill reads the next batch of changes after pos into buf.
+func (st *stream) fill(ctx context.Context) error {
+	s := st.s
+	rows, err := s.selChanges.QueryContext(ctx, st.pos, batch)
+	if err != nil {
+		return fmt.Errorf("change stream: %w", mapErr(err))
+	}
+	defer rows.Close()
+	want := st.pos + 1
+	for rows.Next() {
+		var seq int64
+		var key string
+		var tseq, version sql.NullInt64
+		var doc sql.NullString
+		if err := rows.Scan(&seq, &key, &tseq, &version, &doc); err != nil {
+			return fmt.Errorf("change stream: %w", mapErr(err))
+		}
+		if seq != want && len(st.buf) == 0 {
+			// A gap right after pos: pruned while we were behind?
+			if err := s.checkHistory(ctx, st.pos); err != nil {
+				return fmt.Errorf("change stream: %w", err)
+			}
+		}
+		ev := task.Event{Key: key, Token: task.Token(strconv.AppendInt(nil, seq, 10))}
+		if t := s.recalled(seq); t != nil {
+			ev.Task = t
+		} else if doc.Valid {
+			t, err := decode(tseq.Int64, version.Int64, doc.String)
+			if err != nil {
+				return fmt.Errorf("change stream: %w", err)
+			}
+			ev.Task = t
+		}
+		st.buf = append(st.buf, ev)
+		want = seq + 1
+	}
+	return mapErr(rows.Err())
+}

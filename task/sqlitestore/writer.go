@@ -1,0 +1,228 @@
+// writer.go is the group-commit writer: every write transaction goes
+// through one goroutine that batches concurrent callers into one commit.
+
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// write runs fn in a write transaction and, when fn appended change rows,
+// wakes the in-process watchers after the commit. Concurrent callers are
+// group-committed: the writer goroutine runs up to maxBatch of them in one
+// transaction, each inside its own savepoint so that one caller's error
+// undoes only its own work. A commit is what costs (a WAL append and the
+// cross-process lock), so batching multiplies write throughput without
+// changing any caller's all-or-nothing outcome.
+func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) (change int64, err error)) error {
+	return s.submit(&writeReq{ctx: ctx, fn: fn})
+}
+
+// writeAtomic is write for a fn of several statements that must all
+// apply or none: it runs inside its own savepoint.
+func (s *Store) writeAtomic(ctx context.Context, fn func(tx *sql.Tx) (change int64, err error)) error {
+	return s.submit(&writeReq{ctx: ctx, fn: fn, savepoint: true})
+}
+
+func (s *Store) submit(req *writeReq) error {
+	if s.closed.Load() {
+		return errClosed
+	}
+	if s.cfg.ReadOnly {
+		return ErrReadOnly
+	}
+	ctx := req.ctx
+	req.done = make(chan error, 1)
+	select {
+	case s.writeQ <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
+		return errClosed
+	}
+	// The writer answers every request it takes; one sent as the store
+	// closed may never be taken, and a caller's deadline is its own (a
+	// lease renewal must not wait past its lease), so stop waiting on
+	// either. The outcome is then unknown, as with any store error.
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
+		select {
+		case err := <-req.done:
+			return err
+		default:
+			return errClosed
+		}
+	}
+}
+
+type writeReq struct {
+	ctx context.Context
+	fn  func(tx *sql.Tx) (int64, error)
+	// savepoint isolates fn from the rest of the batch. Without it, fn must
+	// either write nothing and return a task sentinel error (ErrConflict,
+	// ErrNotFound, ErrInvalid: the batch goes on), or fail with any other
+	// error, which rolls the whole batch back.
+	savepoint bool
+	// onCommit runs after the commit, before watchers are woken.
+	onCommit func()
+	done     chan error
+}
+
+// clean reports whether a fn error left nothing written.
+func clean(err error) bool {
+	return errors.Is(err, task.ErrConflict) || errors.Is(err, task.ErrNotFound) || errors.Is(err, task.ErrInvalid)
+}
+
+const maxBatch = 128
+
+// writer owns the write connection: it runs queued writes in batches until
+// the store closes, then fails what is still queued.
+func (s *Store) writer() {
+	defer s.bg.Done()
+	batch := make([]*writeReq, 0, maxBatch)
+	for {
+		select {
+		case req := <-s.writeQ:
+			batch = append(batch[:0], req)
+		case <-s.done:
+			for {
+				select {
+				case req := <-s.writeQ:
+					req.done <- errClosed
+				default:
+					return
+				}
+			}
+		}
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case req := <-s.writeQ:
+				batch = append(batch, req)
+			default:
+				break fill
+			}
+		}
+		s.commit(batch)
+	}
+}
+
+// commit runs one batch in one transaction and answers every caller.
+func (s *Store) commit(batch []*writeReq) {
+	errs := make([]error, len(batch))
+	answer := func(err error) {
+		for i, r := range batch {
+			if err != nil && errs[i] == nil {
+				errs[i] = err
+			}
+			r.done <- errs[i]
+		}
+	}
+	unlock, err := s.lockWrites()
+	if err != nil {
+		answer(err)
+		return
+	}
+	defer unlock()
+	tx, err := s.wdb.BeginTx(context.Background(), nil)
+	if err != nil {
+		answer(mapErr(err))
+		return
+	}
+	latest, err := runBatch(tx, batch, errs)
+	if err != nil {
+		tx.Rollback()
+		answer(fmt.Errorf("batched write failed: %w", err))
+		return
+	}
+	hwm := s.markHWM(tx)
+	if err := tx.Commit(); err != nil {
+		answer(mapErr(err))
+		return
+	}
+	s.clock.hwmAt = max(s.clock.hwmAt, hwm)
+	for i, r := range batch {
+		if errs[i] == nil && r.onCommit != nil {
+			r.onCommit()
+		}
+	}
+	if latest > 0 {
+		s.broadcast(latest)
+	}
+	answer(nil)
+}
+
+// runBatch runs each request of batch in tx, setting errs[i] for each one
+// that failed on its own, and returns the highest change seq written. An
+// error that dooms the transaction stops it: that request's errs[i] is set
+// to it and it is returned, for the caller to roll back and fail the rest.
+func runBatch(tx *sql.Tx, batch []*writeReq, errs []error) (latest int64, err error) {
+	for i, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			errs[i] = err
+			continue
+		}
+		change, own, fatal := runOne(tx, r)
+		if fatal != nil {
+			errs[i] = fatal
+			return 0, fatal
+		}
+		errs[i] = own
+		latest = max(latest, change)
+	}
+	return latest, nil
+}
+
+// runOne runs one request in tx, inside a savepoint if it asked for one.
+// own is its failure that left nothing written, so the batch goes on;
+// fatal is an error after which the transaction cannot be committed.
+func runOne(tx *sql.Tx, r *writeReq) (change int64, own, fatal error) {
+	if r.savepoint {
+		if _, err := tx.Exec("SAVEPOINT w"); err != nil {
+			return 0, nil, mapErr(err)
+		}
+	}
+	change, err := r.fn(tx)
+	switch {
+	case err == nil:
+	case r.savepoint:
+		if _, err := tx.Exec("ROLLBACK TO w"); err != nil {
+			return 0, nil, mapErr(err)
+		}
+		change, own = 0, err
+	case clean(err):
+		return 0, err, nil
+	default:
+		return 0, nil, err
+	}
+	if r.savepoint {
+		if _, err := tx.Exec("RELEASE w"); err != nil {
+			return 0, nil, mapErr(err)
+		}
+	}
+	return change, own, nil
+}
+
+// appendChange records a write of key in the changes table, pruning the
+// oldest rows now and then, and returns the change's seq.
+func (s *Store) appendChange(ctx context.Context, tx *sql.Tx, key string) (int64, error) {
+	var seq int64
+	if err := tx.StmtContext(ctx, s.insChange).QueryRowContext(ctx, key).Scan(&seq); err != nil {
+		return 0, mapErr(err)
+	}
+	if s.writes.Add(1)%s.pruneEvery == 0 {
+		if _, err := tx.StmtContext(ctx, s.pruneChanges).ExecContext(ctx, seq-int64(s.cfg.Retention)); err != nil {
+			return 0, mapErr(err)
+		}
+	}
+	return seq, nil
+}
