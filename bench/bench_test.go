@@ -116,8 +116,8 @@ func TestReportPrint(t *testing.T) {
 	r := Report{
 		Store: "sqlite:/tmp/b.db", LatencyTasks: 2000,
 		InProcessP50Ms: 0.229, InProcessP90Ms: 0.555, InProcessP99Ms: 4.339, InProcessMaxMs: 11.992,
-		CrossProcessP50Ms: 0.486, CrossProcessP90Ms: 1.089, CrossProcessP99Ms: 3.128, CrossProcessMaxMs: 8.699,
-		ThroughputTasks: 20000, Concurrency: 32, InProcessThroughputPerS: 6363.4, CrossProcessThroughputPerS: 4669.6,
+		CrossProcessLatency: CrossProcessLatency{CrossProcessP50Ms: 0.486, CrossProcessP90Ms: 1.089, CrossProcessP99Ms: 3.128, CrossProcessMaxMs: 8.699},
+		ThroughputTasks:     20000, Concurrency: 32, InProcessThroughputPerS: 6363.4, CrossProcessThroughputPerS: 4669.6,
 		TakeoverMs: 3002.997, DefaultWorkerTimeoutMs: 4000,
 		WorkerPeakRSSBytes: 41000960, WorkerIdleRSSBytes: 19898368, PendingTasks: 100000, WorkerRSSWithPendingBytes: 24780800,
 	}

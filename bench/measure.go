@@ -93,8 +93,7 @@ func (b *bench) latencyCrossProcess() error {
 	}
 	lat := Latencies(published, started)
 	b.res.Samples.CrossProcess = lat
-	s, r := Summarize(lat), b.report
-	r.CrossProcessP50Ms, r.CrossProcessP90Ms, r.CrossProcessP99Ms, r.CrossProcessMaxMs = s.P50, s.P90, s.P99, s.Max
+	b.report.CrossProcessLatency = CrossProcess(lat)
 	return nil
 }
 

@@ -35,27 +35,24 @@ type peer interface {
 // report mirrors the field names of `leasepool bench --json` for the
 // figures measured the same way; every name carries its unit.
 type report struct {
-	System            string            `json:"system"`
-	Store             string            `json:"store"`
-	Versions          map[string]string `json:"versions"`
-	SettingsChanged   []string          `json:"settings_changed"`
-	LatencyTasks      int               `json:"latency_tasks"`
-	CrossProcessP50Ms float64           `json:"publish_to_start_cross_process_p50_ms"`
-	CrossProcessP90Ms float64           `json:"publish_to_start_cross_process_p90_ms"`
-	CrossProcessP99Ms float64           `json:"publish_to_start_cross_process_p99_ms"`
-	CrossProcessMaxMs float64           `json:"publish_to_start_cross_process_max_ms"`
-	ThroughputTasks   int               `json:"throughput_tasks"`
-	Concurrency       int               `json:"concurrency"`
-	ThroughputRuns    []float64         `json:"throughput_runs_per_s"`
-	ThroughputPerS    float64           `json:"throughput_worker_process_per_s"`
-	TakeoverMs        *float64          `json:"takeover_after_sigkill_ms"` // null: not within the cap
-	TakeoverCapMs     float64           `json:"takeover_cap_ms"`
-	TakeoverNote      string            `json:"takeover_note,omitempty"`
-	LatencyNote       string            `json:"latency_note,omitempty"`
-	PeakRSSBytes      int64             `json:"worker_peak_rss_throughput_bytes"`
-	IdleRSSBytes      int64             `json:"worker_rss_idle_bytes"`
-	PendingTasks      int               `json:"pending_tasks"`
-	RSSPendingBytes   int64             `json:"worker_rss_with_pending_bytes"`
+	System          string            `json:"system"`
+	Store           string            `json:"store"`
+	Versions        map[string]string `json:"versions"`
+	SettingsChanged []string          `json:"settings_changed"`
+	LatencyTasks    int               `json:"latency_tasks"`
+	bench.CrossProcessLatency
+	ThroughputTasks int       `json:"throughput_tasks"`
+	Concurrency     int       `json:"concurrency"`
+	ThroughputRuns  []float64 `json:"throughput_runs_per_s"`
+	ThroughputPerS  float64   `json:"throughput_worker_process_per_s"`
+	TakeoverMs      *float64  `json:"takeover_after_sigkill_ms"` // null: not within the cap
+	TakeoverCapMs   float64   `json:"takeover_cap_ms"`
+	TakeoverNote    string    `json:"takeover_note,omitempty"`
+	LatencyNote     string    `json:"latency_note,omitempty"`
+	PeakRSSBytes    int64     `json:"worker_peak_rss_throughput_bytes"`
+	IdleRSSBytes    int64     `json:"worker_rss_idle_bytes"`
+	PendingTasks    int       `json:"pending_tasks"`
+	RSSPendingBytes int64     `json:"worker_rss_with_pending_bytes"`
 }
 
 type harness struct {
@@ -199,8 +196,7 @@ func (h *harness) latency() error {
 		return fmt.Errorf("%d of %d jobs started: %w", len(started), n, err)
 	}
 	lat := bench.Latencies(published, started)
-	sum := bench.Summarize(lat)
-	h.r.CrossProcessP50Ms, h.r.CrossProcessP90Ms, h.r.CrossProcessP99Ms, h.r.CrossProcessMaxMs = sum.P50, sum.P90, sum.P99, sum.Max
+	h.r.CrossProcessLatency = bench.CrossProcess(lat)
 	return writeJSON(filepath.Join(h.dir, h.system+".samples.json"), lat)
 }
 
