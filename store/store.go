@@ -88,18 +88,20 @@ func openSQLite(ctx context.Context, url, path string, opts Options, logger *slo
 }
 
 // redact hides the password of a MongoDB URL, which errors end up in logs.
+// The user information ends at the last @ before the options, so a
+// password with an unescaped @ or / is hidden whole.
 func redact(url string) string {
 	scheme, rest, ok := strings.Cut(url, "://")
 	if !ok {
 		return url
 	}
-	hosts, _, _ := strings.Cut(rest, "/")
-	user, _, ok := strings.Cut(hosts, "@")
-	if !ok {
+	beforeOptions, _, _ := strings.Cut(rest, "?")
+	at := strings.LastIndex(beforeOptions, "@")
+	if at < 0 {
 		return url
 	}
-	if name, _, hasPassword := strings.Cut(user, ":"); hasPassword {
-		return scheme + "://" + name + ":xxxxx@" + rest[len(user)+1:]
+	if name, _, hasPassword := strings.Cut(rest[:at], ":"); hasPassword {
+		return scheme + "://" + name + ":xxxxx" + rest[at:]
 	}
 	return url
 }

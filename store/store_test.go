@@ -166,3 +166,20 @@ func TestOpenMongoErrorHidesPassword(t *testing.T) {
 		t.Errorf("error %v: want task.ErrInvalid for a URL the driver cannot parse", err)
 	}
 }
+
+// TestOpenMongoSRV: a mongodb+srv URL goes to the MongoDB driver, which
+// looks its seed list up in DNS (.invalid never resolves), not to ErrBadURL.
+func TestOpenMongoSRV(t *testing.T) {
+	s, err := store.Open(t.Context(), "mongodb+srv://bob:hunter2@cluster.invalid/db", store.Options{})
+	if err == nil {
+		s.Close()
+		t.Fatal("opened a seed list that does not resolve")
+	}
+	msg := err.Error()
+	if errors.Is(err, store.ErrBadURL) || !strings.Contains(msg, "_mongodb._tcp.cluster.invalid") {
+		t.Errorf("error %q: want the driver's seed list lookup failing", msg)
+	}
+	if strings.Contains(msg, "hunter2") || !strings.Contains(msg, "mongodb+srv://bob:xxxxx@cluster.invalid/db") {
+		t.Errorf("error %q: want the URL named with its password hidden", msg)
+	}
+}
