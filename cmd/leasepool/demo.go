@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -163,24 +164,23 @@ func demoCommands(devices, n int) ([]demoTask, error) {
 }
 
 func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
-	n, killAfter, deadline, keep := cfg.tasks, cfg.killAfter, cfg.deadline, cfg.keep
 	dir, err := os.MkdirTemp("", "leasepool-demo-")
 	if err != nil {
 		return err
 	}
-	if keep {
-		fmt.Fprintf(w, "store: sqlite:%s\n", filepath.Join(dir, "demo.db"))
+	storeURL := "sqlite:" + filepath.Join(dir, "demo.db")
+	if cfg.keep {
+		fmt.Fprintf(w, "store: %s\n", storeURL)
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	storeURL := "sqlite:" + filepath.Join(dir, "demo.db")
-	s, err := openStoreURL(ctx, storeURL, false)
+	s, err := store.Open(ctx, storeURL, store.Options{})
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 
-	tasks := demoTasks(n)
+	tasks := demoTasks(cfg.tasks)
 	workerArgs := []string{"--concurrency", "8"}
 	var sims []*mqttdev.Simulator
 	if cfg.devices > 0 && cfg.commands > 0 {
@@ -209,9 +209,32 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 	}
 	fmt.Fprintf(w, "published %d tasks: plain, delayed, pinned to demo-w2/demo-w3, 3-worker, failing, locked on one resource, long, device commands\n", len(tasks))
 
-	exe, err := os.Executable()
+	workers, err := startDemoWorkers(storeURL, workerArgs)
+	defer stopDemoWorkers(workers)
 	if err != nil {
 		return err
+	}
+	fmt.Fprintln(w, "started workers demo-w1, demo-w2, demo-w3")
+
+	start := time.Now()
+	final, err := demoWatch(ctx, w, s, workers["demo-w1"], cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nall %d tasks finished in %.1fs\n\n", len(final), time.Since(start).Seconds())
+	err = errors.Join(demoSummary(w, final, want), demoDeviceSummary(w, sims))
+	if err == nil {
+		fmt.Fprintln(w, "\nOK: every task ended as it should")
+	}
+	return err
+}
+
+// startDemoWorkers starts the three worker processes: this binary's
+// `worker` command.
+func startDemoWorkers(storeURL string, workerArgs []string) (map[string]*exec.Cmd, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
 	}
 	workers := map[string]*exec.Cmd{}
 	for _, id := range []string{"demo-w1", "demo-w2", "demo-w3"} {
@@ -219,40 +242,44 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 		cmd := exec.Command(exe, args...)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start worker %s: %w", id, err)
+			return workers, fmt.Errorf("start worker %s: %w", id, err)
 		}
 		workers[id] = cmd
 	}
-	defer func() {
-		for _, cmd := range workers {
-			if cmd.ProcessState == nil {
-				cmd.Process.Signal(syscall.SIGTERM)
-				cmd.Wait()
-			}
-		}
-	}()
-	fmt.Fprintln(w, "started workers demo-w1, demo-w2, demo-w3")
+	return workers, nil
+}
 
+func stopDemoWorkers(workers map[string]*exec.Cmd) {
+	for _, cmd := range workers {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		}
+	}
+}
+
+// demoWatch prints the task counts every 250 ms, SIGKILLs victim after
+// cfg.killAfter, and returns the tasks once every one has finished.
+func demoWatch(ctx context.Context, w io.Writer, s task.Store, victim *exec.Cmd, cfg demoConfig) ([]*task.Task, error) {
 	start := time.Now()
 	killed := false
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	var final []*task.Task
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-tick.C:
 		}
-		if !killed && time.Since(start) >= killAfter {
+		if !killed && time.Since(start) >= cfg.killAfter {
 			killed = true
-			workers["demo-w1"].Process.Kill()
-			workers["demo-w1"].Wait()
+			victim.Process.Kill()
+			victim.Wait()
 			fmt.Fprintf(w, "\nkilled demo-w1 with SIGKILL at %.1fs; its tasks pass to peers when their leases expire\n", time.Since(start).Seconds())
 		}
 		all, err := s.List(ctx, task.ListQuery{})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		counts := map[task.State]int{}
 		for _, t := range all {
@@ -263,34 +290,34 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 			time.Since(start).Seconds(), counts[task.StatePending], counts[task.StateRunning],
 			counts[task.StateSucceeded], counts[task.StateFailed], done, len(all))
 		if done == len(all) && killed {
-			final = all
-			break
+			return all, nil
 		}
-		if time.Since(start) > deadline {
+		if time.Since(start) > cfg.deadline {
 			fmt.Fprintln(w)
-			return fmt.Errorf("demo: not every task finished within %s", deadline)
+			return nil, fmt.Errorf("demo: not every task finished within %s", cfg.deadline)
 		}
 	}
-	fmt.Fprintf(w, "\nall %d tasks finished in %.1fs\n\n", len(final), time.Since(start).Seconds())
-	err = demoSummary(w, final, want)
-	if len(sims) > 0 {
-		var runs, overlaps, stale, devices int
-		for _, sim := range sims {
-			r := sim.Report()
-			runs += len(r.Runs)
-			overlaps += len(r.Overlaps)
-			stale += len(r.StaleAttempts)
-			devices += len(r.Devices)
-		}
-		fmt.Fprintf(w, "  devices: %d ran %d commands; a device ran two at once %d times; stale attempts refused %d\n", devices, runs, overlaps, stale)
-		if overlaps > 0 {
-			err = errors.Join(err, errors.New("demo: a device ran two commands at once"))
-		}
+}
+
+// demoDeviceSummary prints what the simulated devices saw and fails if
+// one ran two commands at once.
+func demoDeviceSummary(w io.Writer, sims []*mqttdev.Simulator) error {
+	if len(sims) == 0 {
+		return nil
 	}
-	if err == nil {
-		fmt.Fprintln(w, "\nOK: every task ended as it should")
+	var runs, overlaps, stale, devices int
+	for _, sim := range sims {
+		r := sim.Report()
+		runs += len(r.Runs)
+		overlaps += len(r.Overlaps)
+		stale += len(r.StaleAttempts)
+		devices += len(r.Devices)
 	}
-	return err
+	fmt.Fprintf(w, "  devices: %d ran %d commands; a device ran two at once %d times; stale attempts refused %d\n", devices, runs, overlaps, stale)
+	if overlaps > 0 {
+		return errors.New("demo: a device ran two commands at once")
+	}
+	return nil
 }
 
 // demoSummary checks every task against what it should have become and

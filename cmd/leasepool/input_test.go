@@ -15,6 +15,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -22,7 +23,7 @@ import (
 // exit status.
 func runMain(t *testing.T, stdin string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	var out, errw syncBuffer
+	var out, errw testutil.SyncBuffer
 	runMu.Lock()
 	code = run(t.Context(), append([]string{"leasepool"}, args...), strings.NewReader(stdin), &out, &errw)
 	runMu.Unlock()
@@ -289,7 +290,7 @@ func TestReadOnlyCommandsWriteNothing(t *testing.T) {
 // are marked.
 func TestHelpShowsEachDefaultOnce(t *testing.T) {
 	t.Parallel()
-	app := newApp(&syncBuffer{}, &syncBuffer{})
+	app := newApp(&testutil.SyncBuffer{}, &testutil.SyncBuffer{})
 	var walk func(prefix []string, cmds []*cli.Command)
 	var names [][]string
 	walk = func(prefix []string, cmds []*cli.Command) {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -15,30 +14,11 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// syncBuffer is a bytes.Buffer safe for concurrent use: the app installs a
-// process-wide slog default writing to its stderr, and parallel tests'
-// stores may log through another test's writer.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // harness runs the leasepool CLI as main does, against one store.
 type harness struct {
@@ -67,7 +47,9 @@ var runMu sync.Mutex
 
 func runArgs(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	var stdout, stderr syncBuffer
+	// The app installs a process-wide slog default writing to its stderr,
+	// and parallel tests' stores may log through another test's writer.
+	var stdout, stderr testutil.SyncBuffer
 	app := newApp(&stdout, &stderr)
 	runMu.Lock()
 	err := app.RunContext(t.Context(), interspersed(app, append([]string{"leasepool"}, args...)))
@@ -408,7 +390,7 @@ func TestExistingStoreUnchangedByBadInput(t *testing.T) {
 
 func TestInterspersed(t *testing.T) {
 	t.Parallel()
-	app := newApp(&syncBuffer{}, &syncBuffer{})
+	app := newApp(&testutil.SyncBuffer{}, &testutil.SyncBuffer{})
 	tests := []struct{ in, want string }{
 		{"lp", "lp"},
 		{"lp --store sqlite:x", "lp --store sqlite:x"},

@@ -43,83 +43,96 @@ func workerCommand() *cli.Command {
 			&cli.DurationFlag{Name: "kill-grace", Value: builtin.DefaultKillGrace,
 				Usage: "on shutdown, how long an exec program has between SIGTERM and SIGKILL (lease loss and cancel kill at once)"},
 		},
-		Action: func(c *cli.Context) error {
-			if c.Int("concurrency") < 1 {
-				return fmt.Errorf("--concurrency: must be at least 1, got %d", c.Int("concurrency"))
-			}
-			if _, err := positiveDuration(c, "shutdown-timeout"); err != nil {
-				return err
-			}
-			if c.Duration("backoff") < 0 {
-				return fmt.Errorf("--backoff: must not be negative, got %s", c.Duration("backoff"))
-			}
-			if _, err := positiveDuration(c, "kill-grace"); err != nil {
-				return err
-			}
-			known := append(slices.Clone(builtin.Kinds), mqttdev.Kind)
-			kinds, err := listFlag(c, "kinds")
-			if err != nil {
-				return err
-			}
-			for _, k := range kinds {
-				if !slices.Contains(known, k) {
-					return fmt.Errorf("--kinds: %q is not a kind this worker can run (%v)", k, known)
-				}
-			}
-			if len(kinds) == 0 {
-				kinds = known
-			}
-			if c.String("id") != "" {
-				if err := task.ValidateName("--id", c.String("id")); err != nil {
-					return err
-				}
-			}
-			// Exec programs run under a guard: this binary (see main).
-			self, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("exec guard: %w", err)
-			}
-			mux := consumer.NewMux()
-			if err := builtin.Register(mux, builtin.ExecConfig{GuardPath: self, KillGrace: c.Duration("kill-grace")}); err != nil {
-				return err
-			}
-			s, err := openStore(c, false)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			w, err := consumer.New(consumer.Config{
-				Store: s, Handler: mux, WorkerID: c.String("id"), Kinds: kinds,
-				Concurrency: c.Int("concurrency"), ShutdownTimeout: c.Duration("shutdown-timeout"),
-				RetryPolicy: consumer.ExponentialBackoff(c.Duration("backoff"), 5*time.Minute),
-				Logger:      slog.Default(),
-			})
-			if err != nil {
-				return err
-			}
-			// The worker id first: a second process under a live id must
-			// stop before it touches anything named after it (its MQTT
-			// client id would take over the live worker's session).
-			if err := w.Register(c.Context); err != nil {
-				return err
-			}
-			// Shutdown order: the consumer stops first (its handlers may be
-			// talking to devices), then the MQTT client, then the broker.
-			if slices.Contains(kinds, mqttdev.Kind) {
-				stop, err := startDevices(c, mux, s, w.WorkerID())
-				if err != nil {
-					return err
-				}
-				defer stop()
-			}
-			if err := w.Start(context.WithoutCancel(c.Context)); err != nil {
-				return err
-			}
-			<-c.Context.Done() // SIGINT or SIGTERM
-			slog.Info("shutting down: finishing running tasks", slog.Duration("timeout", c.Duration("shutdown-timeout")))
-			return w.Stop(context.Background())
-		},
+		Action: runWorker,
 	}
+}
+
+// runWorker runs the worker command until its context ends.
+func runWorker(c *cli.Context) error {
+	kinds, err := workerKinds(c)
+	if err != nil {
+		return err
+	}
+	// Exec programs run under a guard: this binary (see main).
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("exec guard: %w", err)
+	}
+	mux := consumer.NewMux()
+	if err := builtin.Register(mux, builtin.ExecConfig{GuardPath: self, KillGrace: c.Duration("kill-grace")}); err != nil {
+		return err
+	}
+	s, err := openStore(c, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	w, err := consumer.New(consumer.Config{
+		Store: s, Handler: mux, WorkerID: c.String("id"), Kinds: kinds,
+		Concurrency: c.Int("concurrency"), ShutdownTimeout: c.Duration("shutdown-timeout"),
+		RetryPolicy: consumer.ExponentialBackoff(c.Duration("backoff"), 5*time.Minute),
+		Logger:      slog.Default(),
+	})
+	if err != nil {
+		return err
+	}
+	// The worker id first: a second process under a live id must
+	// stop before it touches anything named after it (its MQTT
+	// client id would take over the live worker's session).
+	if err := w.Register(c.Context); err != nil {
+		return err
+	}
+	// Shutdown order: the consumer stops first (its handlers may be
+	// talking to devices), then the MQTT client, then the broker.
+	if slices.Contains(kinds, mqttdev.Kind) {
+		stop, err := startDevices(c, mux, s, w.WorkerID())
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if err := w.Start(context.WithoutCancel(c.Context)); err != nil {
+		return err
+	}
+	<-c.Context.Done() // SIGINT or SIGTERM
+	slog.Info("shutting down: finishing running tasks", slog.Duration("timeout", c.Duration("shutdown-timeout")))
+	return w.Stop(context.Background())
+}
+
+// workerKinds checks the worker flags before anything is opened and
+// returns the kinds to run.
+func workerKinds(c *cli.Context) ([]string, error) {
+	if c.Int("concurrency") < 1 {
+		return nil, fmt.Errorf("--concurrency: must be at least 1, got %d", c.Int("concurrency"))
+	}
+	if _, err := positiveDuration(c, "shutdown-timeout"); err != nil {
+		return nil, err
+	}
+	if c.Duration("backoff") < 0 {
+		return nil, fmt.Errorf("--backoff: must not be negative, got %s", c.Duration("backoff"))
+	}
+	if _, err := positiveDuration(c, "kill-grace"); err != nil {
+		return nil, err
+	}
+	known := append(slices.Clone(builtin.Kinds), mqttdev.Kind)
+	kinds, err := listFlag(c, "kinds")
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range kinds {
+		if !slices.Contains(known, k) {
+			return nil, fmt.Errorf("--kinds: %q is not a kind this worker can run (%v)", k, known)
+		}
+	}
+	if len(kinds) == 0 {
+		kinds = known
+	}
+	if c.String("id") != "" {
+		if err := task.ValidateName("--id", c.String("id")); err != nil {
+			return nil, err
+		}
+	}
+	return kinds, nil
 }
 
 // startDevices registers the device kind on mux: it connects to --mqtt, or

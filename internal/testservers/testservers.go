@@ -13,7 +13,6 @@
 package testservers
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -26,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leasepool/leasepool/internal/testutil"
 )
 
 // Environment variables printed by tests/servers.
@@ -149,7 +150,7 @@ type proc struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
-	log  *syncBuffer
+	log  *testutil.SyncBuffer
 }
 
 func startProc(t testing.TB, name string, port int, grace time.Duration, newCmd func() *exec.Cmd) *proc {
@@ -169,7 +170,7 @@ func (p *proc) restart() {
 func (p *proc) start() {
 	p.t.Helper()
 	cmd := p.newCmd()
-	log := &syncBuffer{}
+	log := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		p.t.Fatalf("start %s: %v", p.name, err)
@@ -232,21 +233,4 @@ func freePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

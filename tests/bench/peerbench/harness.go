@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,8 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/leasepool/leasepool/bench"
 )
 
 // peer is one queue system under test, as seen by the producer process.
@@ -35,27 +35,24 @@ type peer interface {
 // report mirrors the field names of `leasepool bench --json` for the
 // figures measured the same way; every name carries its unit.
 type report struct {
-	System            string            `json:"system"`
-	Store             string            `json:"store"`
-	Versions          map[string]string `json:"versions"`
-	SettingsChanged   []string          `json:"settings_changed"`
-	LatencyTasks      int               `json:"latency_tasks"`
-	CrossProcessP50Ms float64           `json:"publish_to_start_cross_process_p50_ms"`
-	CrossProcessP90Ms float64           `json:"publish_to_start_cross_process_p90_ms"`
-	CrossProcessP99Ms float64           `json:"publish_to_start_cross_process_p99_ms"`
-	CrossProcessMaxMs float64           `json:"publish_to_start_cross_process_max_ms"`
-	ThroughputTasks   int               `json:"throughput_tasks"`
-	Concurrency       int               `json:"concurrency"`
-	ThroughputRuns    []float64         `json:"throughput_runs_per_s"`
-	ThroughputPerS    float64           `json:"throughput_worker_process_per_s"`
-	TakeoverMs        *float64          `json:"takeover_after_sigkill_ms"` // null: not within the cap
-	TakeoverCapMs     float64           `json:"takeover_cap_ms"`
-	TakeoverNote      string            `json:"takeover_note,omitempty"`
-	LatencyNote       string            `json:"latency_note,omitempty"`
-	PeakRSSBytes      int64             `json:"worker_peak_rss_throughput_bytes"`
-	IdleRSSBytes      int64             `json:"worker_rss_idle_bytes"`
-	PendingTasks      int               `json:"pending_tasks"`
-	RSSPendingBytes   int64             `json:"worker_rss_with_pending_bytes"`
+	System          string            `json:"system"`
+	Store           string            `json:"store"`
+	Versions        map[string]string `json:"versions"`
+	SettingsChanged []string          `json:"settings_changed"`
+	LatencyTasks    int               `json:"latency_tasks"`
+	bench.CrossProcessLatency
+	ThroughputTasks int       `json:"throughput_tasks"`
+	Concurrency     int       `json:"concurrency"`
+	ThroughputRuns  []float64 `json:"throughput_runs_per_s"`
+	ThroughputPerS  float64   `json:"throughput_worker_process_per_s"`
+	TakeoverMs      *float64  `json:"takeover_after_sigkill_ms"` // null: not within the cap
+	TakeoverCapMs   float64   `json:"takeover_cap_ms"`
+	TakeoverNote    string    `json:"takeover_note,omitempty"`
+	LatencyNote     string    `json:"latency_note,omitempty"`
+	PeakRSSBytes    int64     `json:"worker_peak_rss_throughput_bytes"`
+	IdleRSSBytes    int64     `json:"worker_rss_idle_bytes"`
+	PendingTasks    int       `json:"pending_tasks"`
+	RSSPendingBytes int64     `json:"worker_rss_with_pending_bytes"`
 }
 
 type harness struct {
@@ -99,7 +96,7 @@ func (h *harness) run() error {
 // worker is a worker process of the system under test, started from this
 // same executable.
 type worker struct {
-	cmd    *exec.Cmd
+	*bench.Process
 	record string
 }
 
@@ -124,60 +121,22 @@ func (h *harness) spawnWorker(name string, concurrency int, record bool) (*worke
 	cmd := exec.Command(exe, "worker", "-system", h.system, "-url", h.url,
 		"-concurrency", strconv.Itoa(concurrency), "-record", recArg)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	p, err := bench.Start(cmd)
+	if err != nil {
 		return nil, err
 	}
-	return &worker{cmd: cmd, record: rec}, nil
+	return &worker{Process: p, record: rec}, nil
 }
 
 // waitReady waits for the worker's "ready" line: its client is started.
 func (w *worker) waitReady(ctx context.Context) error {
 	return poll(ctx, 30*time.Second, func() (bool, error) {
-		if w.cmd.ProcessState != nil {
+		if w.Cmd.ProcessState != nil {
 			return false, errors.New("worker exited")
 		}
 		_, ready := readRecord(w.record)
 		return ready, nil
 	})
-}
-
-func (w *worker) kill() {
-	w.cmd.Process.Kill()
-	w.cmd.Wait()
-}
-
-func (w *worker) stop() {
-	if w.cmd.ProcessState != nil {
-		return
-	}
-	w.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { w.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		w.cmd.Process.Kill()
-		<-done
-	}
-}
-
-func (w *worker) rss(field string) int64 { return procRSS(w.cmd.Process.Pid, field) }
-
-// procRSS reads a memory figure (VmRSS, VmHWM) of a process from /proc.
-func procRSS(pid int, field string) int64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
 }
 
 // readRecord reads a worker's record file: one "ID UNIXNANO" line per job
@@ -211,7 +170,7 @@ func (h *harness) latency() error {
 	if err != nil {
 		return err
 	}
-	defer w.stop()
+	defer w.Stop()
 	if err := w.waitReady(h.ctx); err != nil {
 		return err
 	}
@@ -236,8 +195,8 @@ func (h *harness) latency() error {
 	}); err != nil {
 		return fmt.Errorf("%d of %d jobs started: %w", len(started), n, err)
 	}
-	lat := latencies(published, started)
-	h.r.CrossProcessP50Ms, h.r.CrossProcessP90Ms, h.r.CrossProcessP99Ms, h.r.CrossProcessMaxMs = pct(lat, 50), pct(lat, 90), pct(lat, 99), pct(lat, 100)
+	lat := bench.Latencies(published, started)
+	h.r.CrossProcessLatency = bench.CrossProcess(lat)
 	return writeJSON(filepath.Join(h.dir, h.system+".samples.json"), lat)
 }
 
@@ -260,15 +219,15 @@ func (h *harness) throughput() error {
 			return !busy, err
 		})
 		elapsed := time.Since(start)
-		h.r.PeakRSSBytes = max(h.r.PeakRSSBytes, w.rss("VmHWM"))
-		w.stop()
+		h.r.PeakRSSBytes = max(h.r.PeakRSSBytes, w.RSS("VmHWM"))
+		w.Stop()
 		if err != nil {
 			return err
 		}
 		runs = append(runs, float64(n)/elapsed.Seconds())
 	}
 	h.r.ThroughputRuns = slices.Clone(runs)
-	h.r.ThroughputPerS = median(runs)
+	h.r.ThroughputPerS = bench.Median(runs)
 	return nil
 }
 
@@ -282,7 +241,7 @@ func (h *harness) takeover() error {
 	if err != nil {
 		return err
 	}
-	defer holder.stop()
+	defer holder.Stop()
 	var startedAt time.Time
 	if err := poll(h.ctx, 30*time.Second, func() (bool, error) {
 		s, _ := readRecord(holder.record)
@@ -295,12 +254,12 @@ func (h *harness) takeover() error {
 	if err != nil {
 		return err
 	}
-	defer peer.kill() // its job sleeps for an hour
+	defer peer.Kill() // its job sleeps for an hour
 	time.Sleep(time.Until(startedAt.Add(3 * time.Second)))
-	h.r.IdleRSSBytes = peer.rss("VmRSS")
+	h.r.IdleRSSBytes = peer.RSS("VmRSS")
 	killed := time.Now()
-	holder.kill()
-	h.r.TakeoverCapMs = ms(h.cap)
+	holder.Kill()
+	h.r.TakeoverCapMs = bench.Ms(h.cap)
 	h.progress("takeover: holder killed; waiting up to %s for the peer", h.cap)
 	var took time.Time
 	err = poll(h.ctx, h.cap, func() (bool, error) {
@@ -309,7 +268,7 @@ func (h *harness) takeover() error {
 		return !took.IsZero(), nil
 	})
 	if err == nil {
-		v := ms(took.Sub(killed))
+		v := bench.Ms(took.Sub(killed))
 		h.r.TakeoverMs = &v
 	}
 	return nil
@@ -330,56 +289,17 @@ func (h *harness) pendingMemory() error {
 	if err != nil {
 		return err
 	}
-	defer w.stop()
+	defer w.Stop()
 	time.Sleep(3 * time.Second) // let it query and settle
-	h.r.RSSPendingBytes = w.rss("VmHWM")
+	h.r.RSSPendingBytes = w.RSS("VmHWM")
 	return nil
 }
 
+// poll is bench.Poll every 5 ms, more often than leasepool bench's 20:
+// the throughput figure ends when the producer sees the queue drained.
 func poll(ctx context.Context, limit time.Duration, done func() (bool, error)) error {
-	deadline := time.Now().Add(limit)
-	for {
-		ok, err := done()
-		if err != nil || ok {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return errors.New("timed out")
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	return bench.Poll(ctx, limit, 5*time.Millisecond, done)
 }
-
-func latencies(published, started map[string]time.Time) []float64 {
-	out := make([]float64, 0, len(published))
-	for k, p := range published {
-		if s, ok := started[k]; ok {
-			out = append(out, ms(s.Sub(p)))
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// pct is leasepool bench's percentile (nearest rank).
-func pct(sorted []float64, p int) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := min(len(sorted)-1, max(0, (len(sorted)*p+99)/100-1))
-	return sorted[i]
-}
-
-func median(v []float64) float64 {
-	slices.Sort(v)
-	return pct(v, 50)
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func writeJSON(path string, v any) error {
 	data, err := json.MarshalIndent(v, "", "  ")

@@ -1,0 +1,107 @@
+// Package store opens a task.Store named by a store URL, the way the
+// leasepool CLI's --store flag does, so that a program embedding leasepool
+// accepts the same URLs as its command line:
+//
+//	sqlite:PATH                 an embedded store file (package task/sqlitestore)
+//	mongodb://HOST/DB?...       a MongoDB deployment (package task/mongostore)
+//	mongodb+srv://HOST/DB?...   the same, with a DNS seed list
+//
+// A plain file path is refused rather than guessed at: "x.db" could as well
+// be a mistyped URL, and the error says to write sqlite:x.db.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/mongostore"
+	"github.com/leasepool/leasepool/task/sqlitestore"
+)
+
+// ErrBadURL is wrapped by every error about the URL itself: no scheme, an
+// unknown one, no file. Errors from opening a well-formed URL (a missing
+// file, an unreachable server) do not wrap it.
+var ErrBadURL = errors.New("bad store URL")
+
+// Options say how Open opens a store.
+type Options struct {
+	// MustExist refuses to create a missing embedded store file, for a
+	// program that only reads or changes existing tasks: a mistyped path
+	// then fails instead of starting an empty store.
+	MustExist bool
+	// ReadOnly opens an embedded store file for reading only (implies
+	// MustExist; see sqlitestore.Config.ReadOnly): nothing is written, and
+	// a file that is not a leasepool store is refused. A MongoDB store has
+	// no read-only mode and ignores it: a program that only reads simply
+	// writes nothing.
+	ReadOnly bool
+	// Logger receives the store's background errors. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Open opens the store url names. Close it when done.
+func Open(ctx context.Context, url string, opts Options) (task.Store, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	scheme, rest, ok := strings.Cut(url, ":")
+	switch {
+	case url == "":
+		return nil, fmt.Errorf("open store: %w: empty (want sqlite:PATH or mongodb://HOST/DB)", ErrBadURL)
+	case scheme == "sqlite":
+		return openSQLite(ctx, url, rest, opts, logger)
+	case scheme == "mongodb" || scheme == "mongodb+srv":
+		if !strings.HasPrefix(rest, "//") {
+			return nil, fmt.Errorf("open store %q: %w: want %s://HOST/DB", url, ErrBadURL, scheme)
+		}
+		s, err := mongostore.Open(ctx, url, &mongostore.Config{Logger: logger})
+		if err != nil {
+			return nil, fmt.Errorf("open store %s: %w", redact(url), err)
+		}
+		return s, nil
+	case !ok || strings.ContainsAny(scheme, `/\.`):
+		return nil, fmt.Errorf("open store %q: %w: no scheme (for an embedded store file write sqlite:%s)", url, ErrBadURL, url)
+	}
+	return nil, fmt.Errorf("open store %q: %w: unknown scheme %q (want sqlite:PATH or mongodb://HOST/DB)", url, ErrBadURL, scheme)
+}
+
+func openSQLite(ctx context.Context, url, path string, opts Options, logger *slog.Logger) (task.Store, error) {
+	if path == "" {
+		return nil, fmt.Errorf("open store %q: %w: names no file (want sqlite:PATH)", url, ErrBadURL)
+	}
+	if opts.MustExist || opts.ReadOnly {
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("open store %s: %w", path, err)
+		}
+	}
+	s, err := sqlitestore.Open(ctx, path, &sqlitestore.Config{Logger: logger, ReadOnly: opts.ReadOnly})
+	if err != nil {
+		return nil, err // it names the file already
+	}
+	return s, nil
+}
+
+// redact hides the password of a MongoDB URL, which errors end up in logs.
+// The user information ends at the last @ before the options, so a
+// password with an unescaped @ or / is hidden whole.
+func redact(url string) string {
+	scheme, rest, ok := strings.Cut(url, "://")
+	if !ok {
+		return url
+	}
+	beforeOptions, _, _ := strings.Cut(rest, "?")
+	at := strings.LastIndex(beforeOptions, "@")
+	if at < 0 {
+		return url
+	}
+	if name, _, hasPassword := strings.Cut(rest[:at], ":"); hasPassword {
+		return scheme + "://" + name + ":xxxxx" + rest[at:]
+	}
+	return url
+}
