@@ -104,7 +104,7 @@ type Host struct {
 	holder task.Holder
 	key    string
 
-	life   lifecycle.Runner
+	life lifecycle.Runner
 
 	mu     sync.Mutex
 	broker *Broker
