@@ -217,11 +217,35 @@ func (a *attempt) awaitBack() (bool, error) {
 	if a.awayUntil.IsZero() {
 		a.awayUntil = time.Now().Add(a.resultTimeout)
 	}
-	timer := time.NewTimer(time.Until(a.awayUntil))
+	away := func() (<-chan struct{}, bool) {
+		changed := a.h.tracker.Changed(a.cmd.Device)
+		return changed, a.h.tracker.Offline(a.cmd.Device)
+	}
+	return a.hold(away, time.Until(a.awayUntil), "device away since a command went out: snooze", a.resultTimeout)
+}
+
+// awaitLink runs when our own connection dropped while a copy waited for
+// its ack (the broker died or moved: its wills were never sent, so the
+// device may look online): hold the attempt until we are connected again,
+// then publish again. Only a link down for linkWait gives the attempt back.
+func (a *attempt) awaitLink() (bool, error) {
+	down := func() (<-chan struct{}, bool) {
+		_, down, reconnected := a.h.link()
+		return reconnected, down
+	}
+	return a.hold(down, a.linkWait, "own MQTT connection down since a command went out: snooze", a.linkWait)
+}
+
+// hold keeps the attempt, and so its device lock, while blocked says so
+// (its channel closes at the next change): it returns (false, nil) once
+// blocked no longer holds, or the attempt's end: a reply, ctx, or a snooze
+// (logged as giveUp, having waited) when blocked still holds after d.
+func (a *attempt) hold(blocked func() (<-chan struct{}, bool), d time.Duration, giveUp string, waited time.Duration) (bool, error) {
+	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
-		changed := a.h.tracker.Changed(a.cmd.Device)
-		if !a.h.tracker.Offline(a.cmd.Device) {
+		changed, still := blocked()
+		if !still {
 			return false, nil
 		}
 		select {
@@ -233,34 +257,7 @@ func (a *attempt) awaitBack() (bool, error) {
 				return true, err
 			}
 		case <-timer.C:
-			a.log.Info("device away since a command went out: snooze", slog.Duration("waited", a.resultTimeout))
-			return true, a.snooze()
-		}
-	}
-}
-
-// awaitLink runs when our own connection dropped while a copy waited for
-// its ack (the broker died or moved: its wills were never sent, so the
-// device may look online): hold the attempt until we are connected again,
-// then publish again. Only a link down for linkWait gives the attempt back.
-func (a *attempt) awaitLink() (bool, error) {
-	timer := time.NewTimer(a.linkWait)
-	defer timer.Stop()
-	for {
-		_, down, reconnected := a.h.link()
-		if !down {
-			return false, nil
-		}
-		select {
-		case <-a.ctx.Done():
-			return true, a.cancelled()
-		case <-reconnected:
-		case rp := <-a.w.replies:
-			if end, err := a.onReply(rp); end {
-				return true, err
-			}
-		case <-timer.C:
-			a.log.Info("own MQTT connection down since a command went out: snooze", slog.Duration("waited", a.linkWait))
+			a.log.Info(giveUp, slog.Duration("waited", waited))
 			return true, a.snooze()
 		}
 	}

@@ -235,29 +235,35 @@ func (h *Host) run(ctx context.Context) {
 		}
 		// Held: host.
 		wait = heldUntil.Add(-h.cfg.Lease + renewEvery).Sub(h.cfg.Store.Now())
-		if !h.Hosting() {
-			b, err := Listen(ctx, h.cfg.Addr, h.cfg.BrokerLogger)
-			switch {
-			case err == nil:
-				h.mu.Lock()
-				h.broker = b
-				h.mu.Unlock()
-				bindFailedSince = time.Time{}
-				log.Info("embedded MQTT broker hosted here", slog.String("worker", h.holder.WorkerID), slog.String("url", b.URL()))
-			default:
-				// The old host's socket, most likely, or another program.
-				if bindFailedSince.IsZero() {
-					bindFailedSince = time.Now()
-				} else if time.Since(bindFailedSince) > h.cfg.Lease {
-					log.Warn("embedded MQTT broker: address still taken, retrying", slog.Any("error", err),
-						slog.Bool("in_use", errors.Is(err, syscall.EADDRINUSE)))
-					bindFailedSince = time.Now()
-				}
-				wait = min(wait, brokerBindRetry)
-			}
+		if !h.Hosting() && !h.serve(ctx, log, &bindFailedSince) {
+			wait = min(wait, brokerBindRetry)
 		}
 		timer.Reset(max(wait, 0))
 	}
+}
+
+// serve starts the broker while the lease is held; it reports false when
+// the address is still taken (the old host's socket, most likely, or
+// another program), to be retried soon. bindFailedSince spaces the
+// warnings out.
+func (h *Host) serve(ctx context.Context, log *slog.Logger, bindFailedSince *time.Time) bool {
+	b, err := Listen(ctx, h.cfg.Addr, h.cfg.BrokerLogger)
+	if err != nil {
+		if bindFailedSince.IsZero() {
+			*bindFailedSince = time.Now()
+		} else if time.Since(*bindFailedSince) > h.cfg.Lease {
+			log.Warn("embedded MQTT broker: address still taken, retrying", slog.Any("error", err),
+				slog.Bool("in_use", errors.Is(err, syscall.EADDRINUSE)))
+			*bindFailedSince = time.Now()
+		}
+		return false
+	}
+	h.mu.Lock()
+	h.broker = b
+	h.mu.Unlock()
+	*bindFailedSince = time.Time{}
+	log.Info("embedded MQTT broker hosted here", slog.String("worker", h.holder.WorkerID), slog.String("url", b.URL()))
+	return true
 }
 
 func (h *Host) closeBroker(log *slog.Logger) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
 )
 
 // ClientConfig says how to reach the broker.
@@ -212,6 +213,7 @@ func NewClient(cfg ClientConfig, o ClientOptions) (*Client, error) {
 		SetPingTimeout(5 * time.Second).
 		SetConnectTimeout(5 * time.Second).
 		SetOrderMatters(false).
+		SetStore(copyingStore{mqtt.NewMemoryStore()}).
 		// Messages of a resumed session arrive before any Subscribe call:
 		// the default handler routes (and so acks) them.
 		SetDefaultPublishHandler(onMessage).
@@ -243,6 +245,22 @@ func NewClient(cfg ClientConfig, o ClientOptions) (*Client, error) {
 	}
 	t.client = mqtt.NewClient(opts)
 	return t, nil
+}
+
+// copyingStore is paho's memory store keeping its own copy of each publish.
+// On connect, paho 1.5.1 resumes the session by setting Dup on the stored
+// packets; with the plain memory store a stored packet is the very one a
+// publish made meanwhile (a device's online status, from OnConnect) is
+// being written from: a data race. Put runs on the publishing goroutine
+// before the packet is handed to the writer, so copying there is safe.
+type copyingStore struct{ *mqtt.MemoryStore }
+
+func (s copyingStore) Put(key string, m packets.ControlPacket) {
+	if p, ok := m.(*packets.PublishPacket); ok {
+		cp := *p
+		m = &cp
+	}
+	s.MemoryStore.Put(key, m)
 }
 
 // Connect connects, retrying until ctx ends.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -157,4 +159,24 @@ func FuzzTopicsParse(f *testing.F) {
 			t.Fatalf("Parse(%q) = %q %q", topic, id, kind)
 		}
 	})
+}
+
+// TestCopyingStoreKeepsItsOwnPublish: what resume changes in the store
+// (Dup) is not the packet the publisher handed over.
+func TestCopyingStoreKeepsItsOwnPublish(t *testing.T) {
+	t.Parallel()
+	s := copyingStore{mqtt.NewMemoryStore()}
+	s.Open()
+	defer s.Close()
+	p := packets.NewControlPacket(packets.Publish).(*packets.PublishPacket)
+	p.Qos, p.MessageID, p.TopicName, p.Payload = 1, 7, "t", []byte("x")
+	s.Put("o.7", p)
+	stored, ok := s.Get("o.7").(*packets.PublishPacket)
+	if !ok || stored == p || stored.MessageID != 7 || stored.TopicName != "t" {
+		t.Fatalf("stored %+v: want a copy of the publish", stored)
+	}
+	stored.Dup = true
+	if p.Dup {
+		t.Fatal("setting Dup on the stored packet changed the publisher's")
+	}
 }
