@@ -1,3 +1,6 @@
+// The device task handler: its config, its MQTT client and lifecycle, and
+// the routing of replies to the attempt waiting for them.
+
 package mqttdev
 
 import (

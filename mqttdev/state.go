@@ -1,3 +1,6 @@
+// Device online state: the tracker fed by status messages, its mirror in
+// shared storage, and the device listing of admin tools.
+
 package mqttdev
 
 import (
