@@ -1,7 +1,16 @@
 // Package mqttdev drives IoT devices over MQTT for the leasepool task queue:
 // a consumer.Handler that sends a device task's command and waits for the
 // device's answer, the publish helper that makes such tasks, a tracker of
-// device online state, a device simulator, and an embedded broker.
+// device online state, and Wire, which sets a worker process up for device
+// tasks. The device side lives in its own packages: mqttdev/device (a
+// device simulator) and mqttdev/broker (an embedded broker and its hosting
+// lease). Both sides import mqttdev/protocol, the topics, messages and MQTT
+// client transport they share; mqttdev re-exports its names.
+//
+// Every long-lived component here (Handler, StateTracker, the simulator,
+// the broker and its host) has Start(ctx), which ctx bounds and which
+// returns an error when called twice, and Stop(ctx), which may be called
+// again and waits for the component's goroutines while ctx lasts.
 //
 // A device task (kind "device", see PublishParams) carries the lock key
 // device:<id>, so the claim lets one command per device run cluster-wide;
@@ -107,14 +116,14 @@
 //
 // # Embedded broker and its takeover
 //
-// StartBroker runs an embedded broker (mochi-mqtt, loopback only, sessions
+// broker.Listen runs an embedded broker (mochi-mqtt, loopback only, sessions
 // and retained messages in memory). For a group of worker processes on one
-// host sharing a store, BrokerHost keeps one running on a fixed address
+// host sharing a store, broker.Host keeps one running on a fixed address
 // even when the process running it dies: hosting is a lease in the store's
-// lock table (key BrokerLockKey(addr), e.g. "mqtt-broker:127.0.0.1:1883";
-// holder task key "embedded-broker@<instance>", worker id the worker's),
-// renewed every third of the lease (default DefaultBrokerLease, 3s). Every
-// process runs a BrokerHost (Start, Stop); the holder hosts; the others
+// lock table (key broker.LockKey(addr), e.g. "mqtt-broker:127.0.0.1:1883";
+// holder task key "embedded-broker", the worker id and process instance),
+// renewed every third of the lease (default broker.DefaultLease, 3s). Every
+// process runs a broker.Host (Start, Stop); the holder hosts; the others
 // take the lease once it runs out (they sleep until the holder's lease
 // ends) and start the broker on the same address, retrying the bind every
 // 100ms while the old socket is released. A holder that cannot renew before
@@ -143,7 +152,16 @@
 //   - a result timeout that fires while disconnected waits once more, up to
 //     max(result_timeout, 10s), for the connection.
 //
-// Wiring a worker:
+// Wiring a worker, with the embedded broker hosted by turns among the
+// workers sharing the store (or Client.BrokerURL set to use another):
+//
+//	w, err := mqttdev.Wire(ctx, mqttdev.WireConfig{
+//		Mux: mux, Store: store, WorkerID: workerID, Logger: logger,
+//	})                             // before the consumer starts
+//	... run the consumer ...
+//	err = w.Stop(ctx)              // after the consumer has stopped
+//
+// or by hand, with a broker of one's own:
 //
 //	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{
 //		ClientConfig: mqttdev.ClientConfig{BrokerURL: "tcp://broker:1883", ClientID: workerID},

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -32,17 +34,17 @@ func testLogger(t *testing.T) *slog.Logger {
 }
 
 type env struct {
-	broker  *Broker
+	broker  *broker.Broker
 	url     string
 	prefix  string
 	handler *Handler
 	fault   *FaultTransport
-	sim     *Simulator
+	sim     *device.Simulator
 }
 
 type setupOpts struct {
 	url string // empty: an embedded broker
-	sim SimConfig
+	sim device.Config
 }
 
 // setup starts a broker (unless o.url is set), a simulator and a handler,
@@ -53,7 +55,7 @@ func setup(t *testing.T, o setupOpts) *env {
 	defer cancel()
 	e := &env{url: o.url, prefix: "t" + NewCorrelationID()[:12]}
 	if e.url == "" {
-		b, err := StartBroker(ctx, "127.0.0.1:0", nil)
+		b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,7 +68,7 @@ func setup(t *testing.T, o setupOpts) *env {
 		sc.Count = 1
 	}
 	sc.IDPrefix = e.prefix + "-dev-"
-	sim, err := NewSimulator(sc)
+	sim, err := device.NewSimulator(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +163,7 @@ func testCore(t *testing.T, e *env) {
 
 func TestCommandAckedAndResult(t *testing.T) {
 	t.Parallel()
-	testCore(t, setup(t, setupOpts{sim: SimConfig{Latency: 50 * time.Millisecond}}))
+	testCore(t, setup(t, setupOpts{sim: device.Config{Latency: 50 * time.Millisecond}}))
 }
 
 func TestCommandAckedAndResultMosquitto(t *testing.T) {
@@ -170,12 +172,12 @@ func TestCommandAckedAndResultMosquitto(t *testing.T) {
 	if url == "" {
 		t.Fatal("LEASEPOOL_TEST_MQTT_URL is empty: start the test servers first (tests/servers up) so that it points at Mosquitto")
 	}
-	testCore(t, setup(t, setupOpts{url: url, sim: SimConfig{Latency: 50 * time.Millisecond}}))
+	testCore(t, setup(t, setupOpts{url: url, sim: device.Config{Latency: 50 * time.Millisecond}}))
 }
 
 func TestDeviceFailureFailsAttempt(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{FailRate: 1}})
+	e := setup(t, setupOpts{sim: device.Config{FailRate: 1}})
 	err := e.handler.Handle(ctxT(t, 20*time.Second), job("fail-1", 1, Command{Device: e.dev(0), Command: "x"}))
 	if !errors.Is(err, ErrDeviceFailed) || !strings.Contains(err.Error(), "simulated failure") {
 		t.Fatalf("Handle = %v, want ErrDeviceFailed", err)
@@ -203,7 +205,7 @@ func TestNoAckRepublishedThenFails(t *testing.T) {
 
 func TestDroppedAcksDeviceRunsOnce(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{DropAckRate: 1, Latency: 2 * time.Second}})
+	e := setup(t, setupOpts{sim: device.Config{DropAckRate: 1, Latency: 2 * time.Second}})
 	err := e.handler.Handle(ctxT(t, 20*time.Second), job("drop-1", 1, Command{Device: e.dev(0), Command: "x",
 		AckTimeout: task.Duration(100 * time.Millisecond), MaxPublishes: 4}))
 	if !errors.Is(err, ErrNoAck) {
@@ -218,7 +220,7 @@ func TestDroppedAcksDeviceRunsOnce(t *testing.T) {
 
 func TestLostAckResultStillCounts(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{DropAckRate: 1}})
+	e := setup(t, setupOpts{sim: device.Config{DropAckRate: 1}})
 	// Latency zero: the result arrives although no ack ever does.
 	err := e.handler.Handle(ctxT(t, 20*time.Second), job("lostack-1", 1, Command{Device: e.dev(0), Command: "x",
 		AckTimeout: task.Duration(5 * time.Second)}))
@@ -244,7 +246,7 @@ func TestOfflineDeviceSnoozes(t *testing.T) {
 
 func TestOfflineBeforeAckSnoozes(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{DropAckRate: 1, Latency: time.Hour}})
+	e := setup(t, setupOpts{sim: device.Config{DropAckRate: 1, Latency: time.Hour}})
 	done := make(chan error, 1)
 	go func() {
 		done <- e.handler.Handle(ctxT(t, 20*time.Second), job("off-2", 1, Command{Device: e.dev(0), Command: "x",
@@ -278,7 +280,7 @@ func TestStaleAttemptRefused(t *testing.T) {
 
 func TestLeaseLostReturnsPromptly(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{Latency: time.Hour}})
+	e := setup(t, setupOpts{sim: device.Config{Latency: time.Hour}})
 	ctx, cancel := context.WithCancelCause(context.Background())
 	lost := errors.New("lease lost in test")
 	done := make(chan error, 1)
@@ -299,7 +301,7 @@ func TestOverlapFlagged(t *testing.T) {
 	t.Parallel()
 	// Two commands for one device at once (as if the lock were broken):
 	// the simulator flags the second.
-	e := setup(t, setupOpts{sim: SimConfig{Latency: 300 * time.Millisecond}})
+	e := setup(t, setupOpts{sim: device.Config{Latency: 300 * time.Millisecond}})
 	ctx := ctxT(t, 20*time.Second)
 	errs := make(chan error, 2)
 	for i := range 2 {
@@ -320,7 +322,7 @@ func TestOverlapFlagged(t *testing.T) {
 
 func TestBrokerRestartMidCommand(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{Latency: 1500 * time.Millisecond}})
+	e := setup(t, setupOpts{sim: device.Config{Latency: 1500 * time.Millisecond}})
 	done := make(chan error, 1)
 	go func() {
 		done <- e.handler.Handle(ctxT(t, 30*time.Second), job("restart-1", 1, Command{Device: e.dev(0), Command: "x"}))
@@ -328,7 +330,7 @@ func TestBrokerRestartMidCommand(t *testing.T) {
 	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	addr := e.broker.Addr()
 	_ = e.broker.Close()
-	b2, err := StartBroker(context.Background(), addr, nil)
+	b2, err := broker.Listen(context.Background(), addr, nil)
 	if err != nil {
 		t.Fatalf("restart on %s: %v", addr, err)
 	}
@@ -350,7 +352,7 @@ func TestRepliesForOtherAttemptsIgnored(t *testing.T) {
 	topics := Topics{Prefix: e.prefix}
 	fake := e.prefix + "-fake"
 	cmds := make(chan CommandMessage, 4)
-	if err := e.broker.srv.Subscribe(topics.Device(fake, TopicCmd), 1, inlineHandler(func(b []byte) {
+	if err := e.broker.Server().Subscribe(topics.Device(fake, TopicCmd), 1, inlineHandler(func(b []byte) {
 		if c, err := DecodeCommand(b); err == nil {
 			cmds <- c
 		}
@@ -365,7 +367,7 @@ func TestRepliesForOtherAttemptsIgnored(t *testing.T) {
 	c := <-cmds
 	pub := func(kind string, r Reply) {
 		b, _ := Encode(r)
-		if err := e.broker.srv.Publish(topics.Device(fake, kind), b, false, 1); err != nil {
+		if err := e.broker.Server().Publish(topics.Device(fake, kind), b, false, 1); err != nil {
 			t.Error(err)
 		}
 	}
@@ -379,9 +381,38 @@ func TestRepliesForOtherAttemptsIgnored(t *testing.T) {
 	}
 }
 
+// TestInjectedDisconnectMidCommand: the handler's own connection drops
+// while the device runs the command (the fault transport takes it down
+// for a while). The command still succeeds, the device runs it once, and
+// exactly two copies go out: the first, and the one asked again after the
+// reconnect (a duplicate the device answers from its cache).
+func TestInjectedDisconnectMidCommand(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{sim: device.Config{Latency: 1500 * time.Millisecond}})
+	ctx := ctxT(t, 30*time.Second)
+	done := make(chan error, 1)
+	go func() { done <- e.handler.Handle(ctx, job("disc-1", 1, Command{Device: e.dev(0), Command: "x"})) }()
+	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	if err := e.fault.InjectDisconnect(ctx, 200*time.Millisecond); err != nil {
+		t.Fatalf("inject disconnect: %v", err)
+	}
+	if !e.fault.Connected() {
+		t.Fatal("not connected again after the injected disconnect")
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Handle across an injected disconnect = %v, want success", err)
+	}
+	if n := e.fault.Published(Topics{Prefix: e.prefix}.Device(e.dev(0), TopicCmd)); n != 2 {
+		t.Fatalf("published %d copies, want 2 (the first and one after the reconnect)", n)
+	}
+	if r := e.sim.Report(); len(r.Runs) != 1 || !r.Runs[0].OK || len(r.Overlaps) != 0 {
+		t.Fatalf("runs %+v overlaps %+v, want one successful run", r.Runs, r.Overlaps)
+	}
+}
+
 func TestResultTimeout(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{Latency: time.Hour}})
+	e := setup(t, setupOpts{sim: device.Config{Latency: time.Hour}})
 	err := e.handler.Handle(ctxT(t, 20*time.Second), job("rt-1", 1, Command{Device: e.dev(0), Command: "x",
 		ResultTimeout: task.Duration(200 * time.Millisecond)}))
 	if !errors.Is(err, ErrResultTimeout) {
@@ -417,20 +448,13 @@ func TestHandlerConfigErrors(t *testing.T) {
 	}
 }
 
-func TestStartBrokerRefusesNonLoopback(t *testing.T) {
-	t.Parallel()
-	if _, err := StartBroker(context.Background(), "0.0.0.0:0", nil); err == nil {
-		t.Fatal("listening on every interface was accepted")
-	}
-}
-
 // TestFleetUnderFaults drives three faulty devices the way the consumer
 // would (one command per device at a time, a new attempt after each
 // failure or snooze) and checks every command finally succeeds with no
 // device ever running two at once.
 func TestFleetUnderFaults(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{Count: 3, Latency: 20 * time.Millisecond, FailRate: 0.2,
+	e := setup(t, setupOpts{sim: device.Config{Count: 3, Latency: 20 * time.Millisecond, FailRate: 0.2,
 		OfflineRate: 0.15, OfflineFor: 300 * time.Millisecond, DropAckRate: 0.2, Seed: 7}})
 	ctx := ctxT(t, 60*time.Second)
 	errs := make(chan error, 3)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -21,7 +22,7 @@ import (
 // A's result once it has run.
 func TestOutageWithLostAckKeepsDevice(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{DropAckRate: 1, Latency: 2 * time.Second}})
+	e := setup(t, setupOpts{sim: device.Config{DropAckRate: 1, Latency: 2 * time.Second}})
 	ctx := ctxT(t, 30*time.Second)
 	cmd := Command{Device: e.dev(0), Command: "x", AckTimeout: task.Duration(time.Second),
 		ResultTimeout: task.Duration(5 * time.Second), MaxPublishes: 3}
@@ -58,7 +59,7 @@ func TestOutageWithLostAckKeepsDevice(t *testing.T) {
 // then; it snoozes at once when the device comes back having not run it.
 func TestOutageWithLostAckDeviceStaysAway(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{DropAckRate: 1, Latency: time.Hour}})
+	e := setup(t, setupOpts{sim: device.Config{DropAckRate: 1, Latency: time.Hour}})
 	ctx := ctxT(t, 30*time.Second)
 	cmd := Command{Device: e.dev(0), Command: "x", AckTimeout: task.Duration(500 * time.Millisecond),
 		ResultTimeout: task.Duration(2 * time.Second), MaxPublishes: 3}

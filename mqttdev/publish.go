@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/leasepool/leasepool/mqttdev/protocol"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -49,10 +50,10 @@ func (c *Command) validate() error {
 	if err := ValidateID("device", c.Device); err != nil {
 		return err
 	}
-	if err := validateCommandName(c.Command); err != nil {
+	if err := protocol.ValidateCommandName(c.Command); err != nil {
 		return err
 	}
-	if err := checkArgs(c.Args); err != nil {
+	if err := protocol.CheckArgs(c.Args); err != nil {
 		return err
 	}
 	switch {

@@ -1,13 +1,19 @@
+// Device online state: the tracker fed by status messages, its mirror in
+// shared storage, and the device listing of admin tools.
+
 package mqttdev
 
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/mqttdev/protocol"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -43,13 +49,13 @@ type StateTracker struct {
 	store  DeviceStateStore
 	logger *slog.Logger
 
-	mu      sync.Mutex
-	states  map[string]DeviceState
-	dirty   map[string]DeviceState
-	watch   map[string][]chan struct{}
-	kick    chan struct{}
-	stop    context.CancelFunc
-	stopped chan struct{}
+	life lifecycle.Runner
+
+	mu     sync.Mutex
+	states map[string]DeviceState
+	dirty  map[string]DeviceState
+	watch  map[string][]chan struct{}
+	kick   chan struct{}
 }
 
 // NewStateTracker returns an empty tracker; store and logger may be nil.
@@ -86,38 +92,25 @@ func (t *StateTracker) Load(ctx context.Context) error {
 	return nil
 }
 
-// Start runs the store writer until Stop. Without a store it does nothing.
+// Start runs the store writer until Stop; without a store there is
+// nothing to run. ctx's values are kept, its cancellation is not. A second
+// call returns lifecycle.ErrStarted.
 func (t *StateTracker) Start(ctx context.Context) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.store == nil || t.stop != nil {
-		return nil
+	run, err := t.life.Start(ctx)
+	if err != nil {
+		return fmt.Errorf("device state tracker: %w", err)
 	}
-	ctx, t.stop = context.WithCancel(context.WithoutCancel(ctx))
-	t.stopped = make(chan struct{})
-	go t.writer(ctx, t.stopped)
+	if t.store != nil {
+		t.life.Go(func() { t.writer(run) })
+	}
 	return nil
 }
 
-// Stop stops the writer after a last flush; it may be called twice.
-func (t *StateTracker) Stop(ctx context.Context) error {
-	t.mu.Lock()
-	stop, stopped := t.stop, t.stopped
-	t.mu.Unlock()
-	if stop == nil {
-		return nil
-	}
-	stop()
-	select {
-	case <-stopped:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
+// Stop stops the writer after a last flush. It may be called again; ctx
+// bounds the wait.
+func (t *StateTracker) Stop(ctx context.Context) error { return t.life.Stop(ctx, nil) }
 
-func (t *StateTracker) writer(ctx context.Context, done chan struct{}) {
-	defer close(done)
+func (t *StateTracker) writer(ctx context.Context) {
 	for {
 		select {
 		case <-t.kick:
@@ -296,11 +289,10 @@ func ReadStates(ctx context.Context, cfg ClientConfig, prefix string, wait time.
 	}
 	topics := Topics{Prefix: prefix}
 	tracker := NewStateTracker(nil, nil)
-	tr, err := newPahoTransport(cfg, pahoOptions{
-		role:         "admin",
-		cleanSession: true,
-		logger:       slog.New(slog.DiscardHandler),
-		onMessage: func(m Message) {
+	tr, err := protocol.NewClient(cfg, protocol.ClientOptions{
+		Role:         "admin",
+		CleanSession: true,
+		OnMessage: func(m Message) {
 			id, kind, ok := topics.Parse(m.Topic)
 			if !ok || kind != TopicStatus || len(m.Payload) == 0 {
 				return
@@ -316,10 +308,10 @@ func ReadStates(ctx context.Context, cfg ClientConfig, prefix string, wait time.
 	_ = tr.Subscribe(ctx, topics.All(TopicStatus))
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := tr.connect(cctx); err != nil {
+	if err := tr.Connect(cctx); err != nil {
 		return nil, err
 	}
-	defer tr.client.Disconnect(0)
+	defer tr.Disconnect()
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -121,7 +122,7 @@ func TestStateTrackerMirrorsToStore(t *testing.T) {
 
 func TestReadStates(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{sim: SimConfig{Count: 2}})
+	e := setup(t, setupOpts{sim: device.Config{Count: 2}})
 	e.sim.Device(1).GoOffline(time.Hour)
 	eventually(t, 10*time.Second, "the will", func() bool { return e.handler.Tracker().Offline(e.dev(1)) })
 	tr, err := ReadStates(ctxT(t, 10*time.Second), ClientConfig{BrokerURL: e.url}, e.prefix, 500*time.Millisecond)

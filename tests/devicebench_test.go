@@ -11,6 +11,8 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -24,13 +26,13 @@ import (
 //	go test -run XXX -bench DeviceCommands -benchtime 2000x ./tests/
 func BenchmarkDeviceCommands(b *testing.B) {
 	ctx := context.Background()
-	broker, err := mqttdev.StartBroker(ctx, "127.0.0.1:0", nil)
+	brk, err := broker.Listen(ctx, "127.0.0.1:0", nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer broker.Close()
+	defer brk.Close()
 	const devices = 20
-	sim, err := mqttdev.NewSimulator(mqttdev.SimConfig{BrokerURL: broker.URL(), Count: devices, IDPrefix: "bench-", Seed: 1})
+	sim, err := device.NewSimulator(device.Config{BrokerURL: brk.URL(), Count: devices, IDPrefix: "bench-", Seed: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -38,7 +40,7 @@ func BenchmarkDeviceCommands(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer sim.Stop(ctx)
-	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{ClientConfig: mqttdev.ClientConfig{BrokerURL: broker.URL(), ClientID: "bench-worker"}})
+	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{ClientConfig: mqttdev.ClientConfig{BrokerURL: brk.URL(), ClientID: "bench-worker"}})
 	if err != nil {
 		b.Fatal(err)
 	}

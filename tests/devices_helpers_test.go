@@ -18,6 +18,7 @@ import (
 
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -62,12 +63,12 @@ func sharedBroker(t *testing.T) string {
 }
 
 // startSim starts a simulated fleet; it is stopped when t ends.
-func startSim(t *testing.T, ctx context.Context, cfg mqttdev.SimConfig) *mqttdev.Simulator {
+func startSim(t *testing.T, ctx context.Context, cfg device.Config) *device.Simulator {
 	t.Helper()
 	if cfg.Logger == nil && os.Getenv("LEASEPOOL_TEST_DEVICE_LOGS") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	sim, err := mqttdev.NewSimulator(cfg)
+	sim, err := device.NewSimulator(cfg)
 	if err != nil {
 		t.Fatalf("simulator: %v", err)
 	}
@@ -245,12 +246,12 @@ func failures(tk *task.Task) int {
 // the store handed out, and every SUCCESS entry has a successful run of
 // that very attempt on the task's device. It returns each task's runs in
 // start order.
-func checkDeviceRuns(t *testing.T, rep *mqttdev.SimReport, tasks map[string]*task.Task) map[string][]mqttdev.Run {
+func checkDeviceRuns(t *testing.T, rep *device.Report, tasks map[string]*task.Task) map[string][]device.Run {
 	t.Helper()
 	for _, o := range rep.Overlaps {
 		t.Errorf("OVERLAP on %s: %s#%d arrived while %s#%d ran or waited (%s)", o.Device, o.TaskKey, o.Attempt, o.RunningTask, o.RunningAttempt, o.At.Format(time.StampMicro))
 	}
-	runs := map[string][]mqttdev.Run{}
+	runs := map[string][]device.Run{}
 	for _, r := range rep.Runs {
 		runs[r.TaskKey] = append(runs[r.TaskKey], r)
 	}
@@ -266,7 +267,7 @@ func checkDeviceRuns(t *testing.T, rep *mqttdev.SimReport, tasks map[string]*tas
 		}
 	}
 	for key, rs := range runs {
-		slices.SortFunc(rs, func(a, b mqttdev.Run) int { return a.Start.Compare(b.Start) })
+		slices.SortFunc(rs, func(a, b device.Run) int { return a.Start.Compare(b.Start) })
 		tk := tasks[key]
 		if tk == nil {
 			t.Errorf("device ran %s, which is not in the store", key)

@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -71,7 +72,7 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	const lease = mqttdev.DefaultBrokerLease
+	const lease = broker.DefaultLease
 
 	ids := []string{"w1", "w2", "w3"}
 	workers, logs := map[string]*workerProc{}, map[string]string{}
@@ -88,7 +89,7 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 
 	// Heartbeat long: see TestDevicesEmbeddedBroker (a mochi-mqtt race
 	// between a retained publish and a wildcard subscribe).
-	sim := startSim(t, ctx, mqttdev.SimConfig{
+	sim := startSim(t, ctx, device.Config{
 		BrokerURL: "tcp://" + addr, Prefix: prefix, IDPrefix: "dev-", Count: 10, Seed: 1,
 		Latency: 30 * time.Millisecond, Heartbeat: time.Minute,
 	})

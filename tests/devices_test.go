@@ -11,6 +11,8 @@ import (
 
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -39,11 +41,11 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 	leasepoolBin(t) // build before the clock matters
 	store, storeURL := openTestStore(t, ctx)
 
-	broker, err := mqttdev.StartBroker(ctx, "127.0.0.1:0", nil)
+	brk, err := broker.Listen(ctx, "127.0.0.1:0", nil)
 	if err != nil {
 		t.Fatalf("embedded broker did not start: %v", err)
 	}
-	t.Cleanup(func() { broker.Close() })
+	t.Cleanup(func() { brk.Close() })
 	prefix := "lp" + randomSuffix(t)
 
 	// Ten devices: six without faults, three flaky (failures, lost acks),
@@ -54,14 +56,14 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 	// retained scan of a wildcard subscribe (scanMessages), which the race
 	// detector of this process reports. Devices publish their status on
 	// connect, before any worker starts.
-	base := mqttdev.SimConfig{BrokerURL: broker.URL(), Prefix: prefix, Latency: 30 * time.Millisecond, Heartbeat: time.Minute}
+	base := device.Config{BrokerURL: brk.URL(), Prefix: prefix, Latency: 30 * time.Millisecond, Heartbeat: time.Minute}
 	clean, flaky, broken := base, base, base
 	clean.IDPrefix, clean.Count, clean.Seed = "clean-", 6, 1
 	flaky.IDPrefix, flaky.Count, flaky.Seed = "flaky-", 3, 2
 	flaky.FailRate, flaky.DropAckRate = 0.15, 0.2
 	broken.IDPrefix, broken.Count, broken.Seed = "broken-", 1, 3
 	broken.FailRate, broken.Latency = 1, 10*time.Millisecond
-	sims := []*mqttdev.Simulator{startSim(t, ctx, clean), startSim(t, ctx, flaky), startSim(t, ctx, broken)}
+	sims := []*device.Simulator{startSim(t, ctx, clean), startSim(t, ctx, flaky), startSim(t, ctx, broken)}
 	var devices []string
 	kindOf := map[string]string{}
 	for _, s := range sims {
@@ -85,9 +87,9 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 	n := len(cmds)
 
 	workers := []*workerProc{
-		deviceWorker(t, storeURL, "w1", broker.URL(), prefix),
-		deviceWorker(t, storeURL, "w2", broker.URL(), prefix),
-		deviceWorker(t, storeURL, "w3", broker.URL(), prefix),
+		deviceWorker(t, storeURL, "w1", brk.URL(), prefix),
+		deviceWorker(t, storeURL, "w2", brk.URL(), prefix),
+		deviceWorker(t, storeURL, "w3", brk.URL(), prefix),
 	}
 	eventually(t, time.Minute, "a third of the commands to finish while w1 holds one", func() bool {
 		return finished(countStates(t, ctx, store)) >= n/3 && heldBy(t, ctx, store, "w1")
@@ -212,7 +214,7 @@ func TestDevicesMosquittoRestart(t *testing.T) {
 	mosqURL, stopMosq, restartMosq := testservers.StartMosquitto(t)
 	store, storeURL := openTestStore(t, ctx)
 	prefix := "lp" + randomSuffix(t)
-	sim := startSim(t, ctx, mqttdev.SimConfig{
+	sim := startSim(t, ctx, device.Config{
 		BrokerURL: mosqURL, Prefix: prefix, IDPrefix: "rdev-", Count: 5,
 		Latency: 150 * time.Millisecond, Heartbeat: time.Second, Seed: 4,
 	})
@@ -281,7 +283,7 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 	store, storeURL := openTestStore(t, ctx)
 	sfx := randomSuffix(t)
 	prefix := "lp" + sfx
-	sim := startSim(t, ctx, mqttdev.SimConfig{
+	sim := startSim(t, ctx, device.Config{
 		BrokerURL: url, Prefix: prefix, IDPrefix: "odev-" + sfx + "-", Count: 2,
 		Latency: 20 * time.Millisecond, Heartbeat: time.Second, Seed: 5,
 	})

@@ -17,6 +17,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 )
@@ -107,8 +109,8 @@ type demoConfig struct {
 
 // demoDevices starts the embedded broker and the simulated devices: two
 // thirds reliable, a third flaky (failing, dropping acks, going offline).
-func demoDevices(ctx context.Context, n int) (url string, sims []*mqttdev.Simulator, stop func(), err error) {
-	broker, err := mqttdev.StartBroker(ctx, "127.0.0.1:0", nil)
+func demoDevices(ctx context.Context, n int) (url string, sims []*device.Simulator, stop func(), err error) {
+	b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -116,18 +118,18 @@ func demoDevices(ctx context.Context, n int) (url string, sims []*mqttdev.Simula
 		for _, s := range sims {
 			s.Stop(context.Background())
 		}
-		broker.Close()
+		b.Close()
 	}
 	flaky := n / 3
-	for _, cfg := range []mqttdev.SimConfig{
-		{BrokerURL: broker.URL(), Count: n - flaky, IDPrefix: "dev-", Latency: 30 * time.Millisecond, Seed: 1},
-		{BrokerURL: broker.URL(), Count: flaky, IDPrefix: "flaky-", Latency: 30 * time.Millisecond, Seed: 2,
+	for _, cfg := range []device.Config{
+		{BrokerURL: b.URL(), Count: n - flaky, IDPrefix: "dev-", Latency: 30 * time.Millisecond, Seed: 1},
+		{BrokerURL: b.URL(), Count: flaky, IDPrefix: "flaky-", Latency: 30 * time.Millisecond, Seed: 2,
 			FailRate: 0.15, DropAckRate: 0.1, OfflineRate: 0.05, OfflineFor: time.Second, Heartbeat: time.Second},
 	} {
 		if cfg.Count == 0 {
 			continue
 		}
-		sim, err := mqttdev.NewSimulator(cfg)
+		sim, err := device.NewSimulator(cfg)
 		if err == nil {
 			err = sim.Start(ctx)
 		}
@@ -137,7 +139,7 @@ func demoDevices(ctx context.Context, n int) (url string, sims []*mqttdev.Simula
 		}
 		sims = append(sims, sim)
 	}
-	return broker.URL(), sims, stop, nil
+	return b.URL(), sims, stop, nil
 }
 
 // demoCommands are device commands spread over the simulated devices.
@@ -182,7 +184,7 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 
 	tasks := demoTasks(cfg.tasks)
 	workerArgs := []string{"--concurrency", "8"}
-	var sims []*mqttdev.Simulator
+	var sims []*device.Simulator
 	if cfg.devices > 0 && cfg.commands > 0 {
 		url, started, stop, err := demoDevices(ctx, cfg.devices)
 		if err != nil {
@@ -301,7 +303,7 @@ func demoWatch(ctx context.Context, w io.Writer, s task.Store, victim *exec.Cmd,
 
 // demoDeviceSummary prints what the simulated devices saw and fails if
 // one ran two commands at once.
-func demoDeviceSummary(w io.Writer, sims []*mqttdev.Simulator) error {
+func demoDeviceSummary(w io.Writer, sims []*device.Simulator) error {
 	if len(sims) == 0 {
 		return nil
 	}

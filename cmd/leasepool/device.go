@@ -11,7 +11,10 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -61,7 +64,7 @@ func deviceCommand() *cli.Command {
 					if c.Bool("json") {
 						progress = c.App.ErrWriter
 					}
-					r, err := mqttdev.RunSimulator(ctx, cfg, progress)
+					r, err := device.RunSimulator(ctx, cfg, progress)
 					if err != nil {
 						return err
 					}
@@ -81,7 +84,7 @@ func deviceCommand() *cli.Command {
 					&cli.StringFlag{Name: "listen", Value: "127.0.0.1:1883", Usage: "loopback address to listen on"},
 				},
 				Action: func(c *cli.Context) error {
-					b, err := mqttdev.StartBroker(c.Context, c.String("listen"), slog.Default())
+					b, err := broker.Listen(c.Context, c.String("listen"), slog.Default())
 					if err != nil {
 						return fmt.Errorf("--listen: %w", err)
 					}
@@ -95,8 +98,28 @@ func deviceCommand() *cli.Command {
 	}
 }
 
-func simConfig(c *cli.Context) (mqttdev.SimConfig, error) {
-	cfg := mqttdev.SimConfig{
+// deviceWiring maps the worker's broker flags to mqttdev.Wire: --mqtt, or
+// the embedded broker at --embedded-broker hosted by one worker sharing
+// the store at a time.
+func deviceWiring(c *cli.Context, mux *consumer.Mux, store task.Store, workerID string) mqttdev.WireConfig {
+	return mqttdev.WireConfig{
+		Mux: mux, Store: store, WorkerID: workerID,
+		Client: mqttdev.ClientConfig{
+			BrokerURL: c.String("mqtt"),
+			Username:  c.String("mqtt-user"), Password: c.String("mqtt-password"),
+			CAFile: c.String("mqtt-ca"), CertFile: c.String("mqtt-cert"), KeyFile: c.String("mqtt-key"),
+		},
+		EmbeddedBroker:      c.String("embedded-broker"),
+		EmbeddedBrokerLease: c.Duration("embedded-broker-lease"),
+		Prefix:              c.String("prefix"),
+		Logger:              slog.Default(),
+		// The broker logs every client that drops at warn level: keep errors.
+		BrokerLogger: slog.New(minLevel{slog.Default().Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker")),
+	}
+}
+
+func simConfig(c *cli.Context) (device.Config, error) {
+	cfg := device.Config{
 		BrokerURL: c.String("mqtt"),
 		Username:  c.String("mqtt-user"),
 		Password:  c.String("mqtt-password"),
@@ -181,13 +204,11 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 				}
 				states = t
 			default:
-				if rs, ok := s.(task.RecordStore); ok {
-					list, err := mqttdev.StoreStates(rs).DeviceStates(c.Context)
-					if err != nil {
-						return err
-					}
-					states = stateList(list)
+				list, err := mqttdev.StoreStates(s).DeviceStates(c.Context)
+				if err != nil {
+					return err
 				}
+				states = stateList(list)
 			}
 			infos, err := mqttdev.ListDevices(c.Context, s, states)
 			if err != nil {

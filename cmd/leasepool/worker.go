@@ -13,6 +13,7 @@ import (
 	"github.com/leasepool/leasepool/builtin"
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -26,8 +27,8 @@ func workerCommand() *cli.Command {
 			&cli.IntFlag{Name: "concurrency", Value: 8, Usage: "handlers running at once"},
 			&cli.StringFlag{Name: "mqtt", EnvVars: []string{"LEASEPOOL_MQTT_URL"},
 				Usage: "MQTT broker for device tasks (tcp://, ssl://); empty: use the embedded broker at --embedded-broker, starting it if no other worker has"},
-			&cli.StringFlag{Name: "embedded-broker", Value: "127.0.0.1:1883", Usage: "loopback address of the embedded MQTT broker"},
-			&cli.DurationFlag{Name: "embedded-broker-lease", Value: mqttdev.DefaultBrokerLease,
+			&cli.StringFlag{Name: "embedded-broker", Value: mqttdev.DefaultEmbeddedBroker, Usage: "loopback address of the embedded MQTT broker"},
+			&cli.DurationFlag{Name: "embedded-broker-lease", Value: broker.DefaultLease,
 				Usage: "hosting lease of the embedded broker: when its host dies, another worker on the host takes it over within about this long"},
 			&cli.StringFlag{Name: "mqtt-user", EnvVars: []string{"LEASEPOOL_MQTT_USER"}, Usage: "MQTT user name"},
 			&cli.StringFlag{Name: "mqtt-password", EnvVars: []string{"LEASEPOOL_MQTT_PASSWORD"}, Usage: "MQTT password"},
@@ -85,11 +86,11 @@ func runWorker(c *cli.Context) error {
 	// Shutdown order: the consumer stops first (its handlers may be
 	// talking to devices), then the MQTT client, then the broker.
 	if slices.Contains(kinds, mqttdev.Kind) {
-		stop, err := startDevices(c, mux, s, w.WorkerID())
+		wiring, err := mqttdev.Wire(c.Context, deviceWiring(c, mux, s, w.WorkerID()))
 		if err != nil {
-			return err
+			return fmt.Errorf("device tasks: %w", err)
 		}
-		defer stop()
+		defer wiring.Stop(context.Background())
 	}
 	if err := w.Start(context.WithoutCancel(c.Context)); err != nil {
 		return err
@@ -133,68 +134,6 @@ func workerKinds(c *cli.Context) ([]string, error) {
 		}
 	}
 	return kinds, nil
-}
-
-// startDevices registers the device kind on mux: it connects to --mqtt, or
-// to the embedded broker at --embedded-broker, which one worker sharing
-// the store hosts at a time (mqttdev.BrokerHost): every worker runs the
-// hosting supervisor, and another takes over when the host dies.
-func startDevices(c *cli.Context, mux *consumer.Mux, store task.Store, workerID string) (stop func(), err error) {
-	url := c.String("mqtt")
-	var host *mqttdev.BrokerHost
-	if url == "" {
-		// The broker logs every client that drops at warn level: keep errors.
-		quiet := slog.New(minLevel{slog.Default().Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker"))
-		host, err = mqttdev.NewBrokerHost(mqttdev.BrokerHostConfig{
-			Store: store, Addr: c.String("embedded-broker"), WorkerID: workerID,
-			Lease:  c.Duration("embedded-broker-lease"),
-			Logger: slog.Default(), BrokerLogger: quiet,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("--embedded-broker: %w", err)
-		}
-		if err := host.Start(c.Context); err != nil {
-			return nil, fmt.Errorf("--embedded-broker: %w", err)
-		}
-		url = host.URL()
-	}
-	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{
-		ClientConfig: mqttdev.ClientConfig{
-			BrokerURL: url, ClientID: "leasepool-worker-" + workerID,
-			Username: c.String("mqtt-user"), Password: c.String("mqtt-password"),
-			CAFile: c.String("mqtt-ca"), CertFile: c.String("mqtt-cert"), KeyFile: c.String("mqtt-key"),
-		},
-		Prefix:      c.String("prefix"),
-		Logger:      slog.Default(),
-		DeviceState: deviceStateStore(store),
-	})
-	if err == nil {
-		err = h.Start(c.Context)
-	}
-	if err != nil {
-		if host != nil {
-			host.Stop(context.Background())
-		}
-		return nil, fmt.Errorf("--mqtt: %w", err)
-	}
-	mux.Register(mqttdev.Kind, h)
-	return func() {
-		h.Stop(context.Background())
-		if host != nil {
-			// Closes the broker if hosted here and releases the lease:
-			// another worker takes over within a third of it.
-			host.Stop(context.Background())
-		}
-	}, nil
-}
-
-// deviceStateStore keeps device states in the task store when it can hold
-// shared records, so every worker and `leasepool devices` see them.
-func deviceStateStore(s task.Store) mqttdev.DeviceStateStore {
-	if rs, ok := s.(task.RecordStore); ok {
-		return mqttdev.StoreStates(rs)
-	}
-	return nil
 }
 
 // minLevel passes on records at or above its level only.

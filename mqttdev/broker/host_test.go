@@ -1,4 +1,4 @@
-package mqttdev
+package broker
 
 import (
 	"context"
@@ -66,7 +66,7 @@ func accepting(addr string) bool {
 // brokerHostSetup opens one SQLite store file twice (as two processes
 // would) and returns a constructor of hosts on addr, each with its own
 // store handle, stopped when t ends.
-func brokerHostSetup(t *testing.T, lease time.Duration) (addr string, newHost func(id string) *BrokerHost, probe task.Store) {
+func brokerHostSetup(t *testing.T, lease time.Duration) (addr string, newHost func(id string) *Host, probe task.Store) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "store.db")
 	open := func() task.Store {
@@ -79,8 +79,8 @@ func brokerHostSetup(t *testing.T, lease time.Duration) (addr string, newHost fu
 	}
 	probe = open()
 	addr = freeAddr(t)
-	newHost = func(id string) *BrokerHost {
-		h, err := NewBrokerHost(BrokerHostConfig{
+	newHost = func(id string) *Host {
+		h, err := NewHost(HostConfig{
 			Store: open(), Addr: addr, WorkerID: id, Lease: lease,
 			Logger: slog.New(slog.NewTextHandler(tlogWriter{t}, nil)).With(slog.String("host", id)),
 		})
@@ -156,8 +156,8 @@ func TestBrokerHostLostLeaseCloses(t *testing.T) {
 	waitFor(t, 2*time.Second, "w1 hosts", func() bool { return h.Hosting() && accepting(addr) })
 
 	ctx := context.Background()
-	key := []string{BrokerLockKey(addr)}
-	thief := task.Holder{TaskKey: "embedded-broker@thief", WorkerID: "thief"}
+	key := []string{LockKey(addr)}
+	thief := task.Holder{TaskKey: "embedded-broker", WorkerID: "thief", Instance: "thief"}
 	if err := probe.ReleaseLocks(ctx, task.LockParams{Keys: key, Holder: h.Holder()}); err != nil {
 		t.Fatal(err)
 	}
@@ -199,17 +199,17 @@ func TestBrokerHostBindRetry(t *testing.T) {
 	t.Logf("bound %s after the address was freed", took.Round(time.Millisecond))
 }
 
-func TestBrokerHostConfig(t *testing.T) {
+func TestHostConfig(t *testing.T) {
 	t.Parallel()
 	s := &sqlitestore.Store{}
-	for _, c := range []BrokerHostConfig{
+	for _, c := range []HostConfig{
 		{Addr: "127.0.0.1:1883"},
 		{Store: s, Addr: "127.0.0.1:0"},
 		{Store: s, Addr: "10.1.2.3:1883"},
 		{Store: s, Addr: "127.0.0.1:1883", Lease: 100 * time.Millisecond},
 	} {
-		if _, err := NewBrokerHost(c); err == nil {
-			t.Errorf("NewBrokerHost(%+v): no error", c)
+		if _, err := NewHost(c); err == nil {
+			t.Errorf("NewHost(%+v): no error", c)
 		}
 	}
 }

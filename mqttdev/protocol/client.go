@@ -1,4 +1,6 @@
-package mqttdev
+// The MQTT client transport: how both sides reach the broker.
+
+package protocol
 
 import (
 	"context"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
 )
 
 // ClientConfig says how to reach the broker.
@@ -35,7 +38,9 @@ type ClientConfig struct {
 	CertFile, KeyFile string
 }
 
-func (c *ClientConfig) validate() error {
+// Validate checks c: a broker URL of a known scheme with a host, and a
+// client certificate given whole or not at all.
+func (c *ClientConfig) Validate() error {
 	if c.BrokerURL == "" {
 		return errors.New("broker_url: required")
 	}
@@ -107,6 +112,15 @@ type Message struct {
 // Subscriptions are at QoS 1 and are made again after every reconnect;
 // received messages go to the function given when the transport was made.
 type Transport interface {
+	// Connect connects, retrying until it succeeds or ctx ends; after
+	// that the transport reconnects by itself whenever the connection
+	// drops, until Disconnect.
+	Connect(ctx context.Context) error
+	// Disconnect ends the connection cleanly (a device's will is not sent)
+	// and stops reconnecting; a later Connect connects again.
+	Disconnect()
+	// Connected reports whether the connection is open now.
+	Connected() bool
 	// Publish sends payload at QoS 1 and returns once the broker has it, or
 	// with ctx's error. On a lost connection the message stays queued in
 	// the client and is resent after reconnect.
@@ -115,29 +129,37 @@ type Transport interface {
 	Subscribe(ctx context.Context, filter string) error
 }
 
-// pahoOptions are the parts of a paho client that differ between the
-// handler and a simulated device.
-type pahoOptions struct {
-	role string
-	// onMessage gets every message; it runs on paho's goroutine and must
+// ClientOptions are the parts of a client that differ between the
+// handler, a simulated device and an admin tool.
+type ClientOptions struct {
+	// Role names the client in its default id: "worker", "sim", "admin"
+	// (an admin's id gets a random suffix: several may run at once).
+	Role string
+	// OnMessage gets every message; it runs on paho's goroutine and must
 	// not block.
-	onMessage func(Message)
-	// onConnect runs (in its own goroutine) after each connection, after
+	OnMessage func(Message)
+	// OnConnect runs (in its own goroutine) after each connection, after
 	// the subscriptions were made again.
-	onConnect func()
-	// onLost runs when the connection is lost.
-	onLost      func(error)
-	willTopic   string
-	willPayload func() []byte
-	// dial replaces the TCP dial (simulated outages); nil dials normally.
-	dial func(u *url.URL, tc *tls.Config) (net.Conn, error)
-	// cleanSession asks for a throwaway session (read-only tools).
-	cleanSession bool
-	// maxReconnect caps the reconnect backoff; zero means
+	OnConnect func()
+	// OnLost runs when the connection is lost, and after Disconnect of an
+	// open connection.
+	OnLost func(error)
+	// WillTopic and WillPayload make the retained last will; empty: none.
+	WillTopic   string
+	WillPayload func() []byte
+	// Dial replaces the TCP dial (simulated outages); nil dials normally.
+	Dial func(u *url.URL, tc *tls.Config) (net.Conn, error)
+	// CleanSession asks for a throwaway session (read-only tools).
+	CleanSession bool
+	// MaxReconnect caps the reconnect backoff; zero means
 	// defaultMaxReconnect.
-	maxReconnect time.Duration
-	logger       *slog.Logger
+	MaxReconnect time.Duration
+	// Logger gets connection losses; nil discards them.
+	Logger *slog.Logger
 }
+
+// ErrDisconnected is what OnLost gets after Disconnect.
+var ErrDisconnected = errors.New("mqtt: disconnected")
 
 // defaultMaxReconnect caps the time between connection attempts: a broker
 // that comes back (a restart, or another host taking it over) is found
@@ -145,17 +167,21 @@ type pahoOptions struct {
 // address costs nothing worth saving.
 const defaultMaxReconnect = 500 * time.Millisecond
 
-// pahoTransport is Transport over a paho client with a persistent session.
-type pahoTransport struct {
+// Client is Transport over a paho client with a persistent session.
+type Client struct {
 	client mqtt.Client
 	logger *slog.Logger
+	onLost func(error)
 
 	mu   sync.Mutex
 	subs []string
 }
 
-func newPahoTransport(cfg ClientConfig, o pahoOptions) (*pahoTransport, error) {
-	if err := cfg.validate(); err != nil {
+var _ Transport = (*Client)(nil)
+
+// NewClient checks cfg and makes a client; Connect connects it.
+func NewClient(cfg ClientConfig, o ClientOptions) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	tc, err := cfg.tlsConfig()
@@ -163,40 +189,44 @@ func newPahoTransport(cfg ClientConfig, o pahoOptions) (*pahoTransport, error) {
 		return nil, err
 	}
 	if cfg.ClientID == "" {
-		cfg.ClientID = defaultClientID(o.role)
+		cfg.ClientID = defaultClientID(o.Role)
 	}
-	t := &pahoTransport{logger: o.logger}
-	if o.maxReconnect == 0 {
-		o.maxReconnect = defaultMaxReconnect
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	t := &Client{logger: o.Logger, onLost: o.OnLost}
+	if o.MaxReconnect == 0 {
+		o.MaxReconnect = defaultMaxReconnect
 	}
 	onMessage := func(_ mqtt.Client, m mqtt.Message) {
-		o.onMessage(Message{Topic: m.Topic(), Payload: m.Payload(), Retained: m.Retained()})
+		o.OnMessage(Message{Topic: m.Topic(), Payload: m.Payload(), Retained: m.Retained()})
 	}
 	opts := mqtt.NewClientOptions().
 		AddBroker(cfg.BrokerURL).
 		SetClientID(cfg.ClientID).
-		SetCleanSession(o.cleanSession).
+		SetCleanSession(o.CleanSession).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
 		SetConnectRetryInterval(defaultMaxReconnect).
-		SetMaxReconnectInterval(o.maxReconnect).
+		SetMaxReconnectInterval(o.MaxReconnect).
 		SetKeepAlive(10 * time.Second).
 		SetPingTimeout(5 * time.Second).
 		SetConnectTimeout(5 * time.Second).
 		SetOrderMatters(false).
+		SetStore(copyingStore{mqtt.NewMemoryStore()}).
 		// Messages of a resumed session arrive before any Subscribe call:
 		// the default handler routes (and so acks) them.
 		SetDefaultPublishHandler(onMessage).
 		SetOnConnectHandler(func(mqtt.Client) {
 			t.resubscribe()
-			if o.onConnect != nil {
-				o.onConnect()
+			if o.OnConnect != nil {
+				o.OnConnect()
 			}
 		}).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
 			t.logger.Warn("mqtt connection lost", slog.String("client_id", cfg.ClientID), slog.Any("error", err))
-			if o.onLost != nil {
-				o.onLost(err)
+			if o.OnLost != nil {
+				o.OnLost(err)
 			}
 		})
 	if cfg.Username != "" {
@@ -205,20 +235,36 @@ func newPahoTransport(cfg ClientConfig, o pahoOptions) (*pahoTransport, error) {
 	if tc != nil {
 		opts.SetTLSConfig(tc)
 	}
-	if o.willTopic != "" {
-		opts.SetBinaryWill(o.willTopic, o.willPayload(), 1, true)
+	if o.WillTopic != "" {
+		opts.SetBinaryWill(o.WillTopic, o.WillPayload(), 1, true)
 	}
-	if o.dial != nil {
+	if o.Dial != nil {
 		opts.SetCustomOpenConnectionFn(func(u *url.URL, _ mqtt.ClientOptions) (net.Conn, error) {
-			return o.dial(u, tc)
+			return o.Dial(u, tc)
 		})
 	}
 	t.client = mqtt.NewClient(opts)
 	return t, nil
 }
 
-// connect connects, retrying until ctx ends.
-func (t *pahoTransport) connect(ctx context.Context) error {
+// copyingStore is paho's memory store keeping its own copy of each publish.
+// On connect, paho 1.5.1 resumes the session by setting Dup on the stored
+// packets; with the plain memory store a stored packet is the very one a
+// publish made meanwhile (a device's online status, from OnConnect) is
+// being written from: a data race. Put runs on the publishing goroutine
+// before the packet is handed to the writer, so copying there is safe.
+type copyingStore struct{ *mqtt.MemoryStore }
+
+func (s copyingStore) Put(key string, m packets.ControlPacket) {
+	if p, ok := m.(*packets.PublishPacket); ok {
+		cp := *p
+		m = &cp
+	}
+	s.MemoryStore.Put(key, m)
+}
+
+// Connect connects, retrying until ctx ends.
+func (t *Client) Connect(ctx context.Context) error {
 	tok := t.client.Connect()
 	select {
 	case <-tok.Done():
@@ -229,13 +275,25 @@ func (t *pahoTransport) connect(ctx context.Context) error {
 	}
 }
 
-func (t *pahoTransport) disconnect() { t.client.Disconnect(250) }
+// Disconnect disconnects cleanly, waiting up to 250ms for the DISCONNECT
+// to go out. OnLost runs if the connection was open, so that a user
+// tracking the link sees it down.
+func (t *Client) Disconnect() {
+	open := t.client.IsConnectionOpen()
+	t.client.Disconnect(250)
+	if open && t.onLost != nil {
+		t.onLost(ErrDisconnected)
+	}
+}
 
-func (t *pahoTransport) Publish(ctx context.Context, topic string, retained bool, payload []byte) error {
+// Connected reports whether the connection is open now.
+func (t *Client) Connected() bool { return t.client.IsConnectionOpen() }
+
+func (t *Client) Publish(ctx context.Context, topic string, retained bool, payload []byte) error {
 	return wait(ctx, t.client.Publish(topic, 1, retained, payload))
 }
 
-func (t *pahoTransport) Subscribe(ctx context.Context, filter string) error {
+func (t *Client) Subscribe(ctx context.Context, filter string) error {
 	t.mu.Lock()
 	t.subs = append(t.subs, filter)
 	t.mu.Unlock()
@@ -248,7 +306,7 @@ func (t *pahoTransport) Subscribe(ctx context.Context, filter string) error {
 
 // resubscribe runs on every connection: a broker that lost its sessions
 // (restarted without persistence) no longer has them.
-func (t *pahoTransport) resubscribe() {
+func (t *Client) resubscribe() {
 	t.mu.Lock()
 	subs := make(map[string]byte, len(t.subs))
 	for _, s := range t.subs {
@@ -273,7 +331,10 @@ func wait(ctx context.Context, tok mqtt.Token) error {
 	}
 }
 
-func dialBroker(u *url.URL, tc *tls.Config) (net.Conn, error) {
+// DialBroker dials the broker at u as paho would, over TLS for the ssl,
+// tls, mqtts and tcps schemes; a ClientOptions.Dial that wraps it adds
+// faults.
+func DialBroker(u *url.URL, tc *tls.Config) (net.Conn, error) {
 	d := net.Dialer{Timeout: 5 * time.Second}
 	switch u.Scheme {
 	case "ssl", "tls", "mqtts", "tcps":
@@ -287,70 +348,4 @@ func dialBroker(u *url.URL, tc *tls.Config) (net.Conn, error) {
 		return tls.DialWithDialer(&d, "tcp", u.Host, tc)
 	}
 	return d.Dial("tcp", u.Host)
-}
-
-// FaultTransport wraps a Transport and injects faults into its publishes,
-// for unit tests: Drop loses a publish silently (the broker never sees it,
-// the caller sees success), Delay holds each publish back, Err fails it.
-type FaultTransport struct {
-	Inner Transport
-
-	mu    sync.Mutex
-	drop  func(topic string, payload []byte) bool
-	delay time.Duration
-	err   error
-	count map[string]int
-}
-
-// NewFaultTransport wraps inner with no faults set.
-func NewFaultTransport(inner Transport) *FaultTransport {
-	return &FaultTransport{Inner: inner, count: map[string]int{}}
-}
-
-// SetDrop sets the function that decides which publishes are lost; nil
-// loses none.
-func (f *FaultTransport) SetDrop(fn func(topic string, payload []byte) bool) {
-	f.mu.Lock()
-	f.drop = fn
-	f.mu.Unlock()
-}
-
-// SetDelay delays every publish by d.
-func (f *FaultTransport) SetDelay(d time.Duration) { f.mu.Lock(); f.delay = d; f.mu.Unlock() }
-
-// SetErr makes every publish fail with err; nil clears it.
-func (f *FaultTransport) SetErr(err error) { f.mu.Lock(); f.err = err; f.mu.Unlock() }
-
-// Published reports how many publishes to topic were attempted.
-func (f *FaultTransport) Published(topic string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.count[topic]
-}
-
-func (f *FaultTransport) Publish(ctx context.Context, topic string, retained bool, payload []byte) error {
-	f.mu.Lock()
-	f.count[topic]++
-	drop, delay, err := f.drop, f.delay, f.err
-	f.mu.Unlock()
-	if delay > 0 {
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return context.Cause(ctx)
-		}
-	}
-	if err != nil {
-		return err
-	}
-	if drop != nil && drop(topic, payload) {
-		return nil
-	}
-	return f.Inner.Publish(ctx, topic, retained, payload)
-}
-
-func (f *FaultTransport) Subscribe(ctx context.Context, filter string) error {
-	return f.Inner.Subscribe(ctx, filter)
 }

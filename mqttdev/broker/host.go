@@ -1,4 +1,7 @@
-package mqttdev
+// Host: the hosting lease that keeps one embedded broker up for a group of
+// processes.
+
+package broker
 
 import (
 	"context"
@@ -11,31 +14,33 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/mqttdev/protocol"
 	"github.com/leasepool/leasepool/task"
 )
 
-// DefaultBrokerLease is how long a BrokerHost's hosting lease lasts
+// DefaultLease is how long a Host's hosting lease lasts
 // without renewal, unless configured.
-const DefaultBrokerLease = 3 * time.Second
+const DefaultLease = 3 * time.Second
 
-// BrokerLockKey is the lock key, in the store's lock table, of the lease to
+// LockKey is the lock key, in the store's lock table, of the lease to
 // host the embedded broker on addr.
-func BrokerLockKey(addr string) string { return "mqtt-broker:" + addr }
+func LockKey(addr string) string { return "mqtt-broker:" + addr }
 
-// BrokerHostConfig configures a BrokerHost.
-type BrokerHostConfig struct {
+// HostConfig configures a Host.
+type HostConfig struct {
 	// Store holds the hosting lease in its lock table (key
-	// BrokerLockKey(Addr)). Required.
+	// LockKey(Addr)). Required.
 	Store task.Store
 	// Addr is the loopback address every host listens on, e.g.
 	// 127.0.0.1:1883. Required; port 0 is refused (all hosts must agree).
 	Addr string
 	// WorkerID names this process in the lease holder, next to a random
-	// instance id made per BrokerHost. Empty means host-pid.
+	// instance id made per Host. Empty means host-pid.
 	WorkerID string
 	// Lease is how long the hosting lease lasts without renewal: after the
 	// host dies, another takes over within about one lease. It is renewed
-	// every Lease/3. Zero means DefaultBrokerLease; at least 300ms.
+	// every Lease/3. Zero means DefaultLease; at least 300ms.
 	Lease time.Duration
 	// Logger gets hosting changes; nil discards.
 	Logger *slog.Logger
@@ -43,7 +48,7 @@ type BrokerHostConfig struct {
 	BrokerLogger *slog.Logger
 }
 
-func (c *BrokerHostConfig) validate() error {
+func (c *HostConfig) validate() error {
 	if c.Store == nil {
 		return errors.New("store: required")
 	}
@@ -58,7 +63,7 @@ func (c *BrokerHostConfig) validate() error {
 		return fmt.Errorf("addr: %q needs a fixed port: every host listens on the same address", c.Addr)
 	}
 	if c.Lease == 0 {
-		c.Lease = DefaultBrokerLease
+		c.Lease = DefaultLease
 	}
 	if c.Lease < 300*time.Millisecond {
 		return fmt.Errorf("lease: %s is below 300ms", c.Lease)
@@ -73,10 +78,10 @@ func (c *BrokerHostConfig) validate() error {
 	return nil
 }
 
-// BrokerHost keeps an embedded broker (StartBroker) running on one address
+// Host keeps an embedded Broker running on one address
 // for a group of processes sharing a store, surviving the death of the
 // process that runs it. Hosting is a lease in the store's lock table: every
-// process runs a BrokerHost; the one holding the lease runs the broker and
+// process runs a Host; the one holding the lease runs the broker and
 // renews the lease every Lease/3; the others try to take the lease when it
 // runs out (they sleep until the holder's lease ends, at most Lease/3 at a
 // time) and, once they hold it, start the broker on the same address,
@@ -94,45 +99,40 @@ func (c *BrokerHostConfig) validate() error {
 // takeover loses them: this package's clients resubscribe on every
 // connection, devices republish their status, and the handler republishes
 // commands still waiting for an ack or result.
-type BrokerHost struct {
-	cfg    BrokerHostConfig
+type Host struct {
+	cfg    HostConfig
 	holder task.Holder
 	key    string
 
-	mu      sync.Mutex
-	broker  *Broker
-	started bool
-	release bool // on stop, release the lease (false: mimic a crash)
-	cancel  context.CancelFunc
-	done    chan struct{}
+	life lifecycle.Runner
+
+	mu     sync.Mutex
+	broker *Broker
+	crash  bool // on stop, leave the lease to run out (tests)
 }
 
-// NewBrokerHost checks cfg and returns a host; Start runs it.
-func NewBrokerHost(cfg BrokerHostConfig) (*BrokerHost, error) {
+// NewHost checks cfg and returns a host; Start runs it.
+func NewHost(cfg HostConfig) (*Host, error) {
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("mqttdev broker host: %w", err)
+		return nil, fmt.Errorf("broker host: %w", err)
 	}
-	instance := NewCorrelationID()[:12]
-	return &BrokerHost{
+	instance := protocol.NewCorrelationID()[:12]
+	return &Host{
 		cfg: cfg,
-		key: BrokerLockKey(cfg.Addr),
-		// The instance id goes into TaskKey: the stores of this version
-		// do not keep Holder.Instance, so a holder carrying it there
-		// could not renew. Two processes under one worker id differ in
-		// it either way.
-		holder: task.Holder{TaskKey: "embedded-broker@" + instance, WorkerID: cfg.WorkerID},
-		done:   make(chan struct{}),
+		key: LockKey(cfg.Addr),
+		// The instance tells apart two processes under one worker id.
+		holder: task.Holder{TaskKey: "embedded-broker", WorkerID: cfg.WorkerID, Instance: instance},
 	}, nil
 }
 
 // URL is the broker URL for clients: tcp://Addr, whichever process hosts.
-func (h *BrokerHost) URL() string { return "tcp://" + h.cfg.Addr }
+func (h *Host) URL() string { return "tcp://" + h.cfg.Addr }
 
 // Holder is the lock holder this host writes when it hosts.
-func (h *BrokerHost) Holder() task.Holder { return h.holder }
+func (h *Host) Holder() task.Holder { return h.holder }
 
 // Hosting reports whether this process runs the broker now.
-func (h *BrokerHost) Hosting() bool {
+func (h *Host) Hosting() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.broker != nil
@@ -140,50 +140,35 @@ func (h *BrokerHost) Hosting() bool {
 
 // Start starts the supervisor goroutine; it returns at once. ctx's values
 // are kept, its cancellation is not: Stop ends the supervisor. A second
-// call does nothing.
-func (h *BrokerHost) Start(ctx context.Context) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.started {
-		return nil
+// call returns lifecycle.ErrStarted.
+func (h *Host) Start(ctx context.Context) error {
+	run, err := h.life.Start(ctx)
+	if err != nil {
+		return fmt.Errorf("broker host: %w", err)
 	}
-	h.started, h.release = true, true
-	ctx, h.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	go h.run(ctx)
+	h.life.Go(func() { h.run(run) })
 	return nil
 }
 
 // Stop closes the broker if this process hosts it, releases the lease (so
 // another process takes over within Lease/3), and ends the supervisor. It
-// returns when that is done or ctx ends. A second call does nothing.
-func (h *BrokerHost) Stop(ctx context.Context) error { return h.stop(ctx, true) }
+// returns when that is done or ctx ends. It may be called again.
+func (h *Host) Stop(ctx context.Context) error { return h.stop(ctx, true) }
 
 // stop with release false leaves the lease to run out, as a crash would.
-func (h *BrokerHost) stop(ctx context.Context, release bool) error {
-	h.mu.Lock()
-	if !h.started {
-		h.started = true // a later Start does nothing
+func (h *Host) stop(ctx context.Context, release bool) error {
+	if !release {
+		h.mu.Lock()
+		h.crash = true
 		h.mu.Unlock()
-		return nil
 	}
-	if h.cancel != nil {
-		h.release = h.release && release
-		h.cancel()
-	}
-	h.mu.Unlock()
-	select {
-	case <-h.done:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return h.life.Stop(ctx, nil)
 }
 
 const brokerBindRetry = 100 * time.Millisecond
 
 // run is the supervisor: renew or take the lease, host while held.
-func (h *BrokerHost) run(ctx context.Context) {
-	defer close(h.done)
+func (h *Host) run(ctx context.Context) {
 	log := h.cfg.Logger.With(slog.String("addr", h.cfg.Addr))
 	renewEvery := h.cfg.Lease / 3
 	margin := h.cfg.Lease / 10
@@ -247,32 +232,38 @@ func (h *BrokerHost) run(ctx context.Context) {
 		}
 		// Held: host.
 		wait = heldUntil.Add(-h.cfg.Lease + renewEvery).Sub(h.cfg.Store.Now())
-		if !h.Hosting() {
-			b, err := StartBroker(ctx, h.cfg.Addr, h.cfg.BrokerLogger)
-			switch {
-			case err == nil:
-				h.mu.Lock()
-				h.broker = b
-				h.mu.Unlock()
-				bindFailedSince = time.Time{}
-				log.Info("embedded MQTT broker hosted here", slog.String("worker", h.holder.WorkerID), slog.String("url", b.URL()))
-			default:
-				// The old host's socket, most likely, or another program.
-				if bindFailedSince.IsZero() {
-					bindFailedSince = time.Now()
-				} else if time.Since(bindFailedSince) > h.cfg.Lease {
-					log.Warn("embedded MQTT broker: address still taken, retrying", slog.Any("error", err),
-						slog.Bool("in_use", errors.Is(err, syscall.EADDRINUSE)))
-					bindFailedSince = time.Now()
-				}
-				wait = min(wait, brokerBindRetry)
-			}
+		if !h.Hosting() && !h.serve(ctx, log, &bindFailedSince) {
+			wait = min(wait, brokerBindRetry)
 		}
 		timer.Reset(max(wait, 0))
 	}
 }
 
-func (h *BrokerHost) closeBroker(log *slog.Logger) {
+// serve starts the broker while the lease is held; it reports false when
+// the address is still taken (the old host's socket, most likely, or
+// another program), to be retried soon. bindFailedSince spaces the
+// warnings out.
+func (h *Host) serve(ctx context.Context, log *slog.Logger, bindFailedSince *time.Time) bool {
+	b, err := Listen(ctx, h.cfg.Addr, h.cfg.BrokerLogger)
+	if err != nil {
+		if bindFailedSince.IsZero() {
+			*bindFailedSince = time.Now()
+		} else if time.Since(*bindFailedSince) > h.cfg.Lease {
+			log.Warn("embedded MQTT broker: address still taken, retrying", slog.Any("error", err),
+				slog.Bool("in_use", errors.Is(err, syscall.EADDRINUSE)))
+			*bindFailedSince = time.Now()
+		}
+		return false
+	}
+	h.mu.Lock()
+	h.broker = b
+	h.mu.Unlock()
+	*bindFailedSince = time.Time{}
+	log.Info("embedded MQTT broker hosted here", slog.String("worker", h.holder.WorkerID), slog.String("url", b.URL()))
+	return true
+}
+
+func (h *Host) closeBroker(log *slog.Logger) {
 	h.mu.Lock()
 	b := h.broker
 	h.broker = nil
@@ -285,12 +276,12 @@ func (h *BrokerHost) closeBroker(log *slog.Logger) {
 
 // shutdown runs when the supervisor stops: close, then release the lease
 // so the next host need not wait for it to run out.
-func (h *BrokerHost) shutdown(log *slog.Logger, heldUntil time.Time) {
+func (h *Host) shutdown(log *slog.Logger, heldUntil time.Time) {
 	h.closeBroker(log)
 	h.mu.Lock()
-	release := h.release
+	crash := h.crash
 	h.mu.Unlock()
-	if heldUntil.IsZero() || !release {
+	if heldUntil.IsZero() || crash {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -1,0 +1,94 @@
+// Package device is the device side of leasepool's MQTT device protocol:
+// a Simulator runs simulated devices, each with its own MQTT client, last
+// will and heartbeat, that follow the device rules (see the mqttdev
+// package documentation) and record what they saw, so tests and demos can
+// check that no device ever ran two commands at once. It imports the
+// shared protocol package, never the worker side (mqttdev).
+package device
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/leasepool/leasepool/mqttdev/protocol"
+)
+
+// Config configures a fleet of simulated devices.
+type Config struct {
+	// BrokerURL as in protocol.ClientConfig. Required.
+	BrokerURL string
+	// Username and Password authenticate every device; empty means none.
+	Username, Password string
+	// Prefix is the first topic level; empty means protocol.DefaultPrefix.
+	Prefix string
+	// Count is how many devices to run; at least 1.
+	Count int
+	// IDPrefix starts every device id; the index follows (dev-0, dev-1...).
+	// Empty means "dev-".
+	IDPrefix string
+	// Latency is how long each command runs; zero means at once.
+	Latency time.Duration
+	// FailRate is the probability that a command reports failure.
+	FailRate float64
+	// OfflineRate is the probability that a device drops its connection
+	// (abruptly, so the broker sends its will) after finishing a command,
+	// staying away for OfflineFor.
+	OfflineRate float64
+	// OfflineFor is how long an outage lasts; zero means 3s.
+	OfflineFor time.Duration
+	// DropAckRate is the probability that a device sends no ack for a
+	// command it accepts (it still runs it).
+	DropAckRate float64
+	// Heartbeat is the period of the online status republish; zero means 5s.
+	Heartbeat time.Duration
+	// Seed makes the random choices repeatable.
+	Seed int64
+	// Logger gets the devices' logs; nil discards them.
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	cc := protocol.ClientConfig{BrokerURL: c.BrokerURL}
+	if err := cc.Validate(); err != nil {
+		return err
+	}
+	if c.Prefix == "" {
+		c.Prefix = protocol.DefaultPrefix
+	}
+	if err := protocol.ValidateID("prefix", c.Prefix); err != nil {
+		return err
+	}
+	if c.IDPrefix == "" {
+		c.IDPrefix = "dev-"
+	}
+	if c.Count < 1 {
+		return fmt.Errorf("count: %d must be at least 1", c.Count)
+	}
+	if err := protocol.ValidateID("id_prefix", c.IDPrefix+strconv.Itoa(c.Count-1)); err != nil {
+		return err
+	}
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"fail_rate", c.FailRate}, {"offline_rate", c.OfflineRate}, {"drop_ack_rate", c.DropAckRate}} {
+		if !(r.v >= 0 && r.v <= 1) {
+			return fmt.Errorf("%s: %v is not in [0,1]", r.name, r.v)
+		}
+	}
+	if c.Latency < 0 || c.OfflineFor < 0 || c.Heartbeat < 0 {
+		return errors.New("latency, offline_for, heartbeat: must not be negative")
+	}
+	if c.OfflineFor == 0 {
+		c.OfflineFor = 3 * time.Second
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}

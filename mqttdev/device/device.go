@@ -1,0 +1,277 @@
+// One simulated device: what it does with the commands it gets.
+
+package device
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/leasepool/leasepool/mqttdev/protocol"
+)
+
+type attemptKey struct {
+	key     string
+	attempt int
+}
+
+// Device is one simulated device.
+type Device struct {
+	id     string
+	cfg    *Config
+	topics protocol.Topics
+	tr     protocol.Transport
+	logger *slog.Logger
+	inbox  chan protocol.CommandMessage
+	work   chan struct{}
+
+	mu           sync.Mutex
+	rng          *rand.Rand
+	conn         net.Conn
+	offlineUntil time.Time
+	highest      map[string]int
+	done         map[attemptKey]protocol.Reply
+	doneOrder    []attemptKey
+	running      *protocol.CommandMessage
+	queue        []protocol.CommandMessage
+	runs         []Run
+	overlaps     []Overlap
+	stale        []StaleAttempt
+	counts       Counts
+}
+
+// ID returns the device id.
+func (d *Device) ID() string { return d.id }
+
+// Running returns the command being run, if any.
+func (d *Device) Running() (protocol.CommandMessage, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.running == nil {
+		return protocol.CommandMessage{}, false
+	}
+	return *d.running, true
+}
+
+// GoOffline drops the device's connection abruptly (the broker publishes
+// its will) and keeps it away for dur.
+func (d *Device) GoOffline(dur time.Duration) {
+	d.mu.Lock()
+	d.offlineUntil = time.Now().Add(dur)
+	c := d.conn
+	d.counts.Outages++
+	d.mu.Unlock()
+	d.logger.Info("going offline", slog.Duration("for", dur))
+	if c != nil {
+		_ = c.Close()
+	}
+}
+
+var errSimOffline = errors.New("simulated outage")
+
+func (d *Device) dial(u *url.URL, tc *tls.Config) (net.Conn, error) {
+	d.mu.Lock()
+	until := d.offlineUntil
+	d.mu.Unlock()
+	if time.Now().Before(until) {
+		return nil, errSimOffline
+	}
+	c, err := protocol.DialBroker(u, tc)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.conn = c
+	d.mu.Unlock()
+	return c, nil
+}
+
+func (d *Device) onConnect() {
+	d.publishStatus(true)
+}
+
+func (d *Device) publishStatus(online bool) {
+	b, _ := protocol.Encode(protocol.Status{Online: online, At: time.Now().UTC()})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.tr.Publish(ctx, d.topics.Device(d.id, protocol.TopicStatus), true, b); err != nil {
+		d.logger.Debug("status not published", slog.Any("error", err))
+	}
+}
+
+// onMessage runs on paho's goroutine: decode and queue, never block.
+func (d *Device) onMessage(m protocol.Message) {
+	if _, kind, ok := d.topics.Parse(m.Topic); !ok || kind != protocol.TopicCmd {
+		return
+	}
+	c, err := protocol.DecodeCommand(m.Payload)
+	d.mu.Lock()
+	if err != nil {
+		d.counts.BadMessages++
+		d.mu.Unlock()
+		d.logger.Warn("bad command", slog.Any("error", err))
+		return
+	}
+	d.counts.Received++
+	d.mu.Unlock()
+	select {
+	case d.inbox <- c:
+	default:
+		d.logger.Warn("inbox full: command lost", slog.String("task", c.TaskKey))
+	}
+}
+
+func (d *Device) reply(ctx context.Context, kind string, r protocol.Reply) {
+	b, _ := protocol.Encode(r)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := d.tr.Publish(ctx, d.topics.Device(d.id, kind), false, b); err != nil {
+		d.logger.Debug("reply not published", slog.String("kind", kind), slog.Any("error", err))
+	}
+}
+
+// receive decides for each command: stale, duplicate, or new.
+func (d *Device) receive(ctx context.Context) {
+	for {
+		var c protocol.CommandMessage
+		select {
+		case <-ctx.Done():
+			return
+		case c = <-d.inbox:
+		}
+		ack := protocol.Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: c.Attempt, OK: true}
+		k := attemptKey{c.TaskKey, c.Attempt}
+		now := time.Now().UTC()
+		d.mu.Lock()
+		high := d.highest[c.TaskKey]
+		cached, isDone := d.done[k]
+		inQueue := d.running != nil && d.running.TaskKey == c.TaskKey && d.running.Attempt == c.Attempt
+		for _, q := range d.queue {
+			inQueue = inQueue || (q.TaskKey == c.TaskKey && q.Attempt == c.Attempt)
+		}
+		var sendAck, sendResult bool
+		switch {
+		case c.Attempt < high:
+			d.stale = append(d.stale, StaleAttempt{Device: d.id, TaskKey: c.TaskKey, Attempt: c.Attempt, Highest: high, At: now})
+			ack.OK, ack.Code, ack.Error = false, protocol.CodeStale, fmt.Sprintf("stale attempt %d < %d", c.Attempt, high)
+			sendAck = true
+		case !isDone && !inQueue && !c.ExpiresAt.IsZero() && now.After(c.ExpiresAt):
+			d.counts.Expired++
+			ack.OK, ack.Code, ack.Error = false, protocol.CodeExpired, "expired at "+c.ExpiresAt.Format(time.RFC3339Nano)
+			sendAck = true
+		case isDone || inQueue:
+			d.counts.Duplicates++
+			sendAck = d.rng.Float64() >= d.cfg.DropAckRate
+			sendResult = isDone
+		default:
+			d.highest[c.TaskKey] = c.Attempt
+			if d.running != nil || len(d.queue) > 0 {
+				o := Overlap{Device: d.id, TaskKey: c.TaskKey, Attempt: c.Attempt, At: now}
+				if d.running != nil {
+					o.RunningTask, o.RunningAttempt = d.running.TaskKey, d.running.Attempt
+				} else {
+					o.RunningTask, o.RunningAttempt = d.queue[0].TaskKey, d.queue[0].Attempt
+				}
+				d.overlaps = append(d.overlaps, o)
+			}
+			d.queue = append(d.queue, c)
+			sendAck = d.rng.Float64() >= d.cfg.DropAckRate
+		}
+		if !sendAck {
+			d.counts.DroppedAcks++
+		}
+		d.mu.Unlock()
+		select {
+		case d.work <- struct{}{}:
+		default:
+		}
+		if ack.Code == protocol.CodeStale {
+			d.logger.Warn("stale attempt refused", slog.String("task", c.TaskKey), slog.Int("attempt", c.Attempt), slog.Int("highest", high))
+		}
+		if sendAck {
+			d.reply(ctx, protocol.TopicAck, ack)
+		}
+		if sendResult {
+			d.reply(ctx, protocol.TopicResult, cached)
+		}
+	}
+}
+
+// execute runs queued commands one at a time.
+func (d *Device) execute(ctx context.Context) {
+	for {
+		d.mu.Lock()
+		if len(d.queue) == 0 {
+			d.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-d.work:
+				continue
+			}
+		}
+		c := d.queue[0]
+		d.queue = d.queue[1:]
+		d.running = &c
+		d.mu.Unlock()
+
+		run := Run{Device: d.id, TaskKey: c.TaskKey, Attempt: c.Attempt, CorrelationID: c.CorrelationID, Command: c.Command, Start: time.Now().UTC()}
+		if d.cfg.Latency > 0 {
+			t := time.NewTimer(d.cfg.Latency)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
+		d.mu.Lock()
+		fail := d.rng.Float64() < d.cfg.FailRate
+		offline := d.rng.Float64() < d.cfg.OfflineRate
+		run.End, run.OK = time.Now().UTC(), !fail
+		res := protocol.Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: c.Attempt, OK: !fail}
+		if fail {
+			res.Error = "simulated failure"
+			d.counts.Failed++
+		} else {
+			res.Output = []byte(fmt.Sprintf(`{"device":%q,"command":%q}`, d.id, c.Command))
+		}
+		d.counts.Ran++
+		d.runs = append(d.runs, run)
+		k := attemptKey{c.TaskKey, c.Attempt}
+		d.done[k] = res
+		d.doneOrder = append(d.doneOrder, k)
+		if len(d.doneOrder) > 4096 {
+			delete(d.done, d.doneOrder[0])
+			d.doneOrder = d.doneOrder[1:]
+		}
+		d.running = nil
+		d.mu.Unlock()
+		d.reply(ctx, protocol.TopicResult, res)
+		if offline {
+			d.GoOffline(d.cfg.OfflineFor)
+		}
+	}
+}
+
+func (d *Device) heartbeat(ctx context.Context) {
+	t := time.NewTicker(d.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if d.tr.Connected() {
+				d.publishStatus(true)
+			}
+		}
+	}
+}
