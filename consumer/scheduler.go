@@ -36,17 +36,17 @@ type scheduler struct {
 	// ctl is the pauses and limits as last loaded (reload reads them
 	// again); paused holds the due tasks a pause keeps back, out of the
 	// heap, until a control change lifts it.
-	ctl       *atomic.Pointer[control.State]
-	reload    func(context.Context)
-	paused    map[string]preempt.Entry
+	ctl    *atomic.Pointer[control.State]
+	reload func(context.Context)
+	paused map[string]preempt.Entry
 	// slots is what this process knows of the rate limits' slot locks;
 	// claimsDone receives the rate keys of each claim once decided.
 	slots      *slotTable
 	claimsDone chan []string
-	free      int
-	overflow  bool
-	resume    *task.Task // where the next overflow query continues
-	lastQuery time.Time
+	free       int
+	overflow   bool
+	resume     *task.Task // where the next overflow query continues
+	lastQuery  time.Time
 }
 
 // scheduleInputs are what wakes the scheduler.
