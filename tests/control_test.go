@@ -199,3 +199,52 @@ func TestDeviceRateLimitAcrossProcesses(t *testing.T) {
 		t.Errorf("limit ls: exit %d, %s", code, out)
 	}
 }
+
+// TestMongoPauseAndLimit runs the controls on MongoDB (the wire test
+// server) with two worker processes: a kind paused with the CLI holds its
+// tasks, resume starts them at once, and a kind limit of 2 per second holds.
+func TestMongoPauseAndLimit(t *testing.T) {
+	ctx := testContext(t, 2*time.Minute)
+	uri := sharedMongoDB(t)
+	st := openMongoStore(t, ctx, uri, nil)
+	if _, _, code := runCLI(t, "--store", uri, "pause", "--kind", "noop"); code != 0 {
+		t.Fatalf("pause: exit %d", code)
+	}
+	for i := range 2 {
+		startWorker(t, uri, fmt.Sprintf("m%d", i+1), "--concurrency", "4", "--kinds", "noop,sleep")
+	}
+	const n = 6
+	for i := range n {
+		if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("n%d", i), Kind: "noop"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if got := countTasks(t, ctx, st, task.StatePending); got != n {
+		t.Fatalf("%d of %d tasks pending while their kind is paused", got, n)
+	}
+	if out, _, code := runCLI(t, "--store", uri, "limit", "set", "--kind", "noop", "--rate", "2/1s"); code != 0 || !strings.Contains(out, "2/1s") {
+		t.Fatalf("limit set: exit %d, %s", code, out)
+	}
+	resumeAt := st.Now()
+	if _, _, code := runCLI(t, "--store", uri, "resume", "--kind", "noop"); code != 0 {
+		t.Fatalf("resume: exit %d", code)
+	}
+	eventually(t, time.Minute, "every task to finish", func() bool { return countTasks(t, ctx, st, task.StateSucceeded) == n })
+	all, byTask := starts(t, ctx, st)
+	t.Logf("mongo: first start %s after the resume command began (a CLI process); %d starts over %s",
+		all[0].Sub(resumeAt).Round(time.Millisecond), len(all), all[len(all)-1].Sub(all[0]).Round(time.Millisecond))
+	if d := all[0].Sub(resumeAt); d > 5*time.Second {
+		t.Errorf("first start %s after resume: the doorbell event did not wake the workers", d)
+	}
+	for i := 2; i < len(all); i++ {
+		if gap := all[i].Sub(all[i-2]); gap < time.Second {
+			t.Errorf("starts %d and %d within %s: 3 starts in 1 s, limit 2", i-2, i, gap)
+		}
+	}
+	for k, ss := range byTask {
+		if len(ss) != 1 {
+			t.Errorf("%s started %d times", k, len(ss))
+		}
+	}
+}
