@@ -104,34 +104,41 @@ func Load(ctx context.Context, st task.Store) (*State, error) {
 	}
 	var pauses []PauseInfo
 	var limits []Limit
-	prs, err := rs.Records(ctx, PauseRecord)
-	if err != nil {
-		return nil, fmt.Errorf("read pauses: %w", err)
-	}
-	for _, r := range prs {
-		var v pauseValue
-		target, err := ParseTarget(r.ID)
-		if err != nil || json.Unmarshal(r.Value, &v) != nil || !v.Paused {
-			continue // foreign or resumed
+	err = each(ctx, rs, PauseRecord, func(target Target, v pauseValue) {
+		if v.Paused {
+			pauses = append(pauses, PauseInfo{Target: target, Since: v.Since})
 		}
-		pauses = append(pauses, PauseInfo{Target: target, Since: v.Since})
-	}
-	lrs, err := rs.Records(ctx, LimitRecord)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("read limits: %w", err)
+		return nil, err
 	}
-	for _, r := range lrs {
-		var v limitValue
-		target, err := ParseTarget(r.ID)
-		if err != nil || json.Unmarshal(r.Value, &v) != nil || v.N == 0 {
-			continue // foreign or removed
-		}
-		l := Limit{Target: target, N: v.N, Per: time.Duration(v.Per)}
-		if l.Validate() == nil {
+	err = each(ctx, rs, LimitRecord, func(target Target, v limitValue) {
+		if l := (Limit{Target: target, N: v.N, Per: time.Duration(v.Per)}); v.N > 0 && l.Validate() == nil {
 			limits = append(limits, l)
 		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	return NewState(pauses, limits), nil
+}
+
+// each calls fn with the target and value of every record of kind that
+// parses (others are not leasepool's).
+func each[V any](ctx context.Context, rs recordStore, kind string, fn func(Target, V)) error {
+	recs, err := rs.Records(ctx, kind)
+	if err != nil {
+		return fmt.Errorf("read %s records: %w", kind, err)
+	}
+	for _, r := range recs {
+		var v V
+		target, err := ParseTarget(r.ID)
+		if err != nil || json.Unmarshal(r.Value, &v) != nil {
+			continue
+		}
+		fn(target, v)
+	}
+	return nil
 }
 
 // State is the controls as loaded at one moment. Its methods are pure and

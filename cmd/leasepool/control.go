@@ -4,8 +4,8 @@ package main
 // only parse flags and call package control.
 
 import (
+	"context"
 	"fmt"
-	"io"
 	"text/tabwriter"
 	"time"
 
@@ -92,20 +92,8 @@ func pausesCommand() *cli.Command {
 		Usage: "list the pauses in force",
 		Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON, one array"}},
 		Action: func(c *cli.Context) error {
-			return withStore(c, true, func(s task.Store) error {
-				ps, err := control.Pauses(c.Context, s)
-				if err != nil {
-					return err
-				}
-				if c.Bool("json") {
-					return printJSON(c.App.Writer, ps)
-				}
-				tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "TARGET\tSINCE")
-				for _, p := range ps {
-					fmt.Fprintf(tw, "%s\t%s\n", p.Target, p.Since.Local().Format(time.DateTime))
-				}
-				return tw.Flush()
+			return printList(c, control.Pauses, "TARGET\tSINCE", func(p control.PauseInfo) string {
+				return fmt.Sprintf("%s\t%s", p.Target, p.Since.Local().Format(time.DateTime))
 			})
 		},
 	}
@@ -121,12 +109,27 @@ func withStore(c *cli.Context, mustExist bool, fn func(task.Store) error) error 
 	return fn(s)
 }
 
-// printJSON prints v indented; a nil slice prints as [].
-func printJSON[T any](w io.Writer, v []T) error {
-	if v == nil {
-		v = []T{}
-	}
-	return writeJSON(w, v)
+// printList reads a list from the --store and prints it as one JSON array
+// (--json) or as a table: header, then a row per item.
+func printList[T any](c *cli.Context, read func(context.Context, task.Store) ([]T, error), header string, row func(T) string) error {
+	return withStore(c, true, func(s task.Store) error {
+		items, err := read(c.Context, s)
+		if err != nil {
+			return err
+		}
+		if c.Bool("json") {
+			if items == nil {
+				items = []T{}
+			}
+			return writeJSON(c.App.Writer, items)
+		}
+		tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, header)
+		for _, it := range items {
+			fmt.Fprintln(tw, row(it))
+		}
+		return tw.Flush()
+	})
 }
 
 // limitTarget reads the lock key argument or --kind.
@@ -180,20 +183,8 @@ func limitCommand() *cli.Command {
 				Usage: "list the limits",
 				Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON, one array"}},
 				Action: func(c *cli.Context) error {
-					return withStore(c, true, func(s task.Store) error {
-						ls, err := control.Limits(c.Context, s)
-						if err != nil {
-							return err
-						}
-						if c.Bool("json") {
-							return printJSON(c.App.Writer, ls)
-						}
-						tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-						fmt.Fprintln(tw, "TARGET\tRATE")
-						for _, l := range ls {
-							fmt.Fprintf(tw, "%s\t%s\n", l.Target, l)
-						}
-						return tw.Flush()
+					return printList(c, control.Limits, "TARGET\tRATE", func(l control.Limit) string {
+						return fmt.Sprintf("%s\t%s", l.Target, l)
 					})
 				},
 			},
