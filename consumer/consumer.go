@@ -81,6 +81,7 @@ type attemptResult struct {
 	retry    *preempt.Entry
 	lockKeys []string // waiting for these locks, held by another process
 	busy     []string // the lock keys dispatch marked busy for this attempt
+	limited  bool     // retry waits for a rate limit's slot
 }
 
 // New validates cfg and returns a consumer ready to Start.

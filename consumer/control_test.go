@@ -181,3 +181,31 @@ func TestRateLimitedHandlerSpendsNoRetry(t *testing.T) {
 		t.Errorf("handler called %d times, want 2", calls.Load())
 	}
 }
+
+// TestRemovedLimitFreesWaitingTasks: a task waiting for a long limit's
+// slot starts as soon as the limit is removed, not when the slot frees.
+func TestRemovedLimitFreesWaitingTasks(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := t.Context()
+	limit := control.Limit{Target: control.Kind(testKind), N: 1, Per: time.Minute}
+	if err := control.SetLimit(ctx, e.store, limit); err != nil {
+		t.Fatal(err)
+	}
+	e.worker("A", func(context.Context, *consumer.Job) error { return nil })
+	e.publish("first")
+	e.waitState("first", task.StateSucceeded)
+	e.publish("second")
+	time.Sleep(300 * time.Millisecond)
+	if st := e.get("second").State; st != task.StatePending {
+		t.Fatalf("second is %s within the limit's minute, want pending", st)
+	}
+	removed := time.Now()
+	if _, err := control.RemoveLimit(ctx, e.store, limit.Target); err != nil {
+		t.Fatal(err)
+	}
+	e.waitState("second", task.StateSucceeded)
+	if d := time.Since(removed); d > 5*time.Second {
+		t.Errorf("second started %s after the limit went, want at once", d)
+	}
+}

@@ -50,6 +50,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided func())
 		res.retry = retryEntry(e, doc, c.store.Now())
 	case errors.As(err, &limited):
 		res.retry = retryEntry(e, doc, limited.until)
+		res.limited = true
 	case errors.As(err, &locked):
 		res.retry = retryEntry(e, doc, locked.Until)
 		res.lockKeys = doc.LockKeys

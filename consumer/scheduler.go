@@ -43,10 +43,13 @@ type scheduler struct {
 	// claimsDone receives the rate keys of each claim once decided.
 	slots      *slotTable
 	claimsDone chan []string
-	free       int
-	overflow   bool
-	resume     *task.Task // where the next overflow query continues
-	lastQuery  time.Time
+	// rateWait notes the tasks waiting in the heap for a slot, so that a
+	// changed or removed limit lets them try again at once.
+	rateWait  map[string]bool
+	free      int
+	overflow  bool
+	resume    *task.Task // where the next overflow query continues
+	lastQuery time.Time
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -63,7 +66,7 @@ func (c *Consumer) newScheduler() *scheduler {
 		attempt: c.attempt, inflight: &c.runs, results: c.results, done: c.scheduleDone, queued: &c.queued,
 		heap: preempt.NewHeap(c.cfg.HeapSize), locks: newLockQueue(), free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl, paused: map[string]preempt.Entry{},
-		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency),
+		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency), rateWait: map[string]bool{},
 	}
 }
 
@@ -210,6 +213,9 @@ func (s *scheduler) onResult(r attemptResult) {
 	if r.retry != nil && !s.heap.Put(*r.retry) {
 		s.dropped()
 	}
+	if r.limited {
+		s.noteRateWait(r.key)
+	}
 	s.locks.wait(r.key, r.lockKeys)
 	now := s.store.Now()
 	for _, k := range s.locks.unhold(r.busy) {
@@ -246,6 +252,14 @@ func (s *scheduler) full() bool {
 // onControl puts back in the heap the tasks no pause holds any more;
 // dispatch, which runs next, starts them.
 func (s *scheduler) onControl() {
+	now := s.store.Now()
+	for k := range s.rateWait {
+		if e, ok := s.heap.Entry(k); ok && e.At.After(now) {
+			e.At = now // rateGate judges it again under the new limits
+			s.heap.Put(e)
+		}
+	}
+	clear(s.rateWait)
 	ctl := s.ctl.Load()
 	for k, e := range s.paused {
 		if _, still := ctl.Paused(e.Task); !still {
@@ -380,12 +394,23 @@ func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, boo
 				if !s.heap.Put(w) {
 					s.dropped()
 				}
+				s.noteRateWait(w.Key)
 			}
 			return nil, false
 		}
 		rate = append(rate, "rate:"+b.Key)
 	}
 	return rate, true
+}
+
+// noteRateWait notes that key waits for a slot. The notes are a hint
+// (dropped at each control change, and when too many): a task not
+// noted waits for its slot even if the limit went.
+func (s *scheduler) noteRateWait(key string) {
+	if len(s.rateWait) >= s.cfg.HeapSize {
+		clear(s.rateWait)
+	}
+	s.rateWait[key] = true
 }
 
 // runTable is the attempts running here, by task key.
