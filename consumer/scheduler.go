@@ -2,7 +2,9 @@ package consumer
 
 // The scheduler owns the claim heap: it turns change events, query pages
 // and attempt results into claim times, and starts claim attempts while
-// slots are free; due tasks a pause covers wait aside until it lifts. It runs in one goroutine; only the run table is shared.
+// slots are free; due tasks a pause covers wait aside until it lifts, and
+// those over a rate limit until a slot frees. It runs in one goroutine;
+// only the run table is shared.
 
 import (
 	"context"

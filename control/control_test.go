@@ -106,22 +106,22 @@ func TestParseRateAndTarget(t *testing.T) {
 	}
 }
 
-// TestStoredControlsRingTheDoorbell pauses, resumes and limits through the
-// Go API on a real store, and checks that every write shows up as an event
-// of the doorbell document on the task change stream.
-func TestStoredControlsRingTheDoorbell(t *testing.T) {
+// watched opens a fresh store and a change stream on it; rang fails the
+// test unless the stream's next event is the doorbell's.
+func watched(t *testing.T) (st *sqlitestore.Store, rang func(what string)) {
+	t.Helper()
 	ctx := t.Context()
 	st, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "s.db"), &sqlitestore.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
 	stream, err := st.Watch(ctx, task.WatchParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stream.Close()
-	rang := func(what string) {
+	t.Cleanup(func() { stream.Close() })
+	return st, func(what string) {
 		t.Helper()
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -130,7 +130,14 @@ func TestStoredControlsRingTheDoorbell(t *testing.T) {
 			t.Fatalf("%s: next event %q, %v; want the doorbell", what, ev.Key, err)
 		}
 	}
+}
 
+// TestStoredPausesRingTheDoorbell pauses and resumes through the Go API on
+// a real store: every write shows up as an event of the doorbell document,
+// which stays cancelled (never claimable) even after an operator's retry.
+func TestStoredPausesRingTheDoorbell(t *testing.T) {
+	ctx := t.Context()
+	st, rang := watched(t)
 	if changed, err := control.Pause(ctx, st, control.Lock("device:pump-7")); err != nil || !changed {
 		t.Fatalf("Pause = %v, %v", changed, err)
 	}
@@ -154,6 +161,28 @@ func TestStoredControlsRingTheDoorbell(t *testing.T) {
 		t.Fatalf("after resume, Pauses = %+v", ps)
 	}
 
+	doc, err := st.Get(ctx, control.DoorbellKey)
+	if err != nil || doc.State != task.StateCancelled {
+		t.Fatalf("doorbell = %+v, %v; want it cancelled", doc, err)
+	}
+	if _, err := task.Retry(ctx, st, control.DoorbellKey); err != nil {
+		t.Fatal(err)
+	}
+	rang("retry")
+	if err := control.Ring(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	rang("ring")
+	if doc, _ := st.Get(ctx, control.DoorbellKey); doc.State != task.StateCancelled {
+		t.Fatalf("doorbell after a ring is %s, want cancelled", doc.State)
+	}
+}
+
+// TestStoredLimitsRingTheDoorbell sets, replaces and removes a limit
+// through the Go API; each write rings the doorbell.
+func TestStoredLimitsRingTheDoorbell(t *testing.T) {
+	ctx := t.Context()
+	st, rang := watched(t)
 	l := control.Limit{Target: control.Lock("device:*"), N: 2, Per: time.Second}
 	if err := control.SetLimit(ctx, st, l); err != nil {
 		t.Fatal(err)
@@ -176,22 +205,5 @@ func TestStoredControlsRingTheDoorbell(t *testing.T) {
 	}
 	if ls, _ := control.Limits(ctx, st); len(ls) != 0 {
 		t.Fatalf("after remove, Limits = %+v", ls)
-	}
-
-	// The doorbell is never claimable, even after an operator retried it.
-	doc, err := st.Get(ctx, control.DoorbellKey)
-	if err != nil || doc.State != task.StateCancelled {
-		t.Fatalf("doorbell = %+v, %v; want it cancelled", doc, err)
-	}
-	if _, err := task.Retry(ctx, st, control.DoorbellKey); err != nil {
-		t.Fatal(err)
-	}
-	rang("retry")
-	if err := control.Ring(ctx, st); err != nil {
-		t.Fatal(err)
-	}
-	rang("ring")
-	if doc, _ := st.Get(ctx, control.DoorbellKey); doc.State != task.StateCancelled {
-		t.Fatalf("doorbell after a ring is %s, want cancelled", doc.State)
 	}
 }
