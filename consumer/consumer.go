@@ -2,8 +2,9 @@
 // store's change stream and querying candidates (watch first, so nothing
 // falls in the gap), keeps each claimable task's claim time in a bounded
 // heap, claims due tasks by compare-and-set, runs handlers with a lease kept
-// alive by package ping, and writes the outcome. Stop drains gracefully and
-// releases leases so peers take over at once.
+// alive by package ping, and writes the outcome. It obeys the stored pauses
+// and rate limits (package control). Stop drains gracefully and releases
+// leases so peers take over at once.
 package consumer
 
 import (
@@ -14,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/ping"
 	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
@@ -52,6 +54,13 @@ type Consumer struct {
 	pollNow chan struct{}
 	results chan attemptResult
 
+	// ctl is the pauses and rate limits as last loaded; controlChanged
+	// tells the scheduler a load happened. slots is what this process
+	// knows of the rate limits' slot locks.
+	ctl            atomic.Pointer[control.State]
+	controlChanged chan struct{}
+	slots          slotTable
+
 	running *runTable
 
 	queued                                atomic.Int64
@@ -72,6 +81,7 @@ type attemptResult struct {
 	retry    *preempt.Entry
 	lockKeys []string // waiting for these locks, held by another process
 	busy     []string // the lock keys dispatch marked busy for this attempt
+	limited  bool     // retry waits for a rate limit's slot
 }
 
 // New validates cfg and returns a consumer ready to Start.
@@ -80,15 +90,16 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	return &Consumer{
-		cfg:     cfg,
-		store:   cfg.Store,
-		self:    task.Holder{WorkerID: cfg.WorkerID, Instance: newInstance()},
-		logger:  cfg.Logger.With(slog.String("worker", cfg.WorkerID)),
-		events:  make(chan task.Event, 1024),
-		requery: make(chan struct{}, 1),
-		pollNow: make(chan struct{}, 1),
-		results: make(chan attemptResult, cfg.Concurrency),
-		running: &runTable{m: map[string]*run{}},
+		cfg:            cfg,
+		store:          cfg.Store,
+		self:           task.Holder{WorkerID: cfg.WorkerID, Instance: newInstance()},
+		logger:         cfg.Logger.With(slog.String("worker", cfg.WorkerID)),
+		events:         make(chan task.Event, 1024),
+		requery:        make(chan struct{}, 1),
+		pollNow:        make(chan struct{}, 1),
+		results:        make(chan attemptResult, cfg.Concurrency),
+		controlChanged: make(chan struct{}, 1),
+		running:        &runTable{m: map[string]*run{}},
 	}, nil
 }
 
@@ -132,7 +143,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		}()
 		go func() {
 			defer close(c.scheduleDone)
-			c.newScheduler().run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow})
+			c.newScheduler().run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow, control: c.controlChanged})
 			<-watchDone
 			<-beatDone
 		}()

@@ -174,3 +174,16 @@ func (e *SnoozeError) Error() string { return fmt.Sprintf("snooze %s", e.Delay) 
 
 // Snooze returns a *SnoozeError for d.
 func Snooze(d time.Duration) error { return &SnoozeError{Delay: d} }
+
+// RateLimitError is a handler's word that a downstream is rate limited
+// (as asynq's RateLimitError): the task is given back without spending a
+// retry and starts again after RetryIn. It is a SnoozeError to the worker.
+type RateLimitError struct{ RetryIn time.Duration }
+
+func (e *RateLimitError) Error() string { return fmt.Sprintf("rate limited; retry in %s", e.RetryIn) }
+
+// Unwrap makes it a *SnoozeError for errors.As.
+func (e *RateLimitError) Unwrap() error { return &SnoozeError{Delay: e.RetryIn} }
+
+// RateLimited returns a *RateLimitError for d.
+func RateLimited(d time.Duration) error { return &RateLimitError{RetryIn: d} }

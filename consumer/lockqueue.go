@@ -107,6 +107,17 @@ func (q *lockQueue) unpark(taskKey string) (preempt.Entry, bool) {
 	return e, true
 }
 
+// unparkAll removes and returns every task parked on key k.
+func (q *lockQueue) unparkAll(k string) []preempt.Entry {
+	var out []preempt.Entry
+	for taskKey := range q.parked[k] {
+		if e, ok := q.unpark(taskKey); ok {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // next picks the best task waiting for lock key k: one parked here
 // (unparked), else one in heap waiting on another process's lease (no
 // longer noted as waiting). Waking one, not all, spares the store a herd

@@ -16,45 +16,12 @@ import (
 // attempt claims e's task and, when that succeeds, runs it to the end. It
 // returns what the scheduler should do with the task if it was not claimed.
 // Each try decides the claim once on the document it writes, takes the
-// task's lock keys for the new attempt, and writes the claim with
-// compare-and-set; a lost race re-reads and tries again.
-func (c *Consumer) attempt(ctx context.Context, e preempt.Entry) attemptResult {
+// task's lock keys and rate-limit slots for the new attempt, and writes
+// the claim with compare-and-set; a lost race re-reads and tries again.
+// decided is called once the claim is written or given up.
+func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided func()) attemptResult {
 	res := attemptResult{key: e.Key}
-	var (
-		holder task.Holder
-		reaped bool
-		held   *task.LockParams // the locks the latest try took
-	)
-	freeHeld := func() {
-		if held != nil {
-			c.releaseLocks(*held)
-			held = nil
-		}
-	}
-	claim := func(t *task.Task) error {
-		freeHeld()
-		reaped = false
-		now := c.store.Now()
-		d := preempt.Decide(t, c.cfg.WorkerID, now)
-		switch d.Verdict {
-		case preempt.Reap:
-			t.Reap(now)
-			reaped = true
-			return nil
-		case preempt.Claim:
-		default:
-			return &notNow{d}
-		}
-		holder = t.Claim(c.self, now)
-		if len(t.LockKeys) > 0 {
-			p := task.LockParams{Keys: t.LockKeys, Holder: holder, Now: now, Until: t.Workers[len(t.Workers)-1].LeaseUntil}
-			if err := c.store.AcquireLocks(ctx, p); err != nil {
-				return err
-			}
-			held = &p
-		}
-		return nil
-	}
+	try := &claimTry{c: c, ctx: ctx}
 	// A claim that lands after its own lease would have ended is no claim:
 	// bound the tries by a lease (run checks what is left of it).
 	timeout := task.DefaultWorkerTimeout
@@ -62,30 +29,99 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry) attemptResult {
 		timeout = time.Duration(e.Task.WorkerTimeout)
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
-	doc, err := task.ModifyFrom(wctx, c.store, e.Key, e.Task, claim)
+	try.ctx = wctx
+	doc, err := task.ModifyFrom(wctx, c.store, e.Key, e.Task, try.claim)
 	cancel()
+	decided()
 	var wait *notNow
 	var locked *task.LockedError
+	var limited *rateLimited
 	switch {
-	case err == nil && reaped:
+	case err == nil && try.reaped:
 		c.logger.Warn("task failed: workers expired and retries are exhausted", slog.String("task", e.Key))
 	case err == nil:
-		c.run(doc, holder)
+		c.run(doc, try.holder)
 	case errors.As(err, &wait):
 		if wait.Verdict == preempt.Later {
 			res.retry = retryEntry(e, doc, wait.At)
 		}
+	case errors.Is(err, errPaused):
+		// Due now: the scheduler holds it back while the pause lasts.
+		res.retry = retryEntry(e, doc, c.store.Now())
+	case errors.As(err, &limited):
+		res.retry = retryEntry(e, doc, limited.until)
+		res.limited = true
 	case errors.As(err, &locked):
 		res.retry = retryEntry(e, doc, locked.Until)
 		res.lockKeys = doc.LockKeys
 	case errors.Is(err, task.ErrNotFound), ctx.Err() != nil:
-		freeHeld()
+		try.free()
 	default:
-		freeHeld()
+		try.free()
 		c.logger.Warn("claim", slog.String("task", e.Key), slog.Any("err", err))
 		res.retry = retryEntry(e, nil, c.store.Now().Add(time.Second))
 	}
 	return res
+}
+
+// claimTry is one claim attempt's state across its compare-and-set tries.
+type claimTry struct {
+	c      *Consumer
+	ctx    context.Context
+	holder task.Holder
+	reaped bool
+	held   []task.LockParams // the locks and slots the latest try took
+}
+
+// free gives back what the latest try took: the claim was not written.
+func (ct *claimTry) free() {
+	for _, p := range ct.held {
+		ct.c.releaseLocks(p)
+		ct.c.slots.forget(p.Keys)
+	}
+	ct.held = nil
+}
+
+// claim is one try: decide on t, then take its locks and slots and
+// write the claim into t.
+func (ct *claimTry) claim(t *task.Task) error {
+	c := ct.c
+	ct.free()
+	ct.reaped = false
+	now := c.store.Now()
+	d := preempt.Decide(t, c.cfg.WorkerID, now)
+	switch d.Verdict {
+	case preempt.Reap:
+		t.Reap(now)
+		ct.reaped = true
+		return nil
+	case preempt.Claim:
+	default:
+		return &notNow{d}
+	}
+	ctl := c.ctl.Load()
+	if _, paused := ctl.Paused(t); paused {
+		return errPaused
+	}
+	ct.holder = t.Claim(c.self, now)
+	// Slots before locks: a lock taken and given back (no slot) would tell
+	// a peer that tried it meanwhile to wait for this claim's whole lease.
+	if buckets := ctl.Buckets(t); len(buckets) > 0 {
+		slots, err := c.takeSlots(ct.ctx, buckets, ct.holder, now)
+		if err != nil {
+			return err
+		}
+		ct.held = append(ct.held, slots...)
+	}
+	if len(t.LockKeys) > 0 {
+		p := task.LockParams{Keys: t.LockKeys, Holder: ct.holder, Now: now, Until: t.Workers[len(t.Workers)-1].LeaseUntil}
+		if err := c.store.AcquireLocks(ct.ctx, p); err != nil {
+			ct.free()
+			return err
+		}
+		ct.held = append(ct.held, p)
+	}
+	return nil
 }
 
 // notNow is a claim's decision not to claim now (Never or Later).

@@ -2,7 +2,9 @@ package consumer
 
 // The scheduler owns the claim heap: it turns change events, query pages
 // and attempt results into claim times, and starts claim attempts while
-// slots are free. It runs in one goroutine; only the run table is shared.
+// slots are free; due tasks a pause covers wait aside until it lifts, and
+// those over a rate limit until a slot frees. It runs in one goroutine;
+// only the run table is shared.
 
 import (
 	"context"
@@ -12,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 )
@@ -22,15 +25,29 @@ type scheduler struct {
 	logger  *slog.Logger
 	running *runTable
 	// attempt claims an entry's task and runs it; it is started in its own
-	// goroutine, counted by inflight, and reports to results.
-	attempt  func(context.Context, preempt.Entry) attemptResult
+	// goroutine, counted by inflight, and reports to results. It calls
+	// decided once the claim is written or given up, before running.
+	attempt  func(ctx context.Context, e preempt.Entry, decided func()) attemptResult
 	inflight *sync.WaitGroup
 	results  chan attemptResult
 	done     <-chan struct{} // closed once the scheduler returned
 	queued   *atomic.Int64
 
-	heap      *preempt.Heap
-	locks     *lockQueue
+	heap  *preempt.Heap
+	locks *lockQueue
+	// ctl is the pauses and limits as last loaded (reload reads them
+	// again); paused holds the due tasks a pause keeps back, out of the
+	// heap, until a control change lifts it.
+	ctl    *atomic.Pointer[control.State]
+	reload func(context.Context)
+	paused map[string]preempt.Entry
+	// slots is what this process knows of the rate limits' slot locks;
+	// claimsDone receives the rate keys of each claim once decided.
+	slots      *slotTable
+	claimsDone chan []string
+	// rateWait notes the tasks waiting in the heap for a slot, so that a
+	// changed or removed limit lets them try again at once.
+	rateWait  map[string]bool
 	free      int
 	overflow  bool
 	resume    *task.Task // where the next overflow query continues
@@ -42,6 +59,7 @@ type scheduleInputs struct {
 	events  <-chan task.Event
 	requery <-chan struct{} // the change stream opened: query everything
 	pollNow <-chan struct{} // the store cannot push: poll
+	control <-chan struct{} // the pauses and limits were reloaded
 }
 
 func (c *Consumer) newScheduler() *scheduler {
@@ -49,6 +67,8 @@ func (c *Consumer) newScheduler() *scheduler {
 		cfg: c.cfg, store: c.store, logger: c.logger, running: c.running,
 		attempt: c.attempt, inflight: &c.runs, results: c.results, done: c.scheduleDone, queued: &c.queued,
 		heap: preempt.NewHeap(c.cfg.HeapSize), locks: newLockQueue(), free: c.cfg.Concurrency,
+		ctl: &c.ctl, reload: c.loadControl, paused: map[string]preempt.Entry{},
+		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency), rateWait: map[string]bool{},
 	}
 }
 
@@ -95,13 +115,23 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			t := time.NewTicker(s.cfg.PollInterval)
 			defer t.Stop()
 			poll = t.C
+			s.reload(ctx)
 			s.query(ctx)
 		case <-poll:
+			s.reload(ctx)
 			s.query(ctx)
+		case <-in.control:
+			s.onControl()
 		case r := <-s.results:
 			s.onResult(r)
+		case keys := <-s.claimsDone:
+			now := s.store.Now()
+			for _, k := range s.locks.unhold(keys) {
+				s.wakeOne(k, now)
+			}
 		case <-timer.C:
 		case <-safety.C:
+			s.reload(ctx)
 			s.query(ctx)
 		}
 	}
@@ -141,11 +171,16 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	case d.Verdict == preempt.Never, runningHere && d.Verdict == preempt.Later:
 		s.heap.Remove(t.Key)
 		s.locks.unpark(t.Key)
+		delete(s.paused, t.Key)
 		return
 	case d.Verdict == preempt.Later:
 		at = d.At
 	}
 	e := preempt.Entry{Key: t.Key, At: at, Priority: t.Priority, Seq: t.Seq, Task: t}
+	if _, held := s.paused[t.Key]; held {
+		s.paused[t.Key] = e // dispatch judges it again when released
+		return
+	}
 	if s.locks.update(e) {
 		return // still waiting for its lock here
 	}
@@ -167,7 +202,8 @@ func (s *scheduler) onEvent(ev task.Event) {
 			s.wakeOne(k, now)
 		}
 	}
-	if _, parked := s.locks.parkedBy[t.Key]; !parked && !s.heap.Has(t.Key) && s.full() {
+	_, parked := s.locks.parkedBy[t.Key]
+	if _, held := s.paused[t.Key]; !held && !parked && !s.heap.Has(t.Key) && s.full() {
 		s.dropped()
 		return
 	}
@@ -178,6 +214,9 @@ func (s *scheduler) onResult(r attemptResult) {
 	s.free++
 	if r.retry != nil && !s.heap.Put(*r.retry) {
 		s.dropped()
+	}
+	if r.limited {
+		s.noteRateWait(r.key)
 	}
 	s.locks.wait(r.key, r.lockKeys)
 	now := s.store.Now()
@@ -206,10 +245,32 @@ func (s *scheduler) dropped() {
 	s.resume = nil
 }
 
-// full reports whether the bound on tasks held here (in the heap or
-// parked) is reached.
+// full reports whether the bound on tasks held here (in the heap, parked
+// or paused) is reached.
 func (s *scheduler) full() bool {
-	return s.heap.Len()+s.locks.Parked() >= s.cfg.HeapSize
+	return s.heap.Len()+s.locks.Parked()+len(s.paused) >= s.cfg.HeapSize
+}
+
+// onControl puts back in the heap the tasks no pause holds any more;
+// dispatch, which runs next, starts them.
+func (s *scheduler) onControl() {
+	now := s.store.Now()
+	for k := range s.rateWait {
+		if e, ok := s.heap.Entry(k); ok && e.At.After(now) {
+			e.At = now // rateGate judges it again under the new limits
+			s.heap.Put(e)
+		}
+	}
+	clear(s.rateWait)
+	ctl := s.ctl.Load()
+	for k, e := range s.paused {
+		if _, still := ctl.Paused(e.Task); !still {
+			delete(s.paused, k)
+			if !s.heap.Put(e) {
+				s.dropped()
+			}
+		}
+	}
 }
 
 // query loads candidates page by page: ready tasks in priority order, then
@@ -269,20 +330,42 @@ func (s *scheduler) dispatch(ctx context.Context) {
 		if !ok {
 			return
 		}
+		ctl := s.ctl.Load()
+		if _, paused := ctl.Paused(e.Task); paused {
+			s.paused[e.Key] = e
+			continue
+		}
+		rate, ok := s.rateGate(e, ctl)
+		if !ok {
+			continue
+		}
 		var keys []string
 		if e.Task != nil {
 			keys = e.Task.LockKeys
 		}
-		if k, busy := s.locks.busyKey(keys); busy {
+		if k, busy := s.locks.busyKey(append(rate, keys...)); busy {
 			s.locks.park(e, k)
 			continue
 		}
 		s.locks.hold(keys)
+		s.locks.hold(rate)
 		s.free--
 		s.inflight.Add(1)
 		go func() {
 			defer s.inflight.Done()
-			r := s.attempt(ctx, e)
+			var once sync.Once
+			decided := func() {
+				once.Do(func() {
+					if len(rate) > 0 {
+						select {
+						case s.claimsDone <- rate:
+						case <-s.done:
+						}
+					}
+				})
+			}
+			r := s.attempt(ctx, e, decided)
+			decided()
 			r.busy = keys
 			select {
 			case s.results <- r:
@@ -290,6 +373,46 @@ func (s *scheduler) dispatch(ctx context.Context) {
 			}
 		}()
 	}
+}
+
+// rateGate keeps back a due task whose rate limits have no slot free as
+// far as this process knows: it waits in the heap until the earliest slot
+// frees, with no store trip. Otherwise it returns the task's rate keys:
+// held for the claim's duration, so that claims counted in one limit go
+// one at a time here, the best task first when a slot frees.
+func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, bool) {
+	buckets := ctl.Buckets(e.Task)
+	if len(buckets) == 0 {
+		return nil, true
+	}
+	now := s.store.Now()
+	rate := make([]string, 0, len(buckets))
+	for _, b := range buckets {
+		if at, full := s.slots.full(b, now); full {
+			// The tasks parked behind this limit's claims wait for the
+			// same slot: all go to the heap, where they start in order.
+			for _, w := range append(s.locks.unparkAll("rate:"+b.Key), e) {
+				w.At = at
+				if !s.heap.Put(w) {
+					s.dropped()
+				}
+				s.noteRateWait(w.Key)
+			}
+			return nil, false
+		}
+		rate = append(rate, "rate:"+b.Key)
+	}
+	return rate, true
+}
+
+// noteRateWait notes that key waits for a slot. The notes are a hint
+// (dropped at each control change, and when too many): a task not
+// noted waits for its slot even if the limit went.
+func (s *scheduler) noteRateWait(key string) {
+	if len(s.rateWait) >= s.cfg.HeapSize {
+		clear(s.rateWait)
+	}
+	s.rateWait[key] = true
 }
 
 // runTable is the attempts running here, by task key.

@@ -2,7 +2,8 @@ package consumer
 
 // Discovery: the change stream feeding the scheduler, opened before the
 // first query so nothing written between the two is missed, and reopened
-// from its resume token after errors.
+// from its resume token after errors. The control doorbell's events reload
+// the pauses and limits instead.
 
 import (
 	"context"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -41,6 +43,7 @@ func (c *Consumer) watch(ctx context.Context) {
 			continue
 		}
 		if token == nil {
+			c.loadControl(ctx)
 			signal(c.requery)
 		}
 		backoff = 10 * time.Millisecond
@@ -65,6 +68,10 @@ func (c *Consumer) pump(ctx context.Context, stream task.ChangeStream) error {
 		ev, err := stream.Next(ctx)
 		if err != nil {
 			return err
+		}
+		if ev.Key == control.DoorbellKey {
+			c.loadControl(ctx)
+			continue
 		}
 		if ev.Task == nil {
 			t, err := c.store.Get(ctx, ev.Key)

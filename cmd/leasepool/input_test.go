@@ -96,6 +96,12 @@ func TestPublishRefusesPoisonInput(t *testing.T) {
 		{"unknown subcommand", "", []string{"device", "simulat"}, `"simulat"`},
 		{"worker kinds names none", "", []string{"worker", "--kinds", ",,"}, "--kinds"},
 		{"ls limit does not parse", "", []string{"ls", "--limit", "x"}, "--limit"},
+		{"pause two targets", "", []string{"pause", "--kind", "a", "--all"}, "exactly one"},
+		{"resume no target", "", []string{"resume"}, "--lock"},
+		{"limit without rate", "", []string{"limit", "set", "device:*"}, "--rate"},
+		{"limit rate does not parse", "", []string{"limit", "set", "device:*", "--rate", "2/fast"}, "--rate"},
+		{"limit key and kind", "", []string{"limit", "set", "device:x", "--kind", "k", "--rate", "1/s"}, "KEY"},
+		{"limit rm no target", "", []string{"limit", "rm"}, "KEY"},
 	}
 	for _, tt := range tests {
 		_, stderr, code := runMain(t, tt.stdin, append([]string{"--store", c.store}, tt.args...)...)

@@ -151,6 +151,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands: []*cli.Command{
 			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
 			demoCommand(), benchCommand(),
+			pauseCommand(), resumeCommand(), pausesCommand(), limitCommand(),
 			deviceCommand(), devicesCommand(openStoreReadOnly),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints the one-line error
@@ -261,10 +262,20 @@ func interspersed(app *cli.App, args []string) []string {
 		return append([]string{args[0]}, global...)
 	}
 	cmd := app.Command(args[i])
-	name := args[i]
+	names := []string{args[i]}
 	i++
+	// A subcommand ("limit set KEY --rate 2/1s") is reordered as a command.
+	for cmd != nil && len(cmd.Subcommands) > 0 && i < len(args) {
+		sub := subcommand(cmd, args[i])
+		if sub == nil {
+			break
+		}
+		cmd = sub
+		names = append(names, args[i])
+		i++
+	}
 	if cmd == nil || len(cmd.Subcommands) > 0 {
-		return append(append(append([]string{args[0]}, global...), name), args[i:]...)
+		return append(append(append([]string{args[0]}, global...), names...), args[i:]...)
 	}
 	var flags, positional []string
 	for ; i < len(args); i++ {
@@ -289,7 +300,16 @@ func interspersed(app *cli.App, args []string) []string {
 			positional = append(positional, tok)
 		}
 	}
-	out := append(append([]string{args[0]}, global...), name)
+	out := append(append([]string{args[0]}, global...), names...)
 	out = append(out, flags...)
 	return append(append(out, "--"), positional...)
+}
+
+func subcommand(cmd *cli.Command, name string) *cli.Command {
+	for _, sub := range cmd.Subcommands {
+		if sub.HasName(name) {
+			return sub
+		}
+	}
+	return nil
 }

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// TestPauseAndLimitCommands round-trips pauses and limits through the CLI
+// and checks the listings, in text and JSON.
+func TestPauseAndLimitCommands(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	if out := c.must("pause", "--lock", "device:pump-7"); !strings.Contains(out, "paused lock:device:pump-7") {
+		t.Errorf("pause: %q", out)
+	}
+	if out := c.must("pause", "--lock", "device:pump-7"); !strings.Contains(out, "already paused") {
+		t.Errorf("second pause: %q", out)
+	}
+	c.must("pause", "--all")
+	var pauses []struct {
+		Target struct{ Scope, Name string }
+	}
+	if err := json.Unmarshal([]byte(c.must("pauses", "--json")), &pauses); err != nil || len(pauses) != 2 || pauses[0].Target.Scope != "all" || pauses[1].Target.Name != "device:pump-7" {
+		t.Fatalf("pauses --json = %+v, %v", pauses, err)
+	}
+	c.must("resume", "--all")
+	if out := c.must("pauses"); strings.Contains(out, "all ") || !strings.Contains(out, "lock:device:pump-7") {
+		t.Errorf("pauses after resume --all:\n%s", out)
+	}
+
+	c.must("limit", "set", "device:*", "--rate", "2/1s")
+	c.must("limit", "set", "--kind", "mail", "--rate", "10/m")
+	var limits []struct {
+		Target struct{ Scope, Name string }
+		N      int
+		Per    string
+	}
+	if err := json.Unmarshal([]byte(c.must("limit", "ls", "--json")), &limits); err != nil || len(limits) != 2 ||
+		limits[0].Target.Name != "mail" || limits[0].N != 10 || limits[0].Per != "1m0s" ||
+		limits[1].Target.Name != "device:*" || limits[1].N != 2 || limits[1].Per != "1s" {
+		t.Fatalf("limit ls --json = %+v, %v", limits, err)
+	}
+	if out := c.must("limit", "rm", "device:*"); !strings.Contains(out, "removed") {
+		t.Errorf("limit rm: %q", out)
+	}
+	if out := c.must("limit", "ls"); strings.Contains(out, "device") || !strings.Contains(out, "kind:mail") {
+		t.Errorf("limit ls after rm:\n%s", out)
+	}
+}

@@ -1,0 +1,268 @@
+// Package control keeps the cluster-wide flow controls every worker obeys:
+// pauses (of everything, a kind, or a lock key such as one device) and rate
+// limits (at most N starts per duration, per kind or per lock key, with
+// `device:*`-style defaults). They are stored as shared records, so they
+// outlive any process and need no leader, and every write rings a doorbell
+// task document whose change event tells every worker to reload them at
+// event latency. The decisions made from them (is this task paused, which
+// limits apply) are pure functions of a loaded State.
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Record kinds the controls are stored under (task.Record.Kind); the
+// record id is the target's String.
+const (
+	PauseRecord = "leasepool.pause"
+	LimitRecord = "leasepool.limit"
+)
+
+// DoorbellKey is the task document every control write touches, so that
+// the write reaches every worker through the task change stream. It is
+// stored cancelled, so no worker ever claims it; deleting it (retention)
+// is harmless: the next write creates it again.
+const (
+	DoorbellKey  = "leasepool:control"
+	DoorbellKind = "leasepool.control"
+)
+
+// Scope is what a target names.
+type Scope string
+
+const (
+	ScopeAll  Scope = "all"  // every task
+	ScopeKind Scope = "kind" // tasks of one kind
+	ScopeLock Scope = "lock" // tasks taking one lock key; a name ending in * is a prefix pattern
+)
+
+// Target is what a pause or a limit applies to.
+type Target struct {
+	Scope Scope  `json:"scope"`
+	Name  string `json:"name,omitempty"`
+}
+
+// All targets every task.
+func All() Target { return Target{Scope: ScopeAll} }
+
+// Kind targets the tasks of kind.
+func Kind(kind string) Target { return Target{Scope: ScopeKind, Name: kind} }
+
+// Lock targets the tasks taking lock key (e.g. "device:pump-7"); a key
+// ending in "*" targets every key with that prefix ("device:*").
+func Lock(key string) Target { return Target{Scope: ScopeLock, Name: key} }
+
+// String is the target's stored id: "all", "kind:NAME" or "lock:KEY".
+func (t Target) String() string {
+	if t.Scope == ScopeAll {
+		return string(ScopeAll)
+	}
+	return string(t.Scope) + ":" + t.Name
+}
+
+// ParseTarget reads a target's String.
+func ParseTarget(s string) (Target, error) {
+	if s == string(ScopeAll) {
+		return All(), nil
+	}
+	scope, name, ok := strings.Cut(s, ":")
+	t := Target{Scope: Scope(scope), Name: name}
+	if !ok {
+		return Target{}, fmt.Errorf("%w: target %q: want all, kind:NAME or lock:KEY", task.ErrInvalid, s)
+	}
+	return t, t.Validate()
+}
+
+// Validate checks the scope and the name.
+func (t Target) Validate() error {
+	switch t.Scope {
+	case ScopeAll:
+		if t.Name != "" {
+			return fmt.Errorf("%w: target all takes no name", task.ErrInvalid)
+		}
+		return nil
+	case ScopeKind, ScopeLock:
+		return task.ValidateName(string(t.Scope), t.Name)
+	}
+	return fmt.Errorf("%w: target scope %q: want all, kind or lock", task.ErrInvalid, t.Scope)
+}
+
+// PauseInfo is one pause in force.
+type PauseInfo struct {
+	Target Target    `json:"target"`
+	Since  time.Time `json:"since"`
+}
+
+// Limit allows at most N starts per Per for its target, cluster-wide.
+type Limit struct {
+	Target Target        `json:"target"`
+	N      int           `json:"n"`
+	Per    time.Duration `json:"per"`
+}
+
+// MaxLimitN bounds N: each start takes one of N slot locks.
+const MaxLimitN = 1000
+
+// Validate checks the target (kind or lock, not all) and the rate.
+func (l Limit) Validate() error {
+	if l.Target.Scope == ScopeAll {
+		return fmt.Errorf("%w: a limit applies to a kind or a lock key, not all", task.ErrInvalid)
+	}
+	if err := l.Target.Validate(); err != nil {
+		return err
+	}
+	if l.N < 1 || l.N > MaxLimitN {
+		return fmt.Errorf("%w: limit %s: N must be 1 to %d, got %d", task.ErrInvalid, l.Target, MaxLimitN, l.N)
+	}
+	if l.Per < time.Millisecond {
+		return fmt.Errorf("%w: limit %s: the duration must be at least 1ms, got %s", task.ErrInvalid, l.Target, l.Per)
+	}
+	return nil
+}
+
+// String is the rate as the CLI reads it: "N/DURATION".
+func (l Limit) String() string { return fmt.Sprintf("%d/%s", l.N, l.Per) }
+
+// ParseRate reads "N/DURATION" (e.g. "2/1s"; "2/s" means 2/1s).
+func ParseRate(s string) (n int, per time.Duration, err error) {
+	ns, ds, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, 0, fmt.Errorf("%w: rate %q: want N/DURATION such as 2/1s", task.ErrInvalid, s)
+	}
+	if _, err := fmt.Sscan(ns, &n); err != nil || fmt.Sprint(n) != ns {
+		return 0, 0, fmt.Errorf("%w: rate %q: %q is not a whole number", task.ErrInvalid, s, ns)
+	}
+	if ds != "" && (ds[0] < '0' || ds[0] > '9') {
+		ds = "1" + ds
+	}
+	if per, err = time.ParseDuration(ds); err != nil {
+		return 0, 0, fmt.Errorf("%w: rate %q: %w", task.ErrInvalid, s, err)
+	}
+	return n, per, nil
+}
+
+// recordStore is the part of a store that keeps shared records (both
+// backends have it).
+type recordStore interface {
+	PutRecord(ctx context.Context, r task.Record) error
+	Records(ctx context.Context, kind string) ([]task.Record, error)
+}
+
+// ErrUnsupported means the store keeps no shared records, so it has no
+// pauses and no limits.
+var ErrUnsupported = errors.New("store keeps no shared records: no pauses or limits")
+
+func records(st task.Store) (recordStore, error) {
+	rs, ok := st.(recordStore)
+	if !ok {
+		return nil, fmt.Errorf("%T: %w", st, ErrUnsupported)
+	}
+	return rs, nil
+}
+
+// pauseValue and limitValue are the stored record values; a resumed pause
+// or a removed limit stays as a record marked off, since records are never
+// deleted and a put older than the stored one is ignored.
+type pauseValue struct {
+	Paused bool      `json:"paused"`
+	Since  time.Time `json:"since,omitzero"`
+}
+
+type limitValue struct {
+	N   int           `json:"n,omitempty"`
+	Per task.Duration `json:"per,omitempty"`
+}
+
+// errNoChange is put's fn saying the stored value already holds.
+var errNoChange = errors.New("no change")
+
+// put writes the record kind/id with the value fn makes from the stored
+// one (nil when none), at a time after the stored record's, so that a
+// writer whose clock runs behind the last one's still wins; then rings
+// the doorbell.
+func put(ctx context.Context, st task.Store, kind, id string, fn func(old json.RawMessage) (any, error)) error {
+	rs, err := records(st)
+	if err != nil {
+		return err
+	}
+	all, err := rs.Records(ctx, kind)
+	if err != nil {
+		return fmt.Errorf("read %s records: %w", kind, err)
+	}
+	var old json.RawMessage
+	at := st.Now()
+	for _, r := range all {
+		if r.ID == id {
+			old = r.Value
+			if !at.After(r.At) {
+				at = r.At.Add(time.Microsecond)
+			}
+		}
+	}
+	v, err := fn(old)
+	if errors.Is(err, errNoChange) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s record: %w", kind, err)
+	}
+	if err := rs.PutRecord(ctx, task.Record{Kind: kind, ID: id, Value: b, At: at}); err != nil {
+		return fmt.Errorf("write %s record %s: %w", kind, id, err)
+	}
+	return Ring(ctx, st)
+}
+
+// Ring touches the doorbell document so every worker reloads the
+// controls now. Control writes ring it themselves.
+func Ring(ctx context.Context, st task.Store) error {
+	for {
+		_, err := task.Modify(ctx, st, DoorbellKey, func(t *task.Task) error {
+			now := st.Now()
+			t.Payload = json.RawMessage(fmt.Sprintf(`{"rung_at":%q}`, now.UTC().Format(time.RFC3339Nano)))
+			if !t.State.Finished() {
+				return t.Cancel(now) // someone retried it: never claimable
+			}
+			return nil
+		})
+		if !errors.Is(err, task.ErrNotFound) {
+			if err != nil {
+				return fmt.Errorf("ring the control doorbell: %w", err)
+			}
+			return nil
+		}
+		d, err := task.NewTask(task.PublishParams{Key: DoorbellKey, Kind: DoorbellKind}, st.Now())
+		if err != nil {
+			return fmt.Errorf("ring the control doorbell: %w", err)
+		}
+		if err := d.Cancel(st.Now()); err != nil {
+			return fmt.Errorf("ring the control doorbell: %w", err)
+		}
+		if _, inserted, err := st.Insert(ctx, d); err != nil {
+			return fmt.Errorf("ring the control doorbell: %w", err)
+		} else if inserted {
+			return nil
+		}
+		// Inserted by someone else meanwhile: touch theirs.
+	}
+}
+
+// MarshalJSON writes Per as a duration string ("1s").
+func (l Limit) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Target Target        `json:"target"`
+		N      int           `json:"n"`
+		Per    task.Duration `json:"per"`
+	}{l.Target, l.N, task.Duration(l.Per)})
+}
