@@ -105,10 +105,11 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// logLine is one line the exec tasks append: key attempt worker start|end nanos.
+// logLine is one line the exec tasks append: key attempt worker event
+// nanos, and the pid of the process writing it where the program logs it.
 type logLine struct {
 	key, worker, event string
-	attempt            int
+	attempt, pid       int
 	at                 time.Time
 }
 
@@ -123,15 +124,19 @@ func readRunLog(t *testing.T, path string) []logLine {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) != 5 {
+		if len(fields) != 5 && len(fields) != 6 {
 			t.Fatalf("malformed run log line %q", sc.Text())
 		}
 		attempt, err1 := strconv.Atoi(fields[1])
 		ns, err2 := strconv.ParseInt(fields[4], 10, 64)
-		if err1 != nil || err2 != nil {
+		pid, err3 := 0, error(nil)
+		if len(fields) == 6 {
+			pid, err3 = strconv.Atoi(fields[5])
+		}
+		if err1 != nil || err2 != nil || err3 != nil {
 			t.Fatalf("malformed run log line %q", sc.Text())
 		}
-		out = append(out, logLine{key: fields[0], attempt: attempt, worker: fields[2], event: fields[3], at: time.Unix(0, ns)})
+		out = append(out, logLine{key: fields[0], attempt: attempt, worker: fields[2], event: fields[3], pid: pid, at: time.Unix(0, ns)})
 	}
 	return out
 }

@@ -84,14 +84,18 @@ echo %s; sleep %f 3>&-; echo %s`, line("gone"), line("start"), sleep.Seconds(), 
 }
 
 // attemptRun is one attempt as the run log shows it. ended says the
-// program wrote its end line; otherwise end is filled in by resolve.
+// program wrote its end line; otherwise end is its gone time, or filled in
+// by resolveUnended.
 type attemptRun struct {
 	key, worker string
 	attempt     int
+	pid         int // of the process that logged its start, if logged
 	start, end  time.Time
 	started     bool
-	ended       bool      // the program logged its end line
-	gone        time.Time // when its watcher saw the program die
+	ended       bool // the program logged its end line
+	// gone is when the program was last known alive: when its watcher saw
+	// it die, or its last heartbeat.
+	gone time.Time
 }
 
 // attemptsFromLog groups the run log by task and attempt, sorted by start.
@@ -116,7 +120,11 @@ func attemptsFromLog(t *testing.T, lines []logLine) map[string][]*attemptRun {
 			if a.started {
 				t.Errorf("task %s attempt %d started twice", l.key, l.attempt)
 			}
-			a.start, a.started = l.at, true
+			a.start, a.started, a.pid = l.at, true, l.pid
+		case "beat":
+			if l.at.After(a.gone) {
+				a.gone = l.at
+			}
 		case "end":
 			a.end, a.ended = l.at, true
 		case "gone":
@@ -223,7 +231,11 @@ func checkLockKeys(t *testing.T, runs map[string][]*attemptRun, lockKeys map[str
 func fmtRuns(as []*attemptRun) string {
 	var b strings.Builder
 	for _, a := range as {
-		fmt.Fprintf(&b, "[#%d %s %s..%s ended=%v] ", a.attempt, a.worker, a.start.Format("15:04:05.000000"), a.end.Format("15:04:05.000000"), a.ended)
+		fmt.Fprintf(&b, "[#%d %s %s..%s ended=%v", a.attempt, a.worker, a.start.Format("15:04:05.000000"), a.end.Format("15:04:05.000000"), a.ended)
+		if a.pid != 0 {
+			fmt.Fprintf(&b, " pid %d", a.pid)
+		}
+		b.WriteString("] ")
 	}
 	return b.String()
 }
