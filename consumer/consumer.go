@@ -10,12 +10,14 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/internal/lifecycle"
 	"github.com/leasepool/leasepool/ping"
 	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
@@ -42,12 +44,11 @@ type Consumer struct {
 	regMu      sync.Mutex
 	registered bool
 
-	startOnce, stopOnce sync.Once
-	stopSchedule        context.CancelFunc
-	scheduleDone        chan struct{}
-	handlerCtx          context.Context // parent of every handler's context
-	cancelHandlers      context.CancelCauseFunc
-	runs                sync.WaitGroup // claim attempts and handler runs
+	life           lifecycle.Runner // the scheduler, watch and heartbeat goroutines
+	scheduleDone   chan struct{}
+	handlerCtx     context.Context // parent of every handler's context
+	cancelHandlers context.CancelCauseFunc
+	runs           sync.WaitGroup // claim attempts and handler runs
 
 	events  chan task.Event
 	requery chan struct{}
@@ -117,78 +118,71 @@ func (c *Consumer) Stats() Stats {
 
 // Start registers the worker and begins claiming and running tasks; it
 // returns at once. It fails, wrapping task.ErrWorkerIDTaken, while another
-// live process holds the worker id. Cancelling ctx stops claiming and
-// cancels running handlers (their leases are released); Stop is the
-// graceful way.
+// live process holds the worker id, and with lifecycle's ErrStarted or
+// ErrStopped when called twice or after Stop. Beyond the shared start/stop
+// contract, the consumer keeps one rule of its own: ctx ending is a hard
+// stop (claiming stops, running handlers are cancelled and their leases
+// released); Stop is the graceful way.
 func (c *Consumer) Start(ctx context.Context) error {
-	started := false
-	var err error
-	c.startOnce.Do(func() {
-		started = true
-		if err = c.Register(ctx); err != nil {
-			return
-		}
-		c.handlerCtx, c.cancelHandlers = context.WithCancelCause(ctx)
-		schedCtx, cancel := context.WithCancel(ctx)
-		c.stopSchedule = cancel
-		c.scheduleDone = make(chan struct{})
-		watchDone, beatDone := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(watchDone)
-			c.watch(schedCtx)
-		}()
-		go func() {
-			defer close(beatDone)
-			c.heartbeat(schedCtx)
-		}()
-		go func() {
-			defer close(c.scheduleDone)
-			c.newScheduler().run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow, control: c.controlChanged})
-			<-watchDone
-			<-beatDone
-		}()
-		c.logger.Info("worker started", slog.Int("concurrency", c.cfg.Concurrency), slog.Any("kinds", c.cfg.Kinds))
-	})
-	if !started {
-		return errors.New("consumer already started")
+	run, err := c.life.Start(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", c.cfg.WorkerID, err)
 	}
-	return err
+	if err := c.Register(ctx); err != nil {
+		return err
+	}
+	c.handlerCtx, c.cancelHandlers = context.WithCancelCause(ctx)
+	schedCtx, cancel := context.WithCancel(run) // ends at Stop
+	context.AfterFunc(ctx, cancel)              // or when ctx does
+	c.scheduleDone = make(chan struct{})
+	watchDone, beatDone := make(chan struct{}), make(chan struct{})
+	c.life.Go(func() {
+		defer close(watchDone)
+		c.watch(schedCtx)
+	})
+	c.life.Go(func() {
+		defer close(beatDone)
+		c.heartbeat(schedCtx)
+	})
+	c.life.Go(func() {
+		defer close(c.scheduleDone)
+		c.newScheduler().run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow, control: c.controlChanged})
+		<-watchDone
+		<-beatDone
+	})
+	c.logger.Info("worker started", slog.Int("concurrency", c.cfg.Concurrency), slog.Any("kinds", c.cfg.Kinds))
+	return nil
 }
 
 // Stop stops claiming, lets running handlers finish until ShutdownTimeout
 // or ctx's deadline, then cancels them with ErrShutdown and releases their
 // leases so peers claim at once. It returns when every goroutine has
-// exited; calling it again is harmless.
+// exited, even past ctx's end (the handlers are cancelled then); calling
+// it again waits for the same end.
 func (c *Consumer) Stop(ctx context.Context) error {
-	if c.stopSchedule == nil {
-		c.regMu.Lock()
-		registered := c.registered
-		c.regMu.Unlock()
-		if registered { // Register without Start
-			c.stopOnce.Do(c.unregister)
-		}
-		return nil
+	err := c.life.Stop(context.WithoutCancel(ctx), func() { c.drain(ctx) })
+	c.unregister() // Register without Start, or a Start that failed
+	return err
+}
+
+// drain runs once the scheduler, watch and heartbeat have stopped: no new
+// claims. It gives running handlers their grace period, cancels the rest
+// (each releases its lease before returning) and frees the worker id.
+func (c *Consumer) drain(ctx context.Context) {
+	if c.cancelHandlers == nil { // Start failed to register
+		return
 	}
-	c.stopOnce.Do(func() {
-		// 1. No new claims: stop the scheduler and the change stream.
-		c.stopSchedule()
-		<-c.scheduleDone
-		// 2. Give running handlers their grace period.
-		drained := make(chan struct{})
-		go func() { c.runs.Wait(); close(drained) }()
-		grace := time.NewTimer(c.cfg.ShutdownTimeout)
-		defer grace.Stop()
-		select {
-		case <-drained:
-		case <-grace.C:
-		case <-ctx.Done():
-		}
-		// 3. Cancel the rest; each releases its lease before returning.
-		c.cancelHandlers(ErrShutdown)
-		<-drained
-		// 4. Nothing runs here any more: free the worker id.
-		c.unregister()
-		c.logger.Info("worker stopped", slog.Int64("succeeded", c.succeeded.Load()), slog.Int64("failed", c.failed.Load()))
-	})
-	return nil
+	drained := make(chan struct{})
+	go func() { c.runs.Wait(); close(drained) }()
+	grace := time.NewTimer(c.cfg.ShutdownTimeout)
+	defer grace.Stop()
+	select {
+	case <-drained:
+	case <-grace.C:
+	case <-ctx.Done():
+	}
+	c.cancelHandlers(ErrShutdown)
+	<-drained
+	c.unregister()
+	c.logger.Info("worker stopped", slog.Int64("succeeded", c.succeeded.Load()), slog.Int64("failed", c.failed.Load()))
 }

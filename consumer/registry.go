@@ -103,6 +103,13 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 }
 
 func (c *Consumer) unregister() {
+	c.regMu.Lock()
+	registered := c.registered
+	c.registered = false
+	c.regMu.Unlock()
+	if !registered {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.store.UnregisterWorker(ctx, c.cfg.WorkerID, c.self.Instance); err != nil {

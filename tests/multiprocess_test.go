@@ -45,9 +45,9 @@ func TestThreeWorkerProcessesOneKilled(t *testing.T) {
 
 	url := "sqlite:" + dbPath
 	workers := []*workerProc{
-		startWorker(t, url, "w1", "--concurrency", "8"),
-		startWorker(t, url, "w2", "--concurrency", "8"),
-		startWorker(t, url, "w3", "--concurrency", "8"),
+		startWorker(t, url, "w1", "--concurrency", "8", "--kinds", "exec"),
+		startWorker(t, url, "w2", "--concurrency", "8", "--kinds", "exec"),
+		startWorker(t, url, "w3", "--concurrency", "8", "--kinds", "exec"),
 	}
 	succeeded := func() int {
 		ts, err := store.List(ctx, task.ListQuery{State: task.StateSucceeded})
