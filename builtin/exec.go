@@ -297,6 +297,12 @@ func guardStatus(status string, waitErr error) error {
 		return fmt.Errorf("signal: %s", syscall.Signal(n))
 	case "start":
 		return errors.New(detail)
+	case "leaseout":
+		// Killed for safety, not failed: the worker could not renew in
+		// time (frozen, or its store slow), so a peer may take the task.
+		// The attempt is given back without spending a retry; if the
+		// lease really was lost, that write is refused anyway.
+		return fmt.Errorf("stopped when its lease ran out with no renewal: %w", consumer.Snooze(0))
 	}
 	if waitErr != nil {
 		return fmt.Errorf("guard: %w", waitErr)

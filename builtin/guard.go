@@ -32,7 +32,8 @@ func GuardMain() {
 // "lease MS" (the lease the worker may count on, in milliseconds) or
 // "nolease"; then "lease MS" again as it renews, "term MS" (SIGTERM now,
 // SIGKILL after MS) or "kill". The guard writes one status line on fd 3:
-// "exit CODE", "signal NUMBER" or "start ERROR". It makes itself a child
+// "exit CODE", "signal NUMBER", "start ERROR" or "leaseout" (killed when the
+// lease ran out). It makes itself a child
 // subreaper, so every descendant of the program stays its descendant, and
 // kills them all when stdin ends (the worker died), when the lease runs out
 // by its own monotonic clock with no renewal (the worker is frozen), on
@@ -87,6 +88,7 @@ type guard struct {
 	lines    <-chan string
 	deadline *time.Timer // the lease the worker last reported
 	pgid     int
+	leaseOut bool // the program was killed because that lease ran out
 }
 
 func (g *guard) report(format string, args ...any) {
@@ -151,6 +153,7 @@ func (g *guard) supervise(exited <-chan struct{}) {
 				graceTimer = time.After(grace)
 			}
 		case <-g.deadline.C:
+			g.leaseOut = true
 			g.killAll("the lease ran out with no renewal from the worker")
 		case <-graceTimer:
 			g.killAll("the program outlived its grace period after SIGTERM")
@@ -187,6 +190,8 @@ func (g *guard) control(line string) (time.Duration, bool) {
 func (g *guard) reportExit(waitErr error) {
 	var ee *exec.ExitError
 	switch {
+	case g.leaseOut:
+		g.report("leaseout")
 	case waitErr == nil:
 		g.report("exit 0")
 	case errors.As(waitErr, &ee):
