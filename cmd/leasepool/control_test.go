@@ -47,4 +47,8 @@ func TestPauseAndLimitCommands(t *testing.T) {
 	if out := c.must("limit", "ls"); strings.Contains(out, "device") || !strings.Contains(out, "kind:mail") {
 		t.Errorf("limit ls after rm:\n%s", out)
 	}
+	// The doorbell every control write touches is not a task to list.
+	if out := c.must("ls", "--json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("ls after control writes = %s, want no tasks", out)
+	}
 }
