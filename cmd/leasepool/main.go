@@ -150,7 +150,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		},
 		Commands: []*cli.Command{
 			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
-			demoCommand(), benchCommand(),
+			demoCommand(), benchCommand(), scheduleCommand(),
 			deviceCommand(), devicesCommand(openStoreReadOnly),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints the one-line error
@@ -261,10 +261,17 @@ func interspersed(app *cli.App, args []string) []string {
 		return append([]string{args[0]}, global...)
 	}
 	cmd := app.Command(args[i])
-	name := args[i]
+	names := []string{args[i]}
 	i++
+	// One level of subcommands (schedule add NAME --cron ...).
+	if cmd != nil && len(cmd.Subcommands) > 0 && i < len(args) {
+		if sub := cmd.Command(args[i]); sub != nil && len(sub.Subcommands) == 0 {
+			cmd, names = sub, append(names, args[i])
+			i++
+		}
+	}
 	if cmd == nil || len(cmd.Subcommands) > 0 {
-		return append(append(append([]string{args[0]}, global...), name), args[i:]...)
+		return append(append(append([]string{args[0]}, global...), names...), args[i:]...)
 	}
 	var flags, positional []string
 	for ; i < len(args); i++ {
@@ -289,7 +296,7 @@ func interspersed(app *cli.App, args []string) []string {
 			positional = append(positional, tok)
 		}
 	}
-	out := append(append([]string{args[0]}, global...), name)
+	out := append(append([]string{args[0]}, global...), names...)
 	out = append(out, flags...)
 	return append(append(out, "--"), positional...)
 }

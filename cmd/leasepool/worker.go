@@ -115,6 +115,12 @@ func workerCommand() *cli.Command {
 			if err := w.Start(context.WithoutCancel(c.Context)); err != nil {
 				return err
 			}
+			// Every worker publishes the schedules' due slots: no leader.
+			stopSchedules, err := startScheduleRunner(c, s)
+			if err != nil {
+				return err
+			}
+			defer stopSchedules()
 			<-c.Context.Done() // SIGINT or SIGTERM
 			slog.Info("shutting down: finishing running tasks", slog.Duration("timeout", c.Duration("shutdown-timeout")))
 			return w.Stop(context.Background())
