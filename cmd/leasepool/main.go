@@ -150,7 +150,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		},
 		Commands: []*cli.Command{
 			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
-			demoCommand(), benchCommand(), scheduleCommand(),
+			demoCommand(), benchCommand(), scheduleCommand(), retentionCommand(),
 			deviceCommand(), devicesCommand(openStoreReadOnly),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints the one-line error

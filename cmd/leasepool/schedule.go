@@ -12,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -185,9 +186,11 @@ func stamp(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-// startScheduleRunner starts the schedule runner of `leasepool worker`.
+// startScheduleRunner starts the schedule runner of `leasepool worker`,
+// with the retention maintenance task as a built-in schedule.
 func startScheduleRunner(c *cli.Context, s task.Store) (stop func(), err error) {
-	r, err := schedule.NewRunner(schedule.RunnerConfig{Store: s, Logger: slog.Default()})
+	r, err := schedule.NewRunner(schedule.RunnerConfig{Store: s, Logger: slog.Default(),
+		Builtin: []schedule.Schedule{retention.Schedule(c.Duration("retention-every"))}})
 	if err != nil {
 		return nil, err
 	}

@@ -21,27 +21,7 @@ func (s suite) deleteFinished(t *testing.T) {
 	ctx := ctxFor(t)
 	old := time.Now().Add(-time.Hour).UTC().Truncate(time.Millisecond)
 	recent := time.Now().UTC().Truncate(time.Millisecond)
-	finish := func(key string, state task.State, at time.Time) {
-		t.Helper()
-		mustInsert(t, st, newTask(t, key, "k", at.Add(-time.Second), task.Options{MaxUnexpectedRetries: task.NoRetries}))
-		mustModify(t, st, key, func(tk *task.Task) error {
-			switch state {
-			case task.StateCancelled:
-				return tk.Cancel(at)
-			case task.StateRunning:
-				tk.Claim(task.Holder{WorkerID: "w", Instance: "i"}, at)
-				return nil
-			case task.StatePending:
-				tk.Recompute(at)
-				return nil
-			}
-			h := tk.Claim(task.Holder{WorkerID: "w", Instance: "i"}, at)
-			if state == task.StateFailed {
-				return tk.Fail(h, "boom", time.Time{}, at)
-			}
-			return tk.Succeed(h, at)
-		})
-	}
+	finish := func(key string, state task.State, at time.Time) { t.Helper(); PutTask(t, st, key, "k", state, at) }
 	for i := range 5 {
 		finish(fmt.Sprintf("old-ok-%d", i), task.StateSucceeded, old)
 	}
@@ -121,4 +101,41 @@ func (s suite) deleteRecord(t *testing.T) {
 	if len(got) != 1 || got[0].ID != "b" {
 		t.Errorf("Records after delete = %+v, want only b", got)
 	}
+}
+
+// PutTask inserts a task of key and kind and writes it into state as of at
+// (its updated_at): pending, running (claimed at at by worker "w", so its
+// lease has ended when at is long past), succeeded, failed or cancelled.
+// Retention tests use it to make old tasks.
+func PutTask(t testing.TB, st task.Store, key, kind string, state task.State, at time.Time) *task.Task {
+	t.Helper()
+	tk, err := task.NewTask(task.PublishParams{Key: key, Kind: kind, Options: task.Options{
+		RunAt: at.Add(-time.Second), MaxUnexpectedRetries: task.NoRetries}}, at.Add(-time.Second))
+	if err != nil {
+		t.Fatalf("NewTask %s: %v", key, err)
+	}
+	if _, inserted, err := st.Insert(context.Background(), tk); err != nil || !inserted {
+		t.Fatalf("Insert %s: inserted=%v err=%v", key, inserted, err)
+	}
+	got, err := task.Modify(context.Background(), st, key, func(tk *task.Task) error {
+		switch state {
+		case task.StateCancelled:
+			return tk.Cancel(at)
+		case task.StatePending:
+			tk.Recompute(at)
+			return nil
+		}
+		h := tk.Claim(task.Holder{WorkerID: "w", Instance: "i"}, at)
+		switch state {
+		case task.StateFailed:
+			return tk.Fail(h, "boom", time.Time{}, at)
+		case task.StateSucceeded:
+			return tk.Succeed(h, at)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("PutTask %s %s: %v", key, state, err)
+	}
+	return got
 }

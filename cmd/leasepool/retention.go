@@ -1,0 +1,89 @@
+package main
+
+// `leasepool retention show|set`: how long finished tasks are kept
+// (package retention); every worker runs the maintenance task's handler.
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leasepool/leasepool/retention"
+	"github.com/leasepool/leasepool/task"
+)
+
+func retentionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "retention",
+		Usage: "how long finished tasks are kept before the maintenance task deletes them",
+		Subcommands: []*cli.Command{
+			{
+				Name: "show", Usage: "print the stored policy (the defaults when none is stored)",
+				Action: func(c *cli.Context) error {
+					s, err := openStoreReadOnly(c)
+					if err != nil {
+						return err
+					}
+					defer s.Close()
+					p, err := retention.Get(c.Context, s)
+					if err != nil {
+						return err
+					}
+					printPolicy(c, p)
+					return nil
+				},
+			},
+			{
+				Name: "set", Usage: "store the policy every worker applies from its next run",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "succeeded", Usage: "keep succeeded tasks this long; -1 keeps them forever", DefaultText: "unchanged"},
+					&cli.StringFlag{Name: "failed", Usage: "keep failed tasks this long; -1 keeps them forever", DefaultText: "unchanged"},
+					&cli.StringFlag{Name: "cancelled", Usage: "keep cancelled tasks this long; -1 keeps them forever", DefaultText: "unchanged"},
+				},
+				Action: retentionSet,
+			},
+		},
+	}
+}
+
+func retentionSet(c *cli.Context) error {
+	s, err := openStore(c, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	p, err := retention.Get(c.Context, s)
+	if err != nil {
+		return err
+	}
+	for name, dst := range map[string]*task.Duration{"succeeded": &p.Succeeded, "failed": &p.Failed, "cancelled": &p.Cancelled} {
+		if !c.IsSet(name) {
+			continue
+		}
+		if c.String(name) == "-1" {
+			*dst = retention.Forever
+			continue
+		}
+		d, err := time.ParseDuration(c.String(name))
+		if err != nil || d <= 0 {
+			return badFlag(c, name, "%q: want a positive duration (24h, 168h) or -1 to keep forever", c.String(name))
+		}
+		*dst = task.Duration(d)
+	}
+	if err := retention.Set(c.Context, s, p); err != nil {
+		return err
+	}
+	printPolicy(c, p)
+	return nil
+}
+
+func printPolicy(c *cli.Context, p retention.Policy) {
+	spell := func(d task.Duration) string {
+		if d == retention.Forever {
+			return "forever"
+		}
+		return time.Duration(d).String()
+	}
+	fmt.Fprintf(c.App.Writer, "succeeded %s, failed %s, cancelled %s\n", spell(p.Succeeded), spell(p.Failed), spell(p.Cancelled))
+}
