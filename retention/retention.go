@@ -47,31 +47,49 @@ const (
 const Forever = task.Duration(-1)
 
 // Policy is how long finished tasks are kept, by state, after their last
-// write (updated_at: when they finished or were cancelled).
+// write (updated_at: when they finished or were cancelled), and how long
+// the state of a device not heard from is kept.
 type Policy struct {
 	Succeeded task.Duration `json:"succeeded"`
 	Failed    task.Duration `json:"failed"`
 	Cancelled task.Duration `json:"cancelled"`
+	// DeviceStates bounds the device-state records (mqttdev) by when the
+	// device was last seen. Zero (a policy stored before it existed) means
+	// the default.
+	DeviceStates task.Duration `json:"device_states,omitempty"`
 }
 
-// DefaultPolicy keeps failures a week for inspection and the rest a day.
+// DefaultPolicy keeps failures a week for inspection and the rest a day;
+// a device unseen for 30 days is forgotten.
 var DefaultPolicy = Policy{
-	Succeeded: task.Duration(24 * time.Hour),
-	Failed:    task.Duration(7 * 24 * time.Hour),
-	Cancelled: task.Duration(24 * time.Hour),
+	Succeeded:    task.Duration(24 * time.Hour),
+	Failed:       task.Duration(7 * 24 * time.Hour),
+	Cancelled:    task.Duration(24 * time.Hour),
+	DeviceStates: task.Duration(30 * 24 * time.Hour),
 }
+
+// DeviceStateKind is the record kind mqttdev keeps device states under
+// (tests/retention_test.go checks that the two agree).
+const DeviceStateKind = "device-state"
 
 // Validate accepts a positive period or Forever in each field.
 func (p Policy) Validate() error {
 	for _, f := range []struct {
 		name string
 		d    task.Duration
-	}{{"succeeded", p.Succeeded}, {"failed", p.Failed}, {"cancelled", p.Cancelled}} {
+	}{{"succeeded", p.Succeeded}, {"failed", p.Failed}, {"cancelled", p.Cancelled}, {"device_states", p.withDefaults().DeviceStates}} {
 		if f.d <= 0 && f.d != Forever {
 			return fmt.Errorf("%w: %s: %s: want a positive period, or -1 to keep forever", task.ErrInvalid, f.name, time.Duration(f.d))
 		}
 	}
 	return nil
+}
+
+func (p Policy) withDefaults() Policy {
+	if p.DeviceStates == 0 {
+		p.DeviceStates = DefaultPolicy.DeviceStates
+	}
+	return p
 }
 
 // keep returns the period for state and whether it is bounded.
@@ -159,14 +177,15 @@ func Register(mux *consumer.Mux, cfg Config) error {
 		if n.Total() > 0 || err != nil {
 			cfg.Logger.Info("retention: deleted finished tasks", slog.String("task", job.Task.Key),
 				slog.Int("succeeded", n[task.StateSucceeded]), slog.Int("failed", n[task.StateFailed]),
-				slog.Int("cancelled", n[task.StateCancelled]), slog.Any("err", err))
+				slog.Int("cancelled", n[task.StateCancelled]), slog.Int("device_states", n[task.State(DeviceStateKind)]), slog.Any("err", err))
 		}
 		return err
 	})
 	return nil
 }
 
-// Counts is how many tasks a run deleted, by state.
+// Counts is how many tasks a run deleted, by state, and how many device
+// states (under task.State(DeviceStateKind)).
 type Counts map[task.State]int
 
 // Total is the sum over states.
@@ -212,6 +231,36 @@ func Run(ctx context.Context, cfg Config) (Counts, error) {
 				break
 			}
 		}
+	}
+	devices, err := deleteDeviceStates(ctx, cfg.Store, time.Duration(p.withDefaults().DeviceStates), now, budget)
+	if devices > 0 {
+		n[task.State(DeviceStateKind)] = devices
+	}
+	return n, err
+}
+
+// deleteDeviceStates deletes the device-state records last seen more than
+// keep ago. A device heard from between the read and the delete loses its
+// record until its next status message puts it again.
+func deleteDeviceStates(ctx context.Context, s task.Store, keep time.Duration, now time.Time, budget int) (int, error) {
+	rs, ok := s.(task.RecordStore)
+	rd, ok2 := s.(task.RecordDeleter)
+	if keep <= 0 || !ok || !ok2 {
+		return 0, nil
+	}
+	recs, err := rs.Records(ctx, DeviceStateKind)
+	if err != nil {
+		return 0, fmt.Errorf("retention: device states: %w", err)
+	}
+	n := 0
+	for _, r := range recs {
+		if n >= budget || !r.At.Before(now.Add(-keep)) {
+			continue
+		}
+		if err := rd.DeleteRecord(ctx, DeviceStateKind, r.ID); err != nil {
+			return n, fmt.Errorf("retention: device states: %w", err)
+		}
+		n++
 	}
 	return n, nil
 }

@@ -42,12 +42,21 @@ func TestRun(t *testing.T) {
 	put("running-old", task.StateRunning, 30*day, false) // its lease ran out long ago: still not finished
 	put("running", task.StateRunning, 0, false)
 
+	for id, seen := range map[string]time.Duration{"gone": 31 * day, "kept": 29 * day} {
+		if err := s.PutRecord(ctx, task.Record{Kind: retention.DeviceStateKind, ID: id, Value: []byte(`{}`), At: now.Add(-seen)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	n, err := retention.Run(ctx, retention.Config{Store: s, Batch: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n[task.StateSucceeded] != 7 || n[task.StateFailed] != 1 || n[task.StateCancelled] != 1 {
-		t.Errorf("Run deleted %v, want 7 succeeded, 1 failed, 1 cancelled", n)
+	if n[task.StateSucceeded] != 7 || n[task.StateFailed] != 1 || n[task.StateCancelled] != 1 || n[retention.DeviceStateKind] != 1 {
+		t.Errorf("Run deleted %v, want 7 succeeded, 1 failed, 1 cancelled, 1 device state", n)
+	}
+	if recs, err := s.Records(ctx, retention.DeviceStateKind); err != nil || len(recs) != 1 || recs[0].ID != "kept" {
+		t.Errorf("device states after Run: %+v, %v (want only the one seen 29 days ago)", recs, err)
 	}
 	for key, deleted := range gone {
 		_, err := s.Get(ctx, key)
@@ -83,6 +92,7 @@ func TestPolicyValidate(t *testing.T) {
 		{Succeeded: 0, Failed: 1, Cancelled: 1},
 		{Succeeded: 1, Failed: -2, Cancelled: 1},
 		{Succeeded: 1, Failed: 1, Cancelled: task.Duration(-time.Hour)},
+		{Succeeded: 1, Failed: 1, Cancelled: 1, DeviceStates: -5},
 	} {
 		err := p.Validate()
 		if !errors.Is(err, task.ErrInvalid) || strings.Contains(err.Error(), "\n") {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -110,4 +111,21 @@ func checkMaintenanceRuns(t *testing.T, store task.Store) {
 		t.Errorf("only %d of %d maintenance runs succeeded", succeeded, len(ts))
 	}
 	t.Logf("%d maintenance occurrences, %d succeeded", len(ts), succeeded)
+}
+
+// TestDeviceStateKindAgrees checks that retention bounds the records that
+// mqttdev keeps device states in (retention does not import mqttdev).
+func TestDeviceStateKindAgrees(t *testing.T) {
+	store, err := sqlitestore.Open(t.Context(), filepath.Join(t.TempDir(), "store.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := mqttdev.StoreStates(store).PutDeviceState(t.Context(), mqttdev.DeviceState{ID: "pump-7", SeenAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := store.Records(t.Context(), retention.DeviceStateKind)
+	if err != nil || len(recs) != 1 || recs[0].ID != "pump-7" {
+		t.Errorf("Records(%q) = %+v, %v: mqttdev keeps device states elsewhere", retention.DeviceStateKind, recs, err)
+	}
 }

@@ -40,6 +40,7 @@ func retentionCommand() *cli.Command {
 					&cli.StringFlag{Name: "succeeded", Usage: "keep succeeded tasks this long; -1 keeps them forever", DefaultText: "unchanged"},
 					&cli.StringFlag{Name: "failed", Usage: "keep failed tasks this long; -1 keeps them forever", DefaultText: "unchanged"},
 					&cli.StringFlag{Name: "cancelled", Usage: "keep cancelled tasks this long; -1 keeps them forever", DefaultText: "unchanged"},
+					&cli.StringFlag{Name: "device-states", Usage: "keep the state of a device not seen for this long; -1 keeps it forever", DefaultText: "unchanged"},
 				},
 				Action: retentionSet,
 			},
@@ -47,7 +48,24 @@ func retentionCommand() *cli.Command {
 	}
 }
 
+// retentionSet reads every flag before it opens the store, so bad input
+// writes nothing, then changes the fields given.
 func retentionSet(c *cli.Context) error {
+	given := map[string]task.Duration{}
+	for _, name := range []string{"succeeded", "failed", "cancelled", "device-states"} {
+		if !c.IsSet(name) {
+			continue
+		}
+		if c.String(name) == "-1" {
+			given[name] = retention.Forever
+			continue
+		}
+		d, err := time.ParseDuration(c.String(name))
+		if err != nil || d <= 0 {
+			return badFlag(c, name, "%q: want a positive duration (24h, 168h) or -1 to keep forever", c.String(name))
+		}
+		given[name] = task.Duration(d)
+	}
 	s, err := openStore(c, false)
 	if err != nil {
 		return err
@@ -57,19 +75,9 @@ func retentionSet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	for name, dst := range map[string]*task.Duration{"succeeded": &p.Succeeded, "failed": &p.Failed, "cancelled": &p.Cancelled} {
-		if !c.IsSet(name) {
-			continue
-		}
-		if c.String(name) == "-1" {
-			*dst = retention.Forever
-			continue
-		}
-		d, err := time.ParseDuration(c.String(name))
-		if err != nil || d <= 0 {
-			return badFlag(c, name, "%q: want a positive duration (24h, 168h) or -1 to keep forever", c.String(name))
-		}
-		*dst = task.Duration(d)
+	fields := map[string]*task.Duration{"succeeded": &p.Succeeded, "failed": &p.Failed, "cancelled": &p.Cancelled, "device-states": &p.DeviceStates}
+	for name, d := range given {
+		*fields[name] = d
 	}
 	if err := retention.Set(c.Context, s, p); err != nil {
 		return err
@@ -85,5 +93,10 @@ func printPolicy(c *cli.Context, p retention.Policy) {
 		}
 		return time.Duration(d).String()
 	}
-	fmt.Fprintf(c.App.Writer, "succeeded %s, failed %s, cancelled %s\n", spell(p.Succeeded), spell(p.Failed), spell(p.Cancelled))
+	devices := p.DeviceStates
+	if devices == 0 {
+		devices = retention.DefaultPolicy.DeviceStates
+	}
+	fmt.Fprintf(c.App.Writer, "succeeded %s, failed %s, cancelled %s, device states %s\n",
+		spell(p.Succeeded), spell(p.Failed), spell(p.Cancelled), spell(devices))
 }
