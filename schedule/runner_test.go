@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -43,14 +42,9 @@ func slotsOf(t *testing.T, s task.Store, name string) []time.Time {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prefix := schedule.KeyPrefix + name + ":"
 	var out []time.Time
 	for _, tk := range ts {
-		if rest, ok := strings.CutPrefix(tk.Key, prefix); ok {
-			at, err := time.Parse(time.RFC3339Nano, rest)
-			if err != nil {
-				t.Fatalf("key %s: %v", tk.Key, err)
-			}
+		if at, ok := schedule.SlotOf(name, tk.Key); ok {
 			if tk.RunAt.Before(at) { // later when published late (catch-up)
 				t.Errorf("task %s runs at %s, before its slot", tk.Key, tk.RunAt)
 			}

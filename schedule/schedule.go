@@ -68,6 +68,20 @@ func Key(name string, slot time.Time) string {
 	return KeyPrefix + name + ":" + slot.UTC().Format(slotFormat)
 }
 
+// SlotOf returns the slot of key when key is an occurrence of the schedule
+// name (see Key).
+func SlotOf(name, key string) (time.Time, bool) {
+	rest, ok := strings.CutPrefix(key, KeyPrefix+name+":")
+	if !ok {
+		return time.Time{}, false
+	}
+	slot, err := time.Parse(slotFormat, rest)
+	if err != nil || Key(name, slot) != key {
+		return time.Time{}, false
+	}
+	return slot.UTC(), true
+}
+
 // CatchUpMode is a catch-up policy's kind.
 type CatchUpMode string
 

@@ -15,7 +15,7 @@ import (
 // DowOrDom keeps crontab(5)'s rule (as Vixie cron and cronie apply it):
 // when both day-of-month and day-of-week are restricted a day matching
 // either fires; a field starting with * counts as unrestricted.
-var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom |
+var cronParser = cron.MustNewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom |
 	cron.Month | cron.Dow | cron.Descriptor | cron.DowOrDom)
 
 // timetable names a schedule's slots.

@@ -83,8 +83,17 @@ func TestIntervalSlots(t *testing.T) {
 }
 
 func TestKey(t *testing.T) {
-	if k := Key("nightly", utc("2026-01-01T00:00:00Z").In(time.FixedZone("x", 3600))); k != "sched:nightly:2026-01-01T00:00:00Z" {
+	slot := utc("2026-01-01T00:00:00Z")
+	if k := Key("nightly", slot.In(time.FixedZone("x", 3600))); k != "sched:nightly:2026-01-01T00:00:00Z" {
 		t.Errorf("Key = %q", k)
+	}
+	if got, ok := SlotOf("nightly", "sched:nightly:2026-01-01T00:00:00Z"); !ok || !got.Equal(slot) {
+		t.Errorf("SlotOf = %s, %v", got, ok)
+	}
+	for _, key := range []string{"sched:nightly:2026-01-01T01:00:00+01:00", "sched:night:2026-01-01T00:00:00Z", "nightly", "sched:nightly:x"} {
+		if _, ok := SlotOf("nightly", key); ok {
+			t.Errorf("SlotOf(nightly, %q) accepted it", key)
+		}
 	}
 }
 

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -101,9 +100,9 @@ func TestScheduleEverySecondUnderKills(t *testing.T) {
 	}
 }
 
-// occurrences returns the schedule's tasks by slot (Unix seconds). Keys are unique in the
-// store, so a slot can only ever be one task; the key must also parse back
-// to exactly one slot.
+// occurrences returns the schedule's tasks by slot (Unix seconds). Keys
+// are unique in the store and SlotOf accepts only the one spelling of a
+// slot, so a slot can only ever be one task.
 func occurrences(t *testing.T, s task.Store, name string) map[int64]*task.Task {
 	t.Helper()
 	ts, err := s.List(t.Context(), task.ListQuery{})
@@ -112,13 +111,9 @@ func occurrences(t *testing.T, s task.Store, name string) map[int64]*task.Task {
 	}
 	out := map[int64]*task.Task{}
 	for _, tk := range ts {
-		rest, ok := strings.CutPrefix(tk.Key, schedule.KeyPrefix+name+":")
+		at, ok := schedule.SlotOf(name, tk.Key)
 		if !ok {
 			continue
-		}
-		at, err := time.Parse(time.RFC3339Nano, rest)
-		if err != nil {
-			t.Fatalf("key %s: %v", tk.Key, err)
 		}
 		if at.Nanosecond() != 0 || out[at.Unix()] != nil {
 			t.Errorf("slot %s: not a whole second, or published twice (%s)", at, tk.Key)
