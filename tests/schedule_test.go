@@ -58,24 +58,7 @@ func TestScheduleEverySecondUnderKills(t *testing.T) {
 	// The window: whole seconds after the workers had time to start, up to
 	// the end. Slots are checked in it; outside it they may or may not be.
 	from, to := start.Add(2*time.Second).Truncate(time.Second), end.Add(-time.Second).Truncate(time.Second)
-	var tasks map[int64]*task.Task
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		tasks = occurrences(t, store, "tick")
-		var waiting []string
-		for at := from; !at.After(to); at = at.Add(time.Second) {
-			if tk := tasks[at.Unix()]; tk == nil {
-				waiting = append(waiting, at.Format(time.TimeOnly)+" missing")
-			} else if !tk.State.Finished() {
-				waiting = append(waiting, at.Format(time.TimeOnly)+" "+string(tk.State))
-			}
-		}
-		if len(waiting) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("window %s..%s: slots not finished 30s after the end: %v", from.Format(time.TimeOnly), to.Format(time.TimeOnly), waiting)
-		}
-	}
+	tasks := waitFinished(t, store, "tick", from, to)
 	retried := 0
 	for at := from; !at.After(to); at = at.Add(time.Second) {
 		tk := tasks[at.Unix()]
@@ -97,6 +80,29 @@ func TestScheduleEverySecondUnderKills(t *testing.T) {
 		n, from.Format(time.TimeOnly), to.Format(time.TimeOnly), retried, len(tasks))
 	if n < 25 {
 		t.Errorf("window of %d slots, want about 28", n)
+	}
+}
+
+// waitFinished waits until every slot of name in [from, to] has a
+// finished task, and returns the tasks by slot.
+func waitFinished(t *testing.T, store task.Store, name string, from, to time.Time) map[int64]*task.Task {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		tasks := occurrences(t, store, name)
+		var waiting []string
+		for at := from; !at.After(to); at = at.Add(time.Second) {
+			if tk := tasks[at.Unix()]; tk == nil {
+				waiting = append(waiting, at.Format(time.TimeOnly)+" missing")
+			} else if !tk.State.Finished() {
+				waiting = append(waiting, at.Format(time.TimeOnly)+" "+string(tk.State))
+			}
+		}
+		if len(waiting) == 0 {
+			return tasks
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("window %s..%s: slots not finished 30s after the end: %v", from.Format(time.TimeOnly), to.Format(time.TimeOnly), waiting)
+		}
 	}
 }
 

@@ -5,11 +5,15 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/retention"
+	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -99,4 +103,25 @@ func printPolicy(c *cli.Context, p retention.Policy) {
 	}
 	fmt.Fprintf(c.App.Writer, "succeeded %s, failed %s, cancelled %s, device states %s\n",
 		spell(p.Succeeded), spell(p.Failed), spell(p.Cancelled), spell(devices))
+}
+
+// retentionEveryFlag is `leasepool worker --retention-every`.
+func retentionEveryFlag() cli.Flag {
+	return &cli.DurationFlag{Name: "retention-every", Value: retention.DefaultEvery,
+		Usage: "how often the maintenance task deleting old finished tasks runs (see leasepool retention); use the same on every worker",
+		Action: func(c *cli.Context, every time.Duration) error {
+			if every < schedule.MinEvery {
+				return badFlag(c, "retention-every", "must be at least %s, got %s", schedule.MinEvery, every)
+			}
+			return nil
+		}}
+}
+
+// addMaintenance lets `leasepool worker` run the maintenance task: it
+// registers its handler on mux and returns kinds with its kind.
+func addMaintenance(c *cli.Context, mux *consumer.Mux, s task.Store, kinds []string) ([]string, error) {
+	if err := retention.Register(mux, retention.Config{Store: s, Logger: slog.Default()}); err != nil {
+		return nil, err
+	}
+	return append(slices.Clone(kinds), retention.Kind), nil
 }

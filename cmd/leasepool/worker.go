@@ -13,8 +13,6 @@ import (
 	"github.com/leasepool/leasepool/builtin"
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/retention"
-	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -44,8 +42,7 @@ func workerCommand() *cli.Command {
 					"longer lets more tasks finish, but a stopped worker then hands its tasks over later than a crashed one would (after worker_timeout)"},
 			&cli.DurationFlag{Name: "kill-grace", Value: builtin.DefaultKillGrace,
 				Usage: "on shutdown, how long an exec program has between SIGTERM and SIGKILL (lease loss and cancel kill at once)"},
-			&cli.DurationFlag{Name: "retention-every", Value: retention.DefaultEvery,
-				Usage: "how often the maintenance task deleting old finished tasks runs (see leasepool retention); use the same on every worker"},
+			retentionEveryFlag(),
 		},
 		Action: func(c *cli.Context) error {
 			if c.Int("concurrency") < 1 {
@@ -73,11 +70,6 @@ func workerCommand() *cli.Command {
 			if len(kinds) == 0 {
 				kinds = known
 			}
-			// Every worker may take the maintenance task (retention).
-			kinds = append(slices.Clone(kinds), retention.Kind)
-			if c.Duration("retention-every") < schedule.MinEvery {
-				return fmt.Errorf("--retention-every: must be at least %s, got %s", schedule.MinEvery, c.Duration("retention-every"))
-			}
 			if c.String("id") != "" {
 				if err := task.ValidateName("--id", c.String("id")); err != nil {
 					return err
@@ -97,7 +89,7 @@ func workerCommand() *cli.Command {
 				return err
 			}
 			defer s.Close()
-			if err := retention.Register(mux, retention.Config{Store: s, Logger: slog.Default()}); err != nil {
+			if kinds, err = addMaintenance(c, mux, s, kinds); err != nil {
 				return err
 			}
 			w, err := consumer.New(consumer.Config{
