@@ -3,12 +3,15 @@ package schedule_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
@@ -106,11 +109,36 @@ func TestAPI(t *testing.T) {
 }
 
 // TestRunnersShareSlots runs two runners on two handles of one store (as
-// two processes would): every second of the window is published once, a
-// pause stops publishing and a resume restarts it.
+// two processes would), on each backend: every second of the window is
+// published once, a pause stops publishing and a resume restarts it.
 func TestRunnersShareSlots(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.db")
-	s1, s2 := openStore(t, path), openStore(t, path)
+	t.Parallel()
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "s.db")
+		runnersShareSlots(t, openStore(t, path), openStore(t, path))
+	})
+	t.Run("mongodb", func(t *testing.T) {
+		t.Parallel()
+		uri := testservers.MongoURI(t)
+		db := fmt.Sprintf("lp_sched_%d", time.Now().UnixNano()%1e12)
+		s1, s2 := openMongo(t, uri, db), openMongo(t, uri, db)
+		t.Cleanup(func() { s1.Database().Drop(context.Background()) })
+		runnersShareSlots(t, s1, s2)
+	})
+}
+
+func openMongo(t *testing.T, uri, db string) *mongostore.Store {
+	t.Helper()
+	s, err := mongostore.Open(t.Context(), uri, &mongostore.Config{Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func runnersShareSlots(t *testing.T, s1, s2 task.Store) {
 	if _, err := schedule.Add(t.Context(), s1, schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
 		CatchUp: schedule.CatchUp{Mode: schedule.CatchUpNone}, Template: schedule.Template{Kind: "noop"}}, false); err != nil {
 		t.Fatal(err)
@@ -148,6 +176,7 @@ func TestRunnersShareSlots(t *testing.T) {
 // TestCatchUpAfterOutage stops every runner for longer than Late, then
 // starts one: catch_up all:2 publishes exactly the latest two missed slots.
 func TestCatchUpAfterOutage(t *testing.T) {
+	t.Parallel()
 	s := openStore(t, filepath.Join(t.TempDir(), "s.db"))
 	if _, err := schedule.Add(t.Context(), s, schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
 		CatchUp: schedule.CatchUp{Mode: schedule.CatchUpAll, N: 2}, Template: schedule.Template{Kind: "noop"}}, false); err != nil {
