@@ -75,18 +75,43 @@ func (s *Schedule) timetable() (timetable, error) {
 	if spec.Next(time.Now()).IsZero() {
 		return nil, invalid("cron", fmt.Sprintf("%q matches no time in the next years", s.Cron))
 	}
-	return utcTimetable{spec}, nil
+	return cronTimetable{spec: spec, fixedHour: spec.Hour&starBit == 0}, nil
 }
 
-// utcTimetable returns slots in UTC, as keys spell them.
-type utcTimetable struct{ cron.Schedule }
+// starBit marks a cron field given as * (go-cron's encoding).
+const starBit = 1 << 63
 
-func (u utcTimetable) Next(t time.Time) time.Time {
-	n := u.Schedule.Next(t)
-	if n.IsZero() {
-		return n
+// cronTimetable returns slots in UTC, as keys spell them. When clocks go
+// back, an expression with fixed hours (30 2 * * *) runs at the first of
+// the two instants of a repeated local time only, as cron(8) does; one
+// whose hour is * runs through both passes.
+type cronTimetable struct {
+	spec      *cron.SpecSchedule
+	fixedHour bool
+}
+
+func (c cronTimetable) Next(t time.Time) time.Time {
+	for {
+		n := c.spec.Next(t)
+		if n.IsZero() || !c.fixedHour || !c.repeated(n) {
+			return n.UTC()
+		}
+		t = n
 	}
-	return n.UTC()
+}
+
+// repeated reports whether n's local time already happened earlier the
+// same night: the zone's offset dropped in the hours before n, and n minus
+// the drop reads the same on the clock.
+func (c cronTimetable) repeated(n time.Time) bool {
+	loc := c.spec.Location
+	_, now := n.In(loc).Zone()
+	_, before := n.Add(-3 * time.Hour).In(loc).Zone()
+	if before <= now {
+		return false
+	}
+	earlier := n.Add(-time.Duration(before-now) * time.Second)
+	return earlier.In(loc).Format(time.DateTime) == n.In(loc).Format(time.DateTime)
 }
 
 // Window is what a runner knows when it decides what to publish.

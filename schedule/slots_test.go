@@ -53,8 +53,12 @@ func TestCronSlots(t *testing.T) {
 			[]string{"2026-03-28T08:30:00Z", "2026-03-29T07:30:00Z"}},
 		{"a local time skipped by DST runs an hour later (02:30 CET is 03:30 CEST)", "30 2 * * *", "Europe/Berlin", utc("2026-03-28T12:00:00Z"),
 			[]string{"2026-03-29T01:30:00Z", "2026-03-30T00:30:00Z"}},
-		{"a local time repeated by DST is two instants: both are slots", "30 2 * * *", "Europe/Berlin", utc("2026-10-24T12:00:00Z"),
-			[]string{"2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z", "2026-10-26T01:30:00Z"}},
+		{"a local time repeated by DST runs at its first instant only", "30 2 * * *", "Europe/Berlin", utc("2026-10-24T12:00:00Z"),
+			[]string{"2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"}},
+		{"with * hours both passes of the repeated hour run", "30 * * * *", "Europe/Berlin", utc("2026-10-24T23:59:00Z"),
+			[]string{"2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z", "2026-10-25T02:30:00Z"}},
+		{"the hour after the repeated one is not a repeat", "30 3 * * *", "Europe/Berlin", utc("2026-10-24T12:00:00Z"),
+			[]string{"2026-10-25T02:30:00Z"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := &Schedule{Cron: c.cron, TZ: c.tz}
