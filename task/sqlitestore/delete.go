@@ -6,20 +6,25 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 
 	"github.com/leasepool/leasepool/task"
 )
 
 var _ task.RecordDeleter = (*Store)(nil)
 
-// deleteFinished selects and deletes in one statement inside the writer's
-// transaction, so the state and age checked are those of the row deleted.
-// updated_at lives in the JSON document; unixepoch(..., 'subsec') reads
-// its RFC 3339 text (string order would misplace fractional seconds).
-const deleteFinished = `DELETE FROM tasks WHERE seq IN (
-	SELECT seq FROM tasks
-	WHERE state = ? AND unixepoch(json_extract(doc, '$.updated_at'), 'subsec') < ?
-	ORDER BY seq LIMIT ?)`
+// oldFinished finds candidates, oldest first, through the index
+// tasks_state_updated (on the same expression), on the read connections so
+// that it never holds the write lock; the delete then checks state and age
+// again on those rows, inside the writer's transaction, so what it deletes
+// is still old and finished. updated_at is RFC 3339 text: unixepoch(...,
+// 'subsec') compares it as a time (string order would misplace fractional
+// seconds).
+const (
+	age         = `unixepoch(json_extract(doc, '$.updated_at'), 'subsec')`
+	oldFinished = `SELECT seq FROM tasks WHERE state = ? AND ` + age + ` < ? ORDER BY ` + age + ` LIMIT ?`
+	deleteIfOld = `DELETE FROM tasks WHERE state = ? AND ` + age + ` < ? AND seq IN (`
+)
 
 // DeleteFinished deletes old finished tasks; see task.Store. No change
 // event is written: a deleted task was finished, so no worker waits on it.
@@ -28,9 +33,30 @@ func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, e
 		return 0, err
 	}
 	before := float64(p.Before.UnixNano()) / 1e9
+	rows, err := s.rdb.QueryContext(ctx, oldFinished, string(p.State), before, p.Limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete %s tasks: %w", p.State, mapErr(err))
+	}
+	args := []any{string(p.State), before}
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("delete %s tasks: %w", p.State, mapErr(err))
+		}
+		args = append(args, seq)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("delete %s tasks: %w", p.State, mapErr(err))
+	}
+	if len(args) == 2 {
+		return 0, nil
+	}
+	q := deleteIfOld + strings.Repeat("?,", len(args)-3) + "?)"
 	var n int64
-	err := s.write(ctx, func(tx *sql.Tx) (int64, error) {
-		res, err := tx.ExecContext(ctx, deleteFinished, string(p.State), before, p.Limit)
+	err = s.write(ctx, func(tx *sql.Tx) (int64, error) {
+		res, err := tx.ExecContext(ctx, q, args...)
 		if err != nil {
 			return 0, mapErr(err)
 		}

@@ -38,7 +38,11 @@ var (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 3
+const schemaVersion = 4
+
+// minReadVersion is the oldest schema a read-only open reads as it is (4
+// only added an index), so read-only commands work before a writer upgrades.
+const minReadVersion = 3
 
 // Config tunes a Store. The zero value (or nil) takes every default.
 type Config struct {
@@ -257,7 +261,7 @@ func (s *Store) openReadOnly(ctx context.Context) error {
 	if err := s.rdb.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
 		return err
 	}
-	if v != schemaVersion {
+	if v < minReadVersion || v > schemaVersion {
 		if v == 0 {
 			return errors.New("not a leasepool store (no leasepool schema)")
 		}
@@ -315,6 +319,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE INDEX IF NOT EXISTS tasks_state_next_claim ON tasks (state, next_claim_at);
 CREATE INDEX IF NOT EXISTS tasks_state_priority ON tasks (state, priority DESC, seq);
+CREATE INDEX IF NOT EXISTS tasks_state_updated ON tasks (state, unixepoch(json_extract(doc, '$.updated_at'), 'subsec'));
 CREATE TABLE IF NOT EXISTS changes (
 	seq INTEGER PRIMARY KEY AUTOINCREMENT,
 	key TEXT NOT NULL
@@ -346,6 +351,8 @@ CREATE TABLE IF NOT EXISTS workers (
 var upgrades = map[int]string{
 	2: `ALTER TABLE locks ADD COLUMN instance TEXT NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL, until INTEGER NOT NULL, info TEXT NOT NULL);`,
+	// Retention finds old finished tasks by state and age (delete.go).
+	3: `CREATE INDEX IF NOT EXISTS tasks_state_updated ON tasks (state, unixepoch(json_extract(doc, '$.updated_at'), 'subsec'));`,
 }
 
 // migrate creates the schema in one transaction if it is missing.
