@@ -25,17 +25,7 @@ func retentionCommand() *cli.Command {
 			{
 				Name: "show", Usage: "print the stored policy (the defaults when none is stored)",
 				Action: func(c *cli.Context) error {
-					s, err := openStoreReadOnly(c)
-					if err != nil {
-						return err
-					}
-					defer s.Close()
-					p, err := retention.Get(c.Context, s)
-					if err != nil {
-						return err
-					}
-					printPolicy(c, p)
-					return nil
+					return withPolicy(c, openStoreReadOnly, func(task.Store, *retention.Policy) error { return nil })
 				},
 			},
 			{
@@ -70,7 +60,20 @@ func retentionSet(c *cli.Context) error {
 		}
 		given[name] = task.Duration(d)
 	}
-	s, err := openStore(c, false)
+	open := func(c *cli.Context) (task.Store, error) { return openStore(c, false) }
+	return withPolicy(c, open, func(s task.Store, p *retention.Policy) error {
+		fields := map[string]*task.Duration{"succeeded": &p.Succeeded, "failed": &p.Failed, "cancelled": &p.Cancelled, "device-states": &p.DeviceStates}
+		for name, d := range given {
+			*fields[name] = d
+		}
+		return retention.Set(c.Context, s, *p)
+	})
+}
+
+// withPolicy opens the store, reads the policy, lets fn change it, and
+// prints the result.
+func withPolicy(c *cli.Context, open func(*cli.Context) (task.Store, error), fn func(task.Store, *retention.Policy) error) error {
+	s, err := open(c)
 	if err != nil {
 		return err
 	}
@@ -79,11 +82,7 @@ func retentionSet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	fields := map[string]*task.Duration{"succeeded": &p.Succeeded, "failed": &p.Failed, "cancelled": &p.Cancelled, "device-states": &p.DeviceStates}
-	for name, d := range given {
-		*fields[name] = d
-	}
-	if err := retention.Set(c.Context, s, p); err != nil {
+	if err := fn(s, &p); err != nil {
 		return err
 	}
 	printPolicy(c, p)
