@@ -58,6 +58,11 @@ type Store interface {
 	AcquireLocks(ctx context.Context, p LockParams) error
 	// ReleaseLocks frees the keys still held by p.Holder.
 	ReleaseLocks(ctx context.Context, p LockParams) error
+	// DeleteFinished deletes at most p.Limit tasks in the finished state
+	// p.State whose updated_at is before p.Before, and returns how many.
+	// The condition is checked by the delete itself, so a task rerun or
+	// written since it was selected is never deleted (retention).
+	DeleteFinished(ctx context.Context, p DeleteParams) (int, error)
 	// The worker registry: one record per live worker process.
 	Registry
 	// Shared records, such as the last known state of each device.

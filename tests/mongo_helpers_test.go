@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 )
@@ -59,7 +60,9 @@ func openMongoStore(t *testing.T, ctx context.Context, uri string, cfg *mongosto
 // countState counts the tasks in state st (a server-side count).
 func countState(t *testing.T, ctx context.Context, s *mongostore.Store, st task.State) int {
 	t.Helper()
-	n, err := s.Database().Collection(mongostore.TasksCollection).CountDocuments(ctx, bson.D{{Key: "state", Value: string(st)}})
+	n, err := s.Database().Collection(mongostore.TasksCollection).CountDocuments(ctx, bson.D{
+		{Key: "state", Value: string(st)}, {Key: "kind", Value: bson.D{{Key: "$ne", Value: retention.Kind}}}, // not the engine's maintenance tasks
+	})
 	if err != nil {
 		t.Fatalf("count %s: %v", st, err)
 	}

@@ -25,24 +25,11 @@ func publishCommand() *cli.Command {
 		Name:      "publish",
 		Usage:     "publish a task idempotently, keyed by name",
 		ArgsUsage: "KEY",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "kind", Usage: "exec, noop, sleep or device (required)"},
-			&cli.StringFlag{Name: "payload", Usage: "payload JSON; - reads it from stdin (default: {})"},
-			&cli.StringFlag{Name: "payload-file", Usage: "read the payload JSON from this file"},
-			&cli.IntFlag{Name: "priority", Usage: "higher runs first"},
+		Flags: append([]cli.Flag{
 			&cli.DurationFlag{Name: "delay", Usage: "not claimable before this long from now", DefaultText: "none"},
-			&cli.StringFlag{Name: "pin", Usage: "comma-separated worker ids allowed to run it", DefaultText: "any worker"},
-			&cli.IntFlag{Name: "workers", Value: 1, Usage: "workers running it at the same time"},
-			&cli.IntFlag{Name: "successes", Value: 1, Usage: "successful workers that finish it"},
-			&cli.IntFlag{Name: "retries", Value: task.DefaultMaxUnexpectedRetries, Usage: "failed or expired workers tolerated before it fails"},
-			&cli.DurationFlag{Name: "ping", Usage: fmt.Sprintf("lease renewal interval; at least %s", task.MinPingInterval),
-				DefaultText: "1s, or --timeout/4 when only that is given"},
-			&cli.DurationFlag{Name: "timeout", Usage: fmt.Sprintf("lease length; above --ping and at least %s", task.MinWorkerTimeout),
-				DefaultText: "4s, or 4×--ping (at least 100ms) when only that is given"},
-			&cli.StringFlag{Name: "lock", Usage: "comma-separated resources held exclusively while it runs"},
 			&cli.BoolFlag{Name: "rerun", Usage: "run a finished task again"},
 			&cli.BoolFlag{Name: "json", Usage: "print the task as JSON"},
-		},
+		}, taskFlags()...),
 		Action: func(c *cli.Context) error {
 			p, err := publishParams(c)
 			if err != nil {
@@ -69,17 +56,52 @@ func publishCommand() *cli.Command {
 	}
 }
 
+// taskFlags are the flags of a task's kind, payload and options, shared
+// by publish and schedule add.
+func taskFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "kind", Usage: "exec, noop, sleep or device (required)"},
+		&cli.StringFlag{Name: "payload", Usage: "payload JSON; - reads it from stdin (default: {})"},
+		&cli.StringFlag{Name: "payload-file", Usage: "read the payload JSON from this file"},
+		&cli.IntFlag{Name: "priority", Usage: "higher runs first"},
+		&cli.StringFlag{Name: "pin", Usage: "comma-separated worker ids allowed to run it", DefaultText: "any worker"},
+		&cli.IntFlag{Name: "workers", Value: 1, Usage: "workers running it at the same time"},
+		&cli.IntFlag{Name: "successes", Value: 1, Usage: "successful workers that finish it"},
+		&cli.IntFlag{Name: "retries", Value: task.DefaultMaxUnexpectedRetries, Usage: "failed or expired workers tolerated before it fails"},
+		&cli.DurationFlag{Name: "ping", Usage: fmt.Sprintf("lease renewal interval; at least %s", task.MinPingInterval),
+			DefaultText: "1s, or --timeout/4 when only that is given"},
+		&cli.DurationFlag{Name: "timeout", Usage: fmt.Sprintf("lease length; above --ping and at least %s", task.MinWorkerTimeout),
+			DefaultText: "4s, or 4×--ping (at least 100ms) when only that is given"},
+		&cli.StringFlag{Name: "lock", Usage: "comma-separated resources held exclusively while it runs"},
+	}
+}
+
 // publishParams reads and validates every publish flag before anything is
 // opened, so bad input writes nothing.
 func publishParams(c *cli.Context) (task.PublishParams, error) {
-	var p task.PublishParams
 	if c.NArg() != 1 {
-		return p, badUsage(c, "want exactly one KEY argument, got %d", c.NArg())
+		return task.PublishParams{}, badUsage(c, "want exactly one KEY argument, got %d", c.NArg())
 	}
+	delay, err := positiveDuration(c, "delay")
+	if err != nil {
+		return task.PublishParams{}, err
+	}
+	var runAt time.Time
+	if delay > 0 {
+		runAt = time.Now().Add(delay)
+	}
+	p, err := taskParams(c, c.Args().First(), runAt)
+	p.Rerun = c.Bool("rerun")
+	return p, err
+}
+
+// taskParams reads and validates the taskFlags into a publish of key.
+func taskParams(c *cli.Context, key string, runAt time.Time) (task.PublishParams, error) {
+	p := task.PublishParams{Key: key}
 	if !c.IsSet("kind") {
 		return p, badFlag(c, "kind", "required (exec, noop, sleep or device)")
 	}
-	p.Key, p.Kind = c.Args().First(), c.String("kind")
+	p.Kind, p.RunAt = c.String("kind"), runAt
 	payload, err := readPayload(c)
 	if err != nil {
 		return p, err
@@ -89,13 +111,6 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 		if err := builtin.Validate(p.Kind, p.Payload); err != nil {
 			return p, fmt.Errorf("--kind/--payload: %w", err)
 		}
-	}
-	delay, err := positiveDuration(c, "delay")
-	if err != nil {
-		return p, err
-	}
-	if delay > 0 {
-		p.RunAt = time.Now().Add(delay)
 	}
 	for _, name := range []string{"ping", "timeout"} {
 		if _, err := positiveDuration(c, name); err != nil {
@@ -126,7 +141,6 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 	if p.LockKeys, err = listFlag(c, "lock"); err != nil {
 		return p, err
 	}
-	p.Rerun = c.Bool("rerun")
 	if p.Kind == mqttdev.Kind {
 		// A device command: the device's lock key serialises it cluster-wide.
 		cmd, err := mqttdev.DecodePayload(p.Payload)
@@ -134,12 +148,7 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 			return p, fmt.Errorf("--payload: %w", err)
 		}
 		// PublishParams validates the whole publish.
-		rerun := p.Rerun
-		if p, err = mqttdev.PublishParams(p.Key, cmd, p.Options); err != nil {
-			return p, err
-		}
-		p.Rerun = rerun
-		return p, nil
+		return mqttdev.PublishParams(p.Key, cmd, p.Options)
 	}
 	// Validate now so that every error is reported before the store is
 	// touched (task.Publish checks again; Validate changes nothing).

@@ -43,6 +43,7 @@ func workerCommand() *cli.Command {
 					"longer lets more tasks finish, but a stopped worker then hands its tasks over later than a crashed one would (after worker_timeout)"},
 			&cli.DurationFlag{Name: "kill-grace", Value: builtin.DefaultKillGrace,
 				Usage: "on shutdown, how long an exec program has between SIGTERM and SIGKILL (lease loss and cancel kill at once)"},
+			retentionEveryFlag(),
 		},
 		Action: runWorker,
 	}
@@ -68,6 +69,9 @@ func runWorker(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
+	if kinds, err = addMaintenance(c, mux, s, kinds); err != nil {
+		return err
+	}
 	w, err := consumer.New(consumer.Config{
 		Store: s, Handler: mux, WorkerID: c.String("id"), Kinds: kinds,
 		Concurrency: c.Int("concurrency"), ShutdownTimeout: c.Duration("shutdown-timeout"),
@@ -95,6 +99,12 @@ func runWorker(c *cli.Context) error {
 	if err := w.Start(context.WithoutCancel(c.Context)); err != nil {
 		return err
 	}
+	// Every worker publishes the schedules' due slots: no leader.
+	stopSchedules, err := startScheduleRunner(c, s)
+	if err != nil {
+		return err
+	}
+	defer stopSchedules()
 	<-c.Context.Done() // SIGINT or SIGTERM
 	slog.Info("shutting down: finishing running tasks", slog.Duration("timeout", c.Duration("shutdown-timeout")))
 	return w.Stop(context.Background())

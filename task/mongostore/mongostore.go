@@ -169,6 +169,8 @@ func (s *Store) init(ctx context.Context) error {
 		{Keys: bson.D{{Key: "key", Value: 1}}, Options: options.Index().SetUnique(true).SetName("key_unique")},
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "next_claim_at", Value: 1}, {Key: "priority", Value: -1}}, Options: options.Index().SetName("state_next_claim_at_priority")},
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "priority", Value: -1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("state_priority_seq")},
+		// Retention deletes finished tasks by state and age.
+		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "updated_at", Value: 1}}, Options: options.Index().SetName("state_updated_at")},
 	})
 	if err != nil {
 		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))

@@ -10,7 +10,11 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 3
+const schemaVersion = 4
+
+// minReadVersion is the oldest schema a read-only open reads as it is (4
+// only added an index), so read-only commands work before a writer upgrades.
+const minReadVersion = 3
 
 const schema = `
 CREATE TABLE IF NOT EXISTS tasks (
@@ -26,6 +30,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE INDEX IF NOT EXISTS tasks_state_next_claim ON tasks (state, next_claim_at);
 CREATE INDEX IF NOT EXISTS tasks_state_priority ON tasks (state, priority DESC, seq);
+CREATE INDEX IF NOT EXISTS tasks_state_updated ON tasks (state, unixepoch(json_extract(doc, '$.updated_at'), 'subsec'));
 CREATE TABLE IF NOT EXISTS changes (
 	seq INTEGER PRIMARY KEY AUTOINCREMENT,
 	key TEXT NOT NULL
@@ -57,6 +62,8 @@ CREATE TABLE IF NOT EXISTS workers (
 var upgrades = map[int]string{
 	2: `ALTER TABLE locks ADD COLUMN instance TEXT NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL, until INTEGER NOT NULL, info TEXT NOT NULL);`,
+	// Retention finds old finished tasks by state and age (delete.go).
+	3: `CREATE INDEX IF NOT EXISTS tasks_state_updated ON tasks (state, unixepoch(json_extract(doc, '$.updated_at'), 'subsec'));`,
 }
 
 // migrate creates the schema in one transaction if it is missing.

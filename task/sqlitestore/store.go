@@ -244,7 +244,7 @@ func (s *Store) openReadOnly(ctx context.Context) error {
 	if err := s.rdb.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
 		return err
 	}
-	if v != schemaVersion {
+	if v < minReadVersion || v > schemaVersion {
 		if v == 0 {
 			return errors.New("not a leasepool store (no leasepool schema)")
 		}

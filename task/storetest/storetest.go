@@ -44,6 +44,8 @@ func Run(t *testing.T, open func(t *testing.T) Opened) {
 	t.Run("Watch", s.watch)
 	t.Run("Locks", s.locks)
 	t.Run("Records", s.records)
+	t.Run("DeleteRecord", s.deleteRecord)
+	t.Run("DeleteFinished", s.deleteFinished)
 	t.Run("LockInstances", s.lockInstances)
 	t.Run("Registry", s.registry)
 	t.Run("Now", func(t *testing.T) {

@@ -1,0 +1,189 @@
+package schedule
+
+// The Runner: every worker runs one. Each poll it reads the schedules and
+// their cursors from the store and publishes the slots that are due. There
+// is no leader: runners race to publish the same keys, task.Publish keeps
+// one task per key, and the cursor only moves forward.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/task"
+)
+
+// Runner defaults.
+const (
+	// DefaultPoll is how often a runner reads the schedules: a change (add,
+	// pause, resume, rm) takes effect within about this long.
+	DefaultPoll = time.Second
+	// DefaultLate is how overdue a slot may be and still be published as
+	// on time; later it counts as missed (catch-up). It covers a poll, a
+	// slow store and a worker restart, but not an outage.
+	DefaultLate = 10 * time.Second
+	// DefaultMaxPerTick bounds the slots one schedule publishes per poll.
+	DefaultMaxPerTick = 100
+)
+
+// RunnerConfig configures a Runner. Zero values take the defaults.
+type RunnerConfig struct {
+	Store task.Store
+	// Poll is the period between passes (DefaultPoll).
+	Poll time.Duration
+	// Lead publishes a slot up to this long before it falls due, as a task
+	// claimable at the slot (default Poll), so it starts on time.
+	Lead time.Duration
+	// Late: see DefaultLate.
+	Late time.Duration
+	// MaxPerTick: see DefaultMaxPerTick.
+	MaxPerTick int
+	// Builtin are schedules every runner publishes without their being
+	// stored (retention). Names start with "leasepool.".
+	Builtin []Schedule
+	Logger  *slog.Logger
+}
+
+// Runner publishes the due slots of every schedule. Start it once; Stop
+// ends its goroutine.
+type Runner struct {
+	cfg RunnerConfig
+	log *slog.Logger
+
+	life lifecycle.Runner
+}
+
+// NewRunner checks cfg and returns a Runner that has not started.
+func NewRunner(cfg RunnerConfig) (*Runner, error) {
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("schedule runner: %w: store: required", task.ErrInvalid)
+	}
+	if _, err := recordsOf(cfg.Store); err != nil {
+		return nil, fmt.Errorf("schedule runner: %w", err)
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = DefaultPoll
+	}
+	if cfg.Lead <= 0 {
+		cfg.Lead = cfg.Poll
+	}
+	if cfg.Late <= 0 {
+		cfg.Late = DefaultLate
+	}
+	if cfg.MaxPerTick <= 0 {
+		cfg.MaxPerTick = DefaultMaxPerTick
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	for i := range cfg.Builtin {
+		b := &cfg.Builtin[i]
+		if err := validateName(b.Name); err != nil {
+			return nil, fmt.Errorf("schedule runner: builtin: %w", err)
+		}
+		if err := b.validateBody(); err != nil {
+			return nil, fmt.Errorf("schedule runner: builtin %s: %w", b.Name, err)
+		}
+	}
+	return &Runner{cfg: cfg, log: cfg.Logger.With(slog.String("component", "schedule"))}, nil
+}
+
+// Start starts the runner's goroutine; it runs until Stop, whatever
+// happens to ctx (its values are kept). A second Start is
+// lifecycle.ErrStarted, a Start after Stop lifecycle.ErrStopped.
+func (r *Runner) Start(ctx context.Context) error {
+	run, err := r.life.Start(ctx)
+	if err != nil {
+		return fmt.Errorf("schedule runner: %w", err)
+	}
+	r.life.Go(func() { r.run(run) })
+	return nil
+}
+
+// Stop ends the runner and waits for its goroutine, or until ctx ends.
+// Nothing is left half-done that another runner would not finish: a slot
+// published without its cursor is published again as the same task.
+func (r *Runner) Stop(ctx context.Context) error {
+	return r.life.Stop(ctx, nil)
+}
+
+func (r *Runner) run(ctx context.Context) {
+	t := time.NewTicker(r.cfg.Poll)
+	defer t.Stop()
+	for {
+		if err := r.tick(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("schedules: pass failed; trying again next poll", slog.Any("err", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// tick is one pass: publish every due slot of every active schedule.
+func (r *Runner) tick(ctx context.Context) error {
+	recs, err := load(ctx, r.cfg.Store, RecordKind)
+	if err != nil {
+		return err
+	}
+	cursors, err := loadCursors(ctx, r.cfg.Store)
+	if err != nil {
+		return err
+	}
+	all := make([]*Schedule, 0, len(recs)+len(r.cfg.Builtin))
+	for i := range r.cfg.Builtin {
+		all = append(all, &r.cfg.Builtin[i])
+	}
+	for _, rec := range recs {
+		sch, err := decode(rec)
+		if err != nil {
+			r.log.Warn("schedules: skipping an unreadable schedule", slog.String("schedule", rec.ID), slog.Any("err", err))
+			continue
+		}
+		all = append(all, sch)
+	}
+	var errs []error
+	for _, sch := range all {
+		if sch.Paused {
+			continue
+		}
+		if err := r.publishDue(ctx, sch, cursors[sch.Name]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// publishDue publishes sch's due slots in order, then moves its cursor to
+// the last one. A failure leaves the cursor at the last slot published.
+func (r *Runner) publishDue(ctx context.Context, sch *Schedule, cur time.Time) error {
+	slots, err := sch.Due(Window{Cursor: cur, Now: r.cfg.Store.Now(), Lead: r.cfg.Lead, Late: r.cfg.Late, Max: r.cfg.MaxPerTick})
+	if err != nil {
+		return fmt.Errorf("schedule %s: %w", sch.Name, err)
+	}
+	var last time.Time
+	var pubErr error
+	for _, slot := range slots {
+		t, res, err := task.Publish(ctx, r.cfg.Store, sch.Template.Params(sch.Name, slot))
+		if err != nil {
+			pubErr = fmt.Errorf("schedule %s: slot %s: %w", sch.Name, slot.Format(time.RFC3339), err)
+			break
+		}
+		if res == task.Inserted {
+			r.log.Debug("schedules: published", slog.String("schedule", sch.Name), slog.String("key", t.Key))
+		}
+		last = slot
+	}
+	if last.IsZero() {
+		return pubErr
+	}
+	if err := advance(ctx, r.cfg.Store, sch.Name, last); err != nil {
+		return errors.Join(pubErr, fmt.Errorf("schedule %s: cursor: %w", sch.Name, err))
+	}
+	return pubErr
+}

@@ -1,0 +1,215 @@
+package schedule_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/schedule"
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/mongostore"
+	"github.com/leasepool/leasepool/task/sqlitestore"
+)
+
+func openStore(t *testing.T, path string) task.Store {
+	t.Helper()
+	s, err := sqlitestore.Open(t.Context(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func startRunner(t *testing.T, s task.Store, late time.Duration) *schedule.Runner {
+	t.Helper()
+	r, err := schedule.NewRunner(schedule.RunnerConfig{Store: s, Poll: 100 * time.Millisecond, Late: late})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	return r
+}
+
+// slotsOf returns the slots published for name, in order.
+func slotsOf(t *testing.T, s task.Store, name string) []time.Time {
+	t.Helper()
+	ts, err := s.List(t.Context(), task.ListQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []time.Time
+	for _, tk := range ts {
+		if at, ok := schedule.SlotOf(name, tk.Key); ok {
+			if tk.RunAt.Before(at) { // later when published late (catch-up)
+				t.Errorf("task %s runs at %s, before its slot", tk.Key, tk.RunAt)
+			}
+			out = append(out, at)
+		}
+	}
+	return out
+}
+
+// holes counts the slots missing between consecutive published ones.
+func holes(slots []time.Time, every time.Duration) int {
+	n := 0
+	for i := 1; i < len(slots); i++ {
+		n += int(slots[i].Sub(slots[i-1])/every) - 1
+	}
+	return n
+}
+
+func TestAPI(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "s.db"))
+	ctx := t.Context()
+	sch := schedule.Schedule{Name: "nightly", Cron: "0 3 * * *", TZ: "Europe/Berlin", CatchUp: schedule.DefaultCatchUp,
+		Template: schedule.Template{Kind: "noop", Payload: []byte(`{"a":1}`)}}
+	added, err := schedule.Add(ctx, s, sch, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if added.Since.IsZero() || added.CreatedAt.IsZero() {
+		t.Errorf("Add did not stamp the schedule: %+v", added)
+	}
+	if _, err := schedule.Add(ctx, s, sch, false); !errors.Is(err, schedule.ErrExists) {
+		t.Errorf("second Add = %v, want ErrExists", err)
+	}
+	if _, err := schedule.Add(ctx, s, schedule.Schedule{Name: "bad", Every: task.Duration(time.Millisecond)}, false); !errors.Is(err, task.ErrInvalid) {
+		t.Errorf("Add of an invalid schedule = %v, want ErrInvalid", err)
+	}
+	if p, err := schedule.Pause(ctx, s, "nightly"); err != nil || !p.Paused {
+		t.Fatalf("Pause = %+v, %v", p, err)
+	}
+	list, err := schedule.List(ctx, s)
+	if err != nil || len(list) != 1 || !list[0].Paused || list[0].Cron != "0 3 * * *" || list[0].NextSlot.UTC().Hour() > 2 {
+		t.Fatalf("List = %+v, %v (want one paused schedule, next slot 03:00 Berlin)", list, err)
+	}
+	if r, err := schedule.Resume(ctx, s, "nightly"); err != nil || r.Paused || !r.Since.After(added.Since) {
+		t.Fatalf("Resume = %+v, %v", r, err)
+	}
+	if err := schedule.Remove(ctx, s, "nightly"); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range []error{
+		schedule.Remove(ctx, s, "nightly"),
+		func() error { _, err := schedule.Pause(ctx, s, "nightly"); return err }(),
+		func() error { _, err := schedule.Get(ctx, s, "nightly"); return err }(),
+	} {
+		if !errors.Is(err, schedule.ErrNotFound) {
+			t.Errorf("after Remove: %v, want ErrNotFound", err)
+		}
+	}
+}
+
+// TestRunnersShareSlots runs two runners on two handles of one store (as
+// two processes would), on each backend: every second of the window is
+// published once, a pause stops publishing and a resume restarts it.
+func TestRunnersShareSlots(t *testing.T) {
+	t.Parallel()
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "s.db")
+		runnersShareSlots(t, openStore(t, path), openStore(t, path))
+	})
+	t.Run("mongodb", func(t *testing.T) {
+		t.Parallel()
+		uri := testservers.MongoURI(t)
+		db := fmt.Sprintf("lp_sched_%d", time.Now().UnixNano()%1e12)
+		s1, s2 := openMongo(t, uri, db), openMongo(t, uri, db)
+		t.Cleanup(func() { s1.Database().Drop(context.Background()) })
+		runnersShareSlots(t, s1, s2)
+	})
+}
+
+func openMongo(t *testing.T, uri, db string) *mongostore.Store {
+	t.Helper()
+	s, err := mongostore.Open(t.Context(), uri, &mongostore.Config{Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func runnersShareSlots(t *testing.T, s1, s2 task.Store) {
+	if _, err := schedule.Add(t.Context(), s1, schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
+		CatchUp: schedule.CatchUp{Mode: schedule.CatchUpNone}, Template: schedule.Template{Kind: "noop"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	startRunner(t, s1, 0)
+	startRunner(t, s2, 0)
+	time.Sleep(3 * time.Second)
+	got := slotsOf(t, s1, "tick")
+	if len(got) < 3 || holes(got, time.Second) != 0 {
+		t.Fatalf("after 3s: slots %v (want at least 3, none missing)", got)
+	}
+	if _, err := schedule.Pause(t.Context(), s2, "tick"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // a pass that began before the pause may still publish
+	paused := len(slotsOf(t, s1, "tick"))
+	time.Sleep(1500 * time.Millisecond)
+	if n := len(slotsOf(t, s1, "tick")); n != paused {
+		t.Errorf("paused: %d slots became %d", paused, n)
+	}
+	if _, err := schedule.Resume(t.Context(), s1, "tick"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	after := slotsOf(t, s1, "tick")
+	if len(after) <= paused {
+		t.Errorf("resumed: still %d slots", len(after))
+	}
+	// Resume owes nothing from the pause: the hole is the paused time.
+	if h := holes(after, time.Second); h < 1 {
+		t.Errorf("resumed: no slot skipped for the pause: %v", after)
+	}
+}
+
+// TestCatchUpAfterOutage stops every runner for longer than Late, then
+// starts one: catch_up all:2 publishes exactly the latest two missed slots.
+func TestCatchUpAfterOutage(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, filepath.Join(t.TempDir(), "s.db"))
+	if _, err := schedule.Add(t.Context(), s, schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
+		CatchUp: schedule.CatchUp{Mode: schedule.CatchUpAll, N: 2}, Template: schedule.Template{Kind: "noop"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	const late = 500 * time.Millisecond
+	r := startRunner(t, s, late)
+	time.Sleep(1500 * time.Millisecond)
+	if err := r.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	before := slotsOf(t, s, "tick")
+	time.Sleep(4 * time.Second) // the outage
+	restart := s.Now()
+	startRunner(t, s, late)
+	time.Sleep(500 * time.Millisecond)
+	after := slotsOf(t, s, "tick")
+	if len(before) == 0 || len(after) <= len(before) {
+		t.Fatalf("slots before %v, after %v", before, after)
+	}
+	caught := after[len(before):]
+	// Slots overdue by more than late at the restart were missed; of those
+	// exactly the latest two ran, and everything after them.
+	var missedRun int
+	for _, at := range caught {
+		if at.Before(restart.Add(-late)) {
+			missedRun++
+		}
+	}
+	if missedRun != 2 || holes(caught, time.Second) != 0 {
+		t.Errorf("restart at %s: caught up %v (want the latest 2 missed, then none missing)", restart.Format(time.TimeOnly), caught)
+	}
+	if holes(after, time.Second) < 1 {
+		t.Errorf("no slot of the outage was skipped: %v", after)
+	}
+}

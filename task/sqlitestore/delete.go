@@ -1,0 +1,82 @@
+package sqlitestore
+
+// Deletes: finished tasks past their retention, and shared records.
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+var _ task.RecordDeleter = (*Store)(nil)
+
+// oldFinished finds candidates, oldest first, through the index
+// tasks_state_updated (on the same expression), on the read connections so
+// that it never holds the write lock; the delete then checks state and age
+// again on those rows, inside the writer's transaction, so what it deletes
+// is still old and finished. updated_at is RFC 3339 text: unixepoch(...,
+// 'subsec') compares it as a time (string order would misplace fractional
+// seconds).
+const (
+	age         = `unixepoch(json_extract(doc, '$.updated_at'), 'subsec')`
+	oldFinished = `SELECT seq FROM tasks WHERE state = ? AND ` + age + ` < ? ORDER BY ` + age + ` LIMIT ?`
+	deleteIfOld = `DELETE FROM tasks WHERE state = ? AND ` + age + ` < ? AND seq IN (`
+)
+
+// DeleteFinished deletes old finished tasks; see task.Store. No change
+// event is written: a deleted task was finished, so no worker waits on it.
+func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, error) {
+	if err := p.Validate(); err != nil {
+		return 0, err
+	}
+	before := float64(p.Before.UnixNano()) / 1e9
+	rows, err := s.rdb.QueryContext(ctx, oldFinished, string(p.State), before, p.Limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete %s tasks: %w", p.State, mapErr(err))
+	}
+	args := []any{string(p.State), before}
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("delete %s tasks: %w", p.State, mapErr(err))
+		}
+		args = append(args, seq)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("delete %s tasks: %w", p.State, mapErr(err))
+	}
+	if len(args) == 2 {
+		return 0, nil
+	}
+	q := deleteIfOld + strings.Repeat("?,", len(args)-3) + "?)"
+	var n int64
+	err = s.write(ctx, func(tx *sql.Tx) (int64, error) {
+		res, err := tx.ExecContext(ctx, q, args...)
+		if err != nil {
+			return 0, mapErr(err)
+		}
+		n, err = res.RowsAffected()
+		return 0, mapErr(err)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("delete %s tasks: %w", p.State, err)
+	}
+	return int(n), nil
+}
+
+// DeleteRecord deletes one shared record; see task.RecordDeleter.
+func (s *Store) DeleteRecord(ctx context.Context, kind, id string) error {
+	err := s.write(ctx, func(tx *sql.Tx) (int64, error) {
+		_, err := tx.ExecContext(ctx, `DELETE FROM records WHERE kind = ? AND id = ?`, kind, id)
+		return 0, mapErr(err)
+	})
+	if err != nil {
+		return fmt.Errorf("delete record %s/%s: %w", kind, id, err)
+	}
+	return nil
+}
