@@ -48,8 +48,13 @@ type Stream struct {
 // Where a backend's change event carries no document (task.Event.Task
 // nil), the task is re-read by key; the document read may be of a later
 // write, so that change's own events are lost and the later write's events
-// come twice (once here, once with its own change). Neither backend leaves
-// the document out of an insert or update today. Where the store gives no
+// come twice (once here, once with its own change). The same holds where
+// the stream carries the current document rather than the write's own:
+// MongoDB's change streams look the document up when the event is read,
+// so there events are exact only while the follower keeps up with each
+// task's writes, and a resume from an old token merges a task's missed
+// writes into its latest (its events come once per change read). The
+// embedded store records each write's own document: exact. Where the store gives no
 // position before the first change (a MongoDB stream that has seen no
 // batch yet), the first change's events all carry its own token, so a
 // resume from one of its earlier events skips the rest of that change.

@@ -10,7 +10,7 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 3
+const schemaVersion = 4
 
 const schema = `
 CREATE TABLE IF NOT EXISTS tasks (
@@ -28,7 +28,8 @@ CREATE INDEX IF NOT EXISTS tasks_state_next_claim ON tasks (state, next_claim_at
 CREATE INDEX IF NOT EXISTS tasks_state_priority ON tasks (state, priority DESC, seq);
 CREATE TABLE IF NOT EXISTS changes (
 	seq INTEGER PRIMARY KEY AUTOINCREMENT,
-	key TEXT NOT NULL
+	key TEXT NOT NULL,
+	doc TEXT
 );
 CREATE TABLE IF NOT EXISTS records (
 	kind TEXT NOT NULL,
@@ -57,6 +58,10 @@ CREATE TABLE IF NOT EXISTS workers (
 var upgrades = map[int]string{
 	2: `ALTER TABLE locks ADD COLUMN instance TEXT NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL, until INTEGER NOT NULL, info TEXT NOT NULL);`,
+	// changes.doc: the document after the write, without its payload, so
+	// that a change stream carries each write's own document (package
+	// events derives a write's events from it) rather than the current one.
+	3: `ALTER TABLE changes ADD COLUMN doc TEXT;`,
 }
 
 // migrate creates the schema in one transaction if it is missing.
@@ -110,7 +115,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.updTask, `UPDATE tasks SET kind = ?, state = ?, next_claim_at = ?, priority = ?, pinned = ?,
 			version = version + 1, doc = ? WHERE key = ? AND version = ?`},
 		{&s.existsW, `SELECT 1 FROM tasks WHERE key = ?`},
-		{&s.insChange, `INSERT INTO changes (key) VALUES (?) RETURNING seq`},
+		{&s.insChange, `INSERT INTO changes (key, doc) VALUES (?, ?) RETURNING seq`},
 		{&s.pruneChanges, `DELETE FROM changes WHERE seq <= ?`},
 		{&s.selLock, `SELECT task_key, worker_id, attempt, instance, until FROM locks WHERE key = ?`},
 		{&s.upsertLock, `INSERT INTO locks (key, task_key, worker_id, attempt, instance, until) VALUES (?, ?, ?, ?, ?, ?)
@@ -135,7 +140,7 @@ func (s *Store) prepareRead(ctx context.Context) error {
 		q  string
 	}{
 		{&s.selTask, `SELECT seq, version, doc FROM tasks WHERE key = ?`},
-		{&s.selChanges, `SELECT c.seq, c.key, t.seq, t.version, t.doc FROM changes c
+		{&s.selChanges, `SELECT c.seq, c.key, c.doc, t.seq, t.version, t.doc FROM changes c
 			LEFT JOIN tasks t ON t.key = c.key WHERE c.seq > ? ORDER BY c.seq LIMIT ?`},
 		{&s.maxChange, `SELECT COALESCE(MAX(seq), 0) FROM changes`},
 		{&s.minChange, `SELECT COALESCE(MIN(seq), 0) FROM changes`},
