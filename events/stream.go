@@ -52,9 +52,11 @@ type Stream struct {
 // the stream carries the current document rather than the write's own:
 // MongoDB's change streams look the document up when the event is read,
 // so there events are exact only while the follower keeps up with each
-// task's writes, and a resume from an old token merges a task's missed
-// writes into its latest (its events come once per change read). The
-// embedded store records each write's own document: exact. Where the store gives no
+// task's writes: a change whose looked-up document is of a later write
+// (task.Event.Version tells) yields no events, so the events of writes a
+// follower fell behind on, or resumed from an old token over, are lost,
+// and none is repeated. The embedded store records each write's own
+// document: exact. Where the store gives no
 // position before the first change (a MongoDB stream that has seen no
 // batch yet), the first change's events all carry its own token, so a
 // resume from one of its earlier events skips the rest of that change.
@@ -119,7 +121,12 @@ func (st *Stream) fill(ctx context.Context) error {
 			return fmt.Errorf("events: re-read %s: %w", ch.Key, err)
 		}
 	}
-	evs := Derive(doc)
+	var evs []Event
+	if ch.Version == 0 || doc == nil || doc.Version == ch.Version {
+		// Otherwise the document is a later write's, whose own change
+		// yields its events: this write's are lost, none repeated.
+		evs = Derive(doc)
+	}
 	last := formatToken(ch.Token, 0)
 	for i := range evs {
 		evs[i].Token = last

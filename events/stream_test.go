@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/leasepool/leasepool/events"
+	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
@@ -29,19 +32,20 @@ func line(e events.Event) string {
 	return s
 }
 
-// lifecycle drives tasks through every kind of write on s and returns the
-// event lines expected, in order.
-func lifecycle(t *testing.T, s task.Store) []string {
+// lifecycle drives tasks through every kind of write on s, calling step
+// after each write with the event lines that write should yield.
+func lifecycle(t *testing.T, s task.Store, step func(want ...string)) {
 	t.Helper()
 	ctx := context.Background()
-	must := func(_ *task.Task, err error) {
+	var h task.Holder
+	do := func(key string, fn func(tk *task.Task) error, want ...string) {
 		t.Helper()
-		if err != nil {
+		if _, err := task.Modify(ctx, s, key, fn); err != nil {
 			t.Fatal(err)
 		}
+		step(want...)
 	}
-	var h task.Holder
-	claim := func(key, worker string) func(tk *task.Task) error {
+	claim := func(worker string) func(tk *task.Task) error {
 		return func(tk *task.Task) error {
 			h = tk.Claim(task.Holder{WorkerID: worker, Instance: worker}, s.Now())
 			return nil
@@ -53,31 +57,27 @@ func lifecycle(t *testing.T, s task.Store) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
+		step("published " + key)
 	}
 	// a: publish → claim → fail → retry-claim → (renewal) → succeed.
 	publish("a", 0)
-	must(task.Modify(ctx, s, "a", claim("a", "w1")))
-	must(task.Modify(ctx, s, "a", func(tk *task.Task) error { return tk.Fail(h, "boom", time.Time{}, s.Now()) }))
-	must(task.Modify(ctx, s, "a", claim("a", "w2")))
-	must(task.Modify(ctx, s, "a", func(tk *task.Task) error { return tk.Renew(h, s.Now()) }))
-	must(task.Modify(ctx, s, "a", func(tk *task.Task) error { return tk.Succeed(h, s.Now()) }))
+	do("a", claim("w1"), "claimed a w1#1")
+	do("a", func(tk *task.Task) error { return tk.Fail(h, "boom", time.Time{}, s.Now()) }, "failed a w1#1 boom", "retried a w1#1")
+	do("a", claim("w2"), "claimed a w2#2")
+	do("a", func(tk *task.Task) error { return tk.Renew(h, s.Now()) })
+	do("a", func(tk *task.Task) error { return tk.Succeed(h, s.Now()) }, "succeeded a w2#2")
 	// b: snoozed, then cancelled, then retried by an operator.
 	publish("b", 0)
-	must(task.Modify(ctx, s, "b", claim("b", "w1")))
-	must(task.Modify(ctx, s, "b", func(tk *task.Task) error { return tk.Snooze(h, s.Now().Add(time.Hour), s.Now()) }))
-	must(task.Cancel(ctx, s, "b"))
-	must(task.Retry(ctx, s, "b"))
+	do("b", claim("w1"), "claimed b w1#1")
+	do("b", func(tk *task.Task) error { return tk.Snooze(h, s.Now().Add(time.Hour), s.Now()) }, "snoozed b w1#1")
+	do("b", func(tk *task.Task) error { return tk.Cancel(s.Now()) }, "cancelled b")
+	do("b", func(tk *task.Task) error { return tk.Reset(s.Now()) }, "reset b")
 	// c: w1's lease runs out and w2 takes over; then released.
 	publish("c", 100*time.Millisecond)
-	must(task.Modify(ctx, s, "c", claim("c", "w1")))
+	do("c", claim("w1"), "claimed c w1#1")
 	time.Sleep(150 * time.Millisecond)
-	must(task.Modify(ctx, s, "c", claim("c", "w2")))
-	must(task.Modify(ctx, s, "c", func(tk *task.Task) error { return tk.Release(h, s.Now()) }))
-	return []string{
-		"published a", "claimed a w1#1", "failed a w1#1 boom", "retried a w1#1", "claimed a w2#2", "succeeded a w2#2",
-		"published b", "claimed b w1#1", "snoozed b w1#1", "cancelled b", "reset b",
-		"published c", "claimed c w1#1", "expired c w1#1 by w2 lease expired", "claimed c w2#2", "released c w2#2",
-	}
+	do("c", claim("w2"), "expired c w1#1 by w2 lease expired", "claimed c w2#2")
+	do("c", func(tk *task.Task) error { return tk.Release(h, s.Now()) }, "released c w2#2")
 }
 
 func openSQLite(t *testing.T, path string) task.Store {
@@ -140,7 +140,8 @@ func quiet(t *testing.T, st *events.Stream) {
 func checkSequenceAndResume(t *testing.T, w, s task.Store) {
 	full := follow(t, s, events.Params{})
 	start := full.Token()
-	want := lifecycle(t, w)
+	var want []string
+	lifecycle(t, w, func(lines ...string) { want = append(want, lines...) })
 	all := read(t, full, len(want))
 	if g := lines(all); !reflect.DeepEqual(g, want) {
 		t.Fatalf("events\n got %q\nwant %q", g, want)
@@ -186,6 +187,66 @@ func TestFollowBadToken(t *testing.T) {
 	for _, tok := range []string{"!!", "MQ.x", "MQ.0", "."} {
 		if _, err := events.Follow(context.Background(), s, events.Params{After: tok}); !errors.Is(err, task.ErrInvalid) {
 			t.Errorf("token %q: %v, want ErrInvalid", tok, err)
+		}
+	}
+}
+
+// On MongoDB a change event carries the document looked up when it is
+// read: a follower that keeps up (reads each write's events before the
+// next write) gets them exactly; one that reads the same writes later gets
+// each event at most once, in order.
+func TestFollowMongo(t *testing.T) {
+	cfg := mongostore.Config{Database: fmt.Sprintf("lp_events_%d", time.Now().UnixNano())}
+	s, err := mongostore.Open(context.Background(), testservers.MongoURI(t), &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Database().Drop(ctx)
+		_ = s.Close()
+	})
+	live := follow(t, s, events.Params{})
+	var want []string
+	var first string
+	lifecycle(t, s, func(ls ...string) {
+		t.Helper()
+		want = append(want, ls...)
+		evs := read(t, live, len(ls))
+		if g := lines(evs); !reflect.DeepEqual(g, ls) {
+			t.Fatalf("live: got %q, want %q", g, ls)
+		}
+		if first == "" && len(evs) > 0 {
+			first = evs[0].Token
+		}
+	})
+	quiet(t, live)
+
+	behind := follow(t, s, events.Params{After: first})
+	var got []string
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		e, err := behind.Next(ctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		got = append(got, line(e))
+	}
+	// Each write yields its events only if the document looked up is its
+	// own: the last write of each task always is.
+	rest := want[1:]
+	for _, g := range got {
+		i := slices.Index(rest, g)
+		if i < 0 {
+			t.Fatalf("behind: %q repeated, invented or out of order in %q (want a subsequence of %q)", g, got, want[1:])
+		}
+		rest = rest[i+1:]
+	}
+	for _, final := range []string{"succeeded a w2#2", "reset b", "released c w2#2"} {
+		if !slices.Contains(got, final) {
+			t.Errorf("behind: %q missing from %q", final, got)
 		}
 	}
 }

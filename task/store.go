@@ -127,6 +127,9 @@ type Event struct {
 	// the document up when the event is read (updateLookup), so it may be
 	// a later write's.
 	Task *Task
+	// Version is the version this write stored, where the stream tells it
+	// apart from Task's (MongoDB's update events); 0 when not known.
+	Version int64
 	// Token resumes the stream after this event.
 	Token Token
 }
