@@ -250,3 +250,27 @@ func TestFollowMongo(t *testing.T) {
 		}
 	}
 }
+
+// A token older than the store's history fails Follow with ErrHistoryLost,
+// wrapped, so the caller can tell it and start from now.
+func TestFollowHistoryLost(t *testing.T) {
+	s, err := sqlitestore.Open(context.Background(), filepath.Join(t.TempDir(), "store.db"), &sqlitestore.Config{Retention: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	st := follow(t, s, events.Params{})
+	for i := range 40 {
+		if _, _, err := task.Publish(context.Background(), s, task.PublishParams{Key: fmt.Sprint("k", i), Kind: "job"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The stream opened before fell behind the pruning: Next says so.
+	if _, err := st.Next(context.Background()); !errors.Is(err, task.ErrHistoryLost) {
+		t.Errorf("Next behind the history: %v, want ErrHistoryLost", err)
+	}
+	// "MA" is change 0 of the embedded store: long pruned.
+	if _, err = events.Follow(context.Background(), s, events.Params{After: "MA"}); !errors.Is(err, task.ErrHistoryLost) {
+		t.Errorf("Follow from a pruned token: %v, want ErrHistoryLost", err)
+	}
+}
