@@ -95,6 +95,7 @@ func (t *Task) Claim(who Holder, now time.Time) Holder {
 		LeaseUntil: now.Add(time.Duration(t.WorkerTimeout)).UTC(),
 		StartedAt:  now.UTC(),
 	})
+	t.noteWorker(ChangeClaimed, t.Workers[len(t.Workers)-1])
 	t.touch(now)
 	return Holder{TaskKey: t.Key, WorkerID: who.WorkerID, Attempt: t.Attempts, Instance: who.Instance}
 }
@@ -150,6 +151,7 @@ func (t *Task) Unpin(h Holder, now time.Time) bool {
 	if t.Allows(h.WorkerID) || i < 0 || t.Workers[i].State != WorkerRunning {
 		return false
 	}
+	t.noteWorker(ChangeUnpinned, t.Workers[i])
 	t.Workers = slices.Delete(t.Workers, i, i+1)
 	t.touch(now)
 	return true
@@ -163,6 +165,7 @@ func (t *Task) Succeed(h Holder, now time.Time) error {
 		return err
 	}
 	t.Workers[i].State, t.Workers[i].EndedAt = WorkerSuccess, now.UTC()
+	t.noteWorker(ChangeSucceeded, t.Workers[i])
 	t.touch(now)
 	return nil
 }
@@ -178,6 +181,8 @@ func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
 	}
 	w := &t.Workers[i]
 	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), errMsg
+	t.noteWorker(ChangeFailed, *w)
+	t.Changes[len(t.Changes)-1].Until = retryAt.UTC()
 	t.touch(now)
 	if !t.State.Finished() && retryAt.After(t.RunAt) {
 		t.RunAt = retryAt.UTC()
@@ -189,6 +194,11 @@ func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
 // Release removes h's RUNNING entry without counting a failure, so a peer
 // can claim at once (graceful shutdown).
 func (t *Task) Release(h Holder, now time.Time) error {
+	return t.release(h, ChangeReleased, now)
+}
+
+// release takes h's RUNNING entry out, noting it as op.
+func (t *Task) release(h Holder, op string, now time.Time) error {
 	i, err := t.holding(h)
 	if errors.Is(err, ErrTaskDone) {
 		// Other workers finished it: this one steps out as well.
@@ -199,6 +209,7 @@ func (t *Task) Release(h Holder, now time.Time) error {
 	if err != nil {
 		return err
 	}
+	t.noteWorker(op, t.Workers[i])
 	t.Workers = slices.Delete(t.Workers, i, i+1)
 	t.touch(now)
 	return nil
@@ -210,6 +221,7 @@ func (t *Task) Cancel(now time.Time) error {
 		return fmt.Errorf("cancel %s: %w (it is %s)", t.Key, ErrFinished, t.State)
 	}
 	t.Cancelled = true
+	t.note(Change{Op: ChangeCancelled})
 	t.touch(now)
 	return nil
 }
@@ -234,6 +246,7 @@ func (t *Task) Reset(now time.Time) error {
 	if t.RunAt.Before(runAt) {
 		t.RunAt = runAt.UTC()
 	}
+	t.note(Change{Op: ChangeReset, Until: t.RunAt})
 	t.touch(now)
 	return nil
 }
@@ -246,6 +259,7 @@ func (t *Task) Reap(now time.Time) int {
 	for i := range t.Workers {
 		if w := &t.Workers[i]; w.Expired(now) {
 			w.State, w.EndedAt, w.Error = WorkerExpired, now.UTC(), "lease expired"
+			t.noteWorker(ChangeExpired, *w)
 			n++
 		}
 	}
@@ -265,12 +279,13 @@ func (t *Task) touch(now time.Time) {
 // Snooze gives h's attempt back without counting a failure and delays the
 // next claim until until.
 func (t *Task) Snooze(h Holder, until, now time.Time) error {
-	if err := t.Release(h, now); err != nil {
+	if err := t.release(h, ChangeSnoozed, now); err != nil {
 		return err
 	}
 	if until.After(t.RunAt) {
 		t.RunAt = until.UTC()
 	}
+	t.Changes[len(t.Changes)-1].Until = t.RunAt
 	t.touch(now)
 	return nil
 }

@@ -467,3 +467,42 @@ func TestFailRetryAt(t *testing.T) {
 		t.Fatalf("after the last failure: state %s run_at %s, want failed and run_at unchanged", tk.State, tk.RunAt)
 	}
 }
+
+// Each mutation notes its change under the version it writes: the notes of
+// one write gather, the next noting write replaces them, a renewal notes
+// nothing.
+func TestWriteChanges(t *testing.T) {
+	t.Parallel()
+	tk := runningDoc(t, nil)
+	tk.Version = 5
+	written := func() { tk.Version++ } // what the store's Update does
+	b := tk.Claim(task.Holder{WorkerID: "b", Instance: "ib"}, t0.Add(5*time.Second))
+	written()
+	want := []task.Change{
+		{Op: task.ChangeExpired, WorkerID: "a", Attempt: 1, Error: "lease expired"},
+		{Op: task.ChangeClaimed, WorkerID: "b", Instance: "ib", Attempt: 2},
+	}
+	if got := tk.WriteChanges(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("claim over an expired lease noted %+v, want %+v", got, want)
+	}
+	if err := tk.Renew(b, t0.Add(6*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	written()
+	if got := tk.WriteChanges(); got != nil {
+		t.Errorf("a renewal shows %+v, want none", got)
+	}
+	until := t0.Add(time.Hour)
+	if err := tk.Snooze(b, until, t0.Add(7*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	written()
+	want = []task.Change{{Op: task.ChangeSnoozed, WorkerID: "b", Instance: "ib", Attempt: 2, Until: until}}
+	if got := tk.WriteChanges(); !reflect.DeepEqual(got, want) {
+		t.Errorf("snooze noted %+v, want %+v", got, want)
+	}
+	var back task.Task
+	if b, err := json.Marshal(tk); err != nil || json.Unmarshal(b, &back) != nil || !reflect.DeepEqual(back.WriteChanges(), want) {
+		t.Errorf("notes do not survive JSON: %v", err)
+	}
+}

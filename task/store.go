@@ -127,8 +127,14 @@ type WatchParams struct {
 type Event struct {
 	Key string
 	// Task is the document after the write, or nil when the stream could
-	// not carry it: re-read it by Key.
+	// not carry it: re-read it by Key. The embedded store records each
+	// write's own document (its payload is the current one); MongoDB looks
+	// the document up when the event is read (updateLookup), so it may be
+	// a later write's.
 	Task *Task
+	// Version is the version this write stored, where the stream tells it
+	// apart from Task's (MongoDB's update events); 0 when not known.
+	Version int64
 	// Token resumes the stream after this event.
 	Token Token
 }

@@ -134,6 +134,10 @@ type Task struct {
 	Version     int64     `json:"version"`
 	CreatedAt   time.Time `json:"created_at"`
 	UpdatedAt   time.Time `json:"updated_at"`
+	// Changes are the lifecycle changes of the write that stored version
+	// ChangesVersion (see WriteChanges).
+	ChangesVersion int64    `json:"changes_version,omitempty"`
+	Changes        []Change `json:"changes,omitempty"`
 }
 
 // Clone returns a deep copy, so a mutation never touches a shared document.
@@ -143,6 +147,7 @@ func (t *Task) Clone() *Task {
 	c.SpecificWorkerIDs = slices.Clone(t.SpecificWorkerIDs)
 	c.LockKeys = slices.Clone(t.LockKeys)
 	c.Workers = slices.Clone(t.Workers)
+	c.Changes = slices.Clone(t.Changes)
 	return &c
 }
 

@@ -150,6 +150,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		},
 		Commands: []*cli.Command{
 			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
+			eventsCommand(),
 			demoCommand(), benchCommand(), scheduleCommand(), retentionCommand(),
 			pauseCommand(), resumeCommand(), pausesCommand(), limitCommand(),
 			deviceCommand(), devicesCommand(openStoreReadOnly),

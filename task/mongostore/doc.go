@@ -42,6 +42,18 @@ type taskDoc struct {
 	Version              int64         `bson:"version"`
 	CreatedAt            time.Time     `bson:"created_at"`
 	UpdatedAt            time.Time     `bson:"updated_at"`
+	ChangesVersion       int64         `bson:"changes_version"`
+	Changes              []changeDoc   `bson:"changes"`
+}
+
+// changeDoc is a task.Change.
+type changeDoc struct {
+	Op       string    `bson:"op"`
+	WorkerID string    `bson:"worker_id,omitempty"`
+	Instance string    `bson:"instance,omitempty"`
+	Attempt  int64     `bson:"attempt,omitempty"`
+	Error    string    `bson:"error,omitempty"`
+	Until    time.Time `bson:"until,omitempty"`
 }
 
 type workerDoc struct {
@@ -100,6 +112,11 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 		Version:              t.Version,
 		CreatedAt:            t.CreatedAt.UTC(),
 		UpdatedAt:            t.UpdatedAt.UTC(),
+		ChangesVersion:       t.ChangesVersion,
+		Changes:              make([]changeDoc, len(t.Changes)),
+	}
+	for i, c := range t.Changes {
+		d.Changes[i] = changeDoc{Op: c.Op, WorkerID: c.WorkerID, Instance: c.Instance, Attempt: int64(c.Attempt), Error: c.Error, Until: c.Until.UTC()}
 	}
 	for i, w := range t.Workers {
 		d.Workers[i] = workerDoc{
@@ -154,6 +171,10 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 		Version:              d.Version,
 		CreatedAt:            utc(d.CreatedAt),
 		UpdatedAt:            utc(d.UpdatedAt),
+		ChangesVersion:       d.ChangesVersion,
+	}
+	for _, c := range d.Changes {
+		t.Changes = append(t.Changes, task.Change{Op: c.Op, WorkerID: c.WorkerID, Instance: c.Instance, Attempt: int(c.Attempt), Error: c.Error, Until: utc(c.Until)})
 	}
 	if len(t.SpecificWorkerIDs) == 0 {
 		t.SpecificWorkerIDs = nil

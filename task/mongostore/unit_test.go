@@ -47,6 +47,7 @@ func TestDecodeEvent(t *testing.T) {
 		event   bson.D
 		key     string
 		hasTask bool
+		version int64
 		skip    bool
 		err     error
 	}{
@@ -63,6 +64,19 @@ func TestDecodeEvent(t *testing.T) {
 			{Key: "documentKey", Value: bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "key", Value: "k2"}}},
 			{Key: "updateDescription", Value: bson.D{{Key: "updatedFields", Value: bson.D{{Key: "priority", Value: 3}}}}},
 		}, key: "k2"},
+		// MongoDB: the looked-up document may be a later write's; the
+		// version this write stored comes from updatedFields.
+		"update with version": {event: bson.D{
+			{Key: "_id", Value: token}, {Key: "operationType", Value: "update"},
+			{Key: "fullDocument", Value: full},
+			{Key: "documentKey", Value: bson.D{{Key: "_id", Value: bson.NewObjectID()}}},
+			{Key: "updateDescription", Value: bson.D{{Key: "updatedFields", Value: bson.D{{Key: "version", Value: int64(6)}}}}},
+		}, key: "k1", hasTask: true, version: 6},
+		"test server update with version": {event: bson.D{
+			{Key: "_id", Value: token}, {Key: "operationType", Value: "update"},
+			{Key: "fullDocument", Value: full},
+			{Key: "documentKey", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "version", Value: int64(9)}}}}},
+		}, key: "k1", hasTask: true, version: 9},
 		// mongo-java-server: documentKey holds the update operators and
 		// there is no updateDescription.
 		"test server update": {event: bson.D{
@@ -99,6 +113,9 @@ func TestDecodeEvent(t *testing.T) {
 			}
 			if skip {
 				return
+			}
+			if ev.Version != c.version {
+				t.Errorf("Version = %d; want %d", ev.Version, c.version)
 			}
 			if ev.Key != c.key {
 				t.Errorf("Key = %q; want %q", ev.Key, c.key)

@@ -166,6 +166,30 @@ type changeEvent struct {
 	OperationType string        `bson:"operationType"`
 	FullDocument  bson.RawValue `bson:"fullDocument"`
 	DocumentKey   bson.RawValue `bson:"documentKey"`
+	// UpdatedFields holds the version the update stored (every Update sets
+	// it), where the looked-up document may be a later write's.
+	UpdateDescription struct {
+		UpdatedFields bson.Raw `bson:"updatedFields"`
+	} `bson:"updateDescription"`
+}
+
+// updatedVersion is the version an update event's write stored, or 0: from
+// updateDescription on MongoDB, from the $set that the test server puts in
+// documentKey.
+func updatedVersion(ce changeEvent) int64 {
+	if f := ce.UpdateDescription.UpdatedFields; len(f) > 0 {
+		if v, ok := f.Lookup("version").AsInt64OK(); ok {
+			return v
+		}
+	}
+	if k, ok := ce.DocumentKey.DocumentOK(); ok {
+		if set, ok := k.Lookup("$set").DocumentOK(); ok {
+			if v, ok := set.Lookup("version").AsInt64OK(); ok {
+				return v
+			}
+		}
+	}
+	return 0
 }
 
 // decodeEvent turns a raw change event into a task.Event. The key comes
@@ -185,6 +209,7 @@ func decodeEvent(raw bson.Raw) (ev task.Event, skip bool, err error) {
 		return task.Event{}, false, fmt.Errorf("change event without _id (resume token)")
 	}
 	ev.Token = slices.Clone(task.Token(ce.ID))
+	ev.Version = updatedVersion(ce)
 	if doc, ok := ce.FullDocument.DocumentOK(); ok {
 		if k, ok := doc.Lookup("key").StringValueOK(); ok {
 			ev.Key = k

@@ -10,10 +10,11 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 4
+const schemaVersion = 5
 
 // minReadVersion is the oldest schema a read-only open reads as it is (4
-// only added an index), so read-only commands work before a writer upgrades.
+// added an index, 5 changes.doc, read as NULL before it), so read-only
+// commands work before a writer upgrades.
 const minReadVersion = 3
 
 const schema = `
@@ -33,7 +34,8 @@ CREATE INDEX IF NOT EXISTS tasks_state_priority ON tasks (state, priority DESC, 
 CREATE INDEX IF NOT EXISTS tasks_state_updated ON tasks (state, unixepoch(json_extract(doc, '$.updated_at'), 'subsec'));
 CREATE TABLE IF NOT EXISTS changes (
 	seq INTEGER PRIMARY KEY AUTOINCREMENT,
-	key TEXT NOT NULL
+	key TEXT NOT NULL,
+	doc TEXT
 );
 CREATE TABLE IF NOT EXISTS records (
 	kind TEXT NOT NULL,
@@ -64,6 +66,10 @@ var upgrades = map[int]string{
 CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL, until INTEGER NOT NULL, info TEXT NOT NULL);`,
 	// Retention finds old finished tasks by state and age (delete.go).
 	3: `CREATE INDEX IF NOT EXISTS tasks_state_updated ON tasks (state, unixepoch(json_extract(doc, '$.updated_at'), 'subsec'));`,
+	// changes.doc: the document after the write, without its payload, so
+	// that a change stream carries each write's own document (package
+	// events derives a write's events from it) rather than the current one.
+	4: `ALTER TABLE changes ADD COLUMN doc TEXT;`,
 }
 
 // migrate creates the schema in one transaction if it is missing.
@@ -117,7 +123,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.updTask, `UPDATE tasks SET kind = ?, state = ?, next_claim_at = ?, priority = ?, pinned = ?,
 			version = version + 1, doc = ? WHERE key = ? AND version = ?`},
 		{&s.existsW, `SELECT 1 FROM tasks WHERE key = ?`},
-		{&s.insChange, `INSERT INTO changes (key) VALUES (?) RETURNING seq`},
+		{&s.insChange, `INSERT INTO changes (key, doc) VALUES (?, ?) RETURNING seq`},
 		{&s.pruneChanges, `DELETE FROM changes WHERE seq <= ?`},
 		{&s.selLock, `SELECT task_key, worker_id, attempt, instance, until FROM locks WHERE key = ?`},
 		{&s.upsertLock, `INSERT INTO locks (key, task_key, worker_id, attempt, instance, until) VALUES (?, ?, ?, ?, ?, ?)
@@ -132,17 +138,22 @@ func (s *Store) prepare(ctx context.Context) error {
 		}
 		*p.st = st
 	}
-	return s.prepareRead(ctx)
+	return s.prepareRead(ctx, schemaVersion)
 }
 
-// prepareRead prepares the statements on rdb.
-func (s *Store) prepareRead(ctx context.Context) error {
+// prepareRead prepares the statements on rdb for a file of schema version
+// v (older ones only when read-only).
+func (s *Store) prepareRead(ctx context.Context, v int) error {
+	changeDoc := "c.doc"
+	if v < 5 {
+		changeDoc = "NULL" // no changes.doc yet: readers fall back to the current document
+	}
 	r := []struct {
 		st **sql.Stmt
 		q  string
 	}{
 		{&s.selTask, `SELECT seq, version, doc FROM tasks WHERE key = ?`},
-		{&s.selChanges, `SELECT c.seq, c.key, t.seq, t.version, t.doc FROM changes c
+		{&s.selChanges, `SELECT c.seq, c.key, ` + changeDoc + `, t.seq, t.version, t.doc FROM changes c
 			LEFT JOIN tasks t ON t.key = c.key WHERE c.seq > ? ORDER BY c.seq LIMIT ?`},
 		{&s.maxChange, `SELECT COALESCE(MAX(seq), 0) FROM changes`},
 		{&s.minChange, `SELECT COALESCE(MIN(seq), 0) FROM changes`},

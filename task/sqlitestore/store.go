@@ -250,7 +250,7 @@ func (s *Store) openReadOnly(ctx context.Context) error {
 		}
 		return fmt.Errorf("not a store of this program (schema version %d, want %d)", v, schemaVersion)
 	}
-	return s.prepareRead(ctx)
+	return s.prepareRead(ctx, v)
 }
 
 // readConns is the size of the read pool.

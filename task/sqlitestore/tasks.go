@@ -94,7 +94,7 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 		inserted = true
 		stored = t
 		t.ID, t.Seq, t.Version = strconv.FormatInt(seq, 10), seq, 1
-		change, err = s.appendChange(ctx, tx, t.Key)
+		change, err = s.appendChange(ctx, tx, t)
 		return change, err
 	}})
 	if err != nil {
@@ -155,7 +155,7 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 			}
 			return 0, fmt.Errorf("version %d: %w", t.Version, task.ErrConflict)
 		}
-		change, err = s.appendChange(ctx, tx, t.Key)
+		change, err = s.appendChange(ctx, tx, &c)
 		return change, err
 	}})
 	if err != nil {
@@ -293,4 +293,24 @@ func (s *Store) recalled(seq int64) *task.Task {
 	s.recentMu.Lock()
 	defer s.recentMu.Unlock()
 	return s.recent[seq]
+}
+
+// decodeChange decodes the document a change recorded (everything but the
+// payload, as it was after that write) and gives it the current payload.
+func decodeChange(seq int64, after string, current sql.NullString) (*task.Task, error) {
+	t := new(task.Task)
+	if err := json.Unmarshal([]byte(after), t); err != nil {
+		return nil, fmt.Errorf("sqlitestore: decode change of task seq %d: %w", seq, err)
+	}
+	if current.Valid {
+		var p struct {
+			Payload json.RawMessage `json:"payload"`
+		}
+		if err := json.Unmarshal([]byte(current.String), &p); err != nil {
+			return nil, fmt.Errorf("sqlitestore: decode task seq %d: %w", seq, err)
+		}
+		t.Payload = p.Payload
+	}
+	t.ID, t.Seq = strconv.FormatInt(seq, 10), seq
+	return t, nil
 }

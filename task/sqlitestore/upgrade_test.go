@@ -9,8 +9,8 @@ import (
 )
 
 // TestUpgradeFromVersion3 opens a store of schema version 3 (before the
-// retention index): read-only opens read it as it is, a writer adds the
-// index.
+// retention index and changes.doc): read-only opens read it as it is, a
+// writer upgrades it.
 func TestUpgradeFromVersion3(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")
 	s, err := sqlitestore.Open(t.Context(), path, nil)
@@ -23,7 +23,7 @@ func TestUpgradeFromVersion3(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := db.Exec(`DROP INDEX tasks_state_updated; PRAGMA user_version = 3`); err != nil {
+	if _, err := db.Exec(`DROP INDEX tasks_state_updated; ALTER TABLE changes DROP COLUMN doc; PRAGMA user_version = 3`); err != nil {
 		t.Fatal(err)
 	}
 	ro, err := sqlitestore.Open(t.Context(), path, &sqlitestore.Config{ReadOnly: true})
@@ -43,7 +43,11 @@ func TestUpgradeFromVersion3(t *testing.T) {
 	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state_updated'`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	if v != 4 || n != 1 {
-		t.Errorf("after a writer's open: version %d, retention index %d, want 4 and 1", v, n)
+	var docs int
+	if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info('changes') WHERE name = 'doc'`).Scan(&docs); err != nil {
+		t.Fatal(err)
+	}
+	if v != 5 || n != 1 || docs != 1 {
+		t.Errorf("after a writer's open: version %d, retention index %d, changes.doc %d, want 5, 1 and 1", v, n, docs)
 	}
 }

@@ -272,8 +272,8 @@ func (st *stream) fill(ctx context.Context) error {
 		var seq int64
 		var key string
 		var tseq, version sql.NullInt64
-		var doc sql.NullString
-		if err := rows.Scan(&seq, &key, &tseq, &version, &doc); err != nil {
+		var after, doc sql.NullString
+		if err := rows.Scan(&seq, &key, &after, &tseq, &version, &doc); err != nil {
 			return fmt.Errorf("change stream: %w", mapErr(err))
 		}
 		if seq != want && len(st.buf) == 0 {
@@ -285,7 +285,14 @@ func (st *stream) fill(ctx context.Context) error {
 		ev := task.Event{Key: key, Token: task.Token(strconv.AppendInt(nil, seq, 10))}
 		if t := s.recalled(seq); t != nil {
 			ev.Task = t
+		} else if after.Valid {
+			t, err := decodeChange(tseq.Int64, after.String, doc)
+			if err != nil {
+				return fmt.Errorf("change stream: %w", err)
+			}
+			ev.Task = t
 		} else if doc.Valid {
+			// A change written before schema version 4: the current document.
 			t, err := decode(tseq.Int64, version.Int64, doc.String)
 			if err != nil {
 				return fmt.Errorf("change stream: %w", err)

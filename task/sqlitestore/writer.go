@@ -6,6 +6,7 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -214,9 +215,17 @@ func runOne(tx *sql.Tx, r *writeReq) (change int64, own, fatal error) {
 
 // appendChange records a write of key in the changes table, pruning the
 // oldest rows now and then, and returns the change's seq.
-func (s *Store) appendChange(ctx context.Context, tx *sql.Tx, key string) (int64, error) {
+func (s *Store) appendChange(ctx context.Context, tx *sql.Tx, t *task.Task) (int64, error) {
+	// The payload (up to 1 MiB) stays in tasks only: a renewal a second
+	// should not copy it.
+	after := *t
+	after.Payload = nil
+	doc, err := json.Marshal(&after)
+	if err != nil {
+		return 0, fmt.Errorf("change of %s: %w", t.Key, err)
+	}
 	var seq int64
-	if err := tx.StmtContext(ctx, s.insChange).QueryRowContext(ctx, key).Scan(&seq); err != nil {
+	if err := tx.StmtContext(ctx, s.insChange).QueryRowContext(ctx, t.Key, string(doc)).Scan(&seq); err != nil {
 		return 0, mapErr(err)
 	}
 	if s.writes.Add(1)%s.pruneEvery == 0 {

@@ -126,6 +126,9 @@ func norm(tk *task.Task) *task.Task {
 		ms(&c.Workers[i].StartedAt)
 		ms(&c.Workers[i].EndedAt)
 	}
+	for i := range c.Changes {
+		ms(&c.Changes[i].Until)
+	}
 	if len(c.Payload) > 0 {
 		var b bytes.Buffer
 		if err := json.Compact(&b, c.Payload); err == nil {

@@ -191,6 +191,12 @@ func (s suite) get(t *testing.T) {
 		next.PingInterval = task.Duration(time.Second)
 		next.WorkerTimeout = task.Duration(time.Hour)
 		next.UpdatedAt = now.Add(time.Second)
+		next.ChangesVersion = 2
+		next.Changes = []task.Change{
+			{Op: task.ChangeExpired, WorkerID: "w1", Instance: "i1", Attempt: 3, Error: "lease expired"},
+			{Op: task.ChangeSnoozed, WorkerID: "w3", Attempt: 4, Until: now.Add(time.Minute)},
+			{Op: task.ChangeCancelled},
+		}
 		want = next.Clone()
 		if err := st.Update(ctxFor(t), next); err != nil {
 			t.Fatalf("Update: %v", err)

@@ -1,0 +1,100 @@
+// Package events turns a store's change stream into task lifecycle events
+// (published, claimed, expired or taken over, succeeded, failed, retried,
+// released, snoozed, unpinned, cancelled, reset), resumable from a token
+// exactly: no event missed, none repeated. It imports only task.
+//
+// The events of one write are derived from the document after that write
+// alone: each mutation notes what it did in the document under the version
+// it writes (task.Task.WriteChanges), and version 1 is the publish. No
+// per-key cache is kept, so a resumed stream derives the same events as an
+// uninterrupted one.
+package events
+
+import (
+	"strings"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Event types. Each is one field value of Event.Type.
+const (
+	Published = "published" // version 1 of a task
+	Claimed   = "claimed"   // Worker took Attempt
+	Expired   = "expired"   // Worker's lease of Attempt ran out; By names the claimer that took over, if any
+	Succeeded = "succeeded"
+	Failed    = "failed"  // Error
+	Retried   = "retried" // after a failure that leaves the task runnable: Until is its next claim time
+	Released  = "released"
+	Snoozed   = "snoozed"  // Until
+	Unpinned  = "unpinned" // the lease was lost: the worker is no longer among the pins
+	Cancelled = "cancelled"
+	Reset     = "reset" // publish with rerun, or retry: runs again from Until
+)
+
+// Types lists every event type, in lifecycle order.
+var Types = []string{Published, Claimed, Expired, Succeeded, Failed, Retried, Released, Snoozed, Unpinned, Cancelled, Reset}
+
+// ReservedPrefix starts the keys of leasepool's own documents in the tasks
+// table (the control doorbell): they are not tasks and yield no events.
+const ReservedPrefix = "leasepool:"
+
+// Event is one lifecycle event of one task.
+type Event struct {
+	Type     string `json:"event"`
+	Key      string `json:"key"`
+	Kind     string `json:"kind"`
+	Attempt  int    `json:"attempt,omitempty"`
+	Worker   string `json:"worker,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	// By is the worker whose claim took over an expired lease.
+	By    string    `json:"by,omitempty"`
+	Error string    `json:"error,omitempty"`
+	Until time.Time `json:"until,omitzero"`
+	// State is the task's state after the write.
+	State task.State `json:"state"`
+	// At is the write's store time; Version the version it stored.
+	At      time.Time `json:"at"`
+	Version int64     `json:"version"`
+	// Token resumes a stream right after this event (Params.After).
+	Token string `json:"token"`
+}
+
+// Derive returns the events of the write that stored t, in the order the
+// write made them (expiries before the claim that took over).
+func Derive(t *task.Task) []Event {
+	if t == nil || strings.HasPrefix(t.Key, ReservedPrefix) {
+		return nil
+	}
+	base := Event{Key: t.Key, Kind: t.Kind, State: t.State, At: t.UpdatedAt, Version: t.Version}
+	var out []Event
+	if t.Version == 1 {
+		e := base
+		e.Type, e.At = Published, t.CreatedAt
+		out = append(out, e)
+	}
+	changes := t.WriteChanges()
+	claimer := ""
+	for _, c := range changes {
+		if c.Op == task.ChangeClaimed {
+			claimer = c.WorkerID
+		}
+	}
+	for _, c := range changes {
+		e := base
+		e.Type, e.Worker, e.Instance, e.Attempt, e.Error = c.Op, c.WorkerID, c.Instance, c.Attempt, c.Error
+		switch c.Op {
+		case task.ChangeExpired:
+			e.By = claimer
+		case task.ChangeSnoozed, task.ChangeReset:
+			e.Until = c.Until
+		}
+		out = append(out, e)
+		if c.Op == task.ChangeFailed && !t.State.Finished() {
+			r := base
+			r.Type, r.Worker, r.Attempt, r.Until = Retried, c.WorkerID, c.Attempt, t.NextClaimAt
+			out = append(out, r)
+		}
+	}
+	return out
+}

@@ -1,0 +1,180 @@
+package events
+
+// Following a store: the change stream, its documents turned into events,
+// and the tokens that resume right after any one of them.
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Params selects what Follow delivers.
+type Params struct {
+	// After resumes right after the event whose Token it is; empty starts
+	// from now.
+	After string
+	// Kinds keeps events of tasks of these kinds; empty keeps all.
+	Kinds []string
+	// Key keeps events of this task only; empty keeps all.
+	Key string
+	// Types keeps these event types (Published, …); empty keeps all.
+	Types []string
+}
+
+// Stream delivers events in the store's write order. It is not safe for
+// concurrent use.
+type Stream struct {
+	s  task.Store
+	cs task.ChangeStream
+	p  Params
+
+	prev    task.Token // the change before the one pending came from
+	pending []Event
+	skip    int    // events of the first change already delivered before a resume
+	tok     string // resumes after the last event returned (or change passed)
+}
+
+// Follow opens a stream of lifecycle events from s. Resuming from a token
+// the store no longer has history for fails with an error wrapping
+// task.ErrHistoryLost: the caller decides whether to start from now.
+//
+// Where a backend's change event carries no document (task.Event.Task
+// nil), the task is re-read by key; the document read may be of a later
+// write, so that change's own events are lost and the later write's events
+// come twice (once here, once with its own change). The same holds where
+// the stream carries the current document rather than the write's own:
+// MongoDB's change streams look the document up when the event is read,
+// so there events are exact only while the follower keeps up with each
+// task's writes: a change whose looked-up document is of a later write
+// (task.Event.Version tells) yields no events, so the events of writes a
+// follower fell behind on, or resumed from an old token over, are lost,
+// and none is repeated. The embedded store records each write's own
+// document: exact. Where the store gives no
+// position before the first change (a MongoDB stream that has seen no
+// batch yet), the first change's events all carry its own token, so a
+// resume from one of its earlier events skips the rest of that change.
+func Follow(ctx context.Context, s task.Store, p Params) (*Stream, error) {
+	after, skip, err := parseToken(p.After)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := s.Watch(ctx, task.WatchParams{ResumeAfter: after})
+	if err != nil {
+		return nil, fmt.Errorf("events: follow: %w", err)
+	}
+	st := &Stream{s: s, cs: cs, p: p, prev: after, skip: skip, tok: p.After}
+	if st.prev == nil {
+		// From now: a token of the current position, where the store gives
+		// one, so the caller can resume before the first event too.
+		if st.prev = cs.ResumeToken(); len(st.prev) > 0 {
+			st.tok = formatToken(st.prev, 0)
+		}
+	}
+	return st, nil
+}
+
+// Token resumes right after the last event Next returned, or after the
+// last change passed over; it equals the last returned event's Token
+// unless later changes yielded no event this stream keeps.
+func (st *Stream) Token() string { return st.tok }
+
+// Close ends the stream.
+func (st *Stream) Close() error { return st.cs.Close() }
+
+// Next blocks until the next event this stream keeps, an error, or ctx
+// ends. A store error (task.ErrHistoryLost among them) is returned
+// wrapped; the stream is dead then and may be followed again from Token.
+func (st *Stream) Next(ctx context.Context) (Event, error) {
+	for {
+		for len(st.pending) > 0 {
+			e := st.pending[0]
+			st.pending = st.pending[1:]
+			st.tok = e.Token
+			if st.keep(e) {
+				return e, nil
+			}
+		}
+		if err := st.fill(ctx); err != nil {
+			return Event{}, err
+		}
+	}
+}
+
+// fill derives the events of the next change into pending.
+func (st *Stream) fill(ctx context.Context) error {
+	ch, err := st.cs.Next(ctx)
+	if err != nil {
+		return fmt.Errorf("events: %w", err)
+	}
+	doc := ch.Task
+	if doc == nil && !strings.HasPrefix(ch.Key, ReservedPrefix) {
+		if doc, err = st.s.Get(ctx, ch.Key); errors.Is(err, task.ErrNotFound) {
+			doc = nil
+		} else if err != nil {
+			return fmt.Errorf("events: re-read %s: %w", ch.Key, err)
+		}
+	}
+	var evs []Event
+	if ch.Version == 0 || doc == nil || doc.Version == ch.Version {
+		// Otherwise the document is a later write's, whose own change
+		// yields its events: this write's are lost, none repeated.
+		evs = Derive(doc)
+	}
+	last := formatToken(ch.Token, 0)
+	for i := range evs {
+		evs[i].Token = last
+		if i < len(evs)-1 && len(st.prev) > 0 {
+			// Mid-change: after the previous change, skipping i+1 events.
+			evs[i].Token = formatToken(st.prev, i+1)
+		}
+	}
+	evs = evs[min(st.skip, len(evs)):]
+	st.skip = 0
+	st.prev = ch.Token
+	st.tok = last
+	st.pending = evs
+	return nil
+}
+
+func (st *Stream) keep(e Event) bool {
+	return (st.p.Key == "" || e.Key == st.p.Key) &&
+		(len(st.p.Kinds) == 0 || slices.Contains(st.p.Kinds, e.Kind)) &&
+		(len(st.p.Types) == 0 || slices.Contains(st.p.Types, e.Type))
+}
+
+// A token is the store's change token in unpadded base64url, followed for
+// an event that is not its change's last by "." and how many events of the
+// next change to skip.
+func formatToken(t task.Token, skip int) string {
+	s := base64.RawURLEncoding.EncodeToString(t)
+	if skip > 0 {
+		s += "." + strconv.Itoa(skip)
+	}
+	return s
+}
+
+func parseToken(s string) (task.Token, int, error) {
+	if s == "" {
+		return nil, 0, nil
+	}
+	b, n, found := strings.Cut(s, ".")
+	tok, err := base64.RawURLEncoding.DecodeString(b)
+	skip := 0
+	if err == nil && found {
+		skip, err = strconv.Atoi(n)
+		if err == nil && skip <= 0 {
+			err = errors.New("skip count not positive")
+		}
+	}
+	if err != nil || len(tok) == 0 {
+		return nil, 0, fmt.Errorf("%w: events token %q: %v", task.ErrInvalid, s, err)
+	}
+	return tok, skip, nil
+}
