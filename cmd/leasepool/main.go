@@ -151,7 +151,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands: []*cli.Command{
 			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
 			demoCommand(), benchCommand(), scheduleCommand(), retentionCommand(),
-			pauseCommand(), resumeCommand(), pausesCommand(), limitCommand(),
+			pauseCommand(), resumeCommand(), pausesCommand(), limitCommand(), serveCommand(),
 			deviceCommand(), devicesCommand(openStoreReadOnly),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints the one-line error
