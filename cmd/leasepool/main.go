@@ -152,7 +152,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
 			eventsCommand(),
 			demoCommand(), benchCommand(), scheduleCommand(), retentionCommand(),
-			pauseCommand(), resumeCommand(), pausesCommand(), limitCommand(),
+			pauseCommand(), resumeCommand(), pausesCommand(), limitCommand(), serveCommand(),
 			deviceCommand(), devicesCommand(openStoreReadOnly),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints the one-line error

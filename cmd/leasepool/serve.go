@@ -1,0 +1,106 @@
+package main
+
+// `leasepool serve`: the HTTP API (package web) on the --store, until
+// interrupted.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/web"
+)
+
+func serveCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "serve",
+		Usage: "serve the HTTP API (/api/v1: pauses, limits, schedules) on the --store",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "HOST:PORT to listen on; a non-loopback host needs --token"},
+			&cli.StringFlag{Name: "token", EnvVars: []string{"LEASEPOOL_TOKEN"}, Usage: "require Authorization: Bearer TOKEN on every request"},
+			&cli.BoolFlag{Name: "read-only", Usage: "refuse every write (403); the store is opened read-only"},
+		},
+		Action: runServe,
+	}
+}
+
+// checkListen refuses an address that does not parse, and a non-loopback
+// one without a token: anyone who can reach it could pause the cluster.
+func checkListen(c *cli.Context, addr, token string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return badFlag(c, "listen", "%q: want HOST:PORT: %v", addr, err)
+	}
+	if token != "" || isLoopback(host) {
+		return nil
+	}
+	return badUsage(c, "--listen %s is not a loopback address: give --token (or LEASEPOOL_TOKEN) to serve on it", addr)
+}
+
+// isLoopback reports whether host only ever names this machine. An empty
+// host listens on every interface.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func runServe(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return badUsage(c, "serve takes no arguments, got %q", c.Args().First())
+	}
+	addr, token := c.String("listen"), c.String("token")
+	if err := checkListen(c, addr, token); err != nil {
+		return err
+	}
+	open := func() (task.Store, error) { return openStore(c, false) }
+	if c.Bool("read-only") {
+		open = func() (task.Store, error) { return openStoreReadOnly(c) }
+	}
+	s, err := open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	h, err := web.NewHandler(web.Config{Store: s, Token: token, ReadOnly: c.Bool("read-only"), Logger: slog.Default()})
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	return serveUntilDone(c.Context, l, h)
+}
+
+// serveUntilDone serves h on l until ctx ends, then lets requests in
+// flight finish for a few seconds.
+func serveUntilDone(ctx context.Context, l net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	slog.Info("serving the HTTP API", "addr", l.Addr().String())
+	select {
+	case err := <-done:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("serve: shut down: %w", err)
+	}
+	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,216 @@
+package web
+
+// The handlers: pauses and rate limits (package control) and schedule
+// pause/resume (package schedule). Each reads and validates all its input
+// before it touches the store, so bad input writes nothing.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/schedule"
+	"github.com/leasepool/leasepool/task"
+)
+
+// targetBody is a target as the API takes it, in a body or a query.
+type targetBody struct {
+	Scope string `json:"scope"`
+	Name  string `json:"name"`
+}
+
+// target validates t, naming the field at fault.
+func (t targetBody) target() (control.Target, error) {
+	var ct control.Target
+	switch control.Scope(t.Scope) {
+	case control.ScopeAll:
+		if t.Name != "" {
+			return ct, badInput("name", "scope all takes no name, got %q", t.Name)
+		}
+		return control.All(), nil
+	case control.ScopeKind:
+		ct = control.Kind(t.Name)
+	case control.ScopeLock:
+		ct = control.Lock(t.Name)
+	default:
+		return ct, badInput("scope", "%q is not one of all, kind, lock", t.Scope)
+	}
+	if err := ct.Validate(); err != nil {
+		return ct, badInput("name", "%s", reason(err))
+	}
+	return ct, nil
+}
+
+// queryTarget reads ?scope=..&name=.. (DELETE takes no body).
+func queryTarget(r *http.Request) (control.Target, error) {
+	q := r.URL.Query()
+	return targetBody{Scope: q.Get("scope"), Name: q.Get("name")}.target()
+}
+
+// decode reads the one JSON object of r's body into v; unknown fields and
+// trailing data are bad input.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badInput("body", "want one JSON object: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return badInput("body", "want one JSON object, got more after it")
+	}
+	return nil
+}
+
+// changedBody answers a write that may find nothing to do.
+type changedBody struct {
+	Changed bool `json:"changed"`
+}
+
+func (a *api) listPauses(w http.ResponseWriter, r *http.Request) {
+	list(a, w, r, control.Pauses)
+}
+
+func (a *api) listLimits(w http.ResponseWriter, r *http.Request) {
+	list(a, w, r, control.Limits)
+}
+
+func (a *api) listSchedules(w http.ResponseWriter, r *http.Request) {
+	list(a, w, r, schedule.List)
+}
+
+// list answers what read returns as a JSON array ([] when none).
+func list[T any](a *api, w http.ResponseWriter, r *http.Request, read func(context.Context, task.Store) ([]T, error)) {
+	items, err := read(r.Context(), a.store)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if items == nil {
+		items = []T{}
+	}
+	writeJSON(w, http.StatusOK, items)
+}
+
+// pause answers 201 when it paused the target, 200 when already paused.
+func (a *api) pause(w http.ResponseWriter, r *http.Request) {
+	var body targetBody
+	if err := decode(w, r, &body); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	t, err := body.target()
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	changed, err := control.Pause(r.Context(), a.store, t)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	code := http.StatusOK
+	if changed {
+		code = http.StatusCreated
+		a.log.Info("web: paused", "target", t.String())
+	}
+	writeJSON(w, code, changedBody{Changed: changed})
+}
+
+func (a *api) resume(w http.ResponseWriter, r *http.Request) {
+	a.removeTarget(w, r, "resumed", control.Resume)
+}
+
+func (a *api) removeLimit(w http.ResponseWriter, r *http.Request) {
+	a.removeTarget(w, r, "removed limit", control.RemoveLimit)
+}
+
+// removeTarget runs a DELETE of the query's target: lift a pause or
+// remove a limit.
+func (a *api) removeTarget(w http.ResponseWriter, r *http.Request, verb string,
+	fn func(ctx context.Context, st task.Store, t control.Target) (bool, error)) {
+	t, err := queryTarget(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	changed, err := fn(r.Context(), a.store, t)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if changed {
+		a.log.Info("web: "+verb, "target", t.String())
+	}
+	writeJSON(w, http.StatusOK, changedBody{Changed: changed})
+}
+
+// limitBody is PUT /api/v1/limits: a target and a rate as the CLI's
+// --rate reads it ("2/1s").
+type limitBody struct {
+	targetBody
+	Rate string `json:"rate"`
+}
+
+// setLimit answers the limit stored.
+func (a *api) setLimit(w http.ResponseWriter, r *http.Request) {
+	var body limitBody
+	if err := decode(w, r, &body); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	l, err := body.limit()
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if err := control.SetLimit(r.Context(), a.store, l); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	a.log.Info("web: set limit", "target", l.Target.String(), "rate", l.String())
+	writeJSON(w, http.StatusOK, l)
+}
+
+// limit validates the body, naming the field at fault.
+func (b limitBody) limit() (control.Limit, error) {
+	t, err := b.target()
+	if err != nil {
+		return control.Limit{}, err
+	}
+	if t.Scope == control.ScopeAll {
+		return control.Limit{}, badInput("scope", "a limit applies to a kind or a lock key, not all")
+	}
+	n, per, err := control.ParseRate(b.Rate)
+	if err != nil {
+		return control.Limit{}, badInput("rate", "%s", reason(err))
+	}
+	l := control.Limit{Target: t, N: n, Per: per}
+	if err := l.Validate(); err != nil {
+		return l, badInput("rate", "%s", reason(err))
+	}
+	return l, nil
+}
+
+func (a *api) pauseSchedule(w http.ResponseWriter, r *http.Request) {
+	a.modifySchedule(w, r, "paused schedule", schedule.Pause)
+}
+
+func (a *api) resumeSchedule(w http.ResponseWriter, r *http.Request) {
+	a.modifySchedule(w, r, "resumed schedule", schedule.Resume)
+}
+
+// modifySchedule runs fn on the schedule {name} and answers it as stored.
+func (a *api) modifySchedule(w http.ResponseWriter, r *http.Request, verb string,
+	fn func(ctx context.Context, st task.Store, name string) (*schedule.Schedule, error)) {
+	name := r.PathValue("name")
+	sch, err := fn(r.Context(), a.store, name)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	a.log.Info("web: "+verb, "name", name)
+	writeJSON(w, http.StatusOK, sch)
+}

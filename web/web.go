@@ -1,0 +1,180 @@
+// Package web is leasepool's HTTP surface: an http.Handler that sees only a
+// task.Store, so it mounts in any server (`leasepool serve` runs one). This
+// first piece is the JSON API of the flow controls (pauses, rate limits)
+// and of schedule pause/resume under /api/v1; the dashboard, the tasks API,
+// SSE and metrics are still to come.
+package web
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/schedule"
+	"github.com/leasepool/leasepool/task"
+)
+
+// Config is what the handler serves and who may use it.
+type Config struct {
+	// Store is read and changed by every request (required).
+	Store task.Store
+	// Token, when set, must come with every request as
+	// "Authorization: Bearer <Token>"; others get 401.
+	Token string
+	// ReadOnly refuses every write with 403.
+	ReadOnly bool
+	// Logger logs failed requests and writes (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// maxBody bounds a request body: every body this API reads is one small
+// JSON object.
+const maxBody = 64 << 10
+
+// NewHandler returns the API handler of cfg, serving /api/v1/....
+func NewHandler(cfg Config) (http.Handler, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("web: Config.Store is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	a := &api{store: cfg.Store, log: cfg.Logger, readOnly: cfg.ReadOnly}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/pauses", a.listPauses)
+	mux.HandleFunc("POST /api/v1/pauses", a.write(a.pause))
+	mux.HandleFunc("DELETE /api/v1/pauses", a.write(a.resume))
+	mux.HandleFunc("GET /api/v1/limits", a.listLimits)
+	mux.HandleFunc("PUT /api/v1/limits", a.write(a.setLimit))
+	mux.HandleFunc("DELETE /api/v1/limits", a.write(a.removeLimit))
+	mux.HandleFunc("GET /api/v1/schedules", a.listSchedules)
+	mux.HandleFunc("POST /api/v1/schedules/{name}/pause", a.write(a.pauseSchedule))
+	mux.HandleFunc("POST /api/v1/schedules/{name}/resume", a.write(a.resumeSchedule))
+	var h http.Handler = jsonErrors(mux)
+	if cfg.Token != "" {
+		h = bearer(cfg.Token, h)
+	}
+	return h, nil
+}
+
+// api holds the handlers' shared state.
+type api struct {
+	store    task.Store
+	log      *slog.Logger
+	readOnly bool
+}
+
+// write guards a handler that changes the store: 403 when read-only.
+func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if a.readOnly {
+			writeError(w, http.StatusForbidden, "this server is read-only")
+			return
+		}
+		h(w, r)
+	}
+}
+
+// fail answers err: 400 for invalid input (already naming the field), 404
+// for an unknown schedule, 500 (logged, not shown) for anything else.
+func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, task.ErrInvalid):
+		writeError(w, http.StatusBadRequest, reason(err))
+	case errors.Is(err, schedule.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, control.ErrUnsupported), errors.Is(err, schedule.ErrNoRecords):
+		writeError(w, http.StatusNotImplemented, err.Error())
+	default:
+		a.log.Error("web: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, "internal error (see the server log)")
+	}
+}
+
+// writeJSON writes v as the JSON response with status code.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v) // the client went away: nothing to do
+}
+
+// errorBody is every error response: one line, naming the field when the
+// input was bad.
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, errorBody{Error: strings.ReplaceAll(msg, "\n", " ")})
+}
+
+// badInput is a task.ErrInvalid naming field, so fail answers 400.
+func badInput(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", task.ErrInvalid, field, fmt.Sprintf(format, args...))
+}
+
+// reason is an invalid-input error without its leading "invalid: ".
+func reason(err error) string {
+	return strings.TrimPrefix(err.Error(), task.ErrInvalid.Error()+": ")
+}
+
+// bearer lets through only requests carrying token. Both sides are hashed
+// first so the constant-time compare also hides the token's length.
+func bearer(token string, next http.Handler) http.Handler {
+	want := sha256.Sum256([]byte(token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		got := sha256.Sum256([]byte(given))
+		if !ok || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="leasepool"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// jsonErrors serves mux, turning its own plain-text 404 and 405 (no
+// pattern matched) into JSON errors; its Allow header stays.
+func jsonErrors(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h, pattern := mux.Handler(r); pattern == "" {
+			h.ServeHTTP(&statusOnly{ResponseWriter: w}, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// statusOnly keeps the status and headers ServeMux's error handlers set and
+// replaces their text body with errorBody.
+type statusOnly struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (s *statusOnly) WriteHeader(code int) {
+	if s.wrote {
+		return
+	}
+	s.wrote = true
+	msg := strings.ToLower(http.StatusText(code))
+	if code == http.StatusMethodNotAllowed {
+		msg += "; allowed: " + s.Header().Get("Allow")
+	}
+	s.Header().Del("X-Content-Type-Options")
+	writeError(s.ResponseWriter, code, msg)
+}
+
+func (s *statusOnly) Write(b []byte) (int, error) {
+	if !s.wrote {
+		s.WriteHeader(http.StatusOK)
+	}
+	return len(b), nil // the text body is dropped
+}
