@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
@@ -64,6 +65,9 @@ type Config struct {
 	ClockRefresh time.Duration
 	// Clock is the local clock, injectable for tests. Default time.Now.
 	Clock func() time.Time
+	// Monitor, if set, sees every command sent to the server (to count
+	// round trips, or to trace).
+	Monitor *event.CommandMonitor
 }
 
 func (c Config) validate() error {
@@ -138,7 +142,7 @@ func Open(ctx context.Context, uri string, cfg *Config) (*Store, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMonitor(c.Monitor))
 	if err != nil {
 		return nil, fmt.Errorf("mongostore: connect: %w", mapErr(err))
 	}
