@@ -57,6 +57,7 @@ func TestRoundTripsPerTask(t *testing.T) {
 		maxWrites, maxReads float64
 	}{
 		{name: "plain", maxWrites: 2, maxReads: 0.5},
+		// Plus the line's read before a key is taken (find lock_lines).
 		{name: "lock-key", lockKeys: []string{"device:d1"}, maxWrites: 2, maxReads: 0.5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,13 +83,16 @@ func TestRoundTripsPerTask(t *testing.T) {
 			if w := perTask(published, n, "update tasks", "insert tasks"); w != 1 {
 				t.Errorf("publish: %.2f task writes per task, want 1", w)
 			}
-			if w := perTask(ran, n, "update tasks"); w > tc.maxWrites {
+			// A few more on a busy machine: a claim that loses a race tries
+			// again.
+			const slack = 0.1
+			if w := perTask(ran, n, "update tasks"); w > tc.maxWrites+slack {
 				t.Errorf("run: %.2f task writes per task, want at most %.0f (claim, finish)", w, tc.maxWrites)
 			}
 			if r := perTask(ran, n, "find tasks", "count tasks", "aggregate tasks"); r > tc.maxReads {
 				t.Errorf("run: %.2f task reads per task, want at most %.1f", r, tc.maxReads)
 			}
-			if l := perTask(ran, n, "findAndModify locks", "update locks", "delete locks"); l > 2*float64(len(tc.lockKeys)) {
+			if l := perTask(ran, n, "findAndModify locks", "update locks", "delete locks"); l > 2*float64(len(tc.lockKeys))+slack {
 				t.Errorf("run: %.2f lock writes per task, want at most %d (take, free)", l, 2*len(tc.lockKeys))
 			}
 		})
