@@ -110,7 +110,7 @@ func (a *asynqPeer) Close() {
 	a.rdb.Close()
 }
 
-func asynqWorker(_ context.Context, url string, concurrency int, rec *recorder) error {
+func asynqWorker(_ context.Context, url string, concurrency int, tuned bool, rec *recorder) error {
 	opt, err := asynqOpt(url)
 	if err != nil {
 		return err
@@ -131,7 +131,11 @@ func asynqWorker(_ context.Context, url string, concurrency int, rec *recorder) 
 			return nil
 		}
 	})
-	srv := asynq.NewServer(opt, asynq.Config{Concurrency: concurrency})
+	cfg := asynq.Config{Concurrency: concurrency}
+	if tuned {
+		cfg.TaskCheckInterval = time.Millisecond
+	}
+	srv := asynq.NewServer(opt, cfg)
 	if err := srv.Start(mux); err != nil {
 		return err
 	}

@@ -58,7 +58,9 @@ type report struct {
 type harness struct {
 	ctx      context.Context
 	p        peer
-	system   string
+	system   string // river or asynq
+	name     string // system, or system-tuned: the report's and files' name
+	tuned    bool
 	url      string
 	dir      string // output: samples, worker logs, record files
 	r        report
@@ -69,7 +71,7 @@ type harness struct {
 }
 
 func (h *harness) progress(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "[%s] %s\n", h.system, fmt.Sprintf(format, args...))
+	fmt.Fprintf(os.Stderr, "[%s] %s\n", h.name, fmt.Sprintf(format, args...))
 }
 
 func (h *harness) run() error {
@@ -107,9 +109,9 @@ func (h *harness) spawnWorker(name string, concurrency int, record bool) (*worke
 	if err != nil {
 		return nil, err
 	}
-	rec := filepath.Join(h.dir, fmt.Sprintf("%s-%d-%s.rec", h.system, h.round, name))
+	rec := filepath.Join(h.dir, fmt.Sprintf("%s-%d-%s.rec", h.name, h.round, name))
 	os.Remove(rec)
-	logf, err := os.Create(filepath.Join(h.dir, fmt.Sprintf("%s-%d-%s.log", h.system, h.round, name)))
+	logf, err := os.Create(filepath.Join(h.dir, fmt.Sprintf("%s-%d-%s.log", h.name, h.round, name)))
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +121,7 @@ func (h *harness) spawnWorker(name string, concurrency int, record bool) (*worke
 		recArg = rec
 	}
 	cmd := exec.Command(exe, "worker", "-system", h.system, "-url", h.url,
-		"-concurrency", strconv.Itoa(concurrency), "-record", recArg)
+		"-concurrency", strconv.Itoa(concurrency), "-record", recArg, "-tuned="+strconv.FormatBool(h.tuned))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	p, err := bench.Start(cmd)
 	if err != nil {
@@ -197,7 +199,7 @@ func (h *harness) latency() error {
 	}
 	lat := bench.Latencies(published, started)
 	h.r.CrossProcessLatency = bench.CrossProcess(lat)
-	return writeJSON(filepath.Join(h.dir, h.system+".samples.json"), lat)
+	return writeJSON(filepath.Join(h.dir, h.name+".samples.json"), lat)
 }
 
 func (h *harness) throughput() error {

@@ -54,14 +54,19 @@ func benchMain(args []string) error {
 	runs := fs.Int("runs", 3, "throughput runs; the median is reported")
 	pending := fs.Int("pending", 100000, "pending jobs for the memory figure (0 skips it)")
 	capWait := fs.Duration("takeover-cap", 180*time.Second, "longest wait for the takeover")
+	tuned := fs.Bool("tuned", false, "tuned for latency as a user would: River FetchCooldown 1 ms, Asynq TaskCheckInterval 1 ms (reported as SYSTEM-tuned)")
 	fs.Parse(args)
 	if *quick {
 		*tasks, *runs, *pending = 2000, 1, 10000
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	h := &harness{ctx: ctx, system: *system, url: *url, dir: *out, runs: *runs, cap: *capWait,
-		r: report{System: *system, LatencyTasks: *latencyTasks, ThroughputTasks: *tasks,
+	name := *system
+	if *tuned {
+		name += "-tuned"
+	}
+	h := &harness{ctx: ctx, system: *system, name: name, tuned: *tuned, url: *url, dir: *out, runs: *runs, cap: *capWait,
+		r: report{System: name, LatencyTasks: *latencyTasks, ThroughputTasks: *tasks,
 			Concurrency: *concurrency, PendingTasks: *pending}}
 	var err error
 	switch *system {
@@ -70,11 +75,19 @@ func benchMain(args []string) error {
 		h.r.Store = "PostgreSQL (riverpgxv5, pgxpool defaults)"
 		h.r.TakeoverNote = "default rescue: RescueStuckJobsAfter = JobTimeout (1 min) + 1 h"
 		h.r.LatencyNote = "FetchCooldown default 100 ms: a worker fetches at most MaxWorkers jobs per 100 ms (80/s at concurrency 8, 320/s at 32), which River documents as limiting throughput; the latency run publishes 500/s, so its queue grows"
+		if *tuned {
+			h.r.SettingsChanged = append(h.r.SettingsChanged, "FetchCooldown 1 ms (default 100 ms)")
+			h.r.LatencyNote = "tuned: FetchCooldown 1 ms"
+		}
 	case "asynq":
 		h.p, err = openAsynq(ctx, *url)
 		h.r.Store = "Redis"
 		h.r.TakeoverNote = "default: 30 s lease, recoverer every 1 min, then retry delay 15-45 s"
 		h.r.LatencyNote = "TaskCheckInterval default 1 s: a worker that finds the queue empty sleeps 1 s before it looks again"
+		if *tuned {
+			h.r.SettingsChanged = append(h.r.SettingsChanged, "TaskCheckInterval 1 ms (default 1 s)")
+			h.r.LatencyNote = "tuned: TaskCheckInterval 1 ms"
+		}
 	default:
 		return fmt.Errorf("-system: want river or asynq, got %q", *system)
 	}
@@ -88,7 +101,7 @@ func benchMain(args []string) error {
 	if err := h.run(); err != nil {
 		return err
 	}
-	return writeJSON(filepath.Join(*out, *system+".json"), h.r)
+	return writeJSON(filepath.Join(*out, name+".json"), h.r)
 }
 
 func workerMain(args []string) error {
@@ -97,6 +110,7 @@ func workerMain(args []string) error {
 	url := fs.String("url", "", "server URL")
 	concurrency := fs.Int("concurrency", 8, "jobs at once")
 	record := fs.String("record", "", "append \"ID UNIXNANO\" here at each job start")
+	tuned := fs.Bool("tuned", false, "tuned for latency (see bench -tuned)")
 	fs.Parse(args)
 	rec, err := newRecorder(*record)
 	if err != nil {
@@ -105,9 +119,9 @@ func workerMain(args []string) error {
 	ctx := context.Background()
 	switch *system {
 	case "river":
-		return riverWorker(ctx, *url, *concurrency, rec)
+		return riverWorker(ctx, *url, *concurrency, *tuned, rec)
 	case "asynq":
-		return asynqWorker(ctx, *url, *concurrency, rec)
+		return asynqWorker(ctx, *url, *concurrency, *tuned, rec)
 	}
 	return fmt.Errorf("-system: want river or asynq, got %q", *system)
 }

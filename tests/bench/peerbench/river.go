@@ -129,7 +129,7 @@ func (w *riverSleep) Work(ctx context.Context, job *river.Job[sleepArgs]) error 
 	}
 }
 
-func riverWorker(ctx context.Context, url string, concurrency int, rec *recorder) error {
+func riverWorker(ctx context.Context, url string, concurrency int, tuned bool, rec *recorder) error {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
@@ -138,10 +138,14 @@ func riverWorker(ctx context.Context, url string, concurrency int, rec *recorder
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &riverNoop{rec: rec})
 	river.AddWorker(workers, &riverSleep{rec: rec})
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+	cfg := &river.Config{
 		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: concurrency}},
 		Workers: workers,
-	})
+	}
+	if tuned {
+		cfg.FetchCooldown = time.Millisecond
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
 	if err != nil {
 		return err
 	}
