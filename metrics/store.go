@@ -178,3 +178,10 @@ func (s *StoreCollector) read() snapshot {
 	}
 	return snap
 }
+
+// StatsOf returns the StatsFunc of s where its backend can count tasks by
+// state and kind in one query, and nil (no task gauges) where it cannot.
+// Until task.Store has Stats (branch tasksapi), it is always nil.
+func StatsOf(s task.Store) StatsFunc {
+	return nil
+}

@@ -21,7 +21,7 @@ import (
 func serveCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "serve",
-		Usage: "serve the HTTP API (/api/v1: pauses, limits, schedules) on the --store",
+		Usage: "serve the HTTP API (/api/v1: pauses, limits, schedules) and Prometheus metrics (/metrics) on the --store",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "HOST:PORT to listen on; a non-loopback host needs --token"},
 			&cli.StringFlag{Name: "token", EnvVars: []string{"LEASEPOOL_TOKEN"}, Usage: "require Authorization: Bearer TOKEN on every request"},
@@ -75,6 +75,12 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	// The store's gauges on /metrics, behind the same token.
+	reg, err := metricsRegistry(s)
+	if err != nil {
+		return err
+	}
+	h = withMetrics(h, reg, token)
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
