@@ -20,6 +20,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/metrics"
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -340,4 +341,25 @@ func listStats(ctx context.Context, s task.Store) (metrics.StoreStats, error) {
 		st.Counts = append(st.Counts, k)
 	}
 	return st, nil
+}
+
+// TestDeviceCommandMetrics checks the device observer's mapping: every
+// outcome counted, only answered commands in the round-trip histogram.
+func TestDeviceCommandMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []mqttdev.CommandOutcome{mqttdev.CommandOK, mqttdev.CommandOK, mqttdev.CommandDeviceFailed, mqttdev.CommandNoAck, mqttdev.CommandResultTimeout} {
+		m.CommandDone(mqttdev.CommandEvent{Outcome: o, Duration: 300 * time.Millisecond})
+	}
+	for o, want := range map[string]float64{"ok": 2, "device_failed": 1, "no_ack": 1, "result_timeout": 1} {
+		if got := value(t, reg, "leasepool_device_commands_total", "outcome", o); got != want {
+			t.Errorf("device_commands_total{%s} = %v, want %v", o, got, want)
+		}
+	}
+	if got := value(t, reg, "leasepool_device_command_round_trip_seconds"); got != 3 {
+		t.Errorf("round trips observed: %v, want 3 (ok and device_failed only)", got)
+	}
 }
