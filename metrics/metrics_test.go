@@ -261,17 +261,25 @@ func steal(t *testing.T, s task.Store, key string) {
 	}
 }
 
+// countingStats counts the stats reads that reach the real store.
+type countingStats struct {
+	task.Store
+	reads atomic.Int64
+}
+
+func (c *countingStats) Stats(ctx context.Context) (task.Stats, error) {
+	c.reads.Add(1)
+	return c.Store.Stats(ctx)
+}
+
 // TestStoreCollector checks the gauges against a real store and worker
-// registry, and that scrapes within MaxAge cost no store read.
+// registry, that scrapes within MaxAge cost no store read, and that a
+// state and kind that empties reads 0 rather than vanishing.
 func TestStoreCollector(t *testing.T) {
 	s := openStore(t)
 	publish(t, s, "a", 3)
 	publish(t, s, "b", 3)
-	reads := 0
-	stats := func(ctx context.Context) (metrics.StoreStats, error) {
-		reads++
-		return listStats(ctx, s)
-	}
+	stats := &countingStats{Store: s}
 	reg := prometheus.NewPedanticRegistry()
 	col, err := metrics.NewStoreCollector(metrics.StoreConfig{Stats: stats, Registry: s, Now: s.Now, MaxAge: time.Hour})
 	if err != nil {
@@ -300,47 +308,33 @@ func TestStoreCollector(t *testing.T) {
 	if got := value(t, reg, "leasepool_store_up"); got != 1 {
 		t.Errorf("store_up = %v, want 1", got)
 	}
-	if reads != 1 {
-		t.Errorf("%d store reads for 4 scrapes within MaxAge, want 1", reads)
+	if n := stats.reads.Load(); n != 1 {
+		t.Errorf("%d store reads for 4 scrapes within MaxAge, want 1", n)
 	}
-	if _, err := task.Cancel(context.Background(), s, "a"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := task.Cancel(context.Background(), s, "b"); err != nil {
-		t.Fatal(err)
-	}
+
 	fresh, err := metrics.NewStoreCollector(metrics.StoreConfig{Stats: stats, Now: s.Now, MaxAge: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fresh.Describe(make(chan *prometheus.Desc, 8))
-	out, err := testutil.CollectAndFormat(fresh, expfmt.TypeTextPlain, "leasepool_tasks")
-	if err != nil || !strings.Contains(string(out), `leasepool_tasks{kind="job",state="cancelled"} 2`) {
-		t.Errorf("after cancelling both: %s (err %v)", out, err)
+	if _, err := testutil.CollectAndFormat(fresh, expfmt.TypeTextPlain, "leasepool_tasks"); err != nil {
+		t.Fatal(err)
 	}
-}
-
-// listStats computes StoreStats by listing every task: fine for a test's
-// two tasks (the backends' Stats is one grouped query).
-func listStats(ctx context.Context, s task.Store) (metrics.StoreStats, error) {
-	ts, err := s.List(ctx, task.ListQuery{})
-	if err != nil {
-		return metrics.StoreStats{}, err
-	}
-	var st metrics.StoreStats
-	counts := map[metrics.StateCount]int64{}
-	now := s.Now()
-	for _, t := range ts {
-		counts[metrics.StateCount{State: t.State, Kind: t.Kind}]++
-		if t.State == task.StatePending && !t.NextClaimAt.After(now) && (st.OldestReadyAt.IsZero() || t.NextClaimAt.Before(st.OldestReadyAt)) {
-			st.OldestReadyAt = t.NextClaimAt
+	for _, k := range []string{"a", "b"} {
+		if _, err := task.Cancel(context.Background(), s, k); err != nil {
+			t.Fatal(err)
 		}
 	}
-	for k, n := range counts {
-		k.N = n
-		st.Counts = append(st.Counts, k)
+	out, err := testutil.CollectAndFormat(fresh, expfmt.TypeTextPlain, "leasepool_tasks", "leasepool_oldest_ready_task_age_seconds")
+	text := string(out)
+	for _, want := range []string{`leasepool_tasks{kind="job",state="cancelled"} 2`, `leasepool_tasks{kind="job",state="pending"} 0`,
+		"leasepool_oldest_ready_task_age_seconds 0"} {
+		if err != nil || !strings.Contains(text, want) {
+			t.Errorf("after cancelling both, want %s in:\n%s (err %v)", want, text, err)
+		}
 	}
-	return st, nil
+	if n := stats.reads.Load(); n != 3 {
+		t.Errorf("%d store reads, want 3 (one per scrape past MaxAge)", n)
+	}
 }
 
 // TestDeviceCommandMetrics checks the device observer's mapping: every

@@ -12,30 +12,17 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// StoreStats is what the store collector reads from the store in one
-// query: task counts per state and kind and the oldest ready task.
-type StoreStats struct {
-	Counts []StateCount
-	// OldestReadyAt is when the longest-waiting claimable task became
-	// claimable; zero when no task is ready.
-	OldestReadyAt time.Time
+// StatsReader reads the task counts per state and kind and the oldest
+// ready task in one bounded query: task.Store's Stats.
+type StatsReader interface {
+	Stats(ctx context.Context) (task.Stats, error)
 }
-
-// StateCount is how many tasks of a kind are in a state.
-type StateCount struct {
-	State task.State
-	Kind  string
-	N     int64
-}
-
-// StatsFunc reads StoreStats, with one bounded query (task.Store's Stats
-// where the backend has it).
-type StatsFunc func(ctx context.Context) (StoreStats, error)
 
 // StoreConfig configures a StoreCollector.
 type StoreConfig struct {
-	// Stats reads the task counts; nil exports no task gauges.
-	Stats StatsFunc
+	// Stats reads the task counts (usually the task.Store); nil exports
+	// no task gauges.
+	Stats StatsReader
 	// Registry lists the workers; nil exports no worker gauge.
 	Registry task.Registry
 	// Now is the store's clock (task.Store.Now): ages and worker liveness
@@ -62,11 +49,11 @@ type StoreCollector struct {
 	mu     sync.Mutex
 	readAt time.Time // local clock
 	snap   snapshot
-	seen   map[StateCount]bool // state and kind pairs exported once: kept at 0 when gone
+	seen   map[stateKind]bool // pairs exported once: kept at 0 when gone
 }
 
 type snapshot struct {
-	stats     StoreStats
+	stats     task.Stats
 	statsErr  error
 	workers   int
 	workerErr error
@@ -95,7 +82,7 @@ func NewStoreCollector(cfg StoreConfig) (*StoreCollector, error) {
 		workers: prometheus.NewDesc(namespace+"_workers_live", "Worker processes whose registry record is live.", nil, nil),
 		up: prometheus.NewDesc(namespace+"_store_up",
 			"1 when the collector's last store read succeeded, 0 when it failed (the gauges it feeds are then left out).", nil, nil),
-		seen: map[StateCount]bool{},
+		seen: map[stateKind]bool{},
 	}, nil
 }
 
@@ -137,14 +124,14 @@ func (s *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 // now, so a state that empties reads 0 rather than vanishing.
 func (s *StoreCollector) collectTasks(ch chan<- prometheus.Metric) {
 	st := s.snap.stats
-	now := map[StateCount]int64{}
+	now := map[stateKind]int64{}
 	for _, c := range st.Counts {
-		k := StateCount{State: c.State, Kind: c.Kind}
+		k := stateKind{c.State, c.Kind}
 		now[k] += c.N
 		s.seen[k] = true
 	}
 	for k := range s.seen {
-		ch <- prometheus.MustNewConstMetric(s.tasks, prometheus.GaugeValue, float64(now[k]), string(k.State), k.Kind)
+		ch <- prometheus.MustNewConstMetric(s.tasks, prometheus.GaugeValue, float64(now[k]), string(k.state), k.kind)
 	}
 	age := 0.0
 	if !st.OldestReadyAt.IsZero() {
@@ -159,7 +146,7 @@ func (s *StoreCollector) read() snapshot {
 	defer cancel()
 	var snap snapshot
 	if s.cfg.Stats != nil {
-		snap.stats, snap.statsErr = s.cfg.Stats(ctx)
+		snap.stats, snap.statsErr = s.cfg.Stats.Stats(ctx)
 		if snap.statsErr != nil {
 			s.cfg.Logger.Warn("metrics: store stats", slog.Any("err", snap.statsErr))
 		}
@@ -179,9 +166,7 @@ func (s *StoreCollector) read() snapshot {
 	return snap
 }
 
-// StatsOf returns the StatsFunc of s where its backend can count tasks by
-// state and kind in one query, and nil (no task gauges) where it cannot.
-// Until task.Store has Stats (branch tasksapi), it is always nil.
-func StatsOf(s task.Store) StatsFunc {
-	return nil
+type stateKind struct {
+	state task.State
+	kind  string
 }

@@ -107,6 +107,13 @@ func TestWorkerMetricsEndpoint(t *testing.T) {
 			// predate the worker's registration.
 			sample(text, "leasepool_workers_live") == 1
 	})
+	// The store's gauges, up to 5 s behind.
+	eventually(t, 30*time.Second, "the store gauges on /metrics", func() bool {
+		text, _ = scrape("http://"+addr+"/metrics", "")
+		return sample(text, `leasepool_tasks{kind="noop",state="succeeded"}`) == 3 &&
+			sample(text, `leasepool_tasks{kind="sleep",state="failed"}`) == 1 &&
+			sample(text, `leasepool_tasks{kind="exec",state="succeeded"}`) == 1
+	})
 	checks := map[string]float64{
 		`leasepool_tasks_claimed_total{kind="noop"}`:                                3,
 		`leasepool_tasks_claimed_total{kind="exec"}`:                                2,
@@ -114,6 +121,7 @@ func TestWorkerMetricsEndpoint(t *testing.T) {
 		`leasepool_task_wait_seconds_count{kind="sleep"}`:                           1,
 		`leasepool_workers_live`:                                                    1,
 		`leasepool_store_up`:                                                        1,
+		`leasepool_oldest_ready_task_age_seconds`:                                   0,
 	}
 	for series, want := range checks {
 		if got := sample(text, series); got != want {
@@ -143,6 +151,9 @@ func checkServeMetrics(t *testing.T, ctx context.Context, url string) {
 	})
 	if got := sample(text, "leasepool_workers_live"); got != 1 {
 		t.Errorf("serve: leasepool_workers_live = %v, want 1", got)
+	}
+	if got := sample(text, `leasepool_tasks{kind="noop",state="succeeded"}`); got != 3 {
+		t.Errorf("serve: leasepool_tasks{noop,succeeded} = %v, want 3", got)
 	}
 	if _, code := scrape("http://"+addr+"/metrics", ""); code != http.StatusUnauthorized {
 		t.Errorf("serve: /metrics without the token: %d, want 401", code)

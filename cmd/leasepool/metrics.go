@@ -34,7 +34,7 @@ func metricsRegistry(s task.Store) (*prometheus.Registry, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	col, err := metrics.NewStoreCollector(metrics.StoreConfig{
-		Stats: metrics.StatsOf(s), Registry: s, Now: s.Now, Logger: slog.Default(),
+		Stats: s, Registry: s, Now: s.Now, Logger: slog.Default(),
 	})
 	if err != nil {
 		return nil, err
