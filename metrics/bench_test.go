@@ -1,3 +1,5 @@
+//go:build unix
+
 package metrics_test
 
 import (
@@ -8,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,34 +34,42 @@ import (
 func BenchmarkMetricsOverhead(b *testing.B) {
 	rounds, tasks := envInt(b, "LEASEPOOL_BENCH_ROUNDS", 6), envInt(b, "LEASEPOOL_BENCH_TASKS", 3000)
 	for range b.N {
-		var off, on []float64
+		var off, on, cpuOff, cpuOn []float64
 		for r := range rounds {
 			order := []bool{false, true}
 			if r%2 == 1 {
 				order = []bool{true, false}
 			}
 			for _, withMetrics := range order {
-				perS := drain(b, tasks, withMetrics)
+				perS, cpu := drain(b, tasks, withMetrics)
 				if withMetrics {
-					on = append(on, perS)
+					on, cpuOn = append(on, perS), append(cpuOn, cpu)
 				} else {
-					off = append(off, perS)
+					off, cpuOff = append(off, perS), append(cpuOff, cpu)
 				}
 			}
-			b.Logf("round %d: off %.0f tasks/s, on %.0f tasks/s", r+1, off[r], on[r])
+			b.Logf("round %d: off %.0f tasks/s %.0f µs CPU/task, on %.0f tasks/s %.0f µs CPU/task", r+1, off[r], cpuOff[r], on[r], cpuOn[r])
 		}
 		mOff, mOn := median(off), median(on)
-		b.Logf("metrics off: median %.0f tasks/s (min %.0f, max %.0f)", mOff, slices.Min(off), slices.Max(off))
-		b.Logf("metrics on:  median %.0f tasks/s (min %.0f, max %.0f)", mOn, slices.Min(on), slices.Max(on))
-		b.Logf("cost of metrics: %.1f%% of the median throughput", 100*(mOff-mOn)/mOff)
+		cOff, cOn := median(cpuOff), median(cpuOn)
+		b.Logf("metrics off: median %.0f tasks/s (min %.0f, max %.0f), %.0f µs CPU/task (min %.0f, max %.0f)",
+			mOff, slices.Min(off), slices.Max(off), cOff, slices.Min(cpuOff), slices.Max(cpuOff))
+		b.Logf("metrics on:  median %.0f tasks/s (min %.0f, max %.0f), %.0f µs CPU/task (min %.0f, max %.0f)",
+			mOn, slices.Min(on), slices.Max(on), cOn, slices.Min(cpuOn), slices.Max(cpuOn))
+		b.Logf("cost of metrics: %.1f%% of the median throughput, %.1f%% of the median CPU per task", 100*(mOff-mOn)/mOff, 100*(cOn-cOff)/cOff)
 		b.ReportMetric(mOff, "off-tasks/s")
 		b.ReportMetric(mOn, "on-tasks/s")
+		b.ReportMetric(cOff, "off-cpu-µs/task")
+		b.ReportMetric(cOn, "on-cpu-µs/task")
 	}
 }
 
 // drain publishes n noop tasks on a fresh store, then times one worker
-// (concurrency 32) running them all.
-func drain(b *testing.B, n int, withMetrics bool) float64 {
+// (concurrency 32) running them all. It returns the tasks per second and
+// the process's CPU time (user and system) per task during the drain: on
+// a shared machine, other processes' load stretches the wall time far more
+// than this process's own CPU time.
+func drain(b *testing.B, n int, withMetrics bool) (perS, cpuMicros float64) {
 	b.Helper()
 	ctx := context.Background()
 	s, err := sqlitestore.Open(ctx, filepath.Join(b.TempDir(), "bench.db"), &sqlitestore.Config{Logger: slog.New(slog.DiscardHandler)})
@@ -92,6 +103,7 @@ func drain(b *testing.B, n int, withMetrics bool) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
+	cpu0 := cpuTime(b)
 	start := time.Now()
 	if err := w.Start(ctx); err != nil {
 		b.Fatal(err)
@@ -101,11 +113,20 @@ func drain(b *testing.B, n int, withMetrics bool) float64 {
 	case <-time.After(5 * time.Minute):
 		b.Fatalf("%d tasks not drained in 5 minutes", n)
 	}
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), cpuTime(b)-cpu0
 	if err := w.Stop(ctx); err != nil {
 		b.Fatal(err)
 	}
-	return float64(n) / elapsed.Seconds()
+	return float64(n) / elapsed.Seconds(), float64(cpu.Microseconds()) / float64(n)
+}
+
+// cpuTime is the process's user plus system CPU time so far.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func median(v []float64) float64 {
