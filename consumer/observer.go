@@ -27,9 +27,11 @@ type ClaimEvent struct {
 	Kind    string
 	Attempt int
 	// Wait is how long the task had been claimable: the claim time (store
-	// clock) minus the later of its created_at and run_at. A retried task
-	// counts from its retry time; one released on shutdown or snoozed
-	// counts from its original run_at or its snooze's end.
+	// clock) minus the latest of its created_at, its run_at and the end of
+	// any expired lease the claim takes over. A retried task counts from
+	// its retry time, a snoozed one from the snooze's end, a taken-over one
+	// from when its holder's lease ran out (the takeover delay); one
+	// released on shutdown from its last run_at (its run included).
 	Wait time.Duration
 	// TakenOver is how many expired leases (crashed or frozen holders) the
 	// claim recorded as failed and replaced.

@@ -74,7 +74,7 @@ type claimTry struct {
 	held   []task.LockParams // the locks and slots the latest try took
 
 	tries     int       // calls of claim: each after the first follows a conflict
-	readyAt   time.Time // the later of created_at and run_at, as the claim read them
+	readyAt   time.Time // since when the task was claimable: see ClaimEvent.Wait
 	claimedAt time.Time // the claim's store time
 	takenOver int       // expired entries the claim replaced
 }
@@ -112,11 +112,19 @@ func (ct *claimTry) claim(t *task.Task) error {
 	if _, paused := ctl.Paused(t); paused {
 		return errPaused
 	}
-	ct.readyAt, ct.claimedAt = t.CreatedAt, now
+	ct.readyAt, ct.claimedAt, ct.takenOver = t.CreatedAt, now, 0
 	if t.RunAt.After(ct.readyAt) {
 		ct.readyAt = t.RunAt
 	}
-	ct.takenOver = t.CountWorkers(now).Expired
+	for _, w := range t.Workers {
+		// An expired lease's end is when its task became claimable again.
+		if w.Expired(now) {
+			ct.takenOver++
+			if w.LeaseUntil.After(ct.readyAt) {
+				ct.readyAt = w.LeaseUntil
+			}
+		}
+	}
 	ct.holder = t.Claim(c.self, now)
 	// Slots before locks: a lock taken and given back (no slot) would tell
 	// a peer that tried it meanwhile to wait for this claim's whole lease.

@@ -77,7 +77,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"kind", "outcome"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "task_wait_seconds",
-			Help:    "Publish-to-start wait: claim time minus the later of the task's created_at and run_at (store clock).",
+			Help:    "Publish-to-start wait: claim time minus the latest of the task's created_at, run_at and the end of an expired lease taken over (store clock).",
 			Buckets: durationBuckets,
 		}, []string{"kind"}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
