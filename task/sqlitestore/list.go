@@ -21,7 +21,14 @@ func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error
 	if err := q.Validate(); err != nil {
 		return nil, fmt.Errorf("list: %w", err)
 	}
-	stmt, args := listSQL(q)
+	narrow := false
+	if q.KeyPrefix != "" {
+		var err error
+		if narrow, err = s.fewKeys(ctx, q.KeyPrefix); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+	}
+	stmt, args := listSQL(q, narrow)
 	ts, err := s.query(ctx, stmt, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list: %w", err)
@@ -29,7 +36,33 @@ func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error
 	return ts, nil
 }
 
-func listSQL(q task.ListQuery) (string, []any) {
+// narrowPrefix is how many keys a prefix may match for List to read them
+// through the key index and sort them, rather than walk seq order.
+var narrowPrefix = 10000
+
+// fewKeys reports whether at most narrowPrefix keys start with prefix,
+// counted on the key index alone.
+func (s *Store) fewKeys(ctx context.Context, prefix string) (bool, error) {
+	if s.closed.Load() {
+		return false, errClosed
+	}
+	var n int
+	err := s.rdb.QueryRowContext(ctx, "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE key >= ? AND key < ? LIMIT ?)",
+		prefix, prefixEnd(prefix), narrowPrefix+1).Scan(&n)
+	return n <= narrowPrefix, mapErr(err)
+}
+
+// prefixEnd is the least string above every string starting with p (keys
+// are valid UTF-8, so p's last byte is below 0xff).
+func prefixEnd(p string) string {
+	b := []byte(p)
+	b[len(b)-1]++
+	return string(b)
+}
+
+// listSQL builds List's query; narrow reads the key prefix's rows through
+// the key index (few of them) instead of filtering rows in seq order.
+func listSQL(q task.ListQuery, narrow bool) (string, []any) {
 	var b strings.Builder
 	lo, hi := task.ReservedRange()
 	args := []any{q.AfterSeq, lo, hi}
@@ -50,8 +83,11 @@ func listSQL(q task.ListQuery) (string, []any) {
 		and("kind = ?", q.Kind)
 	}
 	if q.KeyPrefix != "" {
+		if narrow {
+			and("seq IN (SELECT seq FROM tasks WHERE key >= ? AND key < ?)", q.KeyPrefix, prefixEnd(q.KeyPrefix))
+		}
 		// substr, not LIKE: a prefix holding % or _ means itself. The
-		// unary + keeps the planner on seq order (see README figures).
+		// unary + keeps a common prefix's walk in seq order.
 		and("substr(+key, 1, ?) = ?", len([]rune(q.KeyPrefix)), q.KeyPrefix)
 	}
 	// The worker and text filters parse each row's document; a plain
