@@ -93,7 +93,7 @@ func startWorkerMetrics(c *cli.Context, s task.Store) (obs *metrics.Metrics, sto
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := serveUntilDone(ctx, l, metrics.Handler(reg, c.String("metrics-token"))); err != nil {
+		if err := serveUntilDone(ctx, l, metrics.Handler(reg, c.String("metrics-token")), make(chan struct{})); err != nil {
 			slog.Error("metrics server", slog.Any("err", err))
 		}
 	}()

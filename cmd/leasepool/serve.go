@@ -71,7 +71,8 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
-	h, err := web.NewHandler(web.Config{Store: s, Token: token, ReadOnly: c.Bool("read-only"), Logger: slog.Default()})
+	stop := make(chan struct{})
+	h, err := web.NewHandler(web.Config{Store: s, Token: token, ReadOnly: c.Bool("read-only"), Logger: slog.Default(), Stop: stop})
 	if err != nil {
 		return err
 	}
@@ -85,13 +86,15 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	return serveUntilDone(c.Context, l, h)
+	return serveUntilDone(c.Context, l, h, stop)
 }
 
-// serveUntilDone serves h on l until ctx ends, then lets requests in
-// flight finish for a few seconds.
-func serveUntilDone(ctx context.Context, l net.Listener, h http.Handler) error {
+// serveUntilDone serves h on l until ctx ends, then closes stop (ending
+// the event streams, which never go idle) and lets requests in flight
+// finish for a few seconds.
+func serveUntilDone(ctx context.Context, l net.Listener, h http.Handler, stop chan struct{}) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv.RegisterOnShutdown(func() { close(stop) })
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
 	slog.Info("serving the HTTP API", "addr", l.Addr().String())
