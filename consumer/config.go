@@ -60,6 +60,9 @@ type Config struct {
 	HeartbeatTimeout time.Duration
 	// Logger receives the worker's logs. Default slog.Default().
 	Logger *slog.Logger
+	// Observer is told of claims, claim conflicts and outcomes (metrics).
+	// Default: none.
+	Observer Observer
 }
 
 func (c *Config) validate() error {
@@ -124,6 +127,9 @@ func (c *Config) validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Observer == nil {
+		c.Observer = nopObserver{}
 	}
 	return nil
 }

@@ -40,6 +40,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided func())
 	case err == nil && try.reaped:
 		c.logger.Warn("task failed: workers expired and retries are exhausted", slog.String("task", e.Key))
 	case err == nil:
+		c.observeClaim(doc, try)
 		c.run(doc, try.holder)
 	case errors.As(err, &wait):
 		if wait.Verdict == preempt.Later {
@@ -71,6 +72,11 @@ type claimTry struct {
 	holder task.Holder
 	reaped bool
 	held   []task.LockParams // the locks and slots the latest try took
+
+	tries     int       // calls of claim: each after the first follows a conflict
+	readyAt   time.Time // since when the task was claimable: see ClaimEvent.Wait
+	claimedAt time.Time // the claim's store time
+	takenOver int       // expired entries the claim replaced
 }
 
 // free gives back what the latest try took: the claim was not written.
@@ -88,6 +94,9 @@ func (ct *claimTry) claim(t *task.Task) error {
 	c := ct.c
 	ct.free()
 	ct.reaped = false
+	if ct.tries++; ct.tries > 1 {
+		c.cfg.Observer.ClaimConflict(t.Kind)
+	}
 	now := c.store.Now()
 	d := preempt.Decide(t, c.cfg.WorkerID, now)
 	switch d.Verdict {
@@ -102,6 +111,19 @@ func (ct *claimTry) claim(t *task.Task) error {
 	ctl := c.ctl.Load()
 	if _, paused := ctl.Paused(t); paused {
 		return errPaused
+	}
+	ct.readyAt, ct.claimedAt, ct.takenOver = t.CreatedAt, now, 0
+	if t.RunAt.After(ct.readyAt) {
+		ct.readyAt = t.RunAt
+	}
+	for _, w := range t.Workers {
+		// An expired lease's end is when its task became claimable again.
+		if w.Expired(now) {
+			ct.takenOver++
+			if w.LeaseUntil.After(ct.readyAt) {
+				ct.readyAt = w.LeaseUntil
+			}
+		}
 	}
 	ct.holder = t.Claim(c.self, now)
 	// Slots before locks: a lock taken and given back (no slot) would tell
@@ -149,6 +171,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 		// The claim took about as long as the lease (a store outage): a
 		// peer may claim it any moment, so do not start.
 		c.leaseLost.Add(1)
+		c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Attempt: attempt, Outcome: OutcomeLeaseLost})
 		c.logger.Warn("claim landed after its lease ended; not starting", slog.String("task", doc.Key), slog.Int("attempt", attempt))
 		if keys := doc.LockKeys; len(keys) > 0 {
 			c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
@@ -170,8 +193,10 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
+	began := time.Now()
 	err := c.invoke(hctx, job)
 	ended := c.store.Now() // the work ended here, before its locks are freed
+	took := time.Since(began)
 	stopPing()
 	<-pingDone
 	c.running.remove(doc.Key, me)
@@ -184,13 +209,22 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	if keys := lease.Doc().LockKeys; len(keys) > 0 && !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 	}
-	c.settle(hctx, lease, err, ended, log)
+	outcome := c.settle(hctx, lease, err, ended, log)
+	c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Attempt: attempt, Outcome: outcome, Started: true, Duration: took})
 }
 
-// settle writes the attempt's outcome.
+// observeClaim tells the observer of the claim try wrote.
+func (c *Consumer) observeClaim(doc *task.Task, try *claimTry) {
+	c.cfg.Observer.Claimed(ClaimEvent{
+		Kind: doc.Kind, Attempt: try.holder.Attempt,
+		Wait: max(try.claimedAt.Sub(try.readyAt), 0), TakenOver: try.takenOver,
+	})
+}
+
+// settle writes the attempt's outcome and returns it.
 // ended is when the handler returned: an outcome is judged against the
 // lease as it stood then, and a peer's claim since makes the write fail.
-func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) {
+func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) Outcome {
 	cause := context.Cause(hctx)
 	if errors.Is(cause, task.ErrUnpinned) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -203,12 +237,15 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.Release(h, c.store.Now()) }); err != nil {
 			log.Debug("release after the task finished", slog.Any("err", err))
 		}
-		return
+		return OutcomeTaskDone
 	}
 	if errors.Is(cause, task.ErrLeaseLost) {
 		c.leaseLost.Add(1)
 		log.Warn("lease lost; handler cancelled", slog.Any("cause", cause))
-		return
+		if errors.Is(cause, task.ErrCancelled) {
+			return OutcomeCancelled
+		}
+		return OutcomeLeaseLost
 	}
 	var snooze *SnoozeError
 	var write func(t *task.Task) error
@@ -236,19 +273,30 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 		if errors.Is(werr, task.ErrLeaseLost) {
 			c.leaseLost.Add(1)
 			log.Warn("outcome refused: lease lost", slog.Any("err", werr))
-			return
+			if errors.Is(werr, task.ErrCancelled) {
+				return OutcomeCancelled
+			}
+			return OutcomeLeaseLost
 		}
 		log.Error("outcome not written; the lease will expire and a peer will retry", slog.Any("err", werr))
-		return
+		return OutcomeNotWritten
 	}
 	switch {
-	case snooze != nil, errors.Is(err, ErrShutdown):
+	case snooze != nil:
+		return OutcomeSnoozed
+	case errors.Is(err, ErrShutdown):
+		return OutcomeReleased
 	case err == nil:
 		c.succeeded.Add(1)
 		log.Debug("task succeeded")
+		return OutcomeSucceeded
 	default:
 		c.failed.Add(1)
 		log.Warn("task attempt failed", slog.Any("err", err))
+		if lease.Doc().State == task.StateFailed {
+			return OutcomeFailed
+		}
+		return OutcomeRetried
 	}
 }
 

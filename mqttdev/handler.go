@@ -58,6 +58,8 @@ type HandlerConfig struct {
 	// WrapTransport, when set, wraps the MQTT transport (fault injection in
 	// tests). Nil uses it as is.
 	WrapTransport func(Transport) Transport
+	// Observer is told how each command exchange ended (metrics). Nil: none.
+	Observer CommandObserver
 }
 
 func (c *HandlerConfig) validate() error {
@@ -270,6 +272,16 @@ func (h *Handler) onMessage(m Message) {
 // ctx's cause promptly when ctx is cancelled (lease lost). The exchange
 // itself is an attempt (attempt.go).
 func (h *Handler) Handle(ctx context.Context, job *consumer.Job) error {
+	if h.cfg.Observer == nil {
+		return h.handle(ctx, job)
+	}
+	began := time.Now()
+	err := h.handle(ctx, job)
+	h.cfg.Observer.CommandDone(CommandEvent{Outcome: commandOutcome(ctx, err), Duration: time.Since(began)})
+	return err
+}
+
+func (h *Handler) handle(ctx context.Context, job *consumer.Job) error {
 	c, err := DecodePayload(job.Task.Payload)
 	if err != nil {
 		return fmt.Errorf("task %s: %w", job.Task.Key, err)

@@ -43,8 +43,9 @@ type env struct {
 }
 
 type setupOpts struct {
-	url string // empty: an embedded broker
-	sim device.Config
+	url      string // empty: an embedded broker
+	sim      device.Config
+	observer CommandObserver
 }
 
 // setup starts a broker (unless o.url is set), a simulator and a handler,
@@ -88,6 +89,7 @@ func setup(t *testing.T, o setupOpts) *env {
 		Prefix:       e.prefix,
 		Logger:       testLogger(t).With("side", "worker"),
 		OfflineRetry: 3 * time.Second,
+		Observer:     o.observer,
 		WrapTransport: func(tr Transport) Transport {
 			e.fault = NewFaultTransport(tr)
 			return e.fault

@@ -44,6 +44,8 @@ type WireConfig struct {
 	Prefix string
 	// Logger gets the handler's and the host's logs; nil discards them.
 	Logger *slog.Logger
+	// Observer is told how each device command ended (metrics); nil: none.
+	Observer CommandObserver
 	// BrokerLogger gets the embedded broker's own logs; nil discards them.
 	// The broker logs every client that drops as a warning: an error level
 	// filter keeps what matters.
@@ -88,6 +90,7 @@ func Wire(ctx context.Context, cfg WireConfig) (*Wiring, error) {
 		Prefix:       cfg.Prefix,
 		Logger:       cfg.Logger,
 		DeviceState:  StoreStates(cfg.Store),
+		Observer:     cfg.Observer,
 	})
 	if err == nil {
 		err = h.Start(ctx)

@@ -21,7 +21,7 @@ import (
 func serveCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "serve",
-		Usage: "serve the HTTP API (/api/v1: pauses, limits, schedules) on the --store",
+		Usage: "serve the HTTP API (/api/v1: pauses, limits, schedules) and Prometheus metrics (/metrics) on the --store",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "HOST:PORT to listen on; a non-loopback host needs --token"},
 			&cli.StringFlag{Name: "token", EnvVars: []string{"LEASEPOOL_TOKEN"}, Usage: "require Authorization: Bearer TOKEN on every request"},
@@ -71,21 +71,30 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
-	h, err := web.NewHandler(web.Config{Store: s, Token: token, ReadOnly: c.Bool("read-only"), Logger: slog.Default()})
+	stop := make(chan struct{})
+	h, err := web.NewHandler(web.Config{Store: s, Token: token, ReadOnly: c.Bool("read-only"), Logger: slog.Default(), Stop: stop})
 	if err != nil {
 		return err
 	}
+	// The store's gauges on /metrics, behind the same token.
+	reg, err := metricsRegistry(s)
+	if err != nil {
+		return err
+	}
+	h = withMetrics(h, reg, token)
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	return serveUntilDone(c.Context, l, h)
+	return serveUntilDone(c.Context, l, h, stop)
 }
 
-// serveUntilDone serves h on l until ctx ends, then lets requests in
-// flight finish for a few seconds.
-func serveUntilDone(ctx context.Context, l net.Listener, h http.Handler) error {
+// serveUntilDone serves h on l until ctx ends, then closes stop (ending
+// the event streams, which never go idle) and lets requests in flight
+// finish for a few seconds.
+func serveUntilDone(ctx context.Context, l net.Listener, h http.Handler, stop chan struct{}) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv.RegisterOnShutdown(func() { close(stop) })
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
 	slog.Info("serving the HTTP API", "addr", l.Addr().String())

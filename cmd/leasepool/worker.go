@@ -21,7 +21,7 @@ func workerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "worker",
 		Usage: "claim and run tasks until SIGINT or SIGTERM",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "id", Usage: "worker id (default host-pid-random)"},
 			&cli.StringFlag{Name: "kinds", Usage: "comma-separated kinds to run (default all built-in kinds)"},
 			&cli.IntFlag{Name: "concurrency", Value: 8, Usage: "handlers running at once"},
@@ -44,7 +44,7 @@ func workerCommand() *cli.Command {
 			&cli.DurationFlag{Name: "kill-grace", Value: builtin.DefaultKillGrace,
 				Usage: "on shutdown, how long an exec program has between SIGTERM and SIGKILL (lease loss and cancel kill at once)"},
 			retentionEveryFlag(),
-		},
+		}, metricsFlags()...),
 		Action: runWorker,
 	}
 }
@@ -72,11 +72,20 @@ func runWorker(c *cli.Context) error {
 	if kinds, err = addMaintenance(c, mux, s, kinds); err != nil {
 		return err
 	}
+	obs, stopMetrics, err := startWorkerMetrics(c, s)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	var observer consumer.Observer // a nil *metrics.Metrics would not be a nil Observer
+	if obs != nil {
+		observer = obs
+	}
 	w, err := consumer.New(consumer.Config{
 		Store: s, Handler: mux, WorkerID: c.String("id"), Kinds: kinds,
 		Concurrency: c.Int("concurrency"), ShutdownTimeout: c.Duration("shutdown-timeout"),
 		RetryPolicy: consumer.ExponentialBackoff(c.Duration("backoff"), 5*time.Minute),
-		Logger:      slog.Default(),
+		Logger:      slog.Default(), Observer: observer,
 	})
 	if err != nil {
 		return err
@@ -90,7 +99,11 @@ func runWorker(c *cli.Context) error {
 	// Shutdown order: the consumer stops first (its handlers may be
 	// talking to devices), then the MQTT client, then the broker.
 	if slices.Contains(kinds, mqttdev.Kind) {
-		wiring, err := mqttdev.Wire(c.Context, deviceWiring(c, mux, s, w.WorkerID()))
+		wc := deviceWiring(c, mux, s, w.WorkerID())
+		if obs != nil {
+			wc.Observer = obs
+		}
+		wiring, err := mqttdev.Wire(c.Context, wc)
 		if err != nil {
 			return fmt.Errorf("device tasks: %w", err)
 		}

@@ -1,0 +1,101 @@
+package main
+
+// Prometheus metrics on `leasepool worker --metrics-addr` and on
+// `leasepool serve`'s listener (package metrics).
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/urfave/cli/v2"
+
+	"github.com/leasepool/leasepool/metrics"
+	"github.com/leasepool/leasepool/task"
+)
+
+func metricsFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "metrics-addr",
+			Usage: "HOST:PORT to serve Prometheus metrics on (/metrics); empty: none. Any host is allowed: metrics carry " +
+				"kinds and counts, no keys or payloads; give --metrics-token to require a bearer token"},
+		&cli.StringFlag{Name: "metrics-token", EnvVars: []string{"LEASEPOOL_METRICS_TOKEN"},
+			Usage: "require Authorization: Bearer TOKEN on /metrics"},
+	}
+}
+
+// metricsRegistry is a registry with the Go runtime's and the process's
+// collectors and the store's gauges, read from s at most every 5 s.
+func metricsRegistry(s task.Store) (*prometheus.Registry, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	col, err := metrics.NewStoreCollector(metrics.StoreConfig{
+		Stats: s, Registry: s, Now: s.Now, Logger: slog.Default(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := reg.Register(col); err != nil {
+		return nil, err
+	}
+	return reg, nil
+}
+
+// listenMetrics checks --metrics-addr and listens on it, so a bad or busy
+// address fails the worker before it claims anything; nil when not given.
+func listenMetrics(c *cli.Context) (net.Listener, error) {
+	addr := c.String("metrics-addr")
+	if addr == "" {
+		if c.IsSet("metrics-token") {
+			return nil, badFlag(c, "metrics-token", "needs --metrics-addr")
+		}
+		return nil, nil
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, badFlag(c, "metrics-addr", "%q: want HOST:PORT: %v", addr, err)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	return l, nil
+}
+
+// withMetrics serves /metrics from reg (behind token, if any) and
+// everything else from h.
+func withMetrics(h http.Handler, reg prometheus.Gatherer, token string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics.Handler(reg, token))
+	mux.Handle("/", h)
+	return mux
+}
+
+// startWorkerMetrics serves the worker's metrics on --metrics-addr until
+// stop is called; with no address it returns a nil observer.
+func startWorkerMetrics(c *cli.Context, s task.Store) (obs *metrics.Metrics, stop func(), err error) {
+	l, err := listenMetrics(c)
+	if err != nil || l == nil {
+		return nil, func() {}, err
+	}
+	reg, err := metricsRegistry(s)
+	if err == nil {
+		obs, err = metrics.New(reg)
+	}
+	if err != nil {
+		l.Close()
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(c.Context))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := serveUntilDone(ctx, l, metrics.Handler(reg, c.String("metrics-token")), make(chan struct{})); err != nil {
+			slog.Error("metrics server", slog.Any("err", err))
+		}
+	}()
+	return obs, func() { cancel(); <-done }, nil
+}

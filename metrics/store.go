@@ -1,0 +1,172 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// StatsReader reads the task counts per state and kind and the oldest
+// ready task in one bounded query: task.Store's Stats.
+type StatsReader interface {
+	Stats(ctx context.Context) (task.Stats, error)
+}
+
+// StoreConfig configures a StoreCollector.
+type StoreConfig struct {
+	// Stats reads the task counts (usually the task.Store); nil exports
+	// no task gauges.
+	Stats StatsReader
+	// Registry lists the workers; nil exports no worker gauge.
+	Registry task.Registry
+	// Now is the store's clock (task.Store.Now): ages and worker liveness
+	// are judged in it. Required.
+	Now func() time.Time
+	// MaxAge is how long figures read are reused: scrapes within it cost
+	// no query. Default 5s.
+	MaxAge time.Duration
+	// Timeout bounds each read. Default 5s.
+	Timeout time.Duration
+	// Logger gets failed reads; nil discards them.
+	Logger *slog.Logger
+}
+
+// StoreCollector is a prometheus.Collector of the store's gauges. However
+// often it is scraped, it reads the store at most once per MaxAge (one
+// stats query and one registry listing), and concurrent scrapes share a
+// read.
+type StoreCollector struct {
+	cfg StoreConfig
+
+	tasks, oldest, workers, up *prometheus.Desc
+
+	mu     sync.Mutex
+	readAt time.Time // local clock
+	snap   snapshot
+	seen   map[stateKind]bool // pairs exported once: kept at 0 when gone
+}
+
+type snapshot struct {
+	stats     task.Stats
+	statsErr  error
+	workers   int
+	workerErr error
+	now       time.Time
+}
+
+// NewStoreCollector checks cfg and returns a collector to register.
+func NewStoreCollector(cfg StoreConfig) (*StoreCollector, error) {
+	if cfg.Now == nil {
+		return nil, errors.New("metrics store collector: Now is required")
+	}
+	if cfg.MaxAge < 0 || cfg.Timeout < 0 {
+		return nil, errors.New("metrics store collector: MaxAge and Timeout must not be negative")
+	}
+	setDefault(&cfg.MaxAge, 5*time.Second)
+	setDefault(&cfg.Timeout, 5*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &StoreCollector{
+		cfg: cfg,
+		tasks: prometheus.NewDesc(namespace+"_tasks", "Tasks in the store by state and kind.",
+			[]string{"state", "kind"}, nil),
+		oldest: prometheus.NewDesc(namespace+"_oldest_ready_task_age_seconds",
+			"How long the longest-waiting claimable task has been claimable (0: none ready).", nil, nil),
+		workers: prometheus.NewDesc(namespace+"_workers_live", "Worker processes whose registry record is live.", nil, nil),
+		up: prometheus.NewDesc(namespace+"_store_up",
+			"1 when the collector's last store read succeeded, 0 when it failed (the gauges it feeds are then left out).", nil, nil),
+		seen: map[stateKind]bool{},
+	}, nil
+}
+
+func setDefault(p *time.Duration, v time.Duration) {
+	if *p == 0 {
+		*p = v
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (s *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{s.tasks, s.oldest, s.workers, s.up} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s *StoreCollector) Collect(ch chan<- prometheus.Metric) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.readAt.IsZero() || time.Since(s.readAt) >= s.cfg.MaxAge {
+		s.snap = s.read()
+		s.readAt = time.Now()
+	}
+	ok := 1.0
+	if s.snap.statsErr != nil || s.snap.workerErr != nil {
+		ok = 0
+	}
+	ch <- prometheus.MustNewConstMetric(s.up, prometheus.GaugeValue, ok)
+	if s.cfg.Stats != nil && s.snap.statsErr == nil {
+		s.collectTasks(ch)
+	}
+	if s.cfg.Registry != nil && s.snap.workerErr == nil {
+		ch <- prometheus.MustNewConstMetric(s.workers, prometheus.GaugeValue, float64(s.snap.workers))
+	}
+}
+
+// collectTasks exports the counts, with 0 for pairs seen before and gone
+// now, so a state that empties reads 0 rather than vanishing.
+func (s *StoreCollector) collectTasks(ch chan<- prometheus.Metric) {
+	st := s.snap.stats
+	now := map[stateKind]int64{}
+	for _, c := range st.Counts {
+		k := stateKind{c.State, c.Kind}
+		now[k] += c.N
+		s.seen[k] = true
+	}
+	for k := range s.seen {
+		ch <- prometheus.MustNewConstMetric(s.tasks, prometheus.GaugeValue, float64(now[k]), string(k.state), k.kind)
+	}
+	age := 0.0
+	if !st.OldestReadyAt.IsZero() {
+		age = max(s.snap.now.Sub(st.OldestReadyAt).Seconds(), 0)
+	}
+	ch <- prometheus.MustNewConstMetric(s.oldest, prometheus.GaugeValue, age)
+}
+
+// read queries the store once for everything the collector exports.
+func (s *StoreCollector) read() snapshot {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	defer cancel()
+	var snap snapshot
+	if s.cfg.Stats != nil {
+		snap.stats, snap.statsErr = s.cfg.Stats.Stats(ctx)
+		if snap.statsErr != nil {
+			s.cfg.Logger.Warn("metrics: store stats", slog.Any("err", snap.statsErr))
+		}
+	}
+	snap.now = s.cfg.Now()
+	if s.cfg.Registry != nil {
+		ws, err := s.cfg.Registry.Workers(ctx)
+		for _, w := range ws {
+			if w.Live(snap.now) {
+				snap.workers++
+			}
+		}
+		if snap.workerErr = err; err != nil {
+			s.cfg.Logger.Warn("metrics: worker registry", slog.Any("err", err))
+		}
+	}
+	return snap
+}
+
+type stateKind struct {
+	state task.State
+	kind  string
+}
