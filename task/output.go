@@ -109,13 +109,16 @@ func (t *Task) Record(h Holder, out Output) {
 	w.Log, w.LogDropped = lines, dropped
 }
 
-// Result returns the result of t's latest succeeded attempt, or nil when
-// no succeeded attempt recorded one.
+// Result returns the result of t's latest succeeded attempt that
+// recorded one (in History too, so a task rerun since keeps its last
+// one), or nil.
 func (t *Task) Result() json.RawMessage {
 	var best *Worker
-	for i := range t.Workers {
-		if w := &t.Workers[i]; w.State == WorkerSuccess && len(w.Result) > 0 && (best == nil || w.Attempt > best.Attempt) {
-			best = w
+	for _, ws := range [][]Worker{t.Workers, t.History} {
+		for i := range ws {
+			if w := &ws[i]; w.State == WorkerSuccess && len(w.Result) > 0 && (best == nil || w.Attempt > best.Attempt) {
+				best = w
+			}
 		}
 	}
 	if best == nil {

@@ -36,6 +36,8 @@ type taskDoc struct {
 	LockKeys             []string      `bson:"lock_keys"`
 	Workers              []workerDoc   `bson:"workers"`
 	Attempts             int64         `bson:"attempts"`
+	History              []workerDoc   `bson:"history,omitempty"`
+	HistoryDropped       int64         `bson:"history_dropped,omitempty"`
 	Cancelled            bool          `bson:"cancelled"`
 	State                string        `bson:"state"`
 	NextClaimAt          time.Time     `bson:"next_claim_at"`
@@ -133,6 +135,14 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 			return nil, err
 		}
 	}
+	for _, w := range t.History {
+		h, err := toWorkerDoc(w)
+		if err != nil {
+			return nil, err
+		}
+		d.History = append(d.History, h)
+	}
+	d.HistoryDropped = int64(t.HistoryDropped)
 	return d, nil
 }
 
@@ -238,6 +248,14 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 			return nil, fmt.Errorf("task %s: %w", d.Key, err)
 		}
 	}
+	for _, w := range d.History {
+		h, err := fromWorkerDoc(w)
+		if err != nil {
+			return nil, fmt.Errorf("task %s: history: %w", d.Key, err)
+		}
+		t.History = append(t.History, h)
+	}
+	t.HistoryDropped = int(d.HistoryDropped)
 	return t, nil
 }
 

@@ -187,6 +187,12 @@ func (s suite) get(t *testing.T) {
 			Result: json.RawMessage(`{"rows":[1,2.5,"é"],"ok":true,"none":null}`), LogDropped: 3,
 			Log: []task.LogLine{{At: now.Add(-time.Second), Msg: "fetched 2 rows"}, {At: now, Msg: "wrote \"é\""}}})
 		next.Attempts = 4
+		next.History = []task.Worker{
+			{WorkerID: "w0", Instance: "i0", State: task.WorkerSnoozed, Attempt: 1, LeaseUntil: now.Add(-5 * time.Hour), StartedAt: now.Add(-6 * time.Hour), EndedAt: now.Add(-5 * time.Hour),
+				Result: json.RawMessage(`[1,"two"]`), Log: []task.LogLine{{At: now.Add(-5 * time.Hour), Msg: "device offline"}}},
+			{WorkerID: "w1", State: task.WorkerReleased, Attempt: 2, LeaseUntil: now.Add(-4 * time.Hour), StartedAt: now.Add(-5 * time.Hour), EndedAt: now.Add(-4 * time.Hour)},
+		}
+		next.HistoryDropped = 7
 		next.Cancelled = true
 		next.State = task.StateCancelled
 		next.NextClaimAt = time.Time{}
