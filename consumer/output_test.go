@@ -112,14 +112,18 @@ func TestAttemptHistory(t *testing.T) {
 }
 
 // A cancelled task leaves no RUNNING entry: the attempt is ended as
-// CANCELLED by the cancel itself.
+// CANCELLED by the cancel itself, and what its handler logged until it
+// stopped is kept.
 func TestCancelLeavesNoRunningEntry(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	in := make(chan struct{}, 1)
 	e.worker("A", func(ctx context.Context, job *consumer.Job) error {
+		job.Log("started")
 		send(in, struct{}{})
-		return hold(ctx, t, nil)
+		err := hold(ctx, t, nil)
+		job.Log("stopping: ", err)
+		return err
 	})
 	e.publish("cx", lease(100*time.Millisecond, 20*time.Second))
 	recv(t, in, "handler start")
@@ -129,5 +133,12 @@ func TestCancelLeavesNoRunningEntry(t *testing.T) {
 	doc := e.get("cx")
 	if len(doc.Workers) != 1 || doc.Workers[0].State != task.WorkerCancelled || doc.Workers[0].EndedAt.IsZero() {
 		t.Fatalf("workers %+v; want the one attempt CANCELLED", doc.Workers)
+	}
+	eventually(t, waitLong, func() bool {
+		doc = e.get("cx")
+		return len(doc.Workers[0].Log) == 2
+	}, "the cancelled handler's log lines")
+	if w := doc.Workers[0]; w.State != task.WorkerCancelled || w.Log[0].Msg != "started" || !strings.Contains(w.Log[1].Msg, "cancelled") || doc.State != task.StateCancelled {
+		t.Errorf("task %s, entry %+v; want CANCELLED with both lines", doc.State, w)
 	}
 }

@@ -203,6 +203,13 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, out task.Outp
 		}
 		return
 	}
+	if errors.Is(cause, task.ErrCancelled) && (len(out.Result) > 0 || len(out.Log) > 0) {
+		// The cancel ended the attempt; what its handler recorded is kept.
+		h := lease.Holder()
+		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.RecordCancelled(h, out) }); err != nil {
+			log.Debug("output of a cancelled attempt not stored", slog.Any("err", err))
+		}
+	}
 	if errors.Is(cause, task.ErrLeaseLost) {
 		c.leaseLost.Add(1)
 		log.Warn("lease lost; handler cancelled", slog.Any("cause", cause))

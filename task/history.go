@@ -8,6 +8,7 @@ package task
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -66,4 +67,16 @@ func (t *Task) AttemptHistory() []Worker {
 	all = append(append(all, t.History...), t.Workers...)
 	slices.SortStableFunc(all, func(a, b Worker) int { return cmp.Compare(a.Attempt, b.Attempt) })
 	return all
+}
+
+// RecordCancelled stores out on h's entry that a cancel ended (see
+// Record), so what a cancelled handler logged is kept. It changes nothing
+// else and notes no change; it fails with ErrLeaseLost unless h's entry is
+// still in the worker list as CANCELLED.
+func (t *Task) RecordCancelled(h Holder, out Output) error {
+	if i := t.Entry(h); i < 0 || t.Workers[i].State != WorkerCancelled {
+		return fmt.Errorf("task %s attempt %d: no cancelled entry: %w", t.Key, h.Attempt, ErrLeaseLost)
+	}
+	t.Record(h, out)
+	return nil
 }

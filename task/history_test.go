@@ -2,6 +2,7 @@ package task_test
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -144,5 +145,25 @@ func TestCloneCopiesHistory(t *testing.T) {
 	c.History[0].State = task.WorkerFail
 	if tk.History[0].Log[0].Msg != "x" || tk.History[0].State != task.WorkerReleased {
 		t.Errorf("the original changed with its clone: %+v", tk.History[0])
+	}
+}
+
+func TestRecordCancelled(t *testing.T) {
+	t.Parallel()
+	h := task.Holder{WorkerID: "a", Attempt: 1}
+	out := task.Output{Log: []task.LogLine{{At: t0, Msg: "bye"}}}
+	tk := runningDoc(t, nil)
+	if err := tk.RecordCancelled(h, out); !errors.Is(err, task.ErrLeaseLost) {
+		t.Errorf("RecordCancelled of a running entry: %v; want ErrLeaseLost", err)
+	}
+	if err := tk.Cancel(t0); err != nil {
+		t.Fatal(err)
+	}
+	before := tk.Clone()
+	if err := tk.RecordCancelled(h, out); err != nil {
+		t.Fatal(err)
+	}
+	if len(tk.Workers[0].Log) != 1 || tk.State != task.StateCancelled || tk.ChangesVersion != before.ChangesVersion || !tk.UpdatedAt.Equal(before.UpdatedAt) {
+		t.Errorf("after RecordCancelled: %+v", tk)
 	}
 }
