@@ -36,8 +36,8 @@ type taskDoc struct {
 	LockKeys             []string      `bson:"lock_keys"`
 	Workers              []workerDoc   `bson:"workers"`
 	Attempts             int64         `bson:"attempts"`
-	History              []workerDoc   `bson:"history,omitempty"`
-	HistoryDropped       int64         `bson:"history_dropped,omitempty"`
+	History              []workerDoc   `bson:"history"` // not omitempty: Update $sets every field
+	HistoryDropped       int64         `bson:"history_dropped"`
 	Cancelled            bool          `bson:"cancelled"`
 	State                string        `bson:"state"`
 	NextClaimAt          time.Time     `bson:"next_claim_at"`
@@ -135,6 +135,7 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 			return nil, err
 		}
 	}
+	d.History = make([]workerDoc, 0, len(t.History))
 	for _, w := range t.History {
 		h, err := toWorkerDoc(w)
 		if err != nil {

@@ -211,6 +211,17 @@ func (s suite) get(t *testing.T) {
 		}
 		want.Version = 2
 		requireSame(t, "Get after Update", mustGet(t, st, tk.Key), want)
+
+		// Fields set before and cleared now are cleared.
+		next = mustGet(t, st, tk.Key)
+		next.History, next.HistoryDropped = nil, 0
+		next.Workers[len(next.Workers)-1].Result, next.Workers[len(next.Workers)-1].Log = nil, nil
+		want = next.Clone()
+		if err := st.Update(ctxFor(t), next); err != nil {
+			t.Fatalf("Update: %v", err)
+		}
+		want.Version = 3
+		requireSame(t, "Get after an Update that clears history", mustGet(t, st, tk.Key), want)
 	})
 }
 
