@@ -10,14 +10,22 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
-// MaxHistory is how many attempts History keeps: the latest ones;
-// HistoryDropped counts the older ones left out. With MaxResultSize and
-// the log limits it bounds what history adds to a document (and to every
-// write of it: a renewal rewrites the whole document) to about 1 MiB.
-const MaxHistory = 50
+// Bounds on History, since every write of a task (a renewal too)
+// rewrites the whole document.
+const (
+	// MaxHistory is how many attempts History keeps: the latest ones;
+	// HistoryDropped counts the older ones left out.
+	MaxHistory = 50
+	// MaxHistoryOutput bounds the results, log lines and errors History
+	// keeps, in bytes: past it, older entries keep only their error's
+	// first line (OutputDropped). With entries of about 300 bytes besides,
+	// history adds at most about 80 KiB to a document.
+	MaxHistoryOutput = 64 << 10
+)
 
 // Terminal states of entries that left the worker list (History only),
 // and of a running entry when its task is cancelled.
@@ -39,13 +47,33 @@ func (t *Task) archive(i int, st WorkerState, now time.Time) {
 	t.keep(w)
 }
 
-// keep appends w to History, dropping the oldest beyond MaxHistory.
+// keep appends w to History, dropping the oldest beyond MaxHistory and
+// the output of the older ones beyond MaxHistoryOutput.
 func (t *Task) keep(ws ...Worker) {
 	t.History = append(t.History, ws...)
 	if n := len(t.History) - MaxHistory; n > 0 {
 		t.History = slices.Delete(t.History, 0, n)
 		t.HistoryDropped += n
 	}
+	size := 0
+	for i := len(t.History) - 1; i >= 0; i-- {
+		w := &t.History[i]
+		size += outputSize(*w)
+		if size > MaxHistoryOutput && !w.OutputDropped {
+			w.LogDropped += len(w.Log)
+			w.Result, w.Log, w.OutputDropped = nil, nil, true
+			w.Error = cut(strings.SplitN(w.Error, "\n", 2)[0], MaxLogLineLen)
+		}
+	}
+}
+
+// outputSize is about how many bytes w's result, log and error take.
+func outputSize(w Worker) int {
+	n := len(w.Result) + len(w.Error)
+	for _, l := range w.Log {
+		n += len(l.Msg) + 40 // the line's time and JSON around it
+	}
+	return n
 }
 
 // endRunning ends every RUNNING entry as st at now (Cancel: CANCELLED,

@@ -3,6 +3,7 @@ package task_test
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,5 +166,50 @@ func TestRecordCancelled(t *testing.T) {
 	}
 	if len(tk.Workers[0].Log) != 1 || tk.State != task.StateCancelled || tk.ChangesVersion != before.ChangesVersion || !tk.UpdatedAt.Equal(before.UpdatedAt) {
 		t.Errorf("after RecordCancelled: %+v", tk)
+	}
+}
+
+// History keeps the output of its newest entries within
+// MaxHistoryOutput; older ones keep their error's first line and say so.
+func TestHistoryOutputBounded(t *testing.T) {
+	t.Parallel()
+	tk := doc(t, nil)
+	big := json.RawMessage(`"` + strings.Repeat("r", task.MaxResultSize-2) + `"`)
+	var lines []task.LogLine
+	for range task.MaxLogLines {
+		lines = append(lines, task.LogLine{At: t0, Msg: strings.Repeat("l", task.MaxLogLineLen)})
+	}
+	for range task.MaxHistory {
+		h := tk.Claim(task.Holder{WorkerID: "a", Instance: "i"}, t0)
+		tk.Record(h, task.Output{Result: big, Log: lines})
+		if err := tk.Fail(h, "boom\n"+strings.Repeat("stack ", 2*task.MaxErrorLen), time.Time{}, t0); err != nil {
+			t.Fatal(err)
+		}
+		if len(tk.Workers[len(tk.Workers)-1].Error) > task.MaxErrorLen {
+			t.Fatalf("Fail kept an error of %d bytes; limit %d", len(tk.Workers[len(tk.Workers)-1].Error), task.MaxErrorLen)
+		}
+		if err := tk.Cancel(t0); err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.Reset(t0); err != nil { // archives the failed entry
+			t.Fatal(err)
+		}
+	}
+	size, kept := 0, 0
+	for _, w := range tk.History {
+		size += len(w.Result) + len(w.Error)
+		for _, l := range w.Log {
+			size += len(l.Msg)
+		}
+		if !w.OutputDropped {
+			kept++
+			continue
+		}
+		if w.Result != nil || w.Log != nil || w.Error != "boom" || w.LogDropped != task.MaxLogLines {
+			t.Errorf("a trimmed entry: %+v; want only the error's first line, %d lines counted", w, task.MaxLogLines)
+		}
+	}
+	if size > task.MaxHistoryOutput || kept == 0 || tk.History[len(tk.History)-1].OutputDropped {
+		t.Errorf("history keeps %d bytes of output (limit %d), %d entries whole; want the newest kept whole", size, task.MaxHistoryOutput, kept)
 	}
 }

@@ -16,9 +16,8 @@ import (
 	"unicode/utf8"
 )
 
-// Limits on what one attempt records. A document holds at most
-// MaxHistory archived attempts besides its live worker list, so these
-// bound its growth: about 21 KiB per attempt at worst.
+// Limits on what one attempt records, so that a handler cannot grow a
+// task document without limit (see also MaxHistoryOutput).
 const (
 	// MaxResultSize is the largest result, in bytes of JSON.
 	MaxResultSize = 16 << 10
@@ -28,6 +27,9 @@ const (
 	// MaxLogLineLen is the longest log line, in bytes; longer lines are
 	// cut at a character boundary and end with "…".
 	MaxLogLineLen = 256
+	// MaxErrorLen is the longest error a failed attempt keeps (a panic's
+	// stack fits), in bytes, cut as log lines are.
+	MaxErrorLen = 8 << 10
 )
 
 // LogLine is one line a handler logged, at store time.
@@ -66,15 +68,21 @@ func LogText(s string) string {
 		}
 		return r
 	}, s)
-	if len(s) <= MaxLogLineLen {
+	return cut(s, MaxLogLineLen)
+}
+
+// cut cuts s to at most n bytes at a character boundary, ending it with
+// "…" when it was longer.
+func cut(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
 	const ellipsis = "…"
-	cut := MaxLogLineLen - len(ellipsis)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
+	i := n - len(ellipsis)
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
 	}
-	return s[:cut] + ellipsis
+	return s[:i] + ellipsis
 }
 
 // Record stores out on h's entry, for the finishing mutation that follows

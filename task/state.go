@@ -180,7 +180,7 @@ func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
 		return err
 	}
 	w := &t.Workers[i]
-	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), errMsg
+	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), cut(errMsg, MaxErrorLen)
 	t.noteWorker(ChangeFailed, *w)
 	t.Changes[len(t.Changes)-1].Until = retryAt.UTC()
 	t.touch(now)

@@ -71,6 +71,9 @@ type Worker struct {
 	Result     json.RawMessage `json:"result,omitempty"`
 	Log        []LogLine       `json:"log,omitempty"`
 	LogDropped int             `json:"log_dropped,omitempty"`
+	// OutputDropped says that History left out this entry's result and
+	// log and cut its error to the first line (MaxHistoryOutput).
+	OutputDropped bool `json:"output_dropped,omitempty"`
 }
 
 // Holder is the holder identity of w's attempt of the task with key.

@@ -49,6 +49,9 @@ func printAttempts(w io.Writer, t *task.Task) {
 		if len(a.Result) > 0 {
 			fmt.Fprintln(w, "  result: "+printable(string(a.Result)))
 		}
+		if a.OutputDropped {
+			fmt.Fprintln(w, "  result and log not kept (history's size limit)")
+		}
 		if a.LogDropped > 0 {
 			fmt.Fprintf(w, "  log: %d earlier line(s) not kept\n", a.LogDropped)
 		}

@@ -68,9 +68,10 @@ type workerDoc struct {
 	EndedAt    time.Time `bson:"ended_at"`
 	Error      string    `bson:"error,omitempty"`
 	// Result is stored as a BSON value, as the payload is.
-	Result     bson.RawValue `bson:"result,omitempty"`
-	Log        []logDoc      `bson:"log,omitempty"`
-	LogDropped int64         `bson:"log_dropped,omitempty"`
+	Result        bson.RawValue `bson:"result,omitempty"`
+	Log           []logDoc      `bson:"log,omitempty"`
+	LogDropped    int64         `bson:"log_dropped,omitempty"`
+	OutputDropped bool          `bson:"output_dropped,omitempty"`
 }
 
 // logDoc is a task.LogLine.
@@ -149,15 +150,16 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 
 func toWorkerDoc(w task.Worker) (workerDoc, error) {
 	d := workerDoc{
-		WorkerID:   w.WorkerID,
-		Instance:   w.Instance,
-		State:      string(w.State),
-		Attempt:    int64(w.Attempt),
-		LeaseUntil: w.LeaseUntil.UTC(),
-		StartedAt:  w.StartedAt.UTC(),
-		EndedAt:    w.EndedAt.UTC(),
-		Error:      w.Error,
-		LogDropped: int64(w.LogDropped),
+		WorkerID:      w.WorkerID,
+		Instance:      w.Instance,
+		State:         string(w.State),
+		Attempt:       int64(w.Attempt),
+		LeaseUntil:    w.LeaseUntil.UTC(),
+		StartedAt:     w.StartedAt.UTC(),
+		EndedAt:       w.EndedAt.UTC(),
+		Error:         w.Error,
+		LogDropped:    int64(w.LogDropped),
+		OutputDropped: w.OutputDropped,
 	}
 	if len(w.Result) > 0 {
 		r, err := jsonToBSON(w.Result)
@@ -174,15 +176,16 @@ func toWorkerDoc(w task.Worker) (workerDoc, error) {
 
 func fromWorkerDoc(d workerDoc) (task.Worker, error) {
 	w := task.Worker{
-		WorkerID:   d.WorkerID,
-		Instance:   d.Instance,
-		State:      task.WorkerState(d.State),
-		Attempt:    int(d.Attempt),
-		LeaseUntil: utc(d.LeaseUntil),
-		StartedAt:  utc(d.StartedAt),
-		EndedAt:    utc(d.EndedAt),
-		Error:      d.Error,
-		LogDropped: int(d.LogDropped),
+		WorkerID:      d.WorkerID,
+		Instance:      d.Instance,
+		State:         task.WorkerState(d.State),
+		Attempt:       int(d.Attempt),
+		LeaseUntil:    utc(d.LeaseUntil),
+		StartedAt:     utc(d.StartedAt),
+		EndedAt:       utc(d.EndedAt),
+		Error:         d.Error,
+		LogDropped:    int(d.LogDropped),
+		OutputDropped: d.OutputDropped,
 	}
 	r, err := bsonToJSON(d.Result)
 	if err != nil {

@@ -190,7 +190,7 @@ func (s suite) get(t *testing.T) {
 		next.History = []task.Worker{
 			{WorkerID: "w0", Instance: "i0", State: task.WorkerSnoozed, Attempt: 1, LeaseUntil: now.Add(-5 * time.Hour), StartedAt: now.Add(-6 * time.Hour), EndedAt: now.Add(-5 * time.Hour),
 				Result: json.RawMessage(`[1,"two"]`), Log: []task.LogLine{{At: now.Add(-5 * time.Hour), Msg: "device offline"}}},
-			{WorkerID: "w1", State: task.WorkerReleased, Attempt: 2, LeaseUntil: now.Add(-4 * time.Hour), StartedAt: now.Add(-5 * time.Hour), EndedAt: now.Add(-4 * time.Hour)},
+			{WorkerID: "w1", State: task.WorkerReleased, Attempt: 2, LeaseUntil: now.Add(-4 * time.Hour), StartedAt: now.Add(-5 * time.Hour), EndedAt: now.Add(-4 * time.Hour), LogDropped: 4, OutputDropped: true},
 		}
 		next.HistoryDropped = 7
 		next.Cancelled = true
