@@ -21,6 +21,10 @@ import (
 const (
 	// MaxResultSize is the largest result, in bytes of JSON.
 	MaxResultSize = 16 << 10
+	// MaxResultDepth is how deeply a result may nest arrays and objects:
+	// MongoDB refuses documents nested over 100 levels, and a result that
+	// no backend could store would keep its attempt's outcome unwritten.
+	MaxResultDepth = 32
 	// MaxLogLines is how many log lines an attempt keeps: the latest ones;
 	// LogDropped counts the earlier lines left out.
 	MaxLogLines = 20
@@ -54,7 +58,32 @@ func ValidateResult(b json.RawMessage) error {
 	if len(b) > 0 && !json.Valid(b) {
 		return invalid("result", "is not valid JSON")
 	}
+	if d := jsonDepth(b); d > MaxResultDepth {
+		return invalid("result", fmt.Sprintf("nests %d levels deep, more than the limit of %d", d, MaxResultDepth))
+	}
 	return nil
+}
+
+// jsonDepth is how deeply valid JSON b nests arrays and objects.
+func jsonDepth(b []byte) int {
+	depth, deepest, inString, escaped := 0, 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '[' || c == '{':
+			depth++
+			deepest = max(deepest, depth)
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return deepest
 }
 
 // LogText cleans one log line for storage: control characters (newlines

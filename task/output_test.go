@@ -75,7 +75,12 @@ func TestResultIsLatestSucceeded(t *testing.T) {
 
 func TestValidateResult(t *testing.T) {
 	t.Parallel()
-	for _, b := range []string{"{", strings.Repeat(" ", task.MaxResultSize+1)} {
+	deep := strings.Repeat("[", task.MaxResultDepth+1) + strings.Repeat("]", task.MaxResultDepth+1)
+	ok := `[{"s":"[[[[\"{{{{"},` + strings.Repeat("[", task.MaxResultDepth-1) + strings.Repeat("]", task.MaxResultDepth-1) + `]`
+	if err := task.ValidateResult(json.RawMessage(ok)); err != nil {
+		t.Errorf("ValidateResult at the depth limit, brackets in strings: %v", err)
+	}
+	for _, b := range []string{"{", strings.Repeat(" ", task.MaxResultSize+1), deep} {
 		if err := task.ValidateResult(json.RawMessage(b)); err == nil || !strings.Contains(err.Error(), "result") {
 			t.Errorf("ValidateResult(%.10q): %v; want an error naming result", b, err)
 		}

@@ -143,6 +143,7 @@ func (s suite) get(t *testing.T) {
 			t.Fatalf("Get missing: %v; want ErrNotFound", err)
 		}
 	})
+	t.Run("DeepResult", s.deepResult)
 	t.Run("RoundTrip", func(t *testing.T) {
 		st := s.store(t)
 		now := st.Now()
@@ -223,6 +224,25 @@ func (s suite) get(t *testing.T) {
 		want.Version = 3
 		requireSame(t, "Get after an Update that clears history", mustGet(t, st, tk.Key), want)
 	})
+}
+
+// deepResult: a result nested as deep as task.ValidateResult allows, in
+// history, stores on every backend (MongoDB refuses documents nested over
+// 100 levels), so an attempt's outcome is never refused for its result.
+func (s suite) deepResult(t *testing.T) {
+	st := s.store(t)
+	tk := mustInsert(t, st, newTask(t, "deep", "k", st.Now(), task.Options{}))
+	deep := json.RawMessage(strings.Repeat("[", task.MaxResultDepth) + strings.Repeat("]", task.MaxResultDepth))
+	if err := task.ValidateResult(deep); err != nil {
+		t.Fatal(err)
+	}
+	tk.History = []task.Worker{{WorkerID: "w", State: task.WorkerSnoozed, Attempt: 1, StartedAt: st.Now(), Result: deep}}
+	want := tk.Clone()
+	if err := st.Update(ctxFor(t), tk); err != nil {
+		t.Fatalf("Update with a result %d levels deep: %v", task.MaxResultDepth, err)
+	}
+	want.Version++
+	requireSame(t, "Get after Update", mustGet(t, st, "deep"), want)
 }
 
 func (s suite) update(t *testing.T) {
