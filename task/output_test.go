@@ -86,3 +86,16 @@ func TestValidateResult(t *testing.T) {
 		}
 	}
 }
+
+func TestFailKeepsABoundedValidError(t *testing.T) {
+	t.Parallel()
+	tk := runningDoc(t, nil)
+	h := task.Holder{WorkerID: "a", Attempt: 1}
+	if err := tk.Fail(h, "bad \xff"+strings.Repeat("é", task.MaxErrorLen), time.Time{}, t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	e := tk.Workers[0].Error
+	if len(e) > task.MaxErrorLen || !utf8.ValidString(e) || !strings.HasPrefix(e, "bad \uFFFD") || tk.Changes[0].Error != e {
+		t.Errorf("error kept: %d bytes, valid UTF-8 %v, starts %q; noted %d bytes", len(e), utf8.ValidString(e), e[:8], len(tk.Changes[0].Error))
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -180,7 +181,7 @@ func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
 		return err
 	}
 	w := &t.Workers[i]
-	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), cut(errMsg, MaxErrorLen)
+	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), cut(strings.ToValidUTF8(errMsg, "\uFFFD"), MaxErrorLen)
 	t.noteWorker(ChangeFailed, *w)
 	t.Changes[len(t.Changes)-1].Until = retryAt.UTC()
 	t.touch(now)
