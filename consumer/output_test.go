@@ -142,3 +142,27 @@ func TestCancelLeavesNoRunningEntry(t *testing.T) {
 		t.Errorf("task %s, entry %+v; want CANCELLED with both lines", doc.State, w)
 	}
 }
+
+// A running attempt's log lines are stored with its lease renewals, so
+// they show before it ends.
+func TestLogShowsWhileRunning(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	release := make(chan struct{})
+	e.worker("A", func(ctx context.Context, job *consumer.Job) error {
+		job.Log("halfway")
+		return hold(ctx, t, release)
+	})
+	e.publish("live", lease(50*time.Millisecond, 20*time.Second))
+	eventually(t, waitLong, func() bool {
+		doc := e.get("live")
+		return len(doc.Workers) == 1 && len(doc.Workers[0].Log) == 1
+	}, "the running attempt's log line in the store")
+	if doc := e.get("live"); doc.Workers[0].State != task.WorkerRunning || doc.Workers[0].Log[0].Msg != "halfway" {
+		t.Errorf("entry %+v; want RUNNING with the line", doc.Workers[0])
+	}
+	close(release)
+	if doc := e.waitState("live", task.StateSucceeded); len(doc.Workers[0].Log) != 1 {
+		t.Errorf("after success: %+v; want the one line, once", doc.Workers[0])
+	}
+}

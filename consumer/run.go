@@ -155,6 +155,10 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	me := &run{lease: lease, version: doc.Version, cancel: cancel}
 	c.running.set(doc.Key, me)
 
+	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
+	job.out.now = c.store.Now
+	lease.Carry(job.Output) // renewals store what the handler recorded so far
+
 	pingCtx, stopPing := context.WithCancel(context.Background())
 	pingDone := make(chan struct{})
 	go func() {
@@ -162,8 +166,6 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 		lease.Keep(pingCtx, func(cause error) { cancel(cause) })
 	}()
 
-	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
-	job.out.now = c.store.Now
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
 	err := c.invoke(hctx, job)
