@@ -182,15 +182,15 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	if keys := lease.Doc().LockKeys; len(keys) > 0 && !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 	}
-	c.settle(hctx, lease, job.Output(), err, ended, log)
+	c.settle(hctx, lease, err, ended, log)
 }
 
 // settle writes the attempt's outcome.
 // ended is when the handler returned: an outcome is judged against the
 // lease as it stood then, and a peer's claim since makes the write fail.
-// out is what the handler recorded; every write here stores it.
-func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, out task.Output, err error, ended time.Time, log *slog.Logger) {
+func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) {
 	cause := context.Cause(hctx)
+	out := lease.Output() // what the handler recorded: every write here stores it
 	if errors.Is(cause, task.ErrUnpinned) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = lease.Unpin(ctx)

@@ -49,6 +49,14 @@ func (l *Lease) Doc() *task.Task {
 // before the attempt ends, at no extra write. Call it before Keep.
 func (l *Lease) Carry(out func() task.Output) { l.out = out }
 
+// Output is the carried output's value now (none without Carry).
+func (l *Lease) Output() task.Output {
+	if l.out == nil {
+		return task.Output{}
+	}
+	return l.out()
+}
+
 // Holder is the lock holder identity of this lease.
 func (l *Lease) Holder() task.Holder { return l.holder }
 
@@ -117,7 +125,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 			return err
 		}
 		if l.out != nil {
-			t.Record(l.holder, l.out())
+			t.Record(l.holder, l.Output())
 		}
 		return nil
 	})
