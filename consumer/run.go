@@ -183,6 +183,10 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	me := &run{lease: lease, version: doc.Version, cancel: cancel}
 	c.running.set(doc.Key, me)
 
+	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
+	job.out.now = c.store.Now
+	lease.Carry(job.Output) // renewals store what the handler recorded so far
+
 	pingCtx, stopPing := context.WithCancel(context.Background())
 	pingDone := make(chan struct{})
 	go func() {
@@ -190,7 +194,6 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 		lease.Keep(pingCtx, func(cause error) { cancel(cause) })
 	}()
 
-	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
 	began := time.Now()
@@ -226,6 +229,7 @@ func (c *Consumer) observeClaim(doc *task.Task, try *claimTry) {
 // lease as it stood then, and a peer's claim since makes the write fail.
 func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) Outcome {
 	cause := context.Cause(hctx)
+	out := lease.Output() // what the handler recorded: every write here stores it
 	if errors.Is(cause, task.ErrUnpinned) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = lease.Unpin(ctx)
@@ -234,10 +238,18 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 	if errors.Is(cause, task.ErrTaskDone) {
 		log.Info("task finished by other workers; handler stopped")
 		h := lease.Holder()
-		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.Release(h, c.store.Now()) }); err != nil {
+		release := func(t *task.Task) error { return t.Release(h, c.store.Now()) }
+		if err := c.writeOutcome(lease, withOutput(h, out, release)); err != nil {
 			log.Debug("release after the task finished", slog.Any("err", err))
 		}
 		return OutcomeTaskDone
+	}
+	if errors.Is(cause, task.ErrCancelled) && (len(out.Result) > 0 || len(out.Log) > 0) {
+		// The cancel ended the attempt; what its handler recorded is kept.
+		h := lease.Holder()
+		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.RecordCancelled(h, out) }); err != nil {
+			log.Debug("output of a cancelled attempt not stored", slog.Any("err", err))
+		}
 	}
 	if errors.Is(cause, task.ErrLeaseLost) {
 		c.leaseLost.Add(1)
@@ -269,7 +281,7 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 			return t.Fail(h, msg, ended.Add(c.cfg.RetryPolicy(failures, err)), ended)
 		}
 	}
-	if werr := c.writeOutcome(lease, write); werr != nil {
+	if werr := c.writeOutcome(lease, withOutput(h, out, write)); werr != nil {
 		if errors.Is(werr, task.ErrLeaseLost) {
 			c.leaseLost.Add(1)
 			log.Warn("outcome refused: lease lost", slog.Any("err", werr))

@@ -66,6 +66,14 @@ type Worker struct {
 	StartedAt  time.Time `json:"started_at"`
 	EndedAt    time.Time `json:"ended_at,omitzero"`
 	Error      string    `json:"error,omitempty"`
+	// Result and Log are what the attempt's handler recorded (see Record);
+	// they are replaced, never changed in place.
+	Result     json.RawMessage `json:"result,omitempty"`
+	Log        []LogLine       `json:"log,omitempty"`
+	LogDropped int             `json:"log_dropped,omitempty"`
+	// OutputDropped says that History left out this entry's result and
+	// log and cut its error to the first line (MaxHistoryOutput).
+	OutputDropped bool `json:"output_dropped,omitempty"`
 }
 
 // Holder is the holder identity of w's attempt of the task with key.
@@ -127,13 +135,18 @@ type Task struct {
 	Workers              []Worker `json:"workers"`
 	// Attempts is the highest attempt number ever handed out; it survives
 	// entries being released or cleared so the fencing token only grows.
-	Attempts    int       `json:"attempts"`
-	Cancelled   bool      `json:"cancelled,omitempty"`
-	State       State     `json:"state"`
-	NextClaimAt time.Time `json:"next_claim_at"`
-	Version     int64     `json:"version"`
-	CreatedAt   time.Time `json:"created_at"`
-	UpdatedAt   time.Time `json:"updated_at"`
+	Attempts int `json:"attempts"`
+	// History holds the attempts that left Workers (released, snoozed,
+	// unpinned, and every entry a rerun cleared), oldest first, at most
+	// MaxHistory; HistoryDropped counts the older ones left out.
+	History        []Worker  `json:"history,omitempty"`
+	HistoryDropped int       `json:"history_dropped,omitempty"`
+	Cancelled      bool      `json:"cancelled,omitempty"`
+	State          State     `json:"state"`
+	NextClaimAt    time.Time `json:"next_claim_at"`
+	Version        int64     `json:"version"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
 	// Changes are the lifecycle changes of the write that stored version
 	// ChangesVersion (see WriteChanges).
 	ChangesVersion int64    `json:"changes_version,omitempty"`
@@ -146,9 +159,19 @@ func (t *Task) Clone() *Task {
 	c.Payload = slices.Clone(t.Payload)
 	c.SpecificWorkerIDs = slices.Clone(t.SpecificWorkerIDs)
 	c.LockKeys = slices.Clone(t.LockKeys)
-	c.Workers = slices.Clone(t.Workers)
+	c.Workers = cloneWorkers(t.Workers)
+	c.History = cloneWorkers(t.History)
 	c.Changes = slices.Clone(t.Changes)
 	return &c
+}
+
+func cloneWorkers(ws []Worker) []Worker {
+	c := slices.Clone(ws)
+	for i := range c {
+		c[i].Result = slices.Clone(c[i].Result)
+		c[i].Log = slices.Clone(c[i].Log)
+	}
+	return c
 }
 
 // Defaults for task options. A dead worker's task is taken over after
