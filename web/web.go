@@ -1,8 +1,10 @@
 // Package web is leasepool's HTTP surface: an http.Handler that sees only a
-// task.Store, so it mounts in any server (`leasepool serve` runs one). This
-// first piece is the JSON API of the flow controls (pauses, rate limits)
-// and of schedule pause/resume under /api/v1; the dashboard, the tasks API,
-// SSE and metrics are still to come.
+// task.Store, so it mounts in any server (`leasepool serve` runs one). It
+// serves the JSON API of the flow controls (pauses, rate limits) and of
+// schedule pause/resume under /api/v1, and the dashboard (server-rendered
+// pages from html/template with embedded assets) at /. Both share one
+// authentication (bearer token or basic auth), one read-only switch and one
+// cross-origin guard.
 package web
 
 import (
@@ -27,6 +29,11 @@ type Config struct {
 	// Token, when set, must come with every request as
 	// "Authorization: Bearer <Token>"; others get 401.
 	Token string
+	// BasicUser and BasicPassword, when set (both or neither), let a
+	// browser log in with HTTP basic auth; a request may then carry either
+	// the bearer token or these.
+	BasicUser     string
+	BasicPassword string
 	// ReadOnly refuses every write with 403.
 	ReadOnly bool
 	// Logger logs failed requests and writes (default slog.Default()).
@@ -42,11 +49,22 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("web: Config.Store is required")
 	}
+	if (cfg.BasicUser == "") != (cfg.BasicPassword == "") {
+		return nil, errors.New("web: Config.BasicUser and Config.BasicPassword go together")
+	}
+	if strings.Contains(cfg.BasicUser, ":") {
+		return nil, errors.New("web: Config.BasicUser must not contain ':'")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	a := &api{store: cfg.Store, log: cfg.Logger, readOnly: cfg.ReadOnly}
 	mux := http.NewServeMux()
+	d, err := newDashboard(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.routes(mux)
 	mux.HandleFunc("GET /api/v1/pauses", a.listPauses)
 	mux.HandleFunc("POST /api/v1/pauses", a.write(a.pause))
 	mux.HandleFunc("DELETE /api/v1/pauses", a.write(a.resume))
@@ -56,9 +74,13 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /api/v1/schedules", a.listSchedules)
 	mux.HandleFunc("POST /api/v1/schedules/{name}/pause", a.write(a.pauseSchedule))
 	mux.HandleFunc("POST /api/v1/schedules/{name}/resume", a.write(a.resumeSchedule))
-	var h http.Handler = jsonErrors(mux)
-	if cfg.Token != "" {
-		h = bearer(cfg.Token, h)
+	// Browsers send basic-auth credentials (and cookies) with cross-site
+	// requests too: refuse every cross-origin write, API or form, before
+	// it is authenticated. Scripts (curl, Go) send neither Origin nor
+	// Sec-Fetch-Site and pass.
+	var h http.Handler = http.NewCrossOriginProtection().Handler(jsonErrors(mux))
+	if cfg.Token != "" || cfg.BasicUser != "" {
+		h = authenticate(cfg, h)
 	}
 	return h, nil
 }
@@ -124,19 +146,33 @@ func reason(err error) string {
 	return strings.TrimPrefix(err.Error(), task.ErrInvalid.Error()+": ")
 }
 
-// bearer lets through only requests carrying token. Both sides are hashed
-// first so the constant-time compare also hides the token's length.
-func bearer(token string, next http.Handler) http.Handler {
-	want := sha256.Sum256([]byte(token))
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+// authenticate lets through only requests carrying cfg's bearer token or
+// its basic-auth user and password. Secrets are hashed first so the
+// constant-time compare also hides their length.
+func authenticate(cfg Config, next http.Handler) http.Handler {
+	wantToken := sha256.Sum256([]byte(cfg.Token))
+	wantBasic := sha256.Sum256([]byte(cfg.BasicUser + ":" + cfg.BasicPassword))
+	same := func(given string, want [32]byte) bool {
 		got := sha256.Sum256([]byte(given))
-		if !ok || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="leasepool"`)
-			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+		return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && cfg.Token != "" && same(given, wantToken) {
+			next.ServeHTTP(w, r)
 			return
 		}
-		next.ServeHTTP(w, r)
+		if user, pass, ok := r.BasicAuth(); ok && cfg.BasicUser != "" && same(user+":"+pass, wantBasic) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if cfg.BasicUser != "" {
+			// The browser asks for a user and password on this challenge.
+			w.Header().Set("WWW-Authenticate", `Basic realm="leasepool", charset="UTF-8"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong credentials (basic auth, or Authorization: Bearer TOKEN)")
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="leasepool"`)
+		writeError(w, http.StatusUnauthorized, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
 	})
 }
 
