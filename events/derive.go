@@ -37,7 +37,7 @@ var Types = []string{Published, Claimed, Expired, Succeeded, Failed, Retried, Re
 
 // ReservedPrefix starts the keys of leasepool's own documents in the tasks
 // table (the control doorbell): they are not tasks and yield no events.
-const ReservedPrefix = "leasepool:"
+const ReservedPrefix = task.ReservedPrefix
 
 // Event is one lifecycle event of one task.
 type Event struct {

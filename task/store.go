@@ -46,8 +46,13 @@ type Store interface {
 	Update(ctx context.Context, t *Task) error
 	// Candidates returns one page of unfinished tasks for the consumer.
 	Candidates(ctx context.Context, q CandidateQuery) ([]*Task, error)
-	// List returns tasks for admin tools, in publish order.
+	// List returns one page of tasks for admin tools, in publish (seq)
+	// order, oldest first or with q.Desc newest first; see ListQuery.
+	// Documents whose key has ReservedPrefix are never listed.
 	List(ctx context.Context, q ListQuery) ([]*Task, error)
+	// Stats counts tasks by state and kind, from indexes, leaving out
+	// documents whose key has ReservedPrefix.
+	Stats(ctx context.Context) (Stats, error)
 	// Watch opens a change stream of task writes. It returns
 	// ErrWatchUnsupported where the backend cannot push, and
 	// ErrHistoryLost where it cannot resume from p.ResumeAfter.
@@ -103,15 +108,6 @@ func (q CandidateQuery) Less(a, b *Task) bool {
 		return a.NextClaimAt.Before(b.NextClaimAt)
 	}
 	return a.Seq < b.Seq
-}
-
-// ListQuery selects tasks for admin tools.
-type ListQuery struct {
-	State State  // empty: any
-	Kind  string // empty: any
-	// AfterSeq continues after this Seq.
-	AfterSeq int64
-	Limit    int // 0: no limit
 }
 
 // Token is an opaque resume position in a change stream.

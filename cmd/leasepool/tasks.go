@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leasepool/leasepool/builtin"
-	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
@@ -235,8 +233,6 @@ func lsCommand() *cli.Command {
 				tasks = tasks[:len(tasks)-1]
 				fmt.Fprintf(c.App.ErrWriter, "showing the first %d tasks; more with --after %d\n", len(tasks), tasks[len(tasks)-1].Seq)
 			}
-			// The control doorbell is the queue's own document, not a task.
-			tasks = slices.DeleteFunc(tasks, func(t *task.Task) bool { return t.Key == control.DoorbellKey })
 			if c.Bool("json") {
 				if tasks == nil {
 					tasks = []*task.Task{}

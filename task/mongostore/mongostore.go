@@ -171,6 +171,11 @@ func (s *Store) init(ctx context.Context) error {
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "priority", Value: -1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("state_priority_seq")},
 		// Retention deletes finished tasks by state and age.
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "updated_at", Value: 1}}, Options: options.Index().SetName("state_updated_at")},
+		// List pages by seq, filtered by state and/or kind (list.go).
+		{Keys: bson.D{{Key: "seq", Value: 1}}, Options: options.Index().SetName("seq")},
+		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("state_seq")},
+		{Keys: bson.D{{Key: "kind", Value: 1}, {Key: "state", Value: 1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("kind_state_seq")},
+		{Keys: bson.D{{Key: "kind", Value: 1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("kind_seq")},
 	})
 	if err != nil {
 		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))
@@ -427,32 +432,6 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 	out, err := s.find(ctx, bson.D{{Key: "$and", Value: and}}, options.Find().SetSort(sort).SetLimit(int64(q.Limit)))
 	if err != nil {
 		return nil, fmt.Errorf("candidates: %w", err)
-	}
-	return out, nil
-}
-
-// List implements task.Store.
-func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error) {
-	if err := s.check(); err != nil {
-		return nil, err
-	}
-	filter := bson.D{}
-	if q.State != "" {
-		filter = append(filter, bson.E{Key: "state", Value: string(q.State)})
-	}
-	if q.Kind != "" {
-		filter = append(filter, bson.E{Key: "kind", Value: q.Kind})
-	}
-	if q.AfterSeq != 0 {
-		filter = append(filter, bson.E{Key: "seq", Value: bson.D{{Key: "$gt", Value: q.AfterSeq}}})
-	}
-	opts := options.Find().SetSort(bson.D{{Key: "seq", Value: 1}})
-	if q.Limit > 0 {
-		opts.SetLimit(int64(q.Limit))
-	}
-	out, err := s.find(ctx, filter, opts)
-	if err != nil {
-		return nil, fmt.Errorf("list: %w", err)
 	}
 	return out, nil
 }

@@ -10,10 +10,11 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 5
+const schemaVersion = 6
 
 // minReadVersion is the oldest schema a read-only open reads as it is (4
-// added an index, 5 changes.doc, read as NULL before it), so read-only
+// added an index, 5 changes.doc, read as NULL before it, 6 the list and
+// stats indexes, which queries only run faster with), so read-only
 // commands work before a writer upgrades.
 const minReadVersion = 3
 
@@ -32,6 +33,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE INDEX IF NOT EXISTS tasks_state_next_claim ON tasks (state, next_claim_at);
 CREATE INDEX IF NOT EXISTS tasks_state_priority ON tasks (state, priority DESC, seq);
 CREATE INDEX IF NOT EXISTS tasks_state_updated ON tasks (state, unixepoch(json_extract(doc, '$.updated_at'), 'subsec'));
+` + listIndexes + `
 CREATE TABLE IF NOT EXISTS changes (
 	seq INTEGER PRIMARY KEY AUTOINCREMENT,
 	key TEXT NOT NULL,
@@ -70,7 +72,16 @@ CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL,
 	// that a change stream carries each write's own document (package
 	// events derives a write's events from it) rather than the current one.
 	4: `ALTER TABLE changes ADD COLUMN doc TEXT;`,
+	5: listIndexes,
 }
+
+// listIndexes serve List and Stats (version 6). An SQLite index ends with
+// the rowid, which is seq, so each keeps its matches in seq order: a page
+// filtered by state and/or kind is a seek plus Limit index steps, never a
+// sort. tasks_kind_state also covers Stats' GROUP BY.
+const listIndexes = `CREATE INDEX IF NOT EXISTS tasks_state_seq ON tasks (state);
+CREATE INDEX IF NOT EXISTS tasks_kind_seq ON tasks (kind);
+CREATE INDEX IF NOT EXISTS tasks_kind_state_seq ON tasks (kind, state);`
 
 // migrate creates the schema in one transaction if it is missing.
 func (s *Store) migrate(ctx context.Context) error {

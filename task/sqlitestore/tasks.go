@@ -223,32 +223,6 @@ func candidateSQL(q task.CandidateQuery) (string, []any) {
 	return b.String(), args
 }
 
-// List returns tasks in publish order; see task.ListQuery.
-func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error) {
-	var b strings.Builder
-	args := []any{q.AfterSeq}
-	b.WriteString("SELECT seq, version, doc FROM tasks WHERE seq > ?")
-	if q.State != "" {
-		b.WriteString(" AND state = ?")
-		args = append(args, string(q.State))
-	}
-	if q.Kind != "" {
-		b.WriteString(" AND kind = ?")
-		args = append(args, q.Kind)
-	}
-	b.WriteString(" ORDER BY seq LIMIT ?")
-	limit := q.Limit
-	if limit <= 0 {
-		limit = -1
-	}
-	args = append(args, limit)
-	ts, err := s.query(ctx, b.String(), args...)
-	if err != nil {
-		return nil, fmt.Errorf("list: %w", err)
-	}
-	return ts, nil
-}
-
 func (s *Store) query(ctx context.Context, q string, args ...any) ([]*task.Task, error) {
 	if s.closed.Load() {
 		return nil, errClosed

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
@@ -23,12 +24,19 @@ func TestUpgradeFromVersion3(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := db.Exec(`DROP INDEX tasks_state_updated; ALTER TABLE changes DROP COLUMN doc; PRAGMA user_version = 3`); err != nil {
+	if _, err := db.Exec(`DROP INDEX tasks_state_updated; DROP INDEX tasks_state_seq; DROP INDEX tasks_kind_seq; DROP INDEX tasks_kind_state_seq; ALTER TABLE changes DROP COLUMN doc; PRAGMA user_version = 3`); err != nil {
 		t.Fatal(err)
 	}
 	ro, err := sqlitestore.Open(t.Context(), path, &sqlitestore.Config{ReadOnly: true})
 	if err != nil {
 		t.Fatalf("read-only open of a version 3 store: %v", err)
+	}
+	// The list queries only run faster with version 6's indexes.
+	if _, err := ro.List(t.Context(), task.ListQuery{Kind: "k", State: task.StatePending, Desc: true, Limit: 5}); err != nil {
+		t.Errorf("List on a version 3 store: %v", err)
+	}
+	if _, err := ro.Stats(t.Context()); err != nil {
+		t.Errorf("Stats on a version 3 store: %v", err)
 	}
 	ro.Close()
 	rw, err := sqlitestore.Open(t.Context(), path, nil)
@@ -43,11 +51,15 @@ func TestUpgradeFromVersion3(t *testing.T) {
 	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state_updated'`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
+	var listIdx int
+	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name IN ('tasks_state_seq', 'tasks_kind_seq', 'tasks_kind_state_seq')`).Scan(&listIdx); err != nil {
+		t.Fatal(err)
+	}
 	var docs int
 	if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info('changes') WHERE name = 'doc'`).Scan(&docs); err != nil {
 		t.Fatal(err)
 	}
-	if v != 5 || n != 1 || docs != 1 {
-		t.Errorf("after a writer's open: version %d, retention index %d, changes.doc %d, want 5, 1 and 1", v, n, docs)
+	if v != 6 || n != 1 || docs != 1 || listIdx != 3 {
+		t.Errorf("after a writer's open: version %d, retention index %d, changes.doc %d, list indexes %d, want 6, 1, 1 and 3", v, n, docs, listIdx)
 	}
 }

@@ -1,0 +1,146 @@
+// list.go is the admin queries: List with its filters and seq paging, and
+// Stats.
+
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// List returns one page of tasks; see task.ListQuery. State and kind are
+// seeks on the indexes that keep seq order (listIndexes); the other
+// filters are checked on the rows those yield, in seq order.
+func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error) {
+	if err := q.Validate(); err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	stmt, args := listSQL(q)
+	ts, err := s.query(ctx, stmt, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	return ts, nil
+}
+
+func listSQL(q task.ListQuery) (string, []any) {
+	var b strings.Builder
+	lo, hi := task.ReservedRange()
+	args := []any{q.AfterSeq, lo, hi}
+	// The reserved range is tested on key, not with the key index: it
+	// holds a document or two, so it must never drive the plan.
+	b.WriteString("SELECT seq, version, doc FROM tasks WHERE seq > ? AND NOT (+key >= ? AND +key < ?)")
+	and := func(cond string, a ...any) {
+		b.WriteString(" AND " + cond)
+		args = append(args, a...)
+	}
+	if q.BeforeSeq > 0 {
+		and("seq < ?", q.BeforeSeq)
+	}
+	if q.State != "" {
+		and("state = ?", string(q.State))
+	}
+	if q.Kind != "" {
+		and("kind = ?", q.Kind)
+	}
+	if q.KeyPrefix != "" {
+		// substr, not LIKE: a prefix holding % or _ means itself. The
+		// unary + keeps the planner on seq order (see README figures).
+		and("substr(+key, 1, ?) = ?", len([]rune(q.KeyPrefix)), q.KeyPrefix)
+	}
+	if q.WorkerID != "" {
+		and("EXISTS (SELECT 1 FROM json_each(doc, '$.workers') WHERE json_extract(value, '$.worker_id') = ?)", q.WorkerID)
+	}
+	if q.Text != "" {
+		and("instr(json_extract(doc, '$.payload'), ?) > 0", q.Text)
+	}
+	times := []struct {
+		field, op string
+		at        time.Time
+	}{
+		{"created_at", ">", q.CreatedAfter}, {"created_at", "<", q.CreatedBefore},
+		{"updated_at", ">", q.UpdatedAfter}, {"updated_at", "<", q.UpdatedBefore},
+	}
+	for _, c := range times {
+		if c.at.IsZero() {
+			continue
+		}
+		// Whole milliseconds, as task.ListQuery documents (and MongoDB stores).
+		and("CAST(round(unixepoch(json_extract(doc, '$."+c.field+"'), 'subsec') * 1000) AS INTEGER) "+c.op+" ?", c.at.UnixMilli())
+	}
+	if q.Desc {
+		b.WriteString(" ORDER BY seq DESC")
+	} else {
+		b.WriteString(" ORDER BY seq")
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = -1
+	}
+	b.WriteString(" LIMIT ?")
+	args = append(args, limit)
+	return b.String(), args
+}
+
+// Stats counts tasks by state and kind with one scan of the covering index
+// tasks_kind_state_seq, minus the reserved documents (found on the key
+// index), and finds the oldest ready pending task on tasks_state_next_claim.
+func (s *Store) Stats(ctx context.Context) (task.Stats, error) {
+	if s.closed.Load() {
+		return task.Stats{}, errClosed
+	}
+	lo, hi := task.ReservedRange()
+	all, err := s.counts(ctx, "SELECT state, kind, COUNT(*) FROM tasks GROUP BY kind, state")
+	if err != nil {
+		return task.Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	reserved, err := s.counts(ctx, "SELECT state, kind, COUNT(*) FROM tasks WHERE key >= ? AND key < ? GROUP BY kind, state", lo, hi)
+	if err != nil {
+		return task.Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	var st task.Stats
+	for _, c := range all {
+		for _, r := range reserved {
+			if r.State == c.State && r.Kind == c.Kind {
+				c.N -= r.N
+			}
+		}
+		if c.N > 0 {
+			st.Counts = append(st.Counts, c)
+		}
+	}
+	var at sql.NullInt64
+	err = s.rdb.QueryRowContext(ctx, `SELECT next_claim_at FROM tasks WHERE state = ? AND next_claim_at <= ?
+		AND NOT (+key >= ? AND +key < ?) ORDER BY next_claim_at LIMIT 1`,
+		string(task.StatePending), s.Now().UnixNano(), lo, hi).Scan(&at)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return task.Stats{}, fmt.Errorf("stats: oldest ready: %w", mapErr(err))
+	}
+	if at.Valid {
+		st.OldestReadyAt = time.Unix(0, at.Int64).UTC()
+	}
+	return st, nil
+}
+
+func (s *Store) counts(ctx context.Context, q string, args ...any) ([]task.StateCount, error) {
+	rows, err := s.rdb.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	defer rows.Close()
+	var out []task.StateCount
+	for rows.Next() {
+		var c task.StateCount
+		if err := rows.Scan(&c.State, &c.Kind, &c.N); err != nil {
+			return nil, mapErr(err)
+		}
+		out = append(out, c)
+	}
+	return out, mapErr(rows.Err())
+}
