@@ -18,82 +18,90 @@ import (
 // overviewData is the overview page's figures.
 type overviewData struct {
 	// Total counts per state; Kinds the same per kind.
-	Total map[string]int
-	All   int
+	Total map[string]int64
+	All   int64
 	Kinds []kindCounts
 	// Succeeded and Failed count the tasks that finished so in the last
-	// hour (their updated_at within it); Done is both.
+	// hour (updated_at within it) among the newest recentScan tasks of
+	// each state; Done is both. Capped says a state had more.
 	Succeeded, Failed, Done int
+	Capped                  bool
+	RecentScan              int
 	// OldestReady is the next_claim_at of the pending task that has waited
 	// longest for a worker (zero: none waiting).
 	OldestReady time.Time
-	// Partial: more than maxScan tasks, so the figures cover the first
-	// maxScan only.
-	Partial bool
-	MaxScan int
 }
 
 // kindCounts is one kind's counts per state.
 type kindCounts struct {
 	Kind   string
-	Counts map[string]int
-	All    int
+	Counts map[string]int64
+	All    int64
 }
 
-// maxScan bounds the tasks the overview reads.
-const maxScan = 100_000
+// recentScan bounds the finished tasks of each state the overview reads
+// for its last-hour figures: newest first, so a busy queue costs the same
+// as a quiet one.
+const recentScan = 5000
 
-// readOverview counts by reading the tasks page by page (in publish order)
-// up to maxScan.
+// readOverview reads the counts from the store's Stats (indexes) and the
+// last hour's outcomes from the newest finished tasks.
 func (d *dashboard) readOverview(ctx context.Context) (*overviewData, error) {
-	o := &overviewData{Total: map[string]int{}, MaxScan: maxScan}
-	byKind := map[string]*kindCounts{}
-	now := d.store.Now()
-	hourAgo := now.Add(-time.Hour)
-	var after int64
-	for o.All < maxScan {
-		page, err := d.store.List(ctx, task.ListQuery{AfterSeq: after, Limit: 1000})
-		if err != nil {
-			return nil, err
-		}
-		for _, t := range page {
-			after = t.Seq
-			o.count(t, byKind, now, hourAgo)
-		}
-		if len(page) < 1000 {
-			break
-		}
+	st, err := d.store.Stats(ctx)
+	if err != nil {
+		return nil, err
 	}
-	o.Partial = o.All >= maxScan
-	o.Done = o.Succeeded + o.Failed
+	o := &overviewData{Total: map[string]int64{}, OldestReady: st.OldestReadyAt, RecentScan: recentScan}
+	byKind := map[string]*kindCounts{}
+	for _, c := range st.Counts {
+		o.All += c.N
+		o.Total[string(c.State)] += c.N
+		k := byKind[c.Kind]
+		if k == nil {
+			k = &kindCounts{Kind: c.Kind, Counts: map[string]int64{}}
+			byKind[c.Kind] = k
+		}
+		k.Counts[string(c.State)] += c.N
+		k.All += c.N
+	}
 	for _, k := range sortedKeys(byKind) {
 		o.Kinds = append(o.Kinds, *byKind[k])
 	}
+	hourAgo := d.store.Now().Add(-time.Hour)
+	var capped bool
+	if o.Succeeded, capped, err = d.finishedSince(ctx, task.StateSucceeded, hourAgo); err != nil {
+		return nil, err
+	}
+	o.Capped = capped
+	if o.Failed, capped, err = d.finishedSince(ctx, task.StateFailed, hourAgo); err != nil {
+		return nil, err
+	}
+	o.Capped = o.Capped || capped
+	o.Done = o.Succeeded + o.Failed
 	return o, nil
 }
 
-func (o *overviewData) count(t *task.Task, byKind map[string]*kindCounts, now, hourAgo time.Time) {
-	o.All++
-	o.Total[string(t.State)]++
-	k := byKind[t.Kind]
-	if k == nil {
-		k = &kindCounts{Kind: t.Kind, Counts: map[string]int{}}
-		byKind[t.Kind] = k
-	}
-	k.Counts[string(t.State)]++
-	k.All++
-	if !t.UpdatedAt.Before(hourAgo) {
-		switch t.State {
-		case task.StateSucceeded:
-			o.Succeeded++
-		case task.StateFailed:
-			o.Failed++
+// finishedSince counts the tasks in state updated after since, among the
+// newest recentScan of that state; capped says there were more to read.
+func (d *dashboard) finishedSince(ctx context.Context, state task.State, since time.Time) (n int, capped bool, err error) {
+	const page = 1000
+	var before int64
+	for read := 0; read < recentScan; read += page {
+		list, err := d.store.List(ctx, task.ListQuery{State: state, Desc: true, BeforeSeq: before, Limit: page})
+		if err != nil {
+			return 0, false, err
 		}
+		for _, t := range list {
+			if t.UpdatedAt.After(since) {
+				n++
+			}
+		}
+		if len(list) < page {
+			return n, false, nil
+		}
+		before = list[len(list)-1].Seq
 	}
-	if t.State == task.StatePending && !t.NextClaimAt.After(now) &&
-		(o.OldestReady.IsZero() || t.NextClaimAt.Before(o.OldestReady)) {
-		o.OldestReady = t.NextClaimAt
-	}
+	return n, true, nil
 }
 
 // pageSize is the task list's page.
@@ -101,47 +109,82 @@ const pageSize = 50
 
 // listFilter is the task list's query string.
 type listFilter struct {
-	State task.State
-	Kind  string
-	After int64
+	State                       task.State
+	Kind, Prefix, Worker, Text  string
+	CreatedAfter, CreatedBefore string
+	UpdatedAfter, UpdatedBefore string
+	// Before is the cursor: the page holds tasks older (lower seq) than it.
+	Before int64
+	q      task.ListQuery
 }
 
 // parseFilter reads the filter, naming the field at fault.
-func parseFilter(q url.Values) (listFilter, error) {
-	var f listFilter
+func parseFilter(q url.Values, now time.Time) (listFilter, error) {
+	f := listFilter{Kind: q.Get("kind"), Prefix: q.Get("prefix"), Worker: q.Get("worker"), Text: q.Get("text"),
+		CreatedAfter: q.Get("created_after"), CreatedBefore: q.Get("created_before"),
+		UpdatedAfter: q.Get("updated_after"), UpdatedBefore: q.Get("updated_before")}
+	f.q = task.ListQuery{Kind: f.Kind, KeyPrefix: f.Prefix, WorkerID: f.Worker, Text: f.Text, Desc: true, Limit: pageSize}
 	if s := q.Get("state"); s != "" {
 		st, err := task.ParseState(s)
 		if err != nil {
 			return f, err
 		}
-		f.State = st
+		f.State, f.q.State = st, st
 	}
-	f.Kind = q.Get("kind")
-	if s := q.Get("after"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n < 0 {
-			return f, badInput("after", "%q is not a cursor from this list", s)
+	for _, tf := range []struct {
+		name, value string
+		to          *time.Time
+	}{
+		{"created_after", f.CreatedAfter, &f.q.CreatedAfter}, {"created_before", f.CreatedBefore, &f.q.CreatedBefore},
+		{"updated_after", f.UpdatedAfter, &f.q.UpdatedAfter}, {"updated_before", f.UpdatedBefore, &f.q.UpdatedBefore},
+	} {
+		t, err := parseWhen(tf.name, tf.value, now)
+		if err != nil {
+			return f, err
 		}
-		f.After = n
+		*tf.to = t
+	}
+	if s := q.Get("before"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			return f, badInput("before", "%q is not a cursor from this list", s)
+		}
+		f.Before, f.q.BeforeSeq = n, n
+	}
+	if err := f.q.Validate(); err != nil {
+		return f, err
 	}
 	return f, nil
 }
 
-// query is the filter as the store takes it.
-func (f listFilter) query() task.ListQuery {
-	return task.ListQuery{State: f.State, Kind: f.Kind, AfterSeq: f.After, Limit: pageSize}
+// parseWhen reads a time filter: RFC 3339, a browser's datetime-local
+// ("2006-01-02T15:04", read as UTC), or a duration meaning that long
+// before now ("90m"). Empty is no bound.
+func parseWhen(field, s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, badInput(field, "%q: want a time (2006-01-02T15:04:05Z) or a duration ago (90m)", s)
 }
 
 // Values is the filter as a query string, without the cursor.
 func (f listFilter) Values() url.Values {
 	v := url.Values{}
-	set := func(k, s string) {
-		if s != "" {
-			v.Set(k, s)
+	for _, kv := range [][2]string{{"state", string(f.State)}, {"kind", f.Kind}, {"prefix", f.Prefix},
+		{"worker", f.Worker}, {"text", f.Text}, {"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore},
+		{"updated_after", f.UpdatedAfter}, {"updated_before", f.UpdatedBefore}} {
+		if kv[1] != "" {
+			v.Set(kv[0], kv[1])
 		}
 	}
-	set("state", string(f.State))
-	set("kind", f.Kind)
 	return v
 }
 
@@ -156,12 +199,12 @@ type tasksPage struct {
 }
 
 func (d *dashboard) tasks(w http.ResponseWriter, r *http.Request) {
-	f, err := parseFilter(r.URL.Query())
+	f, err := parseFilter(r.URL.Query(), d.store.Now())
 	if err != nil {
 		d.fail(w, r, err)
 		return
 	}
-	list, err := d.store.List(r.Context(), f.query())
+	list, err := d.store.List(r.Context(), f.q)
 	if err != nil {
 		d.fail(w, r, err)
 		return
@@ -169,7 +212,7 @@ func (d *dashboard) tasks(w http.ResponseWriter, r *http.Request) {
 	p := tasksPage{Filter: f, States: states, Tasks: list, Self: r.URL.Path + "?" + r.URL.RawQuery}
 	if len(list) == pageSize {
 		v := f.Values()
-		v.Set("after", strconv.FormatInt(list[len(list)-1].Seq, 10))
+		v.Set("before", strconv.FormatInt(list[len(list)-1].Seq, 10))
 		p.Next = "/tasks?" + v.Encode()
 	}
 	d.render(w, r, http.StatusOK, "tasks", "Tasks", p)

@@ -109,7 +109,7 @@ func serveUntilDone(ctx context.Context, l net.Listener, h http.Handler) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
-	slog.Info("serving the dashboard and the HTTP API", "url", "http://"+l.Addr().String()+"/")
+	slog.Info("serving the HTTP API and the dashboard", "url", "http://"+l.Addr().String()+"/")
 	select {
 	case err := <-done:
 		return fmt.Errorf("serve: %w", err)
