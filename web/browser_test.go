@@ -260,6 +260,17 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	waitFor(t, ctx, "the task shown cancelled", `document.querySelector("#task-state").textContent === "cancelled"`)
 
+	// Bulk: tick every cancelled task and retry them.
+	do(t, ctx, "list the cancelled tasks", chromedp.Navigate(srv.URL+"/tasks?state=cancelled"),
+		chromedp.WaitVisible(chromedp.CSS(`#task-list tr[data-key="stale-4"]`)),
+		chromedp.Click(chromedp.CSS("#select-all")), chromedp.Click(chromedp.CSS("#bulk-retry")))
+	waitFor(t, ctx, "the bulk retry's message", `(document.querySelector("#flash") || {}).textContent === "retried 2, skipped 0"`)
+	for _, key := range []string{"stale-4", "upload-7"} {
+		if got, err := f.store.Get(t.Context(), key); err != nil || got.State.Finished() {
+			t.Errorf("%s after the bulk retry: %v %v, want it unfinished", key, got.State, err)
+		}
+	}
+
 	// A live update: a task published while the list is open appears
 	// without the page being loaded again.
 	do(t, ctx, "open the task list", chromedp.Navigate(srv.URL+"/tasks"),

@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasepool/leasepool/events"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -85,14 +86,17 @@ type page struct {
 	ReadOnly bool
 	Flash    string
 	Now      time.Time
-	Data     any
+	// EventTypes are the event stream's event names, which app.js listens
+	// for.
+	EventTypes string
+	Data       any
 }
 
 // render writes page name with data, or a 500 page when it fails (the
 // template is executed into a buffer first, so no half page goes out).
 func (d *dashboard) render(w http.ResponseWriter, r *http.Request, code int, name, title string, data any) {
 	p := page{Title: title, Nav: name, CSRF: d.csrf, ReadOnly: d.readOnly, Flash: r.URL.Query().Get("msg"),
-		Now: d.store.Now(), Data: data}
+		Now: d.store.Now(), EventTypes: strings.Join(events.Types, " "), Data: data}
 	var buf bytes.Buffer
 	if err := d.pages[name].Execute(&buf, p); err != nil {
 		d.log.Error("web: render", "page", name, "err", err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
 )
@@ -326,4 +327,29 @@ func TestDashboardStoreTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.wantPage("/tasks", 200, "in 1h0m0s", `id="task-list"`)
+}
+
+// TestDashboardDevices: the devices page joins the states the workers
+// recorded with the device tasks: online state, running command and its
+// holder, queued commands.
+func TestDashboardDevices(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	now := e.store.Now()
+	if err := mqttdev.StoreStates(e.store).PutDeviceState(t.Context(), mqttdev.DeviceState{ID: "pump-7", Online: true, At: now, SeenAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("cmd-1", mqttdev.Kind, `{"device":"pump-7","command":"flush"}`)
+	e.publish("cmd-2", mqttdev.Kind, `{"device":"pump-7","command":"drain"}`)
+	e.publish("cmd-3", mqttdev.Kind, `{"device":"valve-2","command":"open"}`)
+	if _, err := task.Modify(t.Context(), e.store, "cmd-1", func(tk *task.Task) error {
+		tk.Claim(task.Holder{WorkerID: "w-9", Instance: "i-1"}, e.store.Now())
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	body := e.wantPage("/devices", 200, "pump-7", "online", "flush", `href="/task?key=cmd-1"`, "w-9 (#1)", "valve-2", "unknown")
+	if !regexp.MustCompile(`pump-7</td>(?s:.*?)<td>1</td></tr>`).MatchString(body) {
+		t.Errorf("pump-7 should show 1 queued command:\n%s", body)
+	}
 }

@@ -62,10 +62,12 @@
       if (pollTimer) { clearInterval(pollTimer); pollTimer = null; }
       setStatus("connected");
     };
-    // Events may come named by type or unnamed: any of them means a change.
+    // Events may come named by type (the server lists the names on
+    // <body data-events>) or unnamed: any of them means a change.
     es.onmessage = changed;
-    ["published", "claimed", "expired", "succeeded", "failed", "retried", "released", "snoozed",
-     "unpinned", "cancelled", "reset", "event"].forEach(function (name) { es.addEventListener(name, changed); });
+    (document.body.dataset.events || "").split(" ").forEach(function (name) {
+      if (name) es.addEventListener(name, changed);
+    });
     es.onerror = function () {
       // CLOSED: the server refused the stream (e.g. 404); EventSource
       // reconnects on its own otherwise. Poll meanwhile either way.
