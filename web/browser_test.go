@@ -202,6 +202,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 }
 
 func TestDashboardInBrowser(t *testing.T) {
+	testservers.Chromium(t) // fail first when there is no browser
 	f := newFleet(t)
 	h, err := web.NewHandler(web.Config{Store: f.store, BasicUser: "ops", BasicPassword: "pw"})
 	if err != nil {

@@ -3,8 +3,8 @@
 //
 // Parts of a page marked data-live (each with an id) are re-rendered by
 // fetching the page again and swapping them in, when the event stream
-// (/api/v1/events, server-sent events) reports a change, at most every
-// half second. Without the stream (not served, or the connection fails)
+// (/api/v1/events, server-sent events) reports a change, at most about
+// once a second. Without the stream (not served, or the connection fails)
 // the page polls every few seconds instead.
 (function () {
   "use strict";
@@ -39,14 +39,14 @@
       .catch(function () {})
       .finally(function () {
         running = false;
-        if (pending) { pending = false; setTimeout(refresh, 500); }
+        if (pending) { pending = false; setTimeout(refresh, 1000); }
       });
   }
 
   var timer = null;
   function changed() {
     if (timer) return;
-    timer = setTimeout(function () { timer = null; refresh(); }, 500);
+    timer = setTimeout(function () { timer = null; refresh(); }, 1000);
   }
 
   function poll() {
