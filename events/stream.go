@@ -178,3 +178,11 @@ func parseToken(s string) (task.Token, int, error) {
 	}
 	return tok, skip, nil
 }
+
+// ValidateToken checks that s is a token as Stream gives them (it may
+// still be one whose history the store no longer has), so a caller can
+// refuse bad input before it follows.
+func ValidateToken(s string) error {
+	_, _, err := parseToken(s)
+	return err
+}

@@ -321,3 +321,20 @@ func ReadStates(ctx context.Context, cfg ClientConfig, prefix string, wait time.
 	}
 	return tracker, nil
 }
+
+// StateList serves device states read once, such as from the store.
+type StateList []DeviceState
+
+// States implements DeviceStates.
+func (l StateList) States() []DeviceState { return l }
+
+// StoredDevices is ListDevices with the online states the workers
+// recorded in store (StoreStates): what `leasepool devices` and the web
+// API show.
+func StoredDevices(ctx context.Context, store task.Store) ([]DeviceInfo, error) {
+	states, err := StoreStates(store).DeviceStates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return ListDevices(ctx, store, StateList(states))
+}

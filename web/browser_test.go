@@ -7,7 +7,7 @@ package web_test
 
 import (
 	"context"
-	"encoding/base64"
+	b64 "encoding/base64"
 	"errors"
 	"net/http/httptest"
 	"os"
@@ -154,6 +154,7 @@ func browser(t *testing.T, auth string) context.Context {
 // do runs steps, failing t with what.
 func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
+	t.Logf("%s", what)
 	if err := chromedp.Do(ctx, steps...); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
@@ -164,6 +165,7 @@ func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action
 // when the page navigates meanwhile (after a click on a link or button).
 func waitFor(t *testing.T, ctx context.Context, what, expr string) {
 	t.Helper()
+	t.Logf("wait for %s", what)
 	deadline := time.Now().Add(2 * time.Minute) // a hang guard, not a speed target
 	var err error
 	for time.Now().Before(deadline) {
@@ -210,7 +212,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	ctx := browser(t, "Basic "+base64.StdEncoding.EncodeToString([]byte("ops:pw")))
+	ctx := browser(t, "Basic "+b64.StdEncoding.EncodeToString([]byte("ops:pw")))
 
 	// Overview: counts per state.
 	do(t, ctx, "open the overview", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#count-all")))
@@ -262,7 +264,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	waitFor(t, ctx, "the task shown cancelled", `document.querySelector("#task-state").textContent === "cancelled"`)
 
 	// Bulk: tick every cancelled task and retry them.
-	do(t, ctx, "list the cancelled tasks", chromedp.Navigate(srv.URL+"/tasks?state=cancelled"),
+	do(t, ctx, "list the cancelled tasks and retry them all", chromedp.Navigate(srv.URL+"/tasks?state=cancelled"),
 		chromedp.WaitVisible(chromedp.CSS(`#task-list tr[data-key="stale-4"]`)),
 		chromedp.Click(chromedp.CSS("#select-all")), chromedp.Click(chromedp.CSS("#bulk-retry")))
 	waitFor(t, ctx, "the bulk retry's message", `(document.querySelector("#flash") || {}).textContent === "retried 2, skipped 0"`)
@@ -276,6 +278,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	// without the page being loaded again.
 	do(t, ctx, "open the task list", chromedp.Navigate(srv.URL+"/tasks"),
 		chromedp.WaitVisible(chromedp.CSS("#task-list")))
+	// Connected to the event stream, the page no longer polls: what
+	// follows arrives over SSE.
+	waitFor(t, ctx, "the event stream", `document.body.dataset.live === "connected"`)
 	if _, err := chromedp.Run(ctx, chromedp.Evaluate[chromedp.Void](`window.sameLoad = true`)); err != nil {
 		t.Fatal(err)
 	}

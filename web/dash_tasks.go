@@ -251,9 +251,6 @@ func (d *dashboard) one(r *http.Request, verb string, fn func(context.Context, t
 	return back, key + " " + verb, nil
 }
 
-// maxBulk bounds the keys of one bulk action.
-const maxBulk = 500
-
 // bulk cancels or retries the checked tasks, each on its own: one that
 // cannot be (already finished, not finished) is counted and skipped.
 func (d *dashboard) bulk(r *http.Request) (string, string, error) {

@@ -4,7 +4,7 @@ package web_test
 // forms' CSRF and cross-origin guards, read-only mode and basic auth.
 
 import (
-	"encoding/base64"
+	b64 "encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,9 +20,9 @@ import (
 	"github.com/leasepool/leasepool/web"
 )
 
-// page gets path with the request changed by edit (may be nil) and
+// send sends method path with the request changed by edit (may be nil) and
 // returns the status and body.
-func (e *env) page(method, path string, form url.Values, edit func(*http.Request)) (int, string) {
+func (e *env) send(method, path string, form url.Values, edit func(*http.Request)) (int, string) {
 	e.t.Helper()
 	var body io.Reader
 	if form != nil {
@@ -58,7 +58,7 @@ func (e *env) page(method, path string, form url.Values, edit func(*http.Request
 // wantPage checks GET path's status and that the body has every sub.
 func (e *env) wantPage(path string, code int, subs ...string) string {
 	e.t.Helper()
-	got, body := e.page("GET", path, nil, nil)
+	got, body := e.send("GET", path, nil, nil)
 	if got != code {
 		e.t.Errorf("GET %s = %d, want %d; body:\n%s", path, got, code, body)
 	}
@@ -198,7 +198,7 @@ func TestDashboardActions(t *testing.T) {
 		"cross-site":  {form("key", "a", "csrf", tok), func(r *http.Request) { r.Header.Set("Sec-Fetch-Site", "cross-site") }},
 		"origin":      {form("key", "a", "csrf", tok), func(r *http.Request) { r.Header.Set("Origin", "https://evil.example") }},
 	} {
-		if code, _ := e.page("POST", "/task/cancel", c.form, c.edit); code != http.StatusForbidden {
+		if code, _ := e.send("POST", "/task/cancel", c.form, c.edit); code != http.StatusForbidden {
 			t.Errorf("%s: cancel = %d, want 403", name, code)
 		}
 	}
@@ -206,45 +206,45 @@ func TestDashboardActions(t *testing.T) {
 		t.Fatalf("a refused cancel left a %s, want pending", got)
 	}
 	sameOrigin := func(r *http.Request) { r.Header.Set("Sec-Fetch-Site", "same-origin") }
-	if code, loc := e.page("POST", "/task/cancel", form("key", "a", "csrf", tok), sameOrigin); code != 303 || loc != "/task?key=a&msg=a+cancelled" {
+	if code, loc := e.send("POST", "/task/cancel", form("key", "a", "csrf", tok), sameOrigin); code != 303 || loc != "/task?key=a&msg=a+cancelled" {
 		t.Errorf("cancel = %d %q, want 303 to the task page", code, loc)
 	}
 	if e.state("a") != task.StateCancelled {
 		t.Errorf("a is %s after cancel", e.state("a"))
 	}
-	code, loc := e.page("POST", "/tasks/bulk", form("action", "cancel", "key", "b", "key", "c", "key", "a", "csrf", tok, "back", "/tasks?state=pending"), nil)
+	code, loc := e.send("POST", "/tasks/bulk", form("action", "cancel", "key", "b", "key", "c", "key", "a", "csrf", tok, "back", "/tasks?state=pending"), nil)
 	if code != 303 || loc != "/tasks?state=pending&msg=cancelled+2%2C+skipped+1" {
 		t.Errorf("bulk cancel = %d %q", code, loc)
 	}
-	code, loc = e.page("POST", "/tasks/bulk", form("action", "retry", "key", "a", "key", "b", "csrf", tok, "back", "//evil.example/"), nil)
+	code, loc = e.send("POST", "/tasks/bulk", form("action", "retry", "key", "a", "key", "b", "csrf", tok, "back", "//evil.example/"), nil)
 	if code != 303 || loc != "/?msg=retried+2%2C+skipped+0" {
 		t.Errorf("bulk retry = %d %q (an off-site back must not be followed)", code, loc)
 	}
 	if e.state("a") != task.StatePending || e.state("b") != task.StatePending || e.state("c") != task.StateCancelled {
 		t.Errorf("after bulk: a %s b %s c %s, want pending pending cancelled", e.state("a"), e.state("b"), e.state("c"))
 	}
-	if code, body := e.page("POST", "/tasks/bulk", form("action", "delete", "key", "a", "csrf", tok), nil); code != 400 || !strings.Contains(body, "action: ") {
+	if code, body := e.send("POST", "/tasks/bulk", form("action", "delete", "key", "a", "csrf", tok), nil); code != 400 || !strings.Contains(body, "action: ") {
 		t.Errorf("bulk delete = %d, want 400 naming action:\n%s", code, body)
 	}
 
 	// Pause and resume a kind, pause a schedule.
-	if code, loc := e.page("POST", "/controls/pause", form("scope", "kind", "name", "mail", "csrf", tok), nil); code != 303 || !strings.Contains(loc, "paused+kind%3Amail") {
+	if code, loc := e.send("POST", "/controls/pause", form("scope", "kind", "name", "mail", "csrf", tok), nil); code != 303 || !strings.Contains(loc, "paused+kind%3Amail") {
 		t.Errorf("pause = %d %q", code, loc)
 	}
 	if ps, _ := control.Pauses(t.Context(), e.store); len(ps) != 1 || ps[0].Target != control.Kind("mail") {
 		t.Errorf("pauses after the form: %+v", ps)
 	}
 	e.wantPage("/controls", 200, "kind:mail", `action="/controls/resume"`)
-	if code, body := e.page("POST", "/controls/pause", form("scope", "lock", "csrf", tok), nil); code != 400 || !strings.Contains(body, "name: ") {
+	if code, body := e.send("POST", "/controls/pause", form("scope", "lock", "csrf", tok), nil); code != 400 || !strings.Contains(body, "name: ") {
 		t.Errorf("pause without a name = %d, want 400 naming name", code)
 	}
-	e.page("POST", "/controls/resume", form("scope", "kind", "name", "mail", "csrf", tok), nil)
+	e.send("POST", "/controls/resume", form("scope", "kind", "name", "mail", "csrf", tok), nil)
 	if ps, _ := control.Pauses(t.Context(), e.store); len(ps) != 0 {
 		t.Errorf("pauses after resume: %+v", ps)
 	}
-	e.page("POST", "/controls/schedule", form("name", "nightly", "op", "pause", "csrf", tok), nil)
+	e.send("POST", "/controls/schedule", form("name", "nightly", "op", "pause", "csrf", tok), nil)
 	e.wantPage("/controls", 200, "<td>paused</td>", `value="resume"`)
-	if code, _ := e.page("POST", "/controls/schedule", form("name", "nope", "op", "pause", "csrf", tok), nil); code != 404 {
+	if code, _ := e.send("POST", "/controls/schedule", form("name", "nope", "op", "pause", "csrf", tok), nil); code != 404 {
 		t.Errorf("pause of an unknown schedule = %d, want 404", code)
 	}
 }
@@ -266,7 +266,7 @@ func TestDashboardReadOnly(t *testing.T) {
 	before := e.snapshot()
 	for _, path := range []string{"/task/cancel", "/tasks/bulk", "/controls/pause", "/controls/schedule"} {
 		v := url.Values{"key": {"a"}, "action": {"cancel"}, "scope": {"all"}, "name": {"nightly"}, "op": {"pause"}, "csrf": {tok}}
-		if code, _ := e.page("POST", path, v, nil); code != http.StatusForbidden {
+		if code, _ := e.send("POST", path, v, nil); code != http.StatusForbidden {
 			t.Errorf("read-only POST %s = %d, want 403", path, code)
 		}
 	}
@@ -280,7 +280,7 @@ func TestBasicAuth(t *testing.T) {
 	e := newEnv(t, web.Config{BasicUser: "ops", BasicPassword: "pw", Token: token})
 	basic := func(user, pass string) func(*http.Request) {
 		return func(r *http.Request) {
-			r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":"+pass)))
+			r.Header.Set("Authorization", "Basic "+b64.StdEncoding.EncodeToString([]byte(user+":"+pass)))
 		}
 	}
 	for name, edit := range map[string]func(*http.Request){
@@ -288,7 +288,7 @@ func TestBasicAuth(t *testing.T) {
 		"password as token": func(r *http.Request) { r.Header.Set("Authorization", "Bearer pw") },
 	} {
 		for _, path := range []string{"/", "/tasks", "/api/v1/pauses", "/static/app.js"} {
-			code, _ := e.page("GET", path, nil, edit)
+			code, _ := e.send("GET", path, nil, edit)
 			if code != http.StatusUnauthorized {
 				t.Errorf("%s: GET %s = %d, want 401", name, path, code)
 			}
@@ -303,7 +303,7 @@ func TestBasicAuth(t *testing.T) {
 	if got := resp.Header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Basic ") {
 		t.Errorf("WWW-Authenticate %q, want a Basic challenge so the browser asks", got)
 	}
-	if code, _ := e.page("GET", "/", nil, basic("ops", "pw")); code != 200 {
+	if code, _ := e.send("GET", "/", nil, basic("ops", "pw")); code != 200 {
 		t.Errorf("basic auth: GET / = %d, want 200", code)
 	}
 	e.want("GET", "/api/v1/pauses", "", 200, "[]") // the bearer token still works

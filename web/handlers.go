@@ -53,9 +53,22 @@ func queryTarget(r *http.Request) (control.Target, error) {
 // decode reads the one JSON object of r's body into v; unknown fields and
 // trailing data are bad input.
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	return decodeLimit(w, r, v, maxBody)
+}
+
+// decodeLimit is decode of a body of at most limit bytes.
+func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		var me *http.MaxBytesError
+		switch {
+		case errors.As(err, &te) && te.Field != "":
+			return badInput(te.Field, "want a JSON %s, got %s", te.Type, te.Value)
+		case errors.As(err, &me):
+			return badInput("body", "larger than %d bytes", me.Limit)
+		}
 		return badInput("body", "want one JSON object: %v", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {

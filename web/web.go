@@ -1,10 +1,12 @@
 // Package web is leasepool's HTTP surface: an http.Handler that sees only a
 // task.Store, so it mounts in any server (`leasepool serve` runs one). It
-// serves the JSON API of the flow controls (pauses, rate limits) and of
-// schedule pause/resume under /api/v1, and the dashboard (server-rendered
-// pages from html/template with embedded assets) at /. Both share one
-// authentication (bearer token or basic auth), one read-only switch and one
-// cross-origin guard.
+// serves, under /api/v1, the tasks API (publish, get, list with filters
+// and cursors, cancel, retry, bulk), the worker registry, the devices, the
+// queue's stats, the lifecycle events as Server-Sent Events, and the flow
+// controls (pauses, rate limits) and schedule pause/resume; and at / the
+// dashboard (server-rendered pages from html/template with embedded
+// assets). Both share one authentication (bearer token or basic auth), one
+// read-only switch and one cross-origin guard.
 package web
 
 import (
@@ -16,6 +18,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/schedule"
@@ -38,6 +41,14 @@ type Config struct {
 	ReadOnly bool
 	// Logger logs failed requests and writes (default slog.Default()).
 	Logger *slog.Logger
+	// Heartbeat is how often an idle event stream sends a comment
+	// (default DefaultHeartbeat; must not be negative).
+	Heartbeat time.Duration
+	// Stop, when closed, ends every event stream. http.Server.Shutdown
+	// waits for connections to go idle, which a stream never does: close
+	// Stop from Server.RegisterOnShutdown. Nil: streams end only with
+	// their requests.
+	Stop <-chan struct{}
 }
 
 // maxBody bounds a request body: every body this API reads is one small
@@ -58,13 +69,29 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	a := &api{store: cfg.Store, log: cfg.Logger, readOnly: cfg.ReadOnly}
+	switch {
+	case cfg.Heartbeat < 0:
+		return nil, fmt.Errorf("web: Config.Heartbeat (%s) must not be negative", cfg.Heartbeat)
+	case cfg.Heartbeat == 0:
+		cfg.Heartbeat = DefaultHeartbeat
+	}
+	a := &api{store: cfg.Store, log: cfg.Logger, readOnly: cfg.ReadOnly, heartbeat: cfg.Heartbeat, stop: cfg.Stop}
 	mux := http.NewServeMux()
 	d, err := newDashboard(cfg)
 	if err != nil {
 		return nil, err
 	}
 	d.routes(mux)
+	mux.HandleFunc("POST /api/v1/tasks", a.write(a.publish))
+	mux.HandleFunc("GET /api/v1/tasks", a.listTasks)
+	mux.HandleFunc("POST /api/v1/tasks/bulk", a.write(a.bulk))
+	mux.HandleFunc("GET /api/v1/tasks/{key}", a.getTask)
+	mux.HandleFunc("POST /api/v1/tasks/{key}/cancel", a.write(a.cancelTask))
+	mux.HandleFunc("POST /api/v1/tasks/{key}/retry", a.write(a.retryTask))
+	mux.HandleFunc("GET /api/v1/workers", a.listWorkers)
+	mux.HandleFunc("GET /api/v1/devices", a.listDevices)
+	mux.HandleFunc("GET /api/v1/stats", a.stats)
+	mux.HandleFunc("GET /api/v1/events", a.streamEvents)
 	mux.HandleFunc("GET /api/v1/pauses", a.listPauses)
 	mux.HandleFunc("POST /api/v1/pauses", a.write(a.pause))
 	mux.HandleFunc("DELETE /api/v1/pauses", a.write(a.resume))
@@ -87,9 +114,11 @@ func NewHandler(cfg Config) (http.Handler, error) {
 
 // api holds the handlers' shared state.
 type api struct {
-	store    task.Store
-	log      *slog.Logger
-	readOnly bool
+	store     task.Store
+	log       *slog.Logger
+	readOnly  bool
+	heartbeat time.Duration
+	stop      <-chan struct{}
 }
 
 // write guards a handler that changes the store: 403 when read-only.
@@ -104,11 +133,21 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 }
 
 // fail answers err: 400 for invalid input (already naming the field), 404
-// for an unknown schedule, 500 (logged, not shown) for anything else.
+// for an unknown task or schedule, 409 for a cancel or retry its task's
+// state refuses, 410 for an event token past the store's history, 501 for
+// what the store cannot do, 500 (logged, not shown) for anything else.
 func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, task.ErrInvalid):
 		writeError(w, http.StatusBadRequest, reason(err))
+	case errors.Is(err, task.ErrNotFound):
+		writeError(w, http.StatusNotFound, "task not found")
+	case errors.Is(err, task.ErrFinished), errors.Is(err, task.ErrNotFinished):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, task.ErrHistoryLost):
+		writeError(w, http.StatusGone, "events: the store no longer has history from this token: list the tasks again and follow from now")
+	case errors.Is(err, task.ErrWatchUnsupported):
+		writeError(w, http.StatusNotImplemented, "events: this store cannot stream changes")
 	case errors.Is(err, schedule.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, control.ErrUnsupported), errors.Is(err, schedule.ErrNoRecords):

@@ -208,7 +208,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 				if err != nil {
 					return err
 				}
-				states = stateList(list)
+				states = mqttdev.StateList(list)
 			}
 			infos, err := mqttdev.ListDevices(c.Context, s, states)
 			if err != nil {
@@ -256,8 +256,3 @@ func deviceJSON(w io.Writer, v any) error {
 	e.SetIndent("", "  ")
 	return e.Encode(v)
 }
-
-// stateList serves device states read from the store.
-type stateList []mqttdev.DeviceState
-
-func (l stateList) States() []mqttdev.DeviceState { return l }

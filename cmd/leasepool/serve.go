@@ -91,8 +91,9 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
+	stop := make(chan struct{})
 	h, err := web.NewHandler(web.Config{Store: s, Token: token, BasicUser: user, BasicPassword: password,
-		ReadOnly: c.Bool("read-only"), Logger: slog.Default()})
+		ReadOnly: c.Bool("read-only"), Logger: slog.Default(), Stop: stop})
 	if err != nil {
 		return err
 	}
@@ -100,13 +101,15 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	return serveUntilDone(c.Context, l, h)
+	return serveUntilDone(c.Context, l, h, stop)
 }
 
-// serveUntilDone serves h on l until ctx ends, then lets requests in
-// flight finish for a few seconds.
-func serveUntilDone(ctx context.Context, l net.Listener, h http.Handler) error {
+// serveUntilDone serves h on l until ctx ends, then closes stop (ending
+// the event streams, which never go idle) and lets requests in flight
+// finish for a few seconds.
+func serveUntilDone(ctx context.Context, l net.Listener, h http.Handler, stop chan struct{}) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv.RegisterOnShutdown(func() { close(stop) })
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
 	slog.Info("serving the HTTP API and the dashboard", "url", "http://"+l.Addr().String()+"/")

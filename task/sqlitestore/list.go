@@ -71,8 +71,12 @@ func listSQL(q task.ListQuery) (string, []any) {
 		if c.at.IsZero() {
 			continue
 		}
-		// Whole milliseconds, as task.ListQuery documents (and MongoDB stores).
-		and("CAST(round(unixepoch(json_extract(doc, '$."+c.field+"'), 'subsec') * 1000) AS INTEGER) "+c.op+" ?", c.at.UnixMilli())
+		// Whole milliseconds, truncated, as task.ListQuery documents (and
+		// MongoDB stores). SQLite rounds fractions to the nearest
+		// millisecond, so the digits past them are cut first: the stored
+		// times are UTC RFC 3339 ("…:SS.fffffffffZ"), and without its Z a
+		// time reads as UTC.
+		and("CAST(round(unixepoch(substr(json_extract(doc, '$."+c.field+"'), 1, 23), 'subsec') * 1000) AS INTEGER) "+c.op+" ?", c.at.UnixMilli())
 	}
 	if q.Desc {
 		b.WriteString(" ORDER BY seq DESC")

@@ -23,7 +23,9 @@ func listFixture(t *testing.T, st task.Store, base time.Time) []*task.Task {
 	for i := range 24 {
 		key := fmt.Sprintf("%s-%02d", []string{"alpha", "beta", "al%_x"}[i%3], i)
 		opt := task.Options{}
-		tk := newTask(t, key, []string{"k1", "k2"}[i%2], base.Add(time.Duration(i)*time.Second), opt)
+		// Created just short of a millisecond boundary: the filters
+		// compare truncated milliseconds, not rounded ones.
+		tk := newTask(t, key, []string{"k1", "k2"}[i%2], base.Add(time.Duration(i)*time.Second+999*time.Microsecond), opt)
 		tk.Payload = json.RawMessage(fmt.Sprintf(`{"n": %d, "tag": "%s"}`, i, []string{"red", "green", "blue", "red green"}[i%4]))
 		docs = append(docs, mustInsert(t, st, tk))
 	}
@@ -82,6 +84,8 @@ func (s suite) listFilters(t *testing.T) {
 		{Text: "nothing"},
 		{CreatedAfter: base.Add(5 * time.Second)},
 		{CreatedBefore: base.Add(5 * time.Second)},
+		{CreatedAfter: docs[5].CreatedAt, Kind: "k2"},
+		{CreatedBefore: docs[5].CreatedAt.Add(time.Millisecond)},
 		{CreatedAfter: base.Add(3 * time.Second), CreatedBefore: base.Add(9 * time.Second), Kind: "k1"},
 		{UpdatedAfter: at.Add(-time.Second)},
 		{UpdatedAfter: at.Add(5 * time.Second), UpdatedBefore: at.Add(15 * time.Second)},

@@ -58,9 +58,16 @@
   function connect() {
     if (!window.EventSource) { poll(); return; }
     var es = new EventSource("/api/v1/events");
+    // Close the stream when the page goes (also into the back/forward
+    // cache): a browser allows only ~6 connections per server, and
+    // streams left open would stall the next pages.
+    window.addEventListener("pagehide", function () { es.close(); });
     es.onopen = function () {
       if (pollTimer) { clearInterval(pollTimer); pollTimer = null; }
       setStatus("connected");
+      // The stream starts now: whatever changed between this page's
+      // rendering and now came before it, so render once more.
+      changed();
     };
     // Events may come named by type (the server lists the names on
     // <body data-events>) or unnamed: any of them means a change.

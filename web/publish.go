@@ -1,0 +1,127 @@
+package web
+
+// POST /api/v1/tasks: the publish body and its validation, which is the
+// CLI's (`leasepool publish`): task.PublishParams.Validate, plus the
+// built-in kinds' and device commands' payload checks.
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/leasepool/leasepool/builtin"
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/task"
+)
+
+// maxPublishBody bounds a publish body: the largest payload and room for
+// the options around it.
+const maxPublishBody = task.MaxPayloadSize + maxBody
+
+// publishBody is a publish as the API takes it, in the task document's
+// field names. Durations are "1.5s" strings (or nanoseconds).
+type publishBody struct {
+	Key                 string          `json:"key"`
+	Kind                string          `json:"kind"`
+	Payload             json.RawMessage `json:"payload"`
+	Priority            int             `json:"priority"`
+	RunAt               time.Time       `json:"run_at"`
+	Delay               task.Duration   `json:"delay"`
+	SpecificWorkerIDs   []string        `json:"specific_worker_ids"`
+	ConcurrentWorkerCnt int             `json:"concurrent_worker_cnt"`
+	SuccessWorkerCnt    int             `json:"success_worker_cnt"`
+	// MaxUnexpectedRetries absent takes the default; 0 means none, as the
+	// stored document spells it.
+	MaxUnexpectedRetries *int          `json:"max_unexpected_retries"`
+	PingInterval         task.Duration `json:"ping_interval"`
+	WorkerTimeout        task.Duration `json:"worker_timeout"`
+	LockKeys             []string      `json:"lock_keys"`
+	Rerun                bool          `json:"rerun"`
+}
+
+// params validates b completely, naming the field at fault, before the
+// store is touched.
+func (b publishBody) params(now time.Time) (task.PublishParams, error) {
+	p := task.PublishParams{Key: b.Key, Kind: b.Kind, Payload: b.Payload, Rerun: b.Rerun, Options: task.Options{
+		Priority: b.Priority, RunAt: b.RunAt, SpecificWorkerIDs: b.SpecificWorkerIDs,
+		ConcurrentWorkerCnt: b.ConcurrentWorkerCnt, SuccessWorkerCnt: b.SuccessWorkerCnt,
+		PingInterval: time.Duration(b.PingInterval), WorkerTimeout: time.Duration(b.WorkerTimeout), LockKeys: b.LockKeys,
+	}}
+	switch {
+	case b.Delay < 0:
+		return p, badInput("delay", "must not be negative")
+	case b.Delay > 0 && !b.RunAt.IsZero():
+		return p, badInput("delay", "give run_at or delay, not both")
+	case b.Delay > 0:
+		p.RunAt = now.Add(time.Duration(b.Delay))
+	}
+	if r := b.MaxUnexpectedRetries; r != nil {
+		switch {
+		case *r < 0:
+			return p, badInput("max_unexpected_retries", "must not be negative")
+		case *r == 0:
+			p.MaxUnexpectedRetries = task.NoRetries
+		default:
+			p.MaxUnexpectedRetries = *r
+		}
+	}
+	if err := p.Validate(); err != nil {
+		return p, err
+	}
+	switch {
+	case p.Kind == mqttdev.Kind:
+		// A device command: its device's lock key serialises it.
+		cmd, err := mqttdev.DecodePayload(p.Payload)
+		if err != nil {
+			return p, inPayload(err)
+		}
+		return mqttdev.PublishParams(p.Key, cmd, p.Options)
+	case slices.Contains(builtin.Kinds, p.Kind):
+		if err := builtin.Validate(p.Kind, p.Payload); err != nil {
+			return p, err
+		}
+	}
+	// Other kinds are a library user's handlers: task validation only.
+	return p, nil
+}
+
+// inPayload makes a payload check's error name the payload field.
+func inPayload(err error) error {
+	if r := reason(err); !strings.HasPrefix(r, "payload: ") {
+		return badInput("payload", "device: %s", r)
+	}
+	return err
+}
+
+// publishResponse answers a publish: what it did and the task as stored.
+type publishResponse struct {
+	Result task.PublishResult `json:"result"`
+	Task   *task.Task         `json:"task"`
+}
+
+// publish answers 201 for a new task, 200 when it existed (or reran).
+func (a *api) publish(w http.ResponseWriter, r *http.Request) {
+	var body publishBody
+	if err := decodeLimit(w, r, &body, maxPublishBody); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	p, err := body.params(a.store.Now())
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	t, res, err := task.Publish(r.Context(), a.store, p)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	code := http.StatusOK
+	if res == task.Inserted {
+		code = http.StatusCreated
+	}
+	a.log.Info("web: published", "key", t.Key, "result", string(res))
+	writeJSON(w, code, publishResponse{Result: res, Task: t})
+}
