@@ -157,7 +157,7 @@ func (d *dashboard) action(h func(r *http.Request) (to, msg string, err error)) 
 
 // withMsg adds msg to the local path to as ?msg=, shown once on the page.
 func withMsg(to, msg string) string {
-	if !strings.HasPrefix(to, "/") || strings.HasPrefix(to, "//") {
+	if !localPath(to) {
 		to = "/" // only ever redirect within this server
 	}
 	if msg == "" {
@@ -168,6 +168,16 @@ func withMsg(to, msg string) string {
 		sep = "&"
 	}
 	return to + sep + "msg=" + url.QueryEscape(msg)
+}
+
+// localPath reports whether to names a path on this server: it starts
+// with one slash, and not "//" or "/\\" (browsers read both as another
+// host), and has no control characters.
+func localPath(to string) bool {
+	if len(to) < 1 || to[0] != '/' || (len(to) > 1 && (to[1] == '/' || to[1] == '\\')) {
+		return false
+	}
+	return !strings.ContainsFunc(to, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
 // funcs are the templates' helpers.

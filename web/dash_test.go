@@ -220,6 +220,11 @@ func TestDashboardActions(t *testing.T) {
 	if code != 303 || loc != "/?msg=retried+2%2C+skipped+0" {
 		t.Errorf("bulk retry = %d %q (an off-site back must not be followed)", code, loc)
 	}
+	for _, back := range []string{`/\evil.example/`, "https://evil.example/", "/\t/evil.example", "tasks"} {
+		if code, loc := e.send("POST", "/tasks/bulk", form("action", "cancel", "key", "zz", "csrf", tok, "back", back), nil); code != 303 || !strings.HasPrefix(loc, "/?msg=") {
+			t.Errorf("back %q: %d %q, want a redirect to / only", back, code, loc)
+		}
+	}
 	if e.state("a") != task.StatePending || e.state("b") != task.StatePending || e.state("c") != task.StateCancelled {
 		t.Errorf("after bulk: a %s b %s c %s, want pending pending cancelled", e.state("a"), e.state("b"), e.state("c"))
 	}
