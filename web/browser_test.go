@@ -292,9 +292,13 @@ func TestDashboardInBrowser(t *testing.T) {
 	waitFor(t, ctx, "live-1 shown succeeded", `document.querySelector('#task-list tr[data-key="live-1"] .state').textContent === "succeeded"`)
 	screenshot(t, ctx, "tasks")
 
+	// The workers page: the consumer's registration and the task it runs
+	// again since the bulk retry.
+	f.await(t, "upload-7", task.StateRunning)
 	do(t, ctx, "open the workers page", chromedp.Navigate(srv.URL+"/workers"), chromedp.WaitVisible(chromedp.CSS("#workers")))
-	if got := text(t, ctx, "#workers tbody"); !strings.Contains(got, "worker-1") || !strings.Contains(got, "live") {
-		t.Errorf("workers page:\n%s\nwant worker-1, live", got)
+	if got := text(t, ctx, "#workers tbody"); !strings.Contains(got, "worker-1") || !strings.Contains(got, "live") ||
+		!strings.Contains(got, "upload-7") || !strings.Contains(got, "flaky") {
+		t.Errorf("workers page:\n%s\nwant worker-1, live, its kinds and upload-7 running", got)
 	}
 	screenshot(t, ctx, "workers")
 }
