@@ -11,6 +11,10 @@
   var live = document.querySelectorAll("[data-live][id]");
   var status = document.getElementById("live-status");
   var pending = false, running = false, pollTimer = null;
+  // A page that is slow to render (the overview on a big store) refreshes
+  // less often: at least four times its last render time apart.
+  var lastCost = 0;
+  function gap() { return Math.max(1000, 4 * lastCost); }
 
   function setStatus(s) {
     if (status) { status.className = "live-status " + s; status.title = "live updates: " + s; }
@@ -22,6 +26,7 @@
   function refresh() {
     if (running) { pending = true; return; }
     running = true;
+    var started = Date.now();
     fetch(location.href, { headers: { "Accept": "text/html" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
       .then(function (html) {
@@ -39,14 +44,15 @@
       .catch(function () {})
       .finally(function () {
         running = false;
-        if (pending) { pending = false; setTimeout(refresh, 1000); }
+        lastCost = Date.now() - started;
+        if (pending) { pending = false; setTimeout(refresh, gap()); }
       });
   }
 
   var timer = null;
   function changed() {
     if (timer) return;
-    timer = setTimeout(function () { timer = null; refresh(); }, 1000);
+    timer = setTimeout(function () { timer = null; refresh(); }, gap());
   }
 
   function poll() {
