@@ -139,6 +139,7 @@ func BenchmarkList1M(b *testing.B) {
 		{"kind_state_middle", "kind=k9&state=running&cursor=" + mid},
 		{"key_prefix", "key_prefix=job-05"},
 		{"key_prefix_rare", "key_prefix=job-00001"},
+		{"key_prefix_all", "key_prefix=job-"},
 		{"worker_middle", "worker=w07&cursor=" + mid},
 		{"text_common", "text=t42"},
 		{"created_after_middle", "created_after=" + all[0].CreatedAt.Add(-time.Duration(n/2)*time.Millisecond).Format(time.RFC3339Nano)},
