@@ -21,7 +21,14 @@ func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error
 	if err := q.Validate(); err != nil {
 		return nil, fmt.Errorf("list: %w", err)
 	}
-	stmt, args := listSQL(q)
+	narrow := false
+	if q.KeyPrefix != "" {
+		var err error
+		if narrow, err = s.fewKeys(ctx, q.KeyPrefix); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+	}
+	stmt, args := listSQL(q, narrow)
 	ts, err := s.query(ctx, stmt, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list: %w", err)
@@ -29,7 +36,36 @@ func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error
 	return ts, nil
 }
 
-func listSQL(q task.ListQuery) (string, []any) {
+// narrowPrefix is how many keys a prefix may match for List to read them
+// through the key index (their seqs gathered, then walked in order),
+// rather than walk seq order testing each row's key. Gathering costs about
+// 0.3 µs a key (0.1 s for 100,000 of 1M); a seq walk past a rare or
+// clustered prefix costs a row read per task skipped (0.5 s to skip 400,000).
+var narrowPrefix = 100_000
+
+// fewKeys reports whether at most narrowPrefix keys start with prefix,
+// counted on the key index alone (and no further than narrowPrefix+1).
+func (s *Store) fewKeys(ctx context.Context, prefix string) (bool, error) {
+	if s.closed.Load() {
+		return false, errClosed
+	}
+	var n int
+	err := s.rdb.QueryRowContext(ctx, "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE key >= ? AND key < ? LIMIT ?)",
+		prefix, prefixEnd(prefix), narrowPrefix+1).Scan(&n)
+	return n <= narrowPrefix, mapErr(err)
+}
+
+// prefixEnd is the least string above every string starting with p (keys
+// are valid UTF-8, so p's last byte is below 0xff).
+func prefixEnd(p string) string {
+	b := []byte(p)
+	b[len(b)-1]++
+	return string(b)
+}
+
+// listSQL builds List's query; narrow reads the key prefix's rows through
+// the key index (few of them) instead of filtering rows in seq order.
+func listSQL(q task.ListQuery, narrow bool) (string, []any) {
 	var b strings.Builder
 	lo, hi := task.ReservedRange()
 	args := []any{q.AfterSeq, lo, hi}
@@ -50,14 +86,26 @@ func listSQL(q task.ListQuery) (string, []any) {
 		and("kind = ?", q.Kind)
 	}
 	if q.KeyPrefix != "" {
+		if narrow {
+			and("seq IN (SELECT seq FROM tasks WHERE key >= ? AND key < ?)", q.KeyPrefix, prefixEnd(q.KeyPrefix))
+		}
 		// substr, not LIKE: a prefix holding % or _ means itself. The
-		// unary + keeps the planner on seq order (see README figures).
+		// unary + keeps a common prefix's walk in seq order.
 		and("substr(+key, 1, ?) = ?", len([]rune(q.KeyPrefix)), q.KeyPrefix)
 	}
+	// The worker and text filters parse each row's document; a plain
+	// substring test of the raw document first (a necessary condition)
+	// skips that parse for nearly every row that cannot match.
 	if q.WorkerID != "" {
+		if plain(q.WorkerID) {
+			and("instr(doc, ?) > 0", `"worker_id":"`+q.WorkerID+`"`)
+		}
 		and("EXISTS (SELECT 1 FROM json_each(doc, '$.workers') WHERE json_extract(value, '$.worker_id') = ?)", q.WorkerID)
 	}
 	if q.Text != "" {
+		if plain(q.Text) {
+			and("instr(doc, ?) > 0", q.Text)
+		}
 		and("instr(json_extract(doc, '$.payload'), ?) > 0", q.Text)
 	}
 	times := []struct {
@@ -90,6 +138,18 @@ func listSQL(q task.ListQuery) (string, []any) {
 	b.WriteString(" LIMIT ?")
 	args = append(args, limit)
 	return b.String(), args
+}
+
+// plain reports whether s appears in a stored document exactly as JSON
+// text holds it: printable ASCII that encoding/json never escapes (it
+// escapes <, > and & as \u003c…).
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }
 
 // Stats counts tasks by state and kind with one scan of the covering index

@@ -13,8 +13,11 @@
   var pending = false, running = false, pollTimer = null;
   // A page that is slow to render (the overview on a big store) refreshes
   // less often: at least four times its last render time apart.
-  var lastCost = 0;
-  function gap() { return Math.max(1000, 4 * lastCost); }
+  // A page may ask for a longer floor (data-live-min, in ms): the
+  // overview's counts cost a scan of an index.
+  var lastCost = 0, floor = 1000;
+  live.forEach(function (el) { floor = Math.max(floor, Number(el.dataset.liveMin) || 0); });
+  function gap() { return Math.max(floor, 4 * lastCost); }
 
   function setStatus(s) {
     if (status) { status.className = "live-status " + s; status.title = "live updates: " + s; }
