@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
@@ -356,5 +357,32 @@ func TestDashboardDevices(t *testing.T) {
 	body := e.wantPage("/devices", 200, "pump-7", "online", "flush", `href="/task?key=cmd-1"`, "w-9 (#1)", "valve-2", "unknown")
 	if !regexp.MustCompile(`pump-7</td>(?s:.*?)<td>1</td></tr>`).MatchString(body) {
 		t.Errorf("pump-7 should show 1 queued command:\n%s", body)
+	}
+}
+
+// TestRequireAuth: other handlers can sit behind the same login.
+func TestRequireAuth(t *testing.T) {
+	t.Parallel()
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	h := web.RequireAuth(web.Config{BasicUser: "ops", BasicPassword: "pw", Token: token}, ok)
+	for auth, want := range map[string]int{
+		"": 401, "Bearer " + token: 418, "Bearer nope": 401,
+		"Basic " + b64.StdEncoding.EncodeToString([]byte("ops:pw")): 418,
+		"Basic " + b64.StdEncoding.EncodeToString([]byte("ops:no")): 401,
+	} {
+		r := httptest.NewRequest("GET", "/metrics", nil)
+		if auth != "" {
+			r.Header.Set("Authorization", auth)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != want {
+			t.Errorf("Authorization %q: %d, want %d", auth, w.Code, want)
+		}
+	}
+	w := httptest.NewRecorder()
+	web.RequireAuth(web.Config{}, ok).ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	if w.Code != 418 {
+		t.Errorf("no credentials configured: %d, want the handler's 418", w.Code)
 	}
 }

@@ -106,10 +106,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	// it is authenticated. Scripts (curl, Go) send neither Origin nor
 	// Sec-Fetch-Site and pass.
 	var h http.Handler = http.NewCrossOriginProtection().Handler(jsonErrors(mux))
-	if cfg.Token != "" || cfg.BasicUser != "" {
-		h = authenticate(cfg, h)
-	}
-	return h, nil
+	return RequireAuth(cfg, h), nil
 }
 
 // api holds the handlers' shared state.
@@ -183,6 +180,17 @@ func badInput(field, format string, args ...any) error {
 // reason is an invalid-input error without its leading "invalid: ".
 func reason(err error) string {
 	return strings.TrimPrefix(err.Error(), task.ErrInvalid.Error()+": ")
+}
+
+// RequireAuth guards next with cfg's credentials (Token, BasicUser and
+// BasicPassword) exactly as NewHandler guards its own routes, so a server
+// can put other handlers (such as /metrics) behind the same login. With no
+// credentials configured it returns next unchanged.
+func RequireAuth(cfg Config, next http.Handler) http.Handler {
+	if cfg.Token == "" && cfg.BasicUser == "" {
+		return next
+	}
+	return authenticate(cfg, next)
 }
 
 // authenticate lets through only requests carrying cfg's bearer token or
