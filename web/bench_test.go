@@ -139,6 +139,7 @@ func BenchmarkList1M(b *testing.B) {
 		{"kind_state_middle", "kind=k9&state=running&cursor=" + mid},
 		{"key_prefix", "key_prefix=job-05"},
 		{"key_prefix_rare", "key_prefix=job-00001"},
+		{"key_prefix_all", "key_prefix=job-"},
 		{"worker_middle", "worker=w07&cursor=" + mid},
 		{"text_common", "text=t42"},
 		{"created_after_middle", "created_after=" + all[0].CreatedAt.Add(-time.Duration(n/2)*time.Millisecond).Format(time.RFC3339Nano)},
@@ -191,13 +192,15 @@ func quantile(d []time.Duration, q float64) time.Duration {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // BenchmarkSSEFanout opens 100 event streams (LEASEPOOL_BENCH_SUBSCRIBERS)
-// and publishes 2,000 tasks (LEASEPOOL_BENCH_EVENTS) from 8 goroutines,
-// then reports the events delivered per second across all streams and
-// the lag from the publish call to each stream's receipt.
+// and publishes 2,000 tasks (LEASEPOOL_BENCH_EVENTS) from 8 goroutines, as
+// fast as the store takes them or at LEASEPOOL_BENCH_RATE a second, then
+// reports the events delivered per second across all streams and the lag
+// from the publish call to each stream's receipt.
 func BenchmarkSSEFanout(b *testing.B) {
 	subs, events := envInt(b, "LEASEPOOL_BENCH_SUBSCRIBERS", 100), envInt(b, "LEASEPOOL_BENCH_EVENTS", 2000)
+	rate := envInt(b, "LEASEPOOL_BENCH_RATE", 0)
 	for b.Loop() {
-		fanout(b, subs, events)
+		fanout(b, subs, events, rate)
 	}
 }
 
@@ -212,7 +215,7 @@ func envInt(b *testing.B, name string, def int) int {
 	return def
 }
 
-func fanout(b *testing.B, subs, events int) {
+func fanout(b *testing.B, subs, events, rate int) {
 	s, err := store.Open(context.Background(), "sqlite:"+filepath.Join(b.TempDir(), "fan.db"), store.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
@@ -244,6 +247,9 @@ func fanout(b *testing.B, subs, events int) {
 	for range 8 {
 		pubs.Go(func() {
 			for i := int(next.Add(1) - 1); i < events; i = int(next.Add(1) - 1) {
+				if rate > 0 {
+					time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+				}
 				key := fmt.Sprintf("e%06d", i)
 				sent.Store(key, time.Now())
 				if _, _, err := task.Publish(ctx, s, task.PublishParams{Key: key, Kind: "k"}); err != nil {
@@ -263,8 +269,8 @@ func fanout(b *testing.B, subs, events int) {
 	}
 	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "events/s")
 	b.ReportMetric(ms(quantile(all, 0.99)), "lag-p99-ms")
-	fmt.Printf("sse fan-out: %d subscribers x %d events = %d delivered in %s (%.0f events/s; publishing took %s); lag p50 %.1fms p99 %.1fms max %.1fms\n",
-		subs, events, len(all), elapsed.Round(time.Millisecond), float64(len(all))/elapsed.Seconds(), published.Round(time.Millisecond),
+	fmt.Printf("sse fan-out (rate %d/s, 0: flat out): %d subscribers x %d events = %d delivered in %s (%.0f events/s; publishing took %s); lag p50 %.1fms p99 %.1fms max %.1fms\n",
+		rate, subs, events, len(all), elapsed.Round(time.Millisecond), float64(len(all))/elapsed.Seconds(), published.Round(time.Millisecond),
 		ms(quantile(all, 0.5)), ms(quantile(all, 0.99)), ms(quantile(all, 1)))
 }
 

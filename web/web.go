@@ -3,7 +3,10 @@
 // serves, under /api/v1, the tasks API (publish, get, list with filters
 // and cursors, cancel, retry, bulk), the worker registry, the devices, the
 // queue's stats, the lifecycle events as Server-Sent Events, and the flow
-// controls (pauses, rate limits) and schedule pause/resume.
+// controls (pauses, rate limits) and schedule pause/resume; and at / the
+// dashboard (server-rendered pages from html/template with embedded
+// assets). Both share one authentication (bearer token or basic auth), one
+// read-only switch and one cross-origin guard.
 package web
 
 import (
@@ -29,6 +32,11 @@ type Config struct {
 	// Token, when set, must come with every request as
 	// "Authorization: Bearer <Token>"; others get 401.
 	Token string
+	// BasicUser and BasicPassword, when set (both or neither), let a
+	// browser log in with HTTP basic auth; a request may then carry either
+	// the bearer token or these.
+	BasicUser     string
+	BasicPassword string
 	// ReadOnly refuses every write with 403.
 	ReadOnly bool
 	// Logger logs failed requests and writes (default slog.Default()).
@@ -52,6 +60,12 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("web: Config.Store is required")
 	}
+	if (cfg.BasicUser == "") != (cfg.BasicPassword == "") {
+		return nil, errors.New("web: Config.BasicUser and Config.BasicPassword go together")
+	}
+	if strings.Contains(cfg.BasicUser, ":") {
+		return nil, errors.New("web: Config.BasicUser must not contain ':'")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -63,6 +77,11 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	}
 	a := &api{store: cfg.Store, log: cfg.Logger, readOnly: cfg.ReadOnly, heartbeat: cfg.Heartbeat, stop: cfg.Stop}
 	mux := http.NewServeMux()
+	d, err := newDashboard(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.routes(mux)
 	mux.HandleFunc("POST /api/v1/tasks", a.write(a.publish))
 	mux.HandleFunc("GET /api/v1/tasks", a.listTasks)
 	mux.HandleFunc("POST /api/v1/tasks/bulk", a.write(a.bulk))
@@ -82,11 +101,12 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /api/v1/schedules", a.listSchedules)
 	mux.HandleFunc("POST /api/v1/schedules/{name}/pause", a.write(a.pauseSchedule))
 	mux.HandleFunc("POST /api/v1/schedules/{name}/resume", a.write(a.resumeSchedule))
-	var h http.Handler = jsonErrors(mux)
-	if cfg.Token != "" {
-		h = bearer(cfg.Token, h)
-	}
-	return h, nil
+	// Browsers send basic-auth credentials (and cookies) with cross-site
+	// requests too: refuse every cross-origin write, API or form, before
+	// it is authenticated. Scripts (curl, Go) send neither Origin nor
+	// Sec-Fetch-Site and pass.
+	var h http.Handler = http.NewCrossOriginProtection().Handler(jsonErrors(mux))
+	return RequireAuth(cfg, h), nil
 }
 
 // api holds the handlers' shared state.
@@ -162,19 +182,44 @@ func reason(err error) string {
 	return strings.TrimPrefix(err.Error(), task.ErrInvalid.Error()+": ")
 }
 
-// bearer lets through only requests carrying token. Both sides are hashed
-// first so the constant-time compare also hides the token's length.
-func bearer(token string, next http.Handler) http.Handler {
-	want := sha256.Sum256([]byte(token))
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+// RequireAuth guards next with cfg's credentials (Token, BasicUser and
+// BasicPassword) exactly as NewHandler guards its own routes, so a server
+// can put other handlers (such as /metrics) behind the same login. With no
+// credentials configured it returns next unchanged.
+func RequireAuth(cfg Config, next http.Handler) http.Handler {
+	if cfg.Token == "" && cfg.BasicUser == "" {
+		return next
+	}
+	return authenticate(cfg, next)
+}
+
+// authenticate lets through only requests carrying cfg's bearer token or
+// its basic-auth user and password. Secrets are hashed first so the
+// constant-time compare also hides their length.
+func authenticate(cfg Config, next http.Handler) http.Handler {
+	wantToken := sha256.Sum256([]byte(cfg.Token))
+	wantBasic := sha256.Sum256([]byte(cfg.BasicUser + ":" + cfg.BasicPassword))
+	same := func(given string, want [32]byte) bool {
 		got := sha256.Sum256([]byte(given))
-		if !ok || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="leasepool"`)
-			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+		return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && cfg.Token != "" && same(given, wantToken) {
+			next.ServeHTTP(w, r)
 			return
 		}
-		next.ServeHTTP(w, r)
+		if user, pass, ok := r.BasicAuth(); ok && cfg.BasicUser != "" && same(user+":"+pass, wantBasic) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if cfg.BasicUser != "" {
+			// The browser asks for a user and password on this challenge.
+			w.Header().Set("WWW-Authenticate", `Basic realm="leasepool", charset="UTF-8"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong credentials (basic auth, or Authorization: Bearer TOKEN)")
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="leasepool"`)
+		writeError(w, http.StatusUnauthorized, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
 	})
 }
 

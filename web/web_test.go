@@ -245,7 +245,7 @@ func TestNotFoundAndMethod(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, web.Config{})
 	e.want("GET", "/api/v1/nowhere", "", 404, `{"error":"not found"}`)
-	e.want("GET", "/", "", 404, `{"error":"not found"}`)
+	e.want("GET", "/nowhere", "", 404, `{"error":"not found"}`)
 	e.want("GET", "/api/v1/schedules/nightly/pause", "", 405, `{"error":"method not allowed; allowed: POST"}`)
 	e.want("PATCH", "/api/v1/pauses", "", 405, `"error":"method not allowed; allowed: `)
 	e.want("POST", "/api/v1/limits", `{"scope":"kind","name":"mail","rate":"2/1s"}`, 405, "method not allowed")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/web"
 )
 
 func metricsFlags() []cli.Flag {
@@ -65,11 +66,11 @@ func listenMetrics(c *cli.Context) (net.Listener, error) {
 	return l, nil
 }
 
-// withMetrics serves /metrics from reg (behind token, if any) and
-// everything else from h.
-func withMetrics(h http.Handler, reg prometheus.Gatherer, token string) http.Handler {
+// withMetrics serves /metrics from reg behind the web server's own login
+// (its token or basic auth), and everything else from h.
+func withMetrics(h http.Handler, reg prometheus.Gatherer, cfg web.Config) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", metrics.Handler(reg, token))
+	mux.Handle("GET /metrics", web.RequireAuth(cfg, metrics.Handler(reg, "")))
 	mux.Handle("/", h)
 	return mux
 }

@@ -55,3 +55,28 @@ func TestServeLoopbackStartsAndStops(t *testing.T) {
 		}
 	}
 }
+
+// TestServeBasicAuth: --basic-auth USER:PASSWORD also lets serve listen on
+// a non-loopback address; a malformed one is refused naming the flag.
+// (Not parallel: it clears LEASEPOOL_TOKEN and LEASEPOOL_BASIC_AUTH.)
+func TestServeBasicAuth(t *testing.T) {
+	c := setup(t)
+	t.Setenv("LEASEPOOL_TOKEN", "")
+	t.Setenv("LEASEPOOL_BASIC_AUTH", "")
+	for _, bad := range []string{"ops", "ops:", ":pw"} {
+		code, stderr := runExit(t.Context(), "--store", c.store, "serve", "--listen", "0.0.0.0:0", "--basic-auth", bad)
+		if code != exitBadInput || !strings.Contains(stderr, "--basic-auth") {
+			t.Errorf("serve --basic-auth %q: exit %d, stderr %q; want 2 naming --basic-auth", bad, code, stderr)
+		}
+	}
+	code, stderr := runExit(t.Context(), "--store", c.store, "serve", "--listen", "0.0.0.0:8080")
+	if code != exitBadInput || !strings.Contains(stderr, "--basic-auth") {
+		t.Errorf("serve --listen 0.0.0.0:8080 without auth: exit %d, stderr %q; want 2 naming --basic-auth", code, stderr)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	code, stderr = runExit(ctx, "--store", c.store, "serve", "--listen", "0.0.0.0:0", "--basic-auth", "ops:pw")
+	if code != exitOK || !strings.Contains(stderr, "serving the HTTP API") {
+		t.Errorf("serve --listen 0.0.0.0:0 --basic-auth ops:pw: exit %d, stderr %q; want 0 after serving", code, stderr)
+	}
+}

@@ -1,5 +1,6 @@
 // Package testservers gives tests the servers that tests/servers starts:
-// the MongoDB wire-protocol test server (mongo-java-server) and Mosquitto.
+// the MongoDB wire-protocol test server (mongo-java-server) and Mosquitto,
+// and the headless Chromium it installs for the dashboard's browser tests.
 //
 // Tests read the addresses from the environment that `tests/servers up`
 // prints. When a variable is missing the test fails (it never skips), so a
@@ -35,6 +36,7 @@ const (
 	EnvMongoLib      = "LEASEPOOL_TEST_MONGO_LIB"
 	EnvMongoLauncher = "LEASEPOOL_TEST_MONGO_LAUNCHER"
 	EnvMQTTURL       = "LEASEPOOL_TEST_MQTT_URL"
+	EnvChromium      = "LEASEPOOL_TEST_CHROMIUM"
 )
 
 // StartTimeout bounds how long a started server may take to accept
@@ -54,6 +56,23 @@ func MongoURI(t testing.TB) string {
 func MQTTURL(t testing.TB) string {
 	t.Helper()
 	return need(t, EnvMQTTURL)
+}
+
+// Chromium returns the path of the Chromium binary that tests/servers up
+// installs (Debian's chromium), from LEASEPOOL_TEST_CHROMIUM or else PATH,
+// or fails t.
+func Chromium(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv(EnvChromium); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatalf("%s is not set and chromium is not on PATH: run tests via the README's test command, which installs it (tests/servers up)", EnvChromium)
+	return ""
 }
 
 func need(t testing.TB, name string) string {

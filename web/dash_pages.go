@@ -1,0 +1,183 @@
+package web
+
+// The dashboard's pages. Each reads what it shows straight from the store
+// and renders it; nothing is cached between requests.
+
+import (
+	"cmp"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/schedule"
+	"github.com/leasepool/leasepool/task"
+)
+
+// states is every state in the order pages show them.
+var states = []task.State{task.StatePending, task.StateRunning, task.StateSucceeded, task.StateFailed, task.StateCancelled}
+
+func (d *dashboard) overview(w http.ResponseWriter, r *http.Request) {
+	o, err := d.readOverview(r.Context())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	d.render(w, r, http.StatusOK, "overview", "Overview", o)
+}
+
+// taskPage is the task page's data.
+type taskPage struct {
+	Task    *task.Task
+	Payload string
+	// Attempts are the worker list, newest attempt first.
+	Attempts []attemptRow
+}
+
+// attemptRow is one entry of the worker list as the page shows it.
+type attemptRow struct {
+	task.Worker
+	// Shown is the entry's state as seen now: EXPIRED for a RUNNING entry
+	// whose lease has passed.
+	Shown task.WorkerState
+}
+
+func (d *dashboard) task(w http.ResponseWriter, r *http.Request) {
+	key := r.URL.Query().Get("key")
+	if key == "" {
+		d.fail(w, r, badInput("key", "must not be empty"))
+		return
+	}
+	t, err := d.store.Get(r.Context(), key)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	p := taskPage{Task: t, Payload: prettyJSON(t.Payload)}
+	now := d.store.Now()
+	for _, wk := range t.Workers {
+		row := attemptRow{Worker: wk, Shown: wk.State}
+		if wk.Expired(now) {
+			row.Shown = task.WorkerExpired
+		}
+		p.Attempts = append(p.Attempts, row)
+	}
+	slices.SortFunc(p.Attempts, func(a, b attemptRow) int { return cmp.Compare(b.Attempt, a.Attempt) })
+	d.render(w, r, http.StatusOK, "task", "Task "+t.Key, p)
+}
+
+// prettyJSON indents a payload for reading; one that does not parse is
+// shown as it is.
+func prettyJSON(b json.RawMessage) string {
+	if len(b) == 0 {
+		return ""
+	}
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return string(b)
+	}
+	out, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return string(b)
+	}
+	return string(out)
+}
+
+// workerRow is one registry record with what the page derives from it.
+type workerRow struct {
+	task.WorkerInfo
+	Live bool
+	// Tasks are the keys of the running tasks with a live lease of this
+	// worker id.
+	Tasks []string
+}
+
+func (d *dashboard) workers(w http.ResponseWriter, r *http.Request) {
+	infos, err := d.store.Workers(r.Context())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	held, err := d.runningByWorker(r)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	now := d.store.Now()
+	rows := make([]workerRow, 0, len(infos))
+	for _, wi := range infos {
+		rows = append(rows, workerRow{WorkerInfo: wi, Live: wi.Live(now), Tasks: held[wi.ID]})
+	}
+	d.render(w, r, http.StatusOK, "workers", "Workers", rows)
+}
+
+// maxRunningShown bounds the running tasks the workers page reads.
+const maxRunningShown = 1000
+
+// runningByWorker maps worker ids to the running tasks they hold a live
+// lease on (the first maxRunningShown running tasks).
+func (d *dashboard) runningByWorker(r *http.Request) (map[string][]string, error) {
+	running, err := d.store.List(r.Context(), task.ListQuery{State: task.StateRunning, Limit: maxRunningShown})
+	if err != nil {
+		return nil, err
+	}
+	now := d.store.Now()
+	held := map[string][]string{}
+	for _, t := range running {
+		for _, wk := range t.Workers {
+			if wk.Live(now) {
+				held[wk.WorkerID] = append(held[wk.WorkerID], t.Key)
+			}
+		}
+	}
+	return held, nil
+}
+
+// storeStates serves the device states the workers recorded in the store.
+type storeStates []mqttdev.DeviceState
+
+func (s storeStates) States() []mqttdev.DeviceState { return s }
+
+func (d *dashboard) devices(w http.ResponseWriter, r *http.Request) {
+	list, err := mqttdev.StoreStates(d.store).DeviceStates(r.Context())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	infos, err := mqttdev.ListDevices(r.Context(), d.store, storeStates(list))
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	d.render(w, r, http.StatusOK, "devices", "Devices", infos)
+}
+
+// controlsPage is the controls page's data.
+type controlsPage struct {
+	Pauses    []control.PauseInfo
+	Limits    []control.Limit
+	Schedules []schedule.Info
+	// Now is store time, for the schedules' next slots.
+	Now time.Time
+}
+
+func (d *dashboard) controls(w http.ResponseWriter, r *http.Request) {
+	var p controlsPage
+	var err error
+	if p.Pauses, err = control.Pauses(r.Context(), d.store); err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	if p.Limits, err = control.Limits(r.Context(), d.store); err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	if p.Schedules, err = schedule.List(r.Context(), d.store); err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	p.Now = d.store.Now()
+	d.render(w, r, http.StatusOK, "controls", "Pauses, limits, schedules", p)
+}
