@@ -32,8 +32,9 @@ func (d *dashboard) overview(w http.ResponseWriter, r *http.Request) {
 type taskPage struct {
 	Task    *task.Task
 	Payload string
-	// Attempts are the worker list, newest attempt first.
-	Attempts []attemptRow
+	// Attempts are every attempt kept (task.AttemptHistory), newest first.
+	Attempts   []attemptRow
+	MaxHistory int
 }
 
 // attemptRow is one entry of the worker list as the page shows it.
@@ -42,6 +43,8 @@ type attemptRow struct {
 	// Shown is the entry's state as seen now: EXPIRED for a RUNNING entry
 	// whose lease has passed.
 	Shown task.WorkerState
+	// ResultText is the attempt's result, indented.
+	ResultText string
 }
 
 func (d *dashboard) task(w http.ResponseWriter, r *http.Request) {
@@ -55,10 +58,10 @@ func (d *dashboard) task(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, err)
 		return
 	}
-	p := taskPage{Task: t, Payload: prettyJSON(t.Payload)}
+	p := taskPage{Task: t, Payload: prettyJSON(t.Payload), MaxHistory: task.MaxHistory}
 	now := d.store.Now()
-	for _, wk := range t.Workers {
-		row := attemptRow{Worker: wk, Shown: wk.State}
+	for _, wk := range t.AttemptHistory() {
+		row := attemptRow{Worker: wk, Shown: wk.State, ResultText: prettyJSON(wk.Result)}
 		if wk.Expired(now) {
 			row.Shown = task.WorkerExpired
 		}
