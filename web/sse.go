@@ -83,7 +83,14 @@ func (a *api) streamEvents(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	defer st.Close()
+	next := make(chan nextResult)
+	followed := make(chan struct{})
+	defer func() {
+		// follow is st's one reader: stop it before closing st.
+		cancel()
+		<-followed
+		st.Close()
+	}()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -95,10 +102,13 @@ func (a *api) streamEvents(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "id: %s\n\n", tok)
 	}
 	if err := rc.Flush(); err != nil {
+		close(followed)
 		return
 	}
-	next := make(chan nextResult)
-	go follow(ctx, st, next) // ends with ctx: cancelled by the return below
+	go func() {
+		defer close(followed)
+		follow(ctx, st, next)
+	}()
 	a.pump(ctx, w, rc, next)
 }
 
