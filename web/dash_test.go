@@ -5,6 +5,7 @@ package web_test
 
 import (
 	b64 "encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -385,4 +386,30 @@ func TestRequireAuth(t *testing.T) {
 	if w.Code != 418 {
 		t.Errorf("no credentials configured: %d, want the handler's 418", w.Code)
 	}
+}
+
+// TestDashboardAttemptHistory: the task page lists every attempt kept,
+// a released one and one before a retry included, with results and logs.
+func TestDashboardAttemptHistory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	e.publish("job", "mail", `{}`)
+	ctx := t.Context()
+	step := func(fn func(tk *task.Task, now time.Time) error) {
+		t.Helper()
+		if _, err := task.Modify(ctx, e.store, "job", func(tk *task.Task) error { return fn(tk, e.store.Now()) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w1 := task.Holder{WorkerID: "w-one", Instance: "i1"}
+	w2 := task.Holder{WorkerID: "w-two", Instance: "i2"}
+	var h1, h2 task.Holder
+	step(func(tk *task.Task, now time.Time) error { h1 = tk.Claim(w1, now); return nil })
+	step(func(tk *task.Task, now time.Time) error { return tk.Release(h1, now) })
+	step(func(tk *task.Task, now time.Time) error { h2 = tk.Claim(w2, now); return nil })
+	step(func(tk *task.Task, now time.Time) error {
+		tk.Record(h2, task.Output{Result: json.RawMessage(`{"sent":3}`), Log: []task.LogLine{{At: now, Msg: "three mails out"}}})
+		return tk.Succeed(h2, now)
+	})
+	e.wantPage("/task?key=job", 200, "w-one", "RELEASED", "w-two", "SUCCESS", "&#34;sent&#34;: 3", "three mails out")
 }
