@@ -262,11 +262,3 @@ func (f *Flow) addEvent(e Event) {
 		f.Events = append([]Event(nil), f.Events[n:]...)
 	}
 }
-
-func (f *Flow) clone() *Flow {
-	b, _ := json.Marshal(f)
-	var c Flow
-	_ = json.Unmarshal(b, &c)
-	c.Version = f.Version
-	return &c
-}

@@ -42,7 +42,7 @@ func Register(mux *consumer.Mux, cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	mux.Use(Middleware(MiddlewareConfig{Store: cfg.Store, Logger: cfg.Logger, ExecKind: cfg.ExecKind}))
+	mux.Use(Middleware(MiddlewareConfig(cfg)))
 	mux.RegisterFunc(ReconcileKind, func(ctx context.Context, job *consumer.Job) error {
 		st, err := Reconcile(ctx, cfg.Store, cfg.Logger)
 		if st.Advanced+st.Published > 0 || err != nil {
