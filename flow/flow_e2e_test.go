@@ -25,8 +25,6 @@ type rig struct {
 	logs  *testutil.SyncBuffer
 	mu    sync.Mutex
 	ran   []string
-	// block, when set, makes db.init wait for its context to end.
-	block chan struct{}
 }
 
 func newRig(t *testing.T) *rig {
