@@ -20,6 +20,7 @@ type Job struct {
 
 	holder task.Holder
 	lease  interface{ Remaining() time.Duration }
+	out    output
 }
 
 // Holder is the identity this attempt's lease and locks carry: task key,

@@ -163,6 +163,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	}()
 
 	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
+	job.out.now = c.store.Now
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
 	err := c.invoke(hctx, job)
@@ -179,13 +180,14 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	if keys := lease.Doc().LockKeys; len(keys) > 0 && !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 	}
-	c.settle(hctx, lease, err, ended, log)
+	c.settle(hctx, lease, job.Output(), err, ended, log)
 }
 
 // settle writes the attempt's outcome.
 // ended is when the handler returned: an outcome is judged against the
 // lease as it stood then, and a peer's claim since makes the write fail.
-func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) {
+// out is what the handler recorded; every write here stores it.
+func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, out task.Output, err error, ended time.Time, log *slog.Logger) {
 	cause := context.Cause(hctx)
 	if errors.Is(cause, task.ErrUnpinned) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -195,7 +197,8 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 	if errors.Is(cause, task.ErrTaskDone) {
 		log.Info("task finished by other workers; handler stopped")
 		h := lease.Holder()
-		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.Release(h, c.store.Now()) }); err != nil {
+		release := func(t *task.Task) error { return t.Release(h, c.store.Now()) }
+		if err := c.writeOutcome(lease, withOutput(h, out, release)); err != nil {
 			log.Debug("release after the task finished", slog.Any("err", err))
 		}
 		return
@@ -227,7 +230,7 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 			return t.Fail(h, msg, ended.Add(c.cfg.RetryPolicy(failures, err)), ended)
 		}
 	}
-	if werr := c.writeOutcome(lease, write); werr != nil {
+	if werr := c.writeOutcome(lease, withOutput(h, out, write)); werr != nil {
 		if errors.Is(werr, task.ErrLeaseLost) {
 			c.leaseLost.Add(1)
 			log.Warn("outcome refused: lease lost", slog.Any("err", werr))

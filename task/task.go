@@ -66,6 +66,11 @@ type Worker struct {
 	StartedAt  time.Time `json:"started_at"`
 	EndedAt    time.Time `json:"ended_at,omitzero"`
 	Error      string    `json:"error,omitempty"`
+	// Result and Log are what the attempt's handler recorded (see Record);
+	// they are replaced, never changed in place.
+	Result     json.RawMessage `json:"result,omitempty"`
+	Log        []LogLine       `json:"log,omitempty"`
+	LogDropped int             `json:"log_dropped,omitempty"`
 }
 
 // Holder is the holder identity of w's attempt of the task with key.
@@ -146,9 +151,18 @@ func (t *Task) Clone() *Task {
 	c.Payload = slices.Clone(t.Payload)
 	c.SpecificWorkerIDs = slices.Clone(t.SpecificWorkerIDs)
 	c.LockKeys = slices.Clone(t.LockKeys)
-	c.Workers = slices.Clone(t.Workers)
+	c.Workers = cloneWorkers(t.Workers)
 	c.Changes = slices.Clone(t.Changes)
 	return &c
+}
+
+func cloneWorkers(ws []Worker) []Worker {
+	c := slices.Clone(ws)
+	for i := range c {
+		c[i].Result = slices.Clone(c[i].Result)
+		c[i].Log = slices.Clone(c[i].Log)
+	}
+	return c
 }
 
 // Defaults for task options. A dead worker's task is taken over after

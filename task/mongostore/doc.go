@@ -65,6 +65,16 @@ type workerDoc struct {
 	StartedAt  time.Time `bson:"started_at"`
 	EndedAt    time.Time `bson:"ended_at"`
 	Error      string    `bson:"error,omitempty"`
+	// Result is stored as a BSON value, as the payload is.
+	Result     bson.RawValue `bson:"result,omitempty"`
+	Log        []logDoc      `bson:"log,omitempty"`
+	LogDropped int64         `bson:"log_dropped,omitempty"`
+}
+
+// logDoc is a task.LogLine.
+type logDoc struct {
+	At  time.Time `bson:"at"`
+	Msg string    `bson:"msg"`
 }
 
 // nonNil keeps arrays arrays: a nil slice would be stored as null, and the
@@ -119,18 +129,59 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 		d.Changes[i] = changeDoc{Op: c.Op, WorkerID: c.WorkerID, Instance: c.Instance, Attempt: int64(c.Attempt), Error: c.Error, Until: c.Until.UTC()}
 	}
 	for i, w := range t.Workers {
-		d.Workers[i] = workerDoc{
-			WorkerID:   w.WorkerID,
-			Instance:   w.Instance,
-			State:      string(w.State),
-			Attempt:    int64(w.Attempt),
-			LeaseUntil: w.LeaseUntil.UTC(),
-			StartedAt:  w.StartedAt.UTC(),
-			EndedAt:    w.EndedAt.UTC(),
-			Error:      w.Error,
+		if d.Workers[i], err = toWorkerDoc(w); err != nil {
+			return nil, err
 		}
 	}
 	return d, nil
+}
+
+func toWorkerDoc(w task.Worker) (workerDoc, error) {
+	d := workerDoc{
+		WorkerID:   w.WorkerID,
+		Instance:   w.Instance,
+		State:      string(w.State),
+		Attempt:    int64(w.Attempt),
+		LeaseUntil: w.LeaseUntil.UTC(),
+		StartedAt:  w.StartedAt.UTC(),
+		EndedAt:    w.EndedAt.UTC(),
+		Error:      w.Error,
+		LogDropped: int64(w.LogDropped),
+	}
+	if len(w.Result) > 0 {
+		r, err := jsonToBSON(w.Result)
+		if err != nil {
+			return d, fmt.Errorf("%w: result of attempt %d: %w", task.ErrInvalid, w.Attempt, err)
+		}
+		d.Result = r
+	}
+	for _, l := range w.Log {
+		d.Log = append(d.Log, logDoc{At: l.At.UTC(), Msg: l.Msg})
+	}
+	return d, nil
+}
+
+func fromWorkerDoc(d workerDoc) (task.Worker, error) {
+	w := task.Worker{
+		WorkerID:   d.WorkerID,
+		Instance:   d.Instance,
+		State:      task.WorkerState(d.State),
+		Attempt:    int(d.Attempt),
+		LeaseUntil: utc(d.LeaseUntil),
+		StartedAt:  utc(d.StartedAt),
+		EndedAt:    utc(d.EndedAt),
+		Error:      d.Error,
+		LogDropped: int(d.LogDropped),
+	}
+	r, err := bsonToJSON(d.Result)
+	if err != nil {
+		return w, fmt.Errorf("result of attempt %d: %w", w.Attempt, err)
+	}
+	w.Result = r
+	for _, l := range d.Log {
+		w.Log = append(w.Log, task.LogLine{At: utc(l.At), Msg: l.Msg})
+	}
+	return w, nil
 }
 
 // utc turns a decoded BSON date back into time.Time, keeping the zero time
@@ -183,15 +234,8 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 		t.LockKeys = nil
 	}
 	for i, w := range d.Workers {
-		t.Workers[i] = task.Worker{
-			WorkerID:   w.WorkerID,
-			Instance:   w.Instance,
-			State:      task.WorkerState(w.State),
-			Attempt:    int(w.Attempt),
-			LeaseUntil: utc(w.LeaseUntil),
-			StartedAt:  utc(w.StartedAt),
-			EndedAt:    utc(w.EndedAt),
-			Error:      w.Error,
+		if t.Workers[i], err = fromWorkerDoc(w); err != nil {
+			return nil, fmt.Errorf("task %s: %w", d.Key, err)
 		}
 	}
 	return t, nil

@@ -125,6 +125,15 @@ func norm(tk *task.Task) *task.Task {
 		ms(&c.Workers[i].LeaseUntil)
 		ms(&c.Workers[i].StartedAt)
 		ms(&c.Workers[i].EndedAt)
+		for j := range c.Workers[i].Log {
+			ms(&c.Workers[i].Log[j].At)
+		}
+		if len(c.Workers[i].Result) > 0 {
+			var b bytes.Buffer
+			if err := json.Compact(&b, c.Workers[i].Result); err == nil {
+				c.Workers[i].Result = b.Bytes()
+			}
+		}
 	}
 	for i := range c.Changes {
 		ms(&c.Changes[i].Until)

@@ -183,7 +183,9 @@ func (s suite) get(t *testing.T) {
 		next.Priority = 42
 		next.SpecificWorkerIDs = nil
 		next.LockKeys = []string{"device:3"}
-		next.Workers = append(next.Workers, task.Worker{WorkerID: "w3", State: task.WorkerSuccess, Attempt: 4, LeaseUntil: now, StartedAt: now, EndedAt: now.Add(time.Millisecond)})
+		next.Workers = append(next.Workers, task.Worker{WorkerID: "w3", State: task.WorkerSuccess, Attempt: 4, LeaseUntil: now, StartedAt: now, EndedAt: now.Add(time.Millisecond),
+			Result: json.RawMessage(`{"rows":[1,2.5,"é"],"ok":true,"none":null}`), LogDropped: 3,
+			Log: []task.LogLine{{At: now.Add(-time.Second), Msg: "fetched 2 rows"}, {At: now, Msg: "wrote \"é\""}}})
 		next.Attempts = 4
 		next.Cancelled = true
 		next.State = task.StateCancelled

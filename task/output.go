@@ -1,0 +1,125 @@
+package task
+
+// What a handler leaves with its attempt: a JSON result and a few short
+// log lines, stored on its worker entry by the write that finishes the
+// attempt (Record, then Succeed, Fail, Snooze or Release in the same
+// compare-and-set). Both are bounded here, so every path that writes them
+// agrees and a handler cannot grow a task document without limit.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Limits on what one attempt records. A document holds at most
+// MaxHistory archived attempts besides its live worker list, so these
+// bound its growth: about 21 KiB per attempt at worst.
+const (
+	// MaxResultSize is the largest result, in bytes of JSON.
+	MaxResultSize = 16 << 10
+	// MaxLogLines is how many log lines an attempt keeps: the latest ones;
+	// LogDropped counts the earlier lines left out.
+	MaxLogLines = 20
+	// MaxLogLineLen is the longest log line, in bytes; longer lines are
+	// cut at a character boundary and end with "…".
+	MaxLogLineLen = 256
+)
+
+// LogLine is one line a handler logged, at store time.
+type LogLine struct {
+	At  time.Time `json:"at"`
+	Msg string    `json:"msg"`
+}
+
+// Output is what the handler of one attempt recorded.
+type Output struct {
+	Result     json.RawMessage
+	Log        []LogLine
+	LogDropped int // lines logged before Log's first, left out
+}
+
+// ValidateResult checks a handler's result: valid JSON of at most
+// MaxResultSize bytes. Its errors wrap ErrInvalid and name the field.
+func ValidateResult(b json.RawMessage) error {
+	if len(b) > MaxResultSize {
+		return invalid("result", fmt.Sprintf("is %d bytes, more than the limit of %d", len(b), MaxResultSize))
+	}
+	if len(b) > 0 && !json.Valid(b) {
+		return invalid("result", "is not valid JSON")
+	}
+	return nil
+}
+
+// LogText cleans one log line for storage: control characters (newlines
+// included) become spaces, invalid UTF-8 becomes U+FFFD, and the line is
+// cut to MaxLogLineLen bytes.
+func LogText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) <= MaxLogLineLen {
+		return s
+	}
+	const ellipsis = "…"
+	cut := MaxLogLineLen - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
+
+// Record stores out on h's entry, for the finishing mutation that follows
+// in the same write (which refuses the write if h no longer holds the
+// lease, so Record does nothing when h has no entry). It never fails: a
+// result over the limits is left out and says so in the log, so a bad
+// result cannot keep the attempt's outcome from being written.
+func (t *Task) Record(h Holder, out Output) {
+	i := t.Entry(h)
+	if i < 0 {
+		return
+	}
+	w := &t.Workers[i]
+	lines, dropped := make([]LogLine, 0, len(out.Log)+1), out.LogDropped
+	for _, l := range out.Log {
+		lines = append(lines, LogLine{At: l.At.UTC(), Msg: LogText(l.Msg)})
+	}
+	w.Result = nil
+	if r := bytes.TrimSpace(out.Result); len(r) > 0 && !bytes.Equal(r, []byte("null")) {
+		if err := ValidateResult(r); err != nil {
+			lines = append(lines, LogLine{At: t.UpdatedAt.UTC(), Msg: LogText("result left out: " + err.Error())})
+		} else {
+			w.Result = bytes.Clone(r)
+		}
+	}
+	if n := len(lines) - MaxLogLines; n > 0 {
+		lines, dropped = lines[n:], dropped+n
+	}
+	if len(lines) == 0 {
+		lines = nil
+	}
+	w.Log, w.LogDropped = lines, dropped
+}
+
+// Result returns the result of t's latest succeeded attempt, or nil when
+// no succeeded attempt recorded one.
+func (t *Task) Result() json.RawMessage {
+	var best *Worker
+	for i := range t.Workers {
+		if w := &t.Workers[i]; w.State == WorkerSuccess && len(w.Result) > 0 && (best == nil || w.Attempt > best.Attempt) {
+			best = w
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	return best.Result
+}

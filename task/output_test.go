@@ -1,0 +1,83 @@
+package task_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+func TestLogText(t *testing.T) {
+	t.Parallel()
+	if got := task.LogText("a\nb\x00c\xffd"); got != "a b c\uFFFDd" {
+		t.Errorf("LogText cleans to %q", got)
+	}
+	long := strings.Repeat("é", task.MaxLogLineLen) // 2 bytes each
+	got := task.LogText(long)
+	if len(got) > task.MaxLogLineLen || !utf8.ValidString(got) || !strings.HasSuffix(got, "…") {
+		t.Errorf("LogText of %d bytes: %d bytes, valid UTF-8 %v, %q…", len(long), len(got), utf8.ValidString(got), got[len(got)-8:])
+	}
+}
+
+func TestRecord(t *testing.T) {
+	t.Parallel()
+	h := task.Holder{WorkerID: "a", Attempt: 1}
+	now := t0.Add(time.Second)
+	t.Run("stored on the entry, bounded", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		var lines []task.LogLine
+		for i := range task.MaxLogLines + 3 {
+			lines = append(lines, task.LogLine{At: now.In(time.FixedZone("x", 3600)), Msg: "l\n" + string(rune('a'+i))})
+		}
+		tk.Record(h, task.Output{Result: json.RawMessage(` {"n":1} `), Log: lines, LogDropped: 2})
+		if err := tk.Succeed(h, now); err != nil {
+			t.Fatal(err)
+		}
+		w := tk.Workers[0]
+		if string(w.Result) != `{"n":1}` || string(tk.Result()) != `{"n":1}` {
+			t.Errorf("result %s, Result() %s; want {\"n\":1}", w.Result, tk.Result())
+		}
+		if len(w.Log) != task.MaxLogLines || w.LogDropped != 5 || w.Log[0].Msg != "l d" || w.Log[0].At.Location() != time.UTC {
+			t.Errorf("log: %d lines, %d dropped, first %+v; want %d, 5 dropped, first \"l d\" in UTC", len(w.Log), w.LogDropped, w.Log[0], task.MaxLogLines)
+		}
+	})
+	t.Run("an oversized result is left out, and said so", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		big := json.RawMessage(`"` + strings.Repeat("x", task.MaxResultSize) + `"`)
+		tk.Record(h, task.Output{Result: big})
+		w := tk.Workers[0]
+		if w.Result != nil || len(w.Log) != 1 || !strings.Contains(w.Log[0].Msg, "result") {
+			t.Errorf("entry %+v; want no result and a line saying why", w)
+		}
+	})
+	t.Run("null is no result; no entry, no change", func(t *testing.T) {
+		tk := runningDoc(t, nil)
+		tk.Record(h, task.Output{Result: json.RawMessage("null")})
+		tk.Record(task.Holder{WorkerID: "b", Attempt: 1}, task.Output{Result: json.RawMessage("1")})
+		if tk.Workers[0].Result != nil || tk.Result() != nil {
+			t.Errorf("entry %+v", tk.Workers[0])
+		}
+	})
+}
+
+func TestResultIsLatestSucceeded(t *testing.T) {
+	t.Parallel()
+	s1, s2, f := ended("a", 1, task.WorkerSuccess), ended("b", 3, task.WorkerSuccess), ended("c", 4, task.WorkerFail)
+	s1.Result, s2.Result, f.Result = json.RawMessage("1"), json.RawMessage("3"), json.RawMessage("4")
+	tk := doc(t, nil, s2, s1, f)
+	if got := string(tk.Result()); got != "3" {
+		t.Errorf("Result() = %s; want 3, the latest succeeded attempt's", got)
+	}
+}
+
+func TestValidateResult(t *testing.T) {
+	t.Parallel()
+	for _, b := range []string{"{", strings.Repeat(" ", task.MaxResultSize+1)} {
+		if err := task.ValidateResult(json.RawMessage(b)); err == nil || !strings.Contains(err.Error(), "result") {
+			t.Errorf("ValidateResult(%.10q): %v; want an error naming result", b, err)
+		}
+	}
+}
