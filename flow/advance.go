@@ -183,7 +183,7 @@ func reconcileOne(ctx context.Context, s task.Store, f *Flow, st *ReconcileStats
 	o := outcome{At: t.UpdatedAt, Attempt: t.Attempts}
 	switch t.State {
 	case task.StateSucceeded:
-		o.Success = true
+		o.Success, o.Result = true, t.Result()
 	case task.StateCancelled:
 		o.Final, o.Error = true, "step task cancelled"
 	default:

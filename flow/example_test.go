@@ -54,7 +54,7 @@ func readRequest(ctx context.Context) request {
 // dbHandlers registers the example's handlers; say receives one line per
 // run.
 func dbHandlers(mux *consumer.Mux, say func(string)) {
-	step := func(kind string, run func(ctx context.Context, r request) error) {
+	step := func(kind string, run func(ctx context.Context, job *consumer.Job, r request) error) {
 		mux.RegisterFunc(kind, func(ctx context.Context, job *consumer.Job) error {
 			ref, _ := flow.CurrentStep(ctx)
 			r := readRequest(ctx)
@@ -62,16 +62,16 @@ func dbHandlers(mux *consumer.Mux, say func(string)) {
 			if (!ref.Undo && r.Fail == ref.Name) || (ref.Undo && r.FailUndo == ref.Name) {
 				return errors.New(kind + ": injected failure")
 			}
-			return run(ctx, r)
+			return run(ctx, job, r)
 		})
 	}
-	step("db.check", func(ctx context.Context, r request) error {
-		return flow.SetResult(ctx, map[string]int{"free_cpu": 64 - r.CPU})
+	step("db.check", func(ctx context.Context, job *consumer.Job, r request) error {
+		return job.SetResult(map[string]int{"free_cpu": 64 - r.CPU})
 	})
-	step("db.init", func(ctx context.Context, r request) error {
-		return flow.SetResult(ctx, map[string]string{"instance": "inst-" + r.Name})
+	step("db.init", func(ctx context.Context, job *consumer.Job, r request) error {
+		return job.SetResult(map[string]string{"instance": "inst-" + r.Name})
 	})
-	step("db.deduct", func(ctx context.Context, r request) error {
+	step("db.deduct", func(ctx context.Context, job *consumer.Job, r request) error {
 		var init struct{ Instance string }
 		if err := json.Unmarshal(flow.Params(ctx)["init"], &init); err != nil || init.Instance == "" {
 			return fmt.Errorf("deduct: no instance from step init: %v", err)
@@ -79,7 +79,7 @@ func dbHandlers(mux *consumer.Mux, say func(string)) {
 		return nil
 	})
 	for _, k := range []string{"db.alert", "db.clean", "db.restore"} {
-		step(k, func(context.Context, request) error { return nil })
+		step(k, func(context.Context, *consumer.Job, request) error { return nil })
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
@@ -28,12 +27,10 @@ type MiddlewareConfig struct {
 
 type stepCtxKey struct{}
 
-// stepCtx is what a step's handler reads and writes through its context.
+// stepCtx is what a step's handler reads through its context.
 type stepCtx struct {
 	ref    StepRef
 	params map[string]json.RawMessage
-	mu     sync.Mutex
-	result json.RawMessage
 }
 
 // CurrentStep returns the flow step a handler runs, if it runs one.
@@ -54,31 +51,10 @@ func Params(ctx context.Context) map[string]json.RawMessage {
 	return nil
 }
 
-// ErrNotAStep is returned by SetResult outside a flow step.
-var ErrNotAStep = errors.New("not running a flow step")
-
-// SetResult sets the step's result, stored under the step's name in the
-// shared parameters when the step succeeds. A forward step's result is
-// what later steps read; a rollback's is ignored.
-func SetResult(ctx context.Context, v any) error {
-	sc, ok := ctx.Value(stepCtxKey{}).(*stepCtx)
-	if !ok {
-		return ErrNotAStep
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("flow result: %w", err)
-	}
-	sc.mu.Lock()
-	sc.result = b
-	sc.mu.Unlock()
-	return nil
-}
-
 // Middleware runs flow steps: every worker that may claim a step task must
 // use it (consumer.Mux.Use). For a step task it unwraps the envelope (the
 // handler sees the step's own payload and reads the shared parameters
-// through Params), bounds the attempt by the step's timeout, and records
+// through Params; its result is what it gives Job.SetResult), bounds the attempt by the step's timeout, and records
 // the outcome in the flow by compare-and-set before the task's own outcome
 // is written, then publishes the next step. A step the flow has already
 // recorded (its worker died between the flow's write and the task's) is
@@ -138,17 +114,21 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 		hctx, cancel = context.WithTimeoutCause(hctx, time.Duration(act.Timeout), fmt.Errorf("step timeout %s", time.Duration(act.Timeout)))
 		defer cancel()
 	}
-	inner := *job
-	inner.Task = job.Task.Clone()
-	inner.Task.Payload = env.Payload
+	// The handler sees the step's own payload; the consumer reads nothing
+	// of job.Task after the handler, but put it back anyway.
+	orig := job.Task
+	job.Task = orig.Clone()
+	job.Task.Payload = env.Payload
 	var resultFile string
-	if job.Task.Kind == cfg.ExecKind {
-		if resultFile, err = execEnv(inner.Task, ref, env.Params); err != nil {
+	if orig.Kind == cfg.ExecKind {
+		if resultFile, err = execEnv(job.Task, ref, env.Params); err != nil {
+			job.Task = orig
 			return err
 		}
 		defer os.Remove(resultFile)
 	}
-	herr := next.Handle(hctx, &inner)
+	herr := next.Handle(hctx, job)
+	job.Task = orig
 	if herr != nil && hctx.Err() != nil && ctx.Err() == nil {
 		herr = fmt.Errorf("%w: %w", context.Cause(hctx), herr)
 	}
@@ -159,15 +139,10 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 	o := outcome{Attempt: job.Attempt, At: cfg.Store.Now().UTC()}
 	if herr == nil {
 		o.Success = true
-		sc.mu.Lock()
-		o.Result = sc.result
-		sc.mu.Unlock()
-		if resultFile != "" && o.Result == nil {
-			if o.Result, err = readResult(resultFile); err != nil {
-				herr = err
-				o.Success = false
-			}
+		if herr = execResult(job, resultFile); herr != nil {
+			o.Success = false
 		}
+		o.Result = job.Output().Result
 	}
 	if herr != nil {
 		o.Error = oneLine(herr.Error())
@@ -228,17 +203,20 @@ func execEnv(t *task.Task, ref StepRef, params map[string]json.RawMessage) (stri
 	return f.Name(), nil
 }
 
-// readResult reads what an exec step wrote to LEASEPOOL_FLOW_RESULT:
-// nothing, or one JSON value.
-func readResult(path string) (json.RawMessage, error) {
+// execResult makes what an exec step wrote to LEASEPOOL_FLOW_RESULT
+// (nothing, or one JSON value) the attempt's result.
+func execResult(job *consumer.Job, path string) error {
+	if path == "" {
+		return nil
+	}
 	b, err := os.ReadFile(path)
 	if err != nil || len(strings.TrimSpace(string(b))) == 0 {
-		return nil, nil
+		return nil
 	}
 	if !json.Valid(b) {
-		return nil, fmt.Errorf("step result in LEASEPOOL_FLOW_RESULT is not valid JSON")
+		return fmt.Errorf("step result in LEASEPOOL_FLOW_RESULT is not valid JSON")
 	}
-	return json.RawMessage(strings.TrimSpace(string(b))), nil
+	return job.SetResult(json.RawMessage(b))
 }
 
 func oneLine(s string) string {

@@ -143,7 +143,7 @@ func TestMiddlewareSkipsRecordedStep(t *testing.T) {
 		if string(Params(ctx)["p"]) != "2" {
 			t.Errorf("params %v", Params(ctx))
 		}
-		return SetResult(ctx, "done")
+		return job.SetResult("done")
 	}))
 	doc, err := s.Get(ctx, aKey)
 	if err != nil {
@@ -163,8 +163,5 @@ func TestMiddlewareSkipsRecordedStep(t *testing.T) {
 	}
 	if _, err := s.Get(ctx, StepKey("f", 1, 1, "b", false)); err != nil {
 		t.Fatalf("next step not published: %v", err)
-	}
-	if err := SetResult(ctx, 1); !errors.Is(err, ErrNotAStep) {
-		t.Fatalf("SetResult outside a step: %v", err)
 	}
 }
