@@ -22,9 +22,12 @@
 package flow
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 	"time"
 
 	"github.com/leasepool/leasepool/task"
@@ -261,4 +264,55 @@ func (f *Flow) addEvent(e Event) {
 	if n := len(f.Events) - MaxEvents; n > 0 {
 		f.Events = append([]Event(nil), f.Events[n:]...)
 	}
+}
+
+// ParseSpec reads a flow's JSON (see the README's "Flows" section) strictly:
+// an unknown field, a value of the wrong type or trailing data is refused
+// with an error that names the field and wraps task.ErrInvalid. It does not
+// validate: a file may leave the key to the caller; call Spec.Validate.
+func ParseSpec(r io.Reader) (Spec, error) {
+	var s Spec
+	var raw bytes.Buffer
+	d := json.NewDecoder(io.TeeReader(r, &raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&s); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return s, invalid(strings.ReplaceAll(te.Field, ".Action", ""), fmt.Sprintf("want a JSON %s, got %s", te.Type, te.Value))
+		}
+		return s, fmt.Errorf("%w: %sflow JSON: %v", task.ErrInvalid, badDuration(raw.Bytes()), err)
+	}
+	if d.More() {
+		return s, fmt.Errorf("%w: flow JSON: more than one value", task.ErrInvalid)
+	}
+	return s, nil
+}
+
+// badDuration names the timeout field a duration error came from
+// ("steps[1].rollback.timeout: "), which encoding/json does not say.
+func badDuration(b []byte) string {
+	var doc struct {
+		Steps []struct {
+			Timeout  json.RawMessage `json:"timeout"`
+			Rollback *struct {
+				Timeout json.RawMessage `json:"timeout"`
+			} `json:"rollback"`
+		} `json:"steps"`
+	}
+	if json.Unmarshal(b, &doc) != nil {
+		return ""
+	}
+	bad := func(raw json.RawMessage) bool {
+		var d task.Duration
+		return len(raw) > 0 && json.Unmarshal(raw, &d) != nil
+	}
+	for i, st := range doc.Steps {
+		if bad(st.Timeout) {
+			return fmt.Sprintf("steps[%d].timeout: ", i)
+		}
+		if st.Rollback != nil && bad(st.Rollback.Timeout) {
+			return fmt.Sprintf("steps[%d].rollback.timeout: ", i)
+		}
+	}
+	return ""
 }
