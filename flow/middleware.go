@@ -133,7 +133,7 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 		herr = fmt.Errorf("%w: %w", context.Cause(hctx), herr)
 	}
 	var snooze *consumer.SnoozeError
-	if ctx.Err() != nil || errors.As(herr, &snooze) {
+	if (herr != nil && ctx.Err() != nil) || errors.As(herr, &snooze) {
 		return herr // lease lost, cancelled, shutting down, snoozed: no outcome yet
 	}
 	o := outcome{Attempt: job.Attempt, At: cfg.Store.Now().UTC()}
@@ -148,13 +148,21 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 		o.Error = oneLine(herr.Error())
 		o.Final = lastAttempt(job, cfg.Store.Now())
 	}
-	if _, err := record(ctx, cfg.Store, ref, o, log); err != nil {
+	// The work is done: record it even if the lease is being lost
+	// meanwhile (a slow store), rather than have the next holder redo it.
+	// The flow's compare-and-set, not the lease, keeps the record single.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	if _, err := record(rctx, cfg.Store, ref, o, log); err != nil {
 		// Not recorded: fail the attempt, so the task is retried (or the
 		// reconciler sees it failed) rather than the flow stalling.
 		return fmt.Errorf("flow step %s: recording the outcome: %w (step error: %v)", job.Task.Key, err, herr)
 	}
 	return herr
 }
+
+// recordTimeout bounds recording an outcome and publishing the next step.
+const recordTimeout = 30 * time.Second
 
 // lastAttempt reports whether a failure of job's attempt exhausts the
 // task's retries, as the consumer will judge it when it writes the failure.

@@ -210,6 +210,9 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 		want[dt.params.Key] = dt
 	}
 	fmt.Fprintf(w, "published %d tasks: plain, delayed, pinned to demo-w2/demo-w3, 3-worker, failing, locked on one resource, long, device commands\n", len(tasks))
+	if err := publishDemoFlows(ctx, w, s); err != nil {
+		return err
+	}
 
 	workers, err := startDemoWorkers(storeURL, workerArgs)
 	defer stopDemoWorkers(workers)
@@ -223,8 +226,8 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nall %d tasks finished in %.1fs\n\n", len(final), time.Since(start).Seconds())
-	err = errors.Join(demoSummary(w, final, want), demoDeviceSummary(w, sims))
+	fmt.Fprintf(w, "\nall %d tasks (with flow steps and documents) finished in %.1fs\n\n", len(final), time.Since(start).Seconds())
+	err = errors.Join(demoSummary(w, final, want), demoDeviceSummary(w, sims), demoFlowSummary(ctx, w, s))
 	if err == nil {
 		fmt.Fprintln(w, "\nOK: every task ended as it should")
 	}
@@ -330,7 +333,10 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 	takeovers := 0
 	var lockIntervals [][2]time.Time
 	for _, t := range final {
-		dt := want[t.Key]
+		dt, ok := want[t.Key]
+		if !ok {
+			continue // flow steps, flow documents, maintenance tasks
+		}
 		g := byGroup[dt.group]
 		g[1]++
 		if t.State == dt.want {
