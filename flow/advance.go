@@ -68,7 +68,8 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) e
 	if err != nil {
 		return err
 	}
-	p := task.PublishParams{Key: ref.TaskKey(), Kind: act.Kind, Payload: b}
+	p := task.PublishParams{Key: ref.TaskKey(), Kind: act.Kind, Payload: b,
+		Options: task.Options{LockKeys: act.LockKeys, Priority: act.Priority}}
 	if act.Retries != nil {
 		p.MaxUnexpectedRetries = *act.Retries
 		if *act.Retries == 0 {

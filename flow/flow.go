@@ -74,6 +74,13 @@ type Action struct {
 	// Retries is how many failed attempts are tolerated before the action
 	// fails; nil takes the task default (3), 0 none.
 	Retries *int `json:"retries,omitempty"`
+	// LockKeys are held exclusively while the action's task runs, as a
+	// task's lock_keys. A device command step must name its device's lock
+	// (device:<id>): mqttdev.PublishParams adds it for plain tasks, but the
+	// flow engine does not know the device kind.
+	LockKeys []string `json:"lock_keys,omitempty"`
+	// Priority orders the action's task among ready tasks.
+	Priority int `json:"priority,omitempty"`
 }
 
 // Step is one step of a flow.
@@ -160,6 +167,11 @@ func (a Action) validate(field string) error {
 	}
 	if a.Retries != nil && *a.Retries < 0 {
 		return invalid(field+".retries", "must not be negative")
+	}
+	for _, k := range a.LockKeys {
+		if err := task.ValidateName(field+".lock_keys", k); err != nil {
+			return err
+		}
 	}
 	return nil
 }

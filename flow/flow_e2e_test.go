@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +27,8 @@ type rig struct {
 	logs  *testutil.SyncBuffer
 	mu    sync.Mutex
 	ran   []string
+	// inside counts test.exclusive handlers running; maxInside the most.
+	inside, maxInside atomic.Int32
 }
 
 func newRig(t *testing.T) *rig {
@@ -52,6 +56,14 @@ func newRig(t *testing.T) *rig {
 		r.mu.Unlock()
 		<-ctx.Done()
 		return context.Cause(ctx)
+	})
+	mux.RegisterFunc("test.exclusive", func(ctx context.Context, job *consumer.Job) error {
+		if n := r.inside.Add(1); n > r.maxInside.Load() {
+			r.maxInside.Store(n)
+		}
+		defer r.inside.Add(-1)
+		time.Sleep(50 * time.Millisecond)
+		return nil
 	})
 	w, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "w1", Logger: log, RetryPolicy: consumer.NoBackoff})
 	if err != nil {
@@ -267,6 +279,28 @@ func TestRetryAfterRollback(t *testing.T) {
 	}
 }
 
+// A step's lock keys are its task's: steps of several flows that name one
+// resource run one at a time, though the worker runs eight handlers.
+func TestStepLockKeys(t *testing.T) {
+	r := newRig(t)
+	step := flow.Step{Name: "print", Action: flow.Action{Kind: "test.exclusive", LockKeys: []string{"printer"}, Priority: 2}}
+	for i := range 6 {
+		r.publish(t, fmt.Sprintf("p-%d", i), `{}`, []flow.Step{step})
+	}
+	for i := range 6 {
+		if f := r.wait(t, fmt.Sprintf("p-%d", i)); f.State != flow.StateSucceeded {
+			t.Fatalf("p-%d: %s", i, f.State)
+		}
+	}
+	if n := r.maxInside.Load(); n != 1 {
+		t.Fatalf("%d steps holding lock printer ran at once", n)
+	}
+	tk, err := r.store.Get(context.Background(), "p-0/1/print/do")
+	if err != nil || !slices.Equal(tk.LockKeys, []string{"printer"}) || tk.Priority != 2 {
+		t.Fatalf("step task: %v %v", tk, err)
+	}
+}
+
 func TestValidate(t *testing.T) {
 	ok := func() flow.Spec { return flow.Spec{Key: "k", Steps: dbSteps()} }
 	neg := -1
@@ -283,6 +317,7 @@ func TestValidate(t *testing.T) {
 		{"steps[2].payload", func(s *flow.Spec) { s.Steps[2].Payload = json.RawMessage(`{`) }},
 		{"steps[1].rollback.retries", func(s *flow.Spec) { s.Steps[1].Rollback.Retries = &neg }},
 		{"steps[0].timeout", func(s *flow.Spec) { s.Steps[0].Timeout = -1 }},
+		{"steps[2].rollback.lock_keys", func(s *flow.Spec) { s.Steps[2].Rollback.LockKeys = []string{""} }},
 	} {
 		s := ok()
 		c.edit(&s)
