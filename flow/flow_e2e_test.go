@@ -29,6 +29,8 @@ type rig struct {
 	ran   []string
 	// inside counts test.exclusive handlers running; maxInside the most.
 	inside, maxInside atomic.Int32
+	// flaky counts test.flaky runs: the first fails, retryably.
+	flaky atomic.Int32
 }
 
 func newRig(t *testing.T) *rig {
@@ -56,6 +58,12 @@ func newRig(t *testing.T) *rig {
 		r.mu.Unlock()
 		<-ctx.Done()
 		return context.Cause(ctx)
+	})
+	mux.RegisterFunc("test.flaky", func(ctx context.Context, job *consumer.Job) error {
+		if r.flaky.Add(1) == 1 {
+			return consumer.Retryable(errors.New("flaky once"))
+		}
+		return nil
 	})
 	mux.RegisterFunc("test.exclusive", func(ctx context.Context, job *consumer.Job) error {
 		if n := r.inside.Add(1); n > r.maxInside.Load() {
@@ -298,6 +306,22 @@ func TestStepLockKeys(t *testing.T) {
 	tk, err := r.store.Get(context.Background(), "p-0/1/print/do")
 	if err != nil || !slices.Equal(tk.LockKeys, []string{"printer"}) || tk.Priority != 2 {
 		t.Fatalf("step task: %v %v", tk, err)
+	}
+}
+
+// A Retryable error is retried by the consumer within the lease, through
+// the middleware again: it must not end a step that has no retries.
+func TestRetryableStepRetriedInLease(t *testing.T) {
+	r := newRig(t)
+	zero := 0
+	r.publish(t, "flaky", `{}`, []flow.Step{{Name: "once", Action: flow.Action{Kind: "test.flaky", Retries: &zero},
+		Rollback: &flow.Action{Kind: "test.flaky"}}})
+	f := r.wait(t, "flaky")
+	if f.State != flow.StateSucceeded || f.Progress[0].Do.Failures != 1 || f.Progress[0].Undo.State != flow.RunNone {
+		t.Fatalf("%s, progress %+v", f.State, f.Progress[0])
+	}
+	if n := r.flaky.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
 	}
 }
 
