@@ -274,6 +274,9 @@ func TestRetryAfterRollback(t *testing.T) {
 	if f.Gen != 2 || f.Cursor != 0 || f.Progress[0].Do.Task != "db-4/1/check/do#2" {
 		t.Fatalf("after retry: gen %d cursor %d task %q", f.Gen, f.Cursor, f.Progress[0].Do.Task)
 	}
+	if _, stale := f.Params["check"]; stale || string(f.Params["name"]) != `"db-4"` {
+		t.Fatalf("after retry: params %v, want the request's only", f.Params)
+	}
 	// Still failing at init: the same reverse rollback, with new task keys.
 	if f = r.wait(t, "db-4"); f.State != flow.StateFailed {
 		t.Fatalf("state %s", f.State)
