@@ -210,7 +210,8 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 		want[dt.params.Key] = dt
 	}
 	fmt.Fprintf(w, "published %d tasks: plain, delayed, pinned to demo-w2/demo-w3, 3-worker, failing, locked on one resource, long, device commands\n", len(tasks))
-	if err := publishDemoFlows(ctx, w, s); err != nil {
+	withDevices := cfg.devices >= 3 && cfg.commands > 0
+	if err := publishDemoFlows(ctx, w, s, withDevices); err != nil {
 		return err
 	}
 
@@ -227,7 +228,7 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 		return err
 	}
 	fmt.Fprintf(w, "\nall %d tasks (with flow steps and documents) finished in %.1fs\n\n", len(final), time.Since(start).Seconds())
-	err = errors.Join(demoSummary(w, final, want), demoDeviceSummary(w, sims), demoFlowSummary(ctx, w, s))
+	err = errors.Join(demoSummary(w, final, want), demoDeviceSummary(w, sims), demoFlowSummary(ctx, w, s, withDevices))
 	if err == nil {
 		fmt.Fprintln(w, "\nOK: every task ended as it should")
 	}

@@ -2,7 +2,9 @@ package main
 
 // The demo's flows: a few orders of three sleep steps with rollbacks, one
 // failing at its second step, so its rollbacks run in reverse while a
-// worker is killed.
+// worker is killed; and, with devices, a few device sequences (flows of
+// device commands, each step holding its device's lock) that share
+// devices.
 
 import (
 	"context"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -45,21 +48,65 @@ func demoFlowSpecs() []flow.Spec {
 	return out
 }
 
-func publishDemoFlows(ctx context.Context, w io.Writer, s task.Store) error {
-	for _, spec := range demoFlowSpecs() {
+// demoSequenceCount is how many device sequences run when the demo has
+// devices: each opens, starts and reads three of the first three reliable
+// devices, in a rotated order, so they wait for one another's devices.
+const demoSequenceCount = 3
+
+func demoSequenceSpecs() ([]flow.Spec, error) {
+	var out []flow.Spec
+	for i := range demoSequenceCount {
+		spec := flow.Spec{Key: fmt.Sprintf("sequence-%d", i+1)}
+		for j, command := range []string{"open", "start", "read"} {
+			dev := fmt.Sprintf("dev-%d", (i+j)%3)
+			p, err := mqttdev.PublishParams("x", mqttdev.Command{Device: dev, Command: command,
+				AckTimeout: task.Duration(500 * time.Millisecond), ResultTimeout: task.Duration(3 * time.Second)}, task.Options{})
+			if err != nil {
+				return nil, err
+			}
+			many := 10
+			spec.Steps = append(spec.Steps, flow.Step{Name: command + "-" + dev,
+				Action: flow.Action{Kind: p.Kind, Payload: p.Payload, LockKeys: p.LockKeys, Retries: &many}})
+		}
+		out = append(out, spec)
+	}
+	return out, nil
+}
+
+func publishDemoFlows(ctx context.Context, w io.Writer, s task.Store, devices bool) error {
+	specs := demoFlowSpecs()
+	if devices {
+		seqs, err := demoSequenceSpecs()
+		if err != nil {
+			return err
+		}
+		specs = append(specs, seqs...)
+	}
+	for _, spec := range specs {
 		if _, _, err := flow.Publish(ctx, s, spec); err != nil {
 			return err
 		}
 	}
 	fmt.Fprintf(w, "published %d flows (reserve, charge, ship; %s fails at charge and rolls back)\n", demoFlowCount, demoFailingFlow)
+	if devices {
+		fmt.Fprintf(w, "published %d device sequences (open, start, read on dev-0..dev-2, overlapping)\n", demoSequenceCount)
+	}
 	return nil
 }
 
 // demoFlowSummary prints each flow's end and checks it: succeeded, or for
 // the failing one, failed with charge and reserve undone in that order.
-func demoFlowSummary(ctx context.Context, w io.Writer, s task.Store) error {
+func demoFlowSummary(ctx context.Context, w io.Writer, s task.Store, devices bool) error {
 	var problems []error
-	for _, spec := range demoFlowSpecs() {
+	specs := demoFlowSpecs()
+	if devices {
+		seqs, err := demoSequenceSpecs()
+		if err != nil {
+			return err
+		}
+		specs = append(specs, seqs...)
+	}
+	for _, spec := range specs {
 		f, err := flow.Get(ctx, s, spec.Key)
 		if err != nil {
 			return err
