@@ -9,7 +9,7 @@
 // back only by compare-and-set on its document, and the next step's task is
 // published right after that write, idempotently by key: whoever next looks
 // at the flow after a crash in between (the step worker's Middleware, or
-// Reconcile, which a repeatable maintenance task runs under a lease)
+// Reconcile, which a Reconciler runs under a lease in the lock table)
 // publishes the same key again, and nothing runs twice.
 //
 // If a step fails after its retries, the rollbacks of that step and of

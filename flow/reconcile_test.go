@@ -6,6 +6,7 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/task"
@@ -163,5 +164,76 @@ func TestMiddlewareSkipsRecordedStep(t *testing.T) {
 	}
 	if _, err := s.Get(ctx, StepKey("f", 1, 1, "b", false)); err != nil {
 		t.Fatalf("next step not published: %v", err)
+	}
+}
+
+// crashGap advances flow key past step i as a recorder that died before
+// publishing the next step would, and returns the key that goes missing.
+func crashGap(t *testing.T, s task.Store, key string, i int) string {
+	t.Helper()
+	f, err := modify(context.Background(), s, key, func(f *Flow) error {
+		f.apply(outcome{Gen: 1, Step: i, Success: true, At: s.Now()})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Progress[i+1].Do.Task
+}
+
+// lockHolder returns who holds the reconciler's lease.
+func lockHolder(t *testing.T, s task.Store) string {
+	t.Helper()
+	now := s.Now()
+	err := s.AcquireLocks(context.Background(), task.LockParams{Keys: []string{ReconcileLockKey},
+		Holder: task.Holder{TaskKey: "probe", WorkerID: "probe"}, Now: now, Until: now.Add(time.Millisecond)})
+	var locked *task.LockedError
+	if !errors.As(err, &locked) {
+		t.Fatalf("the reconciler's lease is not held: %v", err)
+	}
+	return locked.Holder.WorkerID
+}
+
+// Every worker runs a Reconciler; the lease holder repairs a crash gap,
+// and after it stops, a peer takes the lease and repairs the next.
+func TestReconcilerLease(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	if _, _, err := Publish(ctx, s, Spec{Key: "f", Steps: threeSteps()}); err != nil {
+		t.Fatal(err)
+	}
+	recs := map[string]*Reconciler{}
+	for _, id := range []string{"a", "b"} {
+		r, err := NewReconciler(ReconcilerConfig{Store: s, WorkerID: id, Every: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Stop(ctx) })
+		recs[id] = r
+	}
+	waitTask := func(key string) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			if _, err := s.Get(ctx, key); err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never published", key)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitTask(crashGap(t, s, "f", 0))
+	first := lockHolder(t, s)
+	if err := recs[first].Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitTask(crashGap(t, s, "f", 1))
+	if second := lockHolder(t, s); second == first {
+		t.Fatalf("%s still holds the lease after Stop", second)
 	}
 }

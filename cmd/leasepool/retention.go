@@ -117,9 +117,9 @@ func retentionEveryFlag() cli.Flag {
 		}}
 }
 
-// addMaintenance lets `leasepool worker` run the maintenance tasks
-// (retention, the flow reconciler) and flow steps (flow's middleware): it
-// registers their handlers on mux and returns kinds with theirs.
+// addMaintenance lets `leasepool worker` run the maintenance task
+// (retention) and flow steps (flow's middleware): it registers them on mux
+// and returns kinds with the maintenance task's.
 func addMaintenance(c *cli.Context, mux *consumer.Mux, s task.Store, kinds []string) ([]string, error) {
 	if err := retention.Register(mux, retention.Config{Store: s, Logger: slog.Default()}); err != nil {
 		return nil, err
@@ -127,5 +127,5 @@ func addMaintenance(c *cli.Context, mux *consumer.Mux, s task.Store, kinds []str
 	if err := flow.Register(mux, flow.Config{Store: s, Logger: slog.Default()}); err != nil {
 		return nil, err
 	}
-	return append(slices.Clone(kinds), retention.Kind, flow.ReconcileKind), nil
+	return append(slices.Clone(kinds), retention.Kind), nil
 }

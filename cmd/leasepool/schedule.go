@@ -12,7 +12,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
@@ -191,7 +190,7 @@ func stamp(t time.Time) string {
 // with the retention maintenance task as a built-in schedule.
 func startScheduleRunner(c *cli.Context, s task.Store) (stop func(), err error) {
 	r, err := schedule.NewRunner(schedule.RunnerConfig{Store: s, Logger: slog.Default(),
-		Builtin: []schedule.Schedule{retention.Schedule(c.Duration("retention-every")), flow.ReconcileTaskSchedule(0)}})
+		Builtin: []schedule.Schedule{retention.Schedule(c.Duration("retention-every"))}})
 	if err != nil {
 		return nil, err
 	}
