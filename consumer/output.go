@@ -38,10 +38,16 @@ func (j *Job) SetResult(v any) error {
 	return nil
 }
 
-// Log records one short line with this attempt (cleaned and cut by
-// task.LogText). The attempt keeps its latest task.MaxLogLines lines and
-// counts the ones before. It is safe for concurrent use.
-func (j *Job) Log(msg string) {
+// Log records one short line with this attempt, its operands formatted
+// as fmt.Sprint does (as testing.T.Log), cleaned and cut by task.LogText.
+// The attempt keeps its latest task.MaxLogLines lines and counts the ones
+// before. It is safe for concurrent use.
+func (j *Job) Log(args ...any) { j.log(fmt.Sprint(args...)) }
+
+// Logf is Log with fmt.Sprintf's formatting.
+func (j *Job) Logf(format string, args ...any) { j.log(fmt.Sprintf(format, args...)) }
+
+func (j *Job) log(msg string) {
 	j.out.mu.Lock()
 	defer j.out.mu.Unlock()
 	at := time.Now()
@@ -55,9 +61,6 @@ func (j *Job) Log(msg string) {
 		j.out.dropped += n
 	}
 }
-
-// Logf is Log with fmt.Sprintf's formatting.
-func (j *Job) Logf(format string, args ...any) { j.Log(fmt.Sprintf(format, args...)) }
 
 // Output returns what the handler recorded so far.
 func (j *Job) Output() task.Output {

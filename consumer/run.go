@@ -155,6 +155,10 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	me := &run{lease: lease, version: doc.Version, cancel: cancel}
 	c.running.set(doc.Key, me)
 
+	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
+	job.out.now = c.store.Now
+	lease.Carry(job.Output) // renewals store what the handler recorded so far
+
 	pingCtx, stopPing := context.WithCancel(context.Background())
 	pingDone := make(chan struct{})
 	go func() {
@@ -162,8 +166,6 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 		lease.Keep(pingCtx, func(cause error) { cancel(cause) })
 	}()
 
-	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
-	job.out.now = c.store.Now
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
 	err := c.invoke(hctx, job)
@@ -180,15 +182,15 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	if keys := lease.Doc().LockKeys; len(keys) > 0 && !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 	}
-	c.settle(hctx, lease, job.Output(), err, ended, log)
+	c.settle(hctx, lease, err, ended, log)
 }
 
 // settle writes the attempt's outcome.
 // ended is when the handler returned: an outcome is judged against the
 // lease as it stood then, and a peer's claim since makes the write fail.
-// out is what the handler recorded; every write here stores it.
-func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, out task.Output, err error, ended time.Time, log *slog.Logger) {
+func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) {
 	cause := context.Cause(hctx)
+	out := lease.Output() // what the handler recorded: every write here stores it
 	if errors.Is(cause, task.ErrUnpinned) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = lease.Unpin(ctx)
@@ -202,6 +204,13 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, out task.Outp
 			log.Debug("release after the task finished", slog.Any("err", err))
 		}
 		return
+	}
+	if errors.Is(cause, task.ErrCancelled) && (len(out.Result) > 0 || len(out.Log) > 0) {
+		// The cancel ended the attempt; what its handler recorded is kept.
+		h := lease.Holder()
+		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.RecordCancelled(h, out) }); err != nil {
+			log.Debug("output of a cancelled attempt not stored", slog.Any("err", err))
+		}
 	}
 	if errors.Is(cause, task.ErrLeaseLost) {
 		c.leaseLost.Add(1)

@@ -25,6 +25,8 @@ type Lease struct {
 
 	mu  sync.Mutex
 	doc *task.Task // latest document this worker wrote or read
+
+	out func() task.Output // see Carry
 }
 
 // New returns the lease of holder that a successful claim wrote as doc.
@@ -40,6 +42,19 @@ func (l *Lease) Doc() *task.Task {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.doc
+}
+
+// Carry makes each renewal also store out's value on the attempt
+// (task.Record), so what a running handler recorded (its log lines) shows
+// before the attempt ends, at no extra write. Call it before Keep.
+func (l *Lease) Carry(out func() task.Output) { l.out = out }
+
+// Output is the carried output's value now (none without Carry).
+func (l *Lease) Output() task.Output {
+	if l.out == nil {
+		return task.Output{}
+	}
+	return l.out()
 }
 
 // Holder is the lock holder identity of this lease.
@@ -105,7 +120,15 @@ func (l *Lease) Renew(ctx context.Context) error {
 			return err
 		}
 	}
-	err := l.Write(ctx, func(t *task.Task) error { return t.Renew(l.holder, now) })
+	err := l.Write(ctx, func(t *task.Task) error {
+		if err := t.Renew(l.holder, now); err != nil {
+			return err
+		}
+		if l.out != nil {
+			t.Record(l.holder, l.Output())
+		}
+		return nil
+	})
 	if errors.Is(err, task.ErrUnpinned) {
 		return l.Unpin(ctx)
 	}

@@ -16,18 +16,24 @@ import (
 	"unicode/utf8"
 )
 
-// Limits on what one attempt records. A document holds at most
-// MaxHistory archived attempts besides its live worker list, so these
-// bound its growth: about 21 KiB per attempt at worst.
+// Limits on what one attempt records, so that a handler cannot grow a
+// task document without limit (see also MaxHistoryOutput).
 const (
 	// MaxResultSize is the largest result, in bytes of JSON.
 	MaxResultSize = 16 << 10
+	// MaxResultDepth is how deeply a result may nest arrays and objects:
+	// MongoDB refuses documents nested over 100 levels, and a result that
+	// no backend could store would keep its attempt's outcome unwritten.
+	MaxResultDepth = 32
 	// MaxLogLines is how many log lines an attempt keeps: the latest ones;
 	// LogDropped counts the earlier lines left out.
 	MaxLogLines = 20
 	// MaxLogLineLen is the longest log line, in bytes; longer lines are
 	// cut at a character boundary and end with "…".
 	MaxLogLineLen = 256
+	// MaxErrorLen is the longest error a failed attempt keeps (a panic's
+	// stack fits), in bytes, cut as log lines are.
+	MaxErrorLen = 8 << 10
 )
 
 // LogLine is one line a handler logged, at store time.
@@ -52,7 +58,32 @@ func ValidateResult(b json.RawMessage) error {
 	if len(b) > 0 && !json.Valid(b) {
 		return invalid("result", "is not valid JSON")
 	}
+	if d := jsonDepth(b); d > MaxResultDepth {
+		return invalid("result", fmt.Sprintf("nests %d levels deep, more than the limit of %d", d, MaxResultDepth))
+	}
 	return nil
+}
+
+// jsonDepth is how deeply valid JSON b nests arrays and objects.
+func jsonDepth(b []byte) int {
+	depth, deepest, inString, escaped := 0, 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '[' || c == '{':
+			depth++
+			deepest = max(deepest, depth)
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return deepest
 }
 
 // LogText cleans one log line for storage: control characters (newlines
@@ -66,15 +97,21 @@ func LogText(s string) string {
 		}
 		return r
 	}, s)
-	if len(s) <= MaxLogLineLen {
+	return cut(s, MaxLogLineLen)
+}
+
+// cut cuts s to at most n bytes at a character boundary, ending it with
+// "…" when it was longer.
+func cut(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
 	const ellipsis = "…"
-	cut := MaxLogLineLen - len(ellipsis)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
+	i := n - len(ellipsis)
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
 	}
-	return s[:cut] + ellipsis
+	return s[:i] + ellipsis
 }
 
 // Record stores out on h's entry, for the finishing mutation that follows
@@ -109,13 +146,16 @@ func (t *Task) Record(h Holder, out Output) {
 	w.Log, w.LogDropped = lines, dropped
 }
 
-// Result returns the result of t's latest succeeded attempt, or nil when
-// no succeeded attempt recorded one.
+// Result returns the result of t's latest succeeded attempt that
+// recorded one (in History too, so a task rerun since keeps its last
+// one), or nil.
 func (t *Task) Result() json.RawMessage {
 	var best *Worker
-	for i := range t.Workers {
-		if w := &t.Workers[i]; w.State == WorkerSuccess && len(w.Result) > 0 && (best == nil || w.Attempt > best.Attempt) {
-			best = w
+	for _, ws := range [][]Worker{t.Workers, t.History} {
+		for i := range ws {
+			if w := &ws[i]; w.State == WorkerSuccess && len(w.Result) > 0 && (best == nil || w.Attempt > best.Attempt) {
+				best = w
+			}
 		}
 	}
 	if best == nil {

@@ -75,9 +75,27 @@ func TestResultIsLatestSucceeded(t *testing.T) {
 
 func TestValidateResult(t *testing.T) {
 	t.Parallel()
-	for _, b := range []string{"{", strings.Repeat(" ", task.MaxResultSize+1)} {
+	deep := strings.Repeat("[", task.MaxResultDepth+1) + strings.Repeat("]", task.MaxResultDepth+1)
+	ok := `[{"s":"[[[[\"{{{{"},` + strings.Repeat("[", task.MaxResultDepth-1) + strings.Repeat("]", task.MaxResultDepth-1) + `]`
+	if err := task.ValidateResult(json.RawMessage(ok)); err != nil {
+		t.Errorf("ValidateResult at the depth limit, brackets in strings: %v", err)
+	}
+	for _, b := range []string{"{", strings.Repeat(" ", task.MaxResultSize+1), deep} {
 		if err := task.ValidateResult(json.RawMessage(b)); err == nil || !strings.Contains(err.Error(), "result") {
 			t.Errorf("ValidateResult(%.10q): %v; want an error naming result", b, err)
 		}
+	}
+}
+
+func TestFailKeepsABoundedValidError(t *testing.T) {
+	t.Parallel()
+	tk := runningDoc(t, nil)
+	h := task.Holder{WorkerID: "a", Attempt: 1}
+	if err := tk.Fail(h, "bad \xff"+strings.Repeat("é", task.MaxErrorLen), time.Time{}, t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	e := tk.Workers[0].Error
+	if len(e) > task.MaxErrorLen || !utf8.ValidString(e) || !strings.HasPrefix(e, "bad \uFFFD") || tk.Changes[0].Error != e {
+		t.Errorf("error kept: %d bytes, valid UTF-8 %v, starts %q; noted %d bytes", len(e), utf8.ValidString(e), e[:8], len(tk.Changes[0].Error))
 	}
 }

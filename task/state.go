@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -152,7 +153,7 @@ func (t *Task) Unpin(h Holder, now time.Time) bool {
 		return false
 	}
 	t.noteWorker(ChangeUnpinned, t.Workers[i])
-	t.Workers = slices.Delete(t.Workers, i, i+1)
+	t.archive(i, WorkerUnpinned, now)
 	t.touch(now)
 	return true
 }
@@ -180,7 +181,7 @@ func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
 		return err
 	}
 	w := &t.Workers[i]
-	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), errMsg
+	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), cut(strings.ToValidUTF8(errMsg, "\uFFFD"), MaxErrorLen)
 	t.noteWorker(ChangeFailed, *w)
 	t.Changes[len(t.Changes)-1].Until = retryAt.UTC()
 	t.touch(now)
@@ -194,11 +195,11 @@ func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
 // Release removes h's RUNNING entry without counting a failure, so a peer
 // can claim at once (graceful shutdown).
 func (t *Task) Release(h Holder, now time.Time) error {
-	return t.release(h, ChangeReleased, now)
+	return t.release(h, ChangeReleased, WorkerReleased, now)
 }
 
-// release takes h's RUNNING entry out, noting it as op.
-func (t *Task) release(h Holder, op string, now time.Time) error {
+// release moves h's RUNNING entry to History as st, noting it as op.
+func (t *Task) release(h Holder, op string, st WorkerState, now time.Time) error {
 	i, err := t.holding(h)
 	if errors.Is(err, ErrTaskDone) {
 		// Other workers finished it: this one steps out as well.
@@ -210,17 +211,19 @@ func (t *Task) release(h Holder, op string, now time.Time) error {
 		return err
 	}
 	t.noteWorker(op, t.Workers[i])
-	t.Workers = slices.Delete(t.Workers, i, i+1)
+	t.archive(i, st, now)
 	t.touch(now)
 	return nil
 }
 
-// Cancel marks t cancelled; running handlers learn it at their next ping.
+// Cancel marks t cancelled and its running entries CANCELLED; running
+// handlers learn it at their next ping.
 func (t *Task) Cancel(now time.Time) error {
 	if t.State.Finished() {
 		return fmt.Errorf("cancel %s: %w (it is %s)", t.Key, ErrFinished, t.State)
 	}
 	t.Cancelled = true
+	t.endRunning(WorkerCancelled, "task cancelled", now)
 	t.note(Change{Op: ChangeCancelled})
 	t.touch(now)
 	return nil
@@ -233,14 +236,17 @@ func (t *Task) Reset(now time.Time) error {
 	if !t.State.Finished() {
 		return fmt.Errorf("reset %s: %w (it is %s)", t.Key, ErrNotFinished, t.State)
 	}
-	// Workers still running (stopping at their next ping) keep their slot
-	// until their leases end: the rerun starts after.
+	// Workers still running (stopping at their next ping; a cancel marked
+	// them CANCELLED) keep their slot until their leases end: the rerun
+	// starts after.
 	runAt := now
 	for _, w := range t.Workers {
-		if w.Live(now) && w.LeaseUntil.After(runAt) {
+		if (w.State == WorkerRunning || w.State == WorkerCancelled) && w.LeaseUntil.After(runAt) {
 			runAt = w.LeaseUntil
 		}
 	}
+	t.endRunning(WorkerReleased, "task rerun", now)
+	t.keep(t.Workers...)
 	t.Workers = []Worker{}
 	t.Cancelled = false
 	if t.RunAt.Before(runAt) {
@@ -279,7 +285,7 @@ func (t *Task) touch(now time.Time) {
 // Snooze gives h's attempt back without counting a failure and delays the
 // next claim until until.
 func (t *Task) Snooze(h Holder, until, now time.Time) error {
-	if err := t.release(h, ChangeSnoozed, now); err != nil {
+	if err := t.release(h, ChangeSnoozed, WorkerSnoozed, now); err != nil {
 		return err
 	}
 	if until.After(t.RunAt) {

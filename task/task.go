@@ -71,6 +71,9 @@ type Worker struct {
 	Result     json.RawMessage `json:"result,omitempty"`
 	Log        []LogLine       `json:"log,omitempty"`
 	LogDropped int             `json:"log_dropped,omitempty"`
+	// OutputDropped says that History left out this entry's result and
+	// log and cut its error to the first line (MaxHistoryOutput).
+	OutputDropped bool `json:"output_dropped,omitempty"`
 }
 
 // Holder is the holder identity of w's attempt of the task with key.
@@ -132,13 +135,18 @@ type Task struct {
 	Workers              []Worker `json:"workers"`
 	// Attempts is the highest attempt number ever handed out; it survives
 	// entries being released or cleared so the fencing token only grows.
-	Attempts    int       `json:"attempts"`
-	Cancelled   bool      `json:"cancelled,omitempty"`
-	State       State     `json:"state"`
-	NextClaimAt time.Time `json:"next_claim_at"`
-	Version     int64     `json:"version"`
-	CreatedAt   time.Time `json:"created_at"`
-	UpdatedAt   time.Time `json:"updated_at"`
+	Attempts int `json:"attempts"`
+	// History holds the attempts that left Workers (released, snoozed,
+	// unpinned, and every entry a rerun cleared), oldest first, at most
+	// MaxHistory; HistoryDropped counts the older ones left out.
+	History        []Worker  `json:"history,omitempty"`
+	HistoryDropped int       `json:"history_dropped,omitempty"`
+	Cancelled      bool      `json:"cancelled,omitempty"`
+	State          State     `json:"state"`
+	NextClaimAt    time.Time `json:"next_claim_at"`
+	Version        int64     `json:"version"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
 	// Changes are the lifecycle changes of the write that stored version
 	// ChangesVersion (see WriteChanges).
 	ChangesVersion int64    `json:"changes_version,omitempty"`
@@ -152,6 +160,7 @@ func (t *Task) Clone() *Task {
 	c.SpecificWorkerIDs = slices.Clone(t.SpecificWorkerIDs)
 	c.LockKeys = slices.Clone(t.LockKeys)
 	c.Workers = cloneWorkers(t.Workers)
+	c.History = cloneWorkers(t.History)
 	c.Changes = slices.Clone(t.Changes)
 	return &c
 }

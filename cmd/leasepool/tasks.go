@@ -306,19 +306,13 @@ func printTask(w io.Writer, t *task.Task) error {
 	}
 	row("attempts", t.Attempts)
 	row("version", t.Version)
-	for _, wk := range t.Workers {
-		line := fmt.Sprintf("%s attempt %d %s started %s", wk.WorkerID, wk.Attempt, wk.State, wk.StartedAt.Local().Format(time.TimeOnly+".000"))
-		if !wk.EndedAt.IsZero() {
-			line += " ended " + wk.EndedAt.Local().Format(time.TimeOnly+".000")
-		} else {
-			line += " lease until " + wk.LeaseUntil.Local().Format(time.TimeOnly+".000")
-		}
-		if wk.Error != "" {
-			line += ": " + strings.SplitN(wk.Error, "\n", 2)[0]
-		}
-		row("worker", line)
+	row("created", t.CreatedAt.Local().Format(time.RFC3339Nano))
+	row("updated", t.UpdatedAt.Local().Format(time.RFC3339Nano))
+	if err := tw.Flush(); err != nil {
+		return err
 	}
-	return tw.Flush()
+	printAttempts(w, t)
+	return nil
 }
 
 func cancelCommand() *cli.Command {

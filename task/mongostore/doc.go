@@ -36,6 +36,8 @@ type taskDoc struct {
 	LockKeys             []string      `bson:"lock_keys"`
 	Workers              []workerDoc   `bson:"workers"`
 	Attempts             int64         `bson:"attempts"`
+	History              []workerDoc   `bson:"history"` // not omitempty: Update $sets every field
+	HistoryDropped       int64         `bson:"history_dropped"`
 	Cancelled            bool          `bson:"cancelled"`
 	State                string        `bson:"state"`
 	NextClaimAt          time.Time     `bson:"next_claim_at"`
@@ -66,9 +68,10 @@ type workerDoc struct {
 	EndedAt    time.Time `bson:"ended_at"`
 	Error      string    `bson:"error,omitempty"`
 	// Result is stored as a BSON value, as the payload is.
-	Result     bson.RawValue `bson:"result,omitempty"`
-	Log        []logDoc      `bson:"log,omitempty"`
-	LogDropped int64         `bson:"log_dropped,omitempty"`
+	Result        bson.RawValue `bson:"result,omitempty"`
+	Log           []logDoc      `bson:"log,omitempty"`
+	LogDropped    int64         `bson:"log_dropped,omitempty"`
+	OutputDropped bool          `bson:"output_dropped,omitempty"`
 }
 
 // logDoc is a task.LogLine.
@@ -133,20 +136,30 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 			return nil, err
 		}
 	}
+	d.History = make([]workerDoc, 0, len(t.History))
+	for _, w := range t.History {
+		h, err := toWorkerDoc(w)
+		if err != nil {
+			return nil, err
+		}
+		d.History = append(d.History, h)
+	}
+	d.HistoryDropped = int64(t.HistoryDropped)
 	return d, nil
 }
 
 func toWorkerDoc(w task.Worker) (workerDoc, error) {
 	d := workerDoc{
-		WorkerID:   w.WorkerID,
-		Instance:   w.Instance,
-		State:      string(w.State),
-		Attempt:    int64(w.Attempt),
-		LeaseUntil: w.LeaseUntil.UTC(),
-		StartedAt:  w.StartedAt.UTC(),
-		EndedAt:    w.EndedAt.UTC(),
-		Error:      w.Error,
-		LogDropped: int64(w.LogDropped),
+		WorkerID:      w.WorkerID,
+		Instance:      w.Instance,
+		State:         string(w.State),
+		Attempt:       int64(w.Attempt),
+		LeaseUntil:    w.LeaseUntil.UTC(),
+		StartedAt:     w.StartedAt.UTC(),
+		EndedAt:       w.EndedAt.UTC(),
+		Error:         w.Error,
+		LogDropped:    int64(w.LogDropped),
+		OutputDropped: w.OutputDropped,
 	}
 	if len(w.Result) > 0 {
 		r, err := jsonToBSON(w.Result)
@@ -163,15 +176,16 @@ func toWorkerDoc(w task.Worker) (workerDoc, error) {
 
 func fromWorkerDoc(d workerDoc) (task.Worker, error) {
 	w := task.Worker{
-		WorkerID:   d.WorkerID,
-		Instance:   d.Instance,
-		State:      task.WorkerState(d.State),
-		Attempt:    int(d.Attempt),
-		LeaseUntil: utc(d.LeaseUntil),
-		StartedAt:  utc(d.StartedAt),
-		EndedAt:    utc(d.EndedAt),
-		Error:      d.Error,
-		LogDropped: int(d.LogDropped),
+		WorkerID:      d.WorkerID,
+		Instance:      d.Instance,
+		State:         task.WorkerState(d.State),
+		Attempt:       int(d.Attempt),
+		LeaseUntil:    utc(d.LeaseUntil),
+		StartedAt:     utc(d.StartedAt),
+		EndedAt:       utc(d.EndedAt),
+		Error:         d.Error,
+		LogDropped:    int(d.LogDropped),
+		OutputDropped: d.OutputDropped,
 	}
 	r, err := bsonToJSON(d.Result)
 	if err != nil {
@@ -238,6 +252,14 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 			return nil, fmt.Errorf("task %s: %w", d.Key, err)
 		}
 	}
+	for _, w := range d.History {
+		h, err := fromWorkerDoc(w)
+		if err != nil {
+			return nil, fmt.Errorf("task %s: history: %w", d.Key, err)
+		}
+		t.History = append(t.History, h)
+	}
+	t.HistoryDropped = int(d.HistoryDropped)
 	return t, nil
 }
 

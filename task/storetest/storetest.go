@@ -121,19 +121,8 @@ func norm(tk *task.Task) *task.Task {
 	ms(&c.NextClaimAt)
 	ms(&c.CreatedAt)
 	ms(&c.UpdatedAt)
-	for i := range c.Workers {
-		ms(&c.Workers[i].LeaseUntil)
-		ms(&c.Workers[i].StartedAt)
-		ms(&c.Workers[i].EndedAt)
-		for j := range c.Workers[i].Log {
-			ms(&c.Workers[i].Log[j].At)
-		}
-		if len(c.Workers[i].Result) > 0 {
-			var b bytes.Buffer
-			if err := json.Compact(&b, c.Workers[i].Result); err == nil {
-				c.Workers[i].Result = b.Bytes()
-			}
-		}
+	for _, ws := range [][]task.Worker{c.Workers, c.History} {
+		normWorkers(ws, ms)
 	}
 	for i := range c.Changes {
 		ms(&c.Changes[i].Until)
@@ -155,7 +144,28 @@ func norm(tk *task.Task) *task.Task {
 	if len(c.Workers) == 0 {
 		c.Workers = nil
 	}
+	if len(c.History) == 0 {
+		c.History = nil
+	}
 	return c
+}
+
+// normWorkers is norm for worker entries.
+func normWorkers(ws []task.Worker, ms func(*time.Time)) {
+	for i := range ws {
+		ms(&ws[i].LeaseUntil)
+		ms(&ws[i].StartedAt)
+		ms(&ws[i].EndedAt)
+		for j := range ws[i].Log {
+			ms(&ws[i].Log[j].At)
+		}
+		if len(ws[i].Result) > 0 {
+			var b bytes.Buffer
+			if err := json.Compact(&b, ws[i].Result); err == nil {
+				ws[i].Result = b.Bytes()
+			}
+		}
+	}
 }
 
 func requireSame(t *testing.T, what string, got, want *task.Task) {

@@ -143,69 +143,116 @@ func (s suite) get(t *testing.T) {
 			t.Fatalf("Get missing: %v; want ErrNotFound", err)
 		}
 	})
-	t.Run("RoundTrip", func(t *testing.T) {
-		st := s.store(t)
-		now := st.Now()
-		tk := &task.Task{
-			Key:                  "round/trip:é",
-			Kind:                 "kind.x",
-			Payload:              json.RawMessage(`{"a": [1, 2, {"b": "c"}], "n": 1.5, "s": "é\u0000", "nil": null}`),
-			Priority:             -7,
-			RunAt:                now.Add(time.Minute + 123456789),
-			SpecificWorkerIDs:    []string{"w1", "w2"},
-			ConcurrentWorkerCnt:  3,
-			SuccessWorkerCnt:     2,
-			MaxUnexpectedRetries: 4,
-			PingInterval:         task.Duration(1500 * time.Millisecond),
-			WorkerTimeout:        task.Duration(7 * time.Second),
-			LockKeys:             []string{"device:1", "device:2"},
-			Workers: []task.Worker{
-				{WorkerID: "w1", State: task.WorkerRunning, Attempt: 3, LeaseUntil: now.Add(5 * time.Second), StartedAt: now.Add(-time.Second)},
-				{WorkerID: "w2", State: task.WorkerFail, Attempt: 2, LeaseUntil: now.Add(-time.Hour), StartedAt: now.Add(-2 * time.Hour), EndedAt: now.Add(-90 * time.Minute), Error: "boom: \"quoted\""},
-				{WorkerID: "w1", State: task.WorkerExpired, Attempt: 1, LeaseUntil: now.Add(-3 * time.Hour), StartedAt: now.Add(-4 * time.Hour), EndedAt: now.Add(-3 * time.Hour), Error: "lease expired"},
-			},
-			Attempts:    3,
-			State:       task.StateRunning,
-			NextClaimAt: now.Add(time.Minute + 123456789),
-			Version:     1,
-			CreatedAt:   now.Add(-4 * time.Hour),
-			UpdatedAt:   now,
-		}
-		want := tk.Clone()
-		got := mustInsert(t, st, tk)
-		want.ID, want.Seq = got.ID, got.Seq
-		requireSame(t, "Get after Insert", mustGet(t, st, tk.Key), want)
+	t.Run("DeepResult", s.deepResult)
+	t.Run("RoundTrip", s.roundTrip)
+}
 
-		// Every field changed by an update survives too.
-		next := mustGet(t, st, tk.Key)
-		next.Payload = json.RawMessage(`[true,false]`)
-		next.Kind = "kind.y"
-		next.Priority = 42
-		next.SpecificWorkerIDs = nil
-		next.LockKeys = []string{"device:3"}
-		next.Workers = append(next.Workers, task.Worker{WorkerID: "w3", State: task.WorkerSuccess, Attempt: 4, LeaseUntil: now, StartedAt: now, EndedAt: now.Add(time.Millisecond),
-			Result: json.RawMessage(`{"rows":[1,2.5,"é"],"ok":true,"none":null}`), LogDropped: 3,
-			Log: []task.LogLine{{At: now.Add(-time.Second), Msg: "fetched 2 rows"}, {At: now, Msg: "wrote \"é\""}}})
-		next.Attempts = 4
-		next.Cancelled = true
-		next.State = task.StateCancelled
-		next.NextClaimAt = time.Time{}
-		next.PingInterval = task.Duration(time.Second)
-		next.WorkerTimeout = task.Duration(time.Hour)
-		next.UpdatedAt = now.Add(time.Second)
-		next.ChangesVersion = 2
-		next.Changes = []task.Change{
-			{Op: task.ChangeExpired, WorkerID: "w1", Instance: "i1", Attempt: 3, Error: "lease expired"},
-			{Op: task.ChangeSnoozed, WorkerID: "w3", Attempt: 4, Until: now.Add(time.Minute)},
-			{Op: task.ChangeCancelled},
-		}
-		want = next.Clone()
-		if err := st.Update(ctxFor(t), next); err != nil {
-			t.Fatalf("Update: %v", err)
-		}
-		want.Version = 2
-		requireSame(t, "Get after Update", mustGet(t, st, tk.Key), want)
-	})
+// roundTrip: every field survives an insert, an update, and an update
+// that clears what an earlier one set.
+func (s suite) roundTrip(t *testing.T) {
+	st := s.store(t)
+	now := st.Now()
+	tk := &task.Task{
+		Key:                  "round/trip:é",
+		Kind:                 "kind.x",
+		Payload:              json.RawMessage(`{"a": [1, 2, {"b": "c"}], "n": 1.5, "s": "é\u0000", "nil": null}`),
+		Priority:             -7,
+		RunAt:                now.Add(time.Minute + 123456789),
+		SpecificWorkerIDs:    []string{"w1", "w2"},
+		ConcurrentWorkerCnt:  3,
+		SuccessWorkerCnt:     2,
+		MaxUnexpectedRetries: 4,
+		PingInterval:         task.Duration(1500 * time.Millisecond),
+		WorkerTimeout:        task.Duration(7 * time.Second),
+		LockKeys:             []string{"device:1", "device:2"},
+		Workers: []task.Worker{
+			{WorkerID: "w1", State: task.WorkerRunning, Attempt: 3, LeaseUntil: now.Add(5 * time.Second), StartedAt: now.Add(-time.Second)},
+			{WorkerID: "w2", State: task.WorkerFail, Attempt: 2, LeaseUntil: now.Add(-time.Hour), StartedAt: now.Add(-2 * time.Hour), EndedAt: now.Add(-90 * time.Minute), Error: "boom: \"quoted\""},
+			{WorkerID: "w1", State: task.WorkerExpired, Attempt: 1, LeaseUntil: now.Add(-3 * time.Hour), StartedAt: now.Add(-4 * time.Hour), EndedAt: now.Add(-3 * time.Hour), Error: "lease expired"},
+		},
+		Attempts:    3,
+		State:       task.StateRunning,
+		NextClaimAt: now.Add(time.Minute + 123456789),
+		Version:     1,
+		CreatedAt:   now.Add(-4 * time.Hour),
+		UpdatedAt:   now,
+	}
+	want := tk.Clone()
+	got := mustInsert(t, st, tk)
+	want.ID, want.Seq = got.ID, got.Seq
+	requireSame(t, "Get after Insert", mustGet(t, st, tk.Key), want)
+
+	// Every field changed by an update survives too.
+	next := mustGet(t, st, tk.Key)
+	next.Payload = json.RawMessage(`[true,false]`)
+	next.Kind = "kind.y"
+	next.Priority = 42
+	next.SpecificWorkerIDs = nil
+	next.LockKeys = []string{"device:3"}
+	next.Workers = append(next.Workers, task.Worker{WorkerID: "w3", State: task.WorkerSuccess, Attempt: 4, LeaseUntil: now, StartedAt: now, EndedAt: now.Add(time.Millisecond),
+		Result: json.RawMessage(`{"rows":[1,2.5,"é"],"ok":true,"none":null}`), LogDropped: 3,
+		Log: []task.LogLine{{At: now.Add(-time.Second), Msg: "fetched 2 rows"}, {At: now, Msg: "wrote \"é\""}}})
+	next.Attempts = 4
+	next.History = []task.Worker{
+		{WorkerID: "w0", Instance: "i0", State: task.WorkerSnoozed, Attempt: 1, LeaseUntil: now.Add(-5 * time.Hour), StartedAt: now.Add(-6 * time.Hour), EndedAt: now.Add(-5 * time.Hour),
+			Result: json.RawMessage(`[1,"two"]`), Log: []task.LogLine{{At: now.Add(-5 * time.Hour), Msg: "device offline"}}},
+		{WorkerID: "w1", State: task.WorkerReleased, Attempt: 2, LeaseUntil: now.Add(-4 * time.Hour), StartedAt: now.Add(-5 * time.Hour), EndedAt: now.Add(-4 * time.Hour), LogDropped: 4, OutputDropped: true},
+	}
+	next.HistoryDropped = 7
+	next.Cancelled = true
+	next.State = task.StateCancelled
+	next.NextClaimAt = time.Time{}
+	next.PingInterval = task.Duration(time.Second)
+	next.WorkerTimeout = task.Duration(time.Hour)
+	next.UpdatedAt = now.Add(time.Second)
+	next.ChangesVersion = 2
+	next.Changes = []task.Change{
+		{Op: task.ChangeExpired, WorkerID: "w1", Instance: "i1", Attempt: 3, Error: "lease expired"},
+		{Op: task.ChangeSnoozed, WorkerID: "w3", Attempt: 4, Until: now.Add(time.Minute)},
+		{Op: task.ChangeCancelled},
+	}
+	want = next.Clone()
+	if err := st.Update(ctxFor(t), next); err != nil {
+		t.Fatalf("Update: %v", err)
+	}
+	want.Version = 2
+	requireSame(t, "Get after Update", mustGet(t, st, tk.Key), want)
+
+	updateClears(t, st, tk.Key)
+}
+
+// updateClears: an update that clears history and an entry's output
+// clears them (MongoDB $sets every field: none may be left out).
+func updateClears(t *testing.T, st task.Store, key string) {
+	t.Helper()
+	next := mustGet(t, st, key)
+	next.History, next.HistoryDropped = nil, 0
+	next.Workers[len(next.Workers)-1].Result, next.Workers[len(next.Workers)-1].Log = nil, nil
+	want := next.Clone()
+	if err := st.Update(ctxFor(t), next); err != nil {
+		t.Fatalf("Update: %v", err)
+	}
+	want.Version = 3
+	requireSame(t, "Get after an Update that clears history", mustGet(t, st, key), want)
+}
+
+// deepResult: a result nested as deep as task.ValidateResult allows, in
+// history, stores on every backend (MongoDB refuses documents nested over
+// 100 levels), so an attempt's outcome is never refused for its result.
+func (s suite) deepResult(t *testing.T) {
+	st := s.store(t)
+	tk := mustInsert(t, st, newTask(t, "deep", "k", st.Now(), task.Options{}))
+	deep := json.RawMessage(strings.Repeat("[", task.MaxResultDepth) + strings.Repeat("]", task.MaxResultDepth))
+	if err := task.ValidateResult(deep); err != nil {
+		t.Fatal(err)
+	}
+	tk.History = []task.Worker{{WorkerID: "w", State: task.WorkerSnoozed, Attempt: 1, StartedAt: st.Now(), Result: deep}}
+	want := tk.Clone()
+	if err := st.Update(ctxFor(t), tk); err != nil {
+		t.Fatalf("Update with a result %d levels deep: %v", task.MaxResultDepth, err)
+	}
+	want.Version++
+	requireSame(t, "Get after Update", mustGet(t, st, "deep"), want)
 }
 
 func (s suite) update(t *testing.T) {
