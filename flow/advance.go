@@ -103,10 +103,12 @@ func afterLeases(ctx context.Context, s task.Store, key string) (time.Time, erro
 	if err != nil {
 		return time.Time{}, err
 	}
+	// As task.Reset: a cancel marks running entries CANCELLED, but their
+	// handlers stop only at their next ping, within their leases.
 	var at time.Time
 	now := s.Now()
 	for _, w := range t.Workers {
-		if w.Live(now) && w.LeaseUntil.After(at) {
+		if (w.State == task.WorkerRunning || w.State == task.WorkerCancelled) && w.LeaseUntil.After(now) && w.LeaseUntil.After(at) {
 			at = w.LeaseUntil
 		}
 	}

@@ -226,6 +226,21 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("c-2 cancelled without rollback: %s %+v", f2.State, f2.Progress)
 	}
 	waitTaskState(t, r.store, f2.Progress[1].Do.Task, task.StateCancelled)
+	// c-1's rollback of the cancelled step waited for its lease to end:
+	// the cancelled handler stops only at its next ping.
+	do, err := r.store.Get(ctx, f1.Progress[1].Do.Task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	undo, err := r.store.Get(ctx, f1.Progress[1].Undo.Task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range do.Workers {
+		if undo.RunAt.Before(w.LeaseUntil) {
+			t.Fatalf("undo due at %s, before the cancelled attempt's lease ended (%s)", undo.RunAt, w.LeaseUntil)
+		}
+	}
 	if _, err := flow.Cancel(ctx, r.store, "c-2", false); !errors.Is(err, flow.ErrFinished) {
 		t.Fatalf("cancel a cancelled flow: %v", err)
 	}

@@ -224,7 +224,7 @@ func checkFlowSideEffects(t *testing.T, ctx context.Context, store task.Store, f
 			if killedAfter(kills[r.worker], r.at, 5*time.Second) {
 				afterKill++
 			}
-			for _, w := range tk.Workers {
+			for _, w := range tk.AttemptHistory() {
 				if w.Attempt == r.attempt && w.State == task.WorkerSuccess {
 					t.Errorf("%s ran again after attempt %d succeeded", key, r.attempt)
 				}
