@@ -200,8 +200,9 @@ func reconcileOne(ctx context.Context, s task.Store, f *Flow, st *ReconcileStats
 }
 
 func lastError(t *task.Task) string {
-	for i := len(t.Workers) - 1; i >= 0; i-- {
-		if e := t.Workers[i].Error; e != "" {
+	all := t.AttemptHistory()
+	for i := len(all) - 1; i >= 0; i-- {
+		if e := all[i].Error; e != "" {
 			return e
 		}
 	}
