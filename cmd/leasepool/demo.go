@@ -210,6 +210,10 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 		want[dt.params.Key] = dt
 	}
 	fmt.Fprintf(w, "published %d tasks: plain, delayed, pinned to demo-w2/demo-w3, 3-worker, failing, locked on one resource, long, device commands\n", len(tasks))
+	withDevices := cfg.devices >= 3 && cfg.commands > 0
+	if err := publishDemoFlows(ctx, w, s, withDevices); err != nil {
+		return err
+	}
 
 	workers, err := startDemoWorkers(storeURL, workerArgs)
 	defer stopDemoWorkers(workers)
@@ -223,8 +227,8 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nall %d tasks finished in %.1fs\n\n", len(final), time.Since(start).Seconds())
-	err = errors.Join(demoSummary(w, final, want), demoDeviceSummary(w, sims))
+	fmt.Fprintf(w, "\nall %d tasks (with flow steps and documents) finished in %.1fs\n\n", len(final), time.Since(start).Seconds())
+	err = errors.Join(demoSummary(w, final, want), demoDeviceSummary(w, sims), demoFlowSummary(ctx, w, s, withDevices))
 	if err == nil {
 		fmt.Fprintln(w, "\nOK: every task ended as it should")
 	}
@@ -330,7 +334,10 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 	takeovers := 0
 	var lockIntervals [][2]time.Time
 	for _, t := range final {
-		dt := want[t.Key]
+		dt, ok := want[t.Key]
+		if !ok {
+			continue // flow steps, flow documents, maintenance tasks
+		}
 		g := byGroup[dt.group]
 		g[1]++
 		if t.State == dt.want {

@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
@@ -116,10 +117,14 @@ func retentionEveryFlag() cli.Flag {
 		}}
 }
 
-// addMaintenance lets `leasepool worker` run the maintenance task: it
-// registers its handler on mux and returns kinds with its kind.
+// addMaintenance lets `leasepool worker` run the maintenance task
+// (retention) and flow steps (flow's middleware): it registers them on mux
+// and returns kinds with the maintenance task's.
 func addMaintenance(c *cli.Context, mux *consumer.Mux, s task.Store, kinds []string) ([]string, error) {
 	if err := retention.Register(mux, retention.Config{Store: s, Logger: slog.Default()}); err != nil {
+		return nil, err
+	}
+	if err := flow.Register(mux, flow.Config{Store: s, Logger: slog.Default()}); err != nil {
 		return nil, err
 	}
 	return append(slices.Clone(kinds), retention.Kind), nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/leasepool/leasepool/builtin"
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/task"
@@ -118,6 +119,15 @@ func runWorker(c *cli.Context) error {
 		return err
 	}
 	defer stopSchedules()
+	// Every worker runs the flow reconciler; the one holding its lease works.
+	rec, err := flow.NewReconciler(flow.ReconcilerConfig{Store: s, WorkerID: w.WorkerID(), Logger: slog.Default()})
+	if err != nil {
+		return err
+	}
+	if err := rec.Start(c.Context); err != nil {
+		return err
+	}
+	defer rec.Stop(context.Background())
 	<-c.Context.Done() // SIGINT or SIGTERM
 	slog.Info("shutting down: finishing running tasks", slog.Duration("timeout", c.Duration("shutdown-timeout")))
 	return w.Stop(context.Background())

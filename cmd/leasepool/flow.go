@@ -1,0 +1,235 @@
+package main
+
+// `leasepool flow publish|show|ls|cancel|retry`: multi-step flows with
+// rollback (package flow); `leasepool worker` runs their steps and the
+// reconciler.
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/task"
+)
+
+func flowCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "flow",
+		Usage: "multi-step flows: each step an ordinary task, rolled back in reverse when a step fails",
+		Subcommands: []*cli.Command{
+			{
+				Name: "publish", Usage: "publish a flow from a JSON file (idempotent by KEY); see the README's Flows section",
+				ArgsUsage: "KEY",
+				Flags:     []cli.Flag{&cli.StringFlag{Name: "file", Usage: "the flow's JSON (- for stdin)", Required: true}},
+				Action:    flowPublish,
+			},
+			{
+				Name: "show", Usage: "print a flow: state, cursor, shared parameters, each step's do and undo, events",
+				ArgsUsage: "KEY",
+				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the stored document as JSON"}},
+				Action:    flowShow,
+			},
+			{
+				Name: "ls", Usage: "list flows in publish order",
+				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "active", Usage: "only flows still moving (pending, running, rolling back)"},
+					&cli.BoolFlag{Name: "json", Usage: "print a JSON array"},
+				},
+				Action: flowList,
+			},
+			{
+				Name: "cancel", Usage: "stop a flow: its running step's task is cancelled; --rollback then undoes the started steps in reverse",
+				ArgsUsage: "KEY",
+				Flags:     []cli.Flag{&cli.BoolFlag{Name: "rollback", Usage: "roll back the started steps"}},
+				Action: flowKeyAction(func(c *cli.Context, s task.Store, key string) (*flow.Flow, error) {
+					return flow.Cancel(c.Context, s, key, c.Bool("rollback"))
+				}),
+			},
+			{
+				Name: "retry", Usage: "run a failed or cancelled flow again from the first step whose work does not stand",
+				ArgsUsage: "KEY",
+				Action: flowKeyAction(func(c *cli.Context, s task.Store, key string) (*flow.Flow, error) {
+					return flow.Retry(c.Context, s, key)
+				}),
+			},
+		},
+	}
+}
+
+func oneKey(c *cli.Context) (string, error) {
+	if c.NArg() != 1 {
+		return "", badUsage(c, "want exactly one KEY argument, got %d", c.NArg())
+	}
+	return c.Args().First(), nil
+}
+
+// flowPublish reads and validates the file before it opens the store, so
+// bad input writes nothing.
+func flowPublish(c *cli.Context) error {
+	key, err := oneKey(c)
+	if err != nil {
+		return err
+	}
+	in := os.Stdin
+	if name := c.String("file"); name != "-" {
+		if in, err = os.Open(name); err != nil {
+			return badFlag(c, "file", "%v", err)
+		}
+		defer in.Close()
+	}
+	spec, err := flow.ParseSpec(in)
+	if err != nil {
+		return err
+	}
+	if spec.Key == "" {
+		spec.Key = key
+	}
+	if spec.Key != key {
+		return fmt.Errorf("%w: key: the file says %q, the argument %q", task.ErrInvalid, spec.Key, key)
+	}
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	s, err := openStore(c, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	f, res, err := flow.Publish(c.Context, s, spec)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "%s %s (%s)\n", res, f.Key, f.State)
+	return nil
+}
+
+func flowKeyAction(fn func(c *cli.Context, s task.Store, key string) (*flow.Flow, error)) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		key, err := oneKey(c)
+		if err != nil {
+			return err
+		}
+		s, err := openStore(c, true)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		f, err := fn(c, s, key)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.App.Writer, "%s: %s (%s)\n", f.Key, f.State, cursorText(f))
+		return nil
+	}
+}
+
+func flowShow(c *cli.Context) error {
+	key, err := oneKey(c)
+	if err != nil {
+		return err
+	}
+	s, err := openStoreReadOnly(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	f, err := flow.Get(c.Context, s, key)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		return writeJSON(c.App.Writer, f)
+	}
+	w := c.App.Writer
+	fmt.Fprintf(w, "flow %s: %s, %s, run %d, updated %s\n", f.Key, f.State, cursorText(f), f.Gen, stamp(f.UpdatedAt))
+	if f.Error != "" {
+		fmt.Fprintf(w, "error: %s\n", f.Error)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "N\tSTEP\tKIND\tDO\tUNDO\tFAILURES\tTOOK\tERROR")
+	for i, st := range f.Steps {
+		p := f.Progress[i]
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", i+1, st.Name, st.Kind, runText(p.Do), runText(p.Undo),
+			p.Do.Failures+p.Undo.Failures, took(p.Do), firstNonEmpty(p.Undo.Error, p.Do.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "params:")
+	for _, k := range sortedKeys(f) {
+		fmt.Fprintf(w, "  %s: %s\n", k, f.Params[k])
+	}
+	if len(f.Events) > 0 {
+		fmt.Fprintln(w, "events:")
+		for _, e := range f.Events {
+			fmt.Fprintf(w, "  %s  %s  %s  %s\n", stamp(e.At), e.Type, e.Step, e.Message)
+		}
+	}
+	return nil
+}
+
+func flowList(c *cli.Context) error {
+	s, err := openStoreReadOnly(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	list, err := flow.List(c.Context, s, flow.ListQuery{Active: c.Bool("active")})
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		if list == nil {
+			list = []*flow.Flow{}
+		}
+		return writeJSON(c.App.Writer, list)
+	}
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSTATE\tAT\tRUN\tUPDATED\tERROR")
+	for _, f := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", f.Key, f.State, cursorText(f), f.Gen, stamp(f.UpdatedAt), f.Error)
+	}
+	return tw.Flush()
+}
+
+func cursorText(f *flow.Flow) string {
+	if len(f.Steps) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("step %d/%d %s", f.Cursor+1, len(f.Steps), f.Steps[f.Cursor].Name)
+}
+
+func runText(r flow.Run) string {
+	if r.State == flow.RunNone {
+		return "-"
+	}
+	return string(r.State)
+}
+
+func took(r flow.Run) string {
+	if r.StartedAt.IsZero() || r.EndedAt.IsZero() {
+		return "-"
+	}
+	return r.EndedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func sortedKeys(f *flow.Flow) []string {
+	keys := make([]string, 0, len(f.Params))
+	for k := range f.Params {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

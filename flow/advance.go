@@ -1,0 +1,210 @@
+package flow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// StepRef names one action of one flow run; it travels in the step task's
+// payload envelope.
+type StepRef struct {
+	Flow string `json:"key"`
+	Gen  int    `json:"gen"`
+	// Step is the 0-based index; N in the task key is Step+1.
+	Step int    `json:"step"`
+	Name string `json:"name"`
+	Undo bool   `json:"undo,omitempty"`
+}
+
+// TaskKey is the step task's key.
+func (r StepRef) TaskKey() string { return StepKey(r.Flow, r.Gen, r.Step, r.Name, r.Undo) }
+
+// envelope is a step task's payload: the action's own payload, the shared
+// parameters as they stood when the step was published, and which step it
+// is. Middleware unwraps it before the step's handler runs.
+type envelope struct {
+	Flow    StepRef                    `json:"flow"`
+	Params  map[string]json.RawMessage `json:"params"`
+	Payload json.RawMessage            `json:"payload,omitempty"`
+}
+
+// ensure publishes the task of the action the flow waits on (starting a
+// pending flow first). Publishing is idempotent by the deterministic key,
+// so calling it again after a crash, or from two places, starts one task.
+func ensure(ctx context.Context, s task.Store, f *Flow) (*Flow, error) {
+	if f.State == StatePending {
+		var err error
+		f, err = modify(ctx, s, f.Key, func(f *Flow) error {
+			if !f.start(s.Now().UTC()) {
+				return errUnchanged
+			}
+			return nil
+		})
+		if err != nil {
+			return f, err
+		}
+	}
+	i, undo, ok := f.current()
+	if !ok {
+		return f, nil
+	}
+	return f, publishStep(ctx, s, f, i, undo)
+}
+
+func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) error {
+	st := f.Steps[i]
+	act := st.Action
+	if undo {
+		act = *st.Rollback
+	}
+	ref := StepRef{Flow: f.Key, Gen: f.Gen, Step: i, Name: st.Name, Undo: undo}
+	b, err := json.Marshal(envelope{Flow: ref, Params: f.Params, Payload: act.Payload})
+	if err != nil {
+		return err
+	}
+	p := task.PublishParams{Key: ref.TaskKey(), Kind: act.Kind, Payload: b,
+		Options: task.Options{LockKeys: act.LockKeys, Priority: act.Priority}}
+	if act.Retries != nil {
+		p.MaxUnexpectedRetries = *act.Retries
+		if *act.Retries == 0 {
+			p.MaxUnexpectedRetries = task.NoRetries
+		}
+	}
+	if undo && f.Progress[i].Do.State == RunCancelled {
+		// The cancelled forward task may still be stopping: undo after its
+		// last lease ends, so the two never overlap.
+		if p.RunAt, err = afterLeases(ctx, s, f.Progress[i].Do.Task); err != nil {
+			return err
+		}
+	}
+	if _, _, err := task.Publish(ctx, s, p); err != nil {
+		return fmt.Errorf("flow %s: publish step %s: %w", f.Key, p.Key, err)
+	}
+	return nil
+}
+
+// afterLeases cancels the task of key (again: a crash may have come
+// between the flow's cancel and the task's) and returns when its live
+// leases end.
+func afterLeases(ctx context.Context, s task.Store, key string) (time.Time, error) {
+	if err := stopTask(ctx, s, key); err != nil {
+		return time.Time{}, err
+	}
+	t, err := s.Get(ctx, key)
+	if errors.Is(err, task.ErrNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	// As task.Reset: a cancel marks running entries CANCELLED, but their
+	// handlers stop only at their next ping, within their leases.
+	var at time.Time
+	now := s.Now()
+	for _, w := range t.Workers {
+		if (w.State == task.WorkerRunning || w.State == task.WorkerCancelled) && w.LeaseUntil.After(now) && w.LeaseUntil.After(at) {
+			at = w.LeaseUntil
+		}
+	}
+	return at, nil
+}
+
+// record applies an outcome to the flow of ref and publishes what comes
+// next.
+func record(ctx context.Context, s task.Store, ref StepRef, o outcome, log *slog.Logger) (*Flow, error) {
+	o.Gen, o.Step, o.Undo = ref.Gen, ref.Step, ref.Undo
+	f, err := modify(ctx, s, ref.Flow, func(f *Flow) error {
+		if !f.apply(o) {
+			return errUnchanged
+		}
+		return nil
+	})
+	if err != nil {
+		return f, err
+	}
+	if f.State == StateRollbackFailed && o.Undo && o.Final && !o.Success {
+		log.Error("flow rollback failed: the flow needs attention", slog.String("step", ref.Name), slog.String("error", o.Error))
+	}
+	return ensure(ctx, s, f)
+}
+
+// ReconcileStats says what a Reconcile pass did.
+type ReconcileStats struct {
+	Active    int // flows still moving
+	Advanced  int // flows moved on from a finished step task no worker recorded
+	Published int // flows whose current step task was missing
+}
+
+// Reconcile looks at every flow still moving and repairs what a crash left:
+// a current step task that is missing is published (same key: never a
+// second run), and one that finished without its outcome reaching the flow
+// (its worker died after the task's write, or the task failed by expiry)
+// moves the flow on. Safe to run anywhere at any time: every change is a
+// compare-and-set that applies once.
+func Reconcile(ctx context.Context, s task.Store, log *slog.Logger) (ReconcileStats, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	var st ReconcileStats
+	flows, err := List(ctx, s, ListQuery{Active: true})
+	if err != nil {
+		return st, err
+	}
+	var errs []error
+	for _, f := range flows {
+		st.Active++
+		if err := reconcileOne(ctx, s, f, &st, log); err != nil {
+			errs = append(errs, fmt.Errorf("flow %s: %w", f.Key, err))
+		}
+	}
+	return st, errors.Join(errs...)
+}
+
+func reconcileOne(ctx context.Context, s task.Store, f *Flow, st *ReconcileStats, log *slog.Logger) error {
+	i, undo, ok := f.current()
+	if !ok {
+		_, err := ensure(ctx, s, f)
+		return err
+	}
+	ref := StepRef{Flow: f.Key, Gen: f.Gen, Step: i, Name: f.Steps[i].Name, Undo: undo}
+	t, err := s.Get(ctx, ref.TaskKey())
+	if errors.Is(err, task.ErrNotFound) {
+		st.Published++
+		_, err = ensure(ctx, s, f)
+		return err
+	}
+	if err != nil || !t.State.Finished() {
+		return err
+	}
+	o := outcome{At: t.UpdatedAt, Attempt: t.Attempts}
+	switch t.State {
+	case task.StateSucceeded:
+		o.Success, o.Result = true, t.Result()
+	case task.StateCancelled:
+		o.Final, o.Error = true, "step task cancelled"
+	default:
+		o.Final, o.Error = true, lastError(t)
+	}
+	st.Advanced++
+	log = log.With(slog.String("flow", f.Key))
+	log.Info("flow: step task finished without its outcome recorded; moving on",
+		slog.String("task", t.Key), slog.String("state", string(t.State)))
+	_, err = record(ctx, s, ref, o, log)
+	return err
+}
+
+func lastError(t *task.Task) string {
+	all := t.AttemptHistory()
+	for i := len(all) - 1; i >= 0; i-- {
+		if e := all[i].Error; e != "" {
+			return e
+		}
+	}
+	return "step task " + string(t.State)
+}

@@ -1,0 +1,330 @@
+// Package flow runs multi-step jobs with rollback on top of the task queue.
+//
+// A flow is a stored document: its steps (each a task kind and payload with
+// its own timeout and retries, and an optional rollback), the shared
+// parameters (the request's, plus each finished step's result under the
+// step's name), a cursor and a state. Each step runs as an ordinary
+// leasepool task with a deterministic key (see StepKey), so claims, leases,
+// pings, preemption and fencing are the queue's. The flow moves forward or
+// back only by compare-and-set on its document, and the next step's task is
+// published right after that write, idempotently by key: whoever next looks
+// at the flow after a crash in between (the step worker's Middleware, or
+// Reconcile, which a Reconciler runs under a lease in the lock table)
+// publishes the same key again, and nothing runs twice.
+//
+// If a step fails after its retries, the rollbacks of that step and of
+// every earlier one run in reverse order, each with its own timeout and
+// retries; a rollback that fails leaves the flow rollback_failed with an
+// alert event on the document and an error in the log.
+//
+// Workers that run step tasks must use Middleware: step tasks carry an
+// envelope payload that it unwraps, and it records each step's outcome.
+package flow
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// State is a flow's state.
+type State string
+
+const (
+	StatePending        State = "pending"         // stored, first step not yet published
+	StateRunning        State = "running"         // a step's task is running or due
+	StateRollingBack    State = "rolling_back"    // a step failed (or a cancel asked for it): undoing
+	StateSucceeded      State = "succeeded"       // every step succeeded
+	StateFailed         State = "failed"          // a step failed and every rollback ran
+	StateRollbackFailed State = "rollback_failed" // a rollback failed after its retries: needs a human
+	StateCancelled      State = "cancelled"       // cancelled without rollback
+)
+
+// Finished reports whether the flow has stopped moving on its own.
+func (s State) Finished() bool {
+	switch s {
+	case StateSucceeded, StateFailed, StateRollbackFailed, StateCancelled:
+		return true
+	}
+	return false
+}
+
+// Sentinel errors callers branch on.
+var (
+	ErrNotFound = errors.New("flow not found")
+	// ErrFinished: the flow has stopped (cancel of a finished flow).
+	ErrFinished = errors.New("flow finished")
+	// ErrNotFinished: retry of a flow still moving.
+	ErrNotFinished = errors.New("flow not finished")
+)
+
+// Action is one task to run: a step's forward work or its rollback.
+type Action struct {
+	Kind    string          `json:"kind"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Timeout bounds each attempt of the handler; zero: no bound but the
+	// lease.
+	Timeout task.Duration `json:"timeout,omitempty"`
+	// Retries is how many failed attempts are tolerated before the action
+	// fails; nil takes the task default (3), 0 none.
+	Retries *int `json:"retries,omitempty"`
+	// LockKeys are held exclusively while the action's task runs, as a
+	// task's lock_keys. A device command step must name its device's lock
+	// (device:<id>): mqttdev.PublishParams adds it for plain tasks, but the
+	// flow engine does not know the device kind.
+	LockKeys []string `json:"lock_keys,omitempty"`
+	// Priority orders the action's task among ready tasks.
+	Priority int `json:"priority,omitempty"`
+}
+
+// Step is one step of a flow.
+type Step struct {
+	Name string `json:"name"`
+	Action
+	// Rollback undoes the step; nil means there is nothing to undo.
+	Rollback *Action `json:"rollback,omitempty"`
+}
+
+// Spec is what a caller publishes.
+type Spec struct {
+	Key string `json:"key"`
+	// Params are the request's parameters: a JSON object.
+	Params json.RawMessage `json:"params,omitempty"`
+	Steps  []Step          `json:"steps"`
+}
+
+// Limits.
+const (
+	// MaxSteps bounds a flow's steps.
+	MaxSteps = 100
+	// MaxKeyLen leaves room in a step's task key for the step part.
+	MaxKeyLen = 256
+	// MaxNameLen bounds a step name.
+	MaxNameLen = 64
+)
+
+// Validate checks s and changes nothing. Its errors wrap task.ErrInvalid
+// and name the field (steps[1].rollback.kind).
+func (s Spec) Validate() error {
+	if err := task.ValidateName("key", s.Key); err != nil {
+		return err
+	}
+	if len(s.Key) > MaxKeyLen {
+		return invalid("key", fmt.Sprintf("is longer than %d bytes", MaxKeyLen))
+	}
+	if len(s.Params) > 0 {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(s.Params, &m); err != nil || m == nil {
+			return invalid("params", "must be a JSON object")
+		}
+	}
+	if len(s.Steps) == 0 {
+		return invalid("steps", "must name at least one step")
+	}
+	if len(s.Steps) > MaxSteps {
+		return invalid("steps", fmt.Sprintf("more than %d", MaxSteps))
+	}
+	seen := map[string]bool{}
+	for i, st := range s.Steps {
+		field := fmt.Sprintf("steps[%d]", i)
+		if err := task.ValidateName(field+".name", st.Name); err != nil {
+			return err
+		}
+		if len(st.Name) > MaxNameLen {
+			return invalid(field+".name", fmt.Sprintf("is longer than %d bytes", MaxNameLen))
+		}
+		if seen[st.Name] {
+			return invalid(field+".name", fmt.Sprintf("%q names two steps", st.Name))
+		}
+		seen[st.Name] = true
+		if err := st.Action.validate(field); err != nil {
+			return err
+		}
+		if st.Rollback != nil {
+			if err := st.Rollback.validate(field + ".rollback"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (a Action) validate(field string) error {
+	if err := task.ValidateName(field+".kind", a.Kind); err != nil {
+		return err
+	}
+	if len(a.Payload) > 0 && !json.Valid(a.Payload) {
+		return invalid(field+".payload", "is not valid JSON")
+	}
+	if a.Timeout < 0 {
+		return invalid(field+".timeout", "must not be negative")
+	}
+	if a.Retries != nil && *a.Retries < 0 {
+		return invalid(field+".retries", "must not be negative")
+	}
+	for _, k := range a.LockKeys {
+		if err := task.ValidateName(field+".lock_keys", k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func invalid(field, msg string) error {
+	return fmt.Errorf("%w: %s: %s", task.ErrInvalid, field, msg)
+}
+
+// RunState is where one action of one step stands in the current run.
+type RunState string
+
+const (
+	RunNone      RunState = ""          // not started
+	RunActive    RunState = "active"    // its task is published (or about to be)
+	RunSucceeded RunState = "succeeded" // done
+	RunFailed    RunState = "failed"    // failed after its retries
+	RunCancelled RunState = "cancelled" // stopped by a flow cancel
+)
+
+// Run is the record of one action (do or undo) of one step.
+type Run struct {
+	State     RunState  `json:"state,omitempty"`
+	Task      string    `json:"task,omitempty"` // the task key
+	StartedAt time.Time `json:"started_at,omitzero"`
+	EndedAt   time.Time `json:"ended_at,omitzero"`
+	// Failures counts failed attempts; Error is the latest one's.
+	Failures int    `json:"failures,omitempty"`
+	Error    string `json:"error,omitempty"`
+	// Attempt is the task attempt whose outcome was recorded.
+	Attempt int `json:"attempt,omitempty"`
+}
+
+// Progress is a step's do and undo in the current run.
+type Progress struct {
+	Do   Run `json:"do"`
+	Undo Run `json:"undo"`
+}
+
+// Event is something the flow's watchers should know: a rollback that
+// failed (an alert), a cancel, a retry.
+type Event struct {
+	At      time.Time `json:"at"`
+	Type    string    `json:"type"`
+	Step    string    `json:"step,omitempty"`
+	Message string    `json:"message,omitempty"`
+	Gen     int       `json:"gen"`
+}
+
+// Event types.
+const (
+	EventRollbackFailed = "rollback_failed" // an alert: the flow needs a human
+	EventStepFailed     = "step_failed"
+	EventCancelled      = "cancelled"
+	EventRetried        = "retried"
+	EventSucceeded      = "succeeded"
+	EventRolledBack     = "rolled_back"
+)
+
+// Flow is the stored document.
+type Flow struct {
+	Key    string                     `json:"key"`
+	Steps  []Step                     `json:"steps"`
+	Params map[string]json.RawMessage `json:"params"`
+	State  State                      `json:"state"`
+	// Cursor is the index of the step being done (running) or undone
+	// (rolling_back), or where the flow stopped.
+	Cursor int `json:"cursor"`
+	// Gen is the run generation: 1, plus one per retry. It is part of the
+	// step tasks' keys, so a retried step runs as a new task.
+	Gen      int        `json:"gen"`
+	Progress []Progress `json:"progress"`
+	Events   []Event    `json:"events,omitempty"`
+	// RollbackOnCancel is set by a cancel that asked for rollback.
+	Error     string    `json:"error,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// Version is the stored document's version (not stored in the flow).
+	Version int64 `json:"-"`
+}
+
+// MaxEvents bounds the events kept on a document (the oldest go first).
+const MaxEvents = 50
+
+// StepKey is the deterministic task key of step i (0-based) of flow key in
+// run generation gen, forward (undo false) or rollback: KEY/N/NAME/do or
+// /undo with N 1-based, and #GEN appended from the second run on.
+func StepKey(key string, gen, i int, name string, undo bool) string {
+	dir := "do"
+	if undo {
+		dir = "undo"
+	}
+	k := fmt.Sprintf("%s/%d/%s/%s", key, i+1, name, dir)
+	if gen > 1 {
+		k += fmt.Sprintf("#%d", gen)
+	}
+	return k
+}
+
+func (f *Flow) addEvent(e Event) {
+	e.Gen = f.Gen
+	f.Events = append(f.Events, e)
+	if n := len(f.Events) - MaxEvents; n > 0 {
+		f.Events = append([]Event(nil), f.Events[n:]...)
+	}
+}
+
+// ParseSpec reads a flow's JSON (see the README's "Flows" section) strictly:
+// an unknown field, a value of the wrong type or trailing data is refused
+// with an error that names the field and wraps task.ErrInvalid. It does not
+// validate: a file may leave the key to the caller; call Spec.Validate.
+func ParseSpec(r io.Reader) (Spec, error) {
+	var s Spec
+	var raw bytes.Buffer
+	d := json.NewDecoder(io.TeeReader(r, &raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&s); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return s, invalid(strings.ReplaceAll(te.Field, ".Action", ""), fmt.Sprintf("want a JSON %s, got %s", te.Type, te.Value))
+		}
+		return s, fmt.Errorf("%w: %sflow JSON: %v", task.ErrInvalid, badDuration(raw.Bytes()), err)
+	}
+	if d.More() {
+		return s, fmt.Errorf("%w: flow JSON: more than one value", task.ErrInvalid)
+	}
+	return s, nil
+}
+
+// badDuration names the timeout field a duration error came from
+// ("steps[1].rollback.timeout: "), which encoding/json does not say.
+func badDuration(b []byte) string {
+	var doc struct {
+		Steps []struct {
+			Timeout  json.RawMessage `json:"timeout"`
+			Rollback *struct {
+				Timeout json.RawMessage `json:"timeout"`
+			} `json:"rollback"`
+		} `json:"steps"`
+	}
+	if json.Unmarshal(b, &doc) != nil {
+		return ""
+	}
+	bad := func(raw json.RawMessage) bool {
+		var d task.Duration
+		return len(raw) > 0 && json.Unmarshal(raw, &d) != nil
+	}
+	for i, st := range doc.Steps {
+		if bad(st.Timeout) {
+			return fmt.Sprintf("steps[%d].timeout: ", i)
+		}
+		if st.Rollback != nil && bad(st.Rollback.Timeout) {
+			return fmt.Sprintf("steps[%d].rollback.timeout: ", i)
+		}
+	}
+	return ""
+}
