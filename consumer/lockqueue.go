@@ -123,21 +123,12 @@ func (q *lockQueue) unparkAll(k string) []preempt.Entry {
 // longer noted as waiting). Waking one, not all, spares the store a herd
 // of failing claims.
 func (q *lockQueue) next(k string, heap *preempt.Heap) (preempt.Entry, bool) {
+	if e, ok := q.nextParked(k); ok {
+		return e, true
+	}
 	var best *preempt.Entry
-	better := func(e preempt.Entry) bool {
-		return best == nil || e.Priority > best.Priority || (e.Priority == best.Priority && e.Seq < best.Seq)
-	}
-	for _, e := range q.parked[k] {
-		if better(e) {
-			best = &e
-		}
-	}
-	if best != nil {
-		q.unpark(best.Key)
-		return *best, true
-	}
 	for key := range q.waiting[k] {
-		if e, ok := heap.Entry(key); ok && better(e) {
+		if e, ok := heap.Entry(key); ok && better(e, best) {
 			best = &e
 		}
 	}
@@ -146,4 +137,24 @@ func (q *lockQueue) next(k string, heap *preempt.Heap) (preempt.Entry, bool) {
 		return *best, true
 	}
 	return preempt.Entry{}, false
+}
+
+// nextParked unparks and returns the best task parked here on k.
+func (q *lockQueue) nextParked(k string) (preempt.Entry, bool) {
+	var best *preempt.Entry
+	for _, e := range q.parked[k] {
+		if better(e, best) {
+			best = &e
+		}
+	}
+	if best == nil {
+		return preempt.Entry{}, false
+	}
+	q.unpark(best.Key)
+	return *best, true
+}
+
+// better reports whether e ranks before best (nil: anything does).
+func better(e preempt.Entry, best *preempt.Entry) bool {
+	return best == nil || e.Priority > best.Priority || (e.Priority == best.Priority && e.Seq < best.Seq)
 }

@@ -114,7 +114,12 @@ func (ct *claimTry) claim(t *task.Task) error {
 		ct.held = append(ct.held, slots...)
 	}
 	if len(t.LockKeys) > 0 {
-		p := task.LockParams{Keys: t.LockKeys, Holder: ct.holder, Now: now, Until: t.Workers[len(t.Workers)-1].LeaseUntil}
+		// In line: across workers the keys go to waiting tasks by
+		// priority, then publish order. The place outlasts the retry at
+		// the holder's lease end by a lease, and lapses if this worker
+		// stops trying.
+		line := &task.LockLine{Priority: t.Priority, Seq: t.Seq, Until: now.Add(2 * time.Duration(t.WorkerTimeout))}
+		p := task.LockParams{Keys: t.LockKeys, Holder: ct.holder, Now: now, Until: t.Workers[len(t.Workers)-1].LeaseUntil, Line: line}
 		if err := c.store.AcquireLocks(ct.ctx, p); err != nil {
 			ct.free()
 			return err

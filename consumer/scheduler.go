@@ -221,16 +221,29 @@ func (s *scheduler) onResult(r attemptResult) {
 	s.locks.wait(r.key, r.lockKeys)
 	now := s.store.Now()
 	for _, k := range s.locks.unhold(r.busy) {
+		if len(r.lockKeys) > 0 {
+			// Stopped by another process's hold (or the line): the next
+			// task parked here tries in turn, while those already waiting
+			// wait on (for that holder's finish event or lease end); waking
+			// them would only have them fail again, round and round.
+			if e, ok := s.locks.nextParked(k); ok {
+				s.wake(e, now)
+			}
+			continue
+		}
 		s.wakeOne(k, now)
 	}
 }
 
 // wakeOne makes the best task waiting for lock key k due now.
 func (s *scheduler) wakeOne(k string, now time.Time) {
-	e, ok := s.locks.next(k, s.heap)
-	if !ok {
-		return
+	if e, ok := s.locks.next(k, s.heap); ok {
+		s.wake(e, now)
 	}
+}
+
+// wake makes e due now.
+func (s *scheduler) wake(e preempt.Entry, now time.Time) {
 	e.At = now
 	if !s.heap.Put(e) {
 		s.dropped()

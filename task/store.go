@@ -54,7 +54,8 @@ type Store interface {
 	Watch(ctx context.Context, p WatchParams) (ChangeStream, error)
 	// AcquireLocks takes every key for holder until p.Until, or none: a key
 	// held by another holder whose lease is ahead of p.Now fails the call
-	// with a *LockedError. Acquiring again as the same holder renews.
+	// with a *LockedError. Acquiring again as the same holder renews. With
+	// p.Line, keys are served in line order (see LockLine).
 	AcquireLocks(ctx context.Context, p LockParams) error
 	// ReleaseLocks frees the keys still held by p.Holder.
 	ReleaseLocks(ctx context.Context, p LockParams) error
@@ -167,16 +168,46 @@ type LockParams struct {
 	Holder Holder
 	Now    time.Time // store time; a holder whose Until is not after Now has lost it
 	Until  time.Time
+	// Line, when set, makes AcquireLocks serve each key's waiting line in
+	// order across every worker: see LockLine. Nil takes a free key
+	// whoever waits for it (the broker lease and rate-limit slots).
+	Line *LockLine
 }
 
-// LockedError says which key is held, by whom, and until when.
+// LockLine places the holder's task in the waiting line of the lock keys it
+// cannot take, ranked by Priority (higher first), then Seq (publish
+// order). AcquireLocks with a Line fails with a *LockedError (Ahead set)
+// while a live place of another task ranks ahead on a key not already
+// held by the caller; on failure it enters, or renews, the task's place in
+// the line of the key that stopped it, live until Until (a worker that
+// stops trying, dead or paused, holds the line no longer than that); on
+// success it leaves the lines of the keys it took. A place whose task is
+// finished or cancelled never stands ahead.
+type LockLine struct {
+	Priority int
+	Seq      int64
+	Until    time.Time
+}
+
+// Ahead reports whether a place (priority, seq) ranks before the line's own.
+func (l LockLine) Ahead(priority int, seq int64) bool {
+	return priority > l.Priority || (priority == l.Priority && seq < l.Seq)
+}
+
+// LockedError says which key is held, by whom, and until when; or, with
+// Ahead, which task waits ahead in its line (Holder.TaskKey) and until
+// when its place lasts.
 type LockedError struct {
 	Key    string
 	Holder Holder
 	Until  time.Time
+	Ahead  bool
 }
 
 func (e *LockedError) Error() string {
+	if e.Ahead {
+		return fmt.Sprintf("lock %s: task %s waits ahead (until %s)", e.Key, e.Holder.TaskKey, e.Until.Format(time.RFC3339Nano))
+	}
 	return fmt.Sprintf("lock %s held by %s/%s attempt %d until %s", e.Key, e.Holder.TaskKey, e.Holder.WorkerID, e.Holder.Attempt, e.Until.Format(time.RFC3339Nano))
 }
 

@@ -2,7 +2,9 @@ package mongostore
 
 // Resource locks: one document per lock key in `locks`, taken key by key
 // in sorted order; when one is held elsewhere the call frees the keys it
-// took.
+// took. Callers giving a task.LockLine are served in line order: places in
+// `lock_lines`, read before each key is taken (one query, in rank order
+// down to the caller's own place).
 
 import (
 	"context"
@@ -52,9 +54,9 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 	if err := s.check(); err != nil {
 		return err
 	}
-	var taken []string
+	var taken, placed []string
 	for _, key := range sortedKeys(p.Keys) {
-		renewed, err := s.acquire(ctx, key, p)
+		renewed, err := s.acquireInLine(ctx, key, p, &placed)
 		if err != nil {
 			if len(taken) > 0 {
 				rel := p
@@ -68,6 +70,121 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 		if !renewed {
 			taken = append(taken, key)
 		}
+	}
+	if len(placed) > 0 {
+		filter := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: placeIDs(placed, p.Holder.TaskKey)}}}}
+		if _, err := s.lines.DeleteMany(ctx, filter); err != nil {
+			return fmt.Errorf("leave lock lines: %w", mapErr(err))
+		}
+	}
+	return nil
+}
+
+// placeDoc is a task's place in the waiting line of a lock key.
+type placeDoc struct {
+	ID       string    `bson:"_id"` // lock key NUL task key
+	LockKey  string    `bson:"lock_key"`
+	TaskKey  string    `bson:"task_key"`
+	Priority int64     `bson:"priority"`
+	Seq      int64     `bson:"seq"`
+	Until    time.Time `bson:"until"`
+}
+
+func placeIDs(lockKeys []string, taskKey string) bson.A {
+	ids := make(bson.A, len(lockKeys))
+	for i, k := range lockKeys {
+		ids[i] = k + "\x00" + taskKey
+	}
+	return ids
+}
+
+// acquireInLine takes key for p.Holder unless, with p.Line, an unfinished
+// task's live place ranks ahead in key's line and p.Holder does not hold
+// key already; then it enters p's place and fails with an Ahead
+// *task.LockedError. It appends key to placed when p's own task has a
+// live place in the line, to be left once every key is taken.
+func (s *Store) acquireInLine(ctx context.Context, key string, p task.LockParams, placed *[]string) (bool, error) {
+	if p.Line == nil {
+		return s.acquire(ctx, key, p)
+	}
+	ahead, mine, err := s.firstAhead(ctx, key, p)
+	if err != nil {
+		return false, err
+	}
+	if mine {
+		*placed = append(*placed, key)
+	}
+	if ahead != nil {
+		var cur lockDoc
+		err := s.locks.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&cur)
+		if err == nil && cur.holder() == p.Holder && cur.Until.After(p.Now) {
+			return true, nil // a renewal: the holder is past the line
+		}
+		if err := s.enterLine(ctx, key, p); err != nil {
+			return false, err
+		}
+		if err == nil && cur.Until.After(p.Now) {
+			// Held as well: the holder's lease says when to look again.
+			return false, &task.LockedError{Key: key, Holder: cur.holder(), Until: cur.Until.UTC()}
+		}
+		return false, &task.LockedError{Key: key, Holder: task.Holder{TaskKey: ahead.TaskKey}, Until: ahead.Until.UTC(), Ahead: true}
+	}
+	renewed, err := s.acquire(ctx, key, p)
+	var held *task.LockedError
+	if errors.As(err, &held) {
+		if lerr := s.enterLine(ctx, key, p); lerr != nil {
+			return false, errors.Join(err, lerr)
+		}
+	}
+	return renewed, err
+}
+
+// firstAhead returns the first live place in key's line that ranks ahead
+// of p.Line and whose task is still to run, and whether p's own task has a
+// live place there. Places are read in rank order up to p's own.
+func (s *Store) firstAhead(ctx context.Context, key string, p task.LockParams) (*placeDoc, bool, error) {
+	l := p.Line
+	filter := bson.D{{Key: "lock_key", Value: key}, {Key: "until", Value: bson.D{{Key: "$gt", Value: p.Now.UTC()}}}}
+	opts := options.Find().SetSort(bson.D{{Key: "priority", Value: -1}, {Key: "seq", Value: 1}}).SetLimit(50)
+	cur, err := s.lines.Find(ctx, filter, opts)
+	if err != nil {
+		return nil, false, fmt.Errorf("lock line %s: %w", key, mapErr(err))
+	}
+	var places []placeDoc
+	if err := cur.All(ctx, &places); err != nil {
+		return nil, false, fmt.Errorf("lock line %s: %w", key, mapErr(err))
+	}
+	for _, pl := range places {
+		if pl.TaskKey == p.Holder.TaskKey {
+			return nil, true, nil
+		}
+		if !l.Ahead(int(pl.Priority), pl.Seq) {
+			return nil, false, nil
+		}
+		n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: "key", Value: pl.TaskKey}, {Key: "state", Value: bson.D{{Key: "$in", Value: unfinished}}}})
+		if err != nil {
+			return nil, false, fmt.Errorf("lock line %s: %w", key, mapErr(err))
+		}
+		if n > 0 {
+			return &pl, false, nil
+		}
+	}
+	return nil, false, nil
+}
+
+// enterLine enters or renews p's place in key's line, dropping places that
+// have lapsed.
+func (s *Store) enterLine(ctx context.Context, key string, p task.LockParams) error {
+	if _, err := s.lines.DeleteMany(ctx, bson.D{{Key: "lock_key", Value: key}, {Key: "until", Value: bson.D{{Key: "$lte", Value: p.Now.UTC()}}}}); err != nil {
+		return fmt.Errorf("lock line %s: %w", key, mapErr(err))
+	}
+	pl := placeDoc{LockKey: key, TaskKey: p.Holder.TaskKey, Priority: int64(p.Line.Priority), Seq: p.Line.Seq, Until: p.Line.Until.UTC()}
+	id := placeIDs([]string{key}, pl.TaskKey)[0]
+	_, err := s.lines.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{
+		{Key: "lock_key", Value: pl.LockKey}, {Key: "task_key", Value: pl.TaskKey}, {Key: "priority", Value: pl.Priority},
+		{Key: "seq", Value: pl.Seq}, {Key: "until", Value: pl.Until}}}}, options.UpdateOne().SetUpsert(true))
+	if err != nil {
+		return fmt.Errorf("lock line %s: %w", key, mapErr(err))
 	}
 	return nil
 }

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
@@ -43,6 +44,8 @@ var _ task.Store = (*Store)(nil)
 const (
 	TasksCollection = "tasks"
 	LocksCollection = "locks"
+	// LinesCollection holds the waiting lines of lock keys (task.LockLine).
+	LinesCollection = "lock_lines"
 )
 
 // DefaultDatabase is used when neither Config.Database nor the URI names one.
@@ -64,6 +67,9 @@ type Config struct {
 	ClockRefresh time.Duration
 	// Clock is the local clock, injectable for tests. Default time.Now.
 	Clock func() time.Time
+	// Monitor, if set, sees every command sent to the server (to count
+	// round trips, or to trace).
+	Monitor *event.CommandMonitor
 }
 
 func (c Config) validate() error {
@@ -108,6 +114,7 @@ type Store struct {
 	db     *mongo.Database
 	tasks  *mongo.Collection
 	locks  *mongo.Collection
+	lines  *mongo.Collection
 
 	offset  atomic.Int64 // server clock minus local clock, nanoseconds
 	noHello atomic.Bool  // the server knows isMaster only
@@ -138,7 +145,7 @@ func Open(ctx context.Context, uri string, cfg *Config) (*Store, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMonitor(c.Monitor))
 	if err != nil {
 		return nil, fmt.Errorf("mongostore: connect: %w", mapErr(err))
 	}
@@ -149,6 +156,7 @@ func Open(ctx context.Context, uri string, cfg *Config) (*Store, error) {
 	}
 	s.tasks = s.db.Collection(TasksCollection)
 	s.locks = s.db.Collection(LocksCollection)
+	s.lines = s.db.Collection(LinesCollection)
 	if err := s.init(ctx); err != nil {
 		_ = client.Disconnect(context.WithoutCancel(ctx))
 		return nil, err
@@ -172,6 +180,11 @@ func (s *Store) init(ctx context.Context) error {
 		// Retention deletes finished tasks by state and age.
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "updated_at", Value: 1}}, Options: options.Index().SetName("state_updated_at")},
 	})
+	if err != nil {
+		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))
+	}
+	_, err = s.lines.Indexes().CreateOne(ctx, mongo.IndexModel{
+		Keys: bson.D{{Key: "lock_key", Value: 1}, {Key: "priority", Value: -1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("lock_key_rank")})
 	if err != nil {
 		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))
 	}

@@ -1,5 +1,6 @@
 // locks.go holds the named locks of task.Store: taken all or none in one
-// savepoint, freed only by their holder.
+// savepoint, freed only by their holder, and served in line order to
+// callers that give a task.LockLine (table lock_lines).
 
 package sqlitestore
 
@@ -13,33 +14,96 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// AcquireLocks takes every key for p.Holder or none; see task.Store.
+// AcquireLocks takes every key for p.Holder or none; see task.Store. All
+// keys are checked before any is written, so that a call stopped by a key
+// can still commit its place in that key's line (p.Line).
 func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 	if len(p.Keys) == 0 {
 		return nil
 	}
-	now, until := p.Now.UnixNano(), p.Until.UnixNano()
+	var stopped *task.LockedError
 	err := s.writeAtomic(ctx, func(tx *sql.Tx) (int64, error) {
-		sel, up := tx.StmtContext(ctx, s.selLock), tx.StmtContext(ctx, s.upsertLock)
-		for _, k := range p.Keys {
-			var h task.Holder
-			var u int64
-			err := sel.QueryRowContext(ctx, k).Scan(&h.TaskKey, &h.WorkerID, &h.Attempt, &h.Instance, &u)
-			switch {
-			case errors.Is(err, sql.ErrNoRows):
-			case err != nil:
-				return 0, mapErr(err)
-			case h != p.Holder && u > now:
-				return 0, &task.LockedError{Key: k, Holder: h, Until: time.Unix(0, u).UTC()}
-			}
-			if _, err := up.ExecContext(ctx, k, p.Holder.TaskKey, p.Holder.WorkerID, p.Holder.Attempt, p.Holder.Instance, until); err != nil {
-				return 0, mapErr(err)
-			}
+		var err error
+		if stopped, err = s.checkLocks(ctx, tx, p); err != nil {
+			return 0, err
 		}
-		return 0, nil
+		if stopped != nil {
+			return 0, s.enterLine(ctx, tx, p, stopped.Key)
+		}
+		return 0, s.takeLocks(ctx, tx, p)
 	})
+	if err == nil && stopped != nil {
+		err = stopped
+	}
 	if err != nil {
 		return fmt.Errorf("acquire locks for %s: %w", p.Holder.TaskKey, err)
+	}
+	return nil
+}
+
+// checkLocks returns what stops p: a key held by another live holder, or
+// (with p.Line) a live place of an unfinished task ahead in a key's line.
+func (s *Store) checkLocks(ctx context.Context, tx *sql.Tx, p task.LockParams) (*task.LockedError, error) {
+	now := p.Now.UnixNano()
+	sel, ahead := tx.StmtContext(ctx, s.selLock), tx.StmtContext(ctx, s.selAhead)
+	for _, k := range p.Keys {
+		var h task.Holder
+		var u int64
+		err := sel.QueryRowContext(ctx, k).Scan(&h.TaskKey, &h.WorkerID, &h.Attempt, &h.Instance, &u)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return nil, mapErr(err)
+		case h == p.Holder:
+			continue // a renewal: the holder is past the line
+		case u > now:
+			return &task.LockedError{Key: k, Holder: h, Until: time.Unix(0, u).UTC()}, nil
+		}
+		if p.Line == nil {
+			continue
+		}
+		l := p.Line
+		var w task.Holder
+		err = ahead.QueryRowContext(ctx, k, p.Holder.TaskKey, now, l.Priority, l.Priority, l.Seq).Scan(&w.TaskKey, &u)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return nil, mapErr(err)
+		default:
+			return &task.LockedError{Key: k, Holder: w, Until: time.Unix(0, u).UTC(), Ahead: true}, nil
+		}
+	}
+	return nil, nil
+}
+
+// enterLine enters or renews p's place in key's line, dropping places that
+// have lapsed.
+func (s *Store) enterLine(ctx context.Context, tx *sql.Tx, p task.LockParams, key string) error {
+	if p.Line == nil {
+		return nil
+	}
+	if _, err := tx.StmtContext(ctx, s.pruneLine).ExecContext(ctx, key, p.Now.UnixNano()); err != nil {
+		return mapErr(err)
+	}
+	l := p.Line
+	_, err := tx.StmtContext(ctx, s.upsertPlace).ExecContext(ctx, key, p.Holder.TaskKey, l.Priority, l.Seq, l.Until.UnixNano())
+	return mapErr(err)
+}
+
+// takeLocks writes p.Holder into every key and, with p.Line, leaves their
+// lines.
+func (s *Store) takeLocks(ctx context.Context, tx *sql.Tx, p task.LockParams) error {
+	up, leave := tx.StmtContext(ctx, s.upsertLock), tx.StmtContext(ctx, s.delPlace)
+	for _, k := range p.Keys {
+		if _, err := up.ExecContext(ctx, k, p.Holder.TaskKey, p.Holder.WorkerID, p.Holder.Attempt, p.Holder.Instance, p.Until.UnixNano()); err != nil {
+			return mapErr(err)
+		}
+		if p.Line == nil {
+			continue
+		}
+		if _, err := leave.ExecContext(ctx, k, p.Holder.TaskKey); err != nil {
+			return mapErr(err)
+		}
 	}
 	return nil
 }

@@ -10,11 +10,12 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 5
+const schemaVersion = 6
 
 // minReadVersion is the oldest schema a read-only open reads as it is (4
-// added an index, 5 changes.doc, read as NULL before it), so read-only
-// commands work before a writer upgrades.
+// added an index, 5 changes.doc, read as NULL before it, 6 lock_lines,
+// which no read-only command reads), so read-only commands work before a
+// writer upgrades.
 const minReadVersion = 3
 
 const schema = `
@@ -58,6 +59,20 @@ CREATE TABLE IF NOT EXISTS workers (
 	until INTEGER NOT NULL,
 	info TEXT NOT NULL
 );
+` + lockLines
+
+// lockLines holds the waiting lines of lock keys (task.LockLine): one place
+// per lock key and waiting task.
+const lockLines = `
+CREATE TABLE IF NOT EXISTS lock_lines (
+	lock_key TEXT NOT NULL,
+	task_key TEXT NOT NULL,
+	priority INTEGER NOT NULL,
+	seq INTEGER NOT NULL,
+	until INTEGER NOT NULL,
+	PRIMARY KEY (lock_key, task_key)
+);
+CREATE INDEX IF NOT EXISTS lock_lines_rank ON lock_lines (lock_key, priority DESC, seq);
 `
 
 // upgrades[v] takes a store of schema version v to v+1.
@@ -70,6 +85,8 @@ CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL,
 	// that a change stream carries each write's own document (package
 	// events derives a write's events from it) rather than the current one.
 	4: `ALTER TABLE changes ADD COLUMN doc TEXT;`,
+	// Lock keys served in line order across workers (locks.go).
+	5: lockLines,
 }
 
 // migrate creates the schema in one transaction if it is missing.
@@ -130,6 +147,15 @@ func (s *Store) prepare(ctx context.Context) error {
 			ON CONFLICT (key) DO UPDATE SET task_key = excluded.task_key, worker_id = excluded.worker_id,
 			attempt = excluded.attempt, instance = excluded.instance, until = excluded.until`},
 		{&s.delLock, `DELETE FROM locks WHERE key = ? AND task_key = ? AND worker_id = ? AND attempt = ? AND instance = ?`},
+		// The first live place ahead of (priority, seq) whose task is still
+		// to run: a finished or cancelled task's place never blocks.
+		{&s.selAhead, `SELECT l.task_key, l.until FROM lock_lines l JOIN tasks t ON t.key = l.task_key
+			WHERE l.lock_key = ? AND l.task_key <> ? AND l.until > ? AND (l.priority > ? OR (l.priority = ? AND l.seq < ?))
+			AND t.` + unfinished + ` ORDER BY l.priority DESC, l.seq LIMIT 1`},
+		{&s.upsertPlace, `INSERT INTO lock_lines (lock_key, task_key, priority, seq, until) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (lock_key, task_key) DO UPDATE SET priority = excluded.priority, seq = excluded.seq, until = excluded.until`},
+		{&s.delPlace, `DELETE FROM lock_lines WHERE lock_key = ? AND task_key = ?`},
+		{&s.pruneLine, `DELETE FROM lock_lines WHERE lock_key = ? AND until <= ?`},
 	}
 	for _, p := range w {
 		st, err := s.wdb.PrepareContext(ctx, p.q)

@@ -102,6 +102,7 @@ type Store struct {
 	// Prepared statements on wdb.
 	insTask, selTaskW, updTask, existsW, insChange, pruneChanges *sql.Stmt
 	selLock, upsertLock, delLock                                 *sql.Stmt
+	selAhead, upsertPlace, delPlace, pruneLine                   *sql.Stmt
 	// Prepared statements on rdb.
 	selTask, selChanges, maxChange, minChange *sql.Stmt
 

@@ -47,7 +47,11 @@ func TestUpgradeFromVersion3(t *testing.T) {
 	if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info('changes') WHERE name = 'doc'`).Scan(&docs); err != nil {
 		t.Fatal(err)
 	}
-	if v != 5 || n != 1 || docs != 1 {
-		t.Errorf("after a writer's open: version %d, retention index %d, changes.doc %d, want 5, 1 and 1", v, n, docs)
+	var lines int
+	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'lock_lines'`).Scan(&lines); err != nil {
+		t.Fatal(err)
+	}
+	if v != 6 || n != 1 || docs != 1 || lines != 1 {
+		t.Errorf("after a writer's open: version %d, retention index %d, changes.doc %d, lock_lines %d, want 6, 1, 1 and 1", v, n, docs, lines)
 	}
 }

@@ -4,6 +4,7 @@
 package storetest
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -94,5 +95,111 @@ func (s suite) lockInstances(t *testing.T) {
 	err = st.AcquireLocks(ctx, task.LockParams{Keys: []string{"dev"}, Holder: task.Holder{TaskKey: "u", WorkerID: "w"}, Now: now, Until: until})
 	if !errors.As(err, &le) || le.Holder != first {
 		t.Fatalf("after the second instance's release, a third takes the lock: %v; want it still held by %+v", err, first)
+	}
+}
+
+// lockLines checks that callers giving a task.LockLine are served in line
+// order (priority, then publish order) whoever they are, that a place
+// lapses, that a finished task's place never blocks, that the holder's
+// renewal passes the line, and that callers without a line ignore it.
+func (s suite) lockLines(t *testing.T) {
+	l := newLineTest(t, s.store(t))
+	now := l.now
+	// "hold" holds dev; lo, then hi, queue behind it.
+	l.ok("hold takes dev", l.try("hold", now, time.Minute, "dev"))
+	l.stopped("lo while held", l.try("lo", now, time.Minute, "dev"), false, "hold")
+	l.stopped("hi while held", l.try("hi", now, time.Minute, "dev"), false, "hold")
+	l.stopped("lo2 while held", l.try("lo2", now, time.Minute, "dev"), false, "hold")
+	l.release("hold", "dev")
+	// Freed: hi ranks first, then lo before lo2 (same priority, published first).
+	l.stopped("lo with hi waiting", l.try("lo", now, time.Minute, "dev"), true, "hi")
+	l.stopped("lo2 with hi waiting", l.try("lo2", now, time.Minute, "dev"), true, "hi")
+	l.ok("hi takes dev", l.try("hi", now, time.Minute, "dev"))
+	l.release("hi", "dev")
+	l.stopped("lo2 with lo waiting", l.try("lo2", now, time.Minute, "dev"), true, "lo")
+	l.ok("lo takes dev", l.try("lo", now, time.Minute, "dev"))
+	l.release("lo", "dev")
+	l.ok("lo2 takes dev (hi and lo left the line when they took it)", l.try("lo2", now, time.Minute, "dev"))
+	l.release("lo2", "dev")
+
+	// A place lapses at its Until.
+	l.ok("hold takes dev2", l.try("hold", now, time.Minute, "dev2"))
+	l.stopped("late-hi while held", l.try("late-hi", now, time.Second, "dev2"), false, "hold")
+	l.release("hold", "dev2")
+	l.stopped("lo before late-hi's place lapses", l.try("lo", now, time.Minute, "dev2"), true, "late-hi")
+	l.ok("lo after late-hi's place lapsed", l.try("lo", now.Add(2*time.Second), time.Minute, "dev2"))
+
+	// A cancelled task's place never stands ahead.
+	l.ok("hold takes dev3", l.try("hold", now, time.Minute, "dev3"))
+	l.stopped("gone while held", l.try("gone", now, time.Minute, "dev3"), false, "hold")
+	l.release("hold", "dev3")
+	if _, err := task.Cancel(l.ctx, l.st, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	l.ok("lo2 after gone was cancelled", l.try("lo2", now, time.Minute, "dev3"))
+
+	// The holder renews past a better place; a caller without a line ignores it.
+	l.ok("renewer takes dev4", l.try("renewer", now, time.Minute, "dev4"))
+	l.stopped("hi while renewer holds", l.try("hi", now, time.Minute, "dev4"), false, "renewer")
+	l.ok("renewer renews", l.try("renewer", now.Add(time.Second), time.Minute, "dev4"))
+	l.release("renewer", "dev4")
+	l.ok("no line: takes dev4 with hi waiting", l.st.AcquireLocks(l.ctx, task.LockParams{Keys: []string{"dev4"}, Holder: l.holder("x"), Now: now, Until: now.Add(time.Minute)}))
+}
+
+// lineTest is a store with tasks of several priorities that try lock keys
+// in line.
+type lineTest struct {
+	t    *testing.T
+	st   task.Store
+	ctx  context.Context
+	now  time.Time
+	seq  map[string]int64
+	prio map[string]int
+}
+
+func newLineTest(t *testing.T, st task.Store) *lineTest {
+	l := &lineTest{t: t, st: st, ctx: ctxFor(t), now: st.Now().Truncate(time.Millisecond), seq: map[string]int64{}, prio: map[string]int{}}
+	for _, p := range []struct {
+		key      string
+		priority int
+	}{{"lo", 1}, {"hi", 5}, {"lo2", 1}, {"late-hi", 9}, {"gone", 9}, {"renewer", 0}} {
+		stored, _, err := task.Publish(l.ctx, st, task.PublishParams{Key: p.key, Kind: "k", Options: task.Options{Priority: p.priority}})
+		if err != nil {
+			t.Fatalf("publish %s: %v", p.key, err)
+		}
+		l.seq[p.key], l.prio[p.key] = stored.Seq, p.priority
+	}
+	return l
+}
+
+func (l *lineTest) holder(key string) task.Holder {
+	return task.Holder{TaskKey: key, WorkerID: "w-" + key, Attempt: 1}
+}
+
+// try takes lockKey for key's task at at, in line with a place lasting placeFor.
+func (l *lineTest) try(key string, at time.Time, placeFor time.Duration, lockKey string) error {
+	return l.st.AcquireLocks(l.ctx, task.LockParams{Keys: []string{lockKey}, Holder: l.holder(key), Now: at, Until: at.Add(time.Minute),
+		Line: &task.LockLine{Priority: l.prio[key], Seq: l.seq[key], Until: at.Add(placeFor)}})
+}
+
+func (l *lineTest) release(key, lockKey string) {
+	l.t.Helper()
+	if err := l.st.ReleaseLocks(l.ctx, task.LockParams{Keys: []string{lockKey}, Holder: l.holder(key)}); err != nil {
+		l.t.Fatalf("%s releases %s: %v", key, lockKey, err)
+	}
+}
+
+func (l *lineTest) stopped(what string, err error, ahead bool, by string) {
+	l.t.Helper()
+	var le *task.LockedError
+	if !errors.As(err, &le) || le.Ahead != ahead || le.Holder.TaskKey != by {
+		l.t.Fatalf("%s: %v; want a *task.LockedError by %s (ahead %v)", what, err, by, ahead)
+	}
+}
+
+func (l *lineTest) ok(what string, err error) {
+	l.t.Helper()
+	if err != nil {
+		l.t.Fatalf("%s: %v", what, err)
 	}
 }

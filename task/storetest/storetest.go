@@ -47,6 +47,7 @@ func Run(t *testing.T, open func(t *testing.T) Opened) {
 	t.Run("DeleteRecord", s.deleteRecord)
 	t.Run("DeleteFinished", s.deleteFinished)
 	t.Run("LockInstances", s.lockInstances)
+	t.Run("LockLines", s.lockLines)
 	t.Run("Registry", s.registry)
 	t.Run("Now", func(t *testing.T) {
 		t.Parallel()
