@@ -69,6 +69,7 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) e
 		return err
 	}
 	p := task.PublishParams{Key: ref.TaskKey(), Kind: act.Kind, Payload: b}
+	p.Priority, p.LockKeys = f.Priority, act.LockKeys
 	if act.Retries != nil {
 		p.MaxUnexpectedRetries = *act.Retries
 		if *act.Retries == 0 {
