@@ -68,8 +68,8 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) e
 	if err != nil {
 		return err
 	}
-	p := task.PublishParams{Key: ref.TaskKey(), Kind: act.Kind, Payload: b}
-	p.Priority, p.LockKeys = f.Priority, act.LockKeys
+	p := task.PublishParams{Key: ref.TaskKey(), Kind: act.Kind, Payload: b,
+		Options: task.Options{LockKeys: act.LockKeys, Priority: act.Priority}}
 	if act.Retries != nil {
 		p.MaxUnexpectedRetries = *act.Retries
 		if *act.Retries == 0 {
@@ -127,8 +127,7 @@ func record(ctx context.Context, s task.Store, ref StepRef, o outcome, log *slog
 		return f, err
 	}
 	if f.State == StateRollbackFailed && o.Undo && o.Final && !o.Success {
-		log.Error("flow rollback failed: the flow needs attention", slog.String("flow", f.Key),
-			slog.String("step", ref.Name), slog.String("error", o.Error))
+		log.Error("flow rollback failed: the flow needs attention", slog.String("step", ref.Name), slog.String("error", o.Error))
 	}
 	return ensure(ctx, s, f)
 }
@@ -191,7 +190,8 @@ func reconcileOne(ctx context.Context, s task.Store, f *Flow, st *ReconcileStats
 		o.Final, o.Error = true, lastError(t)
 	}
 	st.Advanced++
-	log.Info("flow: step task finished without its outcome recorded; moving on", slog.String("flow", f.Key),
+	log = log.With(slog.String("flow", f.Key))
+	log.Info("flow: step task finished without its outcome recorded; moving on",
 		slog.String("task", t.Key), slog.String("state", string(t.State)))
 	_, err = record(ctx, s, ref, o, log)
 	return err

@@ -173,6 +173,7 @@ func (f *Flow) retry(at time.Time) error {
 	f.Gen++
 	for j := from; j < len(f.Steps); j++ {
 		f.Progress[j] = Progress{}
+		delete(f.Params, f.Steps[j].Name) // a result of the run before
 	}
 	f.Error = ""
 	f.addEvent(Event{At: at, Type: EventRetried, Message: fmt.Sprintf("from step %d", from+1)})

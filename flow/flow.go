@@ -74,10 +74,13 @@ type Action struct {
 	// Retries is how many failed attempts are tolerated before the action
 	// fails; nil takes the task default (3), 0 none.
 	Retries *int `json:"retries,omitempty"`
-	// LockKeys are held while the action runs (e.g. "device:pump-7"): a
-	// flow waiting for a busy key keeps its place in the key's line and
-	// holds up no flow that needs other keys.
+	// LockKeys are held exclusively while the action's task runs, as a
+	// task's lock_keys. A device command step must name its device's lock
+	// (device:<id>): mqttdev.PublishParams adds it for plain tasks, but the
+	// flow engine does not know the device kind.
 	LockKeys []string `json:"lock_keys,omitempty"`
+	// Priority orders the action's task among ready tasks.
+	Priority int `json:"priority,omitempty"`
 }
 
 // Step is one step of a flow.
@@ -94,9 +97,6 @@ type Spec struct {
 	// Params are the request's parameters: a JSON object.
 	Params json.RawMessage `json:"params,omitempty"`
 	Steps  []Step          `json:"steps"`
-	// Priority is every step task's priority: among flows waiting for one
-	// lock key, the higher goes first, then the one that asked first.
-	Priority int `json:"priority,omitempty"`
 }
 
 // Limits.
@@ -168,8 +168,8 @@ func (a Action) validate(field string) error {
 	if a.Retries != nil && *a.Retries < 0 {
 		return invalid(field+".retries", "must not be negative")
 	}
-	for j, k := range a.LockKeys {
-		if err := task.ValidateName(fmt.Sprintf("%s.lock_keys[%d]", field, j), k); err != nil {
+	for _, k := range a.LockKeys {
+		if err := task.ValidateName(field+".lock_keys", k); err != nil {
 			return err
 		}
 	}
@@ -232,11 +232,10 @@ const (
 
 // Flow is the stored document.
 type Flow struct {
-	Key      string                     `json:"key"`
-	Priority int                        `json:"priority,omitempty"`
-	Steps    []Step                     `json:"steps"`
-	Params   map[string]json.RawMessage `json:"params"`
-	State    State                      `json:"state"`
+	Key    string                     `json:"key"`
+	Steps  []Step                     `json:"steps"`
+	Params map[string]json.RawMessage `json:"params"`
+	State  State                      `json:"state"`
 	// Cursor is the index of the step being done (running) or undone
 	// (rolling_back), or where the flow stopped.
 	Cursor int `json:"cursor"`

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +27,10 @@ type rig struct {
 	logs  *testutil.SyncBuffer
 	mu    sync.Mutex
 	ran   []string
+	// inside counts test.exclusive handlers running; maxInside the most.
+	inside, maxInside atomic.Int32
+	// flaky counts test.flaky runs: the first fails, retryably.
+	flaky atomic.Int32
 }
 
 func newRig(t *testing.T) *rig {
@@ -52,6 +58,20 @@ func newRig(t *testing.T) *rig {
 		r.mu.Unlock()
 		<-ctx.Done()
 		return context.Cause(ctx)
+	})
+	mux.RegisterFunc("test.flaky", func(ctx context.Context, job *consumer.Job) error {
+		if r.flaky.Add(1) == 1 {
+			return consumer.Retryable(errors.New("flaky once"))
+		}
+		return nil
+	})
+	mux.RegisterFunc("test.exclusive", func(ctx context.Context, job *consumer.Job) error {
+		if n := r.inside.Add(1); n > r.maxInside.Load() {
+			r.maxInside.Store(n)
+		}
+		defer r.inside.Add(-1)
+		time.Sleep(50 * time.Millisecond)
+		return nil
 	})
 	w, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "w1", Logger: log, RetryPolicy: consumer.NoBackoff})
 	if err != nil {
@@ -254,6 +274,9 @@ func TestRetryAfterRollback(t *testing.T) {
 	if f.Gen != 2 || f.Cursor != 0 || f.Progress[0].Do.Task != "db-4/1/check/do#2" {
 		t.Fatalf("after retry: gen %d cursor %d task %q", f.Gen, f.Cursor, f.Progress[0].Do.Task)
 	}
+	if _, stale := f.Params["check"]; stale || string(f.Params["name"]) != `"db-4"` {
+		t.Fatalf("after retry: params %v, want the request's only", f.Params)
+	}
 	// Still failing at init: the same reverse rollback, with new task keys.
 	if f = r.wait(t, "db-4"); f.State != flow.StateFailed {
 		t.Fatalf("state %s", f.State)
@@ -264,6 +287,44 @@ func TestRetryAfterRollback(t *testing.T) {
 	}
 	if _, err := flow.Retry(context.Background(), r.store, "db-4"); !errors.Is(err, flow.ErrNotFinished) {
 		t.Fatalf("retry of a running flow: %v", err)
+	}
+}
+
+// A step's lock keys are its task's: steps of several flows that name one
+// resource run one at a time, though the worker runs eight handlers.
+func TestStepLockKeys(t *testing.T) {
+	r := newRig(t)
+	step := flow.Step{Name: "print", Action: flow.Action{Kind: "test.exclusive", LockKeys: []string{"printer"}, Priority: 2}}
+	for i := range 6 {
+		r.publish(t, fmt.Sprintf("p-%d", i), `{}`, []flow.Step{step})
+	}
+	for i := range 6 {
+		if f := r.wait(t, fmt.Sprintf("p-%d", i)); f.State != flow.StateSucceeded {
+			t.Fatalf("p-%d: %s", i, f.State)
+		}
+	}
+	if n := r.maxInside.Load(); n != 1 {
+		t.Fatalf("%d steps holding lock printer ran at once", n)
+	}
+	tk, err := r.store.Get(context.Background(), "p-0/1/print/do")
+	if err != nil || !slices.Equal(tk.LockKeys, []string{"printer"}) || tk.Priority != 2 {
+		t.Fatalf("step task: %v %v", tk, err)
+	}
+}
+
+// A Retryable error is retried by the consumer within the lease, through
+// the middleware again: it must not end a step that has no retries.
+func TestRetryableStepRetriedInLease(t *testing.T) {
+	r := newRig(t)
+	zero := 0
+	r.publish(t, "flaky", `{}`, []flow.Step{{Name: "once", Action: flow.Action{Kind: "test.flaky", Retries: &zero},
+		Rollback: &flow.Action{Kind: "test.flaky"}}})
+	f := r.wait(t, "flaky")
+	if f.State != flow.StateSucceeded || f.Progress[0].Do.Failures != 1 || f.Progress[0].Undo.State != flow.RunNone {
+		t.Fatalf("%s, progress %+v", f.State, f.Progress[0])
+	}
+	if n := r.flaky.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
 	}
 }
 
@@ -283,6 +344,7 @@ func TestValidate(t *testing.T) {
 		{"steps[2].payload", func(s *flow.Spec) { s.Steps[2].Payload = json.RawMessage(`{`) }},
 		{"steps[1].rollback.retries", func(s *flow.Spec) { s.Steps[1].Rollback.Retries = &neg }},
 		{"steps[0].timeout", func(s *flow.Spec) { s.Steps[0].Timeout = -1 }},
+		{"steps[2].rollback.lock_keys", func(s *flow.Spec) { s.Steps[2].Rollback.LockKeys = []string{""} }},
 	} {
 		s := ok()
 		c.edit(&s)

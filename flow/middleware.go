@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
@@ -119,16 +120,17 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 	orig := job.Task
 	job.Task = orig.Clone()
 	job.Task.Payload = env.Payload
+	restore := sync.OnceFunc(func() { job.Task = orig })
+	defer restore() // a panic passes through to the consumer's recovery
 	var resultFile string
 	if orig.Kind == cfg.ExecKind {
 		if resultFile, err = execEnv(job.Task, ref, env.Params); err != nil {
-			job.Task = orig
 			return err
 		}
 		defer os.Remove(resultFile)
 	}
 	herr := next.Handle(hctx, job)
-	job.Task = orig
+	restore()
 	if herr != nil && hctx.Err() != nil && ctx.Err() == nil {
 		herr = fmt.Errorf("%w: %w", context.Cause(hctx), herr)
 	}
@@ -146,7 +148,11 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 	}
 	if herr != nil {
 		o.Error = oneLine(herr.Error())
-		o.Final = lastAttempt(job, cfg.Store.Now())
+		// A Retryable error is retried within the lease by the consumer,
+		// through this middleware again: never the last word. If the
+		// consumer's last local try exhausts the task, the reconciler
+		// finds the task failed.
+		o.Final = lastAttempt(job, cfg.Store.Now()) && !consumer.IsRetryable(herr)
 	}
 	// The work is done: record it even if the lease is being lost
 	// meanwhile (a slow store), rather than have the next holder redo it.

@@ -12,7 +12,7 @@ import (
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
-func openStore(t *testing.T) task.Store {
+func openStore(t testing.TB) task.Store {
 	t.Helper()
 	s, err := sqlitestore.Open(context.Background(), filepath.Join(t.TempDir(), "tasks.db"), nil)
 	if err != nil {

@@ -95,7 +95,7 @@ func Publish(ctx context.Context, s task.Store, spec Spec) (*Flow, task.PublishR
 		return nil, "", err
 	}
 	now := s.Now().UTC()
-	f := &Flow{Key: spec.Key, Priority: spec.Priority, Steps: spec.Steps, Params: map[string]json.RawMessage{}, State: StatePending,
+	f := &Flow{Key: spec.Key, Steps: spec.Steps, Params: map[string]json.RawMessage{}, State: StatePending,
 		Gen: 1, Progress: make([]Progress, len(spec.Steps)), CreatedAt: now, UpdatedAt: now}
 	if len(spec.Params) > 0 {
 		if err := json.Unmarshal(spec.Params, &f.Params); err != nil {

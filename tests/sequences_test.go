@@ -51,7 +51,7 @@ func TestDeviceSequences(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	devs := sim.Devices()
 	for i := range n {
-		spec := flow.Spec{Key: fmt.Sprintf("seq-%02d", i), Priority: rng.IntN(4)}
+		spec, priority := flow.Spec{Key: fmt.Sprintf("seq-%02d", i)}, rng.IntN(4)
 		for j, d := range rng.Perm(len(devs))[:3] {
 			c := shortCmd(fmt.Sprintf("s%d", j))
 			c.Device = devs[d].ID()
@@ -59,7 +59,7 @@ func TestDeviceSequences(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			spec.Steps = append(spec.Steps, flow.Step{Name: fmt.Sprintf("s%d", j), Action: flow.Action{Kind: mqttdev.Kind, Payload: payload}})
+			spec.Steps = append(spec.Steps, flow.Step{Name: fmt.Sprintf("s%d", j), Action: flow.Action{Kind: mqttdev.Kind, Payload: payload, Priority: priority}})
 		}
 		if err := mqttdev.PrepareFlow(&spec); err != nil {
 			t.Fatal(err)
