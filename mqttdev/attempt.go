@@ -40,6 +40,7 @@ type attempt struct {
 	result      *Reply // set by a result, which may come before any ack
 	offlineSeen bool   // the device went offline while a copy waited
 	awayUntil   time.Time
+	published   time.Time // the task's publish, for Command.OfflineTimeout
 }
 
 // newAttempt makes the attempt and registers its waiter; the caller
@@ -55,6 +56,7 @@ func (h *Handler) newAttempt(ctx context.Context, tr Transport, log *slog.Logger
 			Args:          c.Args,
 		},
 		topic:         h.topics.Device(c.Device, TopicCmd),
+		published:     job.Task.CreatedAt,
 		ackTimeout:    time.Duration(c.AckTimeout),
 		resultTimeout: time.Duration(c.ResultTimeout),
 	}
@@ -136,6 +138,9 @@ func (a *attempt) awaitAck() error {
 		offline := tracker.Changed(dev)
 		if tracker.Offline(dev) {
 			if n == 1 { // nothing sent yet
+				if err := offlineTooLong(a.cmd, a.published); err != nil {
+					return a.errorf(" on %s: %w", dev, err)
+				}
 				a.log.Info("device offline: snooze")
 				return a.snooze()
 			}

@@ -292,6 +292,9 @@ func (h *Handler) handle(ctx context.Context, job *consumer.Job) error {
 	}
 	log := h.logger.With(slog.String("task", job.Task.Key), slog.Int("attempt", job.Attempt), slog.String("device", c.Device))
 	if h.tracker.Offline(c.Device) {
+		if err := offlineTooLong(c, job.Task.CreatedAt); err != nil {
+			return fmt.Errorf("task %s attempt %d on %s: %w", job.Task.Key, job.Attempt, c.Device, err)
+		}
 		log.Info("device offline: snooze", slog.Duration("delay", h.cfg.OfflineRetry))
 		return consumer.Snooze(h.cfg.OfflineRetry)
 	}
@@ -323,4 +326,13 @@ func (h *Handler) forget(corr string) {
 	h.mu.Lock()
 	delete(h.waiters, corr)
 	h.mu.Unlock()
+}
+
+// offlineTooLong is the failure of a command whose device is offline past
+// its offline_timeout, counted from published; nil while it may wait.
+func offlineTooLong(c Command, published time.Time) error {
+	if limit := time.Duration(c.OfflineTimeout); limit > 0 && time.Since(published) >= limit {
+		return fmt.Errorf("device offline for longer than offline_timeout (%s)", limit)
+	}
+	return nil
 }

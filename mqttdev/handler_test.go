@@ -246,6 +246,28 @@ func TestOfflineDeviceSnoozes(t *testing.T) {
 	}
 }
 
+// TestOfflineTimeout: a command whose device stays away longer than its
+// offline_timeout (from the task's publish) fails instead of snoozing.
+func TestOfflineTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{})
+	e.sim.Device(0).GoOffline(time.Hour)
+	eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
+	c := Command{Device: e.dev(0), Command: "x", OfflineTimeout: task.Duration(time.Minute)}
+	fresh := job("off-3", 1, c)
+	fresh.Task.CreatedAt = time.Now()
+	var sn *consumer.SnoozeError
+	if err := e.handler.Handle(ctxT(t, 5*time.Second), fresh); !errors.As(err, &sn) {
+		t.Fatalf("Handle within offline_timeout = %v, want a snooze", err)
+	}
+	old := job("off-4", 1, c)
+	old.Task.CreatedAt = time.Now().Add(-2 * time.Minute)
+	err := e.handler.Handle(ctxT(t, 5*time.Second), old)
+	if err == nil || errors.As(err, &sn) || !strings.Contains(err.Error(), "offline_timeout") {
+		t.Fatalf("Handle past offline_timeout = %v, want a failure naming offline_timeout", err)
+	}
+}
+
 func TestOfflineBeforeAckSnoozes(t *testing.T) {
 	t.Parallel()
 	e := setup(t, setupOpts{sim: device.Config{DropAckRate: 1, Latency: time.Hour}})

@@ -40,6 +40,11 @@ type Command struct {
 	// MaxPublishes is how many times the command is published while no ack
 	// comes (the first publish included). Zero means DefaultMaxPublishes.
 	MaxPublishes int `json:"max_publishes,omitempty"`
+	// OfflineTimeout bounds how long the command waits, without spending
+	// retries, for its device to come online, counted from the task's
+	// publish; after it each attempt that finds the device away fails and
+	// the task's retries decide. Zero waits as long as it takes.
+	OfflineTimeout task.Duration `json:"offline_timeout,omitempty"`
 }
 
 // LockKey returns the lock key that serialises commands to device id.
@@ -61,6 +66,8 @@ func (c *Command) validate() error {
 		return fmt.Errorf("%w: ack_timeout: must not be negative", task.ErrInvalid)
 	case c.ResultTimeout < 0:
 		return fmt.Errorf("%w: result_timeout: must not be negative", task.ErrInvalid)
+	case c.OfflineTimeout < 0:
+		return fmt.Errorf("%w: offline_timeout: must not be negative", task.ErrInvalid)
 	case c.MaxPublishes < 0 || c.MaxPublishes > MaxMaxPublishes:
 		return fmt.Errorf("%w: max_publishes: %d is not in 0..%d", task.ErrInvalid, c.MaxPublishes, MaxMaxPublishes)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -93,6 +94,11 @@ func flowPublish(c *cli.Context) error {
 		return fmt.Errorf("%w: key: the file says %q, the argument %q", task.ErrInvalid, spec.Key, key)
 	}
 	if err := spec.Validate(); err != nil {
+		return err
+	}
+	// Device steps become a device job sequence: one command per device
+	// at a time, waiting in each device's line.
+	if err := mqttdev.PrepareFlow(&spec); err != nil {
 		return err
 	}
 	s, err := openStore(c, false)
