@@ -139,7 +139,7 @@ type ListQuery struct {
 
 // List returns flows in publish order.
 func List(ctx context.Context, s task.Store, q ListQuery) ([]*Flow, error) {
-	lq := task.ListQuery{Kind: DocKind, Limit: 500}
+	lq := task.ListQuery{Kind: DocKind, Reserved: true, Limit: 500}
 	if q.Active {
 		lq.State = task.StatePending
 	}

@@ -58,6 +58,9 @@ type ListQuery struct {
 	// Desc lists newest first (Seq descending).
 	Desc  bool
 	Limit int // 0: no limit
+	// Reserved lists leasepool's own documents (keys under ReservedPrefix,
+	// such as flow documents) instead of tasks.
+	Reserved bool
 }
 
 // Validate checks q; its errors wrap ErrInvalid and name the field.
@@ -84,7 +87,7 @@ func (q ListQuery) Validate() error {
 // reference the backends' queries agree with.
 func (q ListQuery) Matches(t *Task) bool {
 	switch {
-	case Reserved(t.Key),
+	case Reserved(t.Key) != q.Reserved,
 		q.State != "" && t.State != q.State,
 		q.Kind != "" && t.Kind != q.Kind,
 		!strings.HasPrefix(t.Key, q.KeyPrefix),

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/events"
+	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -33,7 +34,7 @@ import (
 var assets embed.FS
 
 // pageNames are the pages, each templates/NAME.html inside layout.html.
-var pageNames = []string{"overview", "tasks", "task", "workers", "devices", "controls", "error"}
+var pageNames = []string{"overview", "tasks", "task", "flows", "flow", "workers", "devices", "controls", "error"}
 
 // dashboard serves the pages and their actions.
 type dashboard struct {
@@ -67,6 +68,10 @@ func (d *dashboard) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /{$}", d.overview)
 	mux.HandleFunc("GET /tasks", d.tasks)
 	mux.HandleFunc("GET /task", d.task)
+	mux.HandleFunc("GET /flows", d.flows)
+	mux.HandleFunc("GET /flow", d.flow)
+	mux.HandleFunc("POST /flow/cancel", d.action(d.cancelFlow))
+	mux.HandleFunc("POST /flow/retry", d.action(d.retryFlow))
 	mux.HandleFunc("GET /workers", d.workers)
 	mux.HandleFunc("GET /devices", d.devices)
 	mux.HandleFunc("GET /controls", d.controls)
@@ -119,7 +124,7 @@ func (d *dashboard) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, task.ErrInvalid):
 		code, msg = http.StatusBadRequest, reason(err)
-	case errors.Is(err, task.ErrNotFound), errors.Is(err, schedule.ErrNotFound):
+	case errors.Is(err, task.ErrNotFound), errors.Is(err, schedule.ErrNotFound), errors.Is(err, flow.ErrNotFound):
 		code, msg = http.StatusNotFound, err.Error()
 	default:
 		d.log.Error("web: dashboard request failed", "method", r.Method, "path", r.URL.Path, "err", err)

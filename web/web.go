@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -92,6 +93,11 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /api/v1/devices", a.listDevices)
 	mux.HandleFunc("GET /api/v1/stats", a.stats)
 	mux.HandleFunc("GET /api/v1/events", a.streamEvents)
+	mux.HandleFunc("POST /api/v1/flows", a.write(a.publishFlow))
+	mux.HandleFunc("GET /api/v1/flows", a.listFlows)
+	mux.HandleFunc("GET /api/v1/flows/{key}", a.getFlow)
+	mux.HandleFunc("POST /api/v1/flows/{key}/cancel", a.write(a.cancelFlow))
+	mux.HandleFunc("POST /api/v1/flows/{key}/retry", a.write(a.retryFlow))
 	mux.HandleFunc("GET /api/v1/pauses", a.listPauses)
 	mux.HandleFunc("POST /api/v1/pauses", a.write(a.pause))
 	mux.HandleFunc("DELETE /api/v1/pauses", a.write(a.resume))
@@ -139,7 +145,10 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusBadRequest, reason(err))
 	case errors.Is(err, task.ErrNotFound):
 		writeError(w, http.StatusNotFound, "task not found")
-	case errors.Is(err, task.ErrFinished), errors.Is(err, task.ErrNotFinished):
+	case errors.Is(err, flow.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, task.ErrFinished), errors.Is(err, task.ErrNotFinished),
+		errors.Is(err, flow.ErrFinished), errors.Is(err, flow.ErrNotFinished):
 		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, task.ErrHistoryLost):
 		writeError(w, http.StatusGone, "events: the store no longer has history from this token: list the tasks again and follow from now")

@@ -50,7 +50,7 @@ func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error
 		if err != nil {
 			return nil, fmt.Errorf("list: %w", err)
 		}
-		if task.Reserved(t.Key) || (q.Text != "" && !task.PayloadContains(t.Payload, q.Text)) {
+		if task.Reserved(t.Key) != q.Reserved || (q.Text != "" && !task.PayloadContains(t.Payload, q.Text)) {
 			continue
 		}
 		out = append(out, t)
@@ -63,6 +63,10 @@ func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error
 
 func listFilter(q task.ListQuery) bson.D {
 	f := bson.D{}
+	if q.Reserved && q.KeyPrefix == "" { // a prefix filters key below; List checks the rest
+		lo, hi := task.ReservedRange()
+		f = append(f, bson.E{Key: "key", Value: bson.D{{Key: "$gte", Value: lo}, {Key: "$lt", Value: hi}}})
+	}
 	if q.State != "" {
 		f = append(f, bson.E{Key: "state", Value: string(q.State)})
 	}

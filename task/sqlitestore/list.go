@@ -71,7 +71,11 @@ func listSQL(q task.ListQuery, narrow bool) (string, []any) {
 	args := []any{q.AfterSeq, lo, hi}
 	// The reserved range is tested on key, not with the key index: it
 	// holds a document or two, so it must never drive the plan.
-	b.WriteString("SELECT seq, version, doc FROM tasks WHERE seq > ? AND NOT (+key >= ? AND +key < ?)")
+	if q.Reserved {
+		b.WriteString("SELECT seq, version, doc FROM tasks WHERE seq > ? AND (+key >= ? AND +key < ?)")
+	} else {
+		b.WriteString("SELECT seq, version, doc FROM tasks WHERE seq > ? AND NOT (+key >= ? AND +key < ?)")
+	}
 	and := func(cond string, a ...any) {
 		b.WriteString(" AND " + cond)
 		args = append(args, a...)

@@ -90,6 +90,11 @@ func (s suite) listFilters(t *testing.T) {
 		{UpdatedAfter: at.Add(-time.Second)},
 		{UpdatedAfter: at.Add(5 * time.Second), UpdatedBefore: at.Add(15 * time.Second)},
 		{State: task.StateRunning, Text: "red", Desc: true},
+		// leasepool's own documents instead of tasks (flow documents)
+		{Reserved: true},
+		{Reserved: true, Kind: "leasepool.control", State: task.StateCancelled},
+		{Reserved: true, KeyPrefix: task.ReservedPrefix + "door"},
+		{Reserved: true, Kind: "k1"},
 	}
 	for _, q := range queries {
 		for _, desc := range []bool{false, true} {

@@ -1,0 +1,109 @@
+package web
+
+// The dashboard's flows: the list (rollback_failed ones first: they need a
+// human) and one flow's steps, shared parameters and events, with cancel
+// and retry.
+
+import (
+	"cmp"
+	"errors"
+	"net/http"
+	"net/url"
+	"slices"
+
+	"github.com/leasepool/leasepool/flow"
+)
+
+// flowsShown bounds the flows the list reads.
+const flowsShown = 500
+
+func (d *dashboard) flows(w http.ResponseWriter, r *http.Request) {
+	active := r.URL.Query().Get("active") == "true"
+	fs, err := flow.List(r.Context(), d.store, flow.ListQuery{Active: active, Limit: flowsShown})
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	// Newest first, with the flows that need a human on top.
+	slices.Reverse(fs)
+	slices.SortStableFunc(fs, func(a, b *flow.Flow) int {
+		return cmp.Compare(rank(b.State), rank(a.State))
+	})
+	d.render(w, r, http.StatusOK, "flows", "Flows", struct {
+		Flows  []*flow.Flow
+		Active bool
+		Limit  int
+	}{fs, active, flowsShown})
+}
+
+func rank(s flow.State) int {
+	if s == flow.StateRollbackFailed {
+		return 1
+	}
+	return 0
+}
+
+// flowStep is one step of the flow page.
+type flowStep struct {
+	N    int
+	Step flow.Step
+	Prog flow.Progress
+	// Result is the step's result in the shared parameters, indented.
+	Result  string
+	Current bool
+}
+
+func (d *dashboard) flow(w http.ResponseWriter, r *http.Request) {
+	key := r.URL.Query().Get("key")
+	if key == "" {
+		d.fail(w, r, badInput("key", "must not be empty"))
+		return
+	}
+	f, err := flow.Get(r.Context(), d.store, key)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	steps := make([]flowStep, len(f.Steps))
+	for i, st := range f.Steps {
+		steps[i] = flowStep{N: i + 1, Step: st, Prog: f.Progress[i], Result: prettyJSON(f.Params[st.Name]),
+			Current: i == f.Cursor && !f.State.Finished()}
+	}
+	d.render(w, r, http.StatusOK, "flow", "Flow "+f.Key, struct {
+		Flow  *flow.Flow
+		Steps []flowStep
+	}{f, steps})
+}
+
+func (d *dashboard) cancelFlow(r *http.Request) (string, string, error) {
+	rollback := r.PostForm.Get("rollback") == "true"
+	return d.flowAction(r, "cancelled", func(key string) error {
+		_, err := flow.Cancel(r.Context(), d.store, key, rollback)
+		return err
+	})
+}
+
+func (d *dashboard) retryFlow(r *http.Request) (string, string, error) {
+	return d.flowAction(r, "retried", func(key string) error {
+		_, err := flow.Retry(r.Context(), d.store, key)
+		return err
+	})
+}
+
+// flowAction runs fn on the form's flow key and returns to its page; a
+// flow whose state refuses it says so there.
+func (d *dashboard) flowAction(r *http.Request, verb string, fn func(key string) error) (string, string, error) {
+	key := r.PostForm.Get("key")
+	if key == "" {
+		return "", "", badInput("key", "must not be empty")
+	}
+	back := "/flow?key=" + url.QueryEscape(key)
+	if err := fn(key); err != nil {
+		if errors.Is(err, flow.ErrFinished) || errors.Is(err, flow.ErrNotFinished) {
+			return back, key + ": " + err.Error(), nil
+		}
+		return "", "", err
+	}
+	d.log.Info("web: dashboard flow "+verb, "key", key)
+	return back, "flow " + key + " " + verb, nil
+}

@@ -1,0 +1,125 @@
+package web
+
+// The flows API: publish a flow from its JSON (as `leasepool flow publish`
+// reads it), one flow, the list, cancel (with rollback if asked) and retry.
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/task"
+)
+
+// maxFlowsListed bounds GET /api/v1/flows.
+const maxFlowsListed = 1000
+
+type flowResponse struct {
+	Result task.PublishResult `json:"result"`
+	Flow   *flow.Flow         `json:"flow"`
+}
+
+// publishFlow reads a flow spec strictly (an unknown field is a 400 naming
+// it), checks device steps as device commands (adding their lock keys) and
+// publishes it, idempotently by key.
+func (a *api) publishFlow(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxPublishBody)
+	spec, err := flow.ParseSpec(r.Body)
+	if err == nil {
+		err = spec.Validate()
+	}
+	if err == nil {
+		err = mqttdev.PrepareFlow(&spec)
+	}
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	f, res, err := flow.Publish(r.Context(), a.store, spec)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	code := http.StatusOK
+	if res == task.Inserted {
+		code = http.StatusCreated
+	}
+	a.log.Info("web: flow published", "key", f.Key, "result", string(res))
+	writeJSON(w, code, flowResponse{Result: res, Flow: f})
+}
+
+func (a *api) getFlow(w http.ResponseWriter, r *http.Request) {
+	f, err := flow.Get(r.Context(), a.store, r.PathValue("key"))
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, f)
+}
+
+// listFlows answers the flows in publish order: ?active=true keeps those
+// still moving; ?limit (default and most 1000).
+func (a *api) listFlows(w http.ResponseWriter, r *http.Request) {
+	q := flow.ListQuery{Limit: maxFlowsListed}
+	if v := r.URL.Query().Get("active"); v != "" {
+		active, err := strconv.ParseBool(v)
+		if err != nil {
+			a.fail(w, r, badInput("active", "%q is not true or false", v))
+			return
+		}
+		q.Active = active
+	}
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxFlowsListed {
+			a.fail(w, r, badInput("limit", "%q is not a number from 1 to %d", v, maxFlowsListed))
+			return
+		}
+		q.Limit = n
+	}
+	fs, err := flow.List(r.Context(), a.store, q)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if fs == nil {
+		fs = []*flow.Flow{}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Flows []*flow.Flow `json:"flows"`
+	}{fs})
+}
+
+// cancelFlow stops the flow's running step; ?rollback=true then undoes the
+// started steps in reverse.
+func (a *api) cancelFlow(w http.ResponseWriter, r *http.Request) {
+	rollback := false
+	if v := r.URL.Query().Get("rollback"); v != "" {
+		var err error
+		if rollback, err = strconv.ParseBool(v); err != nil {
+			a.fail(w, r, badInput("rollback", "%q is not true or false", v))
+			return
+		}
+	}
+	a.flowAction(w, r, "cancelled", func(key string) (*flow.Flow, error) {
+		return flow.Cancel(r.Context(), a.store, key, rollback)
+	})
+}
+
+func (a *api) retryFlow(w http.ResponseWriter, r *http.Request) {
+	a.flowAction(w, r, "retried", func(key string) (*flow.Flow, error) {
+		return flow.Retry(r.Context(), a.store, key)
+	})
+}
+
+func (a *api) flowAction(w http.ResponseWriter, r *http.Request, verb string, fn func(key string) (*flow.Flow, error)) {
+	key := r.PathValue("key")
+	f, err := fn(key)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	a.log.Info("web: flow "+verb, "key", key)
+	writeJSON(w, http.StatusOK, f)
+}

@@ -1,0 +1,101 @@
+package web_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/web"
+)
+
+const twoSteps = `{"key":"db-1","params":{"cpu":4},"steps":[
+ {"name":"check","kind":"noop","rollback":{"kind":"noop"}},
+ {"name":"init","kind":"noop"}]}`
+
+func TestFlowsAPI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	if code, body := e.do("POST", "/api/v1/flows", twoSteps); code != http.StatusCreated || !strings.Contains(body, `"result":"inserted"`) {
+		t.Fatalf("publish = %d %s, want 201 inserted", code, body)
+	}
+	if code, body := e.do("POST", "/api/v1/flows", twoSteps); code != http.StatusOK {
+		t.Fatalf("publish again = %d %s, want 200 (idempotent by key)", code, body)
+	}
+	code, body := e.do("GET", "/api/v1/flows/db-1", "")
+	var f flow.Flow
+	if err := json.Unmarshal([]byte(body), &f); code != 200 || err != nil || f.State != flow.StateRunning || len(f.Steps) != 2 {
+		t.Fatalf("get = %d %s (%v), want the running flow", code, body, err)
+	}
+	for path, want := range map[string]string{
+		"/api/v1/flows":             `"key":"db-1"`,
+		"/api/v1/flows?active=true": `"key":"db-1"`,
+	} {
+		if code, body := e.do("GET", path, ""); code != 200 || !strings.Contains(body, want) {
+			t.Errorf("GET %s = %d %s, want %s", path, code, body, want)
+		}
+	}
+	if code, body := e.do("POST", "/api/v1/flows/db-1/cancel?rollback=false", ""); code != 200 || !strings.Contains(body, `"state":"cancelled"`) {
+		t.Fatalf("cancel = %d %s", code, body)
+	}
+	if code, _ := e.do("POST", "/api/v1/flows/db-1/cancel", ""); code != http.StatusConflict {
+		t.Errorf("cancel of a cancelled flow = %d, want 409", code)
+	}
+	if code, body := e.do("POST", "/api/v1/flows/db-1/retry", ""); code != 200 || !strings.Contains(body, `"gen":2`) {
+		t.Errorf("retry = %d %s, want run 2", code, body)
+	}
+	if code, _ := e.do("GET", "/api/v1/flows/nope", ""); code != http.StatusNotFound {
+		t.Errorf("get unknown = %d, want 404", code)
+	}
+}
+
+func TestFlowsAPIBadInput(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	for body, want := range map[string]string{
+		`{"key":"x","stepz":[]}`:                       "stepz",
+		`{"key":"x","steps":[]}`:                       "steps",
+		`{"key":"x","steps":[{"name":"a","kind":""}]}`: "steps[0].kind",
+		`{"key":"x","steps":[{"name":"a","kind":"device","payload":{"device":"d","command":"c","ack_timout":"1s"}}]}`: "steps[0].payload",
+	} {
+		code, got := e.do("POST", "/api/v1/flows", body)
+		if code != http.StatusBadRequest || !strings.Contains(got, want) {
+			t.Errorf("publish %s = %d %s, want 400 naming %s", body, code, got, want)
+		}
+	}
+	if code, body := e.do("GET", "/api/v1/flows", ""); code != 200 || strings.Contains(body, `"key":"x"`) {
+		t.Errorf("after bad publishes, flows = %d %s: want none written", code, body)
+	}
+	if code, _ := e.do("GET", "/api/v1/flows?active=maybe", ""); code != http.StatusBadRequest {
+		t.Errorf("active=maybe = %d, want 400", code)
+	}
+	ro := newEnv(t, web.Config{ReadOnly: true})
+	if code, _ := ro.do("POST", "/api/v1/flows", twoSteps); code != http.StatusForbidden {
+		t.Errorf("read-only publish = %d, want 403", code)
+	}
+}
+
+func TestDashboardFlows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	if code, body := e.do("POST", "/api/v1/flows", twoSteps); code != http.StatusCreated {
+		t.Fatalf("publish = %d %s", code, body)
+	}
+	e.wantPage("/flows", 200, `data-key="db-1"`, ">running<")
+	e.wantPage("/flow?key=db-1", 200, `id="flow-state" class="f-running">running<`, "check", "init", ">db-1/1/check/do<", `id="flow-cancel-rollback"`)
+	e.wantPage("/flow?key=nope", 404, "flow not found")
+	tok := e.csrf()
+	sameOrigin := func(r *http.Request) { r.Header.Set("Sec-Fetch-Site", "same-origin") }
+	form := url.Values{"key": {"db-1"}, "csrf": {tok}, "rollback": {"true"}}
+	if code, loc := e.send("POST", "/flow/cancel", form, sameOrigin); code != 303 || !strings.HasPrefix(loc, "/flow?key=db-1&msg=") {
+		t.Fatalf("cancel = %d %q, want 303 to the flow page", code, loc)
+	}
+	// Cancelled with rollback: the started first step is being undone.
+	e.wantPage("/flow?key=db-1", 200, ">rolling_back<", ">db-1/1/check/undo<")
+	if code, _ := e.send("POST", "/flow/retry", url.Values{"key": {"db-1"}, "csrf": {tok}}, sameOrigin); code != 303 {
+		t.Errorf("retry of a moving flow = %d, want 303 back with the refusal", code)
+	}
+	e.wantPage("/flow?key=db-1", 200, ">rolling_back<")
+}
