@@ -63,39 +63,3 @@ func TestLockWaitDoesNotSpin(t *testing.T) {
 	default:
 	}
 }
-
-// slowLocks delays every lock take, as a busy store does.
-type slowLocks struct {
-	task.Store
-	delay time.Duration
-}
-
-func (s *slowLocks) AcquireLocks(ctx context.Context, p task.LockParams) error {
-	time.Sleep(s.delay)
-	return s.Store.AcquireLocks(ctx, p)
-}
-
-// TestStartAfterLocksTaken: an attempt's recorded start is when it held its
-// locks, so the next holder of a lock key never seems to start before the
-// previous one ended, even when its take waited for that release.
-func TestStartAfterLocksTaken(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	running := make(chan struct{})
-	e.worker("w1", func(ctx context.Context, job *consumer.Job) error {
-		close(running)
-		time.Sleep(100 * time.Millisecond)
-		return nil
-	}, func(c *consumer.Config) { c.Kinds = []string{"first"} })
-	e.publish("a", lockKeys("dev"), func(p *task.PublishParams) { p.Kind = "first" })
-	<-running
-	e.worker("w2", func(ctx context.Context, job *consumer.Job) error { return nil },
-		onStore(&slowLocks{Store: e.open(), delay: 300 * time.Millisecond}),
-		func(c *consumer.Config) { c.Kinds = []string{"second"} })
-	e.publish("b", lockKeys("dev"), func(p *task.PublishParams) { p.Kind = "second" })
-	a, b := e.waitState("a", task.StateSucceeded), e.waitState("b", task.StateSucceeded)
-	ended, started := a.Workers[0].EndedAt, b.Workers[0].StartedAt
-	if started.Before(ended) {
-		t.Fatalf("b's attempt is stamped as started %s before a's ended", ended.Sub(started))
-	}
-}

@@ -147,15 +147,6 @@ func (ct *claimTry) claim(t *task.Task) error {
 			return err
 		}
 		ct.held = append(ct.held, p)
-		// The attempt starts once it holds its locks: a start stamped
-		// before would fall inside the previous holder's run whenever the
-		// take waited for that holder's release. The lease stays counted
-		// from the earlier time, which only shortens it.
-		if i := t.Entry(ct.holder); i >= 0 {
-			if took := c.store.Now().UTC(); took.After(t.Workers[i].StartedAt) {
-				t.Workers[i].StartedAt = took
-			}
-		}
 	}
 	return nil
 }

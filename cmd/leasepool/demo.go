@@ -332,7 +332,6 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 	var problems []string
 	byGroup := map[string][2]int{}
 	takeovers := 0
-	var lockIntervals [][2]time.Time
 	for _, t := range final {
 		dt, ok := want[t.Key]
 		if !ok {
@@ -353,9 +352,6 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 			if dt.group == "pinned" && wk.WorkerID != "demo-w2" && wk.WorkerID != "demo-w3" {
 				problems = append(problems, fmt.Sprintf("%s ran on %s, which it is not pinned to", t.Key, wk.WorkerID))
 			}
-			if dt.group == "locked" && wk.State == task.WorkerSuccess {
-				lockIntervals = append(lockIntervals, [2]time.Time{wk.StartedAt, wk.EndedAt})
-			}
 		}
 		if dt.group == "multi" {
 			ok := 0
@@ -369,12 +365,11 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 			}
 		}
 	}
-	sort.Slice(lockIntervals, func(i, j int) bool { return lockIntervals[i][0].Before(lockIntervals[j][0]) })
-	for i := 1; i < len(lockIntervals); i++ {
-		if lockIntervals[i][0].Before(lockIntervals[i-1][1]) {
-			problems = append(problems, "two tasks holding lock \"printer\" overlapped")
-		}
-	}
+	// No overlap check on the "printer" lock from the stored times: an
+	// attempt's started_at is its claim's time, taken before its lock take,
+	// which may wait for the previous holder's release (a busy store), so
+	// stored intervals can touch while the runs never did. The devices'
+	// own reports below are the run-side check of one-at-a-time.
 	groups := make([]string, 0, len(byGroup))
 	for g := range byGroup {
 		groups = append(groups, g)
