@@ -228,37 +228,11 @@ func (c *Consumer) observeClaim(doc *task.Task, try *claimTry) {
 // ended is when the handler returned: an outcome is judged against the
 // lease as it stood then, and a peer's claim since makes the write fail.
 func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) Outcome {
-	cause := context.Cause(hctx)
 	out := lease.Output() // what the handler recorded: every write here stores it
-	if errors.Is(cause, task.ErrUnpinned) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_ = lease.Unpin(ctx)
-		cancel()
+	if o, lost := c.settleLost(context.Cause(hctx), lease, out, log); lost {
+		return o
 	}
-	if errors.Is(cause, task.ErrTaskDone) {
-		log.Info("task finished by other workers; handler stopped")
-		h := lease.Holder()
-		release := func(t *task.Task) error { return t.Release(h, c.store.Now()) }
-		if err := c.writeOutcome(lease, withOutput(h, out, release)); err != nil {
-			log.Debug("release after the task finished", slog.Any("err", err))
-		}
-		return OutcomeTaskDone
-	}
-	if errors.Is(cause, task.ErrCancelled) && (len(out.Result) > 0 || len(out.Log) > 0) {
-		// The cancel ended the attempt; what its handler recorded is kept.
-		h := lease.Holder()
-		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.RecordCancelled(h, out) }); err != nil {
-			log.Debug("output of a cancelled attempt not stored", slog.Any("err", err))
-		}
-	}
-	if errors.Is(cause, task.ErrLeaseLost) {
-		c.leaseLost.Add(1)
-		log.Warn("lease lost; handler cancelled", slog.Any("cause", cause))
-		if errors.Is(cause, task.ErrCancelled) {
-			return OutcomeCancelled
-		}
-		return OutcomeLeaseLost
-	}
+	cause := context.Cause(hctx)
 	var snooze *SnoozeError
 	var write func(t *task.Task) error
 	h := lease.Holder()
@@ -310,6 +284,41 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 		}
 		return OutcomeRetried
 	}
+}
+
+// settleLost ends an attempt whose lease was lost (cause): unpinned, the
+// task finished by others, cancelled or preempted. It reports false when
+// the lease still stood, leaving the outcome to settle.
+func (c *Consumer) settleLost(cause error, lease *ping.Lease, out task.Output, log *slog.Logger) (Outcome, bool) {
+	if errors.Is(cause, task.ErrUnpinned) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = lease.Unpin(ctx)
+		cancel()
+	}
+	h := lease.Holder()
+	if errors.Is(cause, task.ErrTaskDone) {
+		log.Info("task finished by other workers; handler stopped")
+		release := func(t *task.Task) error { return t.Release(h, c.store.Now()) }
+		if err := c.writeOutcome(lease, withOutput(h, out, release)); err != nil {
+			log.Debug("release after the task finished", slog.Any("err", err))
+		}
+		return OutcomeTaskDone, true
+	}
+	if errors.Is(cause, task.ErrCancelled) && (len(out.Result) > 0 || len(out.Log) > 0) {
+		// The cancel ended the attempt; what its handler recorded is kept.
+		if err := c.writeOutcome(lease, func(t *task.Task) error { return t.RecordCancelled(h, out) }); err != nil {
+			log.Debug("output of a cancelled attempt not stored", slog.Any("err", err))
+		}
+	}
+	if errors.Is(cause, task.ErrLeaseLost) {
+		c.leaseLost.Add(1)
+		log.Warn("lease lost; handler cancelled", slog.Any("cause", cause))
+		if errors.Is(cause, task.ErrCancelled) {
+			return OutcomeCancelled, true
+		}
+		return OutcomeLeaseLost, true
+	}
+	return "", false
 }
 
 // writeOutcome retries store errors with backoff while the lease may still

@@ -113,21 +113,11 @@ func runWorker(c *cli.Context) error {
 	if err := w.Start(context.WithoutCancel(c.Context)); err != nil {
 		return err
 	}
-	// Every worker publishes the schedules' due slots: no leader.
-	stopSchedules, err := startScheduleRunner(c, s)
+	stopBackground, err := startBackground(c, s, w.WorkerID())
 	if err != nil {
 		return err
 	}
-	defer stopSchedules()
-	// Every worker runs the flow reconciler; the one holding its lease works.
-	rec, err := flow.NewReconciler(flow.ReconcilerConfig{Store: s, WorkerID: w.WorkerID(), Logger: slog.Default()})
-	if err != nil {
-		return err
-	}
-	if err := rec.Start(c.Context); err != nil {
-		return err
-	}
-	defer rec.Stop(context.Background())
+	defer stopBackground()
 	<-c.Context.Done() // SIGINT or SIGTERM
 	slog.Info("shutting down: finishing running tasks", slog.Duration("timeout", c.Duration("shutdown-timeout")))
 	return w.Stop(context.Background())
@@ -185,4 +175,26 @@ func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{h.Handler.WithGroup(name), h.level}
+}
+
+// startBackground starts what every worker runs beside its consumer, with
+// no leader: the schedule runner (it publishes the schedules' due slots)
+// and the flow reconciler (the one holding its lease works).
+func startBackground(c *cli.Context, s task.Store, workerID string) (stop func(), err error) {
+	stopSchedules, err := startScheduleRunner(c, s)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := flow.NewReconciler(flow.ReconcilerConfig{Store: s, WorkerID: workerID, Logger: slog.Default()})
+	if err == nil {
+		err = rec.Start(c.Context)
+	}
+	if err != nil {
+		stopSchedules()
+		return nil, err
+	}
+	return func() {
+		_ = rec.Stop(context.Background())
+		stopSchedules()
+	}, nil
 }
