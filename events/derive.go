@@ -30,10 +30,15 @@ const (
 	Unpinned  = "unpinned" // the lease was lost: the worker is no longer among the pins
 	Cancelled = "cancelled"
 	Reset     = "reset" // publish with rerun, or retry: runs again from Until
+	// Logged is one line the attempt's handler logged (Job.Log), in
+	// Message, at At (the handler's time); device commands log sent,
+	// acked and result. Lines reach the store with the attempt's next
+	// renewal or its outcome, so they come up to a ping interval late.
+	Logged = "logged"
 )
 
 // Types lists every event type, in lifecycle order.
-var Types = []string{Published, Claimed, Expired, Succeeded, Failed, Retried, Released, Snoozed, Unpinned, Cancelled, Reset}
+var Types = []string{Published, Claimed, Expired, Succeeded, Failed, Retried, Released, Snoozed, Unpinned, Cancelled, Reset, Logged}
 
 // ReservedPrefix starts the keys of leasepool's own documents in the tasks
 // table (the control doorbell): they are not tasks and yield no events.
@@ -48,9 +53,11 @@ type Event struct {
 	Worker   string `json:"worker,omitempty"`
 	Instance string `json:"instance,omitempty"`
 	// By is the worker whose claim took over an expired lease.
-	By    string    `json:"by,omitempty"`
-	Error string    `json:"error,omitempty"`
-	Until time.Time `json:"until,omitzero"`
+	By    string `json:"by,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Message is a Logged event's line.
+	Message string    `json:"message,omitempty"`
+	Until   time.Time `json:"until,omitzero"`
 	// State is the task's state after the write.
 	State task.State `json:"state"`
 	// At is the write's store time; Version the version it stored.
@@ -83,6 +90,14 @@ func Derive(t *task.Task) []Event {
 	for _, c := range changes {
 		e := base
 		e.Type, e.Worker, e.Instance, e.Attempt, e.Error = c.Op, c.WorkerID, c.Instance, c.Attempt, c.Error
+		if c.Op == task.ChangeLogged {
+			for _, l := range c.Log {
+				line := e
+				line.Message, line.At = l.Msg, l.At
+				out = append(out, line)
+			}
+			continue
+		}
 		switch c.Op {
 		case task.ChangeExpired:
 			e.By = claimer

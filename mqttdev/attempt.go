@@ -18,6 +18,7 @@ import (
 type attempt struct {
 	h     *Handler
 	ctx   context.Context
+	job   *consumer.Job // its log carries sent, acked and result into the task's history and events
 	tr    Transport
 	log   *slog.Logger
 	cmd   Command
@@ -47,7 +48,7 @@ type attempt struct {
 // forgets it (Handler.forget) when done.
 func (h *Handler) newAttempt(ctx context.Context, tr Transport, log *slog.Logger, job *consumer.Job, c Command) *attempt {
 	a := &attempt{
-		h: h, ctx: ctx, tr: tr, log: log, cmd: c,
+		h: h, ctx: ctx, job: job, tr: tr, log: log, cmd: c,
 		msg: CommandMessage{
 			TaskKey:       job.Task.Key,
 			Attempt:       job.Attempt,
@@ -97,6 +98,7 @@ func (a *attempt) publish() error {
 	if err != nil {
 		return a.errorf(": publish: %w", err)
 	}
+	a.job.Logf("device %s: command %s sent", a.cmd.Device, a.cmd.Command)
 	return nil
 }
 

@@ -304,12 +304,15 @@ func (h *Handler) handle(ctx context.Context, job *consumer.Job) error {
 		return err
 	}
 	log.Debug("command acked")
+	job.Logf("device %s: command %s acked", c.Device, c.Command)
 	if err := a.awaitResult(); err != nil {
 		return err
 	}
 	if !a.result.OK {
+		job.Logf("device %s: command %s result: failed: %s", c.Device, c.Command, a.result.Error)
 		return a.errorf(" on %s: %w: %s", c.Device, ErrDeviceFailed, a.result.Error)
 	}
+	job.Logf("device %s: command %s result: ok", c.Device, c.Command)
 	log.Debug("command done")
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -150,9 +151,20 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 
 // testCore is the core scenario: a command is acked, runs and returns.
 func testCore(t *testing.T, e *env) {
-	err := e.handler.Handle(ctxT(t, 20*time.Second), job("core-1", 1, Command{Device: e.dev(0), Command: "blink", Args: json.RawMessage(`{"n":2}`)}))
+	j := job("core-1", 1, Command{Device: e.dev(0), Command: "blink", Args: json.RawMessage(`{"n":2}`)})
+	err := e.handler.Handle(ctxT(t, 20*time.Second), j)
 	if err != nil {
 		t.Fatalf("Handle: %v", err)
+	}
+	// Sent, acked and result go into the attempt's log: the task's history
+	// and the event stream's logged events.
+	var logged []string
+	for _, l := range j.Output().Log {
+		logged = append(logged, l.Msg)
+	}
+	dev := e.dev(0)
+	if want := []string{"device " + dev + ": command blink sent", "device " + dev + ": command blink acked", "device " + dev + ": command blink result: ok"}; !slices.Equal(logged, want) {
+		t.Errorf("attempt log %q, want %q", logged, want)
 	}
 	r := e.sim.Report()
 	if len(r.Runs) != 1 || r.Runs[0].TaskKey != "core-1" || r.Runs[0].Attempt != 1 || r.Runs[0].Command != "blink" || !r.Runs[0].OK {

@@ -20,6 +20,9 @@ const (
 	ChangeUnpinned  = "unpinned"  // Unpin
 	ChangeCancelled = "cancelled" // Cancel
 	ChangeReset     = "reset"     // Reset (publish with rerun, retry)
+	// ChangeLogged: the handler logged Log (Job.Log) since the attempt's
+	// previous write; a renewal or the outcome write carries them.
+	ChangeLogged = "logged"
 )
 
 // Change is one lifecycle change made by the write that stored version
@@ -31,6 +34,7 @@ type Change struct {
 	Attempt  int       `json:"attempt,omitempty"`
 	Error    string    `json:"error,omitempty"`
 	Until    time.Time `json:"until,omitzero"`
+	Log      []LogLine `json:"log,omitempty"`
 }
 
 // WriteChanges returns the changes made by the write that stored t, or

@@ -99,7 +99,7 @@ func (t *Task) AttemptHistory() []Worker {
 
 // RecordCancelled stores out on h's entry that a cancel ended (see
 // Record), so what a cancelled handler logged is kept. It changes nothing
-// else and notes no change; it fails with ErrLeaseLost unless h's entry is
+// else and notes only the lines logged since (ChangeLogged); it fails with ErrLeaseLost unless h's entry is
 // still in the worker list as CANCELLED.
 func (t *Task) RecordCancelled(h Holder, out Output) error {
 	if i := t.Entry(h); i < 0 || t.Workers[i].State != WorkerCancelled {

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -143,7 +144,20 @@ func (t *Task) Record(h Holder, out Output) {
 	if len(lines) == 0 {
 		lines = nil
 	}
+	if fresh := newLines(w.Log, w.LogDropped, lines, dropped); len(fresh) > 0 {
+		t.note(Change{Op: ChangeLogged, WorkerID: w.WorkerID, Instance: w.Instance, Attempt: w.Attempt, Log: fresh})
+	}
 	w.Log, w.LogDropped = lines, dropped
+}
+
+// newLines returns the lines of (lines, dropped) that (old, oldDropped)
+// did not have yet: the log only grows, keeping its latest MaxLogLines.
+func newLines(old []LogLine, oldDropped int, lines []LogLine, dropped int) []LogLine {
+	n := (dropped + len(lines)) - (oldDropped + len(old))
+	if n <= 0 {
+		return nil
+	}
+	return slices.Clone(lines[max(len(lines)-n, 0):])
 }
 
 // Result returns the result of t's latest succeeded attempt that

@@ -2,6 +2,8 @@ package task_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -97,5 +99,51 @@ func TestFailKeepsABoundedValidError(t *testing.T) {
 	e := tk.Workers[0].Error
 	if len(e) > task.MaxErrorLen || !utf8.ValidString(e) || !strings.HasPrefix(e, "bad \uFFFD") || tk.Changes[0].Error != e {
 		t.Errorf("error kept: %d bytes, valid UTF-8 %v, starts %q; noted %d bytes", len(e), utf8.ValidString(e), e[:8], len(tk.Changes[0].Error))
+	}
+}
+
+// TestRecordNotesNewLines: a write that carries lines the attempt logged
+// since its previous write notes exactly those (ChangeLogged), the kept
+// ones when more came than the window holds; one with nothing new notes
+// nothing.
+func TestRecordNotesNewLines(t *testing.T) {
+	now := time.Now()
+	tk := &task.Task{Key: "k", Version: 3}
+	h := tk.Claim(task.Holder{WorkerID: "w", Instance: "i"}, now)
+	line := func(i int) task.LogLine { return task.LogLine{At: now, Msg: fmt.Sprintf("line %d", i)} }
+	logged := func() []string {
+		var out []string
+		for _, c := range tk.WriteChanges() {
+			if c.Op == task.ChangeLogged {
+				for _, l := range c.Log {
+					out = append(out, l.Msg)
+				}
+			}
+		}
+		return out
+	}
+	write := func() { tk.Version++ } // as the store's Update does, after the mutations
+	write()
+	tk.Record(h, task.Output{Log: []task.LogLine{line(1), line(2)}})
+	write()
+	if got := logged(); !slices.Equal(got, []string{"line 1", "line 2"}) {
+		t.Fatalf("first write noted %v", got)
+	}
+	tk.Record(h, task.Output{Log: []task.LogLine{line(1), line(2)}})
+	write()
+	if got := logged(); got != nil {
+		t.Fatalf("a write with nothing new noted %v", got)
+	}
+	var many []task.LogLine
+	for i := 1; i <= task.MaxLogLines+5; i++ {
+		many = append(many, line(i))
+	}
+	tk.Record(h, task.Output{Log: many[5:], LogDropped: 5})
+	write()
+	got := logged()
+	// Lines 3 to 5 were left out before this write reached the store: the
+	// new lines it can note are the kept ones, 6 on.
+	if len(got) != task.MaxLogLines || got[0] != "line 6" || got[len(got)-1] != fmt.Sprintf("line %d", task.MaxLogLines+5) {
+		t.Fatalf("past the window, noted %d lines %v, want lines 6..%d", len(got), got, task.MaxLogLines+5)
 	}
 }

@@ -90,6 +90,8 @@ func eventLine(e events.Event) string {
 	}
 	var detail string
 	switch {
+	case e.Message != "":
+		detail = e.Message
 	case e.By != "":
 		detail = "taken over by " + e.By
 	case e.Error != "":
