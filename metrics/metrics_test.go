@@ -357,3 +357,25 @@ func TestDeviceCommandMetrics(t *testing.T) {
 		t.Errorf("round trips observed: %v, want 3 (ok and device_failed only)", got)
 	}
 }
+
+// TestFlowGauges: leasepool_flows has a series for every flow state, 0
+// when none, so an alert on rollback_failed always has one to read.
+func TestFlowGauges(t *testing.T) {
+	s := openStore(t)
+	counts := map[string]int64{"rollback_failed": 2, "running": 5}
+	col, err := metrics.NewStoreCollector(metrics.StoreConfig{Now: s.Now,
+		Flows: metrics.FlowCounterFunc(func(context.Context) (map[string]int64, error) { return counts, nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	for state, want := range map[string]float64{"rollback_failed": 2, "running": 5, "failed": 0, "succeeded": 0} {
+		if got := value(t, reg, "leasepool_flows", "state", state); got != want {
+			t.Errorf("flows{%s} = %v, want %v", state, got, want)
+		}
+	}
+	if n, err := testutil.GatherAndCount(reg, "leasepool_flows"); err != nil || n != len(metrics.FlowStates) {
+		t.Errorf("leasepool_flows series = %d (%v), want %d", n, err, len(metrics.FlowStates))
+	}
+}

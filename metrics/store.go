@@ -18,6 +18,18 @@ type StatsReader interface {
 	Stats(ctx context.Context) (task.Stats, error)
 }
 
+// FlowCounter counts the flows per state (flow.List, counted); the
+// rollback_failed count is the alert that a flow needs a human.
+type FlowCounter interface {
+	FlowStates(ctx context.Context) (map[string]int64, error)
+}
+
+// FlowCounterFunc adapts a function to FlowCounter.
+type FlowCounterFunc func(ctx context.Context) (map[string]int64, error)
+
+// FlowStates calls f.
+func (f FlowCounterFunc) FlowStates(ctx context.Context) (map[string]int64, error) { return f(ctx) }
+
 // StoreConfig configures a StoreCollector.
 type StoreConfig struct {
 	// Stats reads the task counts (usually the task.Store); nil exports
@@ -25,6 +37,8 @@ type StoreConfig struct {
 	Stats StatsReader
 	// Registry lists the workers; nil exports no worker gauge.
 	Registry task.Registry
+	// Flows counts the flows per state; nil exports no flow gauge.
+	Flows FlowCounter
 	// Now is the store's clock (task.Store.Now): ages and worker liveness
 	// are judged in it. Required.
 	Now func() time.Time
@@ -44,7 +58,7 @@ type StoreConfig struct {
 type StoreCollector struct {
 	cfg StoreConfig
 
-	tasks, oldest, workers, up *prometheus.Desc
+	tasks, oldest, workers, flows, up *prometheus.Desc
 
 	mu     sync.Mutex
 	readAt time.Time // local clock
@@ -57,6 +71,8 @@ type snapshot struct {
 	statsErr  error
 	workers   int
 	workerErr error
+	flows     map[string]int64
+	flowErr   error
 	now       time.Time
 }
 
@@ -80,6 +96,8 @@ func NewStoreCollector(cfg StoreConfig) (*StoreCollector, error) {
 		oldest: prometheus.NewDesc(namespace+"_oldest_ready_task_age_seconds",
 			"How long the longest-waiting claimable task has been claimable (0: none ready).", nil, nil),
 		workers: prometheus.NewDesc(namespace+"_workers_live", "Worker processes whose registry record is live.", nil, nil),
+		flows: prometheus.NewDesc(namespace+"_flows", "Flows in the store by state (rollback_failed: a flow needs a human).",
+			[]string{"state"}, nil),
 		up: prometheus.NewDesc(namespace+"_store_up",
 			"1 when the collector's last store read succeeded, 0 when it failed (the gauges it feeds are then left out).", nil, nil),
 		seen: map[stateKind]bool{},
@@ -94,7 +112,7 @@ func setDefault(p *time.Duration, v time.Duration) {
 
 // Describe implements prometheus.Collector.
 func (s *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.tasks, s.oldest, s.workers, s.up} {
+	for _, d := range []*prometheus.Desc{s.tasks, s.oldest, s.workers, s.flows, s.up} {
 		ch <- d
 	}
 }
@@ -108,7 +126,7 @@ func (s *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		s.readAt = time.Now()
 	}
 	ok := 1.0
-	if s.snap.statsErr != nil || s.snap.workerErr != nil {
+	if s.snap.statsErr != nil || s.snap.workerErr != nil || s.snap.flowErr != nil {
 		ok = 0
 	}
 	ch <- prometheus.MustNewConstMetric(s.up, prometheus.GaugeValue, ok)
@@ -118,7 +136,16 @@ func (s *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	if s.cfg.Registry != nil && s.snap.workerErr == nil {
 		ch <- prometheus.MustNewConstMetric(s.workers, prometheus.GaugeValue, float64(s.snap.workers))
 	}
+	if s.cfg.Flows != nil && s.snap.flowErr == nil {
+		for _, state := range FlowStates {
+			ch <- prometheus.MustNewConstMetric(s.flows, prometheus.GaugeValue, float64(s.snap.flows[state]), state)
+		}
+	}
 }
+
+// FlowStates are the states leasepool_flows is exported for, always all of
+// them (0 when none), so an alert on rollback_failed has a series to read.
+var FlowStates = []string{"pending", "running", "rolling_back", "succeeded", "failed", "rollback_failed", "cancelled"}
 
 // collectTasks exports the counts, with 0 for pairs seen before and gone
 // now, so a state that empties reads 0 rather than vanishing.
@@ -161,6 +188,11 @@ func (s *StoreCollector) read() snapshot {
 		}
 		if snap.workerErr = err; err != nil {
 			s.cfg.Logger.Warn("metrics: worker registry", slog.Any("err", err))
+		}
+	}
+	if s.cfg.Flows != nil {
+		if snap.flows, snap.flowErr = s.cfg.Flows.FlowStates(ctx); snap.flowErr != nil {
+			s.cfg.Logger.Warn("metrics: flows", slog.Any("err", snap.flowErr))
 		}
 	}
 	return snap

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
@@ -36,6 +37,14 @@ func metricsRegistry(s task.Store) (*prometheus.Registry, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	col, err := metrics.NewStoreCollector(metrics.StoreConfig{
 		Stats: s, Registry: s, Now: s.Now, Logger: slog.Default(),
+		Flows: metrics.FlowCounterFunc(func(ctx context.Context) (map[string]int64, error) {
+			fs, err := flow.List(ctx, s, flow.ListQuery{})
+			n := map[string]int64{}
+			for _, f := range fs {
+				n[string(f.State)]++
+			}
+			return n, err
+		}),
 	})
 	if err != nil {
 		return nil, err
