@@ -76,12 +76,8 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) e
 			p.MaxUnexpectedRetries = task.NoRetries
 		}
 	}
-	if undo && f.Progress[i].Do.State == RunCancelled {
-		// The cancelled forward task may still be stopping: undo after its
-		// last lease ends, so the two never overlap.
-		if p.RunAt, err = afterLeases(ctx, s, f.Progress[i].Do.Task); err != nil {
-			return err
-		}
+	if p.RunAt, err = afterEarlier(ctx, s, f, i, undo); err != nil {
+		return err
 	}
 	if _, _, err := task.Publish(ctx, s, p); err != nil {
 		return fmt.Errorf("flow %s: publish step %s: %w", f.Key, p.Key, err)
@@ -89,12 +85,39 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) e
 	return nil
 }
 
-// afterLeases cancels the task of key (again: a crash may have come
-// between the flow's cancel and the task's) and returns when its live
-// leases end.
+// afterEarlier returns when step i's action may start without overlapping
+// an earlier task of the same step whose handler may still run: an undo
+// waits for its do's live leases (a do cancelled by the flow is cancelled
+// again, since a crash may have come between the two writes; one cancelled
+// from outside the flow ends up here as a failure, its handler still
+// stopping), and the do of a retried run for the previous run's task of
+// that step (cancelled again too: a flow cancel's task stop may have
+// failed). Zero: at once.
+func afterEarlier(ctx context.Context, s task.Store, f *Flow, i int, undo bool) (time.Time, error) {
+	switch {
+	case undo && f.Progress[i].Do.State == RunCancelled:
+		return afterLeases(ctx, s, f.Progress[i].Do.Task)
+	case undo:
+		return leasesEnd(ctx, s, f.Progress[i].Do.Task)
+	case f.Gen > 1:
+		return afterLeases(ctx, s, StepKey(f.Key, f.Gen-1, i, f.Steps[i].Name, false))
+	}
+	return time.Time{}, nil
+}
+
+// afterLeases cancels the task of key and returns when its live leases end.
 func afterLeases(ctx context.Context, s task.Store, key string) (time.Time, error) {
 	if err := stopTask(ctx, s, key); err != nil {
 		return time.Time{}, err
+	}
+	return leasesEnd(ctx, s, key)
+}
+
+// leasesEnd returns when the live leases of the task of key end (zero when
+// none, or no such task).
+func leasesEnd(ctx context.Context, s task.Store, key string) (time.Time, error) {
+	if key == "" {
+		return time.Time{}, nil
 	}
 	t, err := s.Get(ctx, key)
 	if errors.Is(err, task.ErrNotFound) {
@@ -189,7 +212,7 @@ func reconcileOne(ctx context.Context, s task.Store, f *Flow, st *ReconcileStats
 	case task.StateCancelled:
 		o.Final, o.Error = true, "step task cancelled"
 	default:
-		o.Final, o.Error = true, lastError(t)
+		o.Final, o.Error = true, oneLine(lastError(t))
 	}
 	st.Advanced++
 	log = log.With(slog.String("flow", f.Key))

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/leasepool/leasepool/task"
 )
 
 // The pure transitions of a flow document. Every one runs inside the
@@ -58,6 +60,12 @@ func (f *Flow) apply(o outcome) bool {
 	i, undo, ok := f.current()
 	if !ok || o.Gen != f.Gen || i != o.Step || undo != o.Undo {
 		return false
+	}
+	if o.Success && !undo && paramsSize(f.Params)+len(f.Steps[i].Name)+len(o.Result) > MaxParamsSize {
+		// Kept, the result would grow the flow document past what the
+		// store takes, and the flow could never move again: the step fails.
+		o.Success, o.Final = false, true
+		o.Error = fmt.Sprintf("result of %d bytes does not fit: the shared parameters would pass %d bytes", len(o.Result), MaxParamsSize)
 	}
 	r := f.run(i, undo)
 	name := f.Steps[i].Name
@@ -179,4 +187,17 @@ func (f *Flow) retry(at time.Time) error {
 	f.addEvent(Event{At: at, Type: EventRetried, Message: fmt.Sprintf("from step %d", from+1)})
 	f.startDo(from, at)
 	return nil
+}
+
+// MaxParamsSize bounds a flow's shared parameters (request and results),
+// leaving the rest of the flow document, and of each step's envelope,
+// room under task.MaxPayloadSize.
+const MaxParamsSize = task.MaxPayloadSize / 2
+
+func paramsSize(p map[string]json.RawMessage) int {
+	n := 0
+	for k, v := range p {
+		n += len(k) + len(v)
+	}
+	return n
 }

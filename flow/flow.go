@@ -123,6 +123,9 @@ func (s Spec) Validate() error {
 		if err := json.Unmarshal(s.Params, &m); err != nil || m == nil {
 			return invalid("params", "must be a JSON object")
 		}
+		if len(s.Params) > MaxParamsSize {
+			return invalid("params", fmt.Sprintf("larger than %d bytes", MaxParamsSize))
+		}
 	}
 	if len(s.Steps) == 0 {
 		return invalid("steps", "must name at least one step")

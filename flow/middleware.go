@@ -237,5 +237,7 @@ func oneLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {
 		s = s[:i]
 	}
-	return s
+	// Errors live in the flow document, bounded by the payload limit: a
+	// step's error is a line, not a dump.
+	return task.LogText(s)
 }

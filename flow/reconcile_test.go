@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -235,5 +237,58 @@ func TestReconcilerLease(t *testing.T) {
 	waitTask(crashGap(t, s, "f", 1))
 	if second := lockHolder(t, s); second == first {
 		t.Fatalf("%s still holds the lease after Stop", second)
+	}
+}
+
+// TestUndoWaitsForOutsideCancel: a step task cancelled from outside the
+// flow (dashboard, API) fails the step, and its undo waits for the
+// cancelled handler's lease, as an undo after a flow cancel does.
+func TestUndoWaitsForOutsideCancel(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	if _, _, err := Publish(ctx, s, Spec{Key: "f", Steps: threeSteps()}); err != nil {
+		t.Fatal(err)
+	}
+	finish(t, s, StepKey("f", 1, 0, "a", false), true)
+	if _, err := Reconcile(ctx, s, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	doB := StepKey("f", 1, 1, "b", false)
+	running, err := task.Modify(ctx, s, doB, func(tk *task.Task) error {
+		tk.Claim(task.Holder{TaskKey: doB, WorkerID: "w", Instance: "i"}, s.Now())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := running.Workers[0].LeaseUntil
+	if _, err := task.Cancel(ctx, s, doB); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Reconcile(ctx, s, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	mustState(t, s, "f", StateRollingBack, 1)
+	undo, err := s.Get(ctx, StepKey("f", 1, 1, "b", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if undo.RunAt.Before(lease) {
+		t.Fatalf("undo of b runs at %s, before the cancelled do's lease ends at %s", undo.RunAt, lease)
+	}
+}
+
+// TestResultTooBigFailsStep: a result that would push the shared
+// parameters past MaxParamsSize fails its step (and rolls back) rather
+// than wedge the flow on a document the store refuses.
+func TestResultTooBigFailsStep(t *testing.T) {
+	f := &Flow{Key: "f", Steps: threeSteps(), Params: map[string]json.RawMessage{}, Gen: 1, Progress: make([]Progress, 3)}
+	f.startDo(0, time.Now())
+	big := json.RawMessage(`"` + strings.Repeat("x", MaxParamsSize) + `"`)
+	if !f.apply(outcome{Gen: 1, Step: 0, Success: true, Result: big, At: time.Now()}) {
+		t.Fatal("apply refused the outcome")
+	}
+	if f.State != StateRollingBack || f.Progress[0].Do.State != RunFailed || !strings.Contains(f.Error, "does not fit") {
+		t.Fatalf("flow %s, do %s, error %q: want the step failed for its result's size and rolling back", f.State, f.Progress[0].Do.State, f.Error)
 	}
 }

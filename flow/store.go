@@ -178,6 +178,11 @@ func Cancel(ctx context.Context, s task.Store, key string, rollback bool) (*Flow
 		stop, err = f.cancel(rollback, s.Now().UTC())
 		return err
 	})
+	if errors.Is(err, ErrFinished) && f != nil && f.State == StateCancelled {
+		// Cancelled already, perhaps by a cancel whose task stop failed:
+		// stop the step's task again (stopping twice is harmless).
+		_ = stopTask(ctx, s, f.Progress[f.Cursor].Do.Task)
+	}
 	if err != nil {
 		return f, err
 	}

@@ -54,7 +54,8 @@ const MinEvery = time.Second
 // MaxCatchUp bounds CatchUp all:N.
 const MaxCatchUp = 1000
 
-// KeyPrefix starts every occurrence's task key: sched:<name>:<slot>.
+// KeyPrefix starts every occurrence's task key: sched:<name>:<slot>
+// (leasepool:sched:<name>:<slot> for the built-in schedules).
 const KeyPrefix = "sched:"
 
 // slotFormat is the slot's spelling in a key: UTC, so one instant has one key.
@@ -63,15 +64,25 @@ const slotFormat = time.RFC3339Nano
 // internalPrefix is reserved for the built-in schedules (retention).
 const internalPrefix = "leasepool."
 
-// Key is the task key of name's occurrence at slot.
+// Key is the task key of name's occurrence at slot. A built-in schedule's
+// occurrences (retention, every minute) are leasepool's own documents:
+// under task.ReservedPrefix, so lists, counts and the event stream leave
+// them out, while workers still claim them.
 func Key(name string, slot time.Time) string {
-	return KeyPrefix + name + ":" + slot.UTC().Format(slotFormat)
+	return keyPrefix(name) + name + ":" + slot.UTC().Format(slotFormat)
+}
+
+func keyPrefix(name string) string {
+	if strings.HasPrefix(name, internalPrefix) {
+		return task.ReservedPrefix + KeyPrefix
+	}
+	return KeyPrefix
 }
 
 // SlotOf returns the slot of key when key is an occurrence of the schedule
 // name (see Key).
 func SlotOf(name, key string) (time.Time, bool) {
-	rest, ok := strings.CutPrefix(key, KeyPrefix+name+":")
+	rest, ok := strings.CutPrefix(key, keyPrefix(name)+name+":")
 	if !ok {
 		return time.Time{}, false
 	}
