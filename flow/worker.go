@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -121,7 +122,10 @@ func (r *Reconciler) tick(ctx context.Context) {
 	now := r.cfg.Store.Now()
 	err := r.cfg.Store.AcquireLocks(ctx, task.LockParams{Keys: []string{ReconcileLockKey}, Holder: r.holder, Now: now, Until: now.Add(3 * r.cfg.Every)})
 	if err != nil {
-		return // a peer holds it, or the store is away: next tick
+		if !errors.Is(err, task.ErrLocked) { // a peer holding it is the normal case
+			r.cfg.Logger.Debug("flow reconcile: lease not taken", slog.Any("err", err))
+		}
+		return // next tick
 	}
 	st, err := Reconcile(ctx, r.cfg.Store, r.cfg.Logger)
 	if st.Advanced+st.Published > 0 || err != nil {

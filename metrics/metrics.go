@@ -14,6 +14,7 @@
 package metrics
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -134,10 +135,12 @@ func Handler(g prometheus.Gatherer, token string) http.Handler {
 	if token == "" {
 		return h
 	}
-	want := []byte("Bearer " + token)
+	// Both sides hashed: the constant-time compare then hides the token's
+	// length too.
+	want := sha256.Sum256([]byte("Bearer " + token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(strings.TrimSpace(r.Header.Get("Authorization")))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		got := sha256.Sum256([]byte(strings.TrimSpace(r.Header.Get("Authorization"))))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="leasepool"`)
 			http.Error(w, "missing or wrong bearer token", http.StatusUnauthorized)
 			return

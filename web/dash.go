@@ -176,13 +176,15 @@ func withMsg(to, msg string) string {
 }
 
 // localPath reports whether to names a path on this server: it starts
-// with one slash, and not "//" or "/\\" (browsers read both as another
-// host), and has no control characters.
+// with one slash, and not "//" (browsers read it, and "/\\", as another
+// host), and has no backslash and no control characters.
 func localPath(to string) bool {
-	if len(to) < 1 || to[0] != '/' || (len(to) > 1 && (to[1] == '/' || to[1] == '\\')) {
+	if len(to) < 1 || to[0] != '/' || (len(to) > 1 && to[1] == '/') {
 		return false
 	}
-	return !strings.ContainsFunc(to, func(r rune) bool { return r < 0x20 || r == 0x7f })
+	// No backslash anywhere: http.Redirect cleans the path, and
+	// "/./\\evil.example" would come out as "/\\evil.example".
+	return !strings.ContainsFunc(to, func(r rune) bool { return r < 0x20 || r == 0x7f || r == '\\' })
 }
 
 // funcs are the templates' helpers.

@@ -53,6 +53,10 @@ func (d *dashboard) task(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, badInput("key", "must not be empty"))
 		return
 	}
+	if task.Reserved(key) {
+		d.fail(w, r, task.ErrNotFound) // leasepool's own document, not a task
+		return
+	}
 	t, err := d.store.Get(r.Context(), key)
 	if err != nil {
 		d.fail(w, r, err)

@@ -240,6 +240,9 @@ func (d *dashboard) one(r *http.Request, verb string, fn func(context.Context, t
 	if key == "" {
 		return "", "", badInput("key", "must not be empty")
 	}
+	if task.Reserved(key) {
+		return "", "", task.ErrNotFound // leasepool's own document, not a task
+	}
 	back := returnTo(r, "/task?key="+url.QueryEscape(key))
 	if _, err := fn(r.Context(), d.store, key); err != nil {
 		if errors.Is(err, task.ErrFinished) || errors.Is(err, task.ErrNotFinished) {
@@ -271,18 +274,29 @@ func (d *dashboard) bulk(r *http.Request) (string, string, error) {
 	if len(keys) > maxBulk {
 		return "", "", badInput("key", "%d tasks selected, at most %d at once", len(keys), maxBulk)
 	}
-	done, skipped := 0, 0
+	done, skipped, failed := 0, 0, 0
 	for _, key := range keys {
-		_, err := fn(r.Context(), d.store, key)
+		var err error
+		if task.Reserved(key) {
+			err = task.ErrNotFound // leasepool's own document, not a task
+		} else {
+			_, err = fn(r.Context(), d.store, key)
+		}
 		switch {
 		case err == nil:
 			done++
 		case errors.Is(err, task.ErrFinished), errors.Is(err, task.ErrNotFinished), errors.Is(err, task.ErrNotFound):
 			skipped++
 		default:
-			return "", "", err
+			// Carry on: the others are independent, and the count says it.
+			failed++
+			d.log.Error("web: dashboard bulk "+verb, "key", key, "err", err)
 		}
 	}
-	d.log.Info("web: dashboard bulk "+verb, "done", done, "skipped", skipped)
-	return returnTo(r, "/tasks"), fmt.Sprintf("%s %d, skipped %d", verb, done, skipped), nil
+	d.log.Info("web: dashboard bulk "+verb, "done", done, "skipped", skipped, "failed", failed)
+	msg := fmt.Sprintf("%s %d, skipped %d", verb, done, skipped)
+	if failed > 0 {
+		msg += fmt.Sprintf(", failed %d (see the server log)", failed)
+	}
+	return returnTo(r, "/tasks"), msg, nil
 }

@@ -222,7 +222,7 @@ func TestDashboardActions(t *testing.T) {
 	if code != 303 || loc != "/?msg=retried+2%2C+skipped+0" {
 		t.Errorf("bulk retry = %d %q (an off-site back must not be followed)", code, loc)
 	}
-	for _, back := range []string{`/\evil.example/`, "https://evil.example/", "/\t/evil.example", "tasks"} {
+	for _, back := range []string{`/\evil.example/`, `/./\evil.example/`, `/a/..\evil.example`, "https://evil.example/", "/\t/evil.example", "tasks"} {
 		if code, loc := e.send("POST", "/tasks/bulk", form("action", "cancel", "key", "zz", "csrf", tok, "back", back), nil); code != 303 || !strings.HasPrefix(loc, "/?msg=") {
 			t.Errorf("back %q: %d %q, want a redirect to / only", back, code, loc)
 		}
@@ -230,6 +230,11 @@ func TestDashboardActions(t *testing.T) {
 	if e.state("a") != task.StatePending || e.state("b") != task.StatePending || e.state("c") != task.StateCancelled {
 		t.Errorf("after bulk: a %s b %s c %s, want pending pending cancelled", e.state("a"), e.state("b"), e.state("c"))
 	}
+	// leasepool's own documents are not tasks: not shown, not acted on.
+	if code, _ := e.send("POST", "/task/cancel", form("key", "leasepool:control", "csrf", tok), nil); code != 404 {
+		t.Errorf("cancel of a reserved key = %d, want 404", code)
+	}
+	e.wantPage("/task?key=leasepool%3Acontrol", 404, "not found")
 	if code, body := e.send("POST", "/tasks/bulk", form("action", "delete", "key", "a", "csrf", tok), nil); code != 400 || !strings.Contains(body, "action: ") {
 		t.Errorf("bulk delete = %d, want 400 naming action:\n%s", code, body)
 	}

@@ -57,6 +57,18 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 	var taken, placed []string
 	for _, key := range sortedKeys(p.Keys) {
 		renewed, err := s.acquireInLine(ctx, key, p, &placed)
+		var stopped *task.LockedError
+		if errors.As(err, &stopped) && p.Line != nil && len(p.Keys) > 1 {
+			// Keep the task's rank on its other keys too.
+			for _, other := range sortedKeys(p.Keys) {
+				if other == key {
+					continue
+				}
+				if lerr := s.enterLine(ctx, other, p); lerr != nil {
+					err = errors.Join(err, lerr)
+				}
+			}
+		}
 		if err != nil {
 			if len(taken) > 0 {
 				rel := p

@@ -28,7 +28,7 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 			return 0, err
 		}
 		if stopped != nil {
-			return 0, s.enterLine(ctx, tx, p, stopped.Key)
+			return 0, s.enterLines(ctx, tx, p)
 		}
 		return 0, s.takeLocks(ctx, tx, p)
 	})
@@ -76,18 +76,24 @@ func (s *Store) checkLocks(ctx context.Context, tx *sql.Tx, p task.LockParams) (
 	return nil, nil
 }
 
-// enterLine enters or renews p's place in key's line, dropping places that
-// have lapsed.
-func (s *Store) enterLine(ctx context.Context, tx *sql.Tx, p task.LockParams, key string) error {
+// enterLines enters or renews p's place in the line of each of its keys
+// (not only the one that stopped it: a task waiting on one key keeps its
+// rank on the others), dropping places that have lapsed.
+func (s *Store) enterLines(ctx context.Context, tx *sql.Tx, p task.LockParams) error {
 	if p.Line == nil {
 		return nil
 	}
-	if _, err := tx.StmtContext(ctx, s.pruneLine).ExecContext(ctx, key, p.Now.UnixNano()); err != nil {
-		return mapErr(err)
-	}
+	prune, upsert := tx.StmtContext(ctx, s.pruneLine), tx.StmtContext(ctx, s.upsertPlace)
 	l := p.Line
-	_, err := tx.StmtContext(ctx, s.upsertPlace).ExecContext(ctx, key, p.Holder.TaskKey, l.Priority, l.Seq, l.Until.UnixNano())
-	return mapErr(err)
+	for _, key := range p.Keys {
+		if _, err := prune.ExecContext(ctx, key, p.Now.UnixNano()); err != nil {
+			return mapErr(err)
+		}
+		if _, err := upsert.ExecContext(ctx, key, p.Holder.TaskKey, l.Priority, l.Seq, l.Until.UnixNano()); err != nil {
+			return mapErr(err)
+		}
+	}
+	return nil
 }
 
 // takeLocks writes p.Holder into every key and, with p.Line, leaves their

@@ -138,6 +138,15 @@ func (s suite) lockLines(t *testing.T) {
 	}
 	l.ok("lo2 after gone was cancelled", l.try("lo2", now, time.Minute, "dev3"))
 
+	// A task stopped on one of its keys keeps its rank on the others.
+	l.ok("hold takes x", l.try("hold", now, time.Minute, "x"))
+	if err := l.st.AcquireLocks(l.ctx, task.LockParams{Keys: []string{"x", "y"}, Holder: l.holder("hi"), Now: now, Until: now.Add(time.Minute),
+		Line: &task.LockLine{Priority: l.prio["hi"], Seq: l.seq["hi"], Until: now.Add(time.Minute)}}); err == nil {
+		t.Fatal("hi took x and y while hold held x")
+	}
+	l.stopped("lo on y while hi waits for x and y", l.try("lo", now, time.Minute, "y"), true, "hi")
+	l.release("hold", "x")
+
 	// The holder renews past a better place; a caller without a line ignores it.
 	l.ok("renewer takes dev4", l.try("renewer", now, time.Minute, "dev4"))
 	l.stopped("hi while renewer holds", l.try("hi", now, time.Minute, "dev4"), false, "renewer")
