@@ -32,7 +32,11 @@ func TestThreeWorkerProcessesOneKilled(t *testing.T) {
 		p := task.PublishParams{
 			Key: fmt.Sprintf("t%03d", i), Kind: "exec",
 			Payload: json.RawMessage(execPayload(runLog, time.Duration(20+i%5*20)*time.Millisecond)),
-			Options: task.Options{PingInterval: 200 * time.Millisecond, WorkerTimeout: time.Second, Priority: i % 3},
+			// Leases of 2 s: on a busy 2-core machine, 24 race-built exec
+			// programs and their guards on three workers slowed renewals to
+			// 0.5 s, and 1 s leases of live workers lapsed (the test checks
+			// that only the killed worker's leases are taken over).
+			Options: task.Options{PingInterval: 400 * time.Millisecond, WorkerTimeout: 2 * time.Second, Priority: i % 3},
 		}
 		if i%10 == 0 {
 			p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 2, 2
