@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strings"
 	"syscall"
 	"time"
 
@@ -379,7 +378,6 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 		fmt.Fprintf(w, "  %-8s %3d/%-3d as expected (%s)\n", g, byGroup[g][0], byGroup[g][1], want[firstKey(want, g)].want)
 	}
 	fmt.Fprintf(w, "  leases taken over from the killed worker: %d\n", takeovers)
-	fmt.Fprintf(w, "  tasks on lock \"printer\" ran one at a time: %v\n", !slicesContains(problems, "overlapped"))
 	if len(problems) > 0 {
 		fmt.Fprintln(w, "\nPROBLEMS:")
 		for _, p := range problems {
@@ -397,13 +395,4 @@ func firstKey(want map[string]demoTask, group string) string {
 		}
 	}
 	return ""
-}
-
-func slicesContains(list []string, sub string) bool {
-	for _, s := range list {
-		if strings.Contains(s, sub) {
-			return true
-		}
-	}
-	return false
 }
