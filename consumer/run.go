@@ -53,7 +53,14 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided func())
 		res.retry = retryEntry(e, doc, limited.until)
 		res.limited = true
 	case errors.As(err, &locked):
-		res.retry = retryEntry(e, doc, locked.Until)
+		// Try again when the holder's lease (or the place ahead) ends, but
+		// within a lease: that try renews this task's own place in the
+		// line (it lasts two), which would lapse if the wait were longer.
+		at := locked.Until
+		if soon := c.store.Now().Add(timeout); at.After(soon) {
+			at = soon
+		}
+		res.retry = retryEntry(e, doc, at)
 		res.lockKeys = doc.LockKeys
 	case errors.Is(err, task.ErrNotFound), ctx.Err() != nil:
 		try.free()
