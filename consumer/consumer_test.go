@@ -741,6 +741,43 @@ func TestHeapOverflowRequeries(t *testing.T) {
 	}
 }
 
+// TestUrgentTaskPassesFullHeap: a task of higher priority published while
+// the heap is full of a backlog takes the place of a backlog entry and
+// runs next, instead of waiting for the heap to drain and be queried.
+func TestUrgentTaskPassesFullHeap(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for i := range 50 {
+		e.publish(fmt.Sprintf("b-%03d", i))
+	}
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var order []string
+	c := e.worker("A", func(ctx context.Context, job *consumer.Job) error {
+		mu.Lock()
+		order = append(order, job.Task.Key)
+		mu.Unlock()
+		if job.Task.Key == "b-000" {
+			return hold(ctx, t, release)
+		}
+		return nil
+	}, func(c *consumer.Config) { c.HeapSize, c.PageSize, c.Concurrency = 10, 10, 1 })
+	eventually(t, waitLong, func() bool { return e.get("b-000").State == task.StateRunning }, "the first backlog task to run")
+	for i := range 5 { // the heap full again
+		e.publish(fmt.Sprintf("c-%03d", i))
+	}
+	eventually(t, waitLong, func() bool { return c.Stats().Queued == 10 }, "a full heap")
+	e.publish("urgent", priority(10))
+	time.Sleep(200 * time.Millisecond) // the urgent task's event reaches the full heap
+	close(release)
+	e.waitState("urgent", task.StateSucceeded)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(order) < 2 || order[1] != "urgent" {
+		t.Fatalf("runs began %v; want urgent right after b-000", order[:min(len(order), 5)])
+	}
+}
+
 func TestWorkerOnAnotherStoreHandle(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -204,8 +204,16 @@ func (s *scheduler) onEvent(ev task.Event) {
 	}
 	_, parked := s.locks.parkedBy[t.Key]
 	if _, held := s.paused[t.Key]; !held && !parked && !s.heap.Has(t.Key) && s.full() {
+		// No room: a task of higher priority than some held takes the
+		// place of the lowest (queried again later), so an urgent task is
+		// not kept waiting behind a full heap of a long backlog.
 		s.dropped()
-		return
+		if t.State.Finished() || !s.wants(t) {
+			return
+		}
+		if _, ok := s.heap.EvictBelow(t.Priority); !ok {
+			return
+		}
 	}
 	s.offer(t, now)
 }

@@ -25,6 +25,9 @@ type Heap struct {
 	byKey  map[string]*item
 	timers timerQueue
 	ready  readyQueue
+	// floor is at most the lowest priority held (it may lag below it
+	// after removals), so that EvictBelow refuses most tasks unscanned.
+	floor int
 }
 
 type item struct {
@@ -55,10 +58,39 @@ func (h *Heap) Put(e Entry) bool {
 	} else if h.Full() {
 		return false
 	}
+	if len(h.byKey) == 0 || e.Priority < h.floor {
+		h.floor = e.Priority
+	}
 	it := &item{Entry: e}
 	h.byKey[e.Key] = it
 	heap.Push(&h.timers, it)
 	return true
+}
+
+// EvictBelow makes room for a task of priority p in a full heap: it
+// removes the entry of the lowest priority below p (the latest published
+// among equals) and returns it, or reports false when every entry has
+// priority p or higher. The evicted task is still in the store, for the
+// caller's next query.
+func (h *Heap) EvictBelow(p int) (Entry, bool) {
+	if p <= h.floor {
+		return Entry{}, false
+	}
+	var worst *item
+	for _, it := range h.byKey {
+		if worst == nil || it.Priority < worst.Priority || (it.Priority == worst.Priority && it.Seq > worst.Seq) {
+			worst = it
+		}
+	}
+	if worst == nil {
+		return Entry{}, false
+	}
+	h.floor = worst.Priority
+	if worst.Priority >= p {
+		return Entry{}, false
+	}
+	h.remove(worst)
+	return worst.Entry, true
 }
 
 // Remove drops key's entry, if any.

@@ -83,6 +83,37 @@ func TestHeapBounded(t *testing.T) {
 	}
 }
 
+func TestHeapEvictBelow(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	h := preempt.NewHeap(4)
+	for i, p := range []int{5, 1, 1, 3} {
+		h.Put(entry(fmt.Sprintf("k%d", i), now, p, int64(i)))
+	}
+	if _, ok := h.EvictBelow(1); ok {
+		t.Fatal("evicted for a priority no higher than any held")
+	}
+	// The lowest priority goes, the latest published among equals.
+	if e, ok := h.EvictBelow(2); !ok || e.Key != "k2" {
+		t.Fatalf("EvictBelow(2) = %v, %v; want k2", e.Key, ok)
+	}
+	if !h.Put(entry("urgent", now, 2, 9)) {
+		t.Fatal("no room after an eviction")
+	}
+	h.Remove("k1")
+	h.Put(entry("k4", now, 4, 10))
+	// The floor lags (k1 gone); the scan finds the real lowest: urgent.
+	if e, ok := h.EvictBelow(3); !ok || e.Key != "urgent" {
+		t.Fatalf("EvictBelow(3) = %v, %v; want urgent", e.Key, ok)
+	}
+	if _, ok := h.EvictBelow(3); ok {
+		t.Fatal("evicted an entry of priority 3 for priority 3")
+	}
+	if got, want := popAll(h, now), []string{"k0", "k4", "k3"}; !slices.Equal(got, want) {
+		t.Fatalf("left %v, want %v", got, want)
+	}
+}
+
 func TestHeapRemoveAndEntry(t *testing.T) {
 	t.Parallel()
 	h := preempt.NewHeap(5)

@@ -88,8 +88,10 @@ type CandidateQuery struct {
 	WorkerID string
 	// Now splits ready from upcoming tasks.
 	Now time.Time
-	// Ready selects next_claim_at <= Now in priority (desc) then seq order;
-	// otherwise next_claim_at > Now in next_claim_at then seq order.
+	// Ready selects next_claim_at <= Now in priority (desc), next_claim_at,
+	// seq order: within a priority, the task ready longest comes first
+	// (for tasks published to run at once, publish order); otherwise
+	// next_claim_at > Now in next_claim_at then seq order.
 	Ready bool
 	// After continues a previous page after this task (in the same order).
 	After *Task
@@ -99,11 +101,8 @@ type CandidateQuery struct {
 
 // Less reports whether a comes before b in q's order.
 func (q CandidateQuery) Less(a, b *Task) bool {
-	if q.Ready {
-		if a.Priority != b.Priority {
-			return a.Priority > b.Priority
-		}
-		return a.Seq < b.Seq
+	if q.Ready && a.Priority != b.Priority {
+		return a.Priority > b.Priority
 	}
 	if !a.NextClaimAt.Equal(b.NextClaimAt) {
 		return a.NextClaimAt.Before(b.NextClaimAt)

@@ -176,7 +176,7 @@ func (s *Store) init(ctx context.Context) error {
 	_, err := s.tasks.Indexes().CreateMany(ctx, []mongo.IndexModel{
 		{Keys: bson.D{{Key: "key", Value: 1}}, Options: options.Index().SetUnique(true).SetName("key_unique")},
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "next_claim_at", Value: 1}, {Key: "priority", Value: -1}}, Options: options.Index().SetName("state_next_claim_at_priority")},
-		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "priority", Value: -1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("state_priority_seq")},
+		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "priority", Value: -1}, {Key: "next_claim_at", Value: 1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("state_priority_next_claim_at_seq")},
 		// Retention deletes finished tasks by state and age.
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "updated_at", Value: 1}}, Options: options.Index().SetName("state_updated_at")},
 		// List pages by seq, filtered by state and/or kind (list.go).
@@ -421,26 +421,27 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 			bson.D{{Key: "specific_worker_ids", Value: q.WorkerID}},
 		}}})
 	}
-	var sort bson.D
+	sort := bson.D{{Key: "next_claim_at", Value: 1}, {Key: "seq", Value: 1}}
 	if q.Ready {
 		and = append(and, bson.D{{Key: "next_claim_at", Value: bson.D{{Key: "$lte", Value: q.Now.UTC()}}}})
-		sort = bson.D{{Key: "priority", Value: -1}, {Key: "seq", Value: 1}}
-		if a := q.After; a != nil {
-			and = append(and, bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: "priority", Value: bson.D{{Key: "$lt", Value: int64(a.Priority)}}}},
-				bson.D{{Key: "priority", Value: int64(a.Priority)}, {Key: "seq", Value: bson.D{{Key: "$gt", Value: a.Seq}}}},
-			}}})
-		}
+		sort = append(bson.D{{Key: "priority", Value: -1}}, sort...)
 	} else {
 		and = append(and, bson.D{{Key: "next_claim_at", Value: bson.D{{Key: "$gt", Value: q.Now.UTC()}}}})
-		sort = bson.D{{Key: "next_claim_at", Value: 1}, {Key: "seq", Value: 1}}
-		if a := q.After; a != nil {
-			at := a.NextClaimAt.UTC()
-			and = append(and, bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: "next_claim_at", Value: bson.D{{Key: "$gt", Value: at}}}},
-				bson.D{{Key: "next_claim_at", Value: at}, {Key: "seq", Value: bson.D{{Key: "$gt", Value: a.Seq}}}},
-			}}})
+	}
+	if a := q.After; a != nil {
+		at := a.NextClaimAt.UTC()
+		after := bson.A{
+			bson.D{{Key: "next_claim_at", Value: bson.D{{Key: "$gt", Value: at}}}},
+			bson.D{{Key: "next_claim_at", Value: at}, {Key: "seq", Value: bson.D{{Key: "$gt", Value: a.Seq}}}},
 		}
+		if q.Ready {
+			prio := int64(a.Priority)
+			after = bson.A{
+				bson.D{{Key: "priority", Value: bson.D{{Key: "$lt", Value: prio}}}},
+				bson.D{{Key: "priority", Value: prio}, {Key: "$or", Value: after}},
+			}
+		}
+		and = append(and, bson.D{{Key: "$or", Value: after}})
 	}
 	out, err := s.find(ctx, bson.D{{Key: "$and", Value: and}}, options.Find().SetSort(sort).SetLimit(int64(q.Limit)))
 	if err != nil {

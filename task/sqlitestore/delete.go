@@ -13,17 +13,14 @@ import (
 
 var _ task.RecordDeleter = (*Store)(nil)
 
-// oldFinished finds candidates, oldest first, through the index
-// tasks_state_updated (on the same expression), on the read connections so
-// that it never holds the write lock; the delete then checks state and age
-// again on those rows, inside the writer's transaction, so what it deletes
-// is still old and finished. updated_at is RFC 3339 text: unixepoch(...,
-// 'subsec') compares it as a time (string order would misplace fractional
-// seconds).
-const (
-	age         = `unixepoch(json_extract(doc, '$.updated_at'), 'subsec')`
-	oldFinished = `SELECT seq FROM tasks WHERE state = ? AND ` + age + ` < ? ORDER BY ` + age + ` LIMIT ?`
-	deleteIfOld = `DELETE FROM tasks WHERE state = ? AND ` + age + ` < ? AND seq IN (`
+// oldFinished finds candidates, oldest first, through the partial index
+// tasks_finished_updated, on the read connections so that it never holds
+// the write lock; the delete then checks state and age again on those
+// rows, inside the writer's transaction, so what it deletes is still old
+// and finished.
+var (
+	oldFinished = `SELECT seq FROM tasks WHERE state = ? AND updated_at < ? AND ` + finished + ` ORDER BY updated_at LIMIT ?`
+	deleteIfOld = `DELETE FROM tasks WHERE state = ? AND updated_at < ? AND seq IN (`
 )
 
 // DeleteFinished deletes old finished tasks; see task.Store. No change
@@ -32,7 +29,7 @@ func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, e
 	if err := p.Validate(); err != nil {
 		return 0, err
 	}
-	before := float64(p.Before.UnixNano()) / 1e9
+	before := p.Before.UnixNano()
 	rows, err := s.rdb.QueryContext(ctx, oldFinished, string(p.State), before, p.Limit)
 	if err != nil {
 		return 0, fmt.Errorf("delete %s tasks: %w", p.State, mapErr(err))

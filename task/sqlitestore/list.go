@@ -184,7 +184,7 @@ func (s *Store) Stats(ctx context.Context) (task.Stats, error) {
 		}
 	}
 	var at sql.NullInt64
-	err = s.rdb.QueryRowContext(ctx, `SELECT next_claim_at FROM tasks WHERE state = ? AND next_claim_at <= ?
+	err = s.rdb.QueryRowContext(ctx, `SELECT next_claim_at FROM tasks WHERE state = ? AND `+unfinished+` AND next_claim_at <= ?
 		AND NOT (+key >= ? AND +key < ?) ORDER BY next_claim_at LIMIT 1`,
 		string(task.StatePending), s.Now().UnixNano(), lo, hi).Scan(&at)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {

@@ -10,16 +10,17 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 7
+const schemaVersion = 8
 
 // minReadVersion is the oldest schema a read-only open reads as it is (4
 // added an index, 5 changes.doc, read as NULL before it, 6 the list and
 // stats indexes, which queries only run faster with, 7 lock_lines, which
-// no read-only command reads), so read-only commands work before a writer
-// upgrades.
+// no read-only command reads, 8 the updated_at column and the partial
+// indexes, which only writers and queries' speed depend on), so read-only
+// commands work before a writer upgrades.
 const minReadVersion = 3
 
-const schema = `
+var schema = `
 CREATE TABLE IF NOT EXISTS tasks (
 	seq INTEGER PRIMARY KEY AUTOINCREMENT,
 	key TEXT NOT NULL UNIQUE,
@@ -29,12 +30,10 @@ CREATE TABLE IF NOT EXISTS tasks (
 	priority INTEGER NOT NULL,
 	pinned TEXT NOT NULL,
 	version INTEGER NOT NULL,
-	doc TEXT NOT NULL
+	doc TEXT NOT NULL,
+	updated_at INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS tasks_state_next_claim ON tasks (state, next_claim_at);
-CREATE INDEX IF NOT EXISTS tasks_state_priority ON tasks (state, priority DESC, seq);
-CREATE INDEX IF NOT EXISTS tasks_state_updated ON tasks (state, unixepoch(json_extract(doc, '$.updated_at'), 'subsec'));
-` + listIndexes + `
+` + hotIndexes + listIndexes + `
 CREATE TABLE IF NOT EXISTS changes (
 	seq INTEGER PRIMARY KEY AUTOINCREMENT,
 	key TEXT NOT NULL,
@@ -90,7 +89,27 @@ CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL,
 	5: listIndexes,
 	// Lock keys served in line order across workers (locks.go).
 	6: lockLines,
+	// Claim-path indexes cover unfinished tasks only, and retention's
+	// covers finished ones by a plain column (was a JSON expression
+	// evaluated on every write): a claim or a finish touches fewer, smaller
+	// indexes, and a claim's cost no longer grows with finished tasks.
+	7: `ALTER TABLE tasks ADD COLUMN updated_at INTEGER NOT NULL DEFAULT 0;
+UPDATE tasks SET updated_at = CAST(round(unixepoch(json_extract(doc, '$.updated_at'), 'subsec') * 1000) AS INTEGER) * 1000000;
+DROP INDEX IF EXISTS tasks_state_next_claim;
+DROP INDEX IF EXISTS tasks_state_priority;
+DROP INDEX IF EXISTS tasks_state_updated;
+` + hotIndexes,
 }
+
+// hotIndexes serve the claim path and retention (version 8). The two on
+// unfinished tasks are partial, so a finished task leaves them: the
+// candidate queries read only what may still run, however many finished
+// tasks the store keeps. tasks_ready is read one priority at a time
+// (candidateSQL), each a range seek on next_claim_at.
+var hotIndexes = `CREATE INDEX IF NOT EXISTS tasks_due ON tasks (next_claim_at) WHERE ` + unfinished + `;
+CREATE INDEX IF NOT EXISTS tasks_ready ON tasks (priority DESC, next_claim_at) WHERE ` + unfinished + `;
+CREATE INDEX IF NOT EXISTS tasks_finished_updated ON tasks (state, updated_at) WHERE ` + finished + `;
+`
 
 // listIndexes serve List and Stats (version 6). An SQLite index ends with
 // the rowid, which is seq, so each keeps its matches in seq order: a page
@@ -145,13 +164,15 @@ func (s *Store) prepare(ctx context.Context) error {
 		st **sql.Stmt
 		q  string
 	}{
-		{&s.insTask, `INSERT INTO tasks (key, kind, state, next_claim_at, priority, pinned, version, doc)
-			VALUES (?, ?, ?, ?, ?, ?, 1, ?) ON CONFLICT (key) DO NOTHING RETURNING seq`},
+		{&s.insTask, `INSERT INTO tasks (key, kind, state, next_claim_at, priority, pinned, version, doc, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING seq`},
 		{&s.selTaskW, `SELECT seq, version, doc FROM tasks WHERE key = ?`},
 		{&s.updTask, `UPDATE tasks SET kind = ?, state = ?, next_claim_at = ?, priority = ?, pinned = ?,
-			version = version + 1, doc = ? WHERE key = ? AND version = ?`},
+			version = version + 1, doc = ?, updated_at = ? WHERE key = ? AND version = ?`},
+		{&s.updHot, `UPDATE tasks SET state = ?, next_claim_at = ?, version = version + 1, doc = ?, updated_at = ?
+			WHERE key = ? AND version = ? AND kind = ? AND priority = ? AND pinned = ?`},
 		{&s.existsW, `SELECT 1 FROM tasks WHERE key = ?`},
-		{&s.insChange, `INSERT INTO changes (key, doc) VALUES (?, ?) RETURNING seq`},
+		{&s.insChange, `INSERT INTO changes (key, doc) VALUES (?, ?)`},
 		{&s.pruneChanges, `DELETE FROM changes WHERE seq <= ?`},
 		{&s.selLock, `SELECT task_key, worker_id, attempt, instance, until FROM locks WHERE key = ?`},
 		{&s.upsertLock, `INSERT INTO locks (key, task_key, worker_id, attempt, instance, until) VALUES (?, ?, ?, ?, ?, ?)

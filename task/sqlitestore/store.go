@@ -100,14 +100,15 @@ type Store struct {
 	rdb       *sql.DB // several read-only connections
 
 	// Prepared statements on wdb.
-	insTask, selTaskW, updTask, existsW, insChange, pruneChanges *sql.Stmt
-	selLock, upsertLock, delLock                                 *sql.Stmt
-	selAhead, upsertPlace, delPlace, pruneLine                   *sql.Stmt
+	insTask, selTaskW, updTask, updHot, existsW, insChange, pruneChanges *sql.Stmt
+	selLock, upsertLock, delLock                                         *sql.Stmt
+	selAhead, upsertPlace, delPlace, pruneLine                           *sql.Stmt
 	// Prepared statements on rdb.
 	selTask, selChanges, maxChange, minChange *sql.Stmt
 
 	writes     atomic.Int64 // task writes by this Store, for pruning
 	pruneEvery int64
+	pruned     atomic.Int64 // changes up to this seq were pruned by this Store
 
 	mu     sync.Mutex
 	wake   chan struct{} // closed and replaced after each known change

@@ -5,6 +5,7 @@
 package sqlitestore
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -69,7 +70,9 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	if err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
-	doc, err := json.Marshal(t)
+	c := *t
+	c.Version = 1
+	changeDoc, doc, err := encode(&c)
 	if err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
@@ -83,7 +86,7 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	}, fn: func(tx *sql.Tx) (int64, error) {
 		var seq int64
 		err := tx.StmtContext(ctx, s.insTask).QueryRowContext(ctx,
-			t.Key, t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, string(doc)).Scan(&seq)
+			t.Key, t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(t.UpdatedAt)).Scan(&seq)
 		if errors.Is(err, sql.ErrNoRows) {
 			stored, err = scanTask(tx.StmtContext(ctx, s.selTaskW).QueryRowContext(ctx, t.Key))
 			return 0, mapErr(err)
@@ -94,7 +97,7 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 		inserted = true
 		stored = t
 		t.ID, t.Seq, t.Version = strconv.FormatInt(seq, 10), seq, 1
-		change, err = s.appendChange(ctx, tx, t)
+		change, err = s.appendChange(ctx, tx, t.Key, changeDoc)
 		return change, err
 	}})
 	if err != nil {
@@ -131,18 +134,22 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	// The doc carries the new version so that readers of the doc alone agree.
 	c := *t
 	c.Version = next
-	doc, err := json.Marshal(&c)
+	changeDoc, doc, err := encode(&c)
 	if err != nil {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	var change int64
 	err = s.submit(&writeReq{ctx: ctx, onCommit: func() { s.remember(change, &c) }, fn: func(tx *sql.Tx) (int64, error) {
-		res, err := tx.StmtContext(ctx, s.updTask).ExecContext(ctx,
-			t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, string(doc), t.Key, t.Version)
-		if err != nil {
-			return 0, mapErr(err)
+		// Most writes keep kind, priority and pins: the narrow statement
+		// then leaves their indexes alone. Both are conditional on the
+		// version, so a write that changes them simply takes the second.
+		res, err := tx.StmtContext(ctx, s.updHot).ExecContext(ctx,
+			string(t.State), nanos(t.NextClaimAt), doc, nanos(c.UpdatedAt), t.Key, t.Version, t.Kind, t.Priority, pin)
+		if n, _ := rowsAffected(res, err); err == nil && n == 0 {
+			res, err = tx.StmtContext(ctx, s.updTask).ExecContext(ctx,
+				t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(c.UpdatedAt), t.Key, t.Version)
 		}
-		if n, err := res.RowsAffected(); err != nil {
+		if n, err := rowsAffected(res, err); err != nil {
 			return 0, mapErr(err)
 		} else if n == 0 {
 			var one int
@@ -155,7 +162,7 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 			}
 			return 0, fmt.Errorf("version %d: %w", t.Version, task.ErrConflict)
 		}
-		change, err = s.appendChange(ctx, tx, &c)
+		change, err = s.appendChange(ctx, tx, t.Key, changeDoc)
 		return change, err
 	}})
 	if err != nil {
@@ -165,34 +172,112 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	return nil
 }
 
-var unfinished = `state IN ('` + string(task.StatePending) + `', '` + string(task.StateRunning) + `')`
+func rowsAffected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// encode marshals t once, in the caller's goroutine rather than the
+// writer's: change is the document without its payload (a change row's:
+// a renewal a second should not copy up to 1 MiB), doc the stored one,
+// the same with the payload spliced in as its last field.
+func encode(t *task.Task) (change, doc string, err error) {
+	c := *t
+	c.Payload = nil
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return "", "", err
+	}
+	if len(t.Payload) == 0 {
+		return string(b), string(b), nil
+	}
+	var full bytes.Buffer
+	full.Grow(len(b) + len(t.Payload) + 12)
+	full.Write(b[:len(b)-1])
+	full.WriteString(`,"payload":`)
+	if err := json.Compact(&full, t.Payload); err != nil {
+		return "", "", fmt.Errorf("payload: %w", err)
+	}
+	full.WriteByte('}')
+	return string(b), full.String(), nil
+}
+
+var (
+	unfinished = `state IN ('` + string(task.StatePending) + `', '` + string(task.StateRunning) + `')`
+	finished   = `state NOT IN ('` + string(task.StatePending) + `', '` + string(task.StateRunning) + `')`
+)
 
 // Candidates returns one page of unfinished tasks; see task.CandidateQuery.
 func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.Task, error) {
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("%w: candidates: limit must be positive", task.ErrInvalid)
 	}
-	stmt, args := candidateSQL(q)
-	ts, err := s.query(ctx, stmt, args...)
+	var ts []*task.Task
+	var err error
+	if q.Ready {
+		ts, err = s.readyCandidates(ctx, q)
+	} else {
+		stmt, args := candidateSQL(q, 0, q.Limit)
+		ts, err = s.query(ctx, stmt, args...)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("candidates: %w", err)
 	}
 	return ts, nil
 }
 
-// candidateSQL builds the query of Candidates: ready tasks by priority,
-// waiting ones by when they become claimable, each page after q.After.
-func candidateSQL(q task.CandidateQuery) (string, []any) {
+// readyCandidates reads ready tasks one priority at a time, highest
+// first: each priority's page is a range seek in tasks_ready, and the next
+// lower priority one index seek, so a page costs the same with ten or a
+// million tasks waiting, ready or not. (One query ordered by priority
+// would have to collect and sort every ready task.)
+func (s *Store) readyCandidates(ctx context.Context, q task.CandidateQuery) ([]*task.Task, error) {
+	var prio sql.NullInt64
+	var err error
+	if q.After != nil {
+		prio = sql.NullInt64{Int64: int64(q.After.Priority), Valid: true}
+	} else {
+		err = s.rdb.QueryRowContext(ctx, `SELECT MAX(priority) FROM tasks INDEXED BY tasks_ready WHERE `+unfinished).Scan(&prio)
+	}
+	var out []*task.Task
+	for err == nil && prio.Valid && len(out) < q.Limit {
+		stmt, args := candidateSQL(q, int(prio.Int64), q.Limit-len(out))
+		var page []*task.Task
+		if page, err = s.query(ctx, stmt, args...); err != nil {
+			break
+		}
+		out = append(out, page...)
+		if len(out) < q.Limit {
+			err = s.rdb.QueryRowContext(ctx, `SELECT MAX(priority) FROM tasks INDEXED BY tasks_ready WHERE `+unfinished+` AND priority < ?`,
+				prio.Int64).Scan(&prio)
+		}
+	}
+	return out, mapErr(err)
+}
+
+// candidateSQL builds a query of Candidates: the ready tasks of one
+// priority by next claim time, or the waiting ones by next claim time,
+// each page after q.After.
+func candidateSQL(q task.CandidateQuery, priority, limit int) (string, []any) {
 	var b strings.Builder
 	args := make([]any, 0, 8)
-	b.WriteString("SELECT seq, version, doc FROM tasks WHERE " + unfinished)
+	// INDEXED BY: without statistics the planner prefers the index on
+	// state, which reads every unfinished task and sorts them.
+	if q.Ready {
+		b.WriteString("SELECT seq, version, doc FROM tasks INDEXED BY tasks_ready WHERE " + unfinished)
+	} else {
+		b.WriteString("SELECT seq, version, doc FROM tasks INDEXED BY tasks_due WHERE " + unfinished)
+	}
 	now := q.Now.UnixNano()
 	if q.Ready {
-		b.WriteString(" AND next_claim_at <= ?")
+		b.WriteString(" AND priority = ? AND next_claim_at <= ?")
+		args = append(args, priority, now)
 	} else {
 		b.WriteString(" AND next_claim_at > ?")
+		args = append(args, now)
 	}
-	args = append(args, now)
 	if len(q.Kinds) > 0 {
 		b.WriteString(" AND kind IN (?" + strings.Repeat(", ?", len(q.Kinds)-1) + ")")
 		for _, k := range q.Kinds {
@@ -203,23 +288,13 @@ func candidateSQL(q task.CandidateQuery) (string, []any) {
 		b.WriteString(" AND (pinned = '' OR EXISTS (SELECT 1 FROM json_each(pinned) WHERE value = ?))")
 		args = append(args, q.WorkerID)
 	}
-	if a := q.After; a != nil {
-		if q.Ready {
-			b.WriteString(" AND (priority < ? OR (priority = ? AND seq > ?))")
-			args = append(args, a.Priority, a.Priority, a.Seq)
-		} else {
-			n := nanos(a.NextClaimAt)
-			b.WriteString(" AND (next_claim_at > ? OR (next_claim_at = ? AND seq > ?))")
-			args = append(args, n, n, a.Seq)
-		}
+	if a := q.After; a != nil && (!q.Ready || a.Priority == priority) {
+		n := nanos(a.NextClaimAt)
+		b.WriteString(" AND (next_claim_at > ? OR (next_claim_at = ? AND seq > ?))")
+		args = append(args, n, n, a.Seq)
 	}
-	if q.Ready {
-		b.WriteString(" ORDER BY priority DESC, seq ASC")
-	} else {
-		b.WriteString(" ORDER BY next_claim_at ASC, seq ASC")
-	}
-	b.WriteString(" LIMIT ?")
-	args = append(args, q.Limit)
+	b.WriteString(" ORDER BY next_claim_at ASC, seq ASC LIMIT ?")
+	args = append(args, limit)
 	return b.String(), args
 }
 

@@ -4,27 +4,44 @@ import (
 	"database/sql"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
-// TestUpgradeFromVersion3 opens a store of schema version 3 (before the
-// retention index and changes.doc): read-only opens read it as it is, a
-// writer upgrades it.
+// version3 is the schema of version 3 (before the retention index,
+// changes.doc, the list indexes, lock_lines, updated_at and the partial
+// claim indexes), with one finished task.
+const version3 = `
+CREATE TABLE tasks (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL UNIQUE, kind TEXT NOT NULL,
+	state TEXT NOT NULL, next_claim_at INTEGER NOT NULL, priority INTEGER NOT NULL, pinned TEXT NOT NULL,
+	version INTEGER NOT NULL, doc TEXT NOT NULL);
+CREATE INDEX tasks_state_next_claim ON tasks (state, next_claim_at);
+CREATE INDEX tasks_state_priority ON tasks (state, priority DESC, seq);
+CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL);
+CREATE TABLE records (kind TEXT NOT NULL, id TEXT NOT NULL, at INTEGER NOT NULL, value TEXT NOT NULL, PRIMARY KEY (kind, id));
+CREATE TABLE locks (key TEXT PRIMARY KEY, task_key TEXT NOT NULL, worker_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+	until INTEGER NOT NULL, instance TEXT NOT NULL DEFAULT '');
+CREATE TABLE workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL, until INTEGER NOT NULL, info TEXT NOT NULL);
+INSERT INTO tasks (key, kind, state, next_claim_at, priority, pinned, version, doc) VALUES ('old', 'k', 'succeeded', 0, 0, '', 2,
+	'{"key":"old","kind":"k","state":"succeeded","version":2,"updated_at":"2020-01-02T03:04:05.678Z","created_at":"2020-01-02T03:04:05Z"}');
+PRAGMA journal_mode = WAL;
+PRAGMA user_version = 3;
+`
+
+// TestUpgradeFromVersion3 opens a store of schema version 3: read-only
+// opens read it as it is, a writer upgrades it to the current schema, and
+// the upgrade carries each task's age to the updated_at column (to the
+// millisecond).
 func TestUpgradeFromVersion3(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := sqlitestore.Open(t.Context(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
 	db, err := sql.Open("sqlite", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := db.Exec(`DROP INDEX tasks_state_updated; DROP INDEX tasks_state_seq; DROP INDEX tasks_kind_seq; DROP INDEX tasks_kind_state_seq; ALTER TABLE changes DROP COLUMN doc; PRAGMA user_version = 3`); err != nil {
+	if _, err := db.Exec(version3); err != nil {
 		t.Fatal(err)
 	}
 	ro, err := sqlitestore.Open(t.Context(), path, &sqlitestore.Config{ReadOnly: true})
@@ -32,8 +49,8 @@ func TestUpgradeFromVersion3(t *testing.T) {
 		t.Fatalf("read-only open of a version 3 store: %v", err)
 	}
 	// The list queries only run faster with version 6's indexes.
-	if _, err := ro.List(t.Context(), task.ListQuery{Kind: "k", State: task.StatePending, Desc: true, Limit: 5}); err != nil {
-		t.Errorf("List on a version 3 store: %v", err)
+	if ts, err := ro.List(t.Context(), task.ListQuery{Kind: "k", Desc: true, Limit: 5}); err != nil || len(ts) != 1 {
+		t.Errorf("List on a version 3 store: %d tasks, %v", len(ts), err)
 	}
 	if _, err := ro.Stats(t.Context()); err != nil {
 		t.Errorf("Stats on a version 3 store: %v", err)
@@ -43,27 +60,31 @@ func TestUpgradeFromVersion3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rw.Close()
-	var v, n int
-	if err := db.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
-		t.Fatal(err)
+	defer rw.Close()
+	var v, idx, docs, lines int
+	var updated int64
+	for _, c := range []struct {
+		q    string
+		dest any
+	}{
+		{`PRAGMA user_version`, &v},
+		{`SELECT count(*) FROM sqlite_master WHERE name IN ('tasks_state_seq', 'tasks_kind_seq', 'tasks_kind_state_seq',
+			'tasks_due', 'tasks_ready', 'tasks_finished_updated')`, &idx},
+		{`SELECT count(*) FROM pragma_table_info('changes') WHERE name = 'doc'`, &docs},
+		{`SELECT count(*) FROM sqlite_master WHERE name = 'lock_lines'`, &lines},
+		{`SELECT updated_at FROM tasks WHERE key = 'old'`, &updated},
+	} {
+		if err := db.QueryRow(c.q).Scan(c.dest); err != nil {
+			t.Fatalf("%s: %v", c.q, err)
+		}
 	}
-	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state_updated'`).Scan(&n); err != nil {
-		t.Fatal(err)
+	want := time.Date(2020, 1, 2, 3, 4, 5, 678e6, time.UTC).UnixNano()
+	if v != 8 || idx != 6 || docs != 1 || lines != 1 || updated != want {
+		t.Errorf("after a writer's open: version %d, indexes %d, changes.doc %d, lock_lines %d, updated_at %d; want 8, 6, 1, 1, %d",
+			v, idx, docs, lines, updated, want)
 	}
-	var listIdx int
-	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name IN ('tasks_state_seq', 'tasks_kind_seq', 'tasks_kind_state_seq')`).Scan(&listIdx); err != nil {
-		t.Fatal(err)
-	}
-	var docs int
-	if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info('changes') WHERE name = 'doc'`).Scan(&docs); err != nil {
-		t.Fatal(err)
-	}
-	var lines int
-	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'lock_lines'`).Scan(&lines); err != nil {
-		t.Fatal(err)
-	}
-	if v != 7 || n != 1 || docs != 1 || listIdx != 3 || lines != 1 {
-		t.Errorf("after a writer's open: version %d, retention index %d, changes.doc %d, list indexes %d, lock_lines %d, want 7, 1, 1, 3 and 1", v, n, docs, listIdx, lines)
+	n, err := rw.DeleteFinished(t.Context(), task.DeleteParams{State: task.StateSucceeded, Before: time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC), Limit: 10})
+	if err != nil || n != 1 {
+		t.Errorf("retention on the upgraded store deleted %d, %v; want the old task", n, err)
 	}
 }

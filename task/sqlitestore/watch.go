@@ -259,8 +259,36 @@ func (st *stream) Next(ctx context.Context) (task.Event, error) {
 	}
 }
 
+// fillRecalled fills buf from the documents this Store wrote, as long as
+// the changes right after pos are all its own: a worker that is the only
+// writer follows its own writes without reading them back. The first
+// change it did not write (another process's) ends the run, and fill
+// reads on from the table, so none is skipped and the order holds. A
+// stream behind what this Store pruned reads the table too, to be told
+// its history is lost, as any other reader would be.
+func (st *stream) fillRecalled() bool {
+	s := st.s
+	if st.pos < s.pruned.Load() {
+		return false
+	}
+	s.mu.Lock()
+	latest := s.latest
+	s.mu.Unlock()
+	for seq := st.pos + 1; seq <= latest && len(st.buf) < batch; seq++ {
+		t := s.recalled(seq)
+		if t == nil {
+			break
+		}
+		st.buf = append(st.buf, task.Event{Key: t.Key, Task: t, Token: task.Token(strconv.AppendInt(nil, seq, 10))})
+	}
+	return len(st.buf) > 0
+}
+
 // fill reads the next batch of changes after pos into buf.
 func (st *stream) fill(ctx context.Context) error {
+	if st.fillRecalled() {
+		return nil
+	}
 	s := st.s
 	rows, err := s.selChanges.QueryContext(ctx, st.pos, batch)
 	if err != nil {

@@ -6,7 +6,6 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -213,24 +212,27 @@ func runOne(tx *sql.Tx, r *writeReq) (change int64, own, fatal error) {
 	return change, own, nil
 }
 
-// appendChange records a write of key in the changes table, pruning the
-// oldest rows now and then, and returns the change's seq.
-func (s *Store) appendChange(ctx context.Context, tx *sql.Tx, t *task.Task) (int64, error) {
-	// The payload (up to 1 MiB) stays in tasks only: a renewal a second
-	// should not copy it.
-	after := *t
-	after.Payload = nil
-	doc, err := json.Marshal(&after)
+// appendChange records a write of key, whose document is now doc (without
+// its payload), in the changes table, pruning the oldest rows now and then,
+// and returns the change's seq.
+func (s *Store) appendChange(ctx context.Context, tx *sql.Tx, key, doc string) (int64, error) {
+	res, err := tx.StmtContext(ctx, s.insChange).ExecContext(ctx, key, doc)
 	if err != nil {
-		return 0, fmt.Errorf("change of %s: %w", t.Key, err)
+		return 0, mapErr(err)
 	}
-	var seq int64
-	if err := tx.StmtContext(ctx, s.insChange).QueryRowContext(ctx, t.Key, string(doc)).Scan(&seq); err != nil {
+	seq, err := res.LastInsertId()
+	if err != nil {
 		return 0, mapErr(err)
 	}
 	if s.writes.Add(1)%s.pruneEvery == 0 {
-		if _, err := tx.StmtContext(ctx, s.pruneChanges).ExecContext(ctx, seq-int64(s.cfg.Retention)); err != nil {
+		below := seq - int64(s.cfg.Retention)
+		if _, err := tx.StmtContext(ctx, s.pruneChanges).ExecContext(ctx, below); err != nil {
 			return 0, mapErr(err)
+		}
+		// Raised before the commit: a stream may then read the table a
+		// little early, never serve a pruned change from memory.
+		if below > s.pruned.Load() {
+			s.pruned.Store(below)
 		}
 	}
 	return seq, nil
