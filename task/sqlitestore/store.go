@@ -109,6 +109,8 @@ type Store struct {
 	writes     atomic.Int64 // task writes by this Store, for pruning
 	pruneEvery int64
 	pruned     atomic.Int64 // changes up to this seq were pruned by this Store
+	commits    atomic.Int64 // write transactions committed, for the checkpointer
+	cdb        *sql.DB      // the checkpointer's connection
 
 	mu     sync.Mutex
 	wake   chan struct{} // closed and replaced after each known change
@@ -160,6 +162,12 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		s.writeQ = make(chan *writeReq, maxBatch)
 		s.bg.Add(1)
 		go s.writer()
+		if err := s.startCheckpointer(); err != nil {
+			close(s.done)
+			s.bg.Wait()
+			s.closeDBs()
+			return nil, fmt.Errorf("open store %s: %w", path, err)
+		}
 	}
 	if err := s.startTail(); err != nil {
 		close(s.done)
@@ -287,7 +295,8 @@ func (s *Store) open(ctx context.Context) error {
 	if s.writeLock, err = os.OpenFile(s.path+"-lock", os.O_RDWR|os.O_CREATE, 0o644); err != nil {
 		return err
 	}
-	if s.wdb, err = openDB(dsn(s.path, false), 1); err != nil {
+	// The writer never checkpoints: see startCheckpointer.
+	if s.wdb, err = openDB(dsn(s.path, false)+"&_pragma=wal_autocheckpoint(0)", 1); err != nil {
 		return err
 	}
 	if err := s.migrate(ctx); err != nil {
@@ -333,7 +342,7 @@ func (s *Store) closeDBs() error {
 	if s.writeLock != nil {
 		errs = append(errs, s.writeLock.Close())
 	}
-	for _, db := range []*sql.DB{s.rdb, s.wdb} {
+	for _, db := range []*sql.DB{s.rdb, s.cdb, s.wdb} {
 		if db != nil {
 			errs = append(errs, db.Close())
 		}

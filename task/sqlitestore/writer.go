@@ -150,6 +150,7 @@ func (s *Store) commit(batch []*writeReq) {
 		return
 	}
 	s.clock.hwmAt = max(s.clock.hwmAt, hwm)
+	s.commits.Add(1)
 	for i, r := range batch {
 		if errs[i] == nil && r.onCommit != nil {
 			r.onCommit()
