@@ -284,6 +284,12 @@ func (s *Store) resolve(ctx context.Context, batch []*updReq, tokens []string, r
 		}
 		return
 	}
+	judge(batch, tokens, rest, matched, stored, errs)
+}
+
+// judge sets errs for the statements in rest, of which matched applied,
+// from the tokens stored now (by key; a key absent is gone).
+func judge(batch []*updReq, tokens []string, rest []int, matched int64, stored map[string]string, errs []error) {
 	var unsure []int
 	for _, i := range rest {
 		if tok, ok := stored[batch[i].key]; ok && tok == tokens[i] {
