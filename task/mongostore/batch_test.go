@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -121,6 +122,11 @@ func TestBatchOutcomes(t *testing.T) {
 		wg.Go(func() { errs[i] = st.Update(context.Background(), tk) })
 	}
 	waitQueued(t, st, len(all))
+	stream, err := other.Watch(context.Background(), task.WatchParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
 	counter.reset()
 	close(g.release)
 	wg.Wait()
@@ -159,6 +165,19 @@ func TestBatchOutcomes(t *testing.T) {
 		}
 		if got := mustGetTask(t, other, tk.Key); got.Version != 2 || got.Priority != 10 {
 			t.Errorf("%s stored version %d priority %d; want 2, 10", tk.Key, got.Version, got.Priority)
+		}
+	}
+	// Every statement of the bulk write is a change event of its own.
+	seen := map[string]bool{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(seen) < 1+len(plain) {
+		ev, err := stream.Next(ctx)
+		if err != nil {
+			t.Fatalf("change events of the batch: saw %v: %v", seen, err)
+		}
+		if ev.Key == "dup" || strings.HasPrefix(ev.Key, "ok-") {
+			seen[ev.Key] = true
 		}
 	}
 	counter.mu.Lock()
