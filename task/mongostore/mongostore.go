@@ -3,7 +3,8 @@
 // collection `tasks` (field names as in DESIGN.md), resource locks one
 // document per lock key in `locks`. Writes are single-document operations
 // (upserts and compare-and-set updateOne on `version`), so no transactions
-// are needed and MongoDB 4.4 operators suffice. Watch is a change stream on
+// are needed and MongoDB 4.4 operators suffice; concurrent task updates
+// share one `update` command (batch.go). Watch is a change stream on
 // `tasks` and needs a replica set or sharded cluster; on a standalone
 // server it returns task.ErrWatchUnsupported and the consumer polls.
 //
@@ -13,7 +14,8 @@
 //
 // It also runs against de.bwaldvogel:mongo-java-server (the test server of
 // tests/servers), whose differences it survives: change events only for
-// updateOne/insert (so every write here is one), getMore that never waits
+// update statements and inserts (so every task write is an updateOne
+// statement), getMore that never waits
 // (Watch polls with TryNext), and update events with a wrong documentKey
 // (the key is taken from the looked-up full document).
 package mongostore
