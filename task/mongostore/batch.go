@@ -161,7 +161,8 @@ func (s *Store) sendUpdates(bg context.Context, batch []*updReq) {
 		errs = s.updateMany(ctx, live)
 	}
 	for i, r := range live {
-		if err := errs[i]; err != nil && bg.Err() != nil && !errors.Is(err, task.ErrClosed) {
+		// A batch cut short by Close reports the store's closed error.
+		if err := errs[i]; err != nil && bg.Err() != nil && errors.Is(err, context.Canceled) {
 			errs[i] = fmt.Errorf("%w: %w", task.ErrClosed, err)
 		}
 		r.done <- errs[i]
