@@ -3,7 +3,8 @@
 // collection `tasks` (field names as in DESIGN.md), resource locks one
 // document per lock key in `locks`. Writes are single-document operations
 // (upserts and compare-and-set updateOne on `version`), so no transactions
-// are needed and MongoDB 4.4 operators suffice. Watch is a change stream on
+// are needed and MongoDB 4.4 operators suffice; concurrent task updates
+// share one `update` command (batch.go). Watch is a change stream on
 // `tasks` and needs a replica set or sharded cluster; on a standalone
 // server it returns task.ErrWatchUnsupported and the consumer polls.
 //
@@ -13,7 +14,8 @@
 //
 // It also runs against de.bwaldvogel:mongo-java-server (the test server of
 // tests/servers), whose differences it survives: change events only for
-// updateOne/insert (so every write here is one), getMore that never waits
+// update statements and inserts (so every task write is an updateOne
+// statement), getMore that never waits
 // (Watch polls with TryNext), and update events with a wrong documentKey
 // (the key is taken from the looked-up full document).
 package mongostore
@@ -123,8 +125,12 @@ type Store struct {
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
-	stop      context.CancelFunc // stops the clock goroutine
+	stop      context.CancelFunc // stops the clock goroutine and the updater
+	bgDone    <-chan struct{}    // closed by Close
 	wg        sync.WaitGroup
+
+	updq       chan *updReq // queued Updates (batch.go)
+	beforeSend func(n int)  // test hook: runs in the updater before each batch
 }
 
 // Open connects to uri, checks the server answers, measures its clock and
@@ -161,11 +167,18 @@ func Open(ctx context.Context, uri string, cfg *Config) (*Store, error) {
 		_ = client.Disconnect(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	bg, stop := context.WithCancel(context.Background())
-	s.stop = stop
-	s.wg.Add(1)
-	go s.refreshClock(bg)
+	s.start()
 	return s, nil
+}
+
+// start runs the background goroutines: the clock refresh and the updater.
+func (s *Store) start() {
+	bg, stop := context.WithCancel(context.Background())
+	s.stop, s.bgDone = stop, bg.Done()
+	s.updq = make(chan *updReq, maxUpdateBatch)
+	s.wg.Add(2)
+	go s.refreshClock(bg)
+	go s.updater(bg)
 }
 
 func (s *Store) init(ctx context.Context) error {
@@ -196,8 +209,11 @@ func (s *Store) init(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the clock refresh and disconnects. Calling it again is fine.
-// Operations after Close fail with task.ErrClosed.
+// Close stops the clock refresh and the updater, and disconnects. Calling
+// it again is fine. Operations after Close fail with task.ErrClosed, and so
+// do Updates still queued; a batch in flight is cancelled and its callers
+// get an error wrapping task.ErrClosed (outcome unknown, as with any
+// connection error).
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
@@ -360,7 +376,8 @@ func versionLast(fields bson.D) bson.D {
 // immutable fields are left out of Update's $set.
 var immutable = []string{"_id", "key", "seq"}
 
-// Update implements task.Store: updateOne filtered on key and version.
+// Update implements task.Store: a compare-and-set on key and version.
+// Concurrent Updates are sent together as one bulk write (batch.go).
 func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	if err := s.check(); err != nil {
 		return err
@@ -380,21 +397,8 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	}
 	fields = slices.DeleteFunc(fields, func(e bson.E) bool { return slices.Contains(immutable, e.Key) })
 	fields = versionLast(fields)
-	res, err := s.tasks.UpdateOne(ctx,
-		bson.D{{Key: "key", Value: t.Key}, {Key: "version", Value: t.Version}},
-		bson.D{{Key: "$set", Value: fields}})
-	if err != nil {
-		return fmt.Errorf("update %s: %w", t.Key, mapErr(err))
-	}
-	if res.MatchedCount == 0 {
-		n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: "key", Value: t.Key}})
-		if err != nil {
-			return fmt.Errorf("update %s: %w", t.Key, mapErr(err))
-		}
-		if n == 0 {
-			return fmt.Errorf("update %s: %w", t.Key, task.ErrNotFound)
-		}
-		return fmt.Errorf("update %s version %d: %w", t.Key, t.Version, task.ErrConflict)
+	if err := s.submitUpdate(&updReq{ctx: ctx, key: t.Key, version: t.Version, fields: fields}); err != nil {
+		return err
 	}
 	t.Version = next.Version
 	return nil

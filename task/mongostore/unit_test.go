@@ -282,3 +282,44 @@ func TestVersionOrder(t *testing.T) {
 		t.Fatalf("versionLast: last key %s", last[len(last)-1].Key)
 	}
 }
+
+// judge's cases: which statements of a batch applied, from n matched and
+// the tokens stored afterwards.
+func TestJudgeBatch(t *testing.T) {
+	batch := []*updReq{{key: "a", version: 1}, {key: "b", version: 1}, {key: "c", version: 1}}
+	tokens := []string{"ta", "tb", "tc"}
+	rest := []int{0, 1, 2}
+	for _, tc := range []struct {
+		name    string
+		matched int64
+		stored  map[string]string
+		want    []error // nil entries: applied
+	}{
+		{"confirmed and refused", 1, map[string]string{"a": "ta", "b": "old", "c": "old"},
+			[]error{nil, task.ErrConflict, task.ErrConflict}},
+		{"missing key", 2, map[string]string{"a": "ta", "b": "tb"},
+			[]error{nil, nil, task.ErrNotFound}},
+		// b and c applied, then were written again (their tokens replaced)
+		// before the find: all unsure ones applied.
+		{"all rewritten", 3, map[string]string{"a": "ta", "b": "later", "c": "later"},
+			[]error{nil, nil, nil}},
+		// One of b and c applied and was rewritten: which one is unknown.
+		{"ambiguous", 2, map[string]string{"a": "ta", "b": "later", "c": "later"},
+			[]error{nil, errOutcomeUnknown, errOutcomeUnknown}},
+		// An applied statement whose document was then deleted.
+		{"deleted after applying", 1, map[string]string{},
+			[]error{errOutcomeUnknown, errOutcomeUnknown, errOutcomeUnknown}},
+		{"none applied", 0, map[string]string{"a": "x", "b": "y"},
+			[]error{task.ErrConflict, task.ErrConflict, task.ErrNotFound}},
+		{"impossible count", 5, map[string]string{"a": "ta", "b": "x", "c": "y"},
+			[]error{nil, errOutcomeUnknown, errOutcomeUnknown}},
+	} {
+		errs := make([]error, len(batch))
+		judge(batch, tokens, rest, tc.matched, tc.stored, errs)
+		for i, want := range tc.want {
+			if (want == nil) != (errs[i] == nil) || (want != nil && !errors.Is(errs[i], want)) {
+				t.Errorf("%s: statement %s: %v; want %v", tc.name, batch[i].key, errs[i], want)
+			}
+		}
+	}
+}

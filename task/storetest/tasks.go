@@ -291,6 +291,7 @@ func (s suite) update(t *testing.T) {
 			t.Fatalf("Get after Update of a missing task: %v; want ErrNotFound", err)
 		}
 	})
+	t.Run("ConcurrentMixed", s.concurrentMixed)
 	t.Run("NoLostUpdate", func(t *testing.T) {
 		st := s.store(t)
 		mustInsert(t, st, newTask(t, "a", "k", st.Now(), task.Options{}))

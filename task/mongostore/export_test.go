@@ -1,0 +1,8 @@
+package mongostore
+
+// SetBeforeSend installs a hook the updater runs before sending each batch
+// (n requests); set it before the store's first Update.
+func SetBeforeSend(s *Store, f func(n int)) { s.beforeSend = f }
+
+// QueuedUpdates is how many Updates wait for the updater.
+func QueuedUpdates(s *Store) int { return len(s.updq) }
