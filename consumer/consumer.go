@@ -54,6 +54,7 @@ type Consumer struct {
 	requery chan struct{}
 	pollNow chan struct{}
 	results chan attemptResult
+	handled chan struct{}
 
 	// ctl is the pauses and rate limits as last loaded; controlChanged
 	// tells the scheduler a load happened. slots is what this process
@@ -83,6 +84,8 @@ type attemptResult struct {
 	lockKeys []string // waiting for these locks, held by another process
 	busy     []string // the lock keys dispatch marked busy for this attempt
 	limited  bool     // retry waits for a rate limit's slot
+	// slotFreed: the slot was given back when the handler returned.
+	slotFreed bool
 }
 
 // New validates cfg and returns a consumer ready to Start.
@@ -99,6 +102,7 @@ func New(cfg Config) (*Consumer, error) {
 		requery:        make(chan struct{}, 1),
 		pollNow:        make(chan struct{}, 1),
 		results:        make(chan attemptResult, cfg.Concurrency),
+		handled:        make(chan struct{}, cfg.Concurrency),
 		controlChanged: make(chan struct{}, 1),
 		running:        &runTable{m: map[string]*run{}},
 	}, nil

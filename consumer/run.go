@@ -18,8 +18,9 @@ import (
 // Each try decides the claim once on the document it writes, takes the
 // task's lock keys and rate-limit slots for the new attempt, and writes
 // the claim with compare-and-set; a lost race re-reads and tries again.
-// decided is called once the claim is written or given up.
-func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided func()) attemptResult {
+// decided is called once the claim is written or given up; handled, when
+// a claimed attempt's handler has returned (see run).
+func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handled func()) attemptResult {
 	res := attemptResult{key: e.Key}
 	try := &claimTry{c: c, ctx: ctx}
 	// A claim that lands after its own lease would have ended is no claim:
@@ -41,7 +42,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided func())
 		c.logger.Warn("task failed: workers expired and retries are exhausted", slog.String("task", e.Key))
 	case err == nil:
 		c.observeClaim(doc, try)
-		c.run(doc, try.holder)
+		c.run(doc, try.holder, handled)
 	case errors.As(err, &wait):
 		if wait.Verdict == preempt.Later {
 			res.retry = retryEntry(e, doc, wait.At)
@@ -169,8 +170,11 @@ func retryEntry(e preempt.Entry, doc *task.Task, at time.Time) *preempt.Entry {
 }
 
 // run executes a claimed attempt: pings while the handler runs, then writes
-// the outcome (or releases the lease on shutdown).
-func (c *Consumer) run(doc *task.Task, holder task.Holder) {
+// the outcome (or releases the lease on shutdown). handled is called as
+// soon as the handler has returned, before the outcome write: the slot is
+// free then, and the next claim, dispatched at once, goes to the store
+// with this outcome, often in the same commit, rather than after it.
+func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) {
 	c.claimed.Add(1)
 	attempt := holder.Attempt
 	lease := ping.New(c.store, doc, holder, c.logger)
@@ -210,6 +214,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder) {
 	stopPing()
 	<-pingDone
 	c.running.remove(doc.Key, me)
+	handled()
 
 	// The handler is done with its resources: free them before the outcome
 	// write, whose change event is what wakes the workers waiting for them.

@@ -27,9 +27,10 @@ type scheduler struct {
 	// attempt claims an entry's task and runs it; it is started in its own
 	// goroutine, counted by inflight, and reports to results. It calls
 	// decided once the claim is written or given up, before running.
-	attempt  func(ctx context.Context, e preempt.Entry, decided func()) attemptResult
+	attempt  func(ctx context.Context, e preempt.Entry, decided, handled func()) attemptResult
 	inflight *sync.WaitGroup
 	results  chan attemptResult
+	handled  chan struct{}   // a claimed attempt's handler returned: its slot is free
 	done     <-chan struct{} // closed once the scheduler returned
 	queued   *atomic.Int64
 
@@ -65,7 +66,7 @@ type scheduleInputs struct {
 func (c *Consumer) newScheduler() *scheduler {
 	return &scheduler{
 		cfg: c.cfg, store: c.store, logger: c.logger, running: c.running,
-		attempt: c.attempt, inflight: &c.runs, results: c.results, done: c.scheduleDone, queued: &c.queued,
+		attempt: c.attempt, inflight: &c.runs, results: c.results, handled: c.handled, done: c.scheduleDone, queued: &c.queued,
 		heap: preempt.NewHeap(c.cfg.HeapSize), locks: newLockQueue(), free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl, paused: map[string]preempt.Entry{},
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency), rateWait: map[string]bool{},
@@ -124,6 +125,8 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.onControl()
 		case r := <-s.results:
 			s.onResult(r)
+		case <-s.handled:
+			s.free++
 		case keys := <-s.claimsDone:
 			now := s.store.Now()
 			for _, k := range s.locks.unhold(keys) {
@@ -219,7 +222,9 @@ func (s *scheduler) onEvent(ev task.Event) {
 }
 
 func (s *scheduler) onResult(r attemptResult) {
-	s.free++
+	if !r.slotFreed {
+		s.free++
+	}
 	if r.retry != nil && !s.heap.Put(*r.retry) {
 		s.dropped()
 	}
@@ -385,9 +390,17 @@ func (s *scheduler) dispatch(ctx context.Context) {
 					}
 				})
 			}
-			r := s.attempt(ctx, e, decided)
+			var slotFreed atomic.Bool
+			handled := func() {
+				slotFreed.Store(true)
+				select {
+				case s.handled <- struct{}{}:
+				case <-s.done:
+				}
+			}
+			r := s.attempt(ctx, e, decided, handled)
 			decided()
-			r.busy = keys
+			r.busy, r.slotFreed = keys, slotFreed.Load()
 			select {
 			case s.results <- r:
 			case <-s.done:
