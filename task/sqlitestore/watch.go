@@ -88,7 +88,7 @@ func (s *Store) tail(fw *fsnotify.Watcher) {
 				continue
 			}
 			name := filepath.Base(ev.Name)
-			if name != base && name != base+"-wal" {
+			if name != base && name != base+"-wal" && name != base+"-lock" {
 				continue
 			}
 			if !drainEvents(events) {

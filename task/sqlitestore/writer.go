@@ -157,6 +157,7 @@ func (s *Store) commit(batch []*writeReq) {
 		}
 	}
 	if latest > 0 {
+		s.signalCommit()
 		s.broadcast(latest)
 	}
 	answer(nil)
@@ -238,3 +239,14 @@ func (s *Store) appendChange(ctx context.Context, tx *sql.Tx, key, doc string) (
 	}
 	return seq, nil
 }
+
+// signalCommit tells other processes' watchers that changes were
+// committed: a one-byte write to the lock file, whose inotify event comes
+// after the commit is visible. The WAL's own events come with each frame
+// written, so a watcher woken by them may look before the commit lands and
+// then sleep until the next event or poll.
+func (s *Store) signalCommit() {
+	s.writeLock.WriteAt(commitSignal, 0)
+}
+
+var commitSignal = []byte{0}
