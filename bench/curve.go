@@ -319,9 +319,8 @@ func (cs *curveStore) probe(ctx context.Context) map[string]time.Time {
 		}
 		key := "probe-" + strconv.Itoa(cs.probes)
 		cs.probes++
-		at := cs.st.Now() // the workers stamp starts with the store's clock
 		if _, _, err := task.Publish(ctx, cs.st, task.PublishParams{Key: key, Kind: "noop", Options: task.Options{Priority: probePriority}}); err == nil {
-			published[key] = at
+			published[key] = cs.st.Now() // the workers stamp starts with the store's clock
 		}
 	}
 }
