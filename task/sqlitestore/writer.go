@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 
 	"github.com/leasepool/leasepool/task"
 )
@@ -89,6 +90,7 @@ const maxBatch = 128
 func (s *Store) writer() {
 	defer s.bg.Done()
 	batch := make([]*writeReq, 0, maxBatch)
+	last := 0
 	for {
 		select {
 		case req := <-s.writeQ:
@@ -103,16 +105,32 @@ func (s *Store) writer() {
 				}
 			}
 		}
-	fill:
-		for len(batch) < maxBatch {
-			select {
-			case req := <-s.writeQ:
-				batch = append(batch, req)
-			default:
-				break fill
-			}
+		s.fill(&batch)
+		if last >= busyBatch {
+			// Busy: let the goroutines about to write (handlers finishing,
+			// claims being decided) queue before committing, so each
+			// commit carries more writes. Idle, no write waits for this.
+			runtime.Gosched()
+			s.fill(&batch)
 		}
+		last = len(batch)
 		s.commit(batch)
+	}
+}
+
+// busyBatch is the batch size from which the writer yields once before
+// committing the next batch.
+const busyBatch = 8
+
+// fill adds to batch what is queued, up to maxBatch.
+func (s *Store) fill(batch *[]*writeReq) {
+	for len(*batch) < maxBatch {
+		select {
+		case req := <-s.writeQ:
+			*batch = append(*batch, req)
+		default:
+			return
+		}
 	}
 }
 

@@ -22,7 +22,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: peerbench bench|worker|report [flags]")
+		fmt.Fprintln(os.Stderr, "usage: peerbench bench|worker|report|curve [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -33,6 +33,8 @@ func main() {
 		err = workerMain(os.Args[2:])
 	case "report":
 		err = reportMain(os.Args[2:])
+	case "curve":
+		err = curveMain(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
