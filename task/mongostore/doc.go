@@ -302,6 +302,9 @@ func jsonToBSON(js json.RawMessage) (bson.RawValue, error) {
 			return bson.RawValue{}, fmt.Errorf("trailing data after the JSON value")
 		}
 	}
+	if v == nil { // an empty payload, or JSON null: the driver marshals no untyped nil
+		return bson.RawValue{Type: bson.TypeNull}, nil
+	}
 	typ, data, err := bson.MarshalValue(v)
 	if err != nil {
 		return bson.RawValue{}, err

@@ -22,6 +22,21 @@ func (s suite) insert(t *testing.T) {
 	t.Run("PayloadTooBig", s.insertPayloadTooBig)
 	t.Run("Concurrent", s.insertConcurrent)
 	t.Run("SeqGrows", s.insertSeqGrows)
+	t.Run("EmptyPayload", s.insertEmptyPayload)
+}
+
+// insertEmptyPayload: a task built without Publish may carry no payload,
+// or JSON null; both store and read back as no payload (nil or null).
+func (s suite) insertEmptyPayload(t *testing.T) {
+	st := s.store(t)
+	for key, p := range map[string]json.RawMessage{"none": nil, "null": json.RawMessage("null")} {
+		tk := newTask(t, key, "k", st.Now(), task.Options{})
+		tk.Payload = p
+		mustInsert(t, st, tk)
+		if got := mustGet(t, st, key).Payload; len(got) != 0 && string(got) != "null" {
+			t.Errorf("%s: payload read back as %s, want none", key, got)
+		}
+	}
 }
 
 func (s suite) insertNew(t *testing.T) {
