@@ -52,7 +52,7 @@ func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, e
 	}
 	q := deleteIfOld + strings.Repeat("?,", len(args)-3) + "?)"
 	var n int64
-	err = s.write(ctx, func(tx *sql.Tx) (int64, error) {
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		res, err := tx.ExecContext(ctx, q, args...)
 		if err != nil {
 			return 0, mapErr(err)
@@ -68,7 +68,7 @@ func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, e
 
 // DeleteRecord deletes one shared record; see task.RecordDeleter.
 func (s *Store) DeleteRecord(ctx context.Context, kind, id string) error {
-	err := s.write(ctx, func(tx *sql.Tx) (int64, error) {
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		_, err := tx.ExecContext(ctx, `DELETE FROM records WHERE kind = ? AND id = ?`, kind, id)
 		return 0, mapErr(err)
 	})

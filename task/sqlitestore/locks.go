@@ -22,7 +22,7 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 		return nil
 	}
 	var stopped *task.LockedError
-	err := s.writeAtomic(ctx, func(tx *sql.Tx) (int64, error) {
+	err := s.writeAtomic(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		var err error
 		if stopped, err = s.checkLocks(ctx, tx, p); err != nil {
 			return 0, err
@@ -119,7 +119,7 @@ func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
 	if len(p.Keys) == 0 {
 		return nil
 	}
-	err := s.writeAtomic(ctx, func(tx *sql.Tx) (int64, error) {
+	err := s.writeAtomic(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		del := tx.StmtContext(ctx, s.delLock)
 		for _, k := range p.Keys {
 			if _, err := del.ExecContext(ctx, k, p.Holder.TaskKey, p.Holder.WorkerID, p.Holder.Attempt, p.Holder.Instance); err != nil {

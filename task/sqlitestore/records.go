@@ -21,7 +21,7 @@ func (s *Store) PutRecord(ctx context.Context, r task.Record) error {
 	if err := task.ValidateName("record id", r.ID); err != nil {
 		return err
 	}
-	return s.write(ctx, func(tx *sql.Tx) (int64, error) {
+	return s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		_, err := tx.ExecContext(ctx, `INSERT INTO records (kind, id, at, value) VALUES (?, ?, ?, ?)
 			ON CONFLICT (kind, id) DO UPDATE SET at = excluded.at, value = excluded.value WHERE excluded.at >= records.at`,
 			r.Kind, r.ID, nanos(r.At), string(r.Value))

@@ -23,7 +23,7 @@ func (s *Store) RegisterWorker(ctx context.Context, p task.RegisterParams) error
 	if err != nil {
 		return fmt.Errorf("register worker %s: %w", w.ID, err)
 	}
-	err = s.writeAtomic(ctx, func(tx *sql.Tx) (int64, error) {
+	err = s.writeAtomic(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		var instance, cur string
 		var until int64
 		err := tx.QueryRowContext(ctx, `SELECT instance, until, info FROM workers WHERE id = ?`, w.ID).Scan(&instance, &until, &cur)
@@ -51,7 +51,7 @@ func (s *Store) RegisterWorker(ctx context.Context, p task.RegisterParams) error
 
 // UnregisterWorker implements task.Registry.
 func (s *Store) UnregisterWorker(ctx context.Context, id, instance string) error {
-	err := s.write(ctx, func(tx *sql.Tx) (int64, error) {
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		_, err := tx.ExecContext(ctx, `DELETE FROM workers WHERE id = ? AND instance = ?`, id, instance)
 		return 0, mapErr(err)
 	})

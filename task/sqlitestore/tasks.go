@@ -83,7 +83,7 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 		if inserted {
 			s.remember(change, t)
 		}
-	}, fn: func(tx *sql.Tx) (int64, error) {
+	}, fn: func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		var seq int64
 		err := tx.StmtContext(ctx, s.insTask).QueryRowContext(ctx,
 			t.Key, t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(t.UpdatedAt)).Scan(&seq)
@@ -139,7 +139,7 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	var change int64
-	err = s.submit(&writeReq{ctx: ctx, onCommit: func() { s.remember(change, &c) }, fn: func(tx *sql.Tx) (int64, error) {
+	err = s.submit(&writeReq{ctx: ctx, onCommit: func() { s.remember(change, &c) }, fn: func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		// Most writes keep kind, priority and pins: the narrow statement
 		// then leaves their indexes alone. Both are conditional on the
 		// version, so a write that changes them simply takes the second.

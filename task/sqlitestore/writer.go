@@ -20,13 +20,13 @@ import (
 // undoes only its own work. A commit is what costs (a WAL append and the
 // cross-process lock), so batching multiplies write throughput without
 // changing any caller's all-or-nothing outcome.
-func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) (change int64, err error)) error {
+func (s *Store) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) (change int64, err error)) error {
 	return s.submit(&writeReq{ctx: ctx, fn: fn})
 }
 
 // writeAtomic is write for a fn of several statements that must all
 // apply or none: it runs inside its own savepoint.
-func (s *Store) writeAtomic(ctx context.Context, fn func(tx *sql.Tx) (change int64, err error)) error {
+func (s *Store) writeAtomic(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) (change int64, err error)) error {
 	return s.submit(&writeReq{ctx: ctx, fn: fn, savepoint: true})
 }
 
@@ -67,7 +67,9 @@ func (s *Store) submit(req *writeReq) error {
 
 type writeReq struct {
 	ctx context.Context
-	fn  func(tx *sql.Tx) (int64, error)
+	// fn runs the request's statements with ctx, which carries the
+	// caller's values but is never cancelled (see runOne).
+	fn func(ctx context.Context, tx *sql.Tx) (int64, error)
 	// savepoint isolates fn from the rest of the batch. Without it, fn must
 	// either write nothing and return a task sentinel error (ErrConflict,
 	// ErrNotFound, ErrInvalid: the batch goes on), or fail with any other
@@ -211,7 +213,12 @@ func runOne(tx *sql.Tx, r *writeReq) (change int64, own, fatal error) {
 			return 0, nil, mapErr(err)
 		}
 	}
-	change, err := r.fn(tx)
+	// Statements run to the end whatever happens to the caller's context:
+	// an interrupt inside a write transaction may roll back the whole
+	// batch, every other caller's writes with it (and the driver would start
+	// a watcher goroutine per statement). The writer checks the context
+	// before running fn.
+	change, err := r.fn(context.WithoutCancel(r.ctx), tx)
 	switch {
 	case err == nil:
 	case r.savepoint:
