@@ -275,7 +275,9 @@ func interspersed(app *cli.App, args []string) []string {
 		names = append(names, args[i])
 		i++
 	}
-	if cmd == nil || len(cmd.Subcommands) > 0 {
+	// A command that only groups subcommands is left to urfave/cli; one
+	// with an action of its own ("bench", beside "bench curve") is not.
+	if cmd == nil || (len(cmd.Subcommands) > 0 && cmd.Action == nil) {
 		return append(append(append([]string{args[0]}, global...), names...), args[i:]...)
 	}
 	var flags, positional []string

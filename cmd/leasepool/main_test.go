@@ -406,6 +406,9 @@ func TestInterspersed(t *testing.T) {
 		{"lp ls --state running", "lp ls --state running --"},
 		{"lp nope a --x", "lp nope a --x"},
 		{"lp publish KEY --kind", "lp publish --kind -- KEY"},
+		// bench has an action and a subcommand: global flags still move.
+		{"lp bench --store sqlite:x --runs 1", "lp --store sqlite:x bench --runs 1 --"},
+		{"lp bench curve --store sqlite:x --workers 1", "lp --store sqlite:x bench curve --workers 1 --"},
 	}
 	for _, tt := range tests {
 		got := strings.Join(interspersed(app, strings.Fields(tt.in)), " ")
