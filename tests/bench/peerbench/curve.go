@@ -43,7 +43,7 @@ func curveMain(args []string) error {
 		return err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# leasepool cost curve\n\nMeasured with `%s` on %s. ", *command, machine())
+	fmt.Fprintf(&b, "# leasepool cost curve\n\nMeasured with `%s` (machine below). ", *command)
 	b.WriteString("Each point: a store holding the pending noop tasks (and, in the last rows, a million finished ones) drained by that many `leasepool worker` processes at concurrency 32; throughput is timed from a tenth of the drain to its end; claim latency is publish (returned) to start of a higher-priority probe task published every 20 ms during the drain; RSS is the largest peak RSS of the point's workers.\n\n")
 	fmt.Fprintf(&b, "![throughput and claim latency against the backlog](%s)\n\n", filepath.Base(*png))
 	b.WriteString("| pending | finished | workers | drained | tasks/s | claim p50 ms | claim p99 ms | claim max ms | worker peak RSS MiB |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
@@ -51,6 +51,8 @@ func curveMain(args []string) error {
 		fmt.Fprintf(&b, "| %d | %d | %d | %d | %.0f | %.2f | %.2f | %.2f | %.1f |\n", p.Pending, p.Finished, p.Workers, p.Drained,
 			p.ThroughputPerS, p.ClaimP50Ms, p.ClaimP99Ms, p.ClaimMaxMs, float64(p.WorkerRSSBytes)/(1<<20))
 	}
+	b.WriteString("\n## Machine\n\n")
+	b.WriteString(machine())
 	fmt.Print(b.String())
 	return os.WriteFile(*md, []byte(b.String()), 0o644)
 }
