@@ -1,9 +1,13 @@
 package mongostore
 
-// batch.go sends concurrent Updates as one bulk write. One goroutine (the
-// updater) owns the queue; it takes what is already waiting, up to
-// maxUpdateBatch, and sends it as one `update` command with one statement
-// per caller. A lone Update goes out at once as a plain updateOne.
+// batch.go sends concurrent Updates as one bulk write. Updates are queued
+// by key on Config.UpdateStreams streams, each owned by one goroutine (an
+// updater) that takes what is already waiting, up to maxUpdateBatch, and
+// sends it as one `update` command with one statement per caller. A lone
+// Update goes out at once as a plain updateOne. Streams let several
+// batches be out at once; keying them keeps every write of one document in
+// one stream, so the resolution below never meets a rival batch of its own
+// process.
 //
 // Each caller still gets exactly its own outcome, although the server
 // answers a multi-statement update with aggregate counts only (n matched).
@@ -32,6 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sync/atomic"
 
@@ -67,8 +72,10 @@ type updReq struct {
 // request was taken does not know the outcome, as with any store error.
 func (s *Store) submitUpdate(r *updReq) error {
 	r.done = make(chan error, 1)
+	h := fnv.New32a()
+	h.Write([]byte(r.key))
 	select {
-	case s.updq <- r:
+	case s.updqs[int(h.Sum32()%uint32(len(s.updqs)))] <- r:
 	case <-r.ctx.Done():
 		return fmt.Errorf("update %s: %w", r.key, r.ctx.Err())
 	case <-s.bgDone:
@@ -91,21 +98,21 @@ func (s *Store) submitUpdate(r *updReq) error {
 
 // updater sends queued updates in batches until bg ends (Close), then
 // fails whatever is still queued with task.ErrClosed.
-func (s *Store) updater(bg context.Context) {
+func (s *Store) updater(bg context.Context, q chan *updReq) {
 	defer s.wg.Done()
 	batch := make([]*updReq, 0, maxUpdateBatch)
 	for {
 		select {
 		case <-bg.Done():
-			s.failQueued()
+			s.failQueued(q)
 			return
-		case r := <-s.updq:
+		case r := <-q:
 			batch = append(batch[:0], r)
 		}
 	fill:
 		for len(batch) < maxUpdateBatch {
 			select {
-			case r := <-s.updq:
+			case r := <-q:
 				batch = append(batch, r)
 			default:
 				break fill
@@ -118,7 +125,7 @@ func (s *Store) updater(bg context.Context) {
 			for _, r := range batch {
 				r.done <- fmt.Errorf("update %s: %w", r.key, task.ErrClosed)
 			}
-			s.failQueued()
+			s.failQueued(q)
 			return
 		}
 		s.sendUpdates(bg, batch)
@@ -126,10 +133,10 @@ func (s *Store) updater(bg context.Context) {
 	}
 }
 
-func (s *Store) failQueued() {
+func (s *Store) failQueued(q chan *updReq) {
 	for {
 		select {
-		case r := <-s.updq:
+		case r := <-q:
 			r.done <- fmt.Errorf("update %s: %w", r.key, task.ErrClosed)
 		default:
 			return

@@ -16,7 +16,8 @@ import (
 )
 
 // gate holds the store's first batch in the updater, so that the Updates
-// that follow queue up behind it and go out together when it is released.
+// that follow queue up behind it and go out together when it is released
+// (on a store of one update stream).
 type gate struct {
 	entered chan struct{}
 	release chan struct{}
@@ -92,7 +93,7 @@ func TestBatchOutcomes(t *testing.T) {
 	uri := testservers.MongoURI(t)
 	counter := &updateCounter{}
 	db := freshDB()
-	st := open(t, uri, mongostore.Config{Database: db, Monitor: counter.monitor()})
+	st := open(t, uri, mongostore.Config{Database: db, Monitor: counter.monitor(), UpdateStreams: 1})
 	other := open(t, uri, mongostore.Config{Database: db})
 	g := holdFirstBatch(st)
 	gateDone := g.start(t, st)
@@ -197,7 +198,7 @@ func TestBatchOutcomes(t *testing.T) {
 // An Update whose context ends while it waits in the queue is never sent.
 func TestBatchCancelledWhileQueued(t *testing.T) {
 	t.Parallel()
-	st := open(t, testservers.MongoURI(t), mongostore.Config{Database: freshDB()})
+	st := open(t, testservers.MongoURI(t), mongostore.Config{Database: freshDB(), UpdateStreams: 1})
 	g := holdFirstBatch(st)
 	gateDone := g.start(t, st)
 	tk := insertTask(t, st, "queued")
@@ -233,7 +234,7 @@ func TestBatchClosedWhileQueued(t *testing.T) {
 	t.Parallel()
 	uri := testservers.MongoURI(t)
 	db := freshDB()
-	st := open(t, uri, mongostore.Config{Database: db})
+	st := open(t, uri, mongostore.Config{Database: db, UpdateStreams: 1})
 	other := open(t, uri, mongostore.Config{Database: db})
 	g := holdFirstBatch(st)
 	gateDone := g.start(t, st)

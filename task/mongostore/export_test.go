@@ -5,4 +5,10 @@ package mongostore
 func SetBeforeSend(s *Store, f func(n int)) { s.beforeSend = f }
 
 // QueuedUpdates is how many Updates wait for the updater.
-func QueuedUpdates(s *Store) int { return len(s.updq) }
+func QueuedUpdates(s *Store) int {
+	n := 0
+	for _, q := range s.updqs {
+		n += len(q)
+	}
+	return n
+}

@@ -72,11 +72,22 @@ type Config struct {
 	// Monitor, if set, sees every command sent to the server (to count
 	// round trips, or to trace).
 	Monitor *event.CommandMonitor
+	// UpdateStreams is how many bulk writes of task updates may be out at
+	// once. A key's updates always go through the same stream, so writers
+	// of one document meet in one batch. Default DefaultUpdateStreams;
+	// must not be negative.
+	UpdateStreams int
 }
+
+// DefaultUpdateStreams is Config.UpdateStreams' default.
+const DefaultUpdateStreams = 4
 
 func (c Config) validate() error {
 	if c.PollInterval < 0 {
 		return fmt.Errorf("%w: mongostore config: PollInterval (%s) must not be negative", task.ErrInvalid, c.PollInterval)
+	}
+	if c.UpdateStreams < 0 {
+		return fmt.Errorf("%w: mongostore config: UpdateStreams (%d) must not be negative", task.ErrInvalid, c.UpdateStreams)
 	}
 	if c.ClockRefresh < 0 {
 		return fmt.Errorf("%w: mongostore config: ClockRefresh (%s) must not be negative", task.ErrInvalid, c.ClockRefresh)
@@ -93,6 +104,9 @@ func (c Config) withDefaults(uriDB string) Config {
 	}
 	if c.Database == "" {
 		c.Database = uriDB
+	}
+	if c.UpdateStreams == 0 {
+		c.UpdateStreams = DefaultUpdateStreams
 	}
 	if c.Database == "" {
 		c.Database = DefaultDatabase
@@ -129,8 +143,8 @@ type Store struct {
 	bgDone    <-chan struct{}    // closed by Close
 	wg        sync.WaitGroup
 
-	updq       chan *updReq // queued Updates (batch.go)
-	beforeSend func(n int)  // test hook: runs in the updater before each batch
+	updqs      []chan *updReq // queued Updates, one queue per stream (batch.go)
+	beforeSend func(n int)    // test hook: runs in the updater before each batch
 }
 
 // Open connects to uri, checks the server answers, measures its clock and
@@ -175,10 +189,13 @@ func Open(ctx context.Context, uri string, cfg *Config) (*Store, error) {
 func (s *Store) start() {
 	bg, stop := context.WithCancel(context.Background())
 	s.stop, s.bgDone = stop, bg.Done()
-	s.updq = make(chan *updReq, maxUpdateBatch)
-	s.wg.Add(2)
+	s.wg.Add(1 + s.cfg.UpdateStreams)
 	go s.refreshClock(bg)
-	go s.updater(bg)
+	for range s.cfg.UpdateStreams {
+		q := make(chan *updReq, maxUpdateBatch)
+		s.updqs = append(s.updqs, q)
+		go s.updater(bg, q)
+	}
 }
 
 func (s *Store) init(ctx context.Context) error {
