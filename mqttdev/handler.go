@@ -101,6 +101,9 @@ type Handler struct {
 	reconnect chan struct{}      // closed and replaced at every reconnect
 	connects  int
 	losses    int  // connections lost so far
+	// live: devices whose status arrived live (not as the retained copy
+	// a subscription starts with) since the last connect.
+	live map[string]bool
 	down      bool // the connection is lost and not back yet
 }
 
@@ -204,6 +207,7 @@ func (h *Handler) onConnect() {
 	h.mu.Lock()
 	h.connects++
 	h.down = false
+	h.live = nil // the new subscription's retained copies are current
 	if h.connects > 1 {
 		close(h.reconnect)
 		h.reconnect = make(chan struct{})
@@ -216,6 +220,24 @@ func (h *Handler) onLost(error) {
 	h.losses++
 	h.down = true
 	h.mu.Unlock()
+}
+
+// staleStatus reports whether a status of device id is older than one
+// already seen: a retained copy (sent as the subscription starts) that
+// arrives after a live status, as when a device's will is published while
+// this worker subscribes and the broker sends the old retained "online"
+// after the live "offline".
+func (h *Handler) staleStatus(id string, retained bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !retained {
+		if h.live == nil {
+			h.live = map[string]bool{}
+		}
+		h.live[id] = true
+		return false
+	}
+	return h.live[id]
 }
 
 // link reports how many connections were lost so far, whether the
@@ -240,6 +262,9 @@ func (h *Handler) onMessage(m Message) {
 		st, err := DecodeStatus(m.Payload)
 		if err != nil {
 			h.logger.Warn("bad status message", slog.String("device", id), slog.Any("error", err))
+			return
+		}
+		if h.staleStatus(id, m.Retained) {
 			return
 		}
 		h.tracker.Observe(id, st, time.Now())

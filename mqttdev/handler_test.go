@@ -541,3 +541,30 @@ func TestFleetUnderFaults(t *testing.T) {
 		t.Fatalf("overlaps: %+v", r.Overlaps)
 	}
 }
+
+// TestStaleRetainedStatusIgnored: a retained "online" (the copy a new
+// subscription starts with) that arrives after the device's live "offline"
+// (its will, published while the worker subscribed) is older: the device
+// stays offline. After a reconnect the retained copies count again.
+func TestStaleRetainedStatusIgnored(t *testing.T) {
+	t.Parallel()
+	h, err := NewHandler(HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := h.topics.Device("d", TopicStatus)
+	status := func(online bool) []byte {
+		b, _ := json.Marshal(Status{Online: online, At: time.Now()})
+		return b
+	}
+	h.onMessage(Message{Topic: topic, Payload: status(false)})
+	h.onMessage(Message{Topic: topic, Payload: status(true), Retained: true})
+	if !h.Tracker().Offline("d") {
+		t.Fatal("a stale retained online overrode the live offline")
+	}
+	h.onConnect()
+	h.onMessage(Message{Topic: topic, Payload: status(true), Retained: true})
+	if h.Tracker().Offline("d") {
+		t.Fatal("after a reconnect the retained online was ignored")
+	}
+}
