@@ -101,10 +101,10 @@ type Handler struct {
 	reconnect chan struct{}      // closed and replaced at every reconnect
 	connects  int
 	losses    int  // connections lost so far
+	down      bool // the connection is lost and not back yet
 	// live: devices whose status arrived live (not as the retained copy
 	// a subscription starts with) since the last connect.
 	live map[string]bool
-	down      bool // the connection is lost and not back yet
 }
 
 var _ consumer.Handler = (*Handler)(nil)
