@@ -64,6 +64,7 @@ type Consumer struct {
 	slots          slotTable
 
 	running *runTable
+	locks   *lockQueue // the scheduler's, but for heirs read by attempts
 
 	queued                                atomic.Int64
 	claimed, succeeded, failed, leaseLost atomic.Int64
@@ -83,6 +84,7 @@ type attemptResult struct {
 	retry    *preempt.Entry
 	lockKeys []string // waiting for these locks, held by another process
 	busy     []string // the lock keys dispatch marked busy for this attempt
+	wakes    []uint64 // busy's wake counts at dispatch (lockQueue.depart)
 	limited  bool     // retry waits for a rate limit's slot
 	// slotFreed: the slot was given back when the handler returned.
 	slotFreed bool
@@ -105,6 +107,7 @@ func New(cfg Config) (*Consumer, error) {
 		handled:        make(chan struct{}, cfg.Concurrency),
 		controlChanged: make(chan struct{}, 1),
 		running:        &runTable{m: map[string]*run{}},
+		locks:          newLockQueue(),
 	}, nil
 }
 

@@ -63,3 +63,50 @@ func TestLockWaitDoesNotSpin(t *testing.T) {
 	default:
 	}
 }
+
+// slowLocks delays one task's lock tries, as a busy worker process would.
+type slowLocks struct {
+	task.Store
+	taskKey string
+	delay   time.Duration
+}
+
+func (s *slowLocks) AcquireLocks(ctx context.Context, p task.LockParams) error {
+	if p.Holder.TaskKey == s.taskKey {
+		time.Sleep(s.delay)
+	}
+	return s.Store.AcquireLocks(ctx, p)
+}
+
+// TestParkedTaskKeepsItsRank: a task waiting for a key held in its own
+// process never tried the store's line, yet it ranks ahead of a task
+// waiting in line on another worker: the holder's release enters its
+// place (an heir), so the other worker's claim, even if it comes first,
+// is refused. Without heirs the slower worker loses the key out of order.
+func TestParkedTaskKeepsItsRank(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	release := make(chan struct{})
+	order := make(chan string, 3)
+	handler := func(ctx context.Context, job *consumer.Job) error {
+		order <- job.Task.Key
+		if job.Task.Key == "blocker" {
+			return hold(ctx, t, release)
+		}
+		return nil
+	}
+	e.publish("blocker", lockKeys("dev"), pinned("w1"))
+	e.worker("w1", handler, onStore(&slowLocks{Store: e.store, taskKey: "hi", delay: 300 * time.Millisecond}))
+	e.worker("w2", handler)
+	recv(t, order, "the blocker to start")
+	e.publish("hi", lockKeys("dev"), pinned("w1"), priority(5))
+	e.publish("lo", lockKeys("dev"), pinned("w2"))
+	time.Sleep(500 * time.Millisecond) // lo tries, is stopped and waits in line; hi parks on w1
+	close(release)
+	if first := recv(t, order, "a waiting task to start"); first != "hi" {
+		t.Fatalf("%s took the key first; want hi (priority 5, parked behind the holder) before lo", first)
+	}
+	if next := recv(t, order, "lo to start"); next != "lo" {
+		t.Fatalf("then %s; want lo", next)
+	}
+}

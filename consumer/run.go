@@ -222,7 +222,8 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) {
 	// MQTT command in flight) may still land, so the locks run out on their
 	// own, at the lease's end.
 	if keys := lease.Doc().LockKeys; len(keys) > 0 && !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
-		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
+		now := c.store.Now()
+		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.heirs(keys, now)})
 	}
 	outcome := c.settle(hctx, lease, err, ended, log)
 	c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Attempt: attempt, Outcome: outcome, Started: true, Duration: took})

@@ -67,7 +67,7 @@ func (c *Consumer) newScheduler() *scheduler {
 	return &scheduler{
 		cfg: c.cfg, store: c.store, logger: c.logger, running: c.running,
 		attempt: c.attempt, inflight: &c.runs, results: c.results, handled: c.handled, done: c.scheduleDone, queued: &c.queued,
-		heap: preempt.NewHeap(c.cfg.HeapSize), locks: newLockQueue(), free: c.cfg.Concurrency,
+		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl, paused: map[string]preempt.Entry{},
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency), rateWait: map[string]bool{},
 	}
@@ -205,7 +205,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 			s.wakeOne(k, now)
 		}
 	}
-	_, parked := s.locks.parkedBy[t.Key]
+	parked := s.locks.isParked(t.Key)
 	if _, held := s.paused[t.Key]; !held && !parked && !s.heap.Has(t.Key) && s.full() {
 		// No room: a task of higher priority than some held takes the
 		// place of the lowest (queried again later), so an urgent task is
@@ -231,8 +231,11 @@ func (s *scheduler) onResult(r attemptResult) {
 	if r.limited {
 		s.noteRateWait(r.key)
 	}
-	s.locks.wait(r.key, r.lockKeys)
 	now := s.store.Now()
+	if s.locks.landed(r.busy, r.wakes) && r.retry != nil && len(r.lockKeys) > 0 {
+		r.retry.At = now // what stopped it may be gone: see lockQueue.flights
+	}
+	s.locks.wait(r.key, r.lockKeys)
 	for _, k := range s.locks.unhold(r.busy) {
 		if len(r.lockKeys) > 0 {
 			// Stopped by another process's hold (or the line): the next
@@ -375,6 +378,7 @@ func (s *scheduler) dispatch(ctx context.Context) {
 		}
 		s.locks.hold(keys)
 		s.locks.hold(rate)
+		wakes := s.locks.depart(keys)
 		s.free--
 		s.inflight.Add(1)
 		go func() {
@@ -400,7 +404,7 @@ func (s *scheduler) dispatch(ctx context.Context) {
 			}
 			r := s.attempt(ctx, e, decided, handled)
 			decided()
-			r.busy, r.slotFreed = keys, slotFreed.Load()
+			r.busy, r.wakes, r.slotFreed = keys, wakes, slotFreed.Load()
 			select {
 			case s.results <- r:
 			case <-s.done:

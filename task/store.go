@@ -62,7 +62,8 @@ type Store interface {
 	// with a *LockedError. Acquiring again as the same holder renews. With
 	// p.Line, keys are served in line order (see LockLine).
 	AcquireLocks(ctx context.Context, p LockParams) error
-	// ReleaseLocks frees the keys still held by p.Holder.
+	// ReleaseLocks frees the keys still held by p.Holder, after entering
+	// p.Heirs' places in the same write.
 	ReleaseLocks(ctx context.Context, p LockParams) error
 	// DeleteFinished deletes at most p.Limit tasks in the finished state
 	// p.State whose updated_at is before p.Before, and returns how many.
@@ -167,6 +168,18 @@ type LockParams struct {
 	// order across every worker: see LockLine. Nil takes a free key
 	// whoever waits for it (the broker lease and rate-limit slots).
 	Line *LockLine
+	// Heirs, with ReleaseLocks, are places entered into the released keys'
+	// lines before the keys are free: the tasks that waited behind the
+	// holder in its own process, which never tried the store while the key
+	// was busy there, keep their rank against other workers' waiting tasks.
+	Heirs []LinePlace
+}
+
+// LinePlace is a task's place in the waiting line of one lock key.
+type LinePlace struct {
+	LockKey string
+	TaskKey string
+	LockLine
 }
 
 // LockLine places the holder's task in the waiting line of the lock keys it

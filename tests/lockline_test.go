@@ -124,6 +124,9 @@ func TestLockLineOrderAcrossProcesses(t *testing.T) {
 	for _, l := range readRunLog(t, runLog) {
 		switch l.event {
 		case "start":
+			if !prevEnd.IsZero() {
+				t.Logf("%s on %s started %s after %s ended", l.key, l.worker, l.at.Sub(prevEnd).Round(time.Millisecond), prev)
+			}
 			if l.at.Before(prevEnd) {
 				t.Errorf("%s started %s before %s ended: two holders of %s", l.key, prevEnd.Sub(l.at), prev, lockKey)
 			}

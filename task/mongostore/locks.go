@@ -245,14 +245,20 @@ func (s *Store) acquire(ctx context.Context, key string, p task.LockParams) (ren
 	return false, fmt.Errorf("lock %s: %w: contended", key, task.ErrConflict)
 }
 
-// ReleaseLocks implements task.Store: it deletes the keys still held by
-// p.Holder.
+// ReleaseLocks implements task.Store: it enters p.Heirs' places, then
+// deletes the keys still held by p.Holder.
 func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
 	if err := s.check(); err != nil {
 		return err
 	}
 	if len(p.Keys) == 0 {
 		return nil
+	}
+	for _, h := range p.Heirs {
+		heir := task.LockParams{Holder: task.Holder{TaskKey: h.TaskKey}, Now: p.Now, Line: &h.LockLine}
+		if err := s.enterLine(ctx, h.LockKey, heir); err != nil {
+			return fmt.Errorf("release locks: %w", err)
+		}
 	}
 	filter := append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: sortedKeys(p.Keys)}}}}, holderFilter(p.Holder)...)
 	if _, err := s.locks.DeleteMany(ctx, filter); err != nil {

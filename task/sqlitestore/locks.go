@@ -114,12 +114,19 @@ func (s *Store) takeLocks(ctx context.Context, tx *sql.Tx, p task.LockParams) er
 	return nil
 }
 
-// ReleaseLocks frees the keys still held by p.Holder.
+// ReleaseLocks enters p.Heirs' places, then frees the keys still held by
+// p.Holder.
 func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
 	if len(p.Keys) == 0 {
 		return nil
 	}
 	err := s.writeAtomic(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+		for _, h := range p.Heirs {
+			heir := task.LockParams{Keys: []string{h.LockKey}, Holder: task.Holder{TaskKey: h.TaskKey}, Now: p.Now, Line: &h.LockLine}
+			if err := s.enterLines(ctx, tx, heir); err != nil {
+				return 0, err
+			}
+		}
 		del := tx.StmtContext(ctx, s.delLock)
 		for _, k := range p.Keys {
 			if _, err := del.ExecContext(ctx, k, p.Holder.TaskKey, p.Holder.WorkerID, p.Holder.Attempt, p.Holder.Instance); err != nil {

@@ -153,6 +153,17 @@ func (s suite) lockLines(t *testing.T) {
 	l.ok("renewer renews", l.try("renewer", now.Add(time.Second), time.Minute, "dev4"))
 	l.release("renewer", "dev4")
 	l.ok("no line: takes dev4 with hi waiting", l.st.AcquireLocks(l.ctx, task.LockParams{Keys: []string{"dev4"}, Holder: l.holder("x"), Now: now, Until: now.Add(time.Minute)}))
+
+	// A release enters its heirs' places before the key is free: hi, which
+	// waited in the holder's process, ranks ahead of lo, already in line.
+	l.ok("hold takes dev5", l.try("hold", now, time.Minute, "dev5"))
+	l.stopped("lo while held", l.try("lo", now, time.Minute, "dev5"), false, "hold")
+	heir := task.LinePlace{LockKey: "dev5", TaskKey: "hi", LockLine: task.LockLine{Priority: l.prio["hi"], Seq: l.seq["hi"], Until: now.Add(time.Minute)}}
+	if err := l.st.ReleaseLocks(l.ctx, task.LockParams{Keys: []string{"dev5"}, Holder: l.holder("hold"), Now: now, Heirs: []task.LinePlace{heir}}); err != nil {
+		t.Fatalf("hold releases dev5 to its heir: %v", err)
+	}
+	l.stopped("lo with the heir hi waiting", l.try("lo", now, time.Minute, "dev5"), true, "hi")
+	l.ok("hi takes dev5", l.try("hi", now, time.Minute, "dev5"))
 }
 
 // lineTest is a store with tasks of several priorities that try lock keys

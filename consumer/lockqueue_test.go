@@ -1,0 +1,29 @@
+package consumer
+
+import (
+	"testing"
+
+	"github.com/leasepool/leasepool/preempt"
+)
+
+// TestWakeDuringClaimIsKept: the holder's finish event that comes while a
+// claim it will stop is in flight finds no waiter; landed reports it, so
+// that the stopped claim tries again at once instead of at the lease end.
+func TestWakeDuringClaimIsKept(t *testing.T) {
+	q := newLockQueue()
+	heap := preempt.NewHeap(8)
+	quiet := q.depart([]string{"dev"})
+	if q.landed([]string{"dev"}, quiet) {
+		t.Fatal("landed reports a wake that never came")
+	}
+	woken := q.depart([]string{"dev", "other"})
+	if _, ok := q.next("dev", heap); ok {
+		t.Fatal("next found a waiter in an empty queue")
+	}
+	if !q.landed([]string{"dev", "other"}, woken) {
+		t.Fatal("a wake of dev during the claim was lost")
+	}
+	if len(q.flights) != 0 {
+		t.Fatalf("%d flights left after every claim landed", len(q.flights))
+	}
+}
