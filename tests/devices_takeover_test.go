@@ -91,7 +91,8 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 	// between a retained publish and a wildcard subscribe).
 	sim := startSim(t, ctx, device.Config{
 		BrokerURL: "tcp://" + addr, Prefix: prefix, IDPrefix: "dev-", Count: 10, Seed: 1,
-		Latency: 30 * time.Millisecond, Heartbeat: time.Minute,
+		// Slow enough that most commands are still to run at the kill.
+		Latency: 400 * time.Millisecond, Heartbeat: time.Minute,
 	})
 	var devices []string
 	for _, d := range sim.Devices() {
@@ -118,6 +119,9 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 	killedAt := workers[host].kill(t)
 	before := countStates(t, ctx, store)[task.StateSucceeded]
 	t.Logf("killed %s, the broker's host, after %d of %d commands succeeded", host, before, n)
+	if before > n/2 {
+		t.Fatalf("%d of %d commands succeeded before the kill: too few left to show the takeover", before, n)
+	}
 
 	// Takeover: the broker accepts again, hosted by a survivor, and a
 	// command succeeds after that.
