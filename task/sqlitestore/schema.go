@@ -170,7 +170,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.updTask, `UPDATE tasks SET kind = ?, state = ?, next_claim_at = ?, priority = ?, pinned = ?,
 			version = version + 1, doc = ?, updated_at = ? WHERE key = ? AND version = ?`},
 		{&s.updHot, `UPDATE tasks SET state = ?, next_claim_at = ?, version = version + 1, doc = ?, updated_at = ?
-			WHERE key = ? AND version = ? AND kind = ? AND priority = ? AND pinned = ?`},
+			WHERE seq = ? AND key = ? AND version = ? AND kind = ? AND priority = ? AND pinned = ?`},
 		{&s.existsW, `SELECT 1 FROM tasks WHERE key = ?`},
 		{&s.insChange, `INSERT INTO changes (key, doc) VALUES (?, ?)`},
 		{&s.pruneChanges, `DELETE FROM changes WHERE seq <= ?`},

@@ -141,10 +141,12 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	var change int64
 	err = s.submit(&writeReq{ctx: ctx, onCommit: func() { s.remember(change, &c) }, fn: func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		// Most writes keep kind, priority and pins: the narrow statement
-		// then leaves their indexes alone. Both are conditional on the
-		// version, so a write that changes them simply takes the second.
+		// then leaves their indexes alone, and finds the row by its rowid
+		// (seq), not through the key index. Both are conditional on the
+		// version, so a write that changes them (or a document without its
+		// seq) simply takes the second.
 		res, err := tx.StmtContext(ctx, s.updHot).ExecContext(ctx,
-			string(t.State), nanos(t.NextClaimAt), doc, nanos(c.UpdatedAt), t.Key, t.Version, t.Kind, t.Priority, pin)
+			string(t.State), nanos(t.NextClaimAt), doc, nanos(c.UpdatedAt), t.Seq, t.Key, t.Version, t.Kind, t.Priority, pin)
 		if n, _ := rowsAffected(res, err); err == nil && n == 0 {
 			res, err = tx.StmtContext(ctx, s.updTask).ExecContext(ctx,
 				t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(c.UpdatedAt), t.Key, t.Version)
