@@ -53,7 +53,8 @@ type Config struct {
 	// an error wrapping ErrReadOnly.
 	ReadOnly bool
 
-	host *hostClock // test hook: the host's boot clock; nil is the real one
+	host             *hostClock // test hook: the host's boot clock; nil is the real one
+	walRestartFrames int        // test hook: restartFrames; 0 is the default
 }
 
 func (c *Config) validate() error {
