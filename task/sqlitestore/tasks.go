@@ -79,9 +79,10 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	var stored *task.Task
 	var inserted bool
 	var change int64
+	kept := c.Clone() // here, not in the one writer goroutine
 	err = s.submit(&writeReq{ctx: ctx, onCommit: func() {
 		if inserted {
-			s.remember(change, t)
+			s.remember(change, kept)
 		}
 	}, fn: func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		var seq int64
@@ -97,6 +98,7 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 		inserted = true
 		stored = t
 		t.ID, t.Seq, t.Version = strconv.FormatInt(seq, 10), seq, 1
+		kept.ID, kept.Seq = t.ID, seq
 		change, err = s.appendChange(ctx, tx, t.Key, changeDoc)
 		return change, err
 	}})
@@ -139,7 +141,8 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	var change int64
-	err = s.submit(&writeReq{ctx: ctx, onCommit: func() { s.remember(change, &c) }, fn: func(ctx context.Context, tx *sql.Tx) (int64, error) {
+	kept := c.Clone() // here, not in the one writer goroutine
+	err = s.submit(&writeReq{ctx: ctx, onCommit: func() { s.remember(change, kept) }, fn: func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		// Most writes keep kind, priority and pins: the narrow statement
 		// then leaves their indexes alone, and finds the row by its rowid
 		// (seq), not through the key index. Both are conditional on the
@@ -322,12 +325,12 @@ func (s *Store) query(ctx context.Context, q string, args ...any) ([]*task.Task,
 
 const recentSize = 4096
 
-// remember keeps a copy of the document written as change seq.
-func (s *Store) remember(seq int64, t *task.Task) {
+// remember keeps doc, a copy of the document written as change seq that
+// nothing else holds.
+func (s *Store) remember(seq int64, doc *task.Task) {
 	if seq == 0 {
 		return
 	}
-	doc := t.Clone()
 	s.recentMu.Lock()
 	defer s.recentMu.Unlock()
 	if s.recent == nil {
