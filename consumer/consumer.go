@@ -80,8 +80,12 @@ type run struct {
 // attemptResult tells the scheduler a slot is free and, when the task
 // could not be claimed, when to try again.
 type attemptResult struct {
-	key      string
-	retry    *preempt.Entry
+	key   string
+	retry *preempt.Entry
+	// doc is the newest document of the task the attempt knows: the one
+	// its claim decided on, or, once it ran, its last write (nil when a
+	// store error or the task's deletion left none).
+	doc      *task.Task
 	lockKeys []string // waiting for these locks, held by another process
 	busy     []string // the lock keys dispatch marked busy for this attempt
 	wakes    []uint64 // busy's wake counts at dispatch (lockQueue.depart)

@@ -34,6 +34,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 	doc, err := task.ModifyFrom(wctx, c.store, e.Key, e.Task, try.claim)
 	cancel()
 	decided()
+	res.doc = doc
 	var wait *notNow
 	var locked *task.LockedError
 	var limited *rateLimited
@@ -42,7 +43,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 		c.logger.Warn("task failed: workers expired and retries are exhausted", slog.String("task", e.Key))
 	case err == nil:
 		c.observeClaim(doc, try)
-		c.run(doc, try.holder, handled)
+		res.doc = c.run(doc, try.holder, handled)
 	case errors.As(err, &wait):
 		if wait.Verdict == preempt.Later {
 			res.retry = retryEntry(e, doc, wait.At)
@@ -170,11 +171,12 @@ func retryEntry(e preempt.Entry, doc *task.Task, at time.Time) *preempt.Entry {
 }
 
 // run executes a claimed attempt: pings while the handler runs, then writes
-// the outcome (or releases the lease on shutdown). handled is called as
+// the outcome (or releases the lease on shutdown); it returns the newest
+// document the attempt knows (its outcome write). handled is called as
 // soon as the handler has returned, before the outcome write: the slot is
 // free then, and the next claim, dispatched at once, goes to the store
 // with this outcome, often in the same commit, rather than after it.
-func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) {
+func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task.Task {
 	c.claimed.Add(1)
 	attempt := holder.Attempt
 	lease := ping.New(c.store, doc, holder, c.logger)
@@ -187,7 +189,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) {
 		if keys := doc.LockKeys; len(keys) > 0 {
 			c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 		}
-		return
+		return doc
 	}
 	hctx, cancel := context.WithCancelCause(c.handlerCtx)
 	defer cancel(nil)
@@ -227,6 +229,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) {
 	}
 	outcome := c.settle(hctx, lease, err, ended, log)
 	c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Attempt: attempt, Outcome: outcome, Started: true, Duration: took})
+	return lease.Doc()
 }
 
 // observeClaim tells the observer of the claim try wrote.

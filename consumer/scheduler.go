@@ -36,6 +36,12 @@ type scheduler struct {
 
 	heap  *preempt.Heap
 	locks *lockQueue
+	// claiming holds the tasks with an attempt in flight here, from
+	// dispatch to its result, each with the newest document a change event
+	// or query brought meanwhile (nil: none yet). Such a task stays out of
+	// the heap, so one attempt per task runs here at a time, and its
+	// result is weighed against what came meanwhile (see onResult).
+	claiming map[string]*task.Task
 	// ctl is the pauses and limits as last loaded (reload reads them
 	// again); paused holds the due tasks a pause keeps back, out of the
 	// heap, until a control change lifts it.
@@ -67,7 +73,7 @@ func (c *Consumer) newScheduler() *scheduler {
 	return &scheduler{
 		cfg: c.cfg, store: c.store, logger: c.logger, running: c.running,
 		attempt: c.attempt, inflight: &c.runs, results: c.results, handled: c.handled, done: c.scheduleDone, queued: &c.queued,
-		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, free: c.cfg.Concurrency,
+		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, claiming: map[string]*task.Task{}, free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl, paused: map[string]preempt.Entry{},
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency), rateWait: map[string]bool{},
 	}
@@ -164,7 +170,7 @@ func (s *scheduler) wants(t *task.Task) bool {
 
 // offer puts t in the heap at the time this worker may claim it, or drops it.
 func (s *scheduler) offer(t *task.Task, now time.Time) {
-	if !s.wants(t) {
+	if !s.wants(t) || s.noteClaiming(t) {
 		return
 	}
 	runningHere := s.running.get(t.Key) != nil
@@ -205,6 +211,9 @@ func (s *scheduler) onEvent(ev task.Event) {
 			s.wakeOne(k, now)
 		}
 	}
+	if s.noteClaiming(t) {
+		return
+	}
 	parked := s.locks.isParked(t.Key)
 	if _, held := s.paused[t.Key]; !held && !parked && !s.heap.Has(t.Key) && s.full() {
 		// No room: a task of higher priority than some held takes the
@@ -221,19 +230,60 @@ func (s *scheduler) onEvent(ev task.Event) {
 	s.offer(t, now)
 }
 
+// noteClaiming keeps t aside, reporting true, when an attempt on it is in
+// flight here: an entry in the heap would start a second attempt, whose
+// claim only conflicts, and whose result, decided on an older document,
+// would then replace the entry of this newer one.
+func (s *scheduler) noteClaiming(t *task.Task) bool {
+	seen, ok := s.claiming[t.Key]
+	if !ok {
+		return false
+	}
+	if seen == nil || !before(t, seen) {
+		s.claiming[t.Key] = t
+	}
+	return true
+}
+
+// before reports whether a is an older version of the task than b.
+// Documents of different seq (deleted, published again under the key)
+// are not ordered.
+func before(a, b *task.Task) bool {
+	return a.Seq == b.Seq && a.Version < b.Version
+}
+
+// onResult takes an attempt's result. The change events and queries that
+// came while it was in flight were kept aside (claiming): the task goes
+// back to the heap by the newest document known, the attempt's or theirs.
+// Events come in order, so while one is due for a version the attempt
+// knows, it will offer the task again; but once the events went as far
+// (the outcome write's handled before this result, say), none is due,
+// and an older retry put back would stand until the next query: a task
+// snoozed for 10 ms would wait for the lease its claim saw to end.
 func (s *scheduler) onResult(r attemptResult) {
 	if !r.slotFreed {
 		s.free++
 	}
-	if r.retry != nil && !s.heap.Put(*r.retry) {
-		s.dropped()
+	now := s.store.Now()
+	seen := s.claiming[r.key]
+	delete(s.claiming, r.key)
+	if s.locks.landed(r.busy, r.wakes) && r.retry != nil && len(r.lockKeys) > 0 {
+		r.retry.At = now // what stopped it may be gone: see lockQueue.flights
+	}
+	retry := r.retry
+	if retry != nil && seen != nil && retry.Task != nil && (retry.Task.Seq != seen.Seq || before(retry.Task, seen)) {
+		retry = nil // decided on an older document than seen
+	}
+	switch {
+	case retry != nil:
+		if !s.heap.Put(*retry) {
+			s.dropped()
+		}
+	case seen != nil && (r.retry != nil || r.doc == nil || !before(seen, r.doc)):
+		s.offer(seen, now)
 	}
 	if r.limited {
 		s.noteRateWait(r.key)
-	}
-	now := s.store.Now()
-	if s.locks.landed(r.busy, r.wakes) && r.retry != nil && len(r.lockKeys) > 0 {
-		r.retry.At = now // what stopped it may be gone: see lockQueue.flights
 	}
 	s.locks.wait(r.key, r.lockKeys)
 	for _, k := range s.locks.unhold(r.busy) {
@@ -379,6 +429,7 @@ func (s *scheduler) dispatch(ctx context.Context) {
 		s.locks.hold(keys)
 		s.locks.hold(rate)
 		wakes := s.locks.depart(keys)
+		s.claiming[e.Key] = nil
 		s.free--
 		s.inflight.Add(1)
 		go func() {

@@ -1,0 +1,140 @@
+package consumer_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/task"
+)
+
+// heldClaim wraps a worker's store to hold its first claim of one task
+// in flight: the claim write waits until write is closed, and the re-read
+// after its conflict returns what it read only once result is closed.
+type heldClaim struct {
+	task.Store
+	key            string
+	writing, read  chan struct{} // closed once the write, the re-read, is held
+	write, result  chan struct{}
+	writeOnce      sync.Once
+	readOnce       sync.Once
+	reReadExpected atomic.Bool
+}
+
+func newHeldClaim(s task.Store, key string) *heldClaim {
+	return &heldClaim{Store: s, key: key,
+		writing: make(chan struct{}), read: make(chan struct{}),
+		write: make(chan struct{}), result: make(chan struct{})}
+}
+
+func (h *heldClaim) Update(ctx context.Context, t *task.Task) error {
+	if t.Key == h.key {
+		h.writeOnce.Do(func() {
+			close(h.writing)
+			select {
+			case <-h.write:
+			case <-ctx.Done():
+			}
+			h.reReadExpected.Store(true)
+		})
+	}
+	return h.Store.Update(ctx, t)
+}
+
+func (h *heldClaim) Get(ctx context.Context, key string) (*task.Task, error) {
+	t, err := h.Store.Get(ctx, key)
+	if key == h.key && h.reReadExpected.Load() {
+		h.readOnce.Do(func() {
+			close(h.read)
+			select {
+			case <-h.result:
+			case <-ctx.Done():
+			}
+		})
+	}
+	return t, err
+}
+
+// TestStaleClaimResultKeepsNewerOutcome: a claim attempt that lost its
+// race to a peer decides "later, when the peer's lease ends" on what it
+// read; when the peer's outcome (snooze, failure with a retry delay,
+// release) reaches the worker before that result does, the task is
+// claimed when the outcome allows, not at the end of the lease the stale
+// read showed. (TestAttemptHistory timed out so: a second attempt
+// dispatched on the publish event's document lost its race to the first,
+// and its retry replaced the entry the snooze event had put in the heap.)
+func TestStaleClaimResultKeepsNewerOutcome(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		end  func(doc *task.Task, h task.Holder, now time.Time) error
+	}{
+		{"snooze", func(doc *task.Task, h task.Holder, now time.Time) error {
+			return doc.Snooze(h, now.Add(200*time.Millisecond), now)
+		}},
+		{"fail", func(doc *task.Task, h task.Holder, now time.Time) error {
+			return doc.Fail(h, "boom", now.Add(200*time.Millisecond), now)
+		}},
+		{"release", func(doc *task.Task, h task.Holder, now time.Time) error {
+			return doc.Release(h, now)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ctx := t.Context()
+			held := newHeldClaim(e.store, "T")
+			started := map[string]chan struct{}{"H": make(chan struct{}, 1), "T": make(chan struct{}, 1)}
+			done := make(chan struct{})
+			defer close(done)
+			a := e.worker("A", func(ctx context.Context, job *consumer.Job) error {
+				send(started[job.Task.Key], struct{}{})
+				if job.Task.Key == "H" {
+					return hold(ctx, t, done)
+				}
+				return nil
+			}, concurrency(2), onStore(held))
+			// H takes one slot; A's claim of T, held, takes the other.
+			e.publish("H", lease(100*time.Millisecond, 20*time.Second))
+			recv(t, started["H"], "H's start")
+			e.publish("T", lease(100*time.Millisecond, 20*time.Second))
+			recv(t, held.writing, "A's claim of T")
+
+			// Worker B claims T first; A's claim conflicts, and A reads
+			// B's claim (a 20 s lease) back: its attempt will decide to
+			// try again at that lease's end.
+			b := task.Holder{WorkerID: "B", Instance: "b-1"}
+			claimed, hb, err := preempt.ClaimTask(e.get("T"), b, e.store.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.store.Update(ctx, claimed); err != nil {
+				t.Fatal(err)
+			}
+			close(held.write)
+			recv(t, held.read, "A's re-read of T")
+
+			// B's attempt ends while A's is still in flight.
+			doc := e.get("T")
+			if err := tc.end(doc, hb, e.store.Now()); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.store.Update(ctx, doc); err != nil {
+				t.Fatal(err)
+			}
+			// Events come in order: once A holds the two tasks published
+			// after B's outcome, its scheduler has handled that outcome.
+			far := e.store.Now().Add(time.Hour)
+			e.publish("M1", runAt(far))
+			e.publish("M2", runAt(far))
+			eventually(t, waitLong, func() bool { return a.Stats().Queued >= 2 }, "A to queue M1 and M2")
+
+			close(held.result) // A's attempt decides on B's claim, now stale
+			recv(t, started["T"], "A's claim of T after B's "+tc.name+" (not at B's lease end, 20 s)")
+		})
+	}
+}
