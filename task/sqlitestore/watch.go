@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -49,15 +50,25 @@ func (s *Store) startTail() error {
 	return nil
 }
 
-// fileWatcher watches the database's directory, or returns nil where file
-// notifications are unavailable: the tail then polls only.
+// fileWatcher watches the -lock file, to which every commit that wrote
+// changes writes a byte once it is visible (signalCommit), or, where there
+// is none yet (a read-only open of a store no writer opened), the
+// database's directory. It returns nil where file notifications are
+// unavailable: the tail then polls only. Not the directory when the -lock
+// file is there: every WAL frame written and every page checkpointed, by
+// any process, this one included, was an event to read and act on, some
+// forty per commit.
 func (s *Store) fileWatcher() *fsnotify.Watcher {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		s.log.Warn("no file notifications; polling only", slog.Any("err", err))
 		return nil
 	}
-	if err := fw.Add(filepath.Dir(s.path)); err != nil {
+	target := s.path + "-lock"
+	if _, err := os.Stat(target); err != nil {
+		target = filepath.Dir(s.path)
+	}
+	if err := fw.Add(target); err != nil {
 		s.log.Warn("no file notifications; polling only", slog.Any("err", err))
 		fw.Close()
 		return nil
