@@ -347,7 +347,7 @@ func TestCloneIsDeep(t *testing.T) {
 
 func TestDurationJSON(t *testing.T) {
 	t.Parallel()
-	for _, d := range []time.Duration{0, time.Nanosecond, 1500 * time.Millisecond, 4 * time.Second, -time.Minute, 36 * time.Hour} {
+	for _, d := range []time.Duration{0, time.Nanosecond, 3 * time.Microsecond, 1500 * time.Millisecond, 4 * time.Second, -time.Minute, 36 * time.Hour} {
 		b, err := json.Marshal(task.Duration(d))
 		if err != nil {
 			t.Fatal(err)

@@ -94,7 +94,15 @@ func (w Worker) Expired(now time.Time) bool {
 // Duration is a time.Duration that reads and writes JSON as "1.5s".
 type Duration time.Duration
 
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+// MarshalJSON quotes the duration's String, which needs no escaping (digits,
+// '.', '-' and unit letters): a nested json.Marshal cost 8 % of a worker's
+// CPU, two per document written.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 16)
+	b = append(b, '"')
+	b = append(b, time.Duration(d).String()...)
+	return append(b, '"'), nil
+}
 
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
