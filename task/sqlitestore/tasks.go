@@ -191,18 +191,18 @@ func rowsAffected(res sql.Result, err error) (int64, error) {
 func encode(t *task.Task) (change, doc string, err error) {
 	c := *t
 	c.Payload = nil
-	b, err := json.Marshal(&c)
+	b, err := c.AppendJSON(make([]byte, 0, 1024))
 	if err != nil {
 		return "", "", err
 	}
 	if len(t.Payload) == 0 {
-		return string(b), string(b), nil
+		s := string(b)
+		return s, s, nil
 	}
-	var full bytes.Buffer
-	full.Grow(len(b) + len(t.Payload) + 12)
+	full := bytes.NewBuffer(make([]byte, 0, len(b)+len(t.Payload)+12))
 	full.Write(b[:len(b)-1])
 	full.WriteString(`,"payload":`)
-	if err := json.Compact(&full, t.Payload); err != nil {
+	if err := json.Compact(full, t.Payload); err != nil {
 		return "", "", fmt.Errorf("payload: %w", err)
 	}
 	full.WriteByte('}')
