@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -179,14 +180,25 @@ func waitFor(t *testing.T, ctx context.Context, what, expr string) {
 	t.Fatalf("waiting for %s (%s): last error %v; the page says:\n%s", what, expr, err, body)
 }
 
-// text is the text of the element sel.
+// text is the text of the element sel, read in one evaluation in the
+// page: the live updates swap parts of the page in at any moment, and
+// chromedp.Text, which finds the node and then asks for its text, failed
+// when the node was replaced in between ("No node with given id found").
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
-	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-	if err != nil {
-		t.Fatalf("text of %s: %v", sel, err)
+	const missing = "\x00missing"
+	expr := `(() => { const e = document.querySelector(` + strconv.Quote(sel) + `); return e ? e.innerText : ` + strconv.Quote(missing) + ` })()`
+	deadline := time.Now().Add(time.Minute) // a hang guard: the element may not be rendered yet
+	for {
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+		if err == nil && s != missing {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("text of %s: %v (no such element)", sel, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	return s
 }
 
 // screenshot saves the page as name.png among the test's artifacts.
