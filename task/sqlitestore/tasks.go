@@ -199,10 +199,11 @@ func encode(t *task.Task) (change, doc string, err error) {
 		s := string(b)
 		return s, s, nil
 	}
-	full := bytes.NewBuffer(make([]byte, 0, len(b)+len(t.Payload)+12))
+	var full bytes.Buffer
+	full.Grow(len(b) + len(t.Payload) + 12)
 	full.Write(b[:len(b)-1])
 	full.WriteString(`,"payload":`)
-	if err := json.Compact(full, t.Payload); err != nil {
+	if err := json.Compact(&full, t.Payload); err != nil {
 		return "", "", fmt.Errorf("payload: %w", err)
 	}
 	full.WriteByte('}')
