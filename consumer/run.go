@@ -200,12 +200,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task
 	job.out.now = c.store.Now
 	lease.Carry(job.Output) // renewals store what the handler recorded so far
 
-	pingCtx, stopPing := context.WithCancel(context.Background())
-	pingDone := make(chan struct{})
-	go func() {
-		defer close(pingDone)
-		lease.Keep(pingCtx, func(cause error) { cancel(cause) })
-	}()
+	stopPing := lease.Start(func(cause error) { cancel(cause) })
 
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
@@ -214,7 +209,6 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task
 	ended := c.store.Now() // the work ended here, before its locks are freed
 	took := time.Since(began)
 	stopPing()
-	<-pingDone
 	c.running.remove(doc.Key, me)
 	handled()
 

@@ -159,9 +159,38 @@ var errNoChange = errors.New("no change")
 // lease ends: a store that hangs is given until then and no longer, since
 // past that point a peer may hold the task.
 func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
+	l.keep(ctx, lost, l.firstPing())
+}
+
+// Start is Keep in the background until stop, which returns once the
+// renewals have ended. No goroutine runs before the first renewal is due,
+// so a task shorter than that costs a timer, not a goroutine to start and
+// then to wait for.
+func (l *Lease) Start(lost func(cause error)) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	first := time.AfterFunc(l.firstPing(), func() {
+		defer close(done)
+		l.keep(ctx, lost, 0)
+	})
+	return func() {
+		cancel()
+		if !first.Stop() {
+			<-done // it started: wait for the renewal loop to see ctx done
+		}
+	}
+}
+
+// firstPing is when the first renewal is due: a claim that took long
+// leaves less than a full lease, so renew sooner.
+func (l *Lease) firstPing() time.Duration {
+	return min(time.Duration(l.Doc().PingInterval), l.Remaining()/2)
+}
+
+// keep is Keep with the first renewal after wait.
+func (l *Lease) keep(ctx context.Context, lost func(cause error), wait time.Duration) {
 	backoff := 50 * time.Millisecond
-	// A claim that took long leaves less than a full lease: renew sooner.
-	timer := time.NewTimer(min(time.Duration(l.Doc().PingInterval), l.Remaining()/2))
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	var storeErr error // the last renewal's failure, if it failed
 	for {

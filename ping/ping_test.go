@@ -364,6 +364,46 @@ func TestKeepRenewsUntilCtxDone(t *testing.T) {
 	}
 }
 
+func (s *fakeStore) updateCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.updates
+}
+
+// TestStartRenewsUntilStopped: Start renews as Keep does, and once stop
+// returns no renewal runs any more.
+func TestStartRenewsUntilStopped(t *testing.T) {
+	t.Parallel()
+	s, l := setup(t, nil)
+	lost := make(chan error, 1)
+	stop := l.Start(func(cause error) { lost <- cause })
+	s.advance(10 * time.Second)
+	want := t0.Add(10*time.Second + time.Minute)
+	waitFor(t, "a renewal in store time", func() bool { return leaseUntil(t, s.stored("k")).Equal(want) })
+	stop()
+	n := s.updateCount()
+	time.Sleep(50 * time.Millisecond) // five ping intervals
+	if got := s.updateCount(); got != n {
+		t.Errorf("%d renewals after stop returned", got-n)
+	}
+	if len(lost) != 0 {
+		t.Errorf("lost(%v) called on stop", <-lost)
+	}
+}
+
+// TestStartStoppedBeforeFirstPing: a task shorter than the ping interval
+// writes nothing and leaves no goroutine behind (goleak checks).
+func TestStartStoppedBeforeFirstPing(t *testing.T) {
+	t.Parallel()
+	s, l := setup(t, func(p *task.PublishParams) { p.PingInterval, p.WorkerTimeout = time.Hour, 2*time.Hour })
+	n := s.updateCount()
+	stop := l.Start(func(error) { t.Error("lost called") })
+	stop()
+	if got := s.updateCount(); got != n {
+		t.Errorf("%d store writes by a lease stopped before its first ping", got-n)
+	}
+}
+
 func TestKeepLost(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
