@@ -417,3 +417,14 @@ func TestInterspersed(t *testing.T) {
 		}
 	}
 }
+
+func TestEmbeddedProcs(t *testing.T) {
+	for _, c := range []struct {
+		env         string
+		procs, want int
+	}{{"", 2, 4}, {"", 1, 3}, {"2", 2, 2}, {"8", 8, 8}} {
+		if got := embeddedProcsFor(c.env, c.procs); got != c.want {
+			t.Errorf("embeddedProcsFor(%q, %d) = %d, want %d", c.env, c.procs, got, c.want)
+		}
+	}
+}
