@@ -131,6 +131,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 				return badUsage(c, "--log-level: %q is not one of debug, info, warn, error", c.String("log-level"))
 			}
 			slog.SetDefault(newLogger(stderr, level))
+			tuneGC()
 			if path := c.String("cpuprofile"); path != "" {
 				f, err := os.Create(path)
 				if err != nil {

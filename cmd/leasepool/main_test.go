@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -426,5 +427,20 @@ func TestEmbeddedProcs(t *testing.T) {
 		if got := embeddedProcsFor(c.env, c.procs); got != c.want {
 			t.Errorf("embeddedProcsFor(%q, %d) = %d, want %d", c.env, c.procs, got, c.want)
 		}
+	}
+}
+
+// TestTuneGC: GOGC from the environment stands; otherwise gcPercent.
+func TestTuneGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	t.Setenv("GOGC", "")
+	tuneGC()
+	if got := debug.SetGCPercent(100); got != gcPercent {
+		t.Errorf("GOGC unset: GC percent %d, want %d", got, gcPercent)
+	}
+	t.Setenv("GOGC", "50")
+	tuneGC()
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("GOGC=50 set: tuneGC changed the GC percent to %d", got)
 	}
 }
