@@ -200,7 +200,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task
 	job.out.now = c.store.Now
 	lease.Carry(job.Output) // renewals store what the handler recorded so far
 
-	stopPing := lease.Start(func(cause error) { cancel(cause) })
+	stopPing := lease.Start(cancel)
 
 	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
 	log.Debug("task started", slog.String("kind", doc.Kind))
