@@ -18,7 +18,7 @@ import (
 // and its mark workers and assists took a P from a saturated worker. One
 // worker process draining 20,000 noop tasks on 2 cores (five runs each,
 // alternating): median 11,900/s at 100, 14,500/s at 200, 15,100/s at 400;
-// its peak RSS went from 45 to 66 MiB at 400, idle RSS unchanged (23 MiB).
+// its peak RSS went from 45 to 67-72 MiB at 400, idle RSS unchanged (23 MiB).
 const gcPercent = 400
 
 // tuneGC sets gcPercent unless GOGC is set.
