@@ -180,6 +180,7 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 		return err
 	}
 	defer s.Close()
+	pauseOnSuspend(s)
 
 	tasks := demoTasks(cfg.tasks)
 	workerArgs := []string{"--concurrency", "8"}

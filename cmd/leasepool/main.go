@@ -29,7 +29,9 @@ func main() {
 	// each exec program under (builtin.ExecConfig.GuardPath).
 	builtin.GuardMain()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	stopSuspending := suspendCleanly()
 	code := run(ctx, os.Args, os.Stdin, os.Stdout, os.Stderr)
+	stopSuspending()
 	stop()
 	os.Exit(code)
 }

@@ -35,6 +35,7 @@ func openStoreURL(c *cli.Context, url string, opts store.Options) (task.Store, e
 	}
 	if strings.HasPrefix(url, "sqlite:") && !opts.ReadOnly {
 		embeddedProcs()
+		pauseOnSuspend(s)
 	}
 	return s, nil
 }

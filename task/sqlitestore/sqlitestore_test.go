@@ -21,6 +21,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(holderEnv); mode != "" {
+		holdWriteLock(mode, os.Getenv(holderPathEnv))
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 

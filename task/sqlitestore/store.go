@@ -52,6 +52,13 @@ type Config struct {
 	// without a leasepool schema is refused untouched. Every write returns
 	// an error wrapping ErrReadOnly.
 	ReadOnly bool
+	// FrozenWriterKill is how long a process may stay stopped (SIGSTOP,
+	// a shell's Ctrl-Z) while it holds the store's write lock before a
+	// process waiting for the lock SIGKILLs it: nothing can be written to
+	// the file while it is stopped, so every lease on the store would
+	// lapse. Default DefaultFrozenWriterKill; negative never kills (writers
+	// wait until the holder resumes). Linux only.
+	FrozenWriterKill time.Duration
 
 	host             *hostClock // test hook: the host's boot clock; nil is the real one
 	walRestartFrames int        // test hook: restartFrames; 0 is the default
@@ -80,6 +87,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.Clock == nil {
 		out.Clock = time.Now
+	}
+	if out.FrozenWriterKill == 0 {
+		out.FrozenWriterKill = DefaultFrozenWriterKill
 	}
 	return out
 }
@@ -328,7 +338,12 @@ func (s *Store) Close() error {
 // lockWrites takes the cross-process write lock (see Store.writeLock).
 func (s *Store) lockWrites() (unlock func(), err error) {
 	s.wmu.Lock()
-	if err := syscall.Flock(int(s.writeLock.Fd()), syscall.LOCK_EX); err != nil {
+	fd := int(s.writeLock.Fd())
+	err = syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		err = s.waitWriteLock(fd)
+	}
+	if err != nil {
 		s.wmu.Unlock()
 		return nil, fmt.Errorf("lock %s: %w", s.writeLock.Name(), err)
 	}
