@@ -87,6 +87,7 @@ type attemptResult struct {
 	// store error or the task's deletion left none).
 	doc      *task.Task
 	lockKeys []string // waiting for these locks, held by another process
+	ahead    string   // the task whose place in a lock's line stopped the claim
 	busy     []string // the lock keys dispatch marked busy for this attempt
 	wakes    []uint64 // busy's wake counts at dispatch (lockQueue.depart)
 	limited  bool     // retry waits for a rate limit's slot

@@ -64,6 +64,9 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 		}
 		res.retry = retryEntry(e, doc, at)
 		res.lockKeys = doc.LockKeys
+		if locked.Ahead {
+			res.ahead = locked.Holder.TaskKey
+		}
 	case errors.Is(err, task.ErrNotFound), ctx.Err() != nil:
 		try.free()
 	default:

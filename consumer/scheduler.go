@@ -285,6 +285,14 @@ func (s *scheduler) onResult(r attemptResult) {
 	if r.limited {
 		s.noteRateWait(r.key)
 	}
+	if e, ok := s.heap.Entry(r.ahead); ok && e.At.After(now) {
+		// The key is free but a place ahead in its line stopped the
+		// claim: the task holding that place may wait here for a lease
+		// that has ended, since a holder's finish event wakes one waiter
+		// a process, and the line would stand still until the place
+		// lapsed (two leases; the device idle). It tries now.
+		s.wake(e, now)
+	}
 	s.locks.wait(r.key, r.lockKeys)
 	for _, k := range s.locks.unhold(r.busy) {
 		if len(r.lockKeys) > 0 {

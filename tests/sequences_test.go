@@ -131,7 +131,7 @@ func TestDeviceSequences(t *testing.T) {
 	}
 	t.Logf("%d steps, %d run again after their device went away mid-command", len(steps), again)
 	checkLineOrder(t, byDevice, steps, away.ID())
-	checkOutage(t, byDevice, away.ID(), offAt, backAt)
+	checkOutage(t, byDevice, steps, away.ID(), offAt, backAt)
 }
 
 // stepPayload is a step task's own payload, out of its flow envelope.
@@ -197,20 +197,47 @@ func checkLineOrder(t *testing.T, byDevice map[string][]device.Run, steps map[st
 }
 
 // checkOutage checks that the device that went away ran nothing while
-// away, that the others kept running meanwhile, and that its commands ran
-// again after it came back.
-func checkOutage(t *testing.T, byDevice map[string][]device.Run, away string, offAt, backAt time.Time) {
+// away, that its commands ran again after it came back, and that no other
+// device stood idle during the outage while a step for it waited: a step
+// published before an idle spell of over a second began, first run after
+// it ended.
+func checkOutage(t *testing.T, byDevice map[string][]device.Run, steps map[string]*task.Task, away string, offAt, backAt time.Time) {
 	t.Helper()
+	const idle = time.Second
+	firstRun := map[string]time.Time{}
+	for _, runs := range byDevice {
+		for _, r := range runs {
+			if f, ok := firstRun[r.TaskKey]; !ok || r.Start.Before(f) {
+				firstRun[r.TaskKey] = r.Start
+			}
+		}
+	}
 	others, after := 0, 0
 	for dev, runs := range byDevice {
+		slices.SortFunc(runs, func(a, b device.Run) int { return a.Start.Compare(b.Start) })
+		free := offAt // when dev was last seen free during the outage
 		for _, r := range runs {
 			switch {
 			case dev == away && r.Start.After(offAt) && r.Start.Before(backAt):
 				t.Errorf("%s ran %s while offline", dev, r.TaskKey)
 			case dev == away && r.Start.After(backAt):
 				after++
-			case dev != away && r.Start.After(offAt.Add(500*time.Millisecond)) && r.Start.Before(backAt.Add(-500*time.Millisecond)):
+			case dev != away && r.Start.After(offAt) && r.Start.Before(backAt):
 				others++
+			}
+			if dev == away || r.End.Before(offAt) || free.After(backAt) {
+				continue
+			}
+			if gap := earliest(r.Start, backAt).Sub(free); gap > idle {
+				for key, tk := range steps {
+					if c := stepDevice(t, tk); c == dev && tk.CreatedAt.Before(free) && !firstRun[key].Before(r.Start) {
+						t.Errorf("%s stood idle %s into the outage of %s (%s) while %s waited for it since %s before",
+							dev, free.Sub(offAt).Round(time.Millisecond), away, gap.Round(time.Millisecond), key, free.Sub(tk.CreatedAt).Round(time.Millisecond))
+					}
+				}
+			}
+			if r.End.After(free) {
+				free = r.End
 			}
 		}
 	}
@@ -221,4 +248,21 @@ func checkOutage(t *testing.T, byDevice map[string][]device.Run, away string, of
 	if after == 0 {
 		t.Error("the device ran nothing after it returned")
 	}
+}
+
+// stepDevice is the device a step task commands.
+func stepDevice(t *testing.T, tk *task.Task) string {
+	t.Helper()
+	c, err := mqttdev.DecodePayload(stepPayload(t, tk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Device
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
