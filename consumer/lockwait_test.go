@@ -110,3 +110,45 @@ func TestParkedTaskKeepsItsRank(t *testing.T) {
 		t.Fatalf("then %s; want lo", next)
 	}
 }
+
+// TestLineAheadIsWoken: a task whose place stands first in a key's line
+// waits for the lease of the holder that stopped it; once the key is free
+// with no event to wake it, a lower task refused for that place ahead
+// makes it try at once. Without that the line stands still, the key idle,
+// until the first task's wait ends (here 30 s away).
+func TestLineAheadIsWoken(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := t.Context()
+	now := e.store.Now()
+	other := task.Holder{TaskKey: "elsewhere", WorkerID: "other", Attempt: 1}
+	if err := e.store.AcquireLocks(ctx, task.LockParams{Keys: []string{"dev"}, Holder: other, Now: now, Until: now.Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan string, 2)
+	e.worker("w1", func(ctx context.Context, job *consumer.Job) error {
+		ran <- job.Task.Key
+		return nil
+	})
+	// first waits in line (priority 5) for the holder, at most its own
+	// 30 s lease; second (priority 0) retries within its 1 s lease.
+	e.publish("first", lockKeys("dev"), priority(5), lease(10*time.Second, 30*time.Second))
+	e.publish("second", lockKeys("dev"), lease(250*time.Millisecond, time.Second))
+	time.Sleep(500 * time.Millisecond) // both tried and wait
+	// The holder goes without a task event (a process that died, say).
+	if err := e.store.ReleaseLocks(ctx, task.LockParams{Keys: []string{"dev"}, Holder: other}); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	if k := recv(t, ran, "a task to take the freed key"); k != "first" {
+		t.Fatalf("%s took the key first; want first (priority 5, ahead in line)", k)
+	}
+	took := time.Since(released)
+	t.Logf("the task ahead in line ran %s after the key was freed", took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Errorf("the task ahead in line ran %s after the key was freed; want it woken by the refused claim within a second or two", took)
+	}
+	if k := recv(t, ran, "second to run"); k != "second" {
+		t.Fatalf("then %s; want second", k)
+	}
+}
