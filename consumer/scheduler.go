@@ -289,8 +289,8 @@ func (s *scheduler) onResult(r attemptResult) {
 		// The key is free but a place ahead in its line stopped the
 		// claim: the task holding that place may wait here for a lease
 		// that has ended, since a holder's finish event wakes one waiter
-		// a process, and the line would stand still until the place
-		// lapsed (two leases; the device idle). It tries now.
+		// a process, and the line would stand still, the key idle, until
+		// that wait ended (up to a lease). It tries now.
 		s.wake(e, now)
 	}
 	s.locks.wait(r.key, r.lockKeys)

@@ -180,7 +180,6 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 		return err
 	}
 	defer s.Close()
-	pauseOnSuspend(s)
 
 	tasks := demoTasks(cfg.tasks)
 	workerArgs := []string{"--concurrency", "8"}

@@ -35,7 +35,6 @@ func openStoreURL(c *cli.Context, url string, opts store.Options) (task.Store, e
 	}
 	if strings.HasPrefix(url, "sqlite:") && !opts.ReadOnly {
 		embeddedProcs()
-		pauseOnSuspend(s)
 	}
 	return s, nil
 }

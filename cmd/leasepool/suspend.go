@@ -8,35 +8,22 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+
+	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
-// writePauser is a store whose writes can be held off (sqlitestore.Store).
-type writePauser interface {
-	PauseWrites() (resume func())
-}
-
-// pausers are the stores this process opened for writing that can pause.
-var pausers struct {
-	sync.Mutex
-	list []writePauser
-}
-
-// pauseOnSuspend registers s, if it can pause, with suspendCleanly.
-func pauseOnSuspend(s any) {
-	if p, ok := s.(writePauser); ok {
-		pausers.Lock()
-		pausers.list = append(pausers.list, p)
-		pausers.Unlock()
-	}
-}
-
 // suspendCleanly handles SIGTSTP (Ctrl-Z) until stop is called: it pauses
-// every registered store's writes, then stops the process with SIGSTOP,
-// and resumes the writes once the process is continued. A process stopped
-// inside a write transaction would hold the embedded store's write lock
-// for as long as it is stopped, stalling every other process on the file,
-// and would be killed for it after sqlitestore.DefaultFrozenWriterKill.
+// the writes of every embedded store the process has open, stops the
+// process (SIGSTOP) and resumes the writes once it is continued. Stopped
+// inside a write transaction, the process would hold the store's write
+// lock as long as it stayed stopped, stalling every other process on the
+// file, and be killed for it (sqlitestore.Config.FrozenWriterKill). Unlike
+// the default action, a SIGTSTP sent to an orphaned process group stops
+// it too. An inherited SIG_IGN is kept.
 func suspendCleanly() (stop func()) {
+	if signal.Ignored(syscall.SIGTSTP) {
+		return func() {}
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTSTP)
 	done := make(chan struct{})
@@ -50,16 +37,13 @@ func suspendCleanly() (stop func()) {
 				return
 			case <-sig:
 			}
-			pausers.Lock()
-			var resumes []func()
-			for _, p := range pausers.list {
-				resumes = append(resumes, p.PauseWrites())
-			}
+			resume := sqlitestore.PauseAllWrites()
 			stopSelf()
-			for _, resume := range resumes {
-				resume()
+			resume()
+			select {
+			case <-sig: // a second Ctrl-Z while pausing: one stop is enough
+			default:
 			}
-			pausers.Unlock()
 		}
 	}()
 	return func() {

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,8 +22,8 @@ import (
 // The test binary runs as a lock holder when holderEnv is set (see
 // TestMain): it takes the store's write lock the way a Store's writer does
 // (flock on the -lock file, then a write transaction), says "holding", and
-// then either stops itself (mode "stop") or holds on for holdFor while
-// running (mode "busy").
+// then holds on until a line comes on stdin (mode "stop": the test stops
+// it meanwhile) or for holdFor while running (mode "busy").
 const (
 	holderEnv     = "LEASEPOOL_TEST_LOCK_HOLDER"
 	holderPathEnv = "LEASEPOOL_TEST_LOCK_HOLDER_PATH"
@@ -57,7 +58,7 @@ func holdWriteLock(mode, path string) {
 	}
 	fmt.Println("holding")
 	if mode == "stop" {
-		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		bufio.NewReader(os.Stdin).ReadString('\n')
 	} else {
 		time.Sleep(holdFor)
 	}
@@ -67,13 +68,24 @@ func holdWriteLock(mode, path string) {
 	os.Exit(0)
 }
 
+// holder is a lock holder process; a line on release ends its hold
+// (mode "stop").
+type holder struct {
+	*exec.Cmd
+	release io.WriteCloser
+}
+
 // startHolder starts a lock holder on the store at path and returns once
 // it holds the lock (and, in mode "stop", is stopped).
-func startHolder(t *testing.T, path, mode string) *exec.Cmd {
+func startHolder(t *testing.T, path, mode string) holder {
 	t.Helper()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), holderEnv+"="+mode, holderPathEnv+"="+path)
 	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +100,11 @@ func startHolder(t *testing.T, path, mode string) *exec.Cmd {
 	if strings.TrimSpace(line) != "holding" {
 		t.Fatalf("lock holder: %q", line)
 	}
+	if mode == "stop" {
+		if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for deadline := time.Now().Add(10 * time.Second); mode == "stop"; time.Sleep(10 * time.Millisecond) {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
 		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
@@ -97,7 +114,7 @@ func startHolder(t *testing.T, path, mode string) *exec.Cmd {
 			t.Fatal("the lock holder did not stop")
 		}
 	}
-	return cmd
+	return holder{cmd, release}
 }
 
 // publishTimed publishes one task and returns how long it took.
@@ -168,7 +185,10 @@ func TestFrozenWriterKillOff(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "store.db")
 	s := open(t, path, &sqlitestore.Config{FrozenWriterKill: -1})
 	holder := startHolder(t, path, "stop")
-	time.AfterFunc(2*time.Second, func() { holder.Process.Signal(syscall.SIGCONT) })
+	time.AfterFunc(2*time.Second, func() {
+		holder.Process.Signal(syscall.SIGCONT)
+		io.WriteString(holder.release, "release\n")
+	})
 
 	took := publishTimed(t, s, "after-resume")
 	if err := holder.Wait(); err != nil {

@@ -131,6 +131,11 @@ func (s *Store) migrate(ctx context.Context) error {
 	if v > schemaVersion {
 		return fmt.Errorf("schema version %d is newer than this program's %d", v, schemaVersion)
 	}
+	unlock, err := s.lockWrites()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	tx, err := s.wdb.BeginTx(ctx, nil)
 	if err != nil {
 		return err

@@ -165,7 +165,11 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		done:       make(chan struct{}),
 		pruneEvery: int64(min(1000, max(1, c.Retention/10))),
 	}
+	if !c.ReadOnly {
+		registerWritable(s, true) // from its first write: see PauseAllWrites
+	}
 	if err := s.openFiles(ctx); err != nil {
+		registerWritable(s, false)
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	s.initClock(ctx)
@@ -177,6 +181,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 			close(s.done)
 			s.bg.Wait()
 			s.closeDBs()
+			registerWritable(s, false)
 			return nil, fmt.Errorf("open store %s: %w", path, err)
 		}
 	}
@@ -184,6 +189,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		close(s.done)
 		s.bg.Wait()
 		s.closeDBs()
+		registerWritable(s, false)
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	return s, nil
@@ -332,6 +338,7 @@ func (s *Store) Close() error {
 	close(s.done)
 	s.bg.Wait()
 	s.broadcast(0)
+	registerWritable(s, false)
 	return s.closeDBs()
 }
 
