@@ -24,6 +24,18 @@ func (c *countingLocks) AcquireLocks(ctx context.Context, p task.LockParams) err
 	return c.Store.AcquireLocks(ctx, p)
 }
 
+// holdElsewhere takes key for a minute as a holder that no worker here
+// knows: another process's task.
+func holdElsewhere(t *testing.T, e *env, key string) task.Holder {
+	t.Helper()
+	now := e.store.Now()
+	other := task.Holder{TaskKey: "elsewhere", WorkerID: "other", Attempt: 1}
+	if err := e.store.AcquireLocks(t.Context(), task.LockParams{Keys: []string{key}, Holder: other, Now: now, Until: now.Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	return other
+}
+
 // TestLockWaitDoesNotSpin: tasks waiting for a lock key that another
 // process holds try it once each, then wait for the holder's release (its
 // lease end, or its finish event), without trying again and again.
@@ -31,11 +43,7 @@ func TestLockWaitDoesNotSpin(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := t.Context()
-	now := e.store.Now()
-	other := task.Holder{TaskKey: "elsewhere", WorkerID: "other", Attempt: 1}
-	if err := e.store.AcquireLocks(ctx, task.LockParams{Keys: []string{"dev"}, Holder: other, Now: now, Until: now.Add(time.Minute)}); err != nil {
-		t.Fatal(err)
-	}
+	other := holdElsewhere(t, e, "dev")
 	const n = 5
 	for i := range n {
 		e.publish(fmt.Sprintf("t%d", i), lockKeys("dev"))
@@ -120,11 +128,7 @@ func TestLineAheadIsWoken(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := t.Context()
-	now := e.store.Now()
-	other := task.Holder{TaskKey: "elsewhere", WorkerID: "other", Attempt: 1}
-	if err := e.store.AcquireLocks(ctx, task.LockParams{Keys: []string{"dev"}, Holder: other, Now: now, Until: now.Add(time.Minute)}); err != nil {
-		t.Fatal(err)
-	}
+	other := holdElsewhere(t, e, "dev")
 	ran := make(chan string, 2)
 	e.worker("w1", func(ctx context.Context, job *consumer.Job) error {
 		ran <- job.Task.Key
