@@ -114,17 +114,13 @@ func TestDeviceSequences(t *testing.T) {
 	}
 	again := 0
 	for key, tk := range steps {
-		c, err := mqttdev.DecodePayload(stepPayload(t, tk))
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch {
+		switch dev := stepDevice(t, tk); {
 		case ok[key] == 0:
 			t.Errorf("step %s never ran on its device", key)
-		case ok[key] > 1 && c.Device != away.ID():
+		case ok[key] > 1 && dev != away.ID():
 			// A command whose result is lost (its device went away
 			// mid-command) runs again: at least once, fenced by attempt.
-			t.Errorf("step %s ran %d times on %s, which never went away", key, ok[key], c.Device)
+			t.Errorf("step %s ran %d times on %s, which never went away", key, ok[key], dev)
 		case ok[key] > 1:
 			again++
 		}
