@@ -10,14 +10,15 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 8
+const schemaVersion = 9
 
 // minReadVersion is the oldest schema a read-only open reads as it is (4
 // added an index, 5 changes.doc, read as NULL before it, 6 the list and
 // stats indexes, which queries only run faster with, 7 lock_lines, which
 // no read-only command reads, 8 the updated_at column and the partial
-// indexes, which only writers and queries' speed depend on), so read-only
-// commands work before a writer upgrades.
+// indexes, which only writers and queries' speed depend on, 9 changes
+// without AUTOINCREMENT, read the same), so read-only commands work before
+// a writer upgrades.
 const minReadVersion = 3
 
 var schema = `
@@ -35,7 +36,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 ` + hotIndexes + listIndexes + `
 CREATE TABLE IF NOT EXISTS changes (
-	seq INTEGER PRIMARY KEY AUTOINCREMENT,
+	seq INTEGER PRIMARY KEY,
 	key TEXT NOT NULL,
 	doc TEXT
 );
@@ -99,6 +100,16 @@ DROP INDEX IF EXISTS tasks_state_next_claim;
 DROP INDEX IF EXISTS tasks_state_priority;
 DROP INDEX IF EXISTS tasks_state_updated;
 ` + hotIndexes,
+	// changes without AUTOINCREMENT: its bookkeeping row in sqlite_sequence
+	// was one more b-tree write in every write transaction's every change
+	// (a draining worker ran about 8 % faster without it). Change seqs
+	// still never go back: a new row takes the greatest seq + 1, and
+	// pruning always keeps the newest row (Config.Retention is at least 1).
+	8: `CREATE TABLE changes_v9 (seq INTEGER PRIMARY KEY, key TEXT NOT NULL, doc TEXT);
+INSERT INTO changes_v9 (seq, key, doc) SELECT seq, key, doc FROM changes;
+DROP TABLE changes;
+ALTER TABLE changes_v9 RENAME TO changes;
+DELETE FROM sqlite_sequence WHERE name = 'changes';`,
 }
 
 // hotIndexes serve the claim path and retention (version 8). The two on

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -336,3 +337,52 @@ func BenchmarkUpdateParallel(b *testing.B) {
 type atomicCounter struct{ n atomic.Int64 }
 
 func (c *atomicCounter) add() int64 { return c.n.Add(1) }
+
+// TestChangeSeqsNeverGoBack prunes all but the newest change after every
+// write (Retention 1) and reopens the file: a stream resumed from the last
+// token sees the next write, whose seq is past every seq handed out before.
+// (The changes table has no AUTOINCREMENT: only the kept newest row stops
+// seqs from starting over.)
+func TestChangeSeqsNeverGoBack(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "leasepool.db")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	s := open(t, path, &sqlitestore.Config{Retention: 1})
+	cs, err := s.Watch(ctx, task.WatchParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := int64(0)
+	next := func(cs task.ChangeStream) {
+		t.Helper()
+		ev, err := cs.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq, err := strconv.ParseInt(string(ev.Token), 10, 64)
+		if err != nil || seq <= last {
+			t.Fatalf("change token %q after %d: want a greater seq", ev.Token, last)
+		}
+		last = seq
+	}
+	for i := range 20 {
+		if _, _, err := task.Publish(ctx, s, task.PublishParams{Key: fmt.Sprint("k", i), Kind: "k"}); err != nil {
+			t.Fatal(err)
+		}
+		next(cs)
+	}
+	tok := cs.ResumeToken()
+	cs.Close()
+	s.Close()
+	s2 := open(t, path, &sqlitestore.Config{Retention: 1})
+	cs2, err := s2.Watch(ctx, task.WatchParams{ResumeAfter: tok})
+	if err != nil {
+		t.Fatalf("resume from the newest token after a reopen: %v", err)
+	}
+	defer cs2.Close()
+	if _, _, err := task.Publish(ctx, s2, task.PublishParams{Key: "after", Kind: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	next(cs2)
+}

@@ -26,6 +26,7 @@ CREATE TABLE locks (key TEXT PRIMARY KEY, task_key TEXT NOT NULL, worker_id TEXT
 CREATE TABLE workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL, until INTEGER NOT NULL, info TEXT NOT NULL);
 INSERT INTO tasks (key, kind, state, next_claim_at, priority, pinned, version, doc) VALUES ('old', 'k', 'succeeded', 0, 0, '', 2,
 	'{"key":"old","kind":"k","state":"succeeded","version":2,"updated_at":"2020-01-02T03:04:05.678Z","created_at":"2020-01-02T03:04:05Z"}');
+INSERT INTO changes (seq, key) VALUES (41, 'old');
 PRAGMA journal_mode = WAL;
 PRAGMA user_version = 3;
 `
@@ -33,7 +34,8 @@ PRAGMA user_version = 3;
 // TestUpgradeFromVersion3 opens a store of schema version 3: read-only
 // opens read it as it is, a writer upgrades it to the current schema, and
 // the upgrade carries each task's age to the updated_at column (to the
-// millisecond).
+// millisecond), and change seqs go on from the last one kept after the
+// changes table loses its AUTOINCREMENT (version 9).
 func TestUpgradeFromVersion3(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")
 	db, err := sql.Open("sqlite", path)
@@ -61,7 +63,7 @@ func TestUpgradeFromVersion3(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rw.Close()
-	var v, idx, docs, lines int
+	var v, idx, docs, lines, autoinc int
 	var updated int64
 	for _, c := range []struct {
 		q    string
@@ -73,15 +75,33 @@ func TestUpgradeFromVersion3(t *testing.T) {
 		{`SELECT count(*) FROM pragma_table_info('changes') WHERE name = 'doc'`, &docs},
 		{`SELECT count(*) FROM sqlite_master WHERE name = 'lock_lines'`, &lines},
 		{`SELECT updated_at FROM tasks WHERE key = 'old'`, &updated},
+		{`SELECT count(*) FROM sqlite_master WHERE name = 'changes' AND sql LIKE '%AUTOINCREMENT%'`, &autoinc},
 	} {
 		if err := db.QueryRow(c.q).Scan(c.dest); err != nil {
 			t.Fatalf("%s: %v", c.q, err)
 		}
 	}
 	want := time.Date(2020, 1, 2, 3, 4, 5, 678e6, time.UTC).UnixNano()
-	if v != 8 || idx != 6 || docs != 1 || lines != 1 || updated != want {
-		t.Errorf("after a writer's open: version %d, indexes %d, changes.doc %d, lock_lines %d, updated_at %d; want 8, 6, 1, 1, %d",
-			v, idx, docs, lines, updated, want)
+	if v != 9 || idx != 6 || docs != 1 || lines != 1 || updated != want || autoinc != 0 {
+		t.Errorf("after a writer's open: version %d, indexes %d, changes.doc %d, lock_lines %d, updated_at %d, changes with AUTOINCREMENT %d; want 9, 6, 1, 1, %d, 0",
+			v, idx, docs, lines, updated, autoinc, want)
+	}
+	if _, _, err := rw.Insert(t.Context(), &task.Task{Key: "new", Kind: "k", State: task.StatePending}); err != nil {
+		t.Fatal(err)
+	}
+	var seqs []int64
+	rows, err := db.Query(`SELECT seq FROM changes ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var seq int64
+		rows.Scan(&seq)
+		seqs = append(seqs, seq)
+	}
+	rows.Close()
+	if len(seqs) != 2 || seqs[0] != 41 || seqs[1] != 42 {
+		t.Errorf("change seqs after the upgrade and one insert: %v; want [41 42]", seqs)
 	}
 	n, err := rw.DeleteFinished(t.Context(), task.DeleteParams{State: task.StateSucceeded, Before: time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC), Limit: 10})
 	if err != nil || n != 1 {
