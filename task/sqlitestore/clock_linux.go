@@ -22,11 +22,15 @@ var defaultHost = hostClock{
 		}
 		return id, nil
 	},
-	boottime: func() (time.Duration, error) {
-		var ts unix.Timespec
-		if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-			return 0, err
-		}
-		return time.Duration(ts.Nano()), nil
-	},
+	boottime: bootClock.read,
+}
+
+var bootClock = cachedBoot{clocks: wallAndMono, raw: rawBoottime}
+
+func rawBoottime() (time.Duration, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0, err
+	}
+	return time.Duration(ts.Nano()), nil
 }

@@ -11,5 +11,7 @@ import (
 // a private epoch (see clock.go).
 var defaultHost = hostClock{
 	bootID:   func() (string, error) { return "", errors.ErrUnsupported },
-	boottime: func() (time.Duration, error) { return 0, errors.ErrUnsupported },
+	boottime: rawBoottime,
 }
+
+func rawBoottime() (time.Duration, error) { return 0, errors.ErrUnsupported }
