@@ -158,7 +158,7 @@ func plain(s string) bool {
 
 // Stats counts tasks by state and kind with one scan of the covering index
 // tasks_kind_state_seq, minus the reserved documents (found on the key
-// index), and finds the oldest ready pending task on tasks_state_next_claim.
+// index), and finds the oldest ready pending task (oldestReady).
 func (s *Store) Stats(ctx context.Context) (task.Stats, error) {
 	if s.closed.Load() {
 		return task.Stats{}, errClosed
@@ -183,17 +183,49 @@ func (s *Store) Stats(ctx context.Context) (task.Stats, error) {
 			st.Counts = append(st.Counts, c)
 		}
 	}
-	var at sql.NullInt64
-	err = s.rdb.QueryRowContext(ctx, `SELECT next_claim_at FROM tasks WHERE state = ? AND `+unfinished+` AND next_claim_at <= ?
-		AND NOT (+key >= ? AND +key < ?) ORDER BY next_claim_at LIMIT 1`,
-		string(task.StatePending), s.Now().UnixNano(), lo, hi).Scan(&at)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return task.Stats{}, fmt.Errorf("stats: oldest ready: %w", mapErr(err))
+	at, err := s.oldestReady(ctx)
+	if err != nil {
+		return task.Stats{}, fmt.Errorf("stats: oldest ready: %w", err)
 	}
 	if at.Valid {
 		st.OldestReadyAt = time.Unix(0, at.Int64).UTC()
 	}
 	return st, nil
+}
+
+// oldestReady returns the earliest claim time of a ready pending task:
+// the earliest of each priority's first ready pending task in tasks_ready.
+func (s *Store) oldestReady(ctx context.Context) (sql.NullInt64, error) {
+	var oldest sql.NullInt64
+	lo, hi := task.ReservedRange()
+	now, pending := s.Now().UnixNano(), string(task.StatePending)
+	tx, err := s.rdb.BeginTx(ctx, nil)
+	if err != nil {
+		return oldest, mapErr(err)
+	}
+	defer tx.Rollback()
+	first := func(q string, args ...any) (bool, error) {
+		var at int64
+		err := tx.QueryRowContext(ctx, q, args...).Scan(&at)
+		if errors.Is(err, sql.ErrNoRows) {
+			return true, nil
+		}
+		if err == nil && (!oldest.Valid || at < oldest.Int64) {
+			oldest = sql.NullInt64{Int64: at, Valid: true}
+		}
+		return true, mapErr(err)
+	}
+	if s.readVersion < 8 { // a read-only look at a file from before tasks_ready
+		_, err := first(`SELECT next_claim_at FROM tasks WHERE state = ? AND next_claim_at <= ?
+			AND NOT (+key >= ? AND +key < ?) ORDER BY next_claim_at LIMIT 1`, pending, now, lo, hi)
+		return oldest, err
+	}
+	err = eachPriority(ctx, tx, sql.NullInt64{}, func(prio int) (bool, error) {
+		return first(`SELECT next_claim_at FROM tasks INDEXED BY tasks_ready WHERE `+unfinished+` AND priority = ?
+			AND next_claim_at <= ? AND state = ? AND NOT (+key >= ? AND +key < ?) ORDER BY next_claim_at LIMIT 1`,
+			prio, now, pending, lo, hi)
+	})
+	return oldest, err
 }
 
 func (s *Store) counts(ctx context.Context, q string, args ...any) ([]task.StateCount, error) {

@@ -100,7 +100,8 @@ DROP INDEX IF EXISTS tasks_state_next_claim;
 DROP INDEX IF EXISTS tasks_state_priority;
 DROP INDEX IF EXISTS tasks_state_updated;
 ` + hotIndexes,
-	// changes without AUTOINCREMENT: its bookkeeping row in sqlite_sequence
+	// changes without AUTOINCREMENT, and no tasks_due (see hotIndexes).
+	// AUTOINCREMENT's bookkeeping row in sqlite_sequence
 	// was one more b-tree write in every write transaction's every change
 	// (a draining worker ran about 8 % faster without it). Change seqs
 	// still never go back: a new row takes the greatest seq + 1, and
@@ -109,16 +110,17 @@ DROP INDEX IF EXISTS tasks_state_updated;
 INSERT INTO changes_v9 (seq, key, doc) SELECT seq, key, doc FROM changes;
 DROP TABLE changes;
 ALTER TABLE changes_v9 RENAME TO changes;
-DELETE FROM sqlite_sequence WHERE name = 'changes';`,
+DELETE FROM sqlite_sequence WHERE name = 'changes';
+DROP INDEX IF EXISTS tasks_due;`,
 }
 
-// hotIndexes serve the claim path and retention (version 8). The two on
-// unfinished tasks are partial, so a finished task leaves them: the
-// candidate queries read only what may still run, however many finished
-// tasks the store keeps. tasks_ready is read one priority at a time
+// hotIndexes serve the claim path and retention (version 8; version 9
+// dropped the second index on unfinished tasks, tasks_due on
+// next_claim_at alone). tasks_ready is partial, so a finished task leaves
+// it: the candidate queries read only what may still run, however many
+// finished tasks the store keeps. It is read one priority at a time
 // (candidateSQL), each a range seek on next_claim_at.
-var hotIndexes = `CREATE INDEX IF NOT EXISTS tasks_due ON tasks (next_claim_at) WHERE ` + unfinished + `;
-CREATE INDEX IF NOT EXISTS tasks_ready ON tasks (priority DESC, next_claim_at) WHERE ` + unfinished + `;
+var hotIndexes = `CREATE INDEX IF NOT EXISTS tasks_ready ON tasks (priority DESC, next_claim_at) WHERE ` + unfinished + `;
 CREATE INDEX IF NOT EXISTS tasks_finished_updated ON tasks (state, updated_at) WHERE ` + finished + `;
 `
 
@@ -218,6 +220,7 @@ func (s *Store) prepare(ctx context.Context) error {
 // prepareRead prepares the statements on rdb for a file of schema version
 // v (older ones only when read-only).
 func (s *Store) prepareRead(ctx context.Context, v int) error {
+	s.readVersion = v
 	changeDoc := "c.doc"
 	if v < 5 {
 		changeDoc = "NULL" // no changes.doc yet: readers fall back to the current document

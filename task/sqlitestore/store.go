@@ -101,6 +101,9 @@ type Store struct {
 	log  *slog.Logger
 
 	wdb *sql.DB // one connection: every write transaction
+	// readVersion is the schema version the read statements were made for:
+	// a read-only open reads older files as they are.
+	readVersion int
 	// writeLock is flock(2)ed around every write transaction. SQLite's own
 	// busy handler sleeps and polls (up to 100 ms a nap), so under
 	// contention from other processes a writer can starve for seconds and
