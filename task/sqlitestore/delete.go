@@ -50,17 +50,26 @@ func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, e
 	if len(args) == 2 {
 		return 0, nil
 	}
-	q := deleteIfOld + strings.Repeat("?,", len(args)-3) + "?)"
+	q := deleteIfOld + strings.Repeat("?,", len(args)-3) + "?) RETURNING kind"
 	var n int64
-	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		res, err := tx.ExecContext(ctx, q, args...)
+	req := &writeReq{ctx: ctx, savepoint: true}
+	req.fn = func(ctx context.Context, tx *sql.Tx) (int64, error) {
+		rows, err := tx.QueryContext(ctx, q, args...)
 		if err != nil {
 			return 0, mapErr(err)
 		}
-		n, err = res.RowsAffected()
-		return 0, mapErr(err)
-	})
-	if err != nil {
+		defer rows.Close()
+		for rows.Next() {
+			var kind string
+			if err := rows.Scan(&kind); err != nil {
+				return 0, mapErr(err)
+			}
+			n++
+			req.counts = append(req.counts, countMove{kind, p.State, -1})
+		}
+		return 0, mapErr(rows.Err())
+	}
+	if err := s.submit(req); err != nil {
 		return 0, fmt.Errorf("delete %s tasks: %w", p.State, err)
 	}
 	return int(n), nil

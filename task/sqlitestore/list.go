@@ -28,12 +28,35 @@ func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error
 			return nil, fmt.Errorf("list: %w", err)
 		}
 	}
-	stmt, args := listSQL(q, narrow)
+	index := ""
+	if q.State != "" && q.Kind != "" && !narrow && s.readVersion >= 9 {
+		var err error
+		if index, err = s.narrower(ctx, q.Kind, q.State); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+	}
+	stmt, args := listSQL(q, narrow, index)
 	ts, err := s.query(ctx, stmt, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list: %w", err)
 	}
 	return ts, nil
+}
+
+// narrower returns the list index to walk for tasks of kind in state:
+// the one by state or the one by kind, whichever holds fewer entries by
+// task_counts (the other filter is tested on each row walked).
+func (s *Store) narrower(ctx context.Context, kind string, state task.State) (string, error) {
+	var inState, ofKind int64
+	err := s.rdb.QueryRowContext(ctx, `SELECT (SELECT COALESCE(SUM(n), 0) FROM task_counts WHERE state = ?),
+		(SELECT COALESCE(SUM(n), 0) FROM task_counts WHERE kind = ?)`, string(state), kind).Scan(&inState, &ofKind)
+	if err != nil {
+		return "", mapErr(err)
+	}
+	if inState <= ofKind {
+		return "tasks_state_seq", nil
+	}
+	return "tasks_kind_seq", nil
 }
 
 // narrowPrefix is how many keys a prefix may match for List to read them
@@ -64,17 +87,22 @@ func prefixEnd(p string) string {
 }
 
 // listSQL builds List's query; narrow reads the key prefix's rows through
-// the key index (few of them) instead of filtering rows in seq order.
-func listSQL(q task.ListQuery, narrow bool) (string, []any) {
+// the key index (few of them) instead of filtering rows in seq order, and
+// index, when set, is the index to walk.
+func listSQL(q task.ListQuery, narrow bool, index string) (string, []any) {
 	var b strings.Builder
 	lo, hi := task.ReservedRange()
 	args := []any{q.AfterSeq, lo, hi}
+	b.WriteString("SELECT seq, version, doc FROM tasks ")
+	if index != "" {
+		b.WriteString("INDEXED BY " + index + " ")
+	}
 	// The reserved range is tested on key, not with the key index: it
 	// holds a document or two, so it must never drive the plan.
 	if q.Reserved {
-		b.WriteString("SELECT seq, version, doc FROM tasks WHERE seq > ? AND (+key >= ? AND +key < ?)")
+		b.WriteString("WHERE seq > ? AND (+key >= ? AND +key < ?)")
 	} else {
-		b.WriteString("SELECT seq, version, doc FROM tasks WHERE seq > ? AND NOT (+key >= ? AND +key < ?)")
+		b.WriteString("WHERE seq > ? AND NOT (+key >= ? AND +key < ?)")
 	}
 	and := func(cond string, a ...any) {
 		b.WriteString(" AND " + cond)
@@ -156,15 +184,19 @@ func plain(s string) bool {
 	return true
 }
 
-// Stats counts tasks by state and kind with one scan of the covering index
-// tasks_kind_state_seq, minus the reserved documents (found on the key
-// index), and finds the oldest ready pending task (oldestReady).
+// Stats reads the counts of tasks by state and kind from task_counts,
+// minus the reserved documents (found on the key index), and finds the
+// oldest ready pending task (oldestReady).
 func (s *Store) Stats(ctx context.Context) (task.Stats, error) {
 	if s.closed.Load() {
 		return task.Stats{}, errClosed
 	}
 	lo, hi := task.ReservedRange()
-	all, err := s.counts(ctx, "SELECT state, kind, COUNT(*) FROM tasks GROUP BY kind, state")
+	countAll := "SELECT state, kind, n FROM task_counts"
+	if s.readVersion < 9 { // a read-only look at a file from before task_counts
+		countAll = "SELECT state, kind, COUNT(*) FROM tasks GROUP BY kind, state"
+	}
+	all, err := s.counts(ctx, countAll)
 	if err != nil {
 		return task.Stats{}, fmt.Errorf("stats: %w", err)
 	}

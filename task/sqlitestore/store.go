@@ -101,6 +101,8 @@ type Store struct {
 	log  *slog.Logger
 
 	wdb *sql.DB // one connection: every write transaction
+	// seen is the task versions lately written or read (counts.go).
+	seen seenVersions
 	// readVersion is the schema version the read statements were made for:
 	// a read-only open reads older files as they are.
 	readVersion int
@@ -114,9 +116,9 @@ type Store struct {
 	rdb       *sql.DB // several read-only connections
 
 	// Prepared statements on wdb.
-	insTask, selTaskW, updTask, updHot, existsW, insChange, pruneChanges *sql.Stmt
-	selLock, upsertLock, delLock                                         *sql.Stmt
-	selAhead, upsertPlace, delPlace, pruneLine                           *sql.Stmt
+	insTask, selTaskW, updTask, updHot, existsW, insChange, pruneChanges, selStored, upsertCount *sql.Stmt
+	selLock, upsertLock, delLock                                                                 *sql.Stmt
+	selAhead, upsertPlace, delPlace, pruneLine                                                   *sql.Stmt
 	// Prepared statements on rdb.
 	selTask, selChanges, maxChange, minChange *sql.Stmt
 

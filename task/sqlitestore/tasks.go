@@ -82,11 +82,13 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	var inserted bool
 	var change int64
 	kept := c.Clone() // here, not in the one writer goroutine
-	err = s.submit(&writeReq{ctx: ctx, onCommit: func() {
+	req := &writeReq{ctx: ctx, onCommit: func() {
 		if inserted {
 			s.remember(change, kept)
+			s.seen.note(kept)
 		}
-	}, fn: func(ctx context.Context, tx *sql.Tx) (int64, error) {
+	}}
+	req.fn = func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		var seq int64
 		err := tx.StmtContext(ctx, s.insTask).QueryRowContext(ctx,
 			t.Key, t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(t.UpdatedAt)).Scan(&seq)
@@ -101,10 +103,11 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 		stored = t
 		t.ID, t.Seq, t.Version = strconv.FormatInt(seq, 10), seq, 1
 		kept.ID, kept.Seq = t.ID, seq
+		req.counts = append(req.counts, countMove{t.Kind, t.State, 1})
 		change, err = s.appendChange(ctx, tx, t.Key, changeDoc)
 		return change, err
-	}})
-	if err != nil {
+	}
+	if err := s.submit(req); err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
 	return stored, inserted, nil
@@ -122,6 +125,7 @@ func (s *Store) Get(ctx context.Context, key string) (*task.Task, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get %s: %w", key, mapErr(err))
 	}
+	s.seen.note(t)
 	return t, nil
 }
 
@@ -144,7 +148,20 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	}
 	var change int64
 	kept := c.Clone() // here, not in the one writer goroutine
-	err = s.submit(&writeReq{ctx: ctx, onCommit: func() { s.remember(change, kept) }, fn: func(ctx context.Context, tx *sql.Tx) (int64, error) {
+	req := &writeReq{ctx: ctx, onCommit: func() {
+		s.remember(change, kept)
+		s.seen.note(kept)
+	}}
+	req.fn = func(ctx context.Context, tx *sql.Tx) (int64, error) {
+		// What the write moves in task_counts: the replaced version's kind
+		// and state, known when this Store saw that version.
+		kind, state, known := s.seen.lookup(t.Seq, t.Version)
+		var err error
+		if !known {
+			if kind, state, known, err = s.readStored(ctx, tx, t.Key, t.Version); err != nil {
+				return 0, err
+			}
+		}
 		// Most writes keep kind, priority and pins: the narrow statement
 		// then leaves their indexes alone, and finds the row by its rowid
 		// (seq), not through the key index. Both are conditional on the
@@ -153,11 +170,17 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 		res, err := tx.StmtContext(ctx, s.updHot).ExecContext(ctx,
 			string(t.State), nanos(t.NextClaimAt), doc, nanos(c.UpdatedAt), t.Seq, t.Key, t.Version, t.Kind, t.Priority, pin)
 		if n, _ := rowsAffected(res, err); err == nil && n == 0 {
+			// The row by key, which need not be the version seen by seq.
+			if kind, state, known, err = s.readStored(ctx, tx, t.Key, t.Version); err != nil {
+				return 0, err
+			}
 			res, err = tx.StmtContext(ctx, s.updTask).ExecContext(ctx,
 				t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(c.UpdatedAt), t.Key, t.Version)
 		}
 		if n, err := rowsAffected(res, err); err != nil {
 			return 0, mapErr(err)
+		} else if n == 1 && !known {
+			return 0, fmt.Errorf("sqlitestore: updated %s version %d without reading it", t.Key, t.Version)
 		} else if n == 0 {
 			var one int
 			err := tx.StmtContext(ctx, s.existsW).QueryRowContext(ctx, t.Key).Scan(&one)
@@ -169,10 +192,11 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 			}
 			return 0, fmt.Errorf("version %d: %w", t.Version, task.ErrConflict)
 		}
+		req.moved(kind, state, t.Kind, t.State)
 		change, err = s.appendChange(ctx, tx, t.Key, changeDoc)
 		return change, err
-	}})
-	if err != nil {
+	}
+	if err := s.submit(req); err != nil {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	t.Version = next
@@ -240,6 +264,7 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 	if err != nil {
 		return nil, fmt.Errorf("candidates: %w", err)
 	}
+	s.seen.note(ts...) // the versions claims will replace
 	return ts, nil
 }
 

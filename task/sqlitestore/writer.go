@@ -77,7 +77,10 @@ type writeReq struct {
 	savepoint bool
 	// onCommit runs after the commit, before watchers are woken.
 	onCommit func()
-	done     chan error
+	// counts are the moves in task_counts of fn's writes, applied with
+	// the batch when fn succeeded.
+	counts []countMove
+	done   chan error
 }
 
 // clean reports whether a fn error left nothing written.
@@ -159,6 +162,9 @@ func (s *Store) commit(batch []*writeReq) {
 		return
 	}
 	latest, err := runBatch(tx, batch, errs)
+	if err == nil {
+		err = s.applyCounts(tx, batch, errs)
+	}
 	if err != nil {
 		tx.Rollback()
 		answer(fmt.Errorf("batched write failed: %w", err))
