@@ -205,7 +205,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task
 
 	stopPing := lease.Start(cancel)
 
-	log := c.logger.With(slog.String("task", doc.Key), slog.Int("attempt", attempt))
+	log := attemptLog{c.logger, doc.Key, attempt}
 	log.Debug("task started", slog.String("kind", doc.Kind))
 	began := time.Now()
 	err := c.invoke(hctx, job)
@@ -240,7 +240,7 @@ func (c *Consumer) observeClaim(doc *task.Task, try *claimTry) {
 // settle writes the attempt's outcome and returns it.
 // ended is when the handler returned: an outcome is judged against the
 // lease as it stood then, and a peer's claim since makes the write fail.
-func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log *slog.Logger) Outcome {
+func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log attemptLog) Outcome {
 	out := lease.Output() // what the handler recorded: every write here stores it
 	if o, lost := c.settleLost(context.Cause(hctx), lease, out, log); lost {
 		return o
@@ -302,7 +302,7 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 // settleLost ends an attempt whose lease was lost (cause): unpinned, the
 // task finished by others, cancelled or preempted. It reports false when
 // the lease still stood, leaving the outcome to settle.
-func (c *Consumer) settleLost(cause error, lease *ping.Lease, out task.Output, log *slog.Logger) (Outcome, bool) {
+func (c *Consumer) settleLost(cause error, lease *ping.Lease, out task.Output, log attemptLog) (Outcome, bool) {
 	if errors.Is(cause, task.ErrUnpinned) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = lease.Unpin(ctx)
@@ -408,3 +408,23 @@ func signal(ch chan struct{}) {
 	default:
 	}
 }
+
+// attemptLog logs about one attempt, with its task and attempt number.
+// Unlike Logger.With, which has the handler format them at once, for every
+// attempt at any level, it adds them only to the records logged.
+type attemptLog struct {
+	l       *slog.Logger
+	key     string
+	attempt int
+}
+
+func (a attemptLog) log(level slog.Level, msg string, args []any) {
+	if ctx := context.Background(); a.l.Enabled(ctx, level) {
+		a.l.Log(ctx, level, msg, append([]any{slog.String("task", a.key), slog.Int("attempt", a.attempt)}, args...)...)
+	}
+}
+
+func (a attemptLog) Debug(msg string, args ...any) { a.log(slog.LevelDebug, msg, args) }
+func (a attemptLog) Info(msg string, args ...any)  { a.log(slog.LevelInfo, msg, args) }
+func (a attemptLog) Warn(msg string, args ...any)  { a.log(slog.LevelWarn, msg, args) }
+func (a attemptLog) Error(msg string, args ...any) { a.log(slog.LevelError, msg, args) }
