@@ -50,8 +50,9 @@ type Store interface {
 	// order, oldest first or with q.Desc newest first; see ListQuery.
 	// Documents whose key has ReservedPrefix are never listed.
 	List(ctx context.Context, q ListQuery) ([]*Task, error)
-	// Stats counts tasks by state and kind, from indexes, leaving out
-	// documents whose key has ReservedPrefix.
+	// Stats counts tasks by state and kind (kept by the writes or from
+	// indexes, never by reading the documents), leaving out documents
+	// whose key has ReservedPrefix.
 	Stats(ctx context.Context) (Stats, error)
 	// Watch opens a change stream of task writes. It returns
 	// ErrWatchUnsupported where the backend cannot push, and
