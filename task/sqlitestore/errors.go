@@ -18,6 +18,12 @@ import (
 // ErrReadOnly is returned by writes to a Store opened with Config.ReadOnly.
 var ErrReadOnly = errors.New("sqlitestore: store opened read-only")
 
+// ErrSchemaChanged fails the writes of a process whose store file was
+// upgraded to a newer schema by a newer program since it opened it: its
+// writes would no longer keep what the new schema keeps (task_counts, say).
+// Restart the process with the newer program.
+var ErrSchemaChanged = errors.New("sqlitestore: the store's schema was upgraded by a newer leasepool since this process opened it; restart it with that version")
+
 // errClosed is returned by every call after Close.
 var errClosed = fmt.Errorf("sqlitestore: %w", task.ErrClosed)
 

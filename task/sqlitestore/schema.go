@@ -209,6 +209,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.insChange, `INSERT INTO changes (key, doc) VALUES (?, ?)`},
 		{&s.pruneChanges, `DELETE FROM changes WHERE seq <= ?`},
 		{&s.selStored, `SELECT kind, state FROM tasks WHERE key = ? AND version = ?`},
+		{&s.userVersion, `PRAGMA user_version`},
 		{&s.upsertCount, `INSERT INTO task_counts (kind, state, n) VALUES (?, ?, ?)
 			ON CONFLICT (kind, state) DO UPDATE SET n = n + excluded.n`},
 		{&s.selLock, `SELECT task_key, worker_id, attempt, instance, until FROM locks WHERE key = ?`},

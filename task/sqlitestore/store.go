@@ -116,9 +116,9 @@ type Store struct {
 	rdb       *sql.DB // several read-only connections
 
 	// Prepared statements on wdb.
-	insTask, selTaskW, updTask, updHot, existsW, insChange, pruneChanges, selStored, upsertCount *sql.Stmt
-	selLock, upsertLock, delLock                                                                 *sql.Stmt
-	selAhead, upsertPlace, delPlace, pruneLine                                                   *sql.Stmt
+	insTask, selTaskW, updTask, updHot, existsW, insChange, pruneChanges, selStored, upsertCount, userVersion *sql.Stmt
+	selLock, upsertLock, delLock                                                                              *sql.Stmt
+	selAhead, upsertPlace, delPlace, pruneLine                                                                *sql.Stmt
 	// Prepared statements on rdb.
 	selTask, selChanges, maxChange, minChange *sql.Stmt
 

@@ -2,6 +2,7 @@ package sqlitestore_test
 
 import (
 	"database/sql"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
@@ -114,5 +115,36 @@ func TestUpgradeFromVersion3(t *testing.T) {
 	n, err := rw.DeleteFinished(t.Context(), task.DeleteParams{State: task.StateSucceeded, Before: time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC), Limit: 10})
 	if err != nil || n != 1 {
 		t.Errorf("retention on the upgraded store deleted %d, %v; want the old task", n, err)
+	}
+}
+
+// TestWritesStopAfterANewerUpgrade: a process whose store file a newer
+// program upgraded since it opened it writes nothing more (its writes
+// would not keep what the newer schema keeps), and says why.
+func TestWritesStopAfterANewerUpgrade(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := sqlitestore.Open(t.Context(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, _, err := task.Publish(t.Context(), s, task.PublishParams{Key: "before", Kind: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`PRAGMA user_version = 99`); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = task.Publish(t.Context(), s, task.PublishParams{Key: "after", Kind: "k"})
+	if !errors.Is(err, sqlitestore.ErrSchemaChanged) {
+		t.Fatalf("publish after a newer program's upgrade: %v; want ErrSchemaChanged", err)
+	}
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM tasks WHERE key = 'after'`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("tasks written after the upgrade: %d, %v; want 0", n, err)
 	}
 }

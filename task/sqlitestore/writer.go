@@ -161,6 +161,17 @@ func (s *Store) commit(batch []*writeReq) {
 		answer(mapErr(err))
 		return
 	}
+	// Under the write lock: no newer program's upgrade lands before the
+	// commit. One read of the file header, a cached page.
+	var v int
+	if err := tx.Stmt(s.userVersion).QueryRow().Scan(&v); err != nil || v != schemaVersion {
+		tx.Rollback()
+		if err == nil {
+			err = fmt.Errorf("%w (schema version %d, this program's %d)", ErrSchemaChanged, v, schemaVersion)
+		}
+		answer(mapErr(err))
+		return
+	}
 	latest, err := runBatch(tx, batch, errs)
 	if err == nil {
 		err = s.applyCounts(tx, batch, errs)
