@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"runtime/debug"
 	"time"
 
@@ -419,9 +420,16 @@ type attemptLog struct {
 }
 
 func (a attemptLog) log(level slog.Level, msg string, args []any) {
-	if ctx := context.Background(); a.l.Enabled(ctx, level) {
-		a.l.Log(ctx, level, msg, append([]any{slog.String("task", a.key), slog.Int("attempt", a.attempt)}, args...)...)
+	ctx := context.Background()
+	if !a.l.Enabled(ctx, level) {
+		return
 	}
+	var pc [1]uintptr
+	runtime.Callers(3, pc[:]) // the caller of Debug, Info, ...: the record's source
+	r := slog.NewRecord(time.Now(), level, msg, pc[0])
+	r.AddAttrs(slog.String("task", a.key), slog.Int("attempt", a.attempt))
+	r.Add(args...)
+	_ = a.l.Handler().Handle(ctx, r)
 }
 
 func (a attemptLog) Debug(msg string, args ...any) { a.log(slog.LevelDebug, msg, args) }

@@ -236,9 +236,9 @@ func (s *Store) oldestReady(ctx context.Context) (sql.NullInt64, error) {
 		return oldest, mapErr(err)
 	}
 	defer tx.Rollback()
-	first := func(q string, args ...any) (bool, error) {
+	first := func(row *sql.Row) (bool, error) {
 		var at int64
-		err := tx.QueryRowContext(ctx, q, args...).Scan(&at)
+		err := row.Scan(&at)
 		if errors.Is(err, sql.ErrNoRows) {
 			return true, nil
 		}
@@ -248,14 +248,18 @@ func (s *Store) oldestReady(ctx context.Context) (sql.NullInt64, error) {
 		return true, mapErr(err)
 	}
 	if s.readVersion < 8 { // a read-only look at a file from before tasks_ready
-		_, err := first(`SELECT next_claim_at FROM tasks WHERE state = ? AND next_claim_at <= ?
-			AND NOT (+key >= ? AND +key < ?) ORDER BY next_claim_at LIMIT 1`, pending, now, lo, hi)
+		_, err := first(tx.QueryRowContext(ctx, `SELECT next_claim_at FROM tasks WHERE state = ? AND next_claim_at <= ?
+			AND NOT (+key >= ? AND +key < ?) ORDER BY next_claim_at LIMIT 1`, pending, now, lo, hi))
 		return oldest, err
 	}
+	st, err := tx.PrepareContext(ctx, `SELECT next_claim_at FROM tasks INDEXED BY tasks_ready WHERE `+unfinished+` AND priority = ?
+		AND next_claim_at <= ? AND state = ? AND NOT (+key >= ? AND +key < ?) ORDER BY next_claim_at LIMIT 1`)
+	if err != nil {
+		return oldest, mapErr(err)
+	}
+	defer st.Close()
 	err = eachPriority(ctx, tx, sql.NullInt64{}, func(prio int) (bool, error) {
-		return first(`SELECT next_claim_at FROM tasks INDEXED BY tasks_ready WHERE `+unfinished+` AND priority = ?
-			AND next_claim_at <= ? AND state = ? AND NOT (+key >= ? AND +key < ?) ORDER BY next_claim_at LIMIT 1`,
-			prio, now, pending, lo, hi)
+		return first(st.QueryRowContext(ctx, prio, now, pending, lo, hi))
 	})
 	return oldest, err
 }

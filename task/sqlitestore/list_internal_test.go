@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/task"
 )
@@ -129,6 +130,44 @@ func TestListKindAndStateWalksTheSmaller(t *testing.T) {
 			if tk.Kind != c.kind || tk.State != c.state {
 				t.Errorf("kind %s, state %s: listed %s (%s, %s)", c.kind, c.state, tk.Key, tk.Kind, tk.State)
 			}
+		}
+	}
+}
+
+// TestUpcomingPageOverSQLiteVariableLimit reads an upcoming page of more
+// tasks than SQLite takes bound variables (32,766), in order.
+func TestUpcomingPageOverSQLiteVariableLimit(t *testing.T) {
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "s.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const n = 33_000
+	now := s.Now()
+	// Rows written directly, in one statement: publishing 33,000 tasks one
+	// by one takes half a minute under the race detector. Task i is due
+	// (n-i) ms after an hour from now, at priority i%3.
+	base := now.Add(time.Hour).Truncate(time.Millisecond).UnixMilli()
+	if _, err := s.wdb.ExecContext(t.Context(), `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?)
+		INSERT INTO tasks (key, kind, state, next_claim_at, priority, pinned, version, doc, updated_at)
+		SELECT 't' || i, 'k', 'pending', (? + ? - i) * 1000000, i % 3, '', 1,
+			json_object('key', 't' || i, 'kind', 'k', 'state', 'pending', 'priority', i % 3, 'version', 1,
+				'next_claim_at', strftime('%Y-%m-%dT%H:%M:%fZ', (? + ? - i) / 1000.0, 'unixepoch')), 0
+		FROM c`, n, base, n, base, n); err != nil {
+		t.Fatal(err)
+	}
+	page, err := s.Candidates(t.Context(), task.CandidateQuery{Now: now, Limit: n + 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page) != n {
+		t.Fatalf("upcoming page of %d tasks; want %d", len(page), n)
+	}
+	q := task.CandidateQuery{Now: now}
+	for i := 1; i < len(page); i++ {
+		if !q.Less(page[i-1], page[i]) {
+			t.Fatalf("upcoming page out of order at %d: %s (%s) before %s (%s)", i,
+				page[i-1].Key, page[i-1].NextClaimAt, page[i].Key, page[i].NextClaimAt)
 		}
 	}
 }

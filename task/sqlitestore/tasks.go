@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -147,10 +148,13 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	var change int64
+	var bySeq bool    // the row written is the one t.Seq names
 	kept := c.Clone() // here, not in the one writer goroutine
 	req := &writeReq{ctx: ctx, onCommit: func() {
 		s.remember(change, kept)
-		s.seen.note(kept)
+		if bySeq {
+			s.seen.note(kept)
+		}
 	}}
 	req.fn = func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		// What the write moves in task_counts: the replaced version's kind
@@ -169,7 +173,9 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 		// seq) simply takes the second.
 		res, err := tx.StmtContext(ctx, s.updHot).ExecContext(ctx,
 			string(t.State), nanos(t.NextClaimAt), doc, nanos(c.UpdatedAt), t.Seq, t.Key, t.Version, t.Kind, t.Priority, pin)
-		if n, _ := rowsAffected(res, err); err == nil && n == 0 {
+		n, _ := rowsAffected(res, err)
+		bySeq = err == nil && n == 1
+		if err == nil && n == 0 {
 			// The row by key, which need not be the version seen by seq.
 			if kind, state, known, err = s.readStored(ctx, tx, t.Key, t.Version); err != nil {
 				return 0, err
@@ -298,14 +304,28 @@ func readyCandidates(ctx context.Context, tx *sql.Tx, q task.CandidateQuery) ([]
 // upcomingCandidates reads the tasks waiting for a later claim time, by
 // that time across priorities: each priority's earliest positions (claim
 // time and seq, from the index and the row's kind and pins, no document)
-// are merged, and then the documents of the page's tasks are read. A
-// query costs an index seek per priority in use.
+// are merged, each priority read only up to the page's worst position so
+// far, and then the documents of the page's tasks are read. A query costs
+// an index seek per priority in use.
 func upcomingCandidates(ctx context.Context, tx *sql.Tx, q task.CandidateQuery) ([]*task.Task, error) {
 	type position struct{ at, seq int64 }
 	var best []position
-	err := eachPriority(ctx, tx, sql.NullInt64{}, func(prio int) (bool, error) {
-		stmt, args := candidateSQL(q, "next_claim_at, seq", prio, q.Limit)
-		rows, err := tx.QueryContext(ctx, stmt, args...)
+	text, args := candidateSQL(q, "next_claim_at, seq", 0, q.Limit)
+	text = strings.Replace(text, " ORDER BY", " AND (next_claim_at < ? OR (next_claim_at = ? AND seq < ?)) ORDER BY", 1)
+	bound := len(args) - 1 // the three arguments before the limit
+	args = slices.Insert(args, bound, any(nil), any(nil), any(nil))
+	st, err := tx.PrepareContext(ctx, text)
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	defer st.Close()
+	err = eachPriority(ctx, tx, sql.NullInt64{}, func(prio int) (bool, error) {
+		worst := position{math.MaxInt64, math.MaxInt64}
+		if len(best) == q.Limit {
+			worst = best[len(best)-1]
+		}
+		args[0], args[bound], args[bound+1], args[bound+2] = prio, worst.at, worst.at, worst.seq
+		rows, err := st.QueryContext(ctx, args...)
 		if err != nil {
 			return false, mapErr(err)
 		}
@@ -324,13 +344,14 @@ func upcomingCandidates(ctx context.Context, tx *sql.Tx, q task.CandidateQuery) 
 	if err != nil || len(best) == 0 {
 		return nil, err
 	}
-	args := make([]any, len(best))
+	seqs := make([]byte, 0, 12*len(best))
 	rank := make(map[int64]int, len(best))
 	for i, p := range best {
-		args[i] = p.seq
+		seqs = strconv.AppendInt(append(seqs, ','), p.seq, 10)
 		rank[p.seq] = i
 	}
-	out, err := queryTasks(ctx, tx, "SELECT seq, version, doc FROM tasks WHERE seq IN (?"+strings.Repeat(", ?", len(best)-1)+")", args...)
+	seqs[0] = '['
+	out, err := queryTasks(ctx, tx, "SELECT seq, version, doc FROM tasks WHERE seq IN (SELECT value FROM json_each(?))", string(append(seqs, ']')))
 	slices.SortFunc(out, func(a, b *task.Task) int { return rank[a.Seq] - rank[b.Seq] })
 	return out, err
 }
@@ -344,13 +365,19 @@ func eachPriority(ctx context.Context, tx *sql.Tx, from sql.NullInt64, fn func(p
 	if !prio.Valid {
 		err = tx.QueryRowContext(ctx, `SELECT MAX(priority) FROM tasks INDEXED BY tasks_ready WHERE `+unfinished).Scan(&prio)
 	}
+	var below *sql.Stmt
 	for err == nil && prio.Valid {
 		var more bool
 		if more, err = fn(int(prio.Int64)); err != nil || !more {
 			break
 		}
-		err = tx.QueryRowContext(ctx, `SELECT MAX(priority) FROM tasks INDEXED BY tasks_ready WHERE `+unfinished+` AND priority < ?`,
-			prio.Int64).Scan(&prio)
+		if below == nil {
+			if below, err = tx.PrepareContext(ctx, `SELECT MAX(priority) FROM tasks INDEXED BY tasks_ready WHERE `+unfinished+` AND priority < ?`); err != nil {
+				break
+			}
+			defer below.Close()
+		}
+		err = below.QueryRowContext(ctx, prio.Int64).Scan(&prio)
 	}
 	return mapErr(err)
 }
