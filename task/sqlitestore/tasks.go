@@ -278,8 +278,8 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 // tasks_ready (priority, next_claim_at), one priority at a time: each
 // priority's ready or upcoming tasks are a range of it. A second index by
 // claim time alone served the upcoming order directly, but every claim
-// and finish had to move the task in it too (a lone worker drained about
-// 4 % fewer tasks a second).
+// and finish had to move the task in it too: three b-tree writes a task
+// in the writer goroutine.
 
 // readyCandidates reads ready tasks one priority at a time, highest
 // first: each priority's page is a range seek in tasks_ready, and the next
