@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -136,5 +137,86 @@ func TestStaleClaimResultKeepsNewerOutcome(t *testing.T) {
 			close(held.result) // A's attempt decides on B's claim, now stale
 			recv(t, started["T"], "A's claim of T after B's "+tc.name+" (not at B's lease end, 20 s)")
 		})
+	}
+}
+
+// heldPage wraps a worker's store to hold its first refill page (a ready
+// query continuing after a resume point) after reading it: the page is
+// returned once release is closed.
+type heldPage struct {
+	task.Store
+	key           string
+	read, release chan struct{}
+	once          sync.Once
+	updates       atomic.Int64 // writes of key through this store
+}
+
+func (h *heldPage) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.Task, error) {
+	page, err := h.Store.Candidates(ctx, q)
+	if q.Ready && q.After != nil {
+		h.once.Do(func() {
+			close(h.read)
+			select {
+			case <-h.release:
+			case <-ctx.Done():
+			}
+		})
+	}
+	return page, err
+}
+
+func (h *heldPage) Update(ctx context.Context, t *task.Task) error {
+	if t.Key == h.key {
+		h.updates.Add(1)
+	}
+	return h.Store.Update(ctx, t)
+}
+
+// TestRefillPageKeepsNewerEvents: a backlog's next page is read aside
+// while the worker goes on; a task in it that a peer claimed before the
+// page came back is not put back as the page read it (pending, due now),
+// which would cost a claim attempt bound to conflict.
+func TestRefillPageKeepsNewerEvents(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := t.Context()
+	for i := range 10 { // B's lease on t-04 outlasts the test
+		e.publish(fmt.Sprintf("t-%02d", i), lease(100*time.Millisecond, time.Minute))
+	}
+	held := &heldPage{Store: e.store, key: "t-04", read: make(chan struct{}), release: make(chan struct{})}
+	var mu sync.Mutex
+	ran := map[string]bool{}
+	a := e.worker("A", func(ctx context.Context, job *consumer.Job) error {
+		mu.Lock()
+		ran[job.Task.Key] = true
+		mu.Unlock()
+		return nil
+	}, concurrency(1), onStore(held), func(c *consumer.Config) { c.HeapSize, c.PageSize = 4, 4 })
+	recv(t, held.read, "A's refill page (t-04 to t-07)")
+
+	// B claims t-04 while A's page, which shows it pending, is held.
+	b := task.Holder{WorkerID: "B", Instance: "b-1"}
+	claimed, _, err := preempt.ClaimTask(e.get("t-04"), b, e.store.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Update(ctx, claimed); err != nil {
+		t.Fatal(err)
+	}
+	// Events come in order: once A queues the marker, it has B's claim.
+	e.publish("marker", runAt(e.store.Now().Add(time.Hour)))
+	eventually(t, waitLong, func() bool { return a.Stats().Queued >= 2 }, "A to queue t-04 (B's lease) and the marker")
+
+	close(held.release)
+	for _, k := range []string{"t-05", "t-06", "t-07", "t-08", "t-09"} {
+		e.waitState(k, task.StateSucceeded)
+	}
+	if n := held.updates.Load(); n != 0 {
+		t.Fatalf("A wrote t-04 %d times after B claimed it; the page's stale document was offered", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if ran["t-04"] {
+		t.Fatal("A ran t-04, which B holds")
 	}
 }

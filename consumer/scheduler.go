@@ -8,6 +8,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -59,6 +60,22 @@ type scheduler struct {
 	overflow  bool
 	resume    *task.Task // where the next overflow query continues
 	lastQuery time.Time
+	// A refill page of a long backlog is read in its own goroutine, so
+	// that slots freed meanwhile are refilled from the heap rather than
+	// waiting for the query (a page is a few milliseconds of reads and
+	// decoding). fetching is set while one is in flight; fetchSeen holds
+	// the newest document of each task an event or attempt brought
+	// meanwhile, which the page's, read earlier, must not replace.
+	pages     chan fetchedPage
+	fetching  bool
+	fetchSeen map[string]*task.Task
+}
+
+// fetchedPage is a refill page and the query's cursor.
+type fetchedPage struct {
+	after *task.Task
+	tasks []*task.Task
+	err   error
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -76,6 +93,7 @@ func (c *Consumer) newScheduler() *scheduler {
 		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, claiming: map[string]*task.Task{}, free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl, paused: map[string]preempt.Entry{},
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency), rateWait: map[string]bool{},
+		pages: make(chan fetchedPage, 1), fetchSeen: map[string]*task.Task{},
 	}
 }
 
@@ -90,11 +108,15 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 	for {
 		if ready {
 			s.dispatch(ctx)
-			// Refill before the heap runs dry when the store holds more
-			// (overflow), so the slots never wait on a query; an empty heap
-			// also queries now and then.
-			low := s.heap.Len() == 0 || (s.overflow && s.heap.Len() < s.cfg.HeapSize/4)
-			if low && s.free > 0 && !s.full() && s.queryDue() {
+			// Refill before the heap runs dry, or holds nothing due, when
+			// the store holds more (overflow), so the slots never wait on a
+			// query; an empty heap also queries now and then.
+			low := s.heap.Len() == 0 || (s.overflow && (s.heap.Len() < s.cfg.HeapSize/4 || !s.anyDue()))
+			switch {
+			case s.fetching || !low || s.full():
+			case s.resume != nil:
+				s.fetch(ctx) // the next page of a backlog, read aside
+			case s.free > 0 && s.queryDue():
 				s.queryFrom(ctx, s.resume)
 				s.dispatch(ctx)
 			}
@@ -131,6 +153,8 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.onControl()
 		case r := <-s.results:
 			s.onResult(r)
+		case p := <-s.pages:
+			s.onPage(p)
 		case <-s.handled:
 			s.free++
 		case keys := <-s.claimsDone:
@@ -144,6 +168,14 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.query(ctx)
 		}
 	}
+}
+
+// anyDue reports whether an entry in the heap is due: a heap holding only
+// later entries (delayed tasks, leases held elsewhere) must not keep a
+// ready backlog in the store waiting.
+func (s *scheduler) anyDue() bool {
+	at, ok := s.heap.Next()
+	return ok && !at.After(s.store.Now())
 }
 
 // queryDue rate-limits the empty-heap query: soon after an overflow (more
@@ -200,6 +232,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 
 func (s *scheduler) onEvent(ev task.Event) {
 	t := ev.Task
+	s.noteFetchSeen(t)
 	if r := s.running.get(t.Key); r != nil && t.Version >= r.version {
 		if err := r.lease.Observe(t); err != nil {
 			r.cancel(err)
@@ -265,6 +298,7 @@ func (s *scheduler) onResult(r attemptResult) {
 		s.free++
 	}
 	now := s.store.Now()
+	s.noteFetchSeen(r.doc)
 	seen := s.claiming[r.key]
 	delete(s.claiming, r.key)
 	if s.locks.landed(r.busy, r.wakes) && r.retry != nil && len(r.lockKeys) > 0 {
@@ -407,6 +441,70 @@ func (s *scheduler) queryFrom(ctx context.Context, resume *task.Task) {
 				break
 			}
 		}
+	}
+}
+
+// fetch reads the next page of ready tasks after the resume point in its
+// own goroutine; onPage takes it.
+func (s *scheduler) fetch(ctx context.Context) {
+	s.fetching = true
+	s.lastQuery = time.Now()
+	q := task.CandidateQuery{
+		Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: s.store.Now(), Ready: true, After: s.resume, Limit: s.cfg.PageSize,
+	}
+	s.inflight.Add(1)
+	go func() {
+		defer s.inflight.Done()
+		page, err := s.store.Candidates(ctx, q)
+		select {
+		case s.pages <- fetchedPage{after: q.After, tasks: page, err: err}:
+		case <-s.done:
+		}
+	}()
+}
+
+// onPage offers a fetched page's tasks, but not where an event or an
+// attempt brought a newer document meanwhile, and moves the resume point.
+// A short page ends the backlog: the next refill queries everything.
+func (s *scheduler) onPage(p fetchedPage) {
+	s.fetching = false
+	defer clear(s.fetchSeen)
+	if s.resume != p.after {
+		return // a full query ran meanwhile and moved the cursor
+	}
+	if p.err != nil {
+		if !errors.Is(p.err, context.Canceled) {
+			s.logger.Warn("candidate query", slog.Any("err", p.err))
+		}
+		s.resume = nil // the next refill queries everything, no sooner than queryDue
+		return
+	}
+	now := s.store.Now()
+	for i, t := range p.tasks {
+		if seen := s.fetchSeen[t.Key]; seen == nil || before(seen, t) {
+			s.offer(t, now)
+		}
+		if s.full() && i < len(p.tasks)-1 {
+			s.resume = t
+			return
+		}
+	}
+	s.overflow = true
+	if len(p.tasks) < s.cfg.PageSize {
+		s.resume = nil
+		return
+	}
+	s.resume = p.tasks[len(p.tasks)-1]
+}
+
+// noteFetchSeen keeps t as the newest document of its task known while a
+// page is fetched.
+func (s *scheduler) noteFetchSeen(t *task.Task) {
+	if !s.fetching || t == nil {
+		return
+	}
+	if seen := s.fetchSeen[t.Key]; seen == nil || !before(t, seen) {
+		s.fetchSeen[t.Key] = t
 	}
 }
 
