@@ -40,8 +40,8 @@ func pinned(t *task.Task) (string, error) {
 // decode reads a stored row: the doc plus the columns that own ID, Seq and
 // Version.
 func decode(seq, version int64, doc string) (*task.Task, error) {
-	t := new(task.Task)
-	if err := json.Unmarshal([]byte(doc), t); err != nil {
+	t, err := task.ParseJSON([]byte(doc))
+	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: decode task seq %d: %w", seq, err)
 	}
 	t.ID = strconv.FormatInt(seq, 10)
@@ -474,8 +474,8 @@ func (s *Store) recalled(seq int64) *task.Task {
 // decodeChange decodes the document a change recorded (everything but the
 // payload, as it was after that write) and gives it the current payload.
 func decodeChange(seq int64, after string, current sql.NullString) (*task.Task, error) {
-	t := new(task.Task)
-	if err := json.Unmarshal([]byte(after), t); err != nil {
+	t, err := task.ParseJSON([]byte(after))
+	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: decode change of task seq %d: %w", seq, err)
 	}
 	if current.Valid {
