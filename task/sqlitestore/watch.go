@@ -301,6 +301,16 @@ func (st *stream) fill(ctx context.Context) error {
 		return nil
 	}
 	s := st.s
+	// Caught up: every change is announced by a broadcast raising latest
+	// (this Store's commits, and the tail for other processes'), which
+	// wakes the stream. Reading the table now would find nothing: a query
+	// per commit that a worker following its own writes made for nothing.
+	s.mu.Lock()
+	caughtUp := st.pos >= s.latest
+	s.mu.Unlock()
+	if caughtUp {
+		return nil
+	}
 	rows, err := s.selChanges.QueryContext(ctx, st.pos, batch)
 	if err != nil {
 		return fmt.Errorf("change stream: %w", mapErr(err))
