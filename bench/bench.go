@@ -50,6 +50,10 @@ type Config struct {
 	// PendingTasks are held, delayed, by a worker for the memory figure;
 	// 0 skips it.
 	PendingTasks int
+	// ThroughputOnly measures the worker process's throughput alone (Runs
+	// runs), for a driver that interleaves runs of several systems so that
+	// a slow spell of the machine falls on each of them.
+	ThroughputOnly bool
 	// WorkerCommand returns a command (not started) that runs a worker
 	// process on storeURL with this worker id and concurrency, claiming
 	// the built-in kinds noop and sleep, until SIGTERM; for example
@@ -122,6 +126,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		{"throughput", b.throughput},
 		{"takeover", b.takeover},
 		{"memory with pending tasks", b.pendingMemory},
+	}
+	if c.ThroughputOnly {
+		steps = steps[2:3] // throughput
 	}
 	for _, s := range steps {
 		b.progress("%s...", s.name)

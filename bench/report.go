@@ -20,12 +20,15 @@ type Report struct {
 	Concurrency                int     `json:"concurrency"`
 	InProcessThroughputPerS    float64 `json:"throughput_in_process_per_s"`
 	CrossProcessThroughputPerS float64 `json:"throughput_worker_process_per_s"`
-	TakeoverMs                 float64 `json:"takeover_after_sigkill_ms"`
-	DefaultWorkerTimeoutMs     float64 `json:"default_worker_timeout_ms"`
-	WorkerPeakRSSBytes         int64   `json:"worker_peak_rss_throughput_bytes"`
-	WorkerIdleRSSBytes         int64   `json:"worker_rss_idle_bytes"`
-	PendingTasks               int     `json:"pending_tasks"`
-	WorkerRSSWithPendingBytes  int64   `json:"worker_rss_with_pending_bytes"`
+	// CrossProcessThroughputRuns are the runs CrossProcessThroughputPerS
+	// is the median of, in order.
+	CrossProcessThroughputRuns []float64 `json:"throughput_runs_per_s,omitempty"`
+	TakeoverMs                 float64   `json:"takeover_after_sigkill_ms"`
+	DefaultWorkerTimeoutMs     float64   `json:"default_worker_timeout_ms"`
+	WorkerPeakRSSBytes         int64     `json:"worker_peak_rss_throughput_bytes"`
+	WorkerIdleRSSBytes         int64     `json:"worker_rss_idle_bytes"`
+	PendingTasks               int       `json:"pending_tasks"`
+	WorkerRSSWithPendingBytes  int64     `json:"worker_rss_with_pending_bytes"`
 }
 
 // CrossProcessLatency is publish-to-start latency from a producer process

@@ -33,6 +33,7 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "concurrency", Value: bench.DefaultConcurrency, Usage: "worker concurrency in the throughput runs"},
 			&cli.IntFlag{Name: "runs", Value: bench.DefaultRuns, Usage: "throughput runs; the median is reported"},
 			&cli.IntFlag{Name: "pending", Value: 100000, Usage: "pending tasks for the memory figure (0 skips it)"},
+			&cli.BoolFlag{Name: "throughput-only", Usage: "measure only the worker process's throughput, --runs times"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
 			&cli.StringFlag{Name: "samples", Usage: "write the raw latency samples (ms) here as JSON {\"in_process\": [...], \"cross_process\": [...]}"},
 		},
@@ -92,7 +93,7 @@ func benchConfig(c *cli.Context) (bench.Config, error) {
 	}
 	cfg := bench.Config{
 		LatencyTasks: c.Int("latency-tasks"), ThroughputTasks: c.Int("tasks"),
-		Concurrency: c.Int("concurrency"), Runs: c.Int("runs"), PendingTasks: c.Int("pending"),
+		Concurrency: c.Int("concurrency"), Runs: c.Int("runs"), PendingTasks: c.Int("pending"), ThroughputOnly: c.Bool("throughput-only"),
 		Progress:      c.App.ErrWriter,
 		Logger:        slog.New(minLevel{slog.Default().Handler(), slog.LevelWarn}),
 		WorkerCommand: workerCommand,

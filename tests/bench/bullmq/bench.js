@@ -23,6 +23,7 @@ const { values: args } = parseArgs({
     runs: { type: 'string', default: '3' },
     pending: { type: 'string', default: '100000' },
     'takeover-cap': { type: 'string', default: '180' },
+    'throughput-only': { type: 'boolean', default: false },
   },
 });
 if (args.quick) Object.assign(args, { tasks: '2000', runs: '1', pending: '10000' });
@@ -250,8 +251,10 @@ async function main() {
     node: process.version,
     Redis: (info.match(/redis_version:(\S+)/) || [])[1],
   };
-  for (const [name, fn] of [['latency across processes', latency], ['throughput', throughput],
-    ['takeover', takeover], ['memory with pending jobs', pendingMemory]]) {
+  let steps = [['latency across processes', latency], ['throughput', throughput],
+    ['takeover', takeover], ['memory with pending jobs', pendingMemory]];
+  if (args['throughput-only']) steps = steps.slice(1, 2);
+  for (const [name, fn] of steps) {
     log(`${name}...`);
     await fn(queue);
   }

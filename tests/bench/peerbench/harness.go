@@ -68,6 +68,8 @@ type harness struct {
 	cap      time.Duration
 	round    int
 	settings []string
+	// throughputOnly runs the throughput step alone.
+	throughputOnly bool
 }
 
 func (h *harness) progress(format string, args ...any) {
@@ -85,6 +87,9 @@ func (h *harness) run() error {
 		{"throughput", h.throughput},
 		{"takeover", h.takeover},
 		{"memory with pending jobs", h.pendingMemory},
+	}
+	if h.throughputOnly {
+		steps = steps[1:2] // throughput
 	}
 	for _, s := range steps {
 		h.progress("%s...", s.name)

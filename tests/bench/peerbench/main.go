@@ -56,6 +56,7 @@ func benchMain(args []string) error {
 	runs := fs.Int("runs", 3, "throughput runs; the median is reported")
 	pending := fs.Int("pending", 100000, "pending jobs for the memory figure (0 skips it)")
 	capWait := fs.Duration("takeover-cap", 180*time.Second, "longest wait for the takeover")
+	throughputOnly := fs.Bool("throughput-only", false, "measure only the throughput, -runs times (tests/bench/run's interleaved rounds)")
 	tuned := fs.Bool("tuned", false, "tuned for latency as a user would: River FetchCooldown 1 ms, Asynq TaskCheckInterval 1 ms (reported as SYSTEM-tuned)")
 	fs.Parse(args)
 	if *quick {
@@ -67,7 +68,7 @@ func benchMain(args []string) error {
 	if *tuned {
 		name += "-tuned"
 	}
-	h := &harness{ctx: ctx, system: *system, name: name, tuned: *tuned, url: *url, dir: *out, runs: *runs, cap: *capWait,
+	h := &harness{ctx: ctx, system: *system, name: name, tuned: *tuned, url: *url, dir: *out, runs: *runs, cap: *capWait, throughputOnly: *throughputOnly,
 		r: report{System: name, LatencyTasks: *latencyTasks, ThroughputTasks: *tasks,
 			Concurrency: *concurrency, PendingTasks: *pending}}
 	var err error

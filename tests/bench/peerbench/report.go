@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasepool/leasepool/bench"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -26,6 +27,7 @@ type result struct {
 	DefaultWorkerTimeoutMs float64 `json:"default_worker_timeout_ms"` // leasepool's
 	name                   string
 	samples                []float64
+	interleaved            int // throughput runs from tests/bench/run's interleaved rounds
 }
 
 func reportMain(args []string) error {
@@ -90,6 +92,9 @@ func loadResults(dir, leasepoolRev string) ([]result, error) {
 				r.samples = lp.CrossProcess
 			}
 		}
+		if err := addRounds(dir, &r); err != nil {
+			return nil, err
+		}
 		out = append(out, r)
 	}
 	// leasepool first, then the peers by name.
@@ -104,6 +109,31 @@ func loadResults(dir, leasepoolRev string) ([]result, error) {
 		return strings.Compare(a.System, b.System)
 	})
 	return out, nil
+}
+
+// addRounds adds to r the throughput runs of tests/bench/run's
+// interleaved rounds (rounds/*/NAME.json, each from a throughput-only
+// run) and makes r's throughput the median of all its runs.
+func addRounds(dir string, r *result) error {
+	files, err := filepath.Glob(filepath.Join(dir, "rounds", "*", r.name+".json"))
+	if err != nil || len(files) == 0 {
+		return err
+	}
+	slices.Sort(files)
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		var round result
+		if err := json.Unmarshal(data, &round); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		r.ThroughputRuns = append(r.ThroughputRuns, round.ThroughputRuns...)
+		r.interleaved += len(round.ThroughputRuns)
+	}
+	r.ThroughputPerS = bench.Median(slices.Clone(r.ThroughputRuns))
+	return nil
 }
 
 func mib(b int64) string {
@@ -192,7 +222,7 @@ Producer and workers are separate processes on this host; start times are taken 
 - **publish→start**: ` + "`latency_tasks`" + ` jobs published one at a time, 2 ms apart, to an idle worker process at concurrency 8; from just after the publish call returns to the handler's start. Nearest-rank percentiles.
   The peers' worker is started and reports ready before publishing begins; leasepool bench publishes right after spawning its worker, so its max may include the worker's start-up.
   leasepool bench takes a noop task's ended_at as its start (an upper bound); the peers record the handler's first instruction.
-- **throughput**: noop jobs pre-published, then one worker process at concurrency 32 drains them; from spawning the worker to the producer seeing no job waiting or running (polled every 5 ms). Median of the runs.
+- **throughput**: noop jobs pre-published, then one worker process at concurrency 32 drains them; from spawning the worker to the producer seeing no job waiting or running (polled every 5 ms). Median of all of a system's runs: those of its own pass and, with --rounds N (default 4), one more in each of N interleaved rounds, each round running every system once in an order rotated round by round, so that a slow spell of this machine falls on every system alike (River with its defaults sits the rounds out: its FetchCooldown bounds it). The per-system table lists the runs in order.
 - **takeover**: a worker (concurrency 1) holding a long job is SIGKILLed 3 s after the job started; time until a second, already running worker starts it. Default settings, so this is each system's default failure detection. The wait is capped; "> cap" means it did not happen in time.
 - **servers**: PostgreSQL with initdb's defaults and Redis with its compiled-in defaults (no config file), private instances started by tests/bench/run; only port, listen address and directories set. Peer libraries with their defaults; a worker sets only its concurrency. leasepool: ` + "`leasepool bench`" + `'s defaults (embedded store: a temporary SQLite file).
 - **RSS**: worker idle = VmRSS of that second worker, idle, 3 s in; peak = VmHWM of the throughput worker; with pending = VmHWM of a worker at concurrency 32 given 3 s with that many jobs delayed an hour.
@@ -200,8 +230,13 @@ Producer and workers are separate processes on this host; start times are taken 
 	b.WriteString("\n## Per system\n\n| system | throughput runs (jobs/s) | latency p90 | defaults behind the latency | takeover default | settings changed | versions |\n|---|---|---:|---|---|---|---|\n")
 	for _, r := range results {
 		var runs []string
-		for _, v := range r.ThroughputRuns {
-			runs = append(runs, fmt.Sprintf("%.0f", v))
+		own := len(r.ThroughputRuns) - r.interleaved
+		for i, v := range r.ThroughputRuns {
+			sep := ""
+			if i == own && i > 0 {
+				sep = "interleaved: "
+			}
+			runs = append(runs, fmt.Sprintf("%s%.0f", sep, v))
 		}
 		if len(runs) == 0 {
 			runs = []string{fmt.Sprintf("median %.0f", r.ThroughputPerS)}
