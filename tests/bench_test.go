@@ -69,3 +69,31 @@ func TestBenchCommand(t *testing.T) {
 		t.Errorf("cross-process samples give %+v, report says p50 %v max %v", got, r.CrossProcessP50Ms, r.CrossProcessMaxMs)
 	}
 }
+
+// TestBenchThroughputOnly: --throughput-only drains --runs times in worker
+// processes and measures nothing else, listing each run (tests/bench/run's
+// interleaved rounds read them).
+func TestBenchThroughputOnly(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(leasepoolBin(t), "--store", "sqlite:"+filepath.Join(dir, "b.db"), "--log-level", "error",
+		"bench", "--json", "--throughput-only", "--tasks", "200", "--runs", "2", "--concurrency", "8")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s\nstderr:\n%s", err, out, tail(stderr.String(), 4000))
+	}
+	var r bench.Report
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, out)
+	}
+	if len(r.CrossProcessThroughputRuns) != 2 || slices.Min(r.CrossProcessThroughputRuns) <= 0 {
+		t.Fatalf("throughput runs %v; want 2 positive ones: %s", r.CrossProcessThroughputRuns, out)
+	}
+	if med := bench.Median(slices.Clone(r.CrossProcessThroughputRuns)); med != r.CrossProcessThroughputPerS {
+		t.Errorf("throughput %v is not the median of its runs %v", r.CrossProcessThroughputPerS, r.CrossProcessThroughputRuns)
+	}
+	if r.InProcessThroughputPerS != 0 || r.CrossProcessMaxMs != 0 || r.TakeoverMs != 0 || r.WorkerIdleRSSBytes != 0 {
+		t.Errorf("--throughput-only measured more than the worker process's throughput: %s", out)
+	}
+}
