@@ -53,7 +53,7 @@ func (s *Store) applyCounts(tx *sql.Tx, batch []*writeReq, errs []error) error {
 		if n == 0 {
 			continue
 		}
-		if _, err := tx.Stmt(s.upsertCount).Exec(g.kind, string(g.state), n); err != nil {
+		if _, err := s.txStmt(tx, s.upsertCount).Exec(g.kind, string(g.state), n); err != nil {
 			return mapErr(err)
 		}
 	}

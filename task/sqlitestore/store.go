@@ -117,6 +117,7 @@ type Store struct {
 
 	// Prepared statements on wdb.
 	insTask, selTaskW, updTask, updHot, existsW, insChange, pruneChanges, selStored, upsertCount, userVersion *sql.Stmt
+	txStmts                                                                                                   map[*sql.Stmt]*sql.Stmt // the writer's, see txStmt
 	selLock, upsertLock, delLock                                                                              *sql.Stmt
 	selAhead, upsertPlace, delPlace, pruneLine                                                                *sql.Stmt
 	// Prepared statements on rdb.
@@ -168,6 +169,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		log:        c.Logger.With(slog.String("store", path)),
 		wake:       make(chan struct{}),
 		done:       make(chan struct{}),
+		txStmts:    map[*sql.Stmt]*sql.Stmt{},
 		pruneEvery: int64(min(1000, max(1, c.Retention/10))),
 	}
 	if !c.ReadOnly {

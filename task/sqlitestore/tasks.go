@@ -91,7 +91,7 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	}}
 	req.fn = func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		var seq int64
-		err := tx.StmtContext(ctx, s.insTask).QueryRowContext(ctx,
+		err := s.txStmt(tx, s.insTask).QueryRowContext(ctx,
 			t.Key, t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(t.UpdatedAt)).Scan(&seq)
 		if errors.Is(err, sql.ErrNoRows) {
 			stored, err = scanTask(tx.StmtContext(ctx, s.selTaskW).QueryRowContext(ctx, t.Key))
@@ -171,7 +171,7 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 		// (seq), not through the key index. Both are conditional on the
 		// version, so a write that changes them (or a document without its
 		// seq) simply takes the second.
-		res, err := tx.StmtContext(ctx, s.updHot).ExecContext(ctx,
+		res, err := s.txStmt(tx, s.updHot).ExecContext(ctx,
 			string(t.State), nanos(t.NextClaimAt), doc, nanos(c.UpdatedAt), t.Seq, t.Key, t.Version, t.Kind, t.Priority, pin)
 		n, _ := rowsAffected(res, err)
 		bySeq = err == nil && n == 1
@@ -180,7 +180,7 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 			if kind, state, known, err = s.readStored(ctx, tx, t.Key, t.Version); err != nil {
 				return 0, err
 			}
-			res, err = tx.StmtContext(ctx, s.updTask).ExecContext(ctx,
+			res, err = s.txStmt(tx, s.updTask).ExecContext(ctx,
 				t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(c.UpdatedAt), t.Key, t.Version)
 		}
 		if n, err := rowsAffected(res, err); err != nil {

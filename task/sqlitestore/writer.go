@@ -172,6 +172,7 @@ func (s *Store) commit(batch []*writeReq) {
 		answer(mapErr(err))
 		return
 	}
+	clear(s.txStmts) // statements of the last transaction, closed with it
 	latest, err := runBatch(tx, batch, errs)
 	if err == nil {
 		err = s.applyCounts(tx, batch, errs)
@@ -256,11 +257,24 @@ func runOne(tx *sql.Tx, r *writeReq) (change int64, own, fatal error) {
 	return change, own, nil
 }
 
+// txStmt returns st in the writer's transaction tx, prepared for it once
+// per transaction (tx.Stmt builds a new statement on every call; the
+// writer runs the same few for every request of a batch). Only fns run by
+// the writer may call it.
+func (s *Store) txStmt(tx *sql.Tx, st *sql.Stmt) *sql.Stmt {
+	if t, ok := s.txStmts[st]; ok {
+		return t
+	}
+	t := tx.Stmt(st)
+	s.txStmts[st] = t
+	return t
+}
+
 // appendChange records a write of key, whose document is now doc (without
 // its payload), in the changes table, pruning the oldest rows now and then,
 // and returns the change's seq.
 func (s *Store) appendChange(ctx context.Context, tx *sql.Tx, key, doc string) (int64, error) {
-	res, err := tx.StmtContext(ctx, s.insChange).ExecContext(ctx, key, doc)
+	res, err := s.txStmt(tx, s.insChange).ExecContext(ctx, key, doc)
 	if err != nil {
 		return 0, mapErr(err)
 	}
