@@ -30,7 +30,11 @@ func TestDeviceSequences(t *testing.T) {
 	prefix := "lp" + sfx
 	sim := startSim(t, ctx, device.Config{
 		BrokerURL: url, Prefix: prefix, IDPrefix: "sq-" + sfx + "-", Count: 10,
-		Latency: 40 * time.Millisecond, Heartbeat: time.Second, Seed: 9,
+		// Commands slow enough that each device's line stands: about five
+		// steps wait per device at first, and the line order check needs
+		// some waiting over its 500 ms margin (at 40 ms, once claims got
+		// faster, a run could find none and check nothing).
+		Latency: 120 * time.Millisecond, Heartbeat: time.Second, Seed: 9,
 	})
 	for i := range 3 {
 		deviceWorker(t, storeURL, fmt.Sprintf("sq%d-%s", i+1, sfx), url, prefix)
