@@ -8,7 +8,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -69,13 +68,6 @@ type scheduler struct {
 	pages     chan fetchedPage
 	fetching  bool
 	fetchSeen map[string]*task.Task
-}
-
-// fetchedPage is a refill page and the query's cursor.
-type fetchedPage struct {
-	after *task.Task
-	tasks []*task.Task
-	err   error
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -168,21 +160,6 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.query(ctx)
 		}
 	}
-}
-
-// anyDue reports whether an entry in the heap is due: a heap holding only
-// later entries (delayed tasks, leases held elsewhere) must not keep a
-// ready backlog in the store waiting.
-func (s *scheduler) anyDue() bool {
-	at, ok := s.heap.Next()
-	return ok && !at.After(s.store.Now())
-}
-
-// queryDue rate-limits the empty-heap query: soon after an overflow (more
-// tasks wait in the store), else once a second.
-func (s *scheduler) queryDue() bool {
-	since := time.Since(s.lastQuery)
-	return since > time.Second || (s.overflow && since > 20*time.Millisecond)
 }
 
 func (s *scheduler) wait() time.Duration {
@@ -391,120 +368,6 @@ func (s *scheduler) onControl() {
 				s.dropped()
 			}
 		}
-	}
-}
-
-// query loads candidates page by page: ready tasks in priority order, then
-// upcoming ones by claim time, until the heap is full.
-func (s *scheduler) query(ctx context.Context) { s.queryFrom(ctx, nil) }
-
-// queryFrom is query continuing the ready tasks after resume (when the last
-// query filled the heap there), so that a worker draining a long queue does
-// not re-read what it already holds.
-func (s *scheduler) queryFrom(ctx context.Context, resume *task.Task) {
-	s.lastQuery = time.Now()
-	s.overflow = false
-	s.resume = nil
-	now := s.store.Now()
-	for _, ready := range []bool{true, false} {
-		after := resume
-		resume = nil
-		for {
-			if s.full() {
-				s.overflow = true
-				if ready {
-					s.resume = after
-				}
-				return
-			}
-			page, err := s.store.Candidates(ctx, task.CandidateQuery{
-				Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: ready, After: after, Limit: s.cfg.PageSize,
-			})
-			if err != nil {
-				if ctx.Err() == nil {
-					s.logger.Warn("candidate query", slog.Any("err", err))
-					s.overflow = true // try again when the heap drains
-				}
-				return
-			}
-			for i, t := range page {
-				s.offer(t, now)
-				if s.full() && i < len(page)-1 {
-					page = page[:i+1] // resume after the last one kept
-					break
-				}
-			}
-			if len(page) > 0 {
-				after = page[len(page)-1]
-			}
-			if len(page) < s.cfg.PageSize && !s.full() {
-				break
-			}
-		}
-	}
-}
-
-// fetch reads the next page of ready tasks after the resume point in its
-// own goroutine; onPage takes it.
-func (s *scheduler) fetch(ctx context.Context) {
-	s.fetching = true
-	s.lastQuery = time.Now()
-	q := task.CandidateQuery{
-		Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: s.store.Now(), Ready: true, After: s.resume, Limit: s.cfg.PageSize,
-	}
-	s.inflight.Add(1)
-	go func() {
-		defer s.inflight.Done()
-		page, err := s.store.Candidates(ctx, q)
-		select {
-		case s.pages <- fetchedPage{after: q.After, tasks: page, err: err}:
-		case <-s.done:
-		}
-	}()
-}
-
-// onPage offers a fetched page's tasks, but not where an event or an
-// attempt brought a newer document meanwhile, and moves the resume point.
-// A short page ends the backlog: the next refill queries everything.
-func (s *scheduler) onPage(p fetchedPage) {
-	s.fetching = false
-	defer clear(s.fetchSeen)
-	if s.resume != p.after {
-		return // a full query ran meanwhile and moved the cursor
-	}
-	if p.err != nil {
-		if !errors.Is(p.err, context.Canceled) {
-			s.logger.Warn("candidate query", slog.Any("err", p.err))
-		}
-		s.resume = nil // the next refill queries everything, no sooner than queryDue
-		return
-	}
-	now := s.store.Now()
-	for i, t := range p.tasks {
-		if seen := s.fetchSeen[t.Key]; seen == nil || before(seen, t) {
-			s.offer(t, now)
-		}
-		if s.full() && i < len(p.tasks)-1 {
-			s.resume = t
-			return
-		}
-	}
-	s.overflow = true
-	if len(p.tasks) < s.cfg.PageSize {
-		s.resume = nil
-		return
-	}
-	s.resume = p.tasks[len(p.tasks)-1]
-}
-
-// noteFetchSeen keeps t as the newest document of its task known while a
-// page is fetched.
-func (s *scheduler) noteFetchSeen(t *task.Task) {
-	if !s.fetching || t == nil {
-		return
-	}
-	if seen := s.fetchSeen[t.Key]; seen == nil || !before(t, seen) {
-		s.fetchSeen[t.Key] = t
 	}
 }
 

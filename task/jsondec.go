@@ -87,29 +87,33 @@ func (d *jsonDecoder) object(field func(key []byte) bool) bool {
 	}
 }
 
-// array calls elem for each element of an array; null is no array (nil
-// slice, as json.Unmarshal leaves it).
-func (d *jsonDecoder) array(elem func() bool) (null, ok bool) {
+// slice reads an array into *dst with elem reading each element, as
+// json.Unmarshal does into a new slice: null is nil, [] an empty slice.
+func slice[T any](d *jsonDecoder, dst *[]T, elem func(*T) bool) bool {
 	if d.literal("null") {
-		return true, true
+		*dst = nil
+		return true
 	}
 	if !d.next('[') {
-		return false, d.fail()
+		return d.fail()
 	}
-	if d.next(']') {
-		return false, true
+	out := []T{}
+	if !d.next(']') {
+		for {
+			out = append(out, *new(T))
+			if !elem(&out[len(out)-1]) {
+				return d.fail()
+			}
+			if d.next(']') {
+				break
+			}
+			if !d.next(',') {
+				return d.fail()
+			}
+		}
 	}
-	for {
-		if !elem() {
-			return false, d.fail()
-		}
-		if d.next(']') {
-			return false, true
-		}
-		if !d.next(',') {
-			return false, d.fail()
-		}
-	}
+	*dst = out
+	return true
 }
 
 // rawString returns the bytes of a string without escapes, valid UTF-8
@@ -146,28 +150,7 @@ func (d *jsonDecoder) str(dst *string) bool {
 	return ok
 }
 
-func (d *jsonDecoder) strs(dst *[]string) bool {
-	var out []string
-	null, ok := d.array(func() bool {
-		var s string
-		if !d.str(&s) {
-			return false
-		}
-		out = append(out, s)
-		return true
-	})
-	switch {
-	case !ok:
-		return false
-	case null:
-		*dst = nil
-	case out == nil:
-		*dst = []string{}
-	default:
-		*dst = out
-	}
-	return true
-}
+func (d *jsonDecoder) strs(dst *[]string) bool { return slice(d, dst, d.str) }
 
 // int reads an integer literal (a JSON number without fraction or
 // exponent), as json.Unmarshal does into an int.
@@ -366,24 +349,7 @@ func (d *jsonDecoder) task(t *Task) bool {
 	})
 }
 
-func (d *jsonDecoder) workers(dst *[]Worker) bool {
-	var out []Worker
-	null, ok := d.array(func() bool {
-		out = append(out, Worker{})
-		return d.worker(&out[len(out)-1])
-	})
-	switch {
-	case !ok:
-		return false
-	case null:
-		*dst = nil
-	case out == nil:
-		*dst = []Worker{}
-	default:
-		*dst = out
-	}
-	return true
-}
+func (d *jsonDecoder) workers(dst *[]Worker) bool { return slice(d, dst, d.worker) }
 
 func (d *jsonDecoder) worker(w *Worker) bool {
 	return d.object(func(key []byte) bool {
@@ -417,40 +383,26 @@ func (d *jsonDecoder) worker(w *Worker) bool {
 	})
 }
 
-func (d *jsonDecoder) changes(dst *[]Change) bool {
-	var out []Change
-	null, ok := d.array(func() bool {
-		out = append(out, Change{})
-		c := &out[len(out)-1]
-		return d.object(func(key []byte) bool {
-			switch string(key) {
-			case "op":
-				return d.str(&c.Op)
-			case "worker_id":
-				return d.str(&c.WorkerID)
-			case "instance":
-				return d.str(&c.Instance)
-			case "attempt":
-				return d.intField(&c.Attempt)
-			case "error":
-				return d.str(&c.Error)
-			case "until":
-				return d.time(&c.Until)
-			case "log":
-				return d.reflect(&c.Log)
-			}
-			return d.fail()
-		})
+func (d *jsonDecoder) changes(dst *[]Change) bool { return slice(d, dst, d.change) }
+
+func (d *jsonDecoder) change(c *Change) bool {
+	return d.object(func(key []byte) bool {
+		switch string(key) {
+		case "op":
+			return d.str(&c.Op)
+		case "worker_id":
+			return d.str(&c.WorkerID)
+		case "instance":
+			return d.str(&c.Instance)
+		case "attempt":
+			return d.intField(&c.Attempt)
+		case "error":
+			return d.str(&c.Error)
+		case "until":
+			return d.time(&c.Until)
+		case "log":
+			return d.reflect(&c.Log)
+		}
+		return d.fail()
 	})
-	switch {
-	case !ok:
-		return false
-	case null:
-		*dst = nil
-	case out == nil:
-		*dst = []Change{}
-	default:
-		*dst = out
-	}
-	return true
 }

@@ -117,9 +117,11 @@ type Store struct {
 
 	// Prepared statements on wdb.
 	insTask, selTaskW, updTask, updHot, existsW, insChange, pruneChanges, selStored, upsertCount, userVersion *sql.Stmt
-	txStmts                                                                                                   map[*sql.Stmt]*sql.Stmt // the writer's, see txStmt
 	selLock, upsertLock, delLock                                                                              *sql.Stmt
 	selAhead, upsertPlace, delPlace, pruneLine                                                                *sql.Stmt
+	// txStmts are the writer's statements bound to its current
+	// transaction (see txStmt).
+	txStmts map[*sql.Stmt]*sql.Stmt
 	// Prepared statements on rdb.
 	selTask, selChanges, maxChange, minChange *sql.Stmt
 
