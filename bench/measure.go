@@ -73,6 +73,11 @@ func (b *bench) latencyCrossProcess() error {
 		return err
 	}
 	defer p.Stop()
+	// As the peers' harness does, publish once the worker is ready: a
+	// task published during its start-up would time the start-up.
+	if err := b.waitRegistered(p); err != nil {
+		return err
+	}
 	published, err := b.publishPaced(b.keyPrefix("xlat"), b.cfg.LatencyTasks, latencyGap)
 	if err != nil {
 		return err
@@ -257,6 +262,20 @@ func (b *bench) worker(concurrency int, onStart func(*consumer.Job), onFinish fu
 
 func (b *bench) spawnWorker(id string, concurrency int) (*Process, error) {
 	return Start(b.cfg.WorkerCommand(b.cfg.StoreURL, fmt.Sprintf("%s-%d", id, b.round), concurrency))
+}
+
+// waitRegistered waits until worker process p has registered (its
+// consumer has started: the peers' "ready").
+func (b *bench) waitRegistered(p *Process) error {
+	pid := p.Cmd.Process.Pid
+	err := Poll(b.ctx, 30*time.Second, 5*time.Millisecond, func() (bool, error) {
+		ws, err := b.store.Workers(b.ctx)
+		return slices.ContainsFunc(ws, func(w task.WorkerInfo) bool { return w.PID == pid }), err
+	})
+	if err != nil {
+		return fmt.Errorf("worker process %d not registered: %w", pid, err)
+	}
+	return nil
 }
 
 // waitDrained waits until no task is pending or running, with the indexed
