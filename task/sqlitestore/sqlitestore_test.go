@@ -3,6 +3,7 @@ package sqlitestore_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -237,6 +238,51 @@ func TestCrossHandleLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("cross-handle latency with 5ms polling: %s", time.Since(start))
+}
+
+// A commit by a version before the lock file carried the newest change
+// seq writes a zero byte over the signal's marker: the other handles must
+// look for the change themselves, not trust the stale seq, or they would
+// hear of it only at their next poll.
+func TestOlderVersionsCommitWakes(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "leasepool.db")
+	a := open(t, path, nil)
+	b := open(t, path, &sqlitestore.Config{PollInterval: time.Hour}) // file notifications only
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	cs, err := b.Watch(ctx, task.WatchParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if _, _, err := task.Publish(ctx, a, task.PublishParams{Key: "new", Kind: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := cs.Next(ctx); err != nil || ev.Key != "new" {
+		t.Fatalf("Next = %v, %v; want the event of new", ev.Key, err)
+	}
+	// The older version's commit: a change row, then its one-byte signal.
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `INSERT INTO changes (key, doc) VALUES ('new', NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := os.OpenFile(path+"-lock", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if _, err := lock.WriteAt([]byte{0}, 0); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := cs.Next(ctx)
+	if err != nil || ev.Key != "new" || ev.Task == nil {
+		t.Fatalf("Next after an older version's commit = %+v, %v; want new's change", ev, err)
+	}
 }
 
 func TestCloseEndsStreams(t *testing.T) {

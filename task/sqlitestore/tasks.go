@@ -479,13 +479,11 @@ func decodeChange(seq int64, after string, current sql.NullString) (*task.Task, 
 		return nil, fmt.Errorf("sqlitestore: decode change of task seq %d: %w", seq, err)
 	}
 	if current.Valid {
-		var p struct {
-			Payload json.RawMessage `json:"payload"`
-		}
-		if err := json.Unmarshal([]byte(current.String), &p); err != nil {
+		cur, err := task.ParseJSON([]byte(current.String))
+		if err != nil {
 			return nil, fmt.Errorf("sqlitestore: decode task seq %d: %w", seq, err)
 		}
-		t.Payload = p.Payload
+		t.Payload = cur.Payload
 	}
 	t.ID, t.Seq = strconv.FormatInt(seq, 10), seq
 	return t, nil

@@ -40,13 +40,23 @@ func (s *Store) waitChan() <-chan struct{} {
 }
 
 // startTail starts the goroutine that notices changes committed by other
-// processes: on file notifications for the database and its WAL, and every
-// PollInterval, it reads the highest change seq and wakes the streams when
-// it grew. It only queries while streams are open.
+// processes: on file notifications and every PollInterval, it learns the
+// highest change seq and wakes the streams when it grew. It only looks
+// while streams are open.
 func (s *Store) startTail() error {
 	fw := s.fileWatcher()
+	var signal *os.File
+	if fw != nil {
+		// The lock file's commit signal names the newest seq: a
+		// notification then costs a read of it, not a query. A read-only
+		// Store has no writeLock: it opens the file for reading.
+		signal = s.writeLock
+		if signal == nil {
+			signal, _ = os.Open(s.path + "-lock") // none: the tail queries
+		}
+	}
 	s.bg.Add(1)
-	go s.tail(fw)
+	go s.tail(fw, signal)
 	return nil
 }
 
@@ -77,7 +87,7 @@ func (s *Store) fileWatcher() *fsnotify.Watcher {
 }
 
 // tail is the goroutine of startTail; it ends when the store closes.
-func (s *Store) tail(fw *fsnotify.Watcher) {
+func (s *Store) tail(fw *fsnotify.Watcher, signal *os.File) {
 	defer s.bg.Done()
 	var events <-chan fsnotify.Event
 	var errs <-chan error
@@ -85,6 +95,10 @@ func (s *Store) tail(fw *fsnotify.Watcher) {
 		defer fw.Close()
 		events, errs = fw.Events, fw.Errors
 	}
+	if signal != nil && signal != s.writeLock {
+		defer signal.Close()
+	}
+	buf := make([]byte, signalLen)
 	base := filepath.Base(s.path)
 	tick := time.NewTicker(s.cfg.PollInterval)
 	defer tick.Stop()
@@ -104,6 +118,9 @@ func (s *Store) tail(fw *fsnotify.Watcher) {
 			}
 			if !drainEvents(events) {
 				events = nil
+			}
+			if name == base+"-lock" && s.readSignal(signal, buf) {
+				continue
 			}
 		case err, ok := <-errs:
 			if !ok {
@@ -131,6 +148,27 @@ func drainEvents(events <-chan fsnotify.Event) (open bool) {
 			return true
 		}
 	}
+}
+
+// readSignal reads the commit signal from the lock file and wakes the
+// streams when its seq grew. It reports false when the file holds no
+// signal, or no stream is open to want one; the caller then queries.
+func (s *Store) readSignal(f *os.File, buf []byte) bool {
+	if f == nil || s.watchers.Load() == 0 {
+		return false
+	}
+	n, _ := f.ReadAt(buf, 0)
+	seq, ok := decodeSignal(buf[:n])
+	if !ok {
+		return false
+	}
+	s.mu.Lock()
+	grew := seq > s.latest
+	s.mu.Unlock()
+	if grew {
+		s.broadcast(seq)
+	}
+	return true
 }
 
 // pollLatest reads the highest change seq, while any stream is open, and

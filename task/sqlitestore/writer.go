@@ -6,6 +6,7 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -195,7 +196,7 @@ func (s *Store) commit(batch []*writeReq) {
 		}
 	}
 	if latest > 0 {
-		s.signalCommit()
+		s.signalCommit(latest)
 		s.broadcast(latest)
 	}
 	answer(nil)
@@ -296,13 +297,42 @@ func (s *Store) appendChange(ctx context.Context, tx *sql.Tx, key, doc string) (
 	return seq, nil
 }
 
-// signalCommit tells other processes' watchers that changes were
-// committed: a one-byte write to the lock file, whose inotify event comes
-// after the commit is visible. The WAL's own events come with each frame
-// written, so a watcher woken by them may look before the commit lands and
-// then sleep until the next event or poll.
-func (s *Store) signalCommit() {
-	s.writeLock.WriteAt(commitSignal, 0)
+// signalCommit tells other processes' watchers that changes up to seq
+// were committed: it writes the commit signal to the lock file, whose
+// inotify event comes after the commit is visible. (The WAL's own events
+// come with each frame written, so a watcher woken by them may look before
+// the commit lands and then sleep until the next event or poll.) It runs
+// under the write lock, so the signals of all processes land in commit
+// order and the file holds the newest seq.
+func (s *Store) signalCommit(seq int64) {
+	s.writeLock.WriteAt(encodeSignal(seq), 0)
 }
 
-var commitSignal = []byte{0}
+// The commit signal, at the start of the lock file: a marker byte, padding,
+// the newest change seq (big-endian) and its complement, which tells a
+// torn read from a seq. Versions before it wrote a zero byte at offset 0
+// and nothing else, so a commit of theirs clears the marker: readers then
+// query for the newest seq, until a commit of this version signals again.
+const (
+	signalLen    = 24
+	signalMarker = 1
+)
+
+func encodeSignal(seq int64) []byte {
+	b := make([]byte, signalLen)
+	b[0] = signalMarker
+	binary.BigEndian.PutUint64(b[8:], uint64(seq))
+	binary.BigEndian.PutUint64(b[16:], ^uint64(seq))
+	return b
+}
+
+// decodeSignal returns the seq in a commit signal; ok is false when b
+// holds none (no commit signalled yet, an older version's commit since,
+// or a torn read).
+func decodeSignal(b []byte) (seq int64, ok bool) {
+	if len(b) < signalLen || b[0] != signalMarker {
+		return 0, false
+	}
+	v := binary.BigEndian.Uint64(b[8:])
+	return int64(v), v == ^binary.BigEndian.Uint64(b[16:]) && int64(v) >= 0
+}
