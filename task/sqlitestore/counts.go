@@ -92,15 +92,25 @@ func (c *seenVersions) note(ts ...*task.Task) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, t := range ts {
-		if t.Seq == 0 {
-			continue
+		if t.Seq != 0 {
+			c.noteLocked(t.Seq, seenVersion{t.Version, t.Kind, t.State})
 		}
-		if c.m == nil || len(c.m) >= seenMax {
-			c.m = make(map[int64]seenVersion, 1024)
-		}
-		if old, ok := c.m[t.Seq]; !ok || old.version < t.Version {
-			c.m[t.Seq] = seenVersion{t.Version, t.Kind, t.State}
-		}
+	}
+}
+
+// noteVersion notes that version v of the task of seq has v's kind and state.
+func (c *seenVersions) noteVersion(seq int64, v seenVersion) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.noteLocked(seq, v)
+}
+
+func (c *seenVersions) noteLocked(seq int64, v seenVersion) {
+	if c.m == nil || len(c.m) >= seenMax {
+		c.m = make(map[int64]seenVersion, 1024)
+	}
+	if old, ok := c.m[seq]; !ok || old.version < v.version {
+		c.m[seq] = v
 	}
 }
 

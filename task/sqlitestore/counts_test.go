@@ -1,6 +1,7 @@
 package sqlitestore_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -32,7 +33,8 @@ func sameCounts(a, b []task.StateCount) bool {
 
 // TestCountsFollowEveryWrite drives two Stores on one file (each misses
 // what the other wrote) through concurrent publishes, state and kind
-// changes, stale writes that conflict in the same group commits, and
+// changes of documents got every way (candidates, lists, gets, change
+// streams), stale writes that conflict in the same group commits, and
 // retention deletes, and checks after each round that Stats (read from
 // task_counts) equals a count of the rows.
 func TestCountsFollowEveryWrite(t *testing.T) {
@@ -45,6 +47,15 @@ func TestCountsFollowEveryWrite(t *testing.T) {
 	}
 	defer db.Close()
 	ctx := t.Context()
+	var streams []task.ChangeStream
+	for _, s := range stores {
+		cs, err := s.Watch(ctx, task.WatchParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		streams = append(streams, cs)
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	kinds := []string{"k1", "k2", "k3"}
 	states := []task.State{task.StatePending, task.StateRunning, task.StateSucceeded, task.StateFailed, task.StateCancelled}
@@ -66,9 +77,15 @@ func TestCountsFollowEveryWrite(t *testing.T) {
 		}
 		var writes []write
 		for range 24 {
-			s := stores[rng.IntN(2)]
+			i := rng.IntN(2)
+			s := stores[i]
 			var doc *task.Task
-			switch rng.IntN(3) {
+			switch rng.IntN(4) {
+			case 3: // the newest change the stream has, often another Store's write
+				doc = latestChange(ctx, streams[i])
+				if doc == nil {
+					continue
+				}
 			case 0:
 				page, err := s.Candidates(ctx, task.CandidateQuery{Now: s.Now().Add(time.Hour), Ready: true, Limit: 50})
 				if err != nil {
@@ -141,6 +158,23 @@ func TestCountsFollowEveryWrite(t *testing.T) {
 			if !sameCounts(st.Counts, want) {
 				t.Fatalf("round %d (%d conflicting writes), store %d: Stats %v; rows %v", round, conflicts, i, st.Counts, want)
 			}
+		}
+	}
+}
+
+// latestChange reads cs until it has nothing more within 20 ms and
+// returns the last change's document.
+func latestChange(ctx context.Context, cs task.ChangeStream) *task.Task {
+	var last *task.Task
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		ev, err := cs.Next(rctx)
+		cancel()
+		if err != nil {
+			return last
+		}
+		if ev.Task != nil {
+			last = ev.Task
 		}
 	}
 }

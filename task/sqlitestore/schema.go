@@ -250,7 +250,7 @@ func (s *Store) prepareRead(ctx context.Context, v int) error {
 		q  string
 	}{
 		{&s.selTask, `SELECT seq, version, doc FROM tasks WHERE key = ?`},
-		{&s.selChanges, `SELECT c.seq, c.key, ` + changeDoc + `, t.seq, t.version, t.doc FROM changes c
+		{&s.selChanges, `SELECT c.seq, c.key, ` + changeDoc + `, t.seq, t.version, t.doc, t.kind, t.state FROM changes c
 			LEFT JOIN tasks t ON t.key = c.key WHERE c.seq > ? ORDER BY c.seq LIMIT ?`},
 		{&s.maxChange, `SELECT COALESCE(MAX(seq), 0) FROM changes`},
 		{&s.minChange, `SELECT COALESCE(MIN(seq), 0) FROM changes`},

@@ -359,9 +359,14 @@ func (st *stream) fill(ctx context.Context) error {
 		var seq int64
 		var key string
 		var tseq, version sql.NullInt64
-		var after, doc sql.NullString
-		if err := rows.Scan(&seq, &key, &after, &tseq, &version, &doc); err != nil {
+		var after, doc, kind, state sql.NullString
+		if err := rows.Scan(&seq, &key, &after, &tseq, &version, &doc, &kind, &state); err != nil {
 			return fmt.Errorf("change stream: %w", mapErr(err))
+		}
+		if tseq.Valid && version.Valid {
+			// The row as read: a claim of this version then knows what it
+			// moves in task_counts without reading the row again.
+			s.seen.noteVersion(tseq.Int64, seenVersion{version.Int64, kind.String, task.State(state.String)})
 		}
 		if seq != want && len(st.buf) == 0 {
 			// A gap right after pos: pruned while we were behind?

@@ -195,11 +195,15 @@ func (s *Store) commit(batch []*writeReq) {
 			r.onCommit()
 		}
 	}
+	// The callers first: a claim's handler need not wait for the signal
+	// (a write the kernel turns into a notification for every watcher of
+	// the lock file, ~15 µs). Streams wait for the broadcast, not for
+	// their callers, so none misses the change.
+	answer(nil)
 	if latest > 0 {
 		s.signalCommit(latest)
 		s.broadcast(latest)
 	}
-	answer(nil)
 }
 
 // runBatch runs each request of batch in tx, setting errs[i] for each one
