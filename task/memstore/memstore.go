@@ -1,0 +1,766 @@
+// Package memstore is a task.Store held in memory, for tests and
+// simulations only: it passes task/storetest, and lets a test inject
+// latency and faults into every call and count what each handle did
+// (writes, conflicts, change events delivered). Its clock is time.Now, so
+// inside a testing/synctest bubble the whole store runs on virtual time:
+// waits are timers and channel receives, which a bubble can advance.
+//
+// A DB is one database; each Open is one handle on it, as one process
+// would hold (Close ends that handle's streams only). Production code never
+// imports this package.
+package memstore
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Op names a Store call, for Latency and Fault.
+type Op string
+
+// The calls a Config can delay or fail.
+const (
+	OpInsert     Op = "insert"
+	OpGet        Op = "get"
+	OpUpdate     Op = "update"
+	OpCandidates Op = "candidates"
+	OpList       Op = "list"
+	OpStats      Op = "stats"
+	OpWatch      Op = "watch"
+	OpNext       Op = "next" // one change event handed to a stream
+	OpAcquire    Op = "acquire"
+	OpRelease    Op = "release"
+	OpDelete     Op = "delete"
+	OpRegister   Op = "register"
+	OpWorkers    Op = "workers"
+	OpRecords    Op = "records"
+)
+
+// Fault is what Config.Fault injects into one call.
+type Fault struct {
+	// Err is returned by the call; nil injects nothing.
+	Err error
+	// Applied makes the call take effect before Err is returned, as when a
+	// reply is lost on the way back: the caller cannot tell.
+	Applied bool
+}
+
+// Config sets a DB's injected behaviour. The zero value has none.
+type Config struct {
+	// Latency is how long a call waits before it takes effect (a round
+	// trip to the store); nil waits nothing. key is the task or lock key,
+	// where the call has one.
+	Latency func(op Op, key string) time.Duration
+	// Fault, when set, may fail a call.
+	Fault func(op Op, key string) Fault
+	// Retention bounds the change history kept for resuming streams; a
+	// stream that fell further behind gets task.ErrHistoryLost. 0 keeps
+	// 1 << 20 changes.
+	Retention int
+}
+
+// ErrInjected is the error faults use when a test wants a plain one.
+var ErrInjected = errors.New("memstore: injected fault")
+
+// Counts is what one handle did since it was opened.
+type Counts struct {
+	// Writes counts task documents written (inserts and updates that
+	// applied); Conflicts counts updates refused for a stale version.
+	Writes, Conflicts int64
+	// Reads counts Get calls and Candidates pages.
+	Reads int64
+	// Events counts change events handed to this handle's streams.
+	Events int64
+	// LockCalls counts AcquireLocks and ReleaseLocks calls.
+	LockCalls int64
+}
+
+type counters struct {
+	writes, conflicts, reads, events, lockCalls atomic.Int64
+}
+
+func (c *counters) snapshot() Counts {
+	return Counts{Writes: c.writes.Load(), Conflicts: c.conflicts.Load(), Reads: c.reads.Load(),
+		Events: c.events.Load(), LockCalls: c.lockCalls.Load()}
+}
+
+// DB is one in-memory database shared by its handles.
+type DB struct {
+	cfg Config
+
+	mu      sync.Mutex
+	tasks   map[string]*task.Task // by key; the stored copies, never handed out
+	nextSeq int64
+	changes []change // oldest first
+	dropped int64    // changes before changes[0], pruned
+	wake    chan struct{}
+	locks   map[string]lockRow
+	lines   map[string]map[string]task.LockLine // lock key → task key → place
+	records map[string]map[string]task.Record
+	workers map[string]task.WorkerInfo
+
+	total counters
+}
+
+type change struct {
+	seq int64
+	doc *task.Task // the document the write stored
+}
+
+type lockRow struct {
+	holder task.Holder
+	until  time.Time
+}
+
+// New returns an empty database.
+func New(cfg Config) *DB {
+	if cfg.Retention <= 0 {
+		cfg.Retention = 1 << 20
+	}
+	return &DB{cfg: cfg, tasks: map[string]*task.Task{}, wake: make(chan struct{}),
+		locks: map[string]lockRow{}, lines: map[string]map[string]task.LockLine{},
+		records: map[string]map[string]task.Record{}, workers: map[string]task.WorkerInfo{}}
+}
+
+// Open returns a new handle on db.
+func (db *DB) Open() *Store {
+	return &Store{db: db, closed: make(chan struct{})}
+}
+
+// Counts is what every handle of db did together.
+func (db *DB) Counts() Counts { return db.total.snapshot() }
+
+// Tasks returns a copy of every stored task, in seq order: for checking
+// invariants after a run.
+func (db *DB) Tasks() []*task.Task {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	out := make([]*task.Task, 0, len(db.tasks))
+	for _, t := range db.tasks {
+		out = append(out, t.Clone())
+	}
+	slices.SortFunc(out, func(a, b *task.Task) int { return cmp.Compare(a.Seq, b.Seq) })
+	return out
+}
+
+// Store is one handle on a DB; it implements task.Store and
+// task.RecordDeleter.
+type Store struct {
+	db        *DB
+	closeOnce sync.Once
+	closed    chan struct{}
+	n         counters
+}
+
+var (
+	_ task.Store         = (*Store)(nil)
+	_ task.RecordDeleter = (*Store)(nil)
+)
+
+// Counts is what this handle did since it was opened.
+func (s *Store) Counts() Counts { return s.n.snapshot() }
+
+// DB is the database this handle is on.
+func (s *Store) DB() *DB { return s.db }
+
+// enter waits the call's latency and returns its injected fault, or an
+// error when the handle is closed or ctx done.
+func (s *Store) enter(ctx context.Context, op Op, key string) (Fault, error) {
+	if err := s.alive(ctx); err != nil {
+		return Fault{}, err
+	}
+	if s.db.cfg.Latency != nil {
+		if d := s.db.cfg.Latency(op, key); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return Fault{}, ctx.Err()
+			case <-s.closed:
+				t.Stop()
+				return Fault{}, task.ErrClosed
+			}
+		}
+	}
+	if s.db.cfg.Fault != nil {
+		if f := s.db.cfg.Fault(op, key); f.Err != nil {
+			if !f.Applied {
+				return Fault{}, f.Err
+			}
+			return f, nil
+		}
+	}
+	return Fault{}, nil
+}
+
+func (s *Store) alive(ctx context.Context) error {
+	select {
+	case <-s.closed:
+		return task.ErrClosed
+	default:
+	}
+	return ctx.Err()
+}
+
+// Now is time.Now: virtual time inside a synctest bubble.
+func (s *Store) Now() time.Time { return time.Now().UTC() }
+
+// Close ends this handle's streams; other handles go on.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	return nil
+}
+
+// appendChange records doc as written and wakes every stream. db.mu held.
+func (db *DB) appendChange(doc *task.Task) {
+	seq := db.dropped + int64(len(db.changes)) + 1
+	db.changes = append(db.changes, change{seq: seq, doc: doc})
+	if over := len(db.changes) - db.cfg.Retention; over > 0 {
+		db.changes = slices.Delete(db.changes, 0, over)
+		db.dropped += int64(over)
+	}
+	close(db.wake)
+	db.wake = make(chan struct{})
+}
+
+// Insert stores t unless its key exists; see task.Store.
+func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, error) {
+	if err := task.ValidateName("key", t.Key); err != nil {
+		return nil, false, err
+	}
+	if err := task.ValidatePayload(t.Payload); err != nil {
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	}
+	f, err := s.enter(ctx, OpInsert, t.Key)
+	if err != nil {
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	}
+	db := s.db
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if old, ok := db.tasks[t.Key]; ok {
+		return old.Clone(), false, f.Err
+	}
+	db.nextSeq++
+	t.Seq, t.ID, t.Version = db.nextSeq, strconv.FormatInt(db.nextSeq, 10), 1
+	stored := t.Clone()
+	db.tasks[t.Key] = stored
+	db.appendChange(stored)
+	s.n.writes.Add(1)
+	db.total.writes.Add(1)
+	if f.Err != nil {
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, f.Err)
+	}
+	return t, true, nil
+}
+
+// Get returns the task with key or task.ErrNotFound.
+func (s *Store) Get(ctx context.Context, key string) (*task.Task, error) {
+	if _, err := s.enter(ctx, OpGet, key); err != nil {
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	s.n.reads.Add(1)
+	s.db.total.reads.Add(1)
+	s.db.mu.Lock()
+	defer s.db.mu.Unlock()
+	t, ok := s.db.tasks[key]
+	if !ok {
+		return nil, fmt.Errorf("get %s: %w", key, task.ErrNotFound)
+	}
+	return t.Clone(), nil
+}
+
+// Update writes t if the stored version is t.Version; see task.Store.
+func (s *Store) Update(ctx context.Context, t *task.Task) error {
+	if err := task.ValidatePayload(t.Payload); err != nil {
+		return fmt.Errorf("update %s: %w", t.Key, err)
+	}
+	f, err := s.enter(ctx, OpUpdate, t.Key)
+	if err != nil {
+		return fmt.Errorf("update %s: %w", t.Key, err)
+	}
+	db := s.db
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	old, ok := db.tasks[t.Key]
+	switch {
+	case !ok:
+		return fmt.Errorf("update %s: %w", t.Key, task.ErrNotFound)
+	case old.Version != t.Version:
+		s.n.conflicts.Add(1)
+		db.total.conflicts.Add(1)
+		return fmt.Errorf("update %s: version %d: %w", t.Key, t.Version, task.ErrConflict)
+	}
+	stored := t.Clone()
+	stored.Version = t.Version + 1
+	stored.Seq, stored.ID = old.Seq, old.ID
+	db.tasks[t.Key] = stored
+	db.appendChange(stored)
+	s.n.writes.Add(1)
+	db.total.writes.Add(1)
+	if f.Err != nil {
+		return fmt.Errorf("update %s: %w", t.Key, f.Err)
+	}
+	t.Version = stored.Version
+	return nil
+}
+
+// Candidates returns one page of unfinished tasks; see task.CandidateQuery.
+func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.Task, error) {
+	if q.Limit <= 0 {
+		return nil, fmt.Errorf("candidates: limit: %w: must be at least 1", task.ErrInvalid)
+	}
+	if _, err := s.enter(ctx, OpCandidates, ""); err != nil {
+		return nil, fmt.Errorf("candidates: %w", err)
+	}
+	s.n.reads.Add(1)
+	s.db.total.reads.Add(1)
+	s.db.mu.Lock()
+	defer s.db.mu.Unlock()
+	// The best Limit matches, kept sorted: a page costs one pass.
+	var page []*task.Task
+	for _, t := range s.db.tasks {
+		switch {
+		case t.State.Finished(),
+			len(q.Kinds) > 0 && !slices.Contains(q.Kinds, t.Kind),
+			q.WorkerID != "" && !t.Allows(q.WorkerID),
+			q.Ready == t.NextClaimAt.After(q.Now),
+			q.After != nil && !q.Less(q.After, t):
+			continue
+		}
+		if len(page) == q.Limit && !q.Less(t, page[len(page)-1]) {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(page, t, func(a, b *task.Task) int {
+			if q.Less(a, b) {
+				return -1
+			}
+			return 1
+		})
+		page = slices.Insert(page, i, t)
+		if len(page) > q.Limit {
+			page = page[:q.Limit]
+		}
+	}
+	for i, t := range page {
+		page[i] = t.Clone()
+	}
+	return page, nil
+}
+
+// List returns one page of tasks for admin tools; see task.ListQuery.
+func (s *Store) List(ctx context.Context, q task.ListQuery) ([]*task.Task, error) {
+	if err := q.Validate(); err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	if _, err := s.enter(ctx, OpList, ""); err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	s.db.mu.Lock()
+	var out []*task.Task
+	for _, t := range s.db.tasks {
+		if t.Seq > q.AfterSeq && (q.BeforeSeq == 0 || t.Seq < q.BeforeSeq) && q.Matches(t) {
+			out = append(out, t)
+		}
+	}
+	s.db.mu.Unlock()
+	slices.SortFunc(out, func(a, b *task.Task) int {
+		if q.Desc {
+			return cmp.Compare(b.Seq, a.Seq)
+		}
+		return cmp.Compare(a.Seq, b.Seq)
+	})
+	if q.Limit > 0 && len(out) > q.Limit {
+		out = out[:q.Limit]
+	}
+	for i, t := range out {
+		out[i] = t.Clone()
+	}
+	return out, nil
+}
+
+// Stats counts the tasks by state and kind; see task.Store.
+func (s *Store) Stats(ctx context.Context) (task.Stats, error) {
+	if _, err := s.enter(ctx, OpStats, ""); err != nil {
+		return task.Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	now := s.Now()
+	type sk struct {
+		state task.State
+		kind  string
+	}
+	n := map[sk]int64{}
+	var st task.Stats
+	s.db.mu.Lock()
+	for _, t := range s.db.tasks {
+		if task.Reserved(t.Key) {
+			continue
+		}
+		n[sk{t.State, t.Kind}]++
+		if t.State == task.StatePending && !t.NextClaimAt.After(now) && (st.OldestReadyAt.IsZero() || t.NextClaimAt.Before(st.OldestReadyAt)) {
+			st.OldestReadyAt = t.NextClaimAt
+		}
+	}
+	s.db.mu.Unlock()
+	for k, c := range n {
+		st.Counts = append(st.Counts, task.StateCount{State: k.state, Kind: k.kind, N: c})
+	}
+	slices.SortFunc(st.Counts, func(a, b task.StateCount) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.State, b.State))
+	})
+	return st, nil
+}
+
+// DeleteFinished deletes old finished tasks; see task.Store.
+func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, error) {
+	if err := p.Validate(); err != nil {
+		return 0, fmt.Errorf("delete finished: %w", err)
+	}
+	if _, err := s.enter(ctx, OpDelete, ""); err != nil {
+		return 0, fmt.Errorf("delete finished: %w", err)
+	}
+	db := s.db
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	var old []*task.Task
+	for _, t := range db.tasks {
+		if t.State == p.State && t.UpdatedAt.Before(p.Before) {
+			old = append(old, t)
+		}
+	}
+	slices.SortFunc(old, func(a, b *task.Task) int {
+		return cmp.Or(a.UpdatedAt.Compare(b.UpdatedAt), cmp.Compare(a.Seq, b.Seq))
+	})
+	if len(old) > p.Limit {
+		old = old[:p.Limit]
+	}
+	for _, t := range old {
+		delete(db.tasks, t.Key)
+	}
+	return len(old), nil
+}
+
+// Watch opens a change stream; see task.Store.
+func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStream, error) {
+	if _, err := s.enter(ctx, OpWatch, ""); err != nil {
+		return nil, fmt.Errorf("watch: %w", err)
+	}
+	db := s.db
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	last := db.dropped + int64(len(db.changes))
+	if p.ResumeAfter != nil {
+		if len(p.ResumeAfter) != 8 {
+			return nil, fmt.Errorf("watch: resume token of %d bytes: %w", len(p.ResumeAfter), task.ErrHistoryLost)
+		}
+		after := int64(binary.BigEndian.Uint64(p.ResumeAfter))
+		if after < db.dropped || after > last {
+			return nil, fmt.Errorf("watch: resume after change %d: %w", after, task.ErrHistoryLost)
+		}
+		last = after
+	}
+	c := &stream{s: s, done: make(chan struct{})}
+	c.pos.Store(last)
+	return c, nil
+}
+
+// stream is one change stream of a handle.
+type stream struct {
+	s         *Store
+	pos       atomic.Int64 // the last change handed out (or passed)
+	closeOnce sync.Once
+	done      chan struct{}
+}
+
+// Next returns the next change; see task.ChangeStream.
+func (c *stream) Next(ctx context.Context) (task.Event, error) {
+	db := c.s.db
+	for {
+		select {
+		case <-c.done:
+			return task.Event{}, task.ErrClosed
+		case <-c.s.closed:
+			return task.Event{}, task.ErrClosed
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			return task.Event{}, err
+		}
+		db.mu.Lock()
+		pos := c.pos.Load()
+		if pos < db.dropped {
+			db.mu.Unlock()
+			return task.Event{}, fmt.Errorf("watch: change %d pruned: %w", pos+1, task.ErrHistoryLost)
+		}
+		if i := pos - db.dropped; i < int64(len(db.changes)) {
+			ch := db.changes[i]
+			db.mu.Unlock()
+			if _, err := c.s.enter(ctx, OpNext, ch.doc.Key); err != nil {
+				return task.Event{}, fmt.Errorf("watch: %w", err)
+			}
+			c.pos.Store(ch.seq)
+			c.s.n.events.Add(1)
+			db.total.events.Add(1)
+			return task.Event{Key: ch.doc.Key, Task: ch.doc.Clone(), Version: ch.doc.Version, Token: token(ch.seq)}, nil
+		}
+		wake := db.wake
+		db.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return task.Event{}, ctx.Err()
+		case <-c.done:
+			return task.Event{}, task.ErrClosed
+		case <-c.s.closed:
+			return task.Event{}, task.ErrClosed
+		}
+	}
+}
+
+// ResumeToken is the position after the last change handed out.
+func (c *stream) ResumeToken() task.Token { return token(c.pos.Load()) }
+
+// Close ends the stream.
+func (c *stream) Close() error {
+	c.closeOnce.Do(func() { close(c.done) })
+	return nil
+}
+
+func token(seq int64) task.Token { return binary.BigEndian.AppendUint64(nil, uint64(seq)) }
+
+// AcquireLocks takes every key for p.Holder or none; see task.Store.
+func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
+	if len(p.Keys) == 0 {
+		return nil
+	}
+	f, err := s.enter(ctx, OpAcquire, p.Keys[0])
+	if err != nil {
+		return fmt.Errorf("acquire locks for %s: %w", p.Holder.TaskKey, err)
+	}
+	s.n.lockCalls.Add(1)
+	db := s.db
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if stopped := db.checkLocks(p); stopped != nil {
+		db.enterLines(p)
+		return fmt.Errorf("acquire locks for %s: %w", p.Holder.TaskKey, stopped)
+	}
+	for _, k := range p.Keys {
+		db.locks[k] = lockRow{holder: p.Holder, until: p.Until}
+		if p.Line != nil {
+			delete(db.lines[k], p.Holder.TaskKey)
+		}
+	}
+	if f.Err != nil {
+		return fmt.Errorf("acquire locks for %s: %w", p.Holder.TaskKey, f.Err)
+	}
+	return nil
+}
+
+// checkLocks returns what stops p: a key held by another live holder, or
+// (with p.Line) a live place of an unfinished task ahead in a key's line.
+// db.mu held.
+func (db *DB) checkLocks(p task.LockParams) *task.LockedError {
+	for _, k := range p.Keys {
+		if l, ok := db.locks[k]; ok {
+			if l.holder == p.Holder {
+				continue // a renewal: the holder is past the line
+			}
+			if l.until.After(p.Now) {
+				return &task.LockedError{Key: k, Holder: l.holder, Until: l.until}
+			}
+		}
+		if p.Line == nil {
+			continue
+		}
+		var best *task.LockedError
+		var bestPlace task.LockLine
+		for tk, place := range db.lines[k] {
+			t, ok := db.tasks[tk]
+			if tk == p.Holder.TaskKey || !place.Until.After(p.Now) || !ok || t.State.Finished() ||
+				!p.Line.Ahead(place.Priority, place.Seq) {
+				continue
+			}
+			if best == nil || bestPlace.Ahead(place.Priority, place.Seq) {
+				best = &task.LockedError{Key: k, Holder: task.Holder{TaskKey: tk}, Until: place.Until, Ahead: true}
+				bestPlace = place
+			}
+		}
+		if best != nil {
+			return best
+		}
+	}
+	return nil
+}
+
+// enterLines enters or renews p's place in the line of each of its keys,
+// dropping places that have lapsed. db.mu held.
+func (db *DB) enterLines(p task.LockParams) {
+	if p.Line == nil {
+		return
+	}
+	for _, k := range p.Keys {
+		line := db.lines[k]
+		if line == nil {
+			line = map[string]task.LockLine{}
+			db.lines[k] = line
+		}
+		for tk, place := range line {
+			if !place.Until.After(p.Now) {
+				delete(line, tk)
+			}
+		}
+		line[p.Holder.TaskKey] = *p.Line
+	}
+}
+
+// ReleaseLocks enters p.Heirs' places, then frees the keys still held by
+// p.Holder.
+func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
+	if len(p.Keys) == 0 {
+		return nil
+	}
+	f, err := s.enter(ctx, OpRelease, p.Keys[0])
+	if err != nil {
+		return fmt.Errorf("release locks for %s: %w", p.Holder.TaskKey, err)
+	}
+	s.n.lockCalls.Add(1)
+	db := s.db
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	for _, h := range p.Heirs {
+		db.enterLines(task.LockParams{Keys: []string{h.LockKey}, Holder: task.Holder{TaskKey: h.TaskKey}, Now: p.Now, Line: &h.LockLine})
+	}
+	for _, k := range p.Keys {
+		if l, ok := db.locks[k]; ok && l.holder == p.Holder {
+			delete(db.locks, k)
+		}
+	}
+	if f.Err != nil {
+		return fmt.Errorf("release locks for %s: %w", p.Holder.TaskKey, f.Err)
+	}
+	return nil
+}
+
+// RegisterWorker registers or renews a worker; see task.Registry.
+func (s *Store) RegisterWorker(ctx context.Context, p task.RegisterParams) error {
+	if err := task.ValidateWorkerInfo(p.Worker); err != nil {
+		return fmt.Errorf("register worker: %w", err)
+	}
+	f, err := s.enter(ctx, OpRegister, p.Worker.ID)
+	if err != nil {
+		return fmt.Errorf("register worker %s: %w", p.Worker.ID, err)
+	}
+	db := s.db
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if old, ok := db.workers[p.Worker.ID]; ok && old.Live(p.Now) && old.Instance != p.Worker.Instance &&
+		(p.Replace == "" || old.Instance != p.Replace) {
+		return &task.WorkerIDTakenError{Holder: old}
+	}
+	w := p.Worker
+	w.Kinds = slices.Clone(w.Kinds)
+	db.workers[w.ID] = w
+	if f.Err != nil {
+		return fmt.Errorf("register worker %s: %w", p.Worker.ID, f.Err)
+	}
+	return nil
+}
+
+// UnregisterWorker deletes id's record if instance still holds it.
+func (s *Store) UnregisterWorker(ctx context.Context, id, instance string) error {
+	if _, err := s.enter(ctx, OpRegister, id); err != nil {
+		return fmt.Errorf("unregister worker %s: %w", id, err)
+	}
+	db := s.db
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if w, ok := db.workers[id]; ok && w.Instance == instance {
+		delete(db.workers, id)
+	}
+	return nil
+}
+
+// Workers lists every record by id.
+func (s *Store) Workers(ctx context.Context) ([]task.WorkerInfo, error) {
+	if _, err := s.enter(ctx, OpWorkers, ""); err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
+	db := s.db
+	db.mu.Lock()
+	out := make([]task.WorkerInfo, 0, len(db.workers))
+	for _, w := range db.workers {
+		w.Kinds = slices.Clone(w.Kinds)
+		out = append(out, w)
+	}
+	db.mu.Unlock()
+	slices.SortFunc(out, func(a, b task.WorkerInfo) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// PutRecord stores r unless a later one of its kind and id is stored.
+func (s *Store) PutRecord(ctx context.Context, r task.Record) error {
+	if err := task.ValidateName("record kind", r.Kind); err != nil {
+		return err
+	}
+	if err := task.ValidateName("record id", r.ID); err != nil {
+		return err
+	}
+	if _, err := s.enter(ctx, OpRecords, r.Kind); err != nil {
+		return fmt.Errorf("put record %s/%s: %w", r.Kind, r.ID, err)
+	}
+	db := s.db
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	m := db.records[r.Kind]
+	if m == nil {
+		m = map[string]task.Record{}
+		db.records[r.Kind] = m
+	}
+	if old, ok := m[r.ID]; ok && old.At.After(r.At) {
+		return nil
+	}
+	r.Value = slices.Clone(r.Value)
+	m[r.ID] = r
+	return nil
+}
+
+// Records returns every record of kind, by id.
+func (s *Store) Records(ctx context.Context, kind string) ([]task.Record, error) {
+	if _, err := s.enter(ctx, OpRecords, kind); err != nil {
+		return nil, fmt.Errorf("records %s: %w", kind, err)
+	}
+	db := s.db
+	db.mu.Lock()
+	out := make([]task.Record, 0, len(db.records[kind]))
+	for _, r := range db.records[kind] {
+		r.Value = slices.Clone(r.Value)
+		out = append(out, r)
+	}
+	db.mu.Unlock()
+	slices.SortFunc(out, func(a, b task.Record) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// DeleteRecord deletes the record of kind and id, if any.
+func (s *Store) DeleteRecord(ctx context.Context, kind, id string) error {
+	if _, err := s.enter(ctx, OpRecords, kind); err != nil {
+		return fmt.Errorf("delete record %s/%s: %w", kind, id, err)
+	}
+	s.db.mu.Lock()
+	delete(s.db.records[kind], id)
+	s.db.mu.Unlock()
+	return nil
+}
