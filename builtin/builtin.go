@@ -34,6 +34,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
@@ -92,7 +93,7 @@ func Validate(kind string, payload json.RawMessage) error {
 		_, err := execPayload(payload)
 		return err
 	}
-	return fmt.Errorf("%w: kind: %q is not a built-in kind (exec, noop, sleep)", task.ErrInvalid, kind)
+	return fmt.Errorf("%w: kind: %q is not a built-in kind (%s)", task.ErrInvalid, kind, strings.Join(Kinds, ", "))
 }
 
 func strictDecode(b []byte, v any) error {
