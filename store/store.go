@@ -18,6 +18,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -51,6 +52,7 @@ func Open(ctx context.Context, url string, opts Options) (task.Store, error) {
 		logger = slog.Default()
 	}
 	scheme, rest, ok := strings.Cut(url, ":")
+	shown := shownURL(url)
 	switch {
 	case url == "":
 		return nil, fmt.Errorf("open store: %w: empty (want sqlite:PATH or mongodb://HOST/DB)", ErrBadURL)
@@ -58,17 +60,18 @@ func Open(ctx context.Context, url string, opts Options) (task.Store, error) {
 		return openSQLite(ctx, url, rest, opts, logger)
 	case scheme == "mongodb" || scheme == "mongodb+srv":
 		if !strings.HasPrefix(rest, "//") {
-			return nil, fmt.Errorf("open store %q: %w: want %s://HOST/DB", url, ErrBadURL, scheme)
+			return nil, fmt.Errorf("open store %q: %w: want %s://HOST/DB", shown, ErrBadURL, scheme)
 		}
 		s, err := mongostore.Open(ctx, url, &mongostore.Config{Logger: logger})
 		if err != nil {
-			return nil, fmt.Errorf("open store %s: %w", redact(url), err)
+			// The driver's own errors may quote the URL or its password.
+			return nil, fmt.Errorf("open store %s: %w", shown, redact.Error(err, []string{url}))
 		}
 		return s, nil
 	case !ok || strings.ContainsAny(scheme, `/\.`):
-		return nil, fmt.Errorf("open store %q: %w: no scheme (for an embedded store file write sqlite:%s)", url, ErrBadURL, url)
+		return nil, fmt.Errorf("open store %q: %w: no scheme (for an embedded store file write sqlite:%s)", shown, ErrBadURL, shown)
 	}
-	return nil, fmt.Errorf("open store %q: %w: unknown scheme %q (want sqlite:PATH or mongodb://HOST/DB)", url, ErrBadURL, scheme)
+	return nil, fmt.Errorf("open store %q: %w: unknown scheme %q (want sqlite:PATH or mongodb://HOST/DB)", shown, ErrBadURL, scheme)
 }
 
 func openSQLite(ctx context.Context, url, path string, opts Options, logger *slog.Logger) (task.Store, error) {
@@ -87,21 +90,12 @@ func openSQLite(ctx context.Context, url, path string, opts Options, logger *slo
 	return s, nil
 }
 
-// redact hides the password of a MongoDB URL, which errors end up in logs.
-// The user information ends at the last @ before the options, so a
-// password with an unescaped @ or / is hidden whole.
-func redact(url string) string {
-	scheme, rest, ok := strings.Cut(url, "://")
-	if !ok {
-		return url
+// shownURL is url as errors show it, which end up in logs: with its
+// password hidden, even when the "//" that makes it a URL is missing
+// ("mongodb:alice:pw@h/db", "alice:pw@h/db").
+func shownURL(url string) string {
+	if strings.Contains(url, "://") {
+		return redact.URL(url)
 	}
-	beforeOptions, _, _ := strings.Cut(rest, "?")
-	at := strings.LastIndex(beforeOptions, "@")
-	if at < 0 {
-		return url
-	}
-	if name, _, hasPassword := strings.Cut(rest[:at], ":"); hasPassword {
-		return scheme + "://" + name + ":xxxxx" + rest[at:]
-	}
-	return url
+	return strings.TrimPrefix(redact.URL("x://"+url), "x://")
 }

@@ -183,3 +183,30 @@ func TestOpenMongoSRV(t *testing.T) {
 		t.Errorf("error %q: want the URL named with its password hidden", msg)
 	}
 }
+
+// TestOpenErrorsHidePasswords: every error about a store URL, malformed
+// or refused by the driver, names the URL with its password hidden,
+// whatever characters the password holds.
+func TestOpenErrorsHidePasswords(t *testing.T) {
+	t.Chdir(t.TempDir())
+	for _, tt := range []struct{ url, secret, shows string }{
+		{"mongodb://alice:pa?ss77@127.0.0.1:1/db?connectTimeoutMS=-5", "pa?ss77", "alice:xxxxx@127.0.0.1:1"},
+		{"mongodb://alice:p#ss77@127.0.0.1:1/db?connectTimeoutMS=-5", "ss77", "alice:xxxxx@127.0.0.1:1"},
+		{"mongodb://alice:p@ss/77@127.0.0.1:1/db", "ss/77", "alice:xxxxx@127.0.0.1:1"},
+		{"mongodb://alice:p%3Fss%4077@127.0.0.1:1/db?connectTimeoutMS=-5", "ss%4077", "alice:xxxxx@127.0.0.1:1"},
+		{"mongodb://alice:pw%zzsecret77@127.0.0.1:1/db", "secret77", "alice:xxxxx@127.0.0.1:1"},
+		{"mongodb:alice:secret77@h/db", "secret77", "mongodb:xxxxx@h/db"},
+		{"alice:secret77@h/db", "secret77", "alice:xxxxx@h/db"},
+		{"mongo://alice:secret77@h/db", "secret77", "mongo://alice:xxxxx@h/db"},
+	} {
+		s, err := store.Open(t.Context(), tt.url, store.Options{})
+		if err == nil {
+			s.Close()
+			t.Errorf("Open(%q) succeeded", tt.url)
+			continue
+		}
+		if msg := err.Error(); strings.Contains(msg, tt.secret) || !strings.Contains(msg, tt.shows) {
+			t.Errorf("Open(%q) = %q: want %q shown and %q hidden", tt.url, msg, tt.shows, tt.secret)
+		}
+	}
+}
