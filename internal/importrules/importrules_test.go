@@ -30,7 +30,7 @@ type pkg struct {
 var (
 	backends = []string{"task/sqlitestore", "task/mongostore"}
 	// testOnly are made for tests and must never be linked into a program.
-	testOnly = []string{"task/storetest", "internal/tasktest", "internal/testutil", "internal/testservers", "tests"}
+	testOnly = []string{"task/storetest", "task/memstore", "internal/tasktest", "internal/testutil", "internal/testservers", "tests"}
 	// features are built on the consumer, so the consumer and the layers
 	// under it must not import them.
 	features = []string{"builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol",
@@ -268,6 +268,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{"web", "cmd/leasepool", "no package imports cmd"},
 		{"consumer", "internal/testutil", "never imported by production code"},
 		{"newfeature", "task/storetest", "never imported by production code"},
+		{"web", "task/memstore", "never imported by production code"},
 	}
 	for _, b := range bad {
 		graph := make(map[string]pkg, len(good))
