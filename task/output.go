@@ -22,10 +22,6 @@ import (
 const (
 	// MaxResultSize is the largest result, in bytes of JSON.
 	MaxResultSize = 16 << 10
-	// MaxResultDepth is how deeply a result may nest arrays and objects:
-	// MongoDB refuses documents nested over 100 levels, and a result that
-	// no backend could store would keep its attempt's outcome unwritten.
-	MaxResultDepth = 32
 	// MaxLogLines is how many log lines an attempt keeps: the latest ones;
 	// LogDropped counts the earlier lines left out.
 	MaxLogLines = 20
@@ -50,24 +46,21 @@ type Output struct {
 	LogDropped int // lines logged before Log's first, left out
 }
 
-// ValidateResult checks a handler's result: valid JSON of at most
-// MaxResultSize bytes. Its errors wrap ErrInvalid and name the field.
+// ValidateResult checks a handler's result: valid JSON and UTF-8 of at
+// most MaxResultSize bytes, nested at most MaxJSONDepth levels (a result
+// no backend could store would keep its attempt's outcome unwritten). Its
+// errors wrap ErrInvalid and name the field.
 func ValidateResult(b json.RawMessage) error {
 	if len(b) > MaxResultSize {
 		return invalid("result", fmt.Sprintf("is %d bytes, more than the limit of %d", len(b), MaxResultSize))
 	}
-	if len(b) > 0 && !json.Valid(b) {
-		return invalid("result", "is not valid JSON")
-	}
-	if d := jsonDepth(b); d > MaxResultDepth {
-		return invalid("result", fmt.Sprintf("nests %d levels deep, more than the limit of %d", d, MaxResultDepth))
-	}
-	return nil
+	return ValidateJSON("result", b, MaxJSONDepth)
 }
 
-// jsonDepth is how deeply valid JSON b nests arrays and objects.
-func jsonDepth(b []byte) int {
-	depth, deepest, inString, escaped := 0, 0, false, false
+// jsonDepthOver reports whether b nests arrays and objects deeper than
+// limit, reading no further than the first level past it.
+func jsonDepthOver(b []byte, limit int) bool {
+	depth, inString, escaped := 0, false, false
 	for _, c := range b {
 		switch {
 		case escaped:
@@ -78,13 +71,14 @@ func jsonDepth(b []byte) int {
 			inString = !inString
 		case inString:
 		case c == '[' || c == '{':
-			depth++
-			deepest = max(deepest, depth)
+			if depth++; depth > limit {
+				return true
+			}
 		case c == ']' || c == '}':
 			depth--
 		}
 	}
-	return deepest
+	return false
 }
 
 // LogText cleans one log line for storage: control characters (newlines

@@ -77,8 +77,8 @@ func TestResultIsLatestSucceeded(t *testing.T) {
 
 func TestValidateResult(t *testing.T) {
 	t.Parallel()
-	deep := strings.Repeat("[", task.MaxResultDepth+1) + strings.Repeat("]", task.MaxResultDepth+1)
-	ok := `[{"s":"[[[[\"{{{{"},` + strings.Repeat("[", task.MaxResultDepth-1) + strings.Repeat("]", task.MaxResultDepth-1) + `]`
+	deep := strings.Repeat("[", task.MaxJSONDepth+1) + strings.Repeat("]", task.MaxJSONDepth+1)
+	ok := `[{"s":"[[[[\"{{{{"},` + strings.Repeat("[", task.MaxJSONDepth-1) + strings.Repeat("]", task.MaxJSONDepth-1) + `]`
 	if err := task.ValidateResult(json.RawMessage(ok)); err != nil {
 		t.Errorf("ValidateResult at the depth limit, brackets in strings: %v", err)
 	}

@@ -18,9 +18,10 @@ const (
 // Publish is the idempotent publish: insert p as a new task, or leave the
 // existing task of that key alone, or, when p.Rerun is set and it is
 // finished, reset it so it runs again. A running task is never reset.
-// Validation errors wrap ErrInvalid and nothing is written.
+// Validation errors wrap ErrInvalid and nothing is written: p is checked
+// as Validate does, unless ctx comes from WithInternalWrite.
 func Publish(ctx context.Context, s Store, p PublishParams) (*Task, PublishResult, error) {
-	t, err := NewTask(p, s.Now())
+	t, err := newTask(p, s.Now(), isInternalWrite(ctx))
 	if err != nil {
 		return nil, "", err
 	}

@@ -183,6 +183,7 @@ func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
 	w := &t.Workers[i]
 	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), cut(strings.ToValidUTF8(errMsg, "\uFFFD"), MaxErrorLen)
 	t.noteWorker(ChangeFailed, *w)
+	retryAt = clampTime(retryAt)
 	t.Changes[len(t.Changes)-1].Until = retryAt.UTC()
 	t.touch(now)
 	if !t.State.Finished() && retryAt.After(t.RunAt) {
@@ -288,10 +289,19 @@ func (t *Task) Snooze(h Holder, until, now time.Time) error {
 	if err := t.release(h, ChangeSnoozed, WorkerSnoozed, now); err != nil {
 		return err
 	}
-	if until.After(t.RunAt) {
+	if until = clampTime(until); until.After(t.RunAt) {
 		t.RunAt = until.UTC()
 	}
 	t.Changes[len(t.Changes)-1].Until = t.RunAt
 	t.touch(now)
 	return nil
+}
+
+// clampTime keeps a time a handler asks for (a snooze, a retry's delay)
+// at or before MaxTime, as publish keeps run_at.
+func clampTime(t time.Time) time.Time {
+	if t.After(MaxTime) {
+		return MaxTime
+	}
+	return t
 }

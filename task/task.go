@@ -6,6 +6,7 @@
 package task
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -210,7 +211,97 @@ const (
 	MaxPayloadSize = 1 << 20
 	// MaxNameLen is the longest key, kind, worker id or lock key, in bytes.
 	MaxNameLen = 512
+	// MaxJSONDepth is how deeply a payload, a result, a flow's parameters
+	// or any JSON the API reads may nest arrays and objects. MongoDB
+	// refuses documents nested over 100 levels and SQLite's JSON functions
+	// (the list filters) stop at 1,000; leasepool's own documents embed
+	// these values a few levels down (MaxStoredDepth), within both.
+	MaxJSONDepth = 64
+	// MaxStoredDepth bounds the nesting of any payload a backend writes:
+	// leasepool's own documents (a flow's) hold user JSON of MaxJSONDepth
+	// a few levels down.
+	MaxStoredDepth = MaxJSONDepth + 16
 )
+
+// MinTime and MaxTime bound every time a caller gives (run_at, a
+// schedule's start and end, a snooze): a year like 9999 overflows the
+// nanosecond clock arithmetic (int64 nanoseconds end in 2262) and the
+// stores' comparisons.
+var (
+	MinTime = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	MaxTime = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// ValidateTime checks a time a caller gives: zero (unset), or from MinTime
+// to MaxTime. Its errors wrap ErrInvalid and name the field.
+func ValidateTime(field string, t time.Time) error {
+	if t.IsZero() || (!t.Before(MinTime) && !t.After(MaxTime)) {
+		return nil
+	}
+	return invalid(field, fmt.Sprintf("%s is outside %s .. %s", t.UTC().Format(time.RFC3339), MinTime.Format(time.DateOnly), MaxTime.Format(time.DateOnly)))
+}
+
+// LockKeyRatePrefix starts the lock keys that hold rate-limit slots
+// (control.Bucket.SlotKey: rate:<bucket>#i); they share the lock table
+// with tasks' lock keys, so a task may not take one.
+const LockKeyRatePrefix = "rate:"
+
+// ValidateLockKey checks a task's lock key: a valid name outside the
+// rate-limit slots (LockKeyRatePrefix).
+func ValidateLockKey(field, k string) error {
+	if err := ValidateName(field, k); err != nil {
+		return err
+	}
+	if strings.HasPrefix(k, LockKeyRatePrefix) {
+		return invalid(field, fmt.Sprintf("%q is reserved (the %s prefix holds rate-limit slots)", k, LockKeyRatePrefix))
+	}
+	return nil
+}
+
+// ValidateKey checks the key of a task a caller publishes: a valid name
+// outside ReservedPrefix.
+func ValidateKey(field, key string) error {
+	if err := ValidateName(field, key); err != nil {
+		return err
+	}
+	if Reserved(key) {
+		return reservedKey(field, key)
+	}
+	return nil
+}
+
+func reservedKey(field, key string) error {
+	return invalid(field, fmt.Sprintf("%q is reserved (the %s prefix is leasepool's own)", key, ReservedPrefix))
+}
+
+// internalWrite marks a context of leasepool's own writes.
+type internalWrite struct{}
+
+// WithInternalWrite returns a context for leasepool's own writes, under
+// which Publish and every backend's Insert accept a key under
+// ReservedPrefix (flow documents, the control doorbell, the built-in
+// schedules' occurrences) and Publish bounds the payload by
+// MaxStoredDepth (a flow step's payload wraps the flow's parameters, each
+// checked against MaxJSONDepth when published). It is not for callers'
+// input: what a caller gives is checked by Validate, and a reserved
+// document its reader cannot read is skipped (SkipMalformed), never run.
+func WithInternalWrite(ctx context.Context) context.Context {
+	return context.WithValue(ctx, internalWrite{}, true)
+}
+
+func isInternalWrite(ctx context.Context) bool { return ctx.Value(internalWrite{}) != nil }
+
+// CheckInsertKey is the key check every backend's Insert makes: a valid
+// name, and under ReservedPrefix only in a context from WithInternalWrite.
+func CheckInsertKey(ctx context.Context, key string) error {
+	if err := ValidateName("key", key); err != nil {
+		return err
+	}
+	if Reserved(key) && !isInternalWrite(ctx) {
+		return reservedKey("key", key)
+	}
+	return nil
+}
 
 // Options are a task's tunable fields as a publisher gives them. Zero values
 // take the documented defaults.
@@ -256,14 +347,27 @@ type PublishParams struct {
 // Validate checks p as given, defaults included, and changes nothing, so
 // calling it again gives the same answer. Its errors wrap ErrInvalid and name
 // the field.
-func (p PublishParams) Validate() error {
-	if err := ValidateName("key", p.Key); err != nil {
-		return err
+func (p PublishParams) Validate() error { return p.validate(false) }
+
+// validate is Validate; internal (see WithInternalWrite) accepts a key
+// under ReservedPrefix and a payload nested up to MaxStoredDepth.
+func (p PublishParams) validate(internal bool) error {
+	if internal {
+		if err := ValidateName("key", p.Key); err != nil {
+			return err
+		}
+		if err := ValidateStoredPayload(p.Payload); err != nil {
+			return err
+		}
+	} else {
+		if err := ValidateKey("key", p.Key); err != nil {
+			return err
+		}
+		if err := ValidatePayload(p.Payload); err != nil {
+			return err
+		}
 	}
 	if err := ValidateName("kind", p.Kind); err != nil {
-		return err
-	}
-	if err := ValidatePayload(p.Payload); err != nil {
 		return err
 	}
 	for _, id := range p.SpecificWorkerIDs {
@@ -272,9 +376,12 @@ func (p PublishParams) Validate() error {
 		}
 	}
 	for _, k := range p.LockKeys {
-		if err := ValidateName("lock_keys", k); err != nil {
+		if err := ValidateLockKey("lock_keys", k); err != nil {
 			return err
 		}
+	}
+	if err := ValidateTime("run_at", p.RunAt); err != nil {
+		return err
 	}
 	switch {
 	case p.ConcurrentWorkerCnt < 0:
@@ -337,21 +444,53 @@ func (p PublishParams) withDefaults() PublishParams {
 	return p
 }
 
-// ValidatePayload checks a task payload: valid JSON (empty means {}) of at
-// most MaxPayloadSize bytes.
+// ValidatePayload checks a task payload as a caller gives it: valid JSON
+// and UTF-8 (empty means {}) of at most MaxPayloadSize bytes, nested at
+// most MaxJSONDepth levels.
 func ValidatePayload(b json.RawMessage) error {
 	if len(b) > MaxPayloadSize {
 		return invalid("payload", fmt.Sprintf("is %d bytes, more than the limit of %d", len(b), MaxPayloadSize))
 	}
-	if len(b) > 0 && !json.Valid(b) {
-		return invalid("payload", "is not valid JSON")
+	return ValidateJSON("payload", b, MaxJSONDepth)
+}
+
+// ValidateStoredPayload is the payload check every backend's write makes:
+// ValidatePayload with leasepool's own documents' depth, MaxStoredDepth.
+func ValidateStoredPayload(b json.RawMessage) error {
+	if len(b) > MaxPayloadSize {
+		return invalid("payload", fmt.Sprintf("is %d bytes, more than the limit of %d", len(b), MaxPayloadSize))
+	}
+	return ValidateJSON("payload", b, MaxStoredDepth)
+}
+
+// ValidateJSON checks JSON b of field: valid (empty is), valid UTF-8 (which
+// encoding/json would otherwise rewrite to U+FFFD) and nested at most
+// depth levels of arrays and objects.
+func ValidateJSON(field string, b []byte, depth int) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if !utf8.Valid(b) {
+		return invalid(field, "is not valid UTF-8")
+	}
+	if jsonDepthOver(b, depth) {
+		return invalid(field, fmt.Sprintf("nested deeper than %d levels", depth))
+	}
+	if !json.Valid(b) {
+		return invalid(field, "is not valid JSON")
 	}
 	return nil
 }
 
-// NewTask validates p and builds the document a publish inserts.
+// NewTask validates p as Validate does and builds the document a publish
+// inserts.
 func NewTask(p PublishParams, now time.Time) (*Task, error) {
-	if err := p.Validate(); err != nil {
+	return newTask(p, now, false)
+}
+
+// newTask is NewTask; internal validates as WithInternalWrite allows.
+func newTask(p PublishParams, now time.Time, internal bool) (*Task, error) {
+	if err := p.validate(internal); err != nil {
 		return nil, err
 	}
 	p = p.withDefaults()

@@ -315,7 +315,10 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	if err := s.check(); err != nil {
 		return nil, false, err
 	}
-	if err := task.ValidatePayload(t.Payload); err != nil {
+	if err := task.CheckInsertKey(ctx, t.Key); err != nil {
+		return nil, false, err
+	}
+	if err := task.ValidateStoredPayload(t.Payload); err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
 	next := t.Clone()
@@ -399,7 +402,7 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	if err := s.check(); err != nil {
 		return err
 	}
-	if err := task.ValidatePayload(t.Payload); err != nil {
+	if err := task.ValidateStoredPayload(t.Payload); err != nil {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	next := t.Clone()

@@ -257,14 +257,14 @@ func updateClears(t *testing.T, st task.Store, key string) {
 func (s suite) deepResult(t *testing.T) {
 	st := s.store(t)
 	tk := mustInsert(t, st, newTask(t, "deep", "k", st.Now(), task.Options{}))
-	deep := json.RawMessage(strings.Repeat("[", task.MaxResultDepth) + strings.Repeat("]", task.MaxResultDepth))
+	deep := json.RawMessage(strings.Repeat("[", task.MaxJSONDepth) + strings.Repeat("]", task.MaxJSONDepth))
 	if err := task.ValidateResult(deep); err != nil {
 		t.Fatal(err)
 	}
 	tk.History = []task.Worker{{WorkerID: "w", State: task.WorkerSnoozed, Attempt: 1, StartedAt: st.Now(), Result: deep}}
 	want := tk.Clone()
 	if err := st.Update(ctxFor(t), tk); err != nil {
-		t.Fatalf("Update with a result %d levels deep: %v", task.MaxResultDepth, err)
+		t.Fatalf("Update with a result %d levels deep: %v", task.MaxJSONDepth, err)
 	}
 	want.Version++
 	requireSame(t, "Get after Update", mustGet(t, st, "deep"), want)

@@ -1,0 +1,80 @@
+package task
+
+import (
+	"fmt"
+	"unicode/utf8"
+)
+
+// bodySlack is how much deeper than MaxJSONDepth a field of a request body
+// may nest before CheckJSONBody refuses it: a flow file's step payload sits
+// two levels under its "steps" field. The field's own check (such as
+// ValidatePayload) holds it to MaxJSONDepth.
+const bodySlack = 2
+
+// CheckJSONBody checks a JSON document a caller sends (an API request
+// body, a flow file) before encoding/json decodes it, which would rewrite
+// invalid UTF-8 in a string to U+FFFD and follow nesting 10,000 levels
+// deep: every string must be valid UTF-8, and no top-level field nest
+// much deeper than MaxJSONDepth. Its errors wrap ErrInvalid and name the
+// top-level field ("body" when there is none). It does not check that b
+// is JSON: the decoder that follows does.
+func CheckJSONBody(b []byte) error {
+	var (
+		depth    int
+		top      byte   // the outermost container: '{' or '['
+		expect   = true // at depth 1 in an object: the next string is a field name
+		field    string // the top-level field being read
+		inString bool
+		escaped  bool
+		isName   bool
+		start    int
+	)
+	name := func() string {
+		if field == "" {
+			return "body"
+		}
+		return field
+	}
+	for i, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case inString && c == '"':
+			inString = false
+			s := b[start+1 : i]
+			if !utf8.Valid(s) {
+				if isName {
+					return invalid("body", "a field name is not valid UTF-8")
+				}
+				return invalid(name(), "is not valid UTF-8")
+			}
+			if isName {
+				field = string(s)
+			}
+		case inString:
+		case c == '"':
+			inString, start = true, i
+			isName = depth == 1 && top == '{' && expect
+		case c == '{' || c == '[':
+			depth++
+			if depth == 1 {
+				top, expect = c, c == '{'
+			}
+			if depth-1 > MaxJSONDepth+bodySlack {
+				return invalid(name(), fmt.Sprintf("nested deeper than %d levels", MaxJSONDepth))
+			}
+		case c == '}' || c == ']':
+			depth--
+		case depth == 1 && c == ',':
+			expect = top == '{'
+		case depth == 1 && c == ':':
+			expect = false
+		}
+	}
+	if inString && !utf8.Valid(b[start:]) {
+		return invalid(name(), "is not valid UTF-8")
+	}
+	return nil
+}
