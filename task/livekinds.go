@@ -33,6 +33,12 @@ func (n NoWorker) Warning() string {
 	return n.String() + "; the task waits until one does"
 }
 
+// Refusal is n as the refusal of a strict publish, naming field (the
+// kind's field); it wraps ErrInvalid.
+func (n NoWorker) Refusal(field string) error {
+	return invalid(field, n.String()+"; a strict publish refuses it")
+}
+
 // KindsWithoutWorker returns, for each of kinds (in order, each once) that
 // no worker live at now in r runs, a NoWorker. A live worker that
 // registered no kinds claims every kind, and so runs them all.

@@ -1,6 +1,7 @@
 package task_test
 
 import (
+	"errors"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -67,4 +68,13 @@ func warnings(ns []task.NoWorker) []string {
 		out = append(out, n.Warning())
 	}
 	return out
+}
+
+func TestNoWorkerRefusal(t *testing.T) {
+	t.Parallel()
+	err := task.NoWorker{Kind: "resze", Live: []string{"noop"}}.Refusal("kind")
+	want := `invalid: kind: no live worker runs kind "resze" (live: noop); a strict publish refuses it`
+	if !errors.Is(err, task.ErrInvalid) || err.Error() != want {
+		t.Errorf("Refusal = %v, want %q wrapping ErrInvalid", err, want)
+	}
 }
