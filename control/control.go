@@ -242,19 +242,14 @@ func Ring(ctx context.Context, st task.Store) error {
 			}
 			return nil
 		}
-		d, err := task.NewTask(task.PublishParams{Key: DoorbellKey, Kind: DoorbellKind}, st.Now())
+		// Created pinned to a worker id no worker has, so that it is never
+		// claimable before the next turn of the loop cancels it.
+		_, _, err = task.Publish(task.WithInternalWrite(ctx), st, task.PublishParams{Key: DoorbellKey, Kind: DoorbellKind,
+			Options: task.Options{SpecificWorkerIDs: []string{DoorbellKey}}})
 		if err != nil {
 			return fmt.Errorf("ring the control doorbell: %w", err)
 		}
-		if err := d.Cancel(st.Now()); err != nil {
-			return fmt.Errorf("ring the control doorbell: %w", err)
-		}
-		if _, inserted, err := st.Insert(ctx, d); err != nil {
-			return fmt.Errorf("ring the control doorbell: %w", err)
-		} else if inserted {
-			return nil
-		}
-		// Inserted by someone else meanwhile: touch theirs.
+		// Then touch it (or the one someone else inserted meanwhile).
 	}
 }
 

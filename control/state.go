@@ -124,7 +124,8 @@ func Load(ctx context.Context, st task.Store) (*State, error) {
 }
 
 // each calls fn with the target and value of every record of kind that
-// parses (others are not leasepool's).
+// parses; one that does not is skipped and reported to
+// task.SkipMalformed, so it never stops the controls from loading.
 func each[V any](ctx context.Context, rs recordStore, kind string, fn func(Target, V)) error {
 	recs, err := rs.Records(ctx, kind)
 	if err != nil {
@@ -133,7 +134,11 @@ func each[V any](ctx context.Context, rs recordStore, kind string, fn func(Targe
 	for _, r := range recs {
 		var v V
 		target, err := ParseTarget(r.ID)
-		if err != nil || json.Unmarshal(r.Value, &v) != nil {
+		if err == nil {
+			err = json.Unmarshal(r.Value, &v)
+		}
+		if err != nil {
+			task.SkipMalformed(kind, r.ID+"@"+r.At.UTC().Format(time.RFC3339Nano), err)
 			continue
 		}
 		fn(target, v)

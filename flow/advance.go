@@ -79,7 +79,10 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) e
 	if p.RunAt, err = afterEarlier(ctx, s, f, i, undo); err != nil {
 		return err
 	}
-	if _, _, err := task.Publish(ctx, s, p); err != nil {
+	// The envelope wraps the parameters and the payload, each checked
+	// against task.MaxJSONDepth when the flow was published (and the
+	// results as their attempts ended), a level or two deeper.
+	if _, _, err := task.Publish(task.WithInternalWrite(ctx), s, p); err != nil {
 		return fmt.Errorf("flow %s: publish step %s: %w", f.Key, p.Key, err)
 	}
 	return nil

@@ -112,19 +112,24 @@ const (
 // Validate checks s and changes nothing. Its errors wrap task.ErrInvalid
 // and name the field (steps[1].rollback.kind).
 func (s Spec) Validate() error {
-	if err := task.ValidateName("key", s.Key); err != nil {
+	// The key starts every step task's key (StepKey), so refusing
+	// task.ReservedPrefix here keeps steps out of it too.
+	if err := task.ValidateKey("key", s.Key); err != nil {
 		return err
 	}
 	if len(s.Key) > MaxKeyLen {
 		return invalid("key", fmt.Sprintf("is longer than %d bytes", MaxKeyLen))
 	}
 	if len(s.Params) > 0 {
+		if len(s.Params) > MaxParamsSize {
+			return invalid("params", fmt.Sprintf("larger than %d bytes", MaxParamsSize))
+		}
+		if err := task.ValidateJSON("params", s.Params, task.MaxJSONDepth); err != nil {
+			return err
+		}
 		var m map[string]json.RawMessage
 		if err := json.Unmarshal(s.Params, &m); err != nil || m == nil {
 			return invalid("params", "must be a JSON object")
-		}
-		if len(s.Params) > MaxParamsSize {
-			return invalid("params", fmt.Sprintf("larger than %d bytes", MaxParamsSize))
 		}
 	}
 	if len(s.Steps) == 0 {
@@ -162,8 +167,11 @@ func (a Action) validate(field string) error {
 	if err := task.ValidateName(field+".kind", a.Kind); err != nil {
 		return err
 	}
-	if len(a.Payload) > 0 && !json.Valid(a.Payload) {
-		return invalid(field+".payload", "is not valid JSON")
+	if len(a.Payload) > task.MaxPayloadSize {
+		return invalid(field+".payload", fmt.Sprintf("is %d bytes, more than the limit of %d", len(a.Payload), task.MaxPayloadSize))
+	}
+	if err := task.ValidateJSON(field+".payload", a.Payload, task.MaxJSONDepth); err != nil {
+		return err
 	}
 	if a.Timeout < 0 {
 		return invalid(field+".timeout", "must not be negative")
@@ -172,7 +180,7 @@ func (a Action) validate(field string) error {
 		return invalid(field+".retries", "must not be negative")
 	}
 	for _, k := range a.LockKeys {
-		if err := task.ValidateName(field+".lock_keys", k); err != nil {
+		if err := task.ValidateLockKey(field+".lock_keys", k); err != nil {
 			return err
 		}
 	}
@@ -287,8 +295,17 @@ func (f *Flow) addEvent(e Event) {
 // validate: a file may leave the key to the caller; call Spec.Validate.
 func ParseSpec(r io.Reader) (Spec, error) {
 	var s Spec
-	var raw bytes.Buffer
-	d := json.NewDecoder(io.TeeReader(r, &raw))
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return s, fmt.Errorf("%w: flow JSON: %w", task.ErrInvalid, err)
+	}
+	// encoding/json would rewrite invalid UTF-8 to U+FFFD and recurse
+	// 10,000 levels deep: both are refused first, naming the field.
+	if err := task.CheckJSONBody(b); err != nil {
+		return s, err
+	}
+	raw := bytes.NewBuffer(b)
+	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&s); err != nil {
 		var te *json.UnmarshalTypeError

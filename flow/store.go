@@ -106,7 +106,9 @@ func Publish(ctx context.Context, s task.Store, spec Spec) (*Flow, task.PublishR
 	if err != nil {
 		return nil, "", err
 	}
-	doc, res, err := task.Publish(ctx, s, task.PublishParams{Key: DocKey(spec.Key), Kind: DocKind, Payload: b,
+	// The document's key is under task.ReservedPrefix: the spec's key was
+	// validated as a user's, so only this write may create it.
+	doc, res, err := task.Publish(task.WithInternalWrite(ctx), s, task.PublishParams{Key: DocKey(spec.Key), Kind: DocKind, Payload: b,
 		Options: task.Options{SpecificWorkerIDs: []string{docPin}}})
 	if err != nil {
 		return nil, "", fmt.Errorf("flow %s: %w", spec.Key, err)
@@ -137,7 +139,8 @@ type ListQuery struct {
 	Limit  int // 0: no limit
 }
 
-// List returns flows in publish order.
+// List returns flows in publish order. A document it cannot read is
+// skipped and reported to task.SkipMalformed.
 func List(ctx context.Context, s task.Store, q ListQuery) ([]*Flow, error) {
 	lq := task.ListQuery{Kind: DocKind, Reserved: true, Limit: 500}
 	if q.Active {
@@ -155,7 +158,10 @@ func List(ctx context.Context, s task.Store, q ListQuery) ([]*Flow, error) {
 			}
 			f, err := decode(t)
 			if err != nil {
-				return nil, err
+				// One unreadable document must not fail every list of
+				// flows (the API, the dashboard, flow ls, /metrics).
+				task.SkipMalformed(DocKind, fmt.Sprintf("%s@%d", t.Key, t.Version), err)
+				continue
 			}
 			if out = append(out, f); q.Limit > 0 && len(out) >= q.Limit {
 				return out, nil

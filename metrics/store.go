@@ -58,7 +58,7 @@ type StoreConfig struct {
 type StoreCollector struct {
 	cfg StoreConfig
 
-	tasks, oldest, workers, flows, up *prometheus.Desc
+	tasks, oldest, workers, flows, up, malformed *prometheus.Desc
 
 	mu     sync.Mutex
 	readAt time.Time // local clock
@@ -100,6 +100,9 @@ func NewStoreCollector(cfg StoreConfig) (*StoreCollector, error) {
 			[]string{"state"}, nil),
 		up: prometheus.NewDesc(namespace+"_store_up",
 			"1 when the collector's last store read succeeded, 0 when it failed (the gauges it feeds are then left out).", nil, nil),
+		malformed: prometheus.NewDesc(namespace+"_malformed_documents_total",
+			"Documents of leasepool's own (flow documents, pause, limit and schedule records) that this process's readers "+
+				"could not read and skipped, by kind; each is logged once.", []string{"kind"}, nil),
 		seen: map[stateKind]bool{},
 	}, nil
 }
@@ -112,7 +115,7 @@ func setDefault(p *time.Duration, v time.Duration) {
 
 // Describe implements prometheus.Collector.
 func (s *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.tasks, s.oldest, s.workers, s.flows, s.up} {
+	for _, d := range []*prometheus.Desc{s.tasks, s.oldest, s.workers, s.flows, s.up, s.malformed} {
 		ch <- d
 	}
 }
@@ -141,6 +144,9 @@ func (s *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(s.flows, prometheus.GaugeValue, float64(s.snap.flows[state]), state)
 		}
 	}
+	for kind, n := range task.MalformedCounts() {
+		ch <- prometheus.MustNewConstMetric(s.malformed, prometheus.CounterValue, float64(n), kind)
+	}
 }
 
 // FlowStates are the states leasepool_flows is exported for, always all of
@@ -161,8 +167,9 @@ func (s *StoreCollector) collectTasks(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.tasks, prometheus.GaugeValue, float64(now[k]), string(k.state), k.kind)
 	}
 	age := 0.0
-	if !st.OldestReadyAt.IsZero() {
-		age = max(s.snap.now.Sub(st.OldestReadyAt).Seconds(), 0)
+	// A time outside what publish accepts cannot be a task's: no age.
+	if at := st.OldestReadyAt; !at.IsZero() && !at.Before(task.MinTime) && !at.After(task.MaxTime) {
+		age = max(s.snap.now.Sub(at).Seconds(), 0)
 	}
 	ch <- prometheus.MustNewConstMetric(s.oldest, prometheus.GaugeValue, age)
 }

@@ -135,20 +135,25 @@ func (r *Runner) tick(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	all := make([]*Schedule, 0, len(recs)+len(r.cfg.Builtin))
+	var errs []error
 	for i := range r.cfg.Builtin {
-		all = append(all, &r.cfg.Builtin[i])
+		// Only a built-in schedule's occurrences are leasepool's own
+		// documents, under task.ReservedPrefix.
+		if err := r.publishDue(task.WithInternalWrite(ctx), &r.cfg.Builtin[i], cursors[r.cfg.Builtin[i].Name]); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, rec := range recs {
 		sch, err := decode(rec)
+		if err == nil {
+			// A record Add did not write (a built-in's name, a bad
+			// template) publishes nothing.
+			err = sch.Validate()
+		}
 		if err != nil {
-			r.log.Warn("schedules: skipping an unreadable schedule", slog.String("schedule", rec.ID), slog.Any("err", err))
+			task.SkipMalformed(RecordKind, rec.ID+"@"+rec.At.UTC().Format(time.RFC3339Nano), err)
 			continue
 		}
-		all = append(all, sch)
-	}
-	var errs []error
-	for _, sch := range all {
 		if sch.Paused {
 			continue
 		}

@@ -236,6 +236,12 @@ func (s *Schedule) validateBody() error {
 	if _, err := s.timetable(); err != nil {
 		return err
 	}
+	if err := task.ValidateTime("start", s.Start); err != nil {
+		return err
+	}
+	if err := task.ValidateTime("end", s.End); err != nil {
+		return err
+	}
 	if !s.Start.IsZero() && !s.End.IsZero() && s.End.Before(s.Start) {
 		return invalid("end", fmt.Sprintf("(%s) is before start (%s)", s.End.Format(time.RFC3339), s.Start.Format(time.RFC3339)))
 	}
@@ -248,7 +254,11 @@ func (s *Schedule) validateBody() error {
 	default:
 		return invalid("catch_up", fmt.Sprintf("%q is not one of none, last, all:N", s.CatchUp.Mode))
 	}
-	if err := s.Template.Params(s.Name, time.Now()).Validate(); err != nil {
+	p := s.Template.Params(s.Name, time.Now())
+	// A built-in's occurrences are under task.ReservedPrefix by design;
+	// the name's own check refuses that prefix for every other schedule.
+	p.Key = strings.TrimPrefix(p.Key, task.ReservedPrefix)
+	if err := p.Validate(); err != nil {
 		return fmt.Errorf("template: %w", err)
 	}
 	return nil

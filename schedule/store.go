@@ -87,7 +87,9 @@ type Info struct {
 	NextSlot time.Time `json:"next_slot,omitzero"`
 }
 
-// List returns every stored schedule by name, with its last and next slot.
+// List returns every stored schedule by name, with its last and next
+// slot. A record that does not decode or validate (the runner publishes
+// nothing for it) is left out and reported to task.SkipMalformed.
 func List(ctx context.Context, s task.Store) ([]Info, error) {
 	recs, err := load(ctx, s, RecordKind)
 	if err != nil {
@@ -101,8 +103,13 @@ func List(ctx context.Context, s task.Store) ([]Info, error) {
 	out := make([]Info, 0, len(recs))
 	for _, r := range recs {
 		sch, err := decode(r)
+		if err == nil {
+			err = sch.Validate()
+		}
 		if err != nil {
-			return nil, err
+			// Skipped as the runner skips it: it publishes nothing.
+			task.SkipMalformed(RecordKind, r.ID+"@"+r.At.UTC().Format(time.RFC3339Nano), err)
+			continue
 		}
 		in := Info{Schedule: *sch, LastSlot: cursors[sch.Name]}
 		in.NextSlot = sch.nextAfter(latest(now, in.LastSlot, sch.Since))
@@ -212,7 +219,9 @@ func loadCursors(ctx context.Context, s task.Store) (map[string]time.Time, error
 	for _, r := range recs {
 		var c cursor
 		if err := json.Unmarshal(r.Value, &c); err != nil {
-			return nil, fmt.Errorf("schedule %s: stored cursor: %w", r.ID, err)
+			// Unreadable: the schedule starts from its Since, and
+			// publishing is idempotent, so no slot runs twice.
+			continue
 		}
 		out[r.ID] = c.Slot
 	}
