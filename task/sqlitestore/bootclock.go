@@ -8,13 +8,14 @@ import (
 // cachedBoot reads a boot clock (CLOCK_BOOTTIME) as an offset from the
 // monotonic clock, which Go reads without a system call: the kernel serves
 // CLOCK_BOOTTIME only through one, and the store clock is read several
-// times a task (3 % of a draining worker's CPU). The boot clock is the
-// monotonic clock plus the time spent suspended, and both run at the same
-// (NTP-adjusted) rate, so the offset changes only across a suspend. A
-// suspend also moves the wall clock against the monotonic clock by its
-// length, so a reading whose wall and monotonic advances since the last
-// raw read differ by more than bootDrift reads the boot clock again; so
-// does one bootRefresh after it, which bounds anything else.
+// times a task, so a system call each would sit on every write's path.
+// The boot clock is the monotonic clock plus the time spent suspended, and
+// both run at the same (NTP-adjusted) rate, so the offset changes only
+// across a suspend. A suspend also moves the wall clock against the
+// monotonic clock by its length, so a reading whose wall and monotonic
+// advances since the last raw read differ by more than bootDrift reads the
+// boot clock again; so does one bootRefresh after it, which bounds
+// anything else.
 type cachedBoot struct {
 	// clocks reads the wall and the monotonic clock (ns; the monotonic
 	// one from any fixed origin) at one instant.

@@ -102,9 +102,9 @@ CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL,
 	// Lock keys served in line order across workers (locks.go).
 	6: lockLines,
 	// Claim-path indexes cover unfinished tasks only, and retention's
-	// covers finished ones by a plain column (was a JSON expression
+	// covers finished ones by a plain column (not a JSON expression
 	// evaluated on every write): a claim or a finish touches fewer, smaller
-	// indexes, and a claim's cost no longer grows with finished tasks.
+	// indexes, and a claim's cost does not grow with finished tasks.
 	7: `ALTER TABLE tasks ADD COLUMN updated_at INTEGER NOT NULL DEFAULT 0;
 UPDATE tasks SET updated_at = CAST(round(unixepoch(json_extract(doc, '$.updated_at'), 'subsec') * 1000) AS INTEGER) * 1000000;
 DROP INDEX IF EXISTS tasks_state_next_claim;

@@ -7,7 +7,8 @@
 // appends a row to a changes table in the same transaction; watchers in the
 // same process are woken at once after each commit, and watchers in other
 // processes tail that table by sequence number, woken by file notifications
-// on the database directory and by a polling fallback.
+// on the store's -lock file (each commit that wrote changes signals there)
+// and by a polling fallback.
 package sqlitestore
 
 import (
