@@ -58,7 +58,10 @@ func benchCommand() *cli.Command {
 				return err
 			}
 			defer cfg.Store.Close()
+			prog := newProgress(c.App.ErrWriter)
+			cfg.Progress = progressWriter{prog}
 			res, err := bench.Run(c.Context, cfg)
+			prog.Close()
 			if err != nil {
 				return err
 			}
@@ -94,7 +97,6 @@ func benchConfig(c *cli.Context) (bench.Config, error) {
 	cfg := bench.Config{
 		LatencyTasks: c.Int("latency-tasks"), ThroughputTasks: c.Int("tasks"),
 		Concurrency: c.Int("concurrency"), Runs: c.Int("runs"), PendingTasks: c.Int("pending"), ThroughputOnly: c.Bool("throughput-only"),
-		Progress:      c.App.ErrWriter,
 		Logger:        slog.New(minLevel{slog.Default().Handler(), slog.LevelWarn}),
 		WorkerCommand: workerCommand,
 	}
@@ -143,7 +145,10 @@ func benchCurveCommand() *cli.Command {
 			}
 			defer os.RemoveAll(dir)
 			cfg.Dir = dir
+			prog := newProgress(c.App.ErrWriter)
+			cfg.Progress = progressWriter{prog}
 			points, err := bench.Curve(c.Context, cfg)
+			prog.Close()
 			if err != nil {
 				return err
 			}
@@ -177,7 +182,7 @@ func curveConfig(c *cli.Context) (bench.CurveConfig, error) {
 	if cfg.WorkerCommand, err = benchWorkerCommand(); err != nil {
 		return cfg, err
 	}
-	cfg.Drain, cfg.Concurrency, cfg.Progress = c.Int("drain"), c.Int("concurrency"), c.App.ErrWriter
+	cfg.Drain, cfg.Concurrency = c.Int("drain"), c.Int("concurrency")
 	cfg.OpenStore = func(ctx context.Context, url string) (task.Store, error) {
 		return openStoreURL(c, url, store.Options{})
 	}

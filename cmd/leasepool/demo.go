@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"syscall"
 	"time"
@@ -263,13 +264,17 @@ func stopDemoWorkers(workers map[string]*exec.Cmd) {
 	}
 }
 
-// demoWatch prints the task counts every 250 ms, SIGKILLs victim after
-// cfg.killAfter, and returns the tasks once every one has finished.
+// demoWatch shows the task counts as they change (every 250 ms on a
+// terminal, a line every few seconds elsewhere) and, when nothing runs,
+// what the pending tasks wait for; it SIGKILLs victim after cfg.killAfter,
+// and returns the tasks once every one has finished.
 func demoWatch(ctx context.Context, w io.Writer, s task.Store, victim *exec.Cmd, cfg demoConfig) ([]*task.Task, error) {
 	start := time.Now()
 	killed := false
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	prog := newProgress(w)
+	defer prog.Close()
 	for {
 		select {
 		case <-ctx.Done():
@@ -280,7 +285,7 @@ func demoWatch(ctx context.Context, w io.Writer, s task.Store, victim *exec.Cmd,
 			killed = true
 			victim.Process.Kill()
 			victim.Wait()
-			fmt.Fprintf(w, "\nkilled demo-w1 with SIGKILL at %.1fs; its tasks pass to peers when their leases expire\n", time.Since(start).Seconds())
+			prog.Println(fmt.Sprintf("killed demo-w1 with SIGKILL at %.1fs; its tasks pass to peers when their leases expire", time.Since(start).Seconds()))
 		}
 		all, err := s.List(ctx, task.ListQuery{})
 		if err != nil {
@@ -291,14 +296,23 @@ func demoWatch(ctx context.Context, w io.Writer, s task.Store, victim *exec.Cmd,
 			counts[t.State]++
 		}
 		done := counts[task.StateSucceeded] + counts[task.StateFailed] + counts[task.StateCancelled]
-		fmt.Fprintf(w, "\r%5.1fs  pending %3d  running %3d  succeeded %3d  failed %3d  (%d/%d done)   ",
+		status := fmt.Sprintf("%5.1fs  pending %3d  running %3d  succeeded %3d  failed %3d  (%d/%d done)",
 			time.Since(start).Seconds(), counts[task.StatePending], counts[task.StateRunning],
 			counts[task.StateSucceeded], counts[task.StateFailed], done, len(all))
+		if counts[task.StatePending] > 0 && counts[task.StateRunning] == 0 {
+			ws, err := s.Workers(ctx)
+			if err != nil {
+				return nil, err
+			}
+			now := s.Now()
+			ws = slices.DeleteFunc(ws, func(w task.WorkerInfo) bool { return !w.Live(now) })
+			status += "  " + waitSummary(all, ws, now)
+		}
+		prog.Status(status)
 		if done == len(all) && killed {
 			return all, nil
 		}
 		if time.Since(start) > cfg.deadline {
-			fmt.Fprintln(w)
 			return nil, fmt.Errorf("demo: not every task finished within %s", cfg.deadline)
 		}
 	}

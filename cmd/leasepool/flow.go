@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/builtin"
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
@@ -26,7 +28,7 @@ func flowCommand() *cli.Command {
 			{
 				Name: "publish", Usage: "publish a flow from a JSON file (idempotent by KEY); see the README's Flows section",
 				ArgsUsage: "KEY",
-				Flags:     []cli.Flag{&cli.StringFlag{Name: "file", Usage: "the flow's JSON (- for stdin)", Required: true}},
+				Flags:     []cli.Flag{&cli.StringFlag{Name: "file", Usage: "the flow's JSON (- for stdin)", Required: true}, strictFlag()},
 				Action:    flowPublish,
 			},
 			{
@@ -96,9 +98,16 @@ func flowPublish(c *cli.Context) error {
 	if err := spec.Validate(); err != nil {
 		return err
 	}
+	kinds, err := flowKinds(spec)
+	if err != nil {
+		return err
+	}
 	// Device steps become a device job sequence: one command per device
 	// at a time, waiting in each device's line.
 	if err := mqttdev.PrepareFlow(&spec); err != nil {
+		return err
+	}
+	if err := refuseKindsWithoutWorker(c, kinds); err != nil {
 		return err
 	}
 	s, err := openStore(c, false)
@@ -110,8 +119,39 @@ func flowPublish(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	warnKindsWithoutWorker(c, s, kinds)
 	fmt.Fprintf(c.App.Writer, "%s %s (%s)\n", res, f.Key, f.State)
 	return nil
+}
+
+// flowKinds checks the payload of each step and rollback of a built-in
+// kind (as publish does; device commands are mqttdev.PrepareFlow's) and
+// returns every action's kind with its field.
+func flowKinds(spec flow.Spec) ([]kindRef, error) {
+	var refs []kindRef
+	check := func(field string, a flow.Action) error {
+		refs = append(refs, kindRef{field + ".kind", a.Kind})
+		if !slices.Contains(builtin.Kinds, a.Kind) {
+			return nil
+		}
+		if err := builtin.Validate(a.Kind, a.Payload); err != nil {
+			r := strings.TrimPrefix(err.Error(), task.ErrInvalid.Error()+": payload: ")
+			return fmt.Errorf("%w: %s.payload: %s", task.ErrInvalid, field, r)
+		}
+		return nil
+	}
+	for i, st := range spec.Steps {
+		field := fmt.Sprintf("steps[%d]", i)
+		if err := check(field, st.Action); err != nil {
+			return nil, err
+		}
+		if st.Rollback != nil {
+			if err := check(field+".rollback", *st.Rollback); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return refs, nil
 }
 
 func flowKeyAction(fn func(c *cli.Context, s task.Store, key string) (*flow.Flow, error)) cli.ActionFunc {

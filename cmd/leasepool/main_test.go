@@ -275,7 +275,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 		args    []string
 		names   string // the error must contain this
 	}{
-		{"unknown kind", false, []string{"publish", "k", "--kind", "bogus"}, "kind"},
+		{"kind no live worker runs, strict", false, []string{"publish", "k", "--kind", "bogus", "--strict"}, "kind"},
 		{"missing kind", false, []string{"publish", "k"}, "kind"},
 		{"payload not JSON", false, []string{"publish", "k", "--kind", "noop", "--payload", "{"}, "--payload"},
 		{"exec payload without argv", false, []string{"publish", "k", "--kind", "exec", "--payload", "{}"}, "argv"},
@@ -374,7 +374,7 @@ func TestExistingStoreUnchangedByBadInput(t *testing.T) {
 	v := string(c.show("k")["version"])
 	for _, args := range [][]string{
 		{"publish", "k", "--kind", "noop", "--workers", "0"},
-		{"publish", "k2", "--kind", "bogus"},
+		{"publish", "k2", "--kind", "bogus", "--strict"},
 		{"publish", "k", "--kind", "noop", "--ping", "5s", "--timeout", "1s", "--rerun"},
 	} {
 		if _, err := c.run(args...); err == nil {

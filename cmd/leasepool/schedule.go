@@ -75,6 +75,10 @@ func scheduleAddCommand() *cli.Command {
 			if err != nil {
 				return &usageError{cmd: c.Command.HelpName, err: err}
 			}
+			kinds := []kindRef{{"--kind", sch.Template.Kind}}
+			if err := refuseKindsWithoutWorker(c, kinds); err != nil {
+				return err
+			}
 			s, err := openStore(c, false)
 			if err != nil {
 				return err
@@ -84,6 +88,7 @@ func scheduleAddCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			warnKindsWithoutWorker(c, s, kinds)
 			fmt.Fprintf(c.App.Writer, "added %s (%s)\n", added.Name, when(added))
 			return nil
 		},

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -36,6 +38,10 @@ func publishCommand() *cli.Command {
 				}
 				return err
 			}
+			kinds := []kindRef{{"--kind", p.Kind}}
+			if err := refuseKindsWithoutWorker(c, kinds); err != nil {
+				return err
+			}
 			s, err := openStore(c, false)
 			if err != nil {
 				return err
@@ -45,6 +51,7 @@ func publishCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			warnKindsWithoutWorker(c, s, kinds)
 			if c.Bool("json") {
 				return writeJSON(c.App.Writer, t)
 			}
@@ -58,7 +65,9 @@ func publishCommand() *cli.Command {
 // by publish and schedule add.
 func taskFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "kind", Usage: "exec, noop, sleep or device (required)"},
+		&cli.StringFlag{Name: "kind", Usage: "the handler that runs it: a built-in kind (" + strings.Join(builtinKinds(), ", ") +
+			"), whose payload is checked, or any kind your workers register (required)"},
+		strictFlag(),
 		&cli.StringFlag{Name: "payload", Usage: "payload JSON; - reads it from stdin (default: {})"},
 		&cli.StringFlag{Name: "payload-file", Usage: "read the payload JSON from this file"},
 		&cli.IntFlag{Name: "priority", Usage: "higher runs first"},
@@ -97,17 +106,23 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 func taskParams(c *cli.Context, key string, runAt time.Time) (task.PublishParams, error) {
 	p := task.PublishParams{Key: key}
 	if !c.IsSet("kind") {
-		return p, badFlag(c, "kind", "required (exec, noop, sleep or device)")
+		return p, badFlag(c, "kind", "required: a built-in kind (%s) or one your workers register", strings.Join(builtinKinds(), ", "))
 	}
 	p.Kind, p.RunAt = c.String("kind"), runAt
+	if err := task.ValidateName("--kind", p.Kind); err != nil {
+		return p, err
+	}
 	payload, err := readPayload(c)
 	if err != nil {
 		return p, err
 	}
 	p.Payload = payload
-	if p.Kind != mqttdev.Kind {
+	// The built-in kinds' payloads are checked here; a device command's
+	// below. Other kinds are a library user's handlers: the payload is
+	// theirs to read.
+	if slices.Contains(builtin.Kinds, p.Kind) {
 		if err := builtin.Validate(p.Kind, p.Payload); err != nil {
-			return p, fmt.Errorf("--kind/--payload: %w", err)
+			return p, fmt.Errorf("--payload: %w", err)
 		}
 	}
 	for _, name := range []string{"ping", "timeout"} {
@@ -371,4 +386,68 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// builtinKinds are the kinds the leasepool worker runs: builtin.Kinds and
+// the device kind.
+func builtinKinds() []string {
+	return append(slices.Clone(builtin.Kinds), mqttdev.Kind)
+}
+
+// strictFlag is --strict of the commands that publish tasks.
+func strictFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "strict", Usage: "refuse a kind that no live worker runs (exit 2, nothing written) instead of warning"}
+}
+
+// kindRef is a kind a command publishes and the field that names it.
+type kindRef struct{ field, kind string }
+
+// refuseKindsWithoutWorker refuses, under --strict, a kind that no live
+// worker runs, before anything is written: the registry is read through a
+// read-only open, and a missing store file has no workers at all (it is not
+// created).
+func refuseKindsWithoutWorker(c *cli.Context, refs []kindRef) error {
+	if !c.Bool("strict") {
+		return nil
+	}
+	kinds := make([]string, len(refs))
+	for i, r := range refs {
+		kinds[i] = r.kind
+	}
+	var missing []task.NoWorker
+	s, err := openStoreReadOnly(c)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		missing = []task.NoWorker{{Kind: kinds[0]}}
+	case err != nil:
+		return err
+	default:
+		defer s.Close()
+		if missing, err = task.KindsWithoutWorker(c.Context, s, s.Now(), kinds...); err != nil {
+			return err
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	i := slices.IndexFunc(refs, func(r kindRef) bool { return r.kind == missing[0].Kind })
+	return missing[0].Refusal(refs[i].field)
+}
+
+// warnKindsWithoutWorker prints one warning line on stderr for each kind
+// of refs that no live worker runs: the task is stored and waits, and a
+// mistyped kind looks just like this.
+func warnKindsWithoutWorker(c *cli.Context, s task.Store, refs []kindRef) {
+	kinds := make([]string, len(refs))
+	for i, r := range refs {
+		kinds[i] = r.kind
+	}
+	missing, err := task.KindsWithoutWorker(c.Context, s, s.Now(), kinds...)
+	if err != nil {
+		fmt.Fprintf(c.App.ErrWriter, "warning: %s\n", oneLine(err))
+		return
+	}
+	for _, n := range missing {
+		fmt.Fprintf(c.App.ErrWriter, "warning: %s\n", n.Warning())
+	}
 }
