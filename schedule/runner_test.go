@@ -177,8 +177,8 @@ func runnersShareSlots(t *testing.T, s1, s2 task.Store) {
 // starts one: catch_up all:2 publishes exactly the latest two missed slots.
 func TestCatchUpAfterOutage(t *testing.T) {
 	// Not parallel: the check compares slots with the restart's time, and a
-	// first pass delayed by the package's other runners moves slots from
-	// on time to missed (it failed so once in CI).
+	// first pass delayed by the package's other runners would move slots
+	// from on time to missed.
 	s := openStore(t, filepath.Join(t.TempDir(), "s.db"))
 	if _, err := schedule.Add(t.Context(), s, schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
 		CatchUp: schedule.CatchUp{Mode: schedule.CatchUpAll, N: 2}, Template: schedule.Template{Kind: "noop"}}, false); err != nil {

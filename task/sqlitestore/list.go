@@ -61,9 +61,10 @@ func (s *Store) narrower(ctx context.Context, kind string, state task.State) (st
 
 // narrowPrefix is how many keys a prefix may match for List to read them
 // through the key index (their seqs gathered, then walked in order),
-// rather than walk seq order testing each row's key. Gathering costs about
-// 0.3 µs a key (0.1 s for 100,000 of 1M); a seq walk past a rare or
-// clustered prefix costs a row read per task skipped (0.5 s to skip 400,000).
+// rather than walk seq order testing each row's key. Gathering a seq from
+// the key index costs a fraction of a row read, which is what a seq walk
+// past a rare or clustered prefix pays for every task it skips; at this
+// bound the gathering stays cheaper than such a walk over a large store.
 var narrowPrefix = 100_000
 
 // fewKeys reports whether at most narrowPrefix keys start with prefix,

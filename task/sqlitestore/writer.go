@@ -197,7 +197,7 @@ func (s *Store) commit(batch []*writeReq) {
 	}
 	// The callers first: a claim's handler need not wait for the signal
 	// (a write the kernel turns into a notification for every watcher of
-	// the lock file, ~15 µs). Streams wait for the broadcast, not for
+	// the lock file). Streams wait for the broadcast, not for
 	// their callers, so none misses the change.
 	answer(nil)
 	if latest > 0 {
