@@ -160,6 +160,7 @@ type Store struct {
 	db        *DB
 	closeOnce sync.Once
 	closed    chan struct{}
+	cut       atomic.Bool
 	n         counters
 }
 
@@ -205,7 +206,18 @@ func (s *Store) enter(ctx context.Context, op Op, key string) (Fault, error) {
 	return Fault{}, nil
 }
 
+// Cut fails every later call of this handle with ErrInjected and ends
+// its streams, as a process that died or lost the network would see: its
+// leases and registration lapse on their own, nothing is released.
+func (s *Store) Cut() {
+	s.cut.Store(true)
+	s.Close()
+}
+
 func (s *Store) alive(ctx context.Context) error {
+	if s.cut.Load() {
+		return ErrInjected
+	}
 	select {
 	case <-s.closed:
 		return task.ErrClosed

@@ -1,0 +1,91 @@
+package sim_test
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/leasepool/leasepool/tests/sim"
+)
+
+var (
+	big       = flag.Bool("sim.big", false, "run the scaling table: W = 1, 10, 100, 1,000 workers")
+	schedules = flag.Int("sim.schedules", 0, "run this many random fault schedules (small clusters, kills, faults)")
+	out       = flag.String("sim.out", "", "append the printed table to this file")
+)
+
+// run runs cfg in its own bubble and fails t on any invariant violation.
+func run(t *testing.T, cfg sim.Config) sim.Result {
+	t.Helper()
+	var res sim.Result
+	synctest.Test(t, func(t *testing.T) { res = sim.Run(t.Context(), cfg) })
+	for _, v := range res.Violations {
+		t.Errorf("W=%d seed %d: %s", cfg.Workers, cfg.Seed, v)
+	}
+	return res
+}
+
+// TestSimSmall is the configuration CI runs: a few workers, kills, pins,
+// lock lines and injected faults, checked for every invariant.
+func TestSimSmall(t *testing.T) {
+	for _, cfg := range []sim.Config{
+		{Workers: 4, Tasks: 200, PublishEvery: 2 * time.Millisecond, PinEvery: 7, LockEvery: 5, Seed: 1},
+		{Workers: 6, Tasks: 200, PublishEvery: 5 * time.Millisecond, Work: 300 * time.Millisecond, Kill: 2, PinEvery: 9, LockEvery: 6, FaultRate: 0.02, Seed: 2},
+		{Workers: 3, Tasks: 300, Seed: 3},
+	} {
+		t.Run(fmt.Sprintf("W%d-seed%d", cfg.Workers, cfg.Seed), func(t *testing.T) {
+			r := run(t, cfg)
+			t.Logf("\n%s\n%s", sim.Header, r.Row())
+			if cfg.Kill > 0 && r.Takeovers == 0 {
+				t.Errorf("%d workers killed while running 300 ms tasks, and no claim took over a lease", cfg.Kill)
+			}
+		})
+	}
+}
+
+// TestSimScale prints the scaling table (-sim.big) and runs random fault
+// schedules (-sim.schedules N).
+func TestSimScale(t *testing.T) {
+	if !*big && *schedules == 0 {
+		t.Skip("on demand: go test ./tests/sim -run TestSimScale -sim.big [-sim.schedules N]")
+	}
+	var table []sim.Result
+	if *big {
+		for _, w := range []int{1, 10, 100, 1000} {
+			cfg := sim.Config{Workers: w, Tasks: 2000, PublishEvery: 2 * time.Millisecond, Seed: 1}
+			start := time.Now()
+			table = append(table, run(t, cfg))
+			t.Logf("W=%d in %s", w, time.Since(start).Round(time.Millisecond))
+		}
+		// Takeover: long tasks, a tenth of the workers killed.
+		for _, w := range []int{10, 100} {
+			table = append(table, run(t, sim.Config{Workers: w, Tasks: 500, PublishEvery: 2 * time.Millisecond,
+				Work: 2 * time.Second, Kill: w / 10, Seed: 2}))
+		}
+		text := sim.Table(table)
+		fmt.Println(text)
+		if *out != "" {
+			f, err := os.OpenFile(*out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintln(f, text)
+			f.Close()
+		}
+	}
+	var bad int
+	for i := range *schedules {
+		r := run(t, sim.Config{Workers: 2 + i%7, Tasks: 40, PublishEvery: 3 * time.Millisecond,
+			Work: time.Duration(1+i%400) * time.Millisecond, Kill: 1 + i%3, PinEvery: 5, LockEvery: 3,
+			FaultRate: 0.05, Seed: uint64(1000 + i)})
+		if len(r.Violations) > 0 {
+			bad++
+		}
+	}
+	if *schedules > 0 {
+		fmt.Printf("%d fault schedules, %d with violations\n", *schedules, bad)
+	}
+}
