@@ -249,10 +249,10 @@ func (db *DB) appendChange(doc *task.Task) {
 
 // Insert stores t unless its key exists; see task.Store.
 func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, error) {
-	if err := task.ValidateName("key", t.Key); err != nil {
+	if err := task.CheckInsertKey(ctx, t.Key); err != nil {
 		return nil, false, err
 	}
-	if err := task.ValidatePayload(t.Payload); err != nil {
+	if err := task.ValidateStoredPayload(t.Payload); err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
 	f, err := s.enter(ctx, OpInsert, t.Key)
@@ -296,7 +296,7 @@ func (s *Store) Get(ctx context.Context, key string) (*task.Task, error) {
 
 // Update writes t if the stored version is t.Version; see task.Store.
 func (s *Store) Update(ctx context.Context, t *task.Task) error {
-	if err := task.ValidatePayload(t.Payload); err != nil {
+	if err := task.ValidateStoredPayload(t.Payload); err != nil {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	f, err := s.enter(ctx, OpUpdate, t.Key)
