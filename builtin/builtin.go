@@ -1,7 +1,18 @@
 // Package builtin holds the task kinds usable without writing Go: exec runs
-// a process, noop does nothing, sleep waits. The CLI worker registers them;
-// a library user can register them on any consumer.Mux (Register, with an
-// ExecConfig.GuardPath for guarded exec programs).
+// a process, noop does nothing, sleep waits. Register registers noop and
+// sleep on any consumer.Mux; exec, which runs whatever program a publisher
+// names, only on request: RegisterExec (with an ExecConfig.GuardPath for
+// guarded programs, ExecConfig.Allow to restrict which programs may run).
+// The CLI worker registers exec only when its --kinds names it.
+//
+// # What an exec program can reach
+//
+// A program runs as the worker's user, in the payload's dir, with the
+// worker's MinimalEnv variables (PATH, HOME, locale...), those
+// ExecConfig.PassEnv names, the payload's env and leasepool's task
+// variables; none of the worker's other variables, so none of its
+// credentials unless PassEnv names them. It can read and write whatever
+// that user can, including the store file of an embedded store.
 //
 // # Exec processes and their lease
 //
@@ -44,16 +55,28 @@ import (
 // Kinds are the built-in kinds' names.
 var Kinds = []string{"exec", "noop", "sleep"}
 
-// Register registers every built-in kind on m, exec configured by exec
-// (ExecConfig{} is exec with no guard).
-func Register(m *consumer.Mux, exec ExecConfig) error {
-	execHandler, err := NewExec(exec)
+// DefaultKinds are the built-in kinds Register registers: every one but
+// exec.
+var DefaultKinds = []string{"noop", "sleep"}
+
+// Register registers the built-in kinds that run no program of the
+// publisher's choosing (DefaultKinds) on m. Exec is registered apart, by
+// RegisterExec.
+func Register(m *consumer.Mux) {
+	m.RegisterFunc("noop", func(context.Context, *consumer.Job) error { return nil })
+	m.RegisterFunc("sleep", Sleep)
+}
+
+// RegisterExec registers the exec kind on m, configured by cfg
+// (ExecConfig{} is exec with no guard and no allow-list). Whoever can
+// publish to a worker running exec can run any program as that worker
+// unless cfg.Allow restricts them.
+func RegisterExec(m *consumer.Mux, cfg ExecConfig) error {
+	h, err := NewExec(cfg)
 	if err != nil {
 		return err
 	}
-	m.RegisterFunc("exec", execHandler)
-	m.RegisterFunc("noop", func(context.Context, *consumer.Job) error { return nil })
-	m.RegisterFunc("sleep", Sleep)
+	m.RegisterFunc("exec", h)
 	return nil
 }
 

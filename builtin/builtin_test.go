@@ -78,11 +78,9 @@ func TestValidate(t *testing.T) {
 func TestRegister(t *testing.T) {
 	t.Parallel()
 	m := consumer.NewMux()
-	if err := builtin.Register(m, builtin.ExecConfig{}); err != nil {
+	builtin.Register(m)
+	if err := builtin.RegisterExec(m, builtin.ExecConfig{}); err != nil {
 		t.Fatal(err)
-	}
-	if err := builtin.Register(consumer.NewMux(), builtin.ExecConfig{KillGrace: -1}); err == nil {
-		t.Error("Register accepted a negative KillGrace")
 	}
 	for _, k := range builtin.Kinds {
 		if !slices.Contains(m.Kinds(), k) {

@@ -7,8 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,7 +32,8 @@ const maxRenewEvery = 250 * time.Millisecond
 type ExecConfig struct {
 	// GuardPath is the binary that guards each exec program: it must call
 	// GuardMain first thing in main (the leasepool CLI does; pass its
-	// os.Executable()). It is started as `GuardPath __exec-guard ARGV...`.
+	// os.Executable()). It is started as
+	// `GuardPath __exec-guard PROGRAM ARGV...`.
 	// Empty: no guard, the program is the worker's own child; then a
 	// program's descendants outlive a worker killed with SIGKILL, and
 	// nothing stops the program while the worker is frozen (SIGSTOP, a
@@ -38,11 +44,62 @@ type ExecConfig struct {
 	// and cancel kill at once, since a peer may start. Default
 	// DefaultKillGrace; it must not be negative.
 	KillGrace time.Duration
+	// Allow, when not empty, is the only programs that may run: path.Match
+	// patterns ("/usr/local/bin/*", "/opt/jobs/report") matched against
+	// the program's absolute path, argv[0] looked up in the PATH of the
+	// program's environment (or made absolute against Dir). Any other
+	// program is refused with a *NotAllowedError and never started, and a
+	// payload may then not set LD_* or DYLD_* variables, which would load
+	// code the list never saw. Each pattern must be absolute. An allowed
+	// program still takes any arguments and payload env: allow only
+	// programs safe in the hands of whoever can publish.
+	Allow []string
+	// PassEnv names variables of the worker's environment passed to
+	// programs besides the minimal set (see MinimalEnv).
+	PassEnv []string
 }
+
+// MinimalEnv is the worker's environment a program gets by default, by
+// name (LC_* stands for every locale variable). Nothing else of the
+// worker's environment reaches a program unless ExecConfig.PassEnv names
+// it: a worker's environment holds its credentials (LEASEPOOL_TOKEN, the
+// store URL, the MQTT password, cloud keys), and a program runs whatever
+// a publisher asked.
+var MinimalEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_*", "TZ", "TMPDIR", "TERM", "SHELL"}
+
+// ErrNotAllowed is wrapped by the error of an exec attempt whose program
+// ExecConfig.Allow does not list.
+var ErrNotAllowed = errors.New("exec: program not allowed")
+
+// NotAllowedError is an exec attempt refused by ExecConfig.Allow (the
+// worker's --exec-allow); the program did not start.
+type NotAllowedError struct {
+	Program string // the absolute path refused
+}
+
+func (e *NotAllowedError) Error() string {
+	return fmt.Sprintf("exec: program %q is not allowed by --exec-allow", e.Program)
+}
+
+// Unwrap makes it ErrNotAllowed for errors.Is.
+func (e *NotAllowedError) Unwrap() error { return ErrNotAllowed }
 
 func (c *ExecConfig) validate() error {
 	if c.KillGrace < 0 {
 		return fmt.Errorf("builtin.ExecConfig: KillGrace must not be negative, got %s", c.KillGrace)
+	}
+	for _, p := range c.Allow {
+		if !strings.HasPrefix(p, "/") {
+			return fmt.Errorf("builtin.ExecConfig: Allow: pattern %q must be an absolute path (it is matched against the program's absolute path)", p)
+		}
+		if _, err := path.Match(p, "/"); err != nil {
+			return fmt.Errorf("builtin.ExecConfig: Allow: pattern %q: %w", p, err)
+		}
+	}
+	for _, n := range c.PassEnv {
+		if n == "" || strings.ContainsAny(n, "=\x00") {
+			return fmt.Errorf("builtin.ExecConfig: PassEnv: %q is not a variable name", n)
+		}
 	}
 	if c.GuardPath != "" {
 		if _, err := os.Stat(c.GuardPath); err != nil {
@@ -56,10 +113,13 @@ func (c *ExecConfig) validate() error {
 }
 
 // NewExec returns the exec kind's handler. It runs the payload's program
-// with LEASEPOOL_TASK_KEY, LEASEPOOL_ATTEMPT, LEASEPOOL_WORKER_ID and,
+// with the worker's MinimalEnv and PassEnv variables, the payload's env,
+// and LEASEPOOL_TASK_KEY, LEASEPOOL_ATTEMPT, LEASEPOOL_WORKER_ID and,
 // when the job holds a lease, LEASEPOOL_LEASE_DEADLINE (RFC 3339 wall time
 // at which the lease held at start ends; a hint only, since the worker
-// renews it). Exit status 0 is success; a failure carries the tail of the
+// renews it). The program is argv[0] looked up in that environment's PATH
+// (relative to the payload's dir if it holds a slash), and must match
+// ExecConfig.Allow when it is set. Exit status 0 is success; a failure carries the tail of the
 // program's stderr. The program runs in its own process group. On lease
 // loss or cancel the group is killed at once (SIGKILL); on graceful
 // shutdown it gets SIGTERM, then SIGKILL after KillGrace.
@@ -85,9 +145,23 @@ func (h *execHandler) handle(ctx context.Context, job *consumer.Job) error {
 	if err != nil {
 		return err
 	}
-	env := os.Environ()
-	for k, v := range p.Env {
-		env = append(env, k+"="+v)
+	if len(h.cfg.Allow) > 0 {
+		for k := range p.Env {
+			if strings.HasPrefix(k, "LD_") || strings.HasPrefix(k, "DYLD_") {
+				return fmt.Errorf("exec: payload: env: %q is not allowed with --exec-allow (it loads code into the program)", k)
+			}
+		}
+	}
+	env := h.environ(p)
+	prog, err := findProgram(p.Argv[0], lookupEnv(env, "PATH"), p.Dir)
+	if err != nil {
+		return fmt.Errorf("exec %s: %w", p.Argv[0], err)
+	}
+	if len(h.cfg.Allow) > 0 && !slices.ContainsFunc(h.cfg.Allow, func(pat string) bool {
+		ok, _ := path.Match(pat, prog)
+		return ok
+	}) {
+		return &NotAllowedError{Program: prog}
 	}
 	env = append(env,
 		"LEASEPOOL_TASK_KEY="+job.Task.Key,
@@ -98,9 +172,83 @@ func (h *execHandler) handle(ctx context.Context, job *consumer.Job) error {
 		env = append(env, "LEASEPOOL_LEASE_DEADLINE="+time.Now().Add(left).Format(time.RFC3339Nano))
 	}
 	if h.cfg.GuardPath == "" {
-		return h.direct(ctx, p, env)
+		return h.direct(ctx, prog, p, env)
 	}
-	return h.guarded(ctx, job, p, env)
+	return h.guarded(ctx, job, prog, p, env)
+}
+
+// environ is the program's environment before leasepool's own variables:
+// the worker's variables MinimalEnv and PassEnv name, then the payload's.
+func (h *execHandler) environ(p ExecPayload) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if passed(name, h.cfg.PassEnv) {
+			env = append(env, kv)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.Env)) {
+		env = append(env, k+"="+p.Env[k])
+	}
+	return env
+}
+
+func passed(name string, extra []string) bool {
+	if strings.HasPrefix(name, "LC_") {
+		return true
+	}
+	return slices.Contains(MinimalEnv, name) || slices.Contains(extra, name)
+}
+
+// lookupEnv is the last value of name in env, as exec uses it.
+func lookupEnv(env []string, name string) string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(env[i], name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// findProgram returns the absolute path of the program argv0 names: a
+// name with a slash is taken relative to dir (or the worker's directory),
+// any other is looked up in pathList, the program's own PATH. Relative
+// PATH entries are skipped, as exec.LookPath refuses them: what they find
+// depends on the directory. The program then runs by this path, so what
+// ran is what was checked.
+func findProgram(argv0, pathList, dir string) (string, error) {
+	if strings.Contains(argv0, "/") {
+		p := argv0
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		p, err := filepath.Abs(p)
+		if err != nil {
+			return "", err
+		}
+		return p, executable(p)
+	}
+	for _, d := range filepath.SplitList(pathList) {
+		if !filepath.IsAbs(d) {
+			continue
+		}
+		p := filepath.Join(d, argv0)
+		if executable(p) == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%w in PATH %q", exec.ErrNotFound, pathList)
+}
+
+func executable(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return &fs.PathError{Op: "exec", Path: p, Err: fs.ErrPermission}
+	}
+	return nil
 }
 
 func shuttingDown(ctx context.Context) bool {
@@ -108,8 +256,9 @@ func shuttingDown(ctx context.Context) bool {
 }
 
 // direct runs the program as the worker's child.
-func (h *execHandler) direct(ctx context.Context, p ExecPayload, env []string) error {
-	cmd := exec.CommandContext(ctx, p.Argv[0], p.Argv[1:]...)
+func (h *execHandler) direct(ctx context.Context, prog string, p ExecPayload, env []string) error {
+	cmd := exec.CommandContext(ctx, prog, p.Argv[1:]...)
+	cmd.Args[0] = p.Argv[0]
 	cmd.Dir = p.Dir
 	cmd.Env = env
 	cmd.SysProcAttr = procAttr()
@@ -147,8 +296,8 @@ func execResult(p ExecPayload, err error, stderr []byte) error {
 // guarded runs the program under a guard process (see guard.go for the
 // protocol): the worker writes the lease it holds to the guard's stdin
 // every renewEvery, and reads the program's status from the guard's fd 3.
-func (h *execHandler) guarded(ctx context.Context, job *consumer.Job, p ExecPayload, env []string) error {
-	g, err := h.startGuard(job, p, env)
+func (h *execHandler) guarded(ctx context.Context, job *consumer.Job, prog string, p ExecPayload, env []string) error {
+	g, err := h.startGuard(job, prog, p, env)
 	if err != nil {
 		return fmt.Errorf("exec %s: %w", p.Argv[0], err)
 	}
@@ -204,10 +353,10 @@ func leaseLine(job *consumer.Job) string {
 	return "lease " + strconv.FormatInt(job.LeaseRemaining().Milliseconds(), 10) + "\n"
 }
 
-// startGuard starts `GuardPath __exec-guard ARGV...` with its first
-// control line already in its stdin, so it starts the program only once it
-// knows its deadline.
-func (h *execHandler) startGuard(job *consumer.Job, p ExecPayload, env []string) (_ *guardProc, err error) {
+// startGuard starts `GuardPath __exec-guard PROGRAM ARGV...` with its
+// first control line already in its stdin, so it starts the program only
+// once it knows its deadline.
+func (h *execHandler) startGuard(job *consumer.Job, prog string, p ExecPayload, env []string) (_ *guardProc, err error) {
 	ctlR, ctlW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("guard pipe: %w", err)
@@ -233,7 +382,7 @@ func (h *execHandler) startGuard(job *consumer.Job, p ExecPayload, env []string)
 	if _, err := io.WriteString(ctlW, first); err != nil {
 		return nil, fmt.Errorf("guard pipe: %w", err)
 	}
-	g.cmd = exec.Command(h.cfg.GuardPath, append([]string{GuardCommand}, p.Argv...)...)
+	g.cmd = exec.Command(h.cfg.GuardPath, append([]string{GuardCommand, prog}, p.Argv...)...)
 	g.cmd.Dir = p.Dir
 	g.cmd.Env = env
 	g.cmd.Stdin = ctlR

@@ -25,8 +25,10 @@ func GuardMain() {
 	}
 }
 
-// RunGuard runs argv as a guarded exec program and returns the guard's exit
-// status (0 when it reported the program's status, whatever it was).
+// RunGuard runs args[1:] as a guarded exec program, started from the file
+// args[0] (an absolute path: the worker looked it up and checked it), and
+// returns the guard's exit status (0 when it reported the program's
+// status, whatever it was).
 //
 // Protocol: the worker writes lines on the guard's stdin — first
 // "lease MS" (the lease the worker may count on, in milliseconds) or
@@ -39,12 +41,13 @@ func GuardMain() {
 // by its own monotonic clock with no renewal (the worker is frozen), on
 // "kill", after "term", on SIGTERM/SIGINT/SIGHUP, and once the program has
 // exited (left-over background processes).
-func RunGuard(argv []string) int {
+func RunGuard(args []string) int {
 	g := &guard{status: os.NewFile(3, "status")}
-	if len(argv) == 0 {
+	if len(args) < 2 {
 		g.logf("no program to run")
 		return 2
 	}
+	prog, argv := args[0], args[1:]
 	// A write to a closed stderr (the worker died) must fail, not kill the
 	// guard before it cleans up. Notify, unlike Ignore, is not inherited by
 	// the program.
@@ -60,7 +63,8 @@ func RunGuard(argv []string) int {
 	if err := setSubreaper(); err != nil {
 		g.logf("cannot become a child subreaper, descendants may escape: %v", err)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd := exec.Command(prog, argv[1:]...)
+	cmd.Args[0] = argv[0]
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	setPdeathsig(cmd.SysProcAttr)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev/protocol"
 )
 
@@ -150,7 +151,7 @@ func (h *Handler) Start(ctx context.Context) error {
 		_ = h.Stop(context.WithoutCancel(ctx))
 		return fmt.Errorf("mqttdev handler: %w", err)
 	}
-	h.logger.Info("mqttdev handler connected", slog.String("broker", h.cfg.BrokerURL))
+	h.logger.Info("mqttdev handler connected", slog.String("broker", redact.URL(h.cfg.BrokerURL)))
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/task"
 )
@@ -97,7 +98,7 @@ func Wire(ctx context.Context, cfg WireConfig) (*Wiring, error) {
 	}
 	if err != nil {
 		_ = w.Stop(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("mqtt %s: %w", client.BrokerURL, err)
+		return nil, fmt.Errorf("mqtt %s: %w", redact.URL(client.BrokerURL), redact.Error(err, []string{client.BrokerURL}))
 	}
 	w.Handler = h
 	cfg.Mux.Register(Kind, h)

@@ -94,7 +94,7 @@ func TestWorkerMetricsEndpoint(t *testing.T) {
 	}
 
 	addr := freeAddr(t)
-	startWorker(t, url, "w1", "--metrics-addr", addr, "--backoff", "10ms")
+	startWorker(t, url, "w1", "--kinds", "exec,noop,sleep", "--metrics-addr", addr, "--backoff", "10ms")
 	finished := func(text, kind, outcome string) float64 {
 		return sample(text, `leasepool_tasks_finished_total{kind="`+kind+`",outcome="`+outcome+`"}`)
 	}

@@ -144,7 +144,7 @@ func TestFailedExecBacksOff(t *testing.T) {
 		"--payload", `{"argv":["/nonexistent/program"]}`, "--retries", "2"); code != 0 {
 		t.Fatalf("publish: exit %d: %s", code, stderr)
 	}
-	startWorker(t, url, "w", "--backoff", "400ms")
+	startWorker(t, url, "w", "--kinds", "exec", "--backoff", "400ms")
 	var doc *task.Task
 	eventually(t, 30*time.Second, "the task to fail", func() bool {
 		doc, err = store.Get(context.Background(), "missing")

@@ -200,7 +200,7 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 		tasks = append(tasks, cmds...)
 		fmt.Fprintf(w, "embedded MQTT broker on %s; %d simulated devices (%d flaky)\n", url, cfg.devices, cfg.devices/3)
 	} else {
-		workerArgs = append(workerArgs, "--kinds", "exec,noop,sleep")
+		workerArgs = append(workerArgs, "--kinds", "noop,sleep")
 	}
 	want := map[string]demoTask{}
 	for _, dt := range tasks {

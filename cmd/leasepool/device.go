@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/device"
@@ -200,7 +201,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 					BrokerURL: c.String("mqtt"), Username: c.String("mqtt-user"), Password: c.String("mqtt-password"),
 				}, c.String("prefix"), wait)
 				if err != nil {
-					return fmt.Errorf("--mqtt %s: %w", c.String("mqtt"), err)
+					return fmt.Errorf("--mqtt %s: %w", redact.URL(c.String("mqtt")), redact.Error(err, []string{c.String("mqtt")}, c.String("mqtt-password")))
 				}
 				states = t
 			default:

@@ -25,7 +25,7 @@ import (
 )
 
 func main() {
-	// `leasepool __exec-guard ARGV...` (hidden): the guard the worker runs
+	// `leasepool __exec-guard PROGRAM ARGV...` (hidden): the guard the worker runs
 	// each exec program under (builtin.ExecConfig.GuardPath).
 	builtin.GuardMain()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

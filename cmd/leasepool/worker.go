@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -24,7 +26,14 @@ func workerCommand() *cli.Command {
 		Usage: "claim and run tasks until SIGINT or SIGTERM",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "id", Usage: "worker id (default host-pid-random)"},
-			&cli.StringFlag{Name: "kinds", Usage: "comma-separated kinds to run (default all built-in kinds)"},
+			&cli.StringFlag{Name: "kinds", Usage: "comma-separated kinds to run: exec, noop, sleep, device (default every one but exec, " +
+				"which runs any program a publisher names: a worker runs exec only when --kinds names it)"},
+			&cli.StringFlag{Name: "exec-allow", EnvVars: []string{"LEASEPOOL_EXEC_ALLOW"},
+				Usage: "comma-separated path patterns (path.Match, absolute: /usr/local/bin/*) of the only programs exec may run, " +
+					"matched against argv[0] looked up in the program's PATH; any other is refused and never started (default any program)"},
+			&cli.StringFlag{Name: "exec-env", EnvVars: []string{"LEASEPOOL_EXEC_ENV"},
+				Usage: "comma-separated names of the worker's environment variables passed to exec programs besides " +
+					"PATH, HOME, USER, LOGNAME, LANG, LC_*, TZ, TMPDIR, TERM and SHELL (no others are, none of leasepool's secrets)"},
 			&cli.IntFlag{Name: "concurrency", Value: 8, Usage: "handlers running at once"},
 			&cli.StringFlag{Name: "mqtt", EnvVars: []string{"LEASEPOOL_MQTT_URL"},
 				Usage: "MQTT broker for device tasks (tcp://, ssl://); empty: use the embedded broker at --embedded-broker, starting it if no other worker has"},
@@ -56,13 +65,9 @@ func runWorker(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	// Exec programs run under a guard: this binary (see main).
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("exec guard: %w", err)
-	}
 	mux := consumer.NewMux()
-	if err := builtin.Register(mux, builtin.ExecConfig{GuardPath: self, KillGrace: c.Duration("kill-grace")}); err != nil {
+	builtin.Register(mux)
+	if err := registerExec(c, mux, kinds); err != nil {
 		return err
 	}
 	s, err := openStore(c, false)
@@ -123,6 +128,45 @@ func runWorker(c *cli.Context) error {
 	return w.Stop(context.Background())
 }
 
+// registerExec registers exec on mux when kinds names it, with the
+// --exec-allow list and the --exec-env names.
+func registerExec(c *cli.Context, mux *consumer.Mux, kinds []string) error {
+	allow, err := listFlag(c, "exec-allow")
+	if err != nil {
+		return err
+	}
+	passEnv, err := listFlag(c, "exec-env")
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(kinds, "exec") {
+		for _, f := range []string{"exec-allow", "exec-env"} {
+			if c.IsSet(f) {
+				slog.Warn("--"+f+" has no effect: this worker does not run exec (add it to --kinds)", slog.Any("kinds", kinds))
+			}
+		}
+		return nil
+	}
+	for _, p := range allow {
+		if _, err := path.Match(p, "/"); err != nil || !strings.HasPrefix(p, "/") {
+			return badFlag(c, "exec-allow", "%q is not an absolute path pattern (want /DIR/NAME, /DIR/*)", p)
+		}
+	}
+	for _, n := range passEnv {
+		if strings.ContainsAny(n, "= ") {
+			return badFlag(c, "exec-env", "%q is not a variable name", n)
+		}
+	}
+	// Exec programs run under a guard: this binary (see main).
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("exec guard: %w", err)
+	}
+	return builtin.RegisterExec(mux, builtin.ExecConfig{
+		GuardPath: self, KillGrace: c.Duration("kill-grace"), Allow: allow, PassEnv: passEnv,
+	})
+}
+
 // workerKinds checks the worker flags before anything is opened and
 // returns the kinds to run.
 func workerKinds(c *cli.Context) ([]string, error) {
@@ -149,7 +193,7 @@ func workerKinds(c *cli.Context) ([]string, error) {
 		}
 	}
 	if len(kinds) == 0 {
-		kinds = known
+		kinds = append(slices.Clone(builtin.DefaultKinds), mqttdev.Kind)
 	}
 	if c.String("id") != "" {
 		if err := task.ValidateName("--id", c.String("id")); err != nil {

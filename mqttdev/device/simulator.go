@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev/protocol"
 )
 
@@ -140,7 +141,7 @@ func RunSimulator(ctx context.Context, cfg Config, progress io.Writer) (*Report,
 	if err := s.Start(ctx); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(progress, "simulating %d devices (%s0..%s%d) on %s, prefix %s\n", s.cfg.Count, s.cfg.IDPrefix, s.cfg.IDPrefix, s.cfg.Count-1, s.cfg.BrokerURL, s.cfg.Prefix)
+	fmt.Fprintf(progress, "simulating %d devices (%s0..%s%d) on %s, prefix %s\n", s.cfg.Count, s.cfg.IDPrefix, s.cfg.IDPrefix, s.cfg.Count-1, redact.URL(s.cfg.BrokerURL), s.cfg.Prefix)
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
 loop:

@@ -17,6 +17,8 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/eclipse/paho.mqtt.golang/packets"
+
+	"github.com/leasepool/leasepool/internal/redact"
 )
 
 // ClientConfig says how to reach the broker.
@@ -46,7 +48,8 @@ func (c *ClientConfig) Validate() error {
 	}
 	u, err := url.Parse(c.BrokerURL)
 	if err != nil {
-		return fmt.Errorf("broker_url: %w", err)
+		// The parse error quotes the whole URL, password included.
+		return fmt.Errorf("broker_url: %w", redact.Error(err, []string{c.BrokerURL}))
 	}
 	switch u.Scheme {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts", "tcps":
@@ -54,7 +57,7 @@ func (c *ClientConfig) Validate() error {
 		return fmt.Errorf("broker_url: scheme %q is not one of tcp, mqtt, ssl, tls, mqtts", u.Scheme)
 	}
 	if u.Host == "" {
-		return fmt.Errorf("broker_url: %q has no host", c.BrokerURL)
+		return fmt.Errorf("broker_url: %q has no host", redact.URL(c.BrokerURL))
 	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		return errors.New("cert_file, key_file: give both or neither")
