@@ -38,7 +38,7 @@ const (
 	OpList       Op = "list"
 	OpStats      Op = "stats"
 	OpWatch      Op = "watch"
-	OpNext       Op = "next" // one change event handed to a stream
+	OpNext       Op = "next" // a change reaching a stream, after its write
 	OpAcquire    Op = "acquire"
 	OpRelease    Op = "release"
 	OpDelete     Op = "delete"
@@ -115,6 +115,7 @@ type DB struct {
 
 type change struct {
 	seq int64
+	at  time.Time  // when it was written
 	doc *task.Task // the document the write stored
 }
 
@@ -238,7 +239,7 @@ func (s *Store) Close() error {
 // appendChange records doc as written and wakes every stream. db.mu held.
 func (db *DB) appendChange(doc *task.Task) {
 	seq := db.dropped + int64(len(db.changes)) + 1
-	db.changes = append(db.changes, change{seq: seq, doc: doc})
+	db.changes = append(db.changes, change{seq: seq, at: time.Now(), doc: doc})
 	if over := len(db.changes) - db.cfg.Retention; over > 0 {
 		db.changes = slices.Delete(db.changes, 0, over)
 		db.dropped += int64(over)
@@ -519,7 +520,10 @@ func (c *stream) Next(ctx context.Context) (task.Event, error) {
 		if i := pos - db.dropped; i < int64(len(db.changes)) {
 			ch := db.changes[i]
 			db.mu.Unlock()
-			if _, err := c.s.enter(ctx, OpNext, ch.doc.Key); err != nil {
+			// A change reaches a stream its latency after it was written,
+			// whatever came before it: streams are pipelines, not one
+			// round trip per event.
+			if err := c.s.deliver(ctx, c.done, ch); err != nil {
 				return task.Event{}, fmt.Errorf("watch: %w", err)
 			}
 			c.pos.Store(ch.seq)
@@ -539,6 +543,37 @@ func (c *stream) Next(ctx context.Context) (task.Event, error) {
 			return task.Event{}, task.ErrClosed
 		}
 	}
+}
+
+// deliver waits until ch is due at this handle (its latency after it was
+// written) and returns its injected fault.
+func (s *Store) deliver(ctx context.Context, done <-chan struct{}, ch change) error {
+	if err := s.alive(ctx); err != nil {
+		return err
+	}
+	if s.db.cfg.Latency != nil {
+		if d := time.Until(ch.at.Add(s.db.cfg.Latency(OpNext, ch.doc.Key))); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-done:
+				t.Stop()
+				return task.ErrClosed
+			case <-s.closed:
+				t.Stop()
+				return task.ErrClosed
+			}
+		}
+	}
+	if s.db.cfg.Fault != nil {
+		if f := s.db.cfg.Fault(OpNext, ch.doc.Key); f.Err != nil {
+			return f.Err
+		}
+	}
+	return nil
 }
 
 // ResumeToken is the position after the last change handed out.
