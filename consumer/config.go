@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -63,6 +64,14 @@ type Config struct {
 	// Observer is told of claims, claim conflicts and outcomes (metrics).
 	// Default: none.
 	Observer Observer
+	// ClaimSpread is how long each worker stands by per rank before it
+	// claims a task it is not the preferred worker for: the live workers
+	// able to run a task rank it alike (rendezvous hashing of its key
+	// over the registry), the first claims at once, the next after
+	// ClaimSpread, and so on up to 10 ranks, so that about one claim is
+	// tried per task however many workers watch. Default 20ms; negative:
+	// every worker claims at once.
+	ClaimSpread time.Duration
 }
 
 func (c *Config) validate() error {
@@ -113,6 +122,7 @@ func (c *Config) validate() error {
 	setDefault(&c.RetryBackoff, 100*time.Millisecond)
 	setDefault(&c.HeartbeatInterval, time.Second)
 	setDefault(&c.HeartbeatTimeout, 4*time.Second)
+	setDefault(&c.ClaimSpread, preempt.DefaultSpread.Step)
 	if c.HeartbeatTimeout <= c.HeartbeatInterval {
 		return fmt.Errorf("consumer config: HeartbeatTimeout (%s) must exceed HeartbeatInterval (%s)", c.HeartbeatTimeout, c.HeartbeatInterval)
 	}

@@ -65,6 +65,9 @@ type Consumer struct {
 
 	running *runTable
 	locks   *lockQueue // the scheduler's, but for heirs read by attempts
+	// peers is the live workers as the registry last listed them, for
+	// claim spreading (see Config.ClaimSpread).
+	peers atomic.Pointer[preempt.Peers]
 
 	queued                                atomic.Int64
 	claimed, succeeded, failed, leaseLost atomic.Int64

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -63,7 +64,26 @@ func (c *Consumer) Register(ctx context.Context) error {
 		err = c.store.RegisterWorker(ctx, p)
 	}
 	c.registered = err == nil
+	if err == nil {
+		c.refreshPeers(ctx)
+	}
 	return err
+}
+
+// refreshPeers reads the registry for claim spreading. On failure the
+// last list stands: a stale list costs claim conflicts, never a claim.
+func (c *Consumer) refreshPeers(ctx context.Context) {
+	if c.cfg.ClaimSpread < 0 {
+		return
+	}
+	ws, err := c.store.Workers(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.logger.Debug("read the worker registry", slog.Any("err", err))
+		}
+		return
+	}
+	c.peers.Store(preempt.NewPeers(ws, c.info(), c.store.Now()))
 }
 
 // deadHere reports whether w was registered by a process of this host
@@ -90,7 +110,11 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 		err := c.store.RegisterWorker(rctx, task.RegisterParams{Worker: c.info(), Now: c.store.Now()})
 		cancel()
 		switch {
-		case err == nil, ctx.Err() != nil:
+		case err == nil:
+			rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatTimeout)
+			c.refreshPeers(rctx)
+			cancel()
+		case ctx.Err() != nil:
 		case errors.Is(err, task.ErrWorkerIDTaken):
 			// This process was frozen past its registration and another
 			// took the id. Its leases carry its own instance, so neither

@@ -68,6 +68,12 @@ type scheduler struct {
 	pages     chan fetchedPage
 	fetching  bool
 	fetchSeen map[string]*task.Task
+	// peers is the registry's live workers (claim spreading); ranks
+	// caches this worker's rank of unpinned tasks under ranksOf.
+	peers   *atomic.Pointer[preempt.Peers]
+	spread  preempt.Spread
+	ranks   map[string]int
+	ranksOf *preempt.Peers
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -86,6 +92,7 @@ func (c *Consumer) newScheduler() *scheduler {
 		ctl: &c.ctl, reload: c.loadControl, paused: map[string]preempt.Entry{},
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency), rateWait: map[string]bool{},
 		pages: make(chan fetchedPage, 1), fetchSeen: map[string]*task.Task{},
+		peers: &c.peers, spread: preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, ranks: map[string]int{},
 	}
 }
 
@@ -193,8 +200,11 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 		return
 	case d.Verdict == preempt.Later:
 		at = d.At
+	case !t.NextClaimAt.IsZero() && t.NextClaimAt.Before(now):
+		at = t.NextClaimAt // claimable since: orders a backlog oldest first
 	}
-	e := preempt.Entry{Key: t.Key, At: at, Priority: t.Priority, Seq: t.Seq, Task: t}
+	at = at.Add(s.standBy(t, now))
+	e := preempt.Entry{Key: t.Key, At: at, Order: at, Priority: t.Priority, Seq: t.Seq, Task: t}
 	if _, held := s.paused[t.Key]; held {
 		s.paused[t.Key] = e // dispatch judges it again when released
 		return
@@ -205,6 +215,40 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	if !s.heap.Put(e) {
 		s.dropped()
 	}
+}
+
+// standBy is how long this worker waits, past the moment t becomes
+// claimable, before it tries to claim t: none when it is t's preferred
+// worker among the live workers able to run t, a step more for each rank
+// after (preempt.Spread). A claim that lands is a change event that
+// reaches the others before their turn, so they never try; one that does
+// not (the preferred worker busy, dead or slow) leaves the task to the
+// next rank a step later, and to every worker after MaxRank steps.
+func (s *scheduler) standBy(t *task.Task, now time.Time) time.Duration {
+	if s.spread.Step <= 0 {
+		return 0
+	}
+	peers := s.peers.Load()
+	if peers.Len() <= 1 {
+		return 0
+	}
+	if peers != s.ranksOf || len(s.ranks) > 4*s.cfg.HeapSize {
+		clear(s.ranks)
+		s.ranksOf = peers
+	}
+	rank, ok := s.ranks[t.Key]
+	if !ok || len(t.SpecificWorkerIDs) > 0 {
+		rank = peers.Rank(t, s.cfg.WorkerID, s.spread.MaxRank)
+		if len(t.SpecificWorkerIDs) == 0 {
+			s.ranks[t.Key] = rank
+		}
+	}
+	// A task run by several workers at once has a first place for each
+	// of its free slots.
+	if free := t.ConcurrentWorkerCnt - t.CountWorkers(now).Live; free > 1 {
+		rank = max(rank-(free-1), 0)
+	}
+	return s.spread.Delay(rank)
 }
 
 func (s *scheduler) onEvent(ev task.Event) {
@@ -284,6 +328,13 @@ func (s *scheduler) onResult(r attemptResult) {
 	retry := r.retry
 	if retry != nil && seen != nil && retry.Task != nil && (retry.Task.Seq != seen.Seq || before(retry.Task, seen)) {
 		retry = nil // decided on an older document than seen
+	}
+	if retry != nil && retry.Task != nil && len(r.lockKeys) == 0 && !r.limited {
+		// Not now (a peer's claim won, say): when the task is claimable
+		// again, this worker's turn comes after its stand-by as for any
+		// offer, or every worker that lost the race would try at once.
+		retry.At = retry.At.Add(s.standBy(retry.Task, now))
+		retry.Order = retry.At
 	}
 	switch {
 	case retry != nil:

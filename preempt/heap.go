@@ -13,7 +13,13 @@ type Entry struct {
 	At       time.Time // when to try a claim
 	Priority int
 	Seq      int64
-	Task     *task.Task // the latest document seen, reused by the claim
+	// Order ranks due entries of one priority: earlier first, then Seq.
+	// It is when this worker's turn to claim came (the task's claim time
+	// plus its stand-by delay, see Spread), so that of a backlog each
+	// worker takes first the tasks it is preferred for. The zero Order
+	// comes first.
+	Order time.Time
+	Task  *task.Task // the latest document seen, reused by the claim
 }
 
 // Heap holds the tasks a worker may claim, bounded in size. Entries wait
@@ -110,7 +116,7 @@ func (h *Heap) remove(it *item) {
 }
 
 // Pop removes and returns the best entry due at now: the highest priority,
-// then the earliest published.
+// then the earliest Order, then the earliest published.
 func (h *Heap) Pop(now time.Time) (Entry, bool) {
 	for len(h.timers) > 0 && !h.timers[0].At.After(now) {
 		it := heap.Pop(&h.timers).(*item)
@@ -167,6 +173,9 @@ type readyQueue []*item
 func readyLess(a, b *item) bool {
 	if a.Priority != b.Priority {
 		return a.Priority > b.Priority
+	}
+	if !a.Order.Equal(b.Order) {
+		return a.Order.Before(b.Order)
 	}
 	return a.Seq < b.Seq
 }

@@ -1,0 +1,162 @@
+package preempt
+
+// Claim spreading: which of the live workers able to run a task tries to
+// claim it first, and how long each other one stands by before it tries
+// too. Every worker computes the same ranking on its own (rendezvous,
+// highest-random-weight hashing of the task key over the worker ids), so
+// about one claim attempt is made per task whatever the number of workers,
+// with no coordination beyond the registry every worker already reads.
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// Spread is the stand-by rule: the worker of rank r (0 is preferred) may
+// claim a task Step × min(r, MaxRank) after the task became claimable.
+type Spread struct {
+	// Step is the delay between ranks: longer than a claim's write plus
+	// its change event reaching the next worker, so that the next one
+	// sees the claim before it would try.
+	Step time.Duration
+	// MaxRank caps the delay at Step × MaxRank: a task whose first
+	// MaxRank workers are busy, dead or slow is tried by all the others
+	// then, so no task waits longer than that for its preferred worker.
+	MaxRank int
+}
+
+// DefaultSpread stands by 20 ms a rank, at most 200 ms.
+var DefaultSpread = Spread{Step: 20 * time.Millisecond, MaxRank: 10}
+
+// Delay is how long the worker of rank r stands by.
+func (s Spread) Delay(rank int) time.Duration {
+	return s.Step * time.Duration(min(rank, s.MaxRank))
+}
+
+// Peer is one live worker process as the registry lists it.
+type Peer struct {
+	ID    string
+	Kinds []string // empty: every kind
+	// Weight is the worker's share of claims (its concurrency); a worker
+	// of weight 2 is preferred for twice the tasks of one of weight 1.
+	Weight int
+	hash   uint64
+}
+
+// Peers is the live workers at one moment, as every worker of a cluster
+// sees them alike once the registry has been read.
+type Peers struct {
+	list []Peer
+}
+
+// NewPeers keeps the workers in ws live at now (self always counts, even
+// before its own registration is read back).
+func NewPeers(ws []task.WorkerInfo, self task.WorkerInfo, now time.Time) *Peers {
+	p := &Peers{}
+	seen := false
+	for _, w := range ws {
+		if w.ID == self.ID {
+			w, seen = self, true
+		} else if !w.Live(now) {
+			continue
+		}
+		p.list = append(p.list, newPeer(w))
+	}
+	if !seen {
+		p.list = append(p.list, newPeer(self))
+	}
+	slices.SortFunc(p.list, func(a, b Peer) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return p
+}
+
+func newPeer(w task.WorkerInfo) Peer {
+	return Peer{ID: w.ID, Kinds: slices.Clone(w.Kinds), Weight: max(w.Concurrency, 1), hash: hashString(w.ID)}
+}
+
+// Len is the number of live workers.
+func (p *Peers) Len() int {
+	if p == nil {
+		return 0
+	}
+	return len(p.list)
+}
+
+// Rank returns self's place, from 0, in t's ranking over the workers that
+// may run t (its kind, its pins), counting at most up to limit: a rank of
+// limit or more is reported as limit. Every worker holding the same Peers
+// gets a different rank for t, exactly one of them 0.
+func (p *Peers) Rank(t *task.Task, self string, limit int) int {
+	if p == nil || len(p.list) <= 1 || len(t.SpecificWorkerIDs) == 1 {
+		return 0
+	}
+	kh := hashString(t.Key)
+	i, ok := slices.BinarySearchFunc(p.list, self, func(a Peer, id string) int {
+		switch {
+		case a.ID < id:
+			return -1
+		case a.ID > id:
+			return 1
+		}
+		return 0
+	})
+	var mine float64
+	if ok {
+		mine = score(kh, p.list[i])
+	} else {
+		mine = score(kh, Peer{ID: self, Weight: 1, hash: hashString(self)})
+	}
+	rank := 0
+	for j := range p.list {
+		q := &p.list[j]
+		if (ok && j == i) || !t.Allows(q.ID) || (len(q.Kinds) > 0 && !slices.Contains(q.Kinds, t.Kind)) {
+			continue
+		}
+		if s := score(kh, *q); s > mine || (s == mine && q.ID < self) {
+			if rank++; rank >= limit {
+				return limit
+			}
+		}
+	}
+	return rank
+}
+
+// score is the weighted rendezvous score of worker q for the key hashed
+// to kh: weight / -ln(u), u uniform in (0, 1) from the pair's hash, so
+// that each worker is the highest for a share of keys proportional to its
+// weight, and a worker leaving moves only the keys it ranked first.
+func score(kh uint64, q Peer) float64 {
+	u := (float64(mix(kh^q.hash)>>11) + 0.5) / (1 << 53)
+	return float64(q.Weight) / -math.Log(u)
+}
+
+// hashString is 64-bit FNV-1a: the same in every process, unlike the
+// runtime's seeded hashes.
+func hashString(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return mix(h)
+}
+
+// mix is SplitMix64's finalizer: every input bit moves every output bit.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}

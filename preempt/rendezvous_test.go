@@ -1,0 +1,141 @@
+package preempt_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/task"
+)
+
+func workers(now time.Time, n int) []task.WorkerInfo {
+	ws := make([]task.WorkerInfo, n)
+	for i := range ws {
+		ws[i] = task.WorkerInfo{ID: fmt.Sprintf("w%02d", i), Concurrency: 4, Until: now.Add(time.Second)}
+	}
+	return ws
+}
+
+func tk(key string, pins ...string) *task.Task {
+	return &task.Task{Key: key, Kind: "k", SpecificWorkerIDs: pins}
+}
+
+// TestRankIsAPermutation: workers sharing one view of the registry give
+// every task distinct ranks, exactly one 0, so exactly one tries first.
+func TestRankIsAPermutation(t *testing.T) {
+	now := time.Now()
+	ws := workers(now, 7)
+	for k := range 500 {
+		task := tk(fmt.Sprintf("task-%d", k))
+		seen := map[int]string{}
+		for _, w := range ws {
+			r := preempt.NewPeers(ws, w, now).Rank(task, w.ID, 100)
+			if other, dup := seen[r]; dup {
+				t.Fatalf("%s: %s and %s both rank %d", task.Key, other, w.ID, r)
+			}
+			seen[r] = w.ID
+		}
+		for r := range len(ws) {
+			if _, ok := seen[r]; !ok {
+				t.Fatalf("%s: no worker ranks %d: %v", task.Key, r, seen)
+			}
+		}
+	}
+}
+
+// TestRankSpreadsByWeight: each worker is preferred for a share of tasks
+// proportional to its concurrency.
+func TestRankSpreadsByWeight(t *testing.T) {
+	now := time.Now()
+	ws := workers(now, 5)
+	ws[0].Concurrency = 8 // twice the others
+	firsts := map[string]int{}
+	const n = 30000
+	for k := range n {
+		task := tk(fmt.Sprintf("t%d", k))
+		for _, w := range ws {
+			if preempt.NewPeers(ws, w, now).Rank(task, w.ID, 1) == 0 {
+				firsts[w.ID]++
+			}
+		}
+	}
+	// Weights 8, 4, 4, 4, 4: shares 1/3 and 1/6 each.
+	for _, w := range ws {
+		want := n / 6
+		if w.Concurrency == 8 {
+			want = n / 3
+		}
+		if got := firsts[w.ID]; got < want*9/10 || got > want*11/10 {
+			t.Errorf("%s (concurrency %d) preferred for %d of %d tasks; want %d ± 10%%", w.ID, w.Concurrency, got, n, want)
+		}
+	}
+}
+
+// TestRankHonoursPinsKindsAndLiveness: only workers that may run the task
+// and are live rank ahead; the worker itself counts before its own
+// registration is read back.
+func TestRankHonoursPinsKindsAndLiveness(t *testing.T) {
+	now := time.Now()
+	ws := workers(now, 6)
+	ws[1].Kinds = []string{"other"}
+	ws[2].Until = now // lapsed
+	self := task.WorkerInfo{ID: "w99", Concurrency: 4}
+	// w99 has not read its own registration back; w00 has.
+	withSelf := append(workers(now, 0), ws...)
+	withSelf = append(withSelf, task.WorkerInfo{ID: "w99", Concurrency: 4, Until: now.Add(time.Second)})
+	for k := range 200 {
+		task := tk(fmt.Sprintf("t%d", k), "w00", "w01", "w02", "w99")
+		// Of the pinned, w01 runs another kind and w02 has lapsed: only
+		// w00 and w99 rank, so w99 is 0 or 1.
+		r := preempt.NewPeers(ws, self, now).Rank(task, "w99", 100)
+		r0 := preempt.NewPeers(withSelf, ws[0], now).Rank(task, "w00", 100)
+		if r > 1 || r+r0 != 1 {
+			t.Fatalf("%s: w99 ranks %d, w00 %d; want 0 and 1 in some order", task.Key, r, r0)
+		}
+	}
+	if r := preempt.NewPeers(ws, self, now).Rank(tk("solo", "w99"), "w99", 100); r != 0 {
+		t.Fatalf("task pinned to w99 alone: rank %d", r)
+	}
+}
+
+// TestRankMovesOnlyTheLeaversTasks: a worker leaving changes the
+// preferred worker only of the tasks it was preferred for.
+func TestRankMovesOnlyTheLeaversTasks(t *testing.T) {
+	now := time.Now()
+	ws := workers(now, 8)
+	first := func(ws []task.WorkerInfo, task *task.Task) string {
+		for _, w := range ws {
+			if preempt.NewPeers(ws, w, now).Rank(task, w.ID, 1) == 0 {
+				return w.ID
+			}
+		}
+		return ""
+	}
+	moved := 0
+	for k := range 2000 {
+		task := tk(fmt.Sprintf("t%d", k))
+		before, after := first(ws, task), first(ws[1:], task)
+		if before != ws[0].ID && before != after {
+			t.Fatalf("%s: preferred %s, then %s once %s left", task.Key, before, after, ws[0].ID)
+		}
+		if before == ws[0].ID {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("the leaver was preferred for no task")
+	}
+}
+
+func TestSpreadDelay(t *testing.T) {
+	s := preempt.Spread{Step: 20 * time.Millisecond, MaxRank: 3}
+	for r, want := range []time.Duration{0, 20, 40, 60, 60, 60} {
+		if got := s.Delay(r); got != want*time.Millisecond {
+			t.Errorf("Delay(%d) = %s; want %dms", r, got, want)
+		}
+	}
+	if r := (*preempt.Peers)(nil).Rank(tk("x"), "w", 5); r != 0 {
+		t.Errorf("no peers known: rank %d; want 0", r)
+	}
+}
