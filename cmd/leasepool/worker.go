@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -53,6 +55,9 @@ func workerCommand() *cli.Command {
 					"longer lets more tasks finish, but a stopped worker then hands its tasks over later than a crashed one would (after worker_timeout)"},
 			&cli.DurationFlag{Name: "kill-grace", Value: builtin.DefaultKillGrace,
 				Usage: "on shutdown, how long an exec program has between SIGTERM and SIGKILL (lease loss and cancel kill at once)"},
+			&cli.DurationFlag{Name: "store-fail-timeout", Value: defaultStoreFailTimeout,
+				Usage: "how long the store may keep failing (this worker cannot read its registry or its registration is not renewed) " +
+					"before the worker exits with status 1, so that its supervisor starts it afresh; 0: never exit"},
 			retentionEveryFlag(),
 		}, metricsFlags()...),
 		Action: runWorker,
@@ -123,9 +128,150 @@ func runWorker(c *cli.Context) error {
 		return err
 	}
 	defer stopBackground()
-	<-c.Context.Done() // SIGINT or SIGTERM
+	storeFailed := watchStore(c.Context, storeProbe{s: s, workerID: w.WorkerID(), instance: w.Instance(), file: embeddedStoreFile(c.String("store"))},
+		c.Duration("store-fail-timeout"))
+	select {
+	case <-c.Context.Done(): // SIGINT or SIGTERM
+	case err := <-storeFailed:
+		slog.Error("store failing: stopping the worker so that its supervisor starts it afresh", slog.Any("err", err))
+		ctx, cancel := context.WithTimeout(context.Background(), c.Duration("shutdown-timeout"))
+		defer cancel()
+		_ = w.Stop(ctx)
+		return err
+	}
 	slog.Info("shutting down: finishing running tasks", slog.Duration("timeout", c.Duration("shutdown-timeout")))
 	return w.Stop(context.Background())
+}
+
+// defaultStoreFailTimeout is --store-fail-timeout's default: past a
+// MongoDB election or a short network outage, well before anyone waits
+// on a worker that runs nothing.
+const defaultStoreFailTimeout = 30 * time.Second
+
+// ErrStoreFailing is returned by a worker whose store kept failing past
+// --store-fail-timeout.
+var ErrStoreFailing = errors.New("store failing")
+
+// watchStore checks the store every so often and sends one error once it
+// has kept failing for longer than bound: reading the worker registry
+// fails, or this worker's registration (instance) is not there or has
+// lapsed, so the heartbeat cannot write. A worker in that state runs
+// nothing and logs warnings for ever; a new process opens the store
+// afresh (an embedded store whose -wal file was deleted works again
+// then). bound 0: never.
+func watchStore(ctx context.Context, p storeProbe, bound time.Duration) <-chan error {
+	out := make(chan error, 1)
+	if bound <= 0 {
+		return out
+	}
+	every := min(max(bound/10, 100*time.Millisecond), 5*time.Second)
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		var since time.Time // when the store was first seen failing; zero: healthy
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := p.check(ctx, min(bound, 10*time.Second))
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err == nil:
+				since = time.Time{}
+			case since.IsZero():
+				since = time.Now()
+			case time.Since(since) > bound:
+				out <- fmt.Errorf("%w for %s (--store-fail-timeout %s): %w", ErrStoreFailing,
+					time.Since(since).Round(time.Second), bound, err)
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// storeProbe is what watchStore checks.
+type storeProbe struct {
+	s                  task.Store
+	workerID, instance string
+	// file is the embedded store's file, absolute with its directory's
+	// symbolic links resolved; "" for other stores.
+	file string
+}
+
+// check reads the registry and checks this worker's registration is live,
+// and that none of an embedded store's files this process holds open was
+// deleted or replaced: its writes then reach no other process, though
+// they succeed.
+func (p storeProbe) check(ctx context.Context, timeout time.Duration) error {
+	if name := deletedOpenFile(p.file); name != "" {
+		return fmt.Errorf("the embedded store's file %s was deleted or replaced while open", name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	ws, err := p.s.Workers(ctx)
+	if err != nil {
+		return fmt.Errorf("read the worker registry: %w", err)
+	}
+	now := p.s.Now()
+	for _, w := range ws {
+		if w.ID == p.workerID && w.Instance == p.instance {
+			if !w.Live(now) {
+				return fmt.Errorf("registration of worker %s not renewed since %s", p.workerID, w.Heartbeat.Format(time.RFC3339))
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("worker %s (instance %s) is not in the registry", p.workerID, p.instance)
+}
+
+// embeddedStoreFile is the file of a sqlite: store URL as /proc shows it,
+// "" for other URLs.
+func embeddedStoreFile(url string) string {
+	path, ok := strings.CutPrefix(url, "sqlite:")
+	if !ok {
+		return ""
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return ""
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, filepath.Base(abs))
+}
+
+// deletedOpenFile returns the name of a file of the embedded store at
+// file (itself, its -wal, -shm or -lock) that this process holds open
+// although it was deleted, as Linux's /proc/self/fd tells; "" if none or
+// where there is no /proc.
+func deletedOpenFile(file string) string {
+	if file == "" {
+		return ""
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return ""
+	}
+	for _, fd := range fds {
+		target, err := os.Readlink("/proc/self/fd/" + fd.Name())
+		if err != nil {
+			continue
+		}
+		name, deleted := strings.CutSuffix(target, " (deleted)")
+		if !deleted {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(name, file); ok && slices.Contains([]string{"", "-wal", "-shm", "-lock"}, rest) {
+			return name
+		}
+	}
+	return ""
 }
 
 // registerExec registers exec on mux when kinds names it, with the
@@ -181,6 +327,9 @@ func workerKinds(c *cli.Context) ([]string, error) {
 	}
 	if _, err := positiveDuration(c, "kill-grace"); err != nil {
 		return nil, err
+	}
+	if c.Duration("store-fail-timeout") < 0 {
+		return nil, fmt.Errorf("--store-fail-timeout: must not be negative, got %s", c.Duration("store-fail-timeout"))
 	}
 	known := append(slices.Clone(builtin.Kinds), mqttdev.Kind)
 	kinds, err := listFlag(c, "kinds")
