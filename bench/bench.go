@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 
+	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -113,7 +114,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	b := &bench{ctx: ctx, cfg: c, store: c.Store, res: &Result{Report: Report{
-		Store: c.StoreURL, LatencyTasks: c.LatencyTasks, ThroughputTasks: c.ThroughputTasks,
+		Store: redact.URL(c.StoreURL), LatencyTasks: c.LatencyTasks, ThroughputTasks: c.ThroughputTasks,
 		Concurrency: c.Concurrency, PendingTasks: c.PendingTasks,
 	}}}
 	b.report = &b.res.Report
