@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -99,10 +100,24 @@ func inPayload(err error) error {
 type publishResponse struct {
 	Result task.PublishResult `json:"result"`
 	Task   *task.Task         `json:"task"`
+	// Warnings are about a publish that was done but may not be what the
+	// caller meant: a kind no live worker runs (the task waits until one
+	// does). Absent when there are none.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
-// publish answers 201 for a new task, 200 when it existed (or reran).
+// publish answers 201 for a new task, 200 when it existed (or reran), with
+// a warning when no live worker runs the task's kind; ?strict=true refuses
+// such a kind instead (400 naming kind, nothing written).
 func (a *api) publish(w http.ResponseWriter, r *http.Request) {
+	strict := false
+	if v := r.URL.Query().Get("strict"); v != "" {
+		var err error
+		if strict, err = strconv.ParseBool(v); err != nil {
+			a.fail(w, r, badInput("strict", "%q is not true or false", v))
+			return
+		}
+	}
 	var body publishBody
 	if err := decodeLimit(w, r, &body, maxPublishBody); err != nil {
 		a.fail(w, r, err)
@@ -112,6 +127,19 @@ func (a *api) publish(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		a.fail(w, r, err)
 		return
+	}
+	missing, err := task.KindsWithoutWorker(r.Context(), a.store, a.store.Now(), p.Kind)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if strict && len(missing) > 0 {
+		a.fail(w, r, missing[0].Refusal("kind"))
+		return
+	}
+	var warnings []string
+	for _, n := range missing {
+		warnings = append(warnings, n.Warning())
 	}
 	t, res, err := task.Publish(r.Context(), a.store, p)
 	if err != nil {
@@ -123,5 +151,5 @@ func (a *api) publish(w http.ResponseWriter, r *http.Request) {
 		code = http.StatusCreated
 	}
 	a.log.Info("web: published", "key", t.Key, "result", string(res))
-	writeJSON(w, code, publishResponse{Result: res, Task: t})
+	writeJSON(w, code, publishResponse{Result: res, Task: t, Warnings: warnings})
 }
