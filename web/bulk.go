@@ -71,7 +71,7 @@ func (b bulkBody) validate() (modifyFunc, error) {
 		return nil, badInput("limit", "must be from 1 to %d", maxBulk)
 	}
 	for _, k := range b.Keys {
-		if err := task.ValidateName("keys", k); err != nil {
+		if err := task.ValidateKey("keys", k); err != nil {
 			return nil, err
 		}
 	}

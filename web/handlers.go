@@ -5,6 +5,7 @@ package web
 // before it touches the store, so bad input writes nothing.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -58,9 +59,20 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 
 // decodeLimit is decode of a body of at most limit bytes.
 func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	// Invalid UTF-8 (which the decoder rewrites to U+FFFD) and nesting
+	// past task.MaxJSONDepth are refused first, naming the field.
+	if err == nil {
+		if err := task.CheckJSONBody(b); err != nil {
+			return err
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err == nil {
+		err = dec.Decode(v)
+	}
+	if err != nil {
 		var te *json.UnmarshalTypeError
 		var me *http.MaxBytesError
 		switch {

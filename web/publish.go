@@ -55,6 +55,8 @@ func (b publishBody) params(now time.Time) (task.PublishParams, error) {
 		return p, badInput("delay", "must not be negative")
 	case b.Delay > 0 && !b.RunAt.IsZero():
 		return p, badInput("delay", "give run_at or delay, not both")
+	case b.Delay > 0 && now.Add(time.Duration(b.Delay)).After(task.MaxTime):
+		return p, badInput("delay", "ends after %s", task.MaxTime.Format(time.DateOnly))
 	case b.Delay > 0:
 		p.RunAt = now.Add(time.Duration(b.Delay))
 	}
