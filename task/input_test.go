@@ -1,0 +1,147 @@
+package task_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+func deep(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
+
+// TestValidateRefusesHostileInput: every check a caller's publish meets,
+// with the one-line error naming the field.
+func TestValidateRefusesHostileInput(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		edit func(p *task.PublishParams)
+		want string
+	}{
+		{"reserved key", func(p *task.PublishParams) { p.Key = "leasepool:control" },
+			`invalid: key: "leasepool:control" is reserved (the leasepool: prefix is leasepool's own)`},
+		{"reserved flow key", func(p *task.PublishParams) { p.Key = "leasepool:flow:x" },
+			`invalid: key: "leasepool:flow:x" is reserved (the leasepool: prefix is leasepool's own)`},
+		{"rate slot lock key", func(p *task.PublishParams) { p.LockKeys = []string{"device:1", "rate:lock:device:1#3"} },
+			`invalid: lock_keys: "rate:lock:device:1#3" is reserved (the rate: prefix holds rate-limit slots)`},
+		{"payload 65 deep", func(p *task.PublishParams) { p.Payload = json.RawMessage(deep(65)) },
+			"invalid: payload: nested deeper than 64 levels"},
+		{"payload 10,000 deep", func(p *task.PublishParams) { p.Payload = json.RawMessage(deep(10000)) },
+			"invalid: payload: nested deeper than 64 levels"},
+		{"payload not UTF-8", func(p *task.PublishParams) { p.Payload = json.RawMessage("\"\xff\"") },
+			"invalid: payload: is not valid UTF-8"},
+		{"key not UTF-8", func(p *task.PublishParams) { p.Key = "a\xffb" }, `invalid: key: "a\xffb" is not valid UTF-8`},
+		{"run_at 9999", func(p *task.PublishParams) { p.RunAt = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC) },
+			"invalid: run_at: 9999-01-01T00:00:00Z is outside 2000-01-01 .. 2200-01-01"},
+		{"run_at 1999", func(p *task.PublishParams) { p.RunAt = time.Date(1999, 12, 31, 23, 0, 0, 0, time.UTC) },
+			"invalid: run_at: 1999-12-31T23:00:00Z is outside 2000-01-01 .. 2200-01-01"},
+	}
+	for _, tt := range tests {
+		p := valid()
+		tt.edit(&p)
+		err := p.Validate()
+		if !errors.Is(err, task.ErrInvalid) || err.Error() != tt.want {
+			t.Errorf("%s: Validate() = %v; want %q", tt.name, err, tt.want)
+		}
+		if _, err2 := task.NewTask(p, t0); err2 == nil || err2.Error() != err.Error() {
+			t.Errorf("%s: NewTask: %v; want Validate's error", tt.name, err2)
+		}
+	}
+	for _, ok := range []func(p *task.PublishParams){
+		func(p *task.PublishParams) { p.Key = "leasepool" },
+		func(p *task.PublishParams) { p.Key = "x:leasepool:y" },
+		func(p *task.PublishParams) { p.LockKeys = []string{"ratelimit", "device:rate:1"} },
+		func(p *task.PublishParams) { p.Payload = json.RawMessage(`{"s":"[[[[{{{{\"","a":` + deep(63) + `}`) },
+		func(p *task.PublishParams) { p.RunAt = task.MinTime },
+		func(p *task.PublishParams) { p.RunAt = task.MaxTime },
+	} {
+		p := valid()
+		ok(&p)
+		if err := p.Validate(); err != nil {
+			t.Errorf("Validate(%+v) = %v; want accepted at the bounds", p, err)
+		}
+	}
+}
+
+// TestCheckJSONBody: a request body's invalid UTF-8 and deep nesting are
+// refused before encoding/json reads it, naming the top-level field.
+func TestCheckJSONBody(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ body, want string }{
+		{"{\"key\":\"a\xffb\",\"kind\":\"k\"}", "invalid: key: is not valid UTF-8"},
+		{"{\"key\":\"a\",\"kind\":\"\xc3\"}", "invalid: kind: is not valid UTF-8"},
+		{"{\"key\":\"a\",\"payload\":{\"x\":[\"\xed\xa0\x80\"]}}", "invalid: payload: is not valid UTF-8"},
+		{"{\"k\xff\":1}", "invalid: body: a field name is not valid UTF-8"},
+		{"[\"\xff\"]", "invalid: body: is not valid UTF-8"},
+		{"\"\xff", "invalid: body: is not valid UTF-8"},
+		{`{"key":"a","payload":` + deep(1001) + `}`, "invalid: payload: nested deeper than 64 levels"},
+		{deep(1001), "invalid: body: nested deeper than 64 levels"},
+		// A string's brackets and escaped quotes are not nesting.
+		{`{"key":"\"[[[","payload":` + deep(69) + `}`, "invalid: payload: nested deeper than 64 levels"},
+	} {
+		err := task.CheckJSONBody([]byte(tt.body))
+		if !errors.Is(err, task.ErrInvalid) || err.Error() != tt.want {
+			t.Errorf("CheckJSONBody(%.40q) = %v; want %q", tt.body, err, tt.want)
+		}
+	}
+	for _, ok := range []string{
+		`{"key":"é\u00ff","payload":` + deep(68) + `}`,
+		`{"s":"` + strings.Repeat("[", 2000) + `"}`,
+		`{"a":"\\\"}"}`,
+		``,
+	} {
+		if err := task.CheckJSONBody([]byte(ok)); err != nil {
+			t.Errorf("CheckJSONBody(%.40q) = %v; want accepted", ok, err)
+		}
+	}
+}
+
+// TestResultDepth: a handler's result is held to the same limit.
+func TestResultDepth(t *testing.T) {
+	t.Parallel()
+	if err := task.ValidateResult(json.RawMessage(deep(task.MaxJSONDepth))); err != nil {
+		t.Errorf("ValidateResult %d deep: %v", task.MaxJSONDepth, err)
+	}
+	err := task.ValidateResult(json.RawMessage(deep(1001)))
+	if want := "invalid: result: nested deeper than 64 levels"; err == nil || err.Error() != want {
+		t.Errorf("ValidateResult 1,001 deep: %v; want %q", err, want)
+	}
+}
+
+// TestSnoozeAndRetryAreBounded: a handler asking for a far-future snooze or
+// retry gets MaxTime, never a time the stores cannot order.
+func TestSnoozeAndRetryAreBounded(t *testing.T) {
+	t.Parallel()
+	far := time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+	tk := doc(t, nil, running("a", 1, t0.Add(time.Minute)))
+	if err := tk.Snooze(task.Holder{TaskKey: tk.Key, WorkerID: "a", Attempt: 1}, far, t0); err != nil {
+		t.Fatal(err)
+	}
+	if !tk.RunAt.Equal(task.MaxTime) || !tk.NextClaimAt.Equal(task.MaxTime) {
+		t.Errorf("Snooze to %d: run_at %s, next_claim_at %s; want %s", far.Year(), tk.RunAt, tk.NextClaimAt, task.MaxTime)
+	}
+	tk = doc(t, nil, running("a", 1, t0.Add(time.Minute)))
+	if err := tk.Fail(task.Holder{TaskKey: tk.Key, WorkerID: "a", Attempt: 1}, "boom", far, t0); err != nil {
+		t.Fatal(err)
+	}
+	if tk.RunAt.After(task.MaxTime) {
+		t.Errorf("Fail with retry at %d: run_at %s; want at most %s", far.Year(), tk.RunAt, task.MaxTime)
+	}
+}
+
+// TestSkipMalformedCountsOnce: a reader reporting the same document on
+// every read logs and counts it once.
+func TestSkipMalformedCountsOnce(t *testing.T) {
+	t.Parallel()
+	const kind = "test.malformed-once"
+	for range 3 {
+		task.SkipMalformed(kind, "doc@1", errors.New("bad"))
+	}
+	task.SkipMalformed(kind, "doc@2", errors.New("bad again"))
+	if n := task.MalformedCounts()[kind]; n != 2 {
+		t.Errorf("MalformedCounts()[%s] = %d; want 2 (two versions, each once)", kind, n)
+	}
+}
