@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -100,8 +101,11 @@ type page struct {
 // render writes page name with data, or a 500 page when it fails (the
 // template is executed into a buffer first, so no half page goes out).
 func (d *dashboard) render(w http.ResponseWriter, r *http.Request, code int, name, title string, data any) {
-	p := page{Title: title, Nav: name, CSRF: d.csrf, ReadOnly: d.readOnly, Flash: r.URL.Query().Get("msg"),
+	p := page{Title: title, Nav: name, CSRF: d.csrf, ReadOnly: d.readOnly || readOnlyRequest(r), Flash: flashText(r.URL.Query().Get("msg")),
 		Now: d.store.Now(), EventTypes: strings.Join(events.Types, " "), Data: data}
+	if readOnlyRequest(r) {
+		p.CSRF = "" // a login that cannot write gets no form token
+	}
 	var buf bytes.Buffer
 	if err := d.pages[name].Execute(&buf, p); err != nil {
 		d.log.Error("web: render", "page", name, "err", err)
@@ -111,6 +115,7 @@ func (d *dashboard) render(w http.ResponseWriter, r *http.Request, code int, nam
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	// Pages show live state: never serve one from cache.
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
 	w.WriteHeader(code)
@@ -132,14 +137,19 @@ func (d *dashboard) fail(w http.ResponseWriter, r *http.Request, err error) {
 	d.render(w, r, code, "error", "Error", msg)
 }
 
-// action guards a form handler: read-only servers refuse it, and the form
-// must carry the CSRF token. The handler returns where to go next and a
-// message for the user; the browser is redirected there (303), so a reload
-// does not repeat the action.
+// action guards a form handler: read-only servers and read-only
+// credentials refuse it, and the form must carry the CSRF token. The
+// handler returns where to go next and a message code (flashes) for the
+// user; the browser is redirected there (303), so a reload does not repeat
+// the action.
 func (d *dashboard) action(h func(r *http.Request) (to, msg string, err error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if d.readOnly {
 			d.render(w, r, http.StatusForbidden, "error", "Error", "this server is read-only")
+			return
+		}
+		if readOnlyRequest(r) {
+			d.render(w, r, http.StatusForbidden, "error", "Error", "this credential is read-only")
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
@@ -160,7 +170,8 @@ func (d *dashboard) action(h func(r *http.Request) (to, msg string, err error)) 
 	}
 }
 
-// withMsg adds msg to the local path to as ?msg=, shown once on the page.
+// withMsg adds the message code msg to the local path to as ?msg=, shown
+// once on the page.
 func withMsg(to, msg string) string {
 	if !localPath(to) {
 		to = "/" // only ever redirect within this server
@@ -173,6 +184,56 @@ func withMsg(to, msg string) string {
 		sep = "&"
 	}
 	return to + sep + "msg=" + url.QueryEscape(msg)
+}
+
+// flashes are the messages a page shows for its ?msg= code. Only these
+// (and bulkFlash's counts) are ever shown: a link carrying any other text
+// shows nothing, so nobody can put their words on the dashboard.
+var flashes = map[string]string{
+	"cancelled":           "task cancelled",
+	"retried":             "task retried",
+	"cancel-refused":      "not cancelled: the task has already finished",
+	"retry-refused":       "not retried: the task has not finished",
+	"flow-cancelled":      "flow cancelled",
+	"flow-retried":        "flow retried",
+	"flow-cancel-refused": "not cancelled: the flow has already finished",
+	"flow-retry-refused":  "not retried: the flow has not finished",
+	"none-selected":       "no task selected",
+	"paused":              "paused",
+	"already-paused":      "already paused",
+	"resumed":             "resumed",
+	"not-paused":          "was not paused",
+	"schedule-paused":     "schedule paused",
+	"schedule-resumed":    "schedule resumed",
+}
+
+// bulkFlash is a bulk action's code: "cancelled-DONE-SKIPPED" or
+// "retried-DONE-SKIPPED-FAILED", the counts in decimal.
+var bulkFlash = regexp.MustCompile(`^(cancelled|retried)-([0-9]{1,9})-([0-9]{1,9})(?:-([0-9]{1,9}))?$`)
+
+// bulkCode is the message code of a bulk action's counts.
+func bulkCode(verb string, done, skipped, failed int) string {
+	code := fmt.Sprintf("%s-%d-%d", verb, done, skipped)
+	if failed > 0 {
+		code += fmt.Sprintf("-%d", failed)
+	}
+	return code
+}
+
+// flashText is the message of code, "" for a code not known.
+func flashText(code string) string {
+	if msg, ok := flashes[code]; ok {
+		return msg
+	}
+	m := bulkFlash.FindStringSubmatch(code)
+	if m == nil {
+		return ""
+	}
+	msg := fmt.Sprintf("%s %s, skipped %s", m[1], m[2], m[3])
+	if m[4] != "" {
+		msg += fmt.Sprintf(", failed %s (see the server log)", m[4])
+	}
+	return msg
 }
 
 // localPath reports whether to names a path on this server: it starts

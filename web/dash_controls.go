@@ -22,10 +22,10 @@ func (d *dashboard) pause(r *http.Request) (string, string, error) {
 		return "", "", err
 	}
 	if !changed {
-		return "/controls", t.String() + " was already paused", nil
+		return "/controls", "already-paused", nil
 	}
 	d.log.Info("web: dashboard paused", "target", t.String())
-	return "/controls", "paused " + t.String(), nil
+	return "/controls", "paused", nil
 }
 
 func (d *dashboard) resume(r *http.Request) (string, string, error) {
@@ -38,10 +38,10 @@ func (d *dashboard) resume(r *http.Request) (string, string, error) {
 		return "", "", err
 	}
 	if !changed {
-		return "/controls", t.String() + " was not paused", nil
+		return "/controls", "not-paused", nil
 	}
 	d.log.Info("web: dashboard resumed", "target", t.String())
-	return "/controls", "resumed " + t.String(), nil
+	return "/controls", "resumed", nil
 }
 
 // schedule pauses or resumes the named schedule.
@@ -59,7 +59,7 @@ func (d *dashboard) schedule(r *http.Request) (string, string, error) {
 		return "", "", err
 	}
 	d.log.Info("web: dashboard "+op+"d schedule", "name", name)
-	return "/controls", "schedule " + name + " " + op + "d", nil
+	return "/controls", "schedule-" + op + "d", nil
 }
 
 // sortedKeys returns m's keys in order.

@@ -100,10 +100,10 @@ func (d *dashboard) flowAction(r *http.Request, verb string, fn func(key string)
 	back := "/flow?key=" + url.QueryEscape(key)
 	if err := fn(key); err != nil {
 		if errors.Is(err, flow.ErrFinished) || errors.Is(err, flow.ErrNotFinished) {
-			return back, key + ": " + err.Error(), nil
+			return back, map[string]string{"cancelled": "flow-cancel-refused", "retried": "flow-retry-refused"}[verb], nil
 		}
 		return "", "", err
 	}
 	d.log.Info("web: dashboard flow "+verb, "key", key)
-	return back, "flow " + key + " " + verb, nil
+	return back, "flow-" + verb, nil
 }

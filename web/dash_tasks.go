@@ -6,7 +6,6 @@ package web
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -227,15 +226,15 @@ func returnTo(r *http.Request, fallback string) string {
 }
 
 func (d *dashboard) cancelTask(r *http.Request) (string, string, error) {
-	return d.one(r, "cancelled", task.Cancel)
+	return d.one(r, "cancel", "cancelled", task.Cancel)
 }
 
 func (d *dashboard) retryTask(r *http.Request) (string, string, error) {
-	return d.one(r, "retried", task.Retry)
+	return d.one(r, "retry", "retried", task.Retry)
 }
 
 // one runs fn on the form's task key and returns to its page.
-func (d *dashboard) one(r *http.Request, verb string, fn func(context.Context, task.Store, string) (*task.Task, error)) (string, string, error) {
+func (d *dashboard) one(r *http.Request, action, verb string, fn func(context.Context, task.Store, string) (*task.Task, error)) (string, string, error) {
 	key := r.PostForm.Get("key")
 	if key == "" {
 		return "", "", badInput("key", "must not be empty")
@@ -246,12 +245,12 @@ func (d *dashboard) one(r *http.Request, verb string, fn func(context.Context, t
 	back := returnTo(r, "/task?key="+url.QueryEscape(key))
 	if _, err := fn(r.Context(), d.store, key); err != nil {
 		if errors.Is(err, task.ErrFinished) || errors.Is(err, task.ErrNotFinished) {
-			return back, fmt.Sprintf("%s: %v", key, err), nil
+			return back, action + "-refused", nil
 		}
 		return "", "", err
 	}
 	d.log.Info("web: dashboard "+verb, "key", key)
-	return back, key + " " + verb, nil
+	return back, verb, nil
 }
 
 // bulk cancels or retries the checked tasks, each on its own: one that
@@ -269,7 +268,7 @@ func (d *dashboard) bulk(r *http.Request) (string, string, error) {
 	}
 	keys := r.PostForm["key"]
 	if len(keys) == 0 {
-		return returnTo(r, "/tasks"), "no task selected", nil
+		return returnTo(r, "/tasks"), "none-selected", nil
 	}
 	if len(keys) > maxBulk {
 		return "", "", badInput("key", "%d tasks selected, at most %d at once", len(keys), maxBulk)
@@ -294,9 +293,5 @@ func (d *dashboard) bulk(r *http.Request) (string, string, error) {
 		}
 	}
 	d.log.Info("web: dashboard bulk "+verb, "done", done, "skipped", skipped, "failed", failed)
-	msg := fmt.Sprintf("%s %d, skipped %d", verb, done, skipped)
-	if failed > 0 {
-		msg += fmt.Sprintf(", failed %d (see the server log)", failed)
-	}
-	return returnTo(r, "/tasks"), msg, nil
+	return returnTo(r, "/tasks"), bulkCode(verb, done, skipped, failed), nil
 }

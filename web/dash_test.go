@@ -208,18 +208,18 @@ func TestDashboardActions(t *testing.T) {
 		t.Fatalf("a refused cancel left a %s, want pending", got)
 	}
 	sameOrigin := func(r *http.Request) { r.Header.Set("Sec-Fetch-Site", "same-origin") }
-	if code, loc := e.send("POST", "/task/cancel", form("key", "a", "csrf", tok), sameOrigin); code != 303 || loc != "/task?key=a&msg=a+cancelled" {
+	if code, loc := e.send("POST", "/task/cancel", form("key", "a", "csrf", tok), sameOrigin); code != 303 || loc != "/task?key=a&msg=cancelled" {
 		t.Errorf("cancel = %d %q, want 303 to the task page", code, loc)
 	}
 	if e.state("a") != task.StateCancelled {
 		t.Errorf("a is %s after cancel", e.state("a"))
 	}
 	code, loc := e.send("POST", "/tasks/bulk", form("action", "cancel", "key", "b", "key", "c", "key", "a", "csrf", tok, "back", "/tasks?state=pending"), nil)
-	if code != 303 || loc != "/tasks?state=pending&msg=cancelled+2%2C+skipped+1" {
+	if code != 303 || loc != "/tasks?state=pending&msg=cancelled-2-1" {
 		t.Errorf("bulk cancel = %d %q", code, loc)
 	}
 	code, loc = e.send("POST", "/tasks/bulk", form("action", "retry", "key", "a", "key", "b", "csrf", tok, "back", "//evil.example/"), nil)
-	if code != 303 || loc != "/?msg=retried+2%2C+skipped+0" {
+	if code != 303 || loc != "/?msg=retried-2-0" {
 		t.Errorf("bulk retry = %d %q (an off-site back must not be followed)", code, loc)
 	}
 	for _, back := range []string{`/\evil.example/`, `/./\evil.example/`, `/a/..\evil.example`, "https://evil.example/", "/\t/evil.example", "tasks"} {
@@ -240,8 +240,10 @@ func TestDashboardActions(t *testing.T) {
 	}
 
 	// Pause and resume a kind, pause a schedule.
-	if code, loc := e.send("POST", "/controls/pause", form("scope", "kind", "name", "mail", "csrf", tok), nil); code != 303 || !strings.Contains(loc, "paused+kind%3Amail") {
+	if code, loc := e.send("POST", "/controls/pause", form("scope", "kind", "name", "mail", "csrf", tok), nil); code != 303 || loc != "/controls?msg=paused" {
 		t.Errorf("pause = %d %q", code, loc)
+	} else {
+		e.wantPage(loc, 200, `id="flash">paused<`)
 	}
 	if ps, _ := control.Pauses(t.Context(), e.store); len(ps) != 1 || ps[0].Target != control.Kind("mail") {
 		t.Errorf("pauses after the form: %+v", ps)
@@ -366,11 +368,14 @@ func TestDashboardDevices(t *testing.T) {
 	}
 }
 
-// TestRequireAuth: other handlers can sit behind the same login.
-func TestRequireAuth(t *testing.T) {
+// TestGuard: other handlers can sit behind the same login.
+func TestGuard(t *testing.T) {
 	t.Parallel()
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
-	h := web.RequireAuth(web.Config{BasicUser: "ops", BasicPassword: "pw", Token: token}, ok)
+	h, err := web.Guard(web.Config{BasicUser: "ops", BasicPassword: "pw", Token: token}, ok)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for auth, want := range map[string]int{
 		"": 401, "Bearer " + token: 418, "Bearer nope": 401,
 		"Basic " + b64.StdEncoding.EncodeToString([]byte("ops:pw")): 418,
@@ -386,10 +391,22 @@ func TestRequireAuth(t *testing.T) {
 			t.Errorf("Authorization %q: %d, want %d", auth, w.Code, want)
 		}
 	}
-	w := httptest.NewRecorder()
-	web.RequireAuth(web.Config{}, ok).ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
-	if w.Code != 418 {
-		t.Errorf("no credentials configured: %d, want the handler's 418", w.Code)
+	open, err := web.Guard(web.Config{}, ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// With no credentials only loopback hosts are served; httptest's
+	// requests name example.com.
+	for host, want := range map[string]int{"127.0.0.1": 418, "localhost:8080": 418, "example.com": 421} {
+		w, r := httptest.NewRecorder(), httptest.NewRequest("GET", "/metrics", nil)
+		r.Host = host
+		open.ServeHTTP(w, r)
+		if w.Code != want {
+			t.Errorf("no credentials configured, Host %s: %d, want %d", host, w.Code, want)
+		}
+	}
+	if _, err := web.Guard(web.Config{Token: "same", ReadToken: "same"}, ok); err == nil || !strings.Contains(err.Error(), "ReadToken") {
+		t.Errorf("Guard with ReadToken == Token: err %v, want one naming ReadToken", err)
 	}
 }
 

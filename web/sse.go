@@ -91,6 +91,10 @@ func (a *api) streamEvents(w http.ResponseWriter, r *http.Request) {
 		<-followed
 		st.Close()
 	}()
+	// A stream outlives the server's WriteTimeout by design: each write
+	// gets its own bound instead. (The server lifts ReadTimeout itself
+	// once the request is read.)
+	a.bound(rc)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -146,8 +150,10 @@ func (a *api) pump(ctx context.Context, w http.ResponseWriter, rc *http.Response
 		case <-a.stop: // nil: never
 			return
 		case <-beat.C:
+			a.bound(rc)
 			_, err = fmt.Fprint(w, ": heartbeat\n\n")
 		case n := <-next:
+			a.bound(rc)
 			if n.err != nil {
 				if ctx.Err() == nil {
 					a.streamFailed(w, n.err)
@@ -163,6 +169,12 @@ func (a *api) pump(ctx context.Context, w http.ResponseWriter, rc *http.Response
 			return // the client went away
 		}
 	}
+}
+
+// bound gives the stream's next write (and its flush) its own deadline:
+// a client that stops reading is dropped, one that reads is kept.
+func (a *api) bound(rc *http.ResponseController) {
+	_ = rc.SetWriteDeadline(time.Now().Add(a.writeTimeout))
 }
 
 func writeEvent(w http.ResponseWriter, ev events.Event) error {

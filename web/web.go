@@ -5,13 +5,13 @@
 // queue's stats, the lifecycle events as Server-Sent Events, and the flow
 // controls (pauses, rate limits) and schedule pause/resume; and at / the
 // dashboard (server-rendered pages from html/template with embedded
-// assets). Both share one authentication (bearer token or basic auth), one
-// read-only switch and one cross-origin guard.
+// assets). Both sit behind one Guard (a Host check against DNS
+// rebinding, then bearer-token or basic-auth login with full and
+// read-only credentials), one read-only switch and one cross-origin
+// guard; NewServer bounds the connections.
 package web
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,20 +26,45 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// Config is what the handler serves and who may use it.
+// Config is what the handler serves and who may use it. Every request
+// passes Guard first: the Host check, then the login, then the
+// credential's scope.
 type Config struct {
 	// Store is read and changed by every request (required).
 	Store task.Store
 	// Token, when set, must come with every request as
-	// "Authorization: Bearer <Token>"; others get 401.
+	// "Authorization: Bearer <Token>" (the scheme in any case); others
+	// get 401.
 	Token string
 	// BasicUser and BasicPassword, when set (both or neither), let a
 	// browser log in with HTTP basic auth; a request may then carry either
 	// the bearer token or these.
 	BasicUser     string
 	BasicPassword string
-	// ReadOnly refuses every write with 403.
+	// ReadToken, and ReadBasicUser with ReadBasicPassword, are read-only
+	// credentials beside the full ones (either may be set alone): a
+	// request carrying one may GET and HEAD everything (API, pages, event
+	// stream, /metrics); any other method gets 403 "this credential is
+	// read-only", and the pages show no write controls. Each must differ
+	// from its full counterpart.
+	ReadToken         string
+	ReadBasicUser     string
+	ReadBasicPassword string
+	// AllowedHosts are host names (or IP addresses), without a port,
+	// served besides the loopback ones: localhost, any 127.x.y.z and
+	// [::1], each with any port. The Host check runs when no credentials
+	// are set or when AllowedHosts is not empty; a request whose Host is
+	// none of these gets 421 before it is authenticated, which defeats
+	// DNS rebinding (a page whose name resolves to 127.0.0.1). With
+	// credentials and no AllowedHosts, any Host is served.
+	AllowedHosts []string
+	// ReadOnly refuses every write with 403, whatever the credential.
 	ReadOnly bool
+	// Metrics, when set, is served at GET /metrics behind the same guard.
+	Metrics http.Handler
+	// Limits are the server's connection limits (NewServer); the event
+	// stream bounds each of its writes by Limits.WriteTimeout.
+	Limits ServerLimits
 	// Logger logs failed requests and writes (default slog.Default()).
 	Logger *slog.Logger
 	// Heartbeat is how often an idle event stream sends a comment
@@ -61,11 +86,8 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("web: Config.Store is required")
 	}
-	if (cfg.BasicUser == "") != (cfg.BasicPassword == "") {
-		return nil, errors.New("web: Config.BasicUser and Config.BasicPassword go together")
-	}
-	if strings.Contains(cfg.BasicUser, ":") {
-		return nil, errors.New("web: Config.BasicUser must not contain ':'")
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -76,7 +98,8 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	case cfg.Heartbeat == 0:
 		cfg.Heartbeat = DefaultHeartbeat
 	}
-	a := &api{store: cfg.Store, log: cfg.Logger, readOnly: cfg.ReadOnly, heartbeat: cfg.Heartbeat, stop: cfg.Stop}
+	a := &api{store: cfg.Store, log: cfg.Logger, readOnly: cfg.ReadOnly, heartbeat: cfg.Heartbeat, stop: cfg.Stop,
+		writeTimeout: cfg.Limits.withDefaults().WriteTimeout}
 	mux := http.NewServeMux()
 	d, err := newDashboard(cfg)
 	if err != nil {
@@ -107,12 +130,18 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /api/v1/schedules", a.listSchedules)
 	mux.HandleFunc("POST /api/v1/schedules/{name}/pause", a.write(a.pauseSchedule))
 	mux.HandleFunc("POST /api/v1/schedules/{name}/resume", a.write(a.resumeSchedule))
+	if cfg.Metrics != nil {
+		mux.Handle("GET /metrics", cfg.Metrics)
+	}
 	// Browsers send basic-auth credentials (and cookies) with cross-site
 	// requests too: refuse every cross-origin write, API or form, before
 	// it is authenticated. Scripts (curl, Go) send neither Origin nor
 	// Sec-Fetch-Site and pass.
-	var h http.Handler = http.NewCrossOriginProtection().Handler(jsonErrors(mux))
-	return RequireAuth(cfg, h), nil
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusForbidden, "cross-origin request refused (Origin or Sec-Fetch-Site names another site)")
+	}))
+	return Guard(cfg, cop.Handler(jsonErrors(mux)))
 }
 
 // api holds the handlers' shared state.
@@ -122,13 +151,20 @@ type api struct {
 	readOnly  bool
 	heartbeat time.Duration
 	stop      <-chan struct{}
+	// writeTimeout bounds each write of an event stream.
+	writeTimeout time.Duration
 }
 
-// write guards a handler that changes the store: 403 when read-only.
+// write guards a handler that changes the store: 403 when the server or
+// the request's credential is read-only (Guard refuses the latter first).
 func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if a.readOnly {
 			writeError(w, http.StatusForbidden, "this server is read-only")
+			return
+		}
+		if readOnlyRequest(r) {
+			writeError(w, http.StatusForbidden, "this credential is read-only")
 			return
 		}
 		h(w, r)
@@ -164,9 +200,12 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// writeJSON writes v as the JSON response with status code.
+// writeJSON writes v as the JSON response with status code. No answer
+// is for a cache, and none is to be read as anything but JSON.
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v) // the client went away: nothing to do
 }
@@ -189,47 +228,6 @@ func badInput(field, format string, args ...any) error {
 // reason is an invalid-input error without its leading "invalid: ".
 func reason(err error) string {
 	return strings.TrimPrefix(err.Error(), task.ErrInvalid.Error()+": ")
-}
-
-// RequireAuth guards next with cfg's credentials (Token, BasicUser and
-// BasicPassword) exactly as NewHandler guards its own routes, so a server
-// can put other handlers (such as /metrics) behind the same login. With no
-// credentials configured it returns next unchanged.
-func RequireAuth(cfg Config, next http.Handler) http.Handler {
-	if cfg.Token == "" && cfg.BasicUser == "" {
-		return next
-	}
-	return authenticate(cfg, next)
-}
-
-// authenticate lets through only requests carrying cfg's bearer token or
-// its basic-auth user and password. Secrets are hashed first so the
-// constant-time compare also hides their length.
-func authenticate(cfg Config, next http.Handler) http.Handler {
-	wantToken := sha256.Sum256([]byte(cfg.Token))
-	wantBasic := sha256.Sum256([]byte(cfg.BasicUser + ":" + cfg.BasicPassword))
-	same := func(given string, want [32]byte) bool {
-		got := sha256.Sum256([]byte(given))
-		return subtle.ConstantTimeCompare(got[:], want[:]) == 1
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && cfg.Token != "" && same(given, wantToken) {
-			next.ServeHTTP(w, r)
-			return
-		}
-		if user, pass, ok := r.BasicAuth(); ok && cfg.BasicUser != "" && same(user+":"+pass, wantBasic) {
-			next.ServeHTTP(w, r)
-			return
-		}
-		if cfg.BasicUser != "" {
-			// The browser asks for a user and password on this challenge.
-			w.Header().Set("WWW-Authenticate", `Basic realm="leasepool", charset="UTF-8"`)
-			writeError(w, http.StatusUnauthorized, "missing or wrong credentials (basic auth, or Authorization: Bearer TOKEN)")
-			return
-		}
-		w.Header().Set("WWW-Authenticate", `Bearer realm="leasepool"`)
-		writeError(w, http.StatusUnauthorized, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
-	})
 }
 
 // jsonErrors serves mux, turning its own plain-text 404 and 405 (no
@@ -260,7 +258,6 @@ func (s *statusOnly) WriteHeader(code int) {
 	if code == http.StatusMethodNotAllowed {
 		msg += "; allowed: " + s.Header().Get("Allow")
 	}
-	s.Header().Del("X-Content-Type-Options")
 	writeError(s.ResponseWriter, code, msg)
 }
 

@@ -82,6 +82,11 @@ func (e *env) doAuth(method, path, body, auth string) (int, string) {
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		e.t.Errorf("%s %s: Content-Type %q, want application/json", method, path, ct)
 	}
+	// Every JSON answer, error or not: never cached, never sniffed.
+	if h := resp.Header; h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Cache-Control") != "no-store" {
+		e.t.Errorf("%s %s: X-Content-Type-Options %q, Cache-Control %q; want nosniff, no-store",
+			method, path, h.Get("X-Content-Type-Options"), h.Get("Cache-Control"))
+	}
 	return resp.StatusCode, string(b)
 }
 

@@ -24,7 +24,8 @@ func metricsFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "metrics-addr",
 			Usage: "HOST:PORT to serve Prometheus metrics on (/metrics); empty: none. Any host is allowed: metrics carry " +
-				"kinds and counts, no keys or payloads; give --metrics-token to require a bearer token"},
+				"kinds and counts, no keys or payloads; give --metrics-token to require a bearer token. Without it, only " +
+				"requests naming localhost, a loopback address or HOST itself in their Host header are served"},
 		&cli.StringFlag{Name: "metrics-token", EnvVars: []string{"LEASEPOOL_METRICS_TOKEN"},
 			Usage: "require Authorization: Bearer TOKEN on /metrics"},
 	}
@@ -75,13 +76,24 @@ func listenMetrics(c *cli.Context) (net.Listener, error) {
 	return l, nil
 }
 
-// withMetrics serves /metrics from reg behind the web server's own login
-// (its token or basic auth), and everything else from h.
-func withMetrics(h http.Handler, reg prometheus.Gatherer, cfg web.Config) http.Handler {
+// metricsHandler is a worker's /metrics behind web.Guard: the Host check
+// (without --metrics-token: loopback names and the --metrics-addr host)
+// and --metrics-token; anything but GET /metrics is 404.
+func metricsHandler(c *cli.Context, reg prometheus.Gatherer) (http.Handler, error) {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", web.RequireAuth(cfg, metrics.Handler(reg, "")))
-	mux.Handle("/", h)
-	return mux
+	mux.Handle("GET /metrics", metrics.Handler(reg, ""))
+	return web.Guard(web.Config{Token: c.String("metrics-token"), AllowedHosts: metricsHosts(c)}, mux)
+}
+
+// metricsHosts are the hosts a worker's metrics server answers besides
+// the loopback ones: with no token, the --metrics-addr host when it names
+// one address. A scraper on another machine reaches a worker listening on
+// every interface by its token.
+func metricsHosts(c *cli.Context) []string {
+	if c.String("metrics-token") != "" {
+		return nil
+	}
+	return listenHosts(c.String("metrics-addr"))
 }
 
 // startWorkerMetrics serves the worker's metrics on --metrics-addr until
@@ -91,9 +103,14 @@ func startWorkerMetrics(c *cli.Context, s task.Store) (obs *metrics.Metrics, sto
 	if err != nil || l == nil {
 		return nil, func() {}, err
 	}
+	warnSecretFlags(c, "metrics-token")
 	reg, err := metricsRegistry(s)
 	if err == nil {
 		obs, err = metrics.New(reg)
+	}
+	var h http.Handler
+	if err == nil {
+		h, err = metricsHandler(c, reg)
 	}
 	if err != nil {
 		l.Close()
@@ -103,7 +120,7 @@ func startWorkerMetrics(c *cli.Context, s task.Store) (obs *metrics.Metrics, sto
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := serveUntilDone(ctx, l, metrics.Handler(reg, c.String("metrics-token")), make(chan struct{})); err != nil {
+		if err := serveUntilDone(ctx, l, h, make(chan struct{})); err != nil {
 			slog.Error("metrics server", slog.Any("err", err))
 		}
 	}()

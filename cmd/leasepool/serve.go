@@ -10,11 +10,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
 )
@@ -25,8 +28,11 @@ func serveCommand() *cli.Command {
 		Usage: "serve the dashboard (/), the HTTP API (/api/v1) and Prometheus metrics (/metrics) on the --store",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "HOST:PORT to listen on; a non-loopback host needs --token or --basic-auth"},
-			&cli.StringFlag{Name: "token", EnvVars: []string{"LEASEPOOL_TOKEN"}, Usage: "require Authorization: Bearer TOKEN on every request (or --basic-auth)"},
+			&cli.StringFlag{Name: "token", EnvVars: []string{"LEASEPOOL_TOKEN"}, Usage: "require Authorization: Bearer TOKEN on every request (or --basic-auth); prefer the environment variable: flags show in ps"},
 			&cli.StringFlag{Name: "basic-auth", EnvVars: []string{"LEASEPOOL_BASIC_AUTH"}, Usage: "USER:PASSWORD a browser logs in with (HTTP basic auth; use HTTPS in front off loopback)"},
+			&cli.StringFlag{Name: "read-token", EnvVars: []string{"LEASEPOOL_READ_TOKEN"}, Usage: "a second bearer token that may only read: every GET (API, dashboard, events, /metrics); writes get 403"},
+			&cli.StringFlag{Name: "read-basic-auth", EnvVars: []string{"LEASEPOOL_READ_BASIC_AUTH"}, Usage: "USER:PASSWORD of a basic-auth login that may only read"},
+			&cli.StringFlag{Name: "public-url", EnvVars: []string{"LEASEPOOL_PUBLIC_URL"}, Usage: "URL clients reach this server by (behind a proxy or a DNS name); its host is served besides localhost, and any other Host header gets 421"},
 			&cli.BoolFlag{Name: "read-only", Usage: "refuse every write (403); the store is opened read-only"},
 		},
 		Action: runServe,
@@ -47,17 +53,67 @@ func checkListen(c *cli.Context, addr string, authed bool) error {
 	return badUsage(c, "--listen %s is not a loopback address: give --token (or LEASEPOOL_TOKEN) or --basic-auth to serve on it", addr)
 }
 
-// basicAuth splits --basic-auth USER:PASSWORD.
-func basicAuth(c *cli.Context) (user, password string, err error) {
-	v := c.String("basic-auth")
+// basicAuth splits the USER:PASSWORD of flag (--basic-auth,
+// --read-basic-auth).
+func basicAuth(c *cli.Context, flag string) (user, password string, err error) {
+	v := c.String(flag)
 	if v == "" {
 		return "", "", nil
 	}
 	user, password, ok := strings.Cut(v, ":")
 	if !ok || user == "" || password == "" {
-		return "", "", badFlag(c, "basic-auth", "want USER:PASSWORD, both non-empty")
+		return "", "", badFlag(c, flag, "want USER:PASSWORD, both non-empty")
 	}
 	return user, password, nil
+}
+
+// warnSecretFlags logs a warning for each secret given as a flag rather
+// than through its environment variable: any user of the machine can
+// read a process's arguments (ps, /proc/PID/cmdline).
+func warnSecretFlags(c *cli.Context, flags ...string) {
+	for _, name := range flags {
+		env := ""
+		for _, f := range c.Command.Flags {
+			if sf, ok := f.(*cli.StringFlag); ok && sf.Name == name && len(sf.EnvVars) > 0 {
+				env = sf.EnvVars[0]
+			}
+		}
+		// The flag wins over the variable: a value set and not the
+		// variable's came from the command line.
+		if c.IsSet(name) && c.String(name) != "" && (env == "" || os.Getenv(env) != c.String(name)) {
+			slog.Warn("--"+name+" is visible to every user of this machine in ps: set "+env+" instead", "flag", "--"+name, "env", env)
+		}
+	}
+}
+
+// allowedHosts is what the Host check serves besides loopback names: the
+// host of --public-url, and then the --listen host when it names one
+// address (not every interface). Nil without --public-url: with
+// credentials any Host is served, and without them --listen is loopback.
+func allowedHosts(c *cli.Context, listen string) ([]string, error) {
+	raw := c.String("public-url")
+	if raw == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil {
+		return nil, badFlag(c, "public-url", "%q: want http://HOST[:PORT] or https://HOST[:PORT]", raw)
+	}
+	hosts := []string{strings.ToLower(u.Hostname())}
+	return append(hosts, listenHosts(listen)...), nil
+}
+
+// listenHosts is the host of a HOST:PORT listen address when it names one
+// address: none for every interface ("", 0.0.0.0, ::).
+func listenHosts(addr string) []string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return nil
+	}
+	return []string{strings.ToLower(host)}
 }
 
 // isLoopback reports whether host only ever names this machine. An empty
@@ -74,14 +130,29 @@ func runServe(c *cli.Context) error {
 	if c.NArg() > 0 {
 		return badUsage(c, "serve takes no arguments, got %q", c.Args().First())
 	}
-	addr, token := c.String("listen"), c.String("token")
-	user, password, err := basicAuth(c)
+	addr, token, readToken := c.String("listen"), c.String("token"), c.String("read-token")
+	user, password, err := basicAuth(c, "basic-auth")
 	if err != nil {
 		return err
 	}
-	if err := checkListen(c, addr, token != "" || user != ""); err != nil {
+	readUser, readPassword, err := basicAuth(c, "read-basic-auth")
+	if err != nil {
 		return err
 	}
+	if err := checkListen(c, addr, token != "" || user != "" || readToken != "" || readUser != ""); err != nil {
+		return err
+	}
+	hosts, err := allowedHosts(c, addr)
+	if err != nil {
+		return err
+	}
+	switch {
+	case readToken != "" && readToken == token:
+		return badFlag(c, "read-token", "must differ from --token")
+	case readUser != "" && readUser == user && readPassword == password:
+		return badFlag(c, "read-basic-auth", "must differ from --basic-auth")
+	}
+	warnSecretFlags(c, "token", "basic-auth", "read-token", "read-basic-auth")
 	open := func() (task.Store, error) { return openStore(c, false) }
 	if c.Bool("read-only") {
 		open = func() (task.Store, error) { return openStoreReadOnly(c) }
@@ -91,19 +162,19 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
-	stop := make(chan struct{})
-	cfg := web.Config{Store: s, Token: token, BasicUser: user, BasicPassword: password,
-		ReadOnly: c.Bool("read-only"), Logger: slog.Default(), Stop: stop}
-	h, err := web.NewHandler(cfg)
-	if err != nil {
-		return err
-	}
-	// The store's gauges on /metrics, behind the same login.
+	// The store's gauges on /metrics, behind the same guard.
 	reg, err := metricsRegistry(s)
 	if err != nil {
 		return err
 	}
-	h = withMetrics(h, reg, cfg)
+	stop := make(chan struct{})
+	cfg := web.Config{Store: s, Token: token, BasicUser: user, BasicPassword: password,
+		ReadToken: readToken, ReadBasicUser: readUser, ReadBasicPassword: readPassword, AllowedHosts: hosts,
+		ReadOnly: c.Bool("read-only"), Metrics: metrics.Handler(reg, ""), Logger: slog.Default(), Stop: stop}
+	h, err := web.NewHandler(cfg)
+	if err != nil {
+		return err
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -111,11 +182,11 @@ func runServe(c *cli.Context) error {
 	return serveUntilDone(c.Context, l, h, stop)
 }
 
-// serveUntilDone serves h on l until ctx ends, then closes stop (ending
-// the event streams, which never go idle) and lets requests in flight
-// finish for a few seconds.
+// serveUntilDone serves h on l with web.NewServer's connection limits
+// until ctx ends, then closes stop (ending the event streams, which never
+// go idle) and lets requests in flight finish for a few seconds.
 func serveUntilDone(ctx context.Context, l net.Listener, h http.Handler, stop chan struct{}) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := web.NewServer(h, web.ServerLimits{})
 	srv.RegisterOnShutdown(func() { close(stop) })
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
