@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -132,8 +133,8 @@ var workerEnvSecrets = map[string]string{
 
 // startSecretWorker starts a worker with workerEnvSecrets and extra
 // variables in its environment (and LEASEPOOL_STORE holding a password in
-// a URL it does not use) and returns the path of its log.
-func startSecretWorker(t *testing.T, url, id string, env []string, args ...string) string {
+// a URL it does not use) and returns the process and the path of its log.
+func startSecretWorker(t *testing.T, url, id string, env []string, args ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(leasepoolBin(t), append([]string{"--store", url, "--log-level", "debug", "worker", "--id", id}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
@@ -158,7 +159,7 @@ func startSecretWorker(t *testing.T, url, id string, env []string, args ...strin
 			t.Logf("worker %s log:\n%s", id, tail(string(b), 4000))
 		}
 	})
-	return logPath
+	return cmd, logPath
 }
 
 // TestWorkerExecEnvironment: an exec program's environment holds none of
@@ -176,7 +177,7 @@ func TestWorkerExecEnvironment(t *testing.T) {
 	} {
 		out := filepath.Join(dir, tt.id+".env")
 		publishExec(t, url, tt.id, []string{"/bin/sh", "-c", "env > " + out}, "--pin", tt.id)
-		startSecretWorker(t, url, tt.id, nil, append([]string{"--kinds", "exec"}, tt.args...)...)
+		_, _ = startSecretWorker(t, url, tt.id, nil, append([]string{"--kinds", "exec"}, tt.args...)...)
 		var env string
 		eventually(t, 30*time.Second, "the exec program to write its environment", func() bool {
 			b, err := os.ReadFile(out)
@@ -210,16 +211,23 @@ func TestMQTTPasswordNeverPrinted(t *testing.T) {
 	hostile := "tcp://user:" + escaped + "@" + addr
 	down := "tcp://user:" + escaped + "@127.0.0.1:1"
 	bad := "tcp://user:Pw-9c1e%zz@" + addr // a URL net/url refuses, quoting it whole
-	logs := []string{
-		startSecretWorker(t, url, "up", nil, "--kinds", "device", "--mqtt", hostile),
-		startSecretWorker(t, url, "down", nil, "--kinds", "device", "--mqtt", down),
-	}
+	_, upLog := startSecretWorker(t, url, "up", nil, "--kinds", "device", "--mqtt", hostile)
+	downCmd, downLog := startSecretWorker(t, url, "down", []string{"LEASEPOOL_MQTT_URL=" + down}, "--kinds", "device")
+	logs := []string{upLog, downLog}
 	// Wait for the connected line, and a few failing connects.
 	eventually(t, 30*time.Second, "the worker to connect", func() bool {
 		b, _ := os.ReadFile(logs[0])
 		return strings.Contains(string(b), "connected")
 	})
 	time.Sleep(2 * time.Second)
+	// Stopped while it still tries to connect, the other reports the URL.
+	if err := downCmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the unconnected worker to report its broker", func() bool {
+		b, _ := os.ReadFile(downLog)
+		return strings.Contains(string(b), "127.0.0.1:1")
+	})
 	var outputs []string
 	for _, l := range logs {
 		b, _ := os.ReadFile(l)
@@ -227,6 +235,14 @@ func TestMQTTPasswordNeverPrinted(t *testing.T) {
 	}
 	if !strings.Contains(outputs[0], "user:xxxxx@"+addr) {
 		t.Errorf("the connected line does not name the broker with its password hidden:\n%s", tail(outputs[0], 2000))
+	}
+	// A password on the command line is visible in ps: the worker says so.
+	const warning = "--mqtt holds a secret that every user of this machine can read in ps; give it in LEASEPOOL_MQTT_URL instead"
+	if !strings.Contains(outputs[0], warning) {
+		t.Errorf("a worker given a password in --mqtt does not warn %q:\n%s", warning, tail(outputs[0], 2000))
+	}
+	if strings.Contains(outputs[1], warning) || !strings.Contains(outputs[1], "user:xxxxx@127.0.0.1:1") {
+		t.Errorf("a worker given its MQTT URL in the environment: want no warning and the URL masked in its log:\n%s", tail(outputs[1], 2000))
 	}
 	_, stderr, code := runCLI(t, "--store", url, "worker", "--id", "bad", "--kinds", "device", "--mqtt", bad)
 	if code == 0 {

@@ -51,6 +51,8 @@ func deviceCommand() *cli.Command {
 					&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 				),
 				Action: func(c *cli.Context) error {
+					warnSecretFlag(c, "mqtt", "LEASEPOOL_MQTT_URL", true)
+					warnSecretFlag(c, "mqtt-password", "LEASEPOOL_MQTT_PASSWORD", false)
 					cfg, err := simConfig(c)
 					if err != nil {
 						return err

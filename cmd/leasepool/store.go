@@ -2,10 +2,13 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 )
@@ -24,7 +27,23 @@ func openStoreReadOnly(c *cli.Context) (task.Store, error) {
 }
 
 func openStoreOptions(c *cli.Context, opts store.Options) (task.Store, error) {
+	warnSecretFlag(c, "store", "LEASEPOOL_STORE", true)
 	return openStoreURL(c, c.String("store"), opts)
+}
+
+// warnSecretFlag logs a warning when flag, holding a secret (isURL: a URL
+// holding a password), was given on the command line rather than in its
+// environment variable env: every user of the machine sees a command line
+// (ps, /proc/PID/cmdline).
+func warnSecretFlag(c *cli.Context, flag, env string, isURL bool) {
+	v := c.String(flag)
+	if v == "" || !c.IsSet(flag) || os.Getenv(env) == v {
+		return // not given, or given in the environment
+	}
+	if isURL && redact.URL(v) == v {
+		return // a URL with no password
+	}
+	slog.Warn(fmt.Sprintf("--%s holds a secret that every user of this machine can read in ps; give it in %s instead", flag, env))
 }
 
 // openStoreURL opens url for the command c runs, as if given as --store.

@@ -110,6 +110,8 @@ func runWorker(c *cli.Context) error {
 	// Shutdown order: the consumer stops first (its handlers may be
 	// talking to devices), then the MQTT client, then the broker.
 	if slices.Contains(kinds, mqttdev.Kind) {
+		warnSecretFlag(c, "mqtt", "LEASEPOOL_MQTT_URL", true)
+		warnSecretFlag(c, "mqtt-password", "LEASEPOOL_MQTT_PASSWORD", false)
 		wc := deviceWiring(c, mux, s, w.WorkerID())
 		if obs != nil {
 			wc.Observer = obs
