@@ -217,13 +217,13 @@ func authenticate(cfg Config, next http.Handler) http.Handler {
 	})
 }
 
-// bearer is the token of an "Authorization: Bearer TOKEN" header; the
-// scheme is case-insensitive (RFC 9110, section 11.1).
+// bearer is the token of an "Authorization: Bearer TOKEN" header: the
+// scheme is case-insensitive (RFC 9110, section 11.1), then one space,
+// then the token exactly.
 func bearer(r *http.Request) (string, bool) {
 	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
 		return "", false
 	}
-	token = strings.TrimLeft(token, " ")
-	return token, token != ""
+	return token, true
 }

@@ -266,12 +266,12 @@ func TestReadCredential(t *testing.T) {
 }
 
 // TestBearerScheme: the scheme is case-insensitive (RFC 9110); the token
-// is not.
+// is not, and it follows one space.
 func TestBearerScheme(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, web.Config{Token: token})
 	for auth, want := range map[string]int{
-		"Bearer " + token: 200, "bearer " + token: 200, "BEARER " + token: 200, "bEaReR  " + token: 200,
+		"Bearer " + token: 200, "bearer " + token: 200, "BEARER " + token: 200, "bEaReR " + token: 200, "Bearer  " + token: 401,
 		"Bearer " + strings.ToUpper(token): 401, "Bearer" + token: 401, "Bearer ": 401, "Token " + token: 401, token: 401,
 	} {
 		if code, _ := e.doAuth("GET", "/api/v1/stats", "", auth); code != want {

@@ -103,7 +103,7 @@ func startWorkerMetrics(c *cli.Context, s task.Store) (obs *metrics.Metrics, sto
 	if err != nil || l == nil {
 		return nil, func() {}, err
 	}
-	warnSecretFlags(c, "metrics-token")
+	warnSecretFlag(c, "metrics-token", "LEASEPOOL_METRICS_TOKEN", false)
 	reg, err := metricsRegistry(s)
 	if err == nil {
 		obs, err = metrics.New(reg)

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -65,25 +64,6 @@ func basicAuth(c *cli.Context, flag string) (user, password string, err error) {
 		return "", "", badFlag(c, flag, "want USER:PASSWORD, both non-empty")
 	}
 	return user, password, nil
-}
-
-// warnSecretFlags logs a warning for each secret given as a flag rather
-// than through its environment variable: any user of the machine can
-// read a process's arguments (ps, /proc/PID/cmdline).
-func warnSecretFlags(c *cli.Context, flags ...string) {
-	for _, name := range flags {
-		env := ""
-		for _, f := range c.Command.Flags {
-			if sf, ok := f.(*cli.StringFlag); ok && sf.Name == name && len(sf.EnvVars) > 0 {
-				env = sf.EnvVars[0]
-			}
-		}
-		// The flag wins over the variable: a value set and not the
-		// variable's came from the command line.
-		if c.IsSet(name) && c.String(name) != "" && (env == "" || os.Getenv(env) != c.String(name)) {
-			slog.Warn("--"+name+" is visible to every user of this machine in ps: set "+env+" instead", "flag", "--"+name, "env", env)
-		}
-	}
 }
 
 // allowedHosts is what the Host check serves besides loopback names: the
@@ -152,7 +132,10 @@ func runServe(c *cli.Context) error {
 	case readUser != "" && readUser == user && readPassword == password:
 		return badFlag(c, "read-basic-auth", "must differ from --basic-auth")
 	}
-	warnSecretFlags(c, "token", "basic-auth", "read-token", "read-basic-auth")
+	warnSecretFlag(c, "token", "LEASEPOOL_TOKEN", false)
+	warnSecretFlag(c, "basic-auth", "LEASEPOOL_BASIC_AUTH", false)
+	warnSecretFlag(c, "read-token", "LEASEPOOL_READ_TOKEN", false)
+	warnSecretFlag(c, "read-basic-auth", "LEASEPOOL_READ_BASIC_AUTH", false)
 	open := func() (task.Store, error) { return openStore(c, false) }
 	if c.Bool("read-only") {
 		open = func() (task.Store, error) { return openStoreReadOnly(c) }

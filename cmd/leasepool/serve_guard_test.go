@@ -99,10 +99,10 @@ func TestServeGuard(t *testing.T) {
 		}
 	}
 	stderr := stop()
-	if !strings.Contains(stderr, "--read-token is visible") || !strings.Contains(stderr, "LEASEPOOL_READ_TOKEN") {
+	if !strings.Contains(stderr, "--read-token holds a secret") || !strings.Contains(stderr, "LEASEPOOL_READ_TOKEN") {
 		t.Errorf("--read-token given as a flag: no warning naming LEASEPOOL_READ_TOKEN in\n%s", stderr)
 	}
-	if strings.Contains(stderr, "--token is visible") {
+	if strings.Contains(stderr, "--token holds a secret") {
 		t.Errorf("a token from LEASEPOOL_TOKEN was warned about as a flag:\n%s", stderr)
 	}
 	if strings.Contains(stderr, "r3ad-s3cret") || strings.Contains(stderr, "full-s3cret") {
@@ -183,7 +183,7 @@ func TestWorkerMetricsGuard(t *testing.T) {
 		!strings.Contains(string(b), `{"error":`) {
 		t.Errorf("unauthenticated scrape: %v, answer %q; want a JSON 401 and the connection closed", err, b)
 	}
-	if stderr := stop(); !strings.Contains(stderr, "--metrics-token is visible") || !strings.Contains(stderr, "LEASEPOOL_METRICS_TOKEN") {
+	if stderr := stop(); !strings.Contains(stderr, "--metrics-token holds a secret") || !strings.Contains(stderr, "LEASEPOOL_METRICS_TOKEN") {
 		t.Errorf("--metrics-token given as a flag: no warning naming LEASEPOOL_METRICS_TOKEN in\n%s", stderr)
 	}
 }
