@@ -20,6 +20,10 @@ import (
 // counted together.
 const maxWaitReasons = 3
 
+// dueNow is the reason of a pending task that waits for nothing: a
+// worker's next look claims it.
+const dueNow = "due now"
+
 // waitReason is why a pending task is not running, and until when if it
 // is held back to a time.
 type waitReason struct {
@@ -59,7 +63,7 @@ func pendingReason(t *task.Task, now time.Time, running []*task.Task, live []tas
 			}
 		}
 	}
-	return waitReason{why: "ready"}
+	return waitReason{why: dueNow}
 }
 
 // lastAttempt is t's latest attempt, current or in its history; nil if
@@ -114,7 +118,17 @@ func waitSummary(all []*task.Task, live []task.WorkerInfo, now time.Time) string
 			g.last = r.until
 		}
 	}
-	slices.SortStableFunc(groups, func(a, b *group) int { return cmp.Or(b.n-a.n, strings.Compare(a.why, b.why)) })
+	// Most numerous first; among equals, due tasks (waiting for nothing
+	// but a worker's next look) after those that wait for something.
+	due := func(g *group) int {
+		if g.why == dueNow {
+			return 1
+		}
+		return 0
+	}
+	slices.SortStableFunc(groups, func(a, b *group) int {
+		return cmp.Or(b.n-a.n, due(a)-due(b), strings.Compare(a.why, b.why))
+	})
 	var parts []string
 	for i, g := range groups {
 		if i == maxWaitReasons {
