@@ -71,7 +71,7 @@ func Guard(cfg Config, next http.Handler) (http.Handler, error) {
 		h = authenticate(cfg, h)
 	}
 	if !cfg.hasCredentials() || len(cfg.AllowedHosts) > 0 {
-		h = checkHost(cfg.AllowedHosts, h)
+		h = checkHost(cfg.AllowedHosts, cfg.AllowAddressHosts, h)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -80,19 +80,20 @@ func Guard(cfg Config, next http.Handler) (http.Handler, error) {
 }
 
 // checkHost serves only requests whose Host names this machine's loopback
-// interface (localhost, 127.x.y.z, [::1]) or one of allowed, with any
-// port. A page on another name that the attacker's DNS points at 127.0.0.1
+// interface (localhost, 127.x.y.z, [::1]) or one of allowed (or, with
+// addresses, is any IP literal), with any port. A page on another name that the attacker's DNS points at 127.0.0.1
 // (DNS rebinding) counts as same-origin in the browser: the Host header,
 // which is that name, is what gives it away.
-func checkHost(allowed []string, next http.Handler) http.Handler {
+func checkHost(allowed []string, addresses bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if host, ok := hostName(r.Host); ok && (loopbackHost(host) || containsFold(allowed, host)) {
+		host, ok := hostName(r.Host)
+		if ok && (loopbackHost(host) || containsFold(allowed, host) || (addresses && net.ParseIP(host) != nil)) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		w.Header().Set("Connection", "close")
 		writeError(w, http.StatusMisdirectedRequest, fmt.Sprintf(
-			"host %q is not served here; use localhost, 127.0.0.1 or [::1], or the host of the server's --public-url", r.Host))
+			"host %q is not served here; use localhost, 127.0.0.1 or [::1], or a host the server is told to serve (serve --public-url)", r.Host))
 	})
 }
 

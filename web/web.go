@@ -58,6 +58,12 @@ type Config struct {
 	// DNS rebinding (a page whose name resolves to 127.0.0.1). With
 	// credentials and no AllowedHosts, any Host is served.
 	AllowedHosts []string
+	// AllowAddressHosts also serves, when the Host check runs, any Host
+	// that is an IP address literal: DNS rebinding needs a name, and a
+	// page can only send an address as its Host from that address
+	// itself. A worker's metrics server listening on every interface sets
+	// it, so that a scraper reaches it by address.
+	AllowAddressHosts bool
 	// ReadOnly refuses every write with 403, whatever the credential.
 	ReadOnly bool
 	// Metrics, when set, is served at GET /metrics behind the same guard.

@@ -25,7 +25,7 @@ func metricsFlags() []cli.Flag {
 		&cli.StringFlag{Name: "metrics-addr",
 			Usage: "HOST:PORT to serve Prometheus metrics on (/metrics); empty: none. Any host is allowed: metrics carry " +
 				"kinds and counts, no keys or payloads; give --metrics-token to require a bearer token. Without it, only " +
-				"requests naming localhost, a loopback address or HOST itself in their Host header are served"},
+				"requests whose Host header is localhost, a loopback address or HOST (any IP address when HOST is empty or 0.0.0.0) are served"},
 		&cli.StringFlag{Name: "metrics-token", EnvVars: []string{"LEASEPOOL_METRICS_TOKEN"},
 			Usage: "require Authorization: Bearer TOKEN on /metrics"},
 	}
@@ -77,23 +77,21 @@ func listenMetrics(c *cli.Context) (net.Listener, error) {
 }
 
 // metricsHandler is a worker's /metrics behind web.Guard: the Host check
-// (without --metrics-token: loopback names and the --metrics-addr host)
-// and --metrics-token; anything but GET /metrics is 404.
+// (without --metrics-token: loopback names, and the --metrics-addr host,
+// or any IP address when it listens on every interface) and
+// --metrics-token; anything but GET /metrics is 404.
 func metricsHandler(c *cli.Context, reg prometheus.Gatherer) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metrics.Handler(reg, ""))
-	return web.Guard(web.Config{Token: c.String("metrics-token"), AllowedHosts: metricsHosts(c)}, mux)
-}
-
-// metricsHosts are the hosts a worker's metrics server answers besides
-// the loopback ones: with no token, the --metrics-addr host when it names
-// one address. A scraper on another machine reaches a worker listening on
-// every interface by its token.
-func metricsHosts(c *cli.Context) []string {
-	if c.String("metrics-token") != "" {
-		return nil
+	cfg := web.Config{Token: c.String("metrics-token")}
+	if cfg.Token == "" {
+		// A scraper on another machine names the worker by the address
+		// it listens on, or by any address when it listens on every
+		// interface; a name needs the token.
+		cfg.AllowedHosts = listenHosts(c.String("metrics-addr"))
+		cfg.AllowAddressHosts = cfg.AllowedHosts == nil
 	}
-	return listenHosts(c.String("metrics-addr"))
+	return web.Guard(cfg, mux)
 }
 
 // startWorkerMetrics serves the worker's metrics on --metrics-addr until

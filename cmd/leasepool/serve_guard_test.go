@@ -162,6 +162,18 @@ func TestWorkerMetricsGuard(t *testing.T) {
 	}
 	stop()
 
+	// Listening on every interface, any address is served, no name.
+	addr = freePort(t)
+	_, port, _ := net.SplitHostPort(addr)
+	stop = running(t, addr, "--store", c.store, "worker", "--kinds", "noop", "--metrics-addr", "0.0.0.0:"+port)
+	url = "http://" + addr + "/metrics"
+	for host, want := range map[string]int{"rebind.evil.example:" + port: 421, "10.0.0.1:" + port: 200, "[fe80::1]": 200, "localhost": 200} {
+		if got := request(t, "GET", url, host, "", ""); got != want {
+			t.Errorf("worker metrics on 0.0.0.0, no token, Host %q: %d, want %d", host, got, want)
+		}
+	}
+	stop()
+
 	addr = freePort(t)
 	stop = running(t, addr, "--store", c.store, "worker", "--kinds", "noop", "--metrics-addr", addr, "--metrics-token", "m-token")
 	url = "http://" + addr + "/metrics"
