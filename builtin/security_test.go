@@ -261,5 +261,3 @@ func allowedName(k, passed string) bool {
 	}
 	return slices.Contains([]string{"LEASEPOOL_ATTEMPT", "LEASEPOOL_WORKER_ID", "LEASEPOOL_LEASE_DEADLINE"}, k)
 }
-
-
