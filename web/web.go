@@ -87,7 +87,10 @@ type Config struct {
 // JSON object.
 const maxBody = 64 << 10
 
-// NewHandler returns the API handler of cfg, serving /api/v1/....
+// NewHandler returns the handler of cfg: the API under /api/v1/, the
+// dashboard at /, and cfg.Metrics at /metrics, all behind Guard (see
+// Config for the Host check and the credentials' scopes) and the
+// cross-origin guard. Serve it with NewServer's connection limits.
 func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("web: Config.Store is required")

@@ -26,7 +26,7 @@ func serveCommand() *cli.Command {
 		Name:  "serve",
 		Usage: "serve the dashboard (/), the HTTP API (/api/v1) and Prometheus metrics (/metrics) on the --store",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "HOST:PORT to listen on; a non-loopback host needs --token or --basic-auth"},
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "HOST:PORT to listen on; a non-loopback host needs a credential (--token, --basic-auth, --read-token or --read-basic-auth)"},
 			&cli.StringFlag{Name: "token", EnvVars: []string{"LEASEPOOL_TOKEN"}, Usage: "require Authorization: Bearer TOKEN on every request (or --basic-auth); prefer the environment variable: flags show in ps"},
 			&cli.StringFlag{Name: "basic-auth", EnvVars: []string{"LEASEPOOL_BASIC_AUTH"}, Usage: "USER:PASSWORD a browser logs in with (HTTP basic auth; use HTTPS in front off loopback)"},
 			&cli.StringFlag{Name: "read-token", EnvVars: []string{"LEASEPOOL_READ_TOKEN"}, Usage: "a second bearer token that may only read: every GET (API, dashboard, events, /metrics); writes get 403"},
