@@ -1,0 +1,108 @@
+package schedule_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/schedule"
+	"github.com/leasepool/leasepool/task"
+)
+
+// TestAddRefusesHostileSchedules: a schedule's times are bounded and its
+// template meets the publish checks, so no occurrence can be what a
+// publish refuses.
+func TestAddRefusesHostileSchedules(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, filepath.Join(t.TempDir(), "s.db"))
+	base := schedule.Schedule{Name: "n", Every: task.Duration(time.Hour), CatchUp: schedule.DefaultCatchUp, Template: schedule.Template{Kind: "noop"}}
+	for _, tt := range []struct {
+		edit func(*schedule.Schedule)
+		want string
+	}{
+		{func(s *schedule.Schedule) { s.Start = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC) },
+			"invalid: start: 9999-01-01T00:00:00Z is outside 2000-01-01 .. 2200-01-01"},
+		{func(s *schedule.Schedule) { s.End = time.Date(2500, 1, 1, 0, 0, 0, 0, time.UTC) },
+			"invalid: end: 2500-01-01T00:00:00Z is outside 2000-01-01 .. 2200-01-01"},
+		{func(s *schedule.Schedule) { s.Template.LockKeys = []string{"rate:kind:noop#0"} },
+			`template: invalid: lock_keys: "rate:kind:noop#0" is reserved (the rate: prefix holds rate-limit slots)`},
+		{func(s *schedule.Schedule) { s.Template.Payload = json.RawMessage(`{"a":` + deepJSON(64) + `}`) },
+			"template: invalid: payload: nested deeper than 64 levels"},
+		{func(s *schedule.Schedule) { s.Name = "leasepool.retention" },
+			`invalid: name: "leasepool.retention": the prefix "leasepool." is reserved for built-in schedules`},
+	} {
+		sch := base
+		tt.edit(&sch)
+		_, err := schedule.Add(t.Context(), s, sch, false)
+		if !errors.Is(err, task.ErrInvalid) || err.Error() != tt.want {
+			t.Errorf("Add: %v; want %q", err, tt.want)
+		}
+	}
+	if l, err := schedule.List(t.Context(), s); err != nil || len(l) != 0 {
+		t.Fatalf("List after refused adds = %+v, %v; want none", l, err)
+	}
+}
+
+// recordPutter is the part of a store that writes shared records.
+type recordPutter interface {
+	PutRecord(ctx context.Context, r task.Record) error
+}
+
+func deepJSON(n int) string {
+	b := make([]byte, 0, 2*n)
+	for range n {
+		b = append(b, '[')
+	}
+	for range n {
+		b = append(b, ']')
+	}
+	return string(b)
+}
+
+// TestRunnerSkipsForgedRecords: schedule records Add would refuse (a
+// built-in's name, whose occurrences would be reserved keys; a value that
+// does not decode) and a corrupt cursor neither stop the runner nor the
+// list, and publish nothing.
+func TestRunnerSkipsForgedRecords(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, filepath.Join(t.TempDir(), "s.db"))
+	ctx := t.Context()
+	if _, err := schedule.Add(ctx, s, schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
+		CatchUp: schedule.DefaultCatchUp, Template: schedule.Template{Kind: "noop"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	forged, _ := json.Marshal(schedule.Schedule{Name: "leasepool.forged", Every: task.Duration(time.Second),
+		CatchUp: schedule.DefaultCatchUp, Template: schedule.Template{Kind: "exec"}, Since: s.Now().Add(-time.Hour)})
+	put := s.(recordPutter)
+	at := s.Now()
+	for _, r := range []task.Record{
+		{Kind: schedule.RecordKind, ID: "leasepool.forged", Value: forged, At: at},
+		{Kind: schedule.RecordKind, ID: "garbage", Value: json.RawMessage(`{"every":"soon"}`), At: at},
+		{Kind: schedule.CursorKind, ID: "tick", Value: json.RawMessage(`"not a cursor"`), At: at.Add(-time.Hour)},
+	} {
+		if err := put.PutRecord(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := schedule.List(ctx, s)
+	if err != nil || len(l) != 1 || l[0].Name != "tick" {
+		t.Fatalf("List over forged records = %+v, %v; want tick only", l, err)
+	}
+	startRunner(t, s, time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(slotsOf(t, s, "tick")) < 2 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := len(slotsOf(t, s, "tick")); n < 2 {
+		t.Fatalf("tick published %d slots over forged records; want the runner to go on", n)
+	}
+	if own, err := s.List(ctx, task.ListQuery{Reserved: true}); err != nil || len(own) != 0 {
+		t.Fatalf("reserved documents after the runner ran: %d (%v); want none from a forged record", len(own), err)
+	}
+	if c := task.MalformedCounts()[schedule.RecordKind]; c < 2 {
+		t.Errorf("MalformedCounts()[%s] = %d; want both forged records counted", schedule.RecordKind, c)
+	}
+}
