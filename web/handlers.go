@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -79,7 +80,7 @@ func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) err
 		case errors.As(err, &te) && te.Field != "":
 			return badInput(te.Field, "want a JSON %s, got %s", te.Type, te.Value)
 		case errors.As(err, &me):
-			return badInput("body", "larger than %d bytes", me.Limit)
+			return fmt.Errorf("%w: body: larger than %d bytes", errTooLarge, me.Limit)
 		}
 		return badInput("body", "want one JSON object: %v", err)
 	}

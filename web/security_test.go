@@ -491,3 +491,21 @@ func TestServerLimitsEventStream(t *testing.T) {
 	}
 	t.Fatalf("the stream ended before the event published after %s: %v", 4*lim.WriteTimeout, sc.Err())
 }
+
+// TestRefusedWhole: a body over the limit answers 413, a cancel or retry
+// of one of leasepool's own documents 400 naming the key; neither writes.
+func TestRefusedWhole(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	before := e.everything()
+	big := `{"key":"big","kind":"noop","payload":"` + strings.Repeat("x", 2<<20) + `"}`
+	e.want("POST", "/api/v1/tasks", big, http.StatusRequestEntityTooLarge, `{"error":"body: larger than `)
+	e.want("POST", "/api/v1/pauses", `{"scope":"kind","name":"`+strings.Repeat("x", 128<<10)+`"}`, http.StatusRequestEntityTooLarge, "body: larger than")
+	for _, verb := range []string{"cancel", "retry"} {
+		e.want("POST", "/api/v1/tasks/leasepool:control/"+verb, "", http.StatusBadRequest,
+			`key: \"leasepool:control\" is reserved`)
+	}
+	if after := e.everything(); after != before {
+		t.Errorf("refused requests wrote:\nbefore %s\nafter  %s", before, after)
+	}
+}

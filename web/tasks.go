@@ -56,11 +56,12 @@ func (a *api) retryTask(w http.ResponseWriter, r *http.Request) {
 }
 
 // modifyTask runs a cancel or retry of {key} and answers the task as
-// written: 404 when unknown, 409 when its state does not allow it.
+// written: 400 for one of leasepool's own documents (naming the key), 404
+// when unknown, 409 when its state does not allow it.
 func (a *api) modifyTask(w http.ResponseWriter, r *http.Request, verb string, fn modifyFunc) {
 	key := r.PathValue("key")
 	if task.Reserved(key) {
-		a.fail(w, r, task.ErrNotFound)
+		a.fail(w, r, task.ValidateKey("key", key))
 		return
 	}
 	t, err := fn(r.Context(), a.store, key)

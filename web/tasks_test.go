@@ -105,7 +105,7 @@ func TestPublishAndGet(t *testing.T) {
 	// The control doorbell is not a task.
 	e.want("POST", "/api/v1/pauses", `{"scope":"all"}`, 201, "")
 	e.want("GET", "/api/v1/tasks/leasepool:control", "", 404, "task not found")
-	e.want("POST", "/api/v1/tasks/leasepool:control/cancel", "", 404, "task not found")
+	e.want("POST", "/api/v1/tasks/leasepool:control/cancel", "", 400, `key: \"leasepool:control\" is reserved`)
 }
 
 func TestPublishBadInput(t *testing.T) {

@@ -180,12 +180,18 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// fail answers err: 400 for invalid input (already naming the field), 404
+// errTooLarge is a request body over its limit: 413.
+var errTooLarge = errors.New("request body too large")
+
+// fail answers err: 413 for a body over its limit, 400 for invalid input
+// (already naming the field), 404
 // for an unknown task or schedule, 409 for a cancel or retry its task's
 // state refuses, 410 for an event token past the store's history, 501 for
 // what the store cannot do, 500 (logged, not shown) for anything else.
 func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
+	case errors.Is(err, errTooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, strings.TrimPrefix(err.Error(), errTooLarge.Error()+": "))
 	case errors.Is(err, task.ErrInvalid):
 		writeError(w, http.StatusBadRequest, reason(err))
 	case errors.Is(err, task.ErrNotFound):
