@@ -500,6 +500,8 @@ func TestRefusedWhole(t *testing.T) {
 	before := e.everything()
 	big := `{"key":"big","kind":"noop","payload":"` + strings.Repeat("x", 2<<20) + `"}`
 	e.want("POST", "/api/v1/tasks", big, http.StatusRequestEntityTooLarge, `{"error":"body: larger than `)
+	e.want("POST", "/api/v1/flows", `{"key":"f","steps":[{"name":"a","kind":"noop","payload":"`+strings.Repeat("x", 2<<20)+`"}]}`,
+		http.StatusRequestEntityTooLarge, "body: larger than")
 	e.want("POST", "/api/v1/pauses", `{"scope":"kind","name":"`+strings.Repeat("x", 128<<10)+`"}`, http.StatusRequestEntityTooLarge, "body: larger than")
 	for _, verb := range []string{"cancel", "retry"} {
 		e.want("POST", "/api/v1/tasks/leasepool:control/"+verb, "", http.StatusBadRequest,

@@ -189,9 +189,12 @@ var errTooLarge = errors.New("request body too large")
 // state refuses, 410 for an event token past the store's history, 501 for
 // what the store cannot do, 500 (logged, not shown) for anything else.
 func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.Is(err, errTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, strings.TrimPrefix(err.Error(), errTooLarge.Error()+": "))
+	case errors.As(err, &tooLarge): // a reader other than decode's hit the limit
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than %d bytes", tooLarge.Limit))
 	case errors.Is(err, task.ErrInvalid):
 		writeError(w, http.StatusBadRequest, reason(err))
 	case errors.Is(err, task.ErrNotFound):
