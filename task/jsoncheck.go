@@ -5,11 +5,13 @@ import (
 	"unicode/utf8"
 )
 
-// bodySlack is how much deeper than MaxJSONDepth a field of a request body
-// may nest before CheckJSONBody refuses it: a flow file's step payload sits
-// two levels under its "steps" field. The field's own check (such as
-// ValidatePayload) holds it to MaxJSONDepth.
-const bodySlack = 2
+// bodySlack is how much deeper than MaxJSONDepth a top-level field of a
+// request body may nest before CheckJSONBody refuses it: a flow file's
+// rollback payload sits in three containers of its "steps" field (the
+// array, the step, its rollback), so a payload one level too deep there
+// still reaches its own check (such as ValidatePayload), which names it
+// exactly.
+const bodySlack = 4
 
 // CheckJSONBody checks a JSON document a caller sends (an API request
 // body, a flow file) before encoding/json decodes it, which would rewrite
