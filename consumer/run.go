@@ -32,7 +32,15 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	try.ctx = wctx
-	doc, err := task.ModifyFrom(wctx, c.store, e.Key, e.Task, try.claim)
+	cur := e.Task
+	if takesOver(cur, c.cfg.WorkerID, c.store.Now()) {
+		// The change stream leaves out renewals (task.Task.Quiet): the
+		// lease seen here may have been renewed since. Deciding a takeover
+		// on the stored document costs a read; on the one heard, a claim
+		// bound to conflict.
+		cur = nil
+	}
+	doc, err := task.ModifyFrom(wctx, c.store, e.Key, cur, try.claim)
 	cancel()
 	decided()
 	res.doc = doc
@@ -76,6 +84,20 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 		res.retry = retryEntry(e, nil, c.store.Now().Add(time.Second))
 	}
 	return res
+}
+
+// takesOver reports whether a claim of t at now would replace another
+// worker's lease that t shows as ended.
+func takesOver(t *task.Task, self string, now time.Time) bool {
+	if t == nil {
+		return false
+	}
+	for _, w := range t.Workers {
+		if w.WorkerID != self && w.Expired(now) {
+			return true
+		}
+	}
+	return false
 }
 
 // claimTry is one claim attempt's state across its compare-and-set tries.

@@ -23,7 +23,9 @@ func (c *Consumer) watch(ctx context.Context) {
 	var token task.Token
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
-		stream, err := c.store.Watch(ctx, task.WatchParams{ResumeAfter: token})
+		// Renewals and other quiet writes are left out: see
+		// task.Task.Quiet, and attempt's read before a takeover.
+		stream, err := c.store.Watch(ctx, task.WatchParams{ResumeAfter: token, SkipQuiet: true})
 		switch {
 		case errors.Is(err, task.ErrWatchUnsupported):
 			c.logger.Info("store has no change stream; polling", slog.Duration("interval", c.cfg.PollInterval))

@@ -119,6 +119,10 @@ type Token []byte
 type WatchParams struct {
 	// ResumeAfter resumes after this token; nil starts from now.
 	ResumeAfter Token
+	// SkipQuiet leaves out the writes that cannot make a task claimable
+	// sooner (Task.Quiet: lease renewals), for workers keeping claim
+	// times; readers of lifecycle events leave it unset.
+	SkipQuiet bool
 }
 
 // Event is one task write seen on a change stream.

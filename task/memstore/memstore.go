@@ -484,7 +484,7 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 		}
 		last = after
 	}
-	c := &stream{s: s, done: make(chan struct{})}
+	c := &stream{s: s, skipQuiet: p.SkipQuiet, done: make(chan struct{})}
 	c.pos.Store(last)
 	return c, nil
 }
@@ -492,6 +492,7 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 // stream is one change stream of a handle.
 type stream struct {
 	s         *Store
+	skipQuiet bool
 	pos       atomic.Int64 // the last change handed out (or passed)
 	closeOnce sync.Once
 	done      chan struct{}
@@ -520,6 +521,10 @@ func (c *stream) Next(ctx context.Context) (task.Event, error) {
 		if i := pos - db.dropped; i < int64(len(db.changes)) {
 			ch := db.changes[i]
 			db.mu.Unlock()
+			if c.skipQuiet && ch.doc.Quiet() {
+				c.pos.Store(ch.seq)
+				continue
+			}
 			// A change reaches a stream its latency after it was written,
 			// whatever came before it: streams are pipelines, not one
 			// round trip per event.

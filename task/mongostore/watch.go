@@ -47,7 +47,7 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 	if err != nil {
 		return nil, fmt.Errorf("watch: %w", mapErr(err))
 	}
-	c := &changeStream{s: s, cs: cs, done: make(chan struct{})}
+	c := &changeStream{s: s, cs: cs, skipQuiet: p.SkipQuiet, done: make(chan struct{})}
 	c.token = slices.Clone(task.Token(cs.ResumeToken()))
 	if len(c.token) == 0 && len(p.ResumeAfter) > 0 {
 		c.token = slices.Clone(p.ResumeAfter)
@@ -62,6 +62,8 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 type changeStream struct {
 	s    *Store
 	done chan struct{}
+	// skipQuiet leaves out quiet writes (task.WatchParams.SkipQuiet).
+	skipQuiet bool
 
 	mu     sync.Mutex // serialises driver calls and Close
 	cs     *mongo.ChangeStream
@@ -136,11 +138,18 @@ func (c *changeStream) poll(ctx context.Context) (ev task.Event, ok bool, err er
 			return task.Event{}, false, c.err
 		}
 		c.setToken(c.cs.ResumeToken())
-		if skip {
+		if skip || c.skipQuiet && quiet(ev) {
 			continue
 		}
 		return ev, true, nil
 	}
+}
+
+// quiet reports whether ev is a quiet write (task.Task.Quiet) known to be
+// the one its looked-up document stored: a later write's document says
+// nothing of the write the event is for.
+func quiet(ev task.Event) bool {
+	return ev.Task != nil && ev.Version == ev.Task.Version && ev.Task.Quiet()
 }
 
 // Close implements task.ChangeStream. Calling it again is fine.

@@ -211,7 +211,7 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 	} else if err := s.maxChange.QueryRowContext(ctx).Scan(&pos); err != nil {
 		return nil, fmt.Errorf("watch: %w", mapErr(err))
 	}
-	st := &stream{s: s, pos: pos, done: make(chan struct{})}
+	st := &stream{s: s, pos: pos, skipQuiet: p.SkipQuiet, done: make(chan struct{})}
 	s.watchers.Add(1)
 	st.stop = context.AfterFunc(ctx, func() { st.close() })
 	return st, nil
@@ -236,6 +236,9 @@ const batch = 256
 type stream struct {
 	s    *Store
 	stop func() bool
+	// skipQuiet leaves out quiet writes (task.WatchParams.SkipQuiet),
+	// passing their positions.
+	skipQuiet bool
 
 	mu   sync.Mutex // serialises Next
 	pos  int64      // guarded by tokMu for ResumeToken
@@ -289,6 +292,9 @@ func (st *stream) Next(ctx context.Context) (task.Event, error) {
 			st.tokM.Lock()
 			st.pos = seq
 			st.tokM.Unlock()
+			if st.skipQuiet && ev.Task != nil && ev.Task.Quiet() {
+				continue
+			}
 			return ev, nil
 		}
 		// Take the wake channel before reading so that a commit between

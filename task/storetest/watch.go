@@ -54,6 +54,7 @@ func (s suite) watch(t *testing.T) {
 	t.Run("CrossHandle", s.watchCrossHandle)
 	t.Run("Closed", s.watchClosed)
 	t.Run("ContextCancel", s.watchContextCancel)
+	t.Run("SkipQuiet", s.watchSkipQuiet)
 }
 
 func (s suite) watchSeesWrites(t *testing.T) {
@@ -166,4 +167,39 @@ func (s suite) watchContextCancel(t *testing.T) {
 	if ev := next(t, cs, wait); ev.Key != "a" {
 		t.Logf("after a cancelled Next, event for %q", ev.Key)
 	}
+}
+
+// watchSkipQuiet checks WatchParams.SkipQuiet: a holder's renewals are left
+// out, the insert, the claim and the finish are not. (On MongoDB an event
+// carries the document as read later, so a renewal read after the finish
+// comes with the finished document: what the stream delivers after the
+// claim is the finished task either way.)
+func (s suite) watchSkipQuiet(t *testing.T) {
+	t.Parallel()
+	o := s.open(t)
+	st := o.Store
+	cs := watch(t, o, st, task.WatchParams{SkipQuiet: true})
+	expect := func(what string, version int64) {
+		t.Helper()
+		ev := next(t, cs, wait)
+		if ev.Key != "a" || ev.Task == nil || ev.Task.Version != version {
+			t.Fatalf("%s: event %q carrying %+v; want task a at version %d", what, ev.Key, ev.Task, version)
+		}
+	}
+	mustInsert(t, st, newTask(t, "a", "k", st.Now(), task.Options{}))
+	expect("insert", 1)
+	var holder task.Holder
+	mustModify(t, st, "a", func(tk *task.Task) error {
+		holder = tk.Claim(task.Holder{TaskKey: "a", WorkerID: "w", Instance: "i"}, st.Now())
+		return nil
+	})
+	expect("claim", 2)
+	for range 3 {
+		got := mustModify(t, st, "a", func(tk *task.Task) error { return tk.Renew(holder, st.Now()) })
+		if !got.Quiet() {
+			t.Fatalf("a renewal is not quiet: %+v", got)
+		}
+	}
+	mustModify(t, st, "a", func(tk *task.Task) error { return tk.Succeed(holder, st.Now()) })
+	expect("after three renewals and the finish", 6)
 }

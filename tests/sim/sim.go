@@ -82,8 +82,9 @@ type Result struct {
 	// renewals, outcomes); Conflicts is claim tries that met a newer
 	// version (consumer.Observer.ClaimConflict) per task.
 	Writes, Conflicts float64
-	// Events is change events delivered to each worker per task.
-	Events float64
+	// Events is change events delivered to each worker per task; Reads
+	// is task reads (Get, candidate pages) by every worker per task.
+	Events, Reads float64
 	// StartP50, StartP99: publish to first start.
 	StartP50, StartP99 time.Duration
 	// Takeovers counts claims that replaced an expired lease; TakeoverMax
@@ -96,12 +97,12 @@ type Result struct {
 }
 
 // Header and Row print results as a Markdown table.
-const Header = "| W | tasks | writes/task | conflicts/task | events/task/worker | start p50 | start p99 | takeovers | takeover max | violations |\n|---|---|---|---|---|---|---|---|---|---|"
+const Header = "| W | tasks | writes/task | conflicts/task | events/task/worker | reads/task | start p50 | start p99 | takeovers | takeover max | violations |\n|---|---|---|---|---|---|---|---|---|---|---|"
 
 // Row is r as one line of the table under Header.
 func (r Result) Row() string {
-	return fmt.Sprintf("| %d | %d | %.2f | %.3f | %.2f | %s | %s | %d | %s | %d |", r.Config.Workers, r.Config.Tasks,
-		r.Writes, r.Conflicts, r.Events, r.StartP50.Round(time.Millisecond), r.StartP99.Round(time.Millisecond),
+	return fmt.Sprintf("| %d | %d | %.2f | %.3f | %.2f | %.2f | %s | %s | %d | %s | %d |", r.Config.Workers, r.Config.Tasks,
+		r.Writes, r.Conflicts, r.Events, r.Reads, r.StartP50.Round(time.Millisecond), r.StartP99.Round(time.Millisecond),
 		r.Takeovers, r.TakeoverMax.Round(time.Millisecond), len(r.Violations))
 }
 
@@ -173,7 +174,6 @@ func Run(ctx context.Context, cfg Config) Result {
 		return context.Cause(ctx)
 	})
 
-	start := time.Now()
 	res := Result{Config: cfg}
 	violate := func(format string, args ...any) {
 		if len(res.Violations) < 20 {
@@ -216,16 +216,28 @@ func Run(ctx context.Context, cfg Config) Result {
 			}
 		}
 	}
-	if cfg.PublishEvery == 0 {
-		for i := range cfg.Tasks {
-			publish(i)
-		}
-	}
 	for _, c := range workers {
 		if err := c.Start(ctx); err != nil {
 			violate("start: %v", err)
 		}
 	}
+	// Every worker has read the registry with every other in it (the
+	// heartbeat's refresh) before the first task: the run measures a
+	// cluster, not its start.
+	time.Sleep(1500 * time.Millisecond)
+	if cfg.PublishEvery == 0 {
+		// A burst, 50 publishers at once: a backlog to drain.
+		var pubs sync.WaitGroup
+		for p := range 50 {
+			pubs.Go(func() {
+				for i := p; i < cfg.Tasks; i += 50 {
+					publish(i)
+				}
+			})
+		}
+		pubs.Wait()
+	}
+	start := time.Now()
 	// The kills fall at random moments while tasks are published (or
 	// within the first second of a drain), among the second half.
 	window := max(cfg.PublishEvery*time.Duration(cfg.Tasks), time.Second)
@@ -274,7 +286,7 @@ func Run(ctx context.Context, cfg Config) Result {
 		}
 	}
 	live := cfg.Workers - len(killed)
-	writes := db.Counts().Writes
+	writes, reads := db.Counts().Writes, db.Counts().Reads
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	var stops sync.WaitGroup
 	for _, c := range workers {
@@ -289,6 +301,7 @@ func Run(ctx context.Context, cfg Config) Result {
 	n := float64(cfg.Tasks)
 	res.Writes = float64(writes) / n
 	res.Conflicts = float64(rec.conflicts.Load()) / n
+	res.Reads = float64(reads) / n
 	res.Events = float64(events) / float64(max(live, 1)) / n
 	res.Takeovers = len(rec.takeovers)
 	for _, w := range rec.takeovers {

@@ -89,3 +89,17 @@ func TestSimScale(t *testing.T) {
 		fmt.Printf("%d fault schedules, %d with violations\n", *schedules, bad)
 	}
 }
+
+// TestSimRenewalsDoNotFanOut: a 60 s task renewing every second reaches
+// each other worker as at most 4 change events over its life (its
+// publish, claim and finish), not one per renewal.
+func TestSimRenewalsDoNotFanOut(t *testing.T) {
+	r := run(t, sim.Config{Workers: 10, Tasks: 1, Work: 60 * time.Second, Seed: 4})
+	t.Logf("\n%s\n%s", sim.Header, r.Row())
+	if r.Writes < 60 {
+		t.Fatalf("%.0f writes for a 60 s task with 1 s pings; want its renewals (over 60)", r.Writes)
+	}
+	if r.Events > 4 {
+		t.Fatalf("%.1f change events per worker for one 60 s task; want at most 4", r.Events)
+	}
+}
