@@ -115,10 +115,16 @@ func TestWorkerExecAllowRefuses(t *testing.T) {
 		t.Errorf("the allowed program did not run: %v", err)
 	}
 
-	// A bad pattern is refused before anything starts.
-	_, stderr, code := runCLI(t, "--store", url, "worker", "--kinds", "exec", "--exec-allow", "bin/*")
-	if code != 2 || !strings.Contains(stderr, "--exec-allow") || strings.Count(strings.TrimSpace(stderr), "\n") > 0 {
-		t.Errorf("relative --exec-allow: exit %d, stderr %q; want exit 2 and one line naming the flag", code, stderr)
+	// A bad pattern or name is refused before anything starts.
+	for _, bad := range [][]string{{"--exec-allow", "bin/*"}, {"--exec-allow", "/usr/[bin"}, {"--exec-allow", "/bin/true,"}, {"--exec-env", "A=B"}} {
+		fresh := "sqlite:" + filepath.Join(t.TempDir(), "fresh.db")
+		_, stderr, code := runCLI(t, append([]string{"--store", fresh, "worker", "--kinds", "exec"}, bad...)...)
+		if code != 2 || !strings.Contains(stderr, bad[0]) || strings.Count(strings.TrimSpace(stderr), "\n") > 0 {
+			t.Errorf("worker %v: exit %d, stderr %q; want exit 2 and one line naming the flag", bad, code, stderr)
+		}
+		if _, err := os.Stat(strings.TrimPrefix(fresh, "sqlite:")); err == nil {
+			t.Errorf("worker %v made its store before refusing the flag", bad)
+		}
 	}
 }
 

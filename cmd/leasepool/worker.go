@@ -296,8 +296,11 @@ func registerExec(c *cli.Context, mux *consumer.Mux, kinds []string) error {
 		return nil
 	}
 	for _, p := range allow {
-		if _, err := path.Match(p, "/"); err != nil || !strings.HasPrefix(p, "/") {
+		if !strings.HasPrefix(p, "/") {
 			return badFlag(c, "exec-allow", "%q is not an absolute path pattern (want /DIR/NAME, /DIR/*)", p)
+		}
+		if _, err := path.Match(p, "/"); err != nil {
+			return badFlag(c, "exec-allow", "%q: %v", p, err)
 		}
 	}
 	for _, n := range passEnv {
