@@ -201,10 +201,18 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	case d.Verdict == preempt.Later:
 		at = d.At
 	case !t.NextClaimAt.IsZero() && t.NextClaimAt.Before(now):
-		at = t.NextClaimAt // claimable since: orders a backlog oldest first
+		at = t.NextClaimAt // claimable since then: its stand-by may be over
 	}
-	at = at.Add(s.standBy(t, now))
-	e := preempt.Entry{Key: t.Key, At: at, Order: at, Priority: t.Priority, Seq: t.Seq, Task: t}
+	// Due tasks of one priority go in publish order, each shifted by this
+	// worker's stand-by: of a backlog, each worker takes first the tasks
+	// it is preferred for, and a task retried or taken over still comes
+	// before those published after it.
+	delay := s.standBy(t, now)
+	order := t.CreatedAt
+	if order.IsZero() {
+		order = at
+	}
+	e := preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t}
 	if _, held := s.paused[t.Key]; held {
 		s.paused[t.Key] = e // dispatch judges it again when released
 		return
@@ -333,8 +341,8 @@ func (s *scheduler) onResult(r attemptResult) {
 		// Not now (a peer's claim won, say): when the task is claimable
 		// again, this worker's turn comes after its stand-by as for any
 		// offer, or every worker that lost the race would try at once.
-		retry.At = retry.At.Add(s.standBy(retry.Task, now))
-		retry.Order = retry.At
+		delay := s.standBy(retry.Task, now)
+		retry.At, retry.Order = retry.At.Add(delay), retry.Task.CreatedAt.Add(delay)
 	}
 	switch {
 	case retry != nil:

@@ -14,10 +14,9 @@ type Entry struct {
 	Priority int
 	Seq      int64
 	// Order ranks due entries of one priority: earlier first, then Seq.
-	// It is when this worker's turn to claim came (the task's claim time
-	// plus its stand-by delay, see Spread), so that of a backlog each
-	// worker takes first the tasks it is preferred for. The zero Order
-	// comes first.
+	// The consumer sets it to the task's publish time plus this worker's
+	// stand-by (see Spread), so that of a backlog each worker takes first
+	// the tasks it is preferred for. The zero Order comes first.
 	Order time.Time
 	Task  *task.Task // the latest document seen, reused by the claim
 }
