@@ -35,8 +35,9 @@ var (
 	// under it must not import them.
 	features = []string{"builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol",
 		"flow", "retention", "bench", "web", "metrics", "store"}
-	// basics import task (and the lifecycle contract) only.
-	basics = []string{"preempt", "ping", "control", "schedule", "events"}
+	// basics import task (and the lifecycle contract) only. The singleton
+	// runner is one: flow, retention and mqttdev/broker are built on it.
+	basics = []string{"preempt", "ping", "control", "schedule", "events", "internal/singleton"}
 )
 
 // rule is one sentence of docs/DESIGN.md in code. check returns the
@@ -104,7 +105,7 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "preempt, ping, control, schedule and events import task (and internal/lifecycle) only",
+		name:    "preempt, ping, control, schedule, events and internal/singleton import task (and internal/lifecycle) only",
 		applies: is(basics...),
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, func(d string) bool { return d != "task" && d != "internal/lifecycle" })
@@ -256,6 +257,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{"task", "internal/lifecycle", "task imports nothing"},
 		{"task/mongostore", "control", "a backend imports task only"},
 		{"events", "consumer", "import task (and internal/lifecycle) only"},
+		{"internal/singleton", "flow", "import task (and internal/lifecycle) only"},
 		{"consumer", "mqttdev", "knows nothing of the features"},
 		{"control", "metrics", "never import them"},
 		{"flow", "metrics", "only what assembles a program"},
