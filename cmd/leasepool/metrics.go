@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -61,7 +62,9 @@ func metricsRegistry(s task.Store) (*prometheus.Registry, error) {
 func listenMetrics(c *cli.Context) (net.Listener, error) {
 	addr := c.String("metrics-addr")
 	if addr == "" {
-		if c.IsSet("metrics-token") {
+		// A token in the environment may be shared by serve and workers
+		// that expose no metrics: only a typed flag is a mistake.
+		if c.IsSet("metrics-token") && os.Getenv("LEASEPOOL_METRICS_TOKEN") != c.String("metrics-token") {
 			return nil, badFlag(c, "metrics-token", "needs --metrics-addr")
 		}
 		return nil, nil

@@ -326,6 +326,19 @@ func (s *Store) open(ctx context.Context) error {
 	if s.wdb, err = openDB(dsn(s.path, false)+"&_pragma=wal_autocheckpoint(0)", 1); err != nil {
 		return err
 	}
+	// The first connection switches a new database to WAL, which takes an
+	// exclusive lock SQLite's busy handler does not wait for: processes
+	// opening one new store at once would get SQLITE_BUSY. They take turns
+	// under the write lock instead.
+	unlock, err := s.lockWrites()
+	if err != nil {
+		return err
+	}
+	err = s.wdb.PingContext(ctx)
+	unlock()
+	if err != nil {
+		return err
+	}
 	if err := s.migrate(ctx); err != nil {
 		return err
 	}
