@@ -1,0 +1,234 @@
+package tests
+
+// Figures for claim spreading across worker processes on one embedded
+// store, printed on demand (not a timed test): claim conflicts per task
+// with 1, 2, 4 and 8 idle worker processes while tasks are published at
+// 500/s, and a 20,000-task drain by 1 and by 4 processes, interleaved.
+//
+//	go test ./tests -run TestSpreadFigures -v -args -spread.figures
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/sqlitestore"
+)
+
+var spreadFigures = flag.Bool("spread.figures", false, "print the claim-spreading figures (worker processes on one embedded store)")
+
+// fastBin builds the CLI without the race detector: figures of a
+// race-instrumented binary would measure the detector.
+func fastBin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "leasepool")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/leasepool").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// metricSum sums the samples of one metric on a worker's /metrics.
+func metricSum(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+type figureWorkers struct {
+	cmds  []*exec.Cmd
+	addrs []string
+}
+
+func startFigureWorkers(t *testing.T, bin, url string, n, concurrency int) *figureWorkers {
+	t.Helper()
+	fw := &figureWorkers{}
+	for i := range n {
+		addr := freePort(t)
+		cmd := exec.Command(bin, "--store", url, "--log-level", "error", "worker", "--id", fmt.Sprintf("f%d", i),
+			"--kinds", "noop", "--concurrency", strconv.Itoa(concurrency), "--metrics-addr", addr)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		fw.cmds = append(fw.cmds, cmd)
+		fw.addrs = append(fw.addrs, addr)
+	}
+	t.Cleanup(fw.stop)
+	return fw
+}
+
+func (fw *figureWorkers) stop() {
+	for _, c := range fw.cmds {
+		if c.ProcessState == nil {
+			c.Process.Signal(os.Interrupt)
+		}
+	}
+	for _, c := range fw.cmds {
+		if c.ProcessState == nil {
+			c.Wait()
+		}
+	}
+}
+
+// waitLive waits until n workers are registered and have read the
+// registry with each other in it (a heartbeat later).
+func waitLive(t *testing.T, st task.Store, n int) {
+	t.Helper()
+	eventually(t, 30*time.Second, fmt.Sprintf("%d live workers", n), func() bool {
+		ws, err := st.Workers(context.Background())
+		if err != nil {
+			return false
+		}
+		live := 0
+		for _, w := range ws {
+			if w.Live(st.Now()) {
+				live++
+			}
+		}
+		return live == n
+	})
+	time.Sleep(2 * time.Second)
+}
+
+func waitSucceeded(t *testing.T, st task.Store, n int) {
+	t.Helper()
+	eventually(t, 5*time.Minute, fmt.Sprintf("%d tasks to succeed", n), func() bool {
+		s, err := st.Stats(context.Background())
+		return err == nil && s.ByState()[task.StateSucceeded] >= int64(n)
+	})
+}
+
+func openFigureStore(t *testing.T) (task.Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "figures.db")
+	st, err := sqlitestore.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st, "sqlite:" + path
+}
+
+func TestSpreadFigures(t *testing.T) {
+	if !*spreadFigures {
+		t.Skip("on demand: go test ./tests -run TestSpreadFigures -v -args -spread.figures")
+	}
+	bin := fastBin(t)
+	ctx := context.Background()
+
+	const tasks = 2000
+	fmt.Println("| worker processes | tasks | claims | claim conflicts | conflicts per task |")
+	fmt.Println("|--:|--:|--:|--:|--:|")
+	for _, n := range []int{1, 2, 4, 8} {
+		t.Run(fmt.Sprintf("conflicts-%d", n), func(t *testing.T) {
+			st, url := openFigureStore(t)
+			fw := startFigureWorkers(t, bin, url, n, 4)
+			waitLive(t, st, n)
+			tick := time.NewTicker(2 * time.Millisecond) // 500/s
+			for i := range tasks {
+				<-tick.C
+				if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("c%05d", i), Kind: "noop"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tick.Stop()
+			waitSucceeded(t, st, tasks)
+			var claims, conflicts float64
+			for _, a := range fw.addrs {
+				claims += metricSum(t, a, "leasepool_tasks_claimed_total")
+				conflicts += metricSum(t, a, "leasepool_claim_conflicts_total")
+			}
+			fmt.Printf("| %d | %d | %.0f | %.0f | %.3f |\n", n, tasks, claims, conflicts, conflicts/tasks)
+			fw.stop()
+		})
+	}
+
+	const drain = 20000
+	fmt.Println()
+	fmt.Println("| round | worker processes | concurrency each | tasks | tasks/s (first start to last end) |")
+	fmt.Println("|--:|--:|--:|--:|--:|")
+	for round := 1; round <= 2; round++ {
+		for _, n := range []int{1, 4} {
+			t.Run(fmt.Sprintf("drain-%d-round%d", n, round), func(t *testing.T) {
+				st, url := openFigureStore(t)
+				var wg sync.WaitGroup
+				for g := range 32 {
+					wg.Go(func() {
+						for i := g; i < drain; i += 32 {
+							if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("d%05d", i), Kind: "noop"}); err != nil {
+								t.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				fw := startFigureWorkers(t, bin, url, n, 32/n)
+				waitSucceeded(t, st, drain)
+				fw.stop()
+				var first, last time.Time
+				for after := int64(0); ; {
+					page, err := st.List(ctx, task.ListQuery{AfterSeq: after, Limit: 1000})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(page) == 0 {
+						break
+					}
+					for _, tk := range page {
+						for _, w := range tk.Workers {
+							if first.IsZero() || w.StartedAt.Before(first) {
+								first = w.StartedAt
+							}
+							if w.EndedAt.After(last) {
+								last = w.EndedAt
+							}
+						}
+					}
+					after = page[len(page)-1].Seq
+				}
+				fmt.Printf("| %d | %d | %d | %d | %.0f |\n", round, n, 32/n, drain, drain/last.Sub(first).Seconds())
+			})
+		}
+	}
+}
