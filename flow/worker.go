@@ -2,15 +2,12 @@ package flow
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
-	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/internal/singleton"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -31,14 +28,14 @@ func Register(mux *consumer.Mux, cfg Config) error {
 	return nil
 }
 
-// The reconciler runs under a lease in the lock table, as the embedded
-// broker's host does: every worker runs a Reconciler, the one holding the
-// lock ReconcileLockKey reconciles every period, and another takes over
-// within a few periods after it dies. A lease rather than a repeatable
-// task: a task every few seconds would add thousands of tasks a day to
-// the tasks table. Two reconcilers at once (a lease that lapsed under
-// load) are harmless: every change Reconcile makes is a compare-and-set
-// that applies once.
+// The reconciler is a singleton (internal/singleton), as the embedded
+// broker's host is: every worker runs a Reconciler, the one holding the
+// lease on the lock key ReconcileLockKey reconciles every period, and
+// another takes over within a lease (three periods) after it dies. A lease
+// rather than a repeatable task: a task every few seconds would add
+// thousands of tasks a day to the tasks table. Two passes at once are
+// harmless anyway (every change Reconcile makes is a compare-and-set that
+// applies once), but the runner ends a pass whose lease runs out.
 const (
 	ReconcileLockKey = "leasepool.flow-reconcile"
 	// DefaultReconcileEvery is how often the holder reconciles: about the
@@ -52,7 +49,8 @@ type ReconcilerConfig struct {
 	Store task.Store
 	// WorkerID names the holder in the lock table (the worker's id).
 	WorkerID string
-	// Every is the period (DefaultReconcileEvery); the lease is three.
+	// Every is the period (DefaultReconcileEvery), and the lease's renewal
+	// period; the lease is three periods (at least singleton.MinLease).
 	Every  time.Duration
 	Logger *slog.Logger
 }
@@ -60,8 +58,7 @@ type ReconcilerConfig struct {
 // Reconciler runs Reconcile every period while it holds the lease.
 type Reconciler struct {
 	cfg    ReconcilerConfig
-	holder task.Holder
-	run    lifecycle.Runner
+	runner *singleton.Runner
 }
 
 // NewReconciler checks cfg and fills its defaults.
@@ -78,58 +75,39 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return &Reconciler{cfg: cfg, holder: task.Holder{TaskKey: ReconcileLockKey, WorkerID: cfg.WorkerID, Instance: hex.EncodeToString(b)}}, nil
+	r := &Reconciler{cfg: cfg}
+	runner, err := singleton.New(singleton.Config{
+		Store: cfg.Store, Key: ReconcileLockKey, HolderID: cfg.WorkerID,
+		Lease: max(3*cfg.Every, singleton.MinLease), Renew: cfg.Every,
+		Run: r.loop, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("flow reconciler: %w", err)
+	}
+	r.runner = runner
+	return r, nil
 }
 
 // Start starts the loop; ctx bounds startup only.
-func (r *Reconciler) Start(ctx context.Context) error {
-	run, err := r.run.Start(ctx)
-	if err != nil {
-		return err
-	}
-	r.run.Go(func() { r.loop(run) })
-	return nil
-}
+func (r *Reconciler) Start(ctx context.Context) error { return r.runner.Start(ctx) }
 
 // Stop ends the loop and gives the lease up, so a peer takes over at once.
-func (r *Reconciler) Stop(ctx context.Context) error {
-	return r.run.Stop(ctx, func() {
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = r.cfg.Store.ReleaseLocks(rctx, task.LockParams{Keys: []string{ReconcileLockKey}, Holder: r.holder})
-	})
-}
+func (r *Reconciler) Stop(ctx context.Context) error { return r.runner.Stop(ctx) }
 
-func (r *Reconciler) loop(ctx context.Context) {
+// loop reconciles every period while this process holds the lease.
+func (r *Reconciler) loop(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Every)
 	defer t.Stop()
 	for {
-		r.tick(ctx)
+		st, err := Reconcile(ctx, r.cfg.Store, r.cfg.Logger)
+		if st.Advanced+st.Published > 0 || (err != nil && ctx.Err() == nil) {
+			r.cfg.Logger.Info("flow reconcile", slog.Int("active", st.Active), slog.Int("advanced", st.Advanced),
+				slog.Int("published", st.Published), slog.Any("err", err))
+		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
-	}
-}
-
-// tick takes or renews the lease and, holding it, reconciles once.
-func (r *Reconciler) tick(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Every)
-	defer cancel()
-	now := r.cfg.Store.Now()
-	err := r.cfg.Store.AcquireLocks(ctx, task.LockParams{Keys: []string{ReconcileLockKey}, Holder: r.holder, Now: now, Until: now.Add(3 * r.cfg.Every)})
-	if err != nil {
-		if !errors.Is(err, task.ErrLocked) { // a peer holding it is the normal case
-			r.cfg.Logger.Debug("flow reconcile: lease not taken", slog.Any("err", err))
-		}
-		return // next tick
-	}
-	st, err := Reconcile(ctx, r.cfg.Store, r.cfg.Logger)
-	if st.Advanced+st.Published > 0 || err != nil {
-		r.cfg.Logger.Info("flow reconcile", slog.Int("active", st.Active), slog.Int("advanced", st.Advanced),
-			slog.Int("published", st.Published), slog.Any("err", err))
 	}
 }

@@ -119,9 +119,10 @@
 // broker.Listen runs an embedded broker (mochi-mqtt, loopback only, sessions
 // and retained messages in memory). For a group of worker processes on one
 // host sharing a store, broker.Host keeps one running on a fixed address
-// even when the process running it dies: hosting is a lease in the store's
-// lock table (key broker.LockKey(addr), e.g. "mqtt-broker:127.0.0.1:1883";
-// holder task key "embedded-broker", the worker id and process instance),
+// even when the process running it dies: hosting is a singleton
+// (internal/singleton, as the flow reconciler and retention are), a lease
+// in the store's lock table (key broker.LockKey(addr), e.g.
+// "mqtt-broker:127.0.0.1:1883"; holder the worker id and process instance),
 // renewed every third of the lease (default broker.DefaultLease, 3s). Every
 // process runs a broker.Host (Start, Stop); the holder hosts; the others
 // take the lease once it runs out (they sleep until the holder's lease

@@ -285,6 +285,8 @@ func (r *Runner) supervise(ctx context.Context) {
 		case err == nil:
 			if !held {
 				log.Info("singleton lease taken", slog.String("holder", r.holder.WorkerID))
+			} else {
+				log.Debug("singleton lease renewed", slog.Time("until", until), slog.Duration("took", r.cfg.Store.Now().Sub(now)))
 			}
 			heldUntil = until
 			left := heldUntil.Add(-r.margin).Sub(r.cfg.Store.Now())

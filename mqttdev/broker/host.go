@@ -1,4 +1,4 @@
-// Host: the hosting lease that keeps one embedded broker up for a group of
+// Host: the singleton that keeps one embedded broker up for a group of
 // processes.
 
 package broker
@@ -14,8 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/leasepool/leasepool/internal/lifecycle"
-	"github.com/leasepool/leasepool/mqttdev/protocol"
+	"github.com/leasepool/leasepool/internal/singleton"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -80,12 +79,13 @@ func (c *HostConfig) validate() error {
 
 // Host keeps an embedded Broker running on one address
 // for a group of processes sharing a store, surviving the death of the
-// process that runs it. Hosting is a lease in the store's lock table: every
-// process runs a Host; the one holding the lease runs the broker and
-// renews the lease every Lease/3; the others try to take the lease when it
-// runs out (they sleep until the holder's lease ends, at most Lease/3 at a
-// time) and, once they hold it, start the broker on the same address,
-// retrying the bind every 100ms until the old socket is gone.
+// process that runs it. Hosting is a singleton (internal/singleton) on the
+// lock key LockKey(Addr): every process runs a Host; the one holding the
+// lease runs the broker and renews the lease every Lease/3; the others try
+// to take the lease when it runs out (they sleep until the holder's lease
+// ends, at most Lease/3 at a time) and, once they hold it, start the
+// broker on the same address, retrying the bind every 100ms until the old
+// socket is gone.
 //
 // At most one broker serves: a holder that cannot renew (the store says
 // another holder took the lease, or the store does not answer before its
@@ -93,7 +93,7 @@ func (c *HostConfig) validate() error {
 // new holder is granted the lease only after the old lease has ended. A
 // host that was frozen past its lease (SIGSTOP, a long pause) still holds
 // the listening socket when it wakes: the new holder's binds fail until
-// the old one notices its lost lease at its next renewal and closes.
+// the old one notices its lost lease and closes.
 //
 // The broker keeps sessions and retained messages in memory only, so a
 // takeover loses them: this package's clients resubscribe on every
@@ -101,14 +101,10 @@ func (c *HostConfig) validate() error {
 // commands still waiting for an ack or result.
 type Host struct {
 	cfg    HostConfig
-	holder task.Holder
-	key    string
-
-	life lifecycle.Runner
+	runner *singleton.Runner
 
 	mu     sync.Mutex
 	broker *Broker
-	crash  bool // on stop, leave the lease to run out (tests)
 }
 
 // NewHost checks cfg and returns a host; Start runs it.
@@ -116,20 +112,23 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("broker host: %w", err)
 	}
-	instance := protocol.NewCorrelationID()[:12]
-	return &Host{
-		cfg: cfg,
-		key: LockKey(cfg.Addr),
-		// The instance tells apart two processes under one worker id.
-		holder: task.Holder{TaskKey: "embedded-broker", WorkerID: cfg.WorkerID, Instance: instance},
-	}, nil
+	h := &Host{cfg: cfg}
+	r, err := singleton.New(singleton.Config{
+		Store: cfg.Store, Key: LockKey(cfg.Addr), HolderID: cfg.WorkerID, Lease: cfg.Lease,
+		Run: h.host, Logger: cfg.Logger.With(slog.String("addr", cfg.Addr)),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("broker host: %w", err)
+	}
+	h.runner = r
+	return h, nil
 }
 
 // URL is the broker URL for clients: tcp://Addr, whichever process hosts.
 func (h *Host) URL() string { return "tcp://" + h.cfg.Addr }
 
 // Holder is the lock holder this host writes when it hosts.
-func (h *Host) Holder() task.Holder { return h.holder }
+func (h *Host) Holder() task.Holder { return h.runner.Holder() }
 
 // Hosting reports whether this process runs the broker now.
 func (h *Host) Hosting() bool {
@@ -142,11 +141,9 @@ func (h *Host) Hosting() bool {
 // are kept, its cancellation is not: Stop ends the supervisor. A second
 // call returns lifecycle.ErrStarted.
 func (h *Host) Start(ctx context.Context) error {
-	run, err := h.life.Start(ctx)
-	if err != nil {
+	if err := h.runner.Start(ctx); err != nil {
 		return fmt.Errorf("broker host: %w", err)
 	}
-	h.life.Go(func() { h.run(run) })
 	return nil
 }
 
@@ -158,109 +155,44 @@ func (h *Host) Stop(ctx context.Context) error { return h.stop(ctx, true) }
 // stop with release false leaves the lease to run out, as a crash would.
 func (h *Host) stop(ctx context.Context, release bool) error {
 	if !release {
-		h.mu.Lock()
-		h.crash = true
-		h.mu.Unlock()
+		return h.runner.Abandon(ctx)
 	}
-	return h.life.Stop(ctx, nil)
+	return h.runner.Stop(ctx)
 }
 
 const brokerBindRetry = 100 * time.Millisecond
 
-// run is the supervisor: renew or take the lease, host while held.
-func (h *Host) run(ctx context.Context) {
+// host runs while this process holds the lease: it binds the broker,
+// retrying while the address is still taken (the old host's socket, most
+// likely, or another program), and closes it when the lease ends.
+func (h *Host) host(ctx context.Context) error {
 	log := h.cfg.Logger.With(slog.String("addr", h.cfg.Addr))
-	renewEvery := h.cfg.Lease / 3
-	margin := h.cfg.Lease / 10
-	var heldUntil time.Time // store time; zero: not held
-	var bindFailedSince time.Time
-	wait := time.Duration(0)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
+	defer h.closeBroker(log)
+	var bindFailedSince time.Time // spaces the warnings out
 	for {
-		select {
-		case <-ctx.Done():
-			h.shutdown(log, heldUntil)
-			return
-		case <-timer.C:
+		b, err := Listen(ctx, h.cfg.Addr, h.cfg.BrokerLogger)
+		if err == nil {
+			h.mu.Lock()
+			h.broker = b
+			h.mu.Unlock()
+			log.Info("embedded MQTT broker hosted here", slog.String("worker", h.cfg.WorkerID), slog.String("url", b.URL()))
+			break
 		}
-		now := h.cfg.Store.Now()
-		held := !heldUntil.IsZero()
-		if !held || heldUntil.Sub(now) <= h.cfg.Lease-renewEvery {
-			// A renewal that has not landed before the lease (less a
-			// margin) runs out is given up; so is a first try after a
-			// lease.
-			limit := h.cfg.Lease
-			if held {
-				limit = heldUntil.Add(-margin).Sub(now)
-			}
-			until := now.Add(h.cfg.Lease)
-			actx, cancel := context.WithTimeout(ctx, max(limit, time.Millisecond))
-			err := h.cfg.Store.AcquireLocks(actx, task.LockParams{Keys: []string{h.key}, Holder: h.holder, Now: now, Until: until})
-			cancel()
-			var locked *task.LockedError
-			switch {
-			case err == nil:
-				if !held {
-					log.Info("embedded MQTT broker lease taken", slog.String("worker", h.holder.WorkerID))
-				}
-				heldUntil = until
-			case ctx.Err() != nil:
-				continue // stopping
-			case errors.As(err, &locked):
-				if held {
-					log.Warn("embedded MQTT broker lease lost to another host: closing the broker",
-						slog.String("holder", locked.Holder.WorkerID))
-				}
-				h.closeBroker(log)
-				heldUntil = time.Time{}
-				// Look again when the holder's lease ends (or before, in
-				// case it releases it).
-				wait = min(max(locked.Until.Sub(now)+10*time.Millisecond, 10*time.Millisecond), renewEvery)
-				timer.Reset(wait)
-				continue
-			default:
-				log.Warn("embedded MQTT broker lease not renewed", slog.Any("error", err))
-				if held && !h.cfg.Store.Now().Before(heldUntil.Add(-margin)) {
-					log.Warn("embedded MQTT broker lease ran out: closing the broker")
-					h.closeBroker(log)
-					heldUntil = time.Time{}
-				}
-				timer.Reset(min(renewEvery, 250*time.Millisecond))
-				continue
-			}
-		}
-		// Held: host.
-		wait = heldUntil.Add(-h.cfg.Lease + renewEvery).Sub(h.cfg.Store.Now())
-		if !h.Hosting() && !h.serve(ctx, log, &bindFailedSince) {
-			wait = min(wait, brokerBindRetry)
-		}
-		timer.Reset(max(wait, 0))
-	}
-}
-
-// serve starts the broker while the lease is held; it reports false when
-// the address is still taken (the old host's socket, most likely, or
-// another program), to be retried soon. bindFailedSince spaces the
-// warnings out.
-func (h *Host) serve(ctx context.Context, log *slog.Logger, bindFailedSince *time.Time) bool {
-	b, err := Listen(ctx, h.cfg.Addr, h.cfg.BrokerLogger)
-	if err != nil {
 		if bindFailedSince.IsZero() {
-			*bindFailedSince = time.Now()
-		} else if time.Since(*bindFailedSince) > h.cfg.Lease {
+			bindFailedSince = time.Now()
+		} else if time.Since(bindFailedSince) > h.cfg.Lease {
 			log.Warn("embedded MQTT broker: address still taken, retrying", slog.Any("error", err),
 				slog.Bool("in_use", errors.Is(err, syscall.EADDRINUSE)))
-			*bindFailedSince = time.Now()
+			bindFailedSince = time.Now()
 		}
-		return false
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(brokerBindRetry):
+		}
 	}
-	h.mu.Lock()
-	h.broker = b
-	h.mu.Unlock()
-	*bindFailedSince = time.Time{}
-	log.Info("embedded MQTT broker hosted here", slog.String("worker", h.holder.WorkerID), slog.String("url", b.URL()))
-	return true
+	<-ctx.Done()
+	return nil
 }
 
 func (h *Host) closeBroker(log *slog.Logger) {
@@ -271,22 +203,5 @@ func (h *Host) closeBroker(log *slog.Logger) {
 	if b != nil {
 		_ = b.Close()
 		log.Info("embedded MQTT broker closed")
-	}
-}
-
-// shutdown runs when the supervisor stops: close, then release the lease
-// so the next host need not wait for it to run out.
-func (h *Host) shutdown(log *slog.Logger, heldUntil time.Time) {
-	h.closeBroker(log)
-	h.mu.Lock()
-	crash := h.crash
-	h.mu.Unlock()
-	if heldUntil.IsZero() || crash {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := h.cfg.Store.ReleaseLocks(ctx, task.LockParams{Keys: []string{h.key}, Holder: h.holder}); err != nil {
-		log.Warn("embedded MQTT broker lease not released", slog.Any("error", err))
 	}
 }

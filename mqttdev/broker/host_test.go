@@ -82,7 +82,7 @@ func brokerHostSetup(t *testing.T, lease time.Duration) (addr string, newHost fu
 	newHost = func(id string) *Host {
 		h, err := NewHost(HostConfig{
 			Store: open(), Addr: addr, WorkerID: id, Lease: lease,
-			Logger: slog.New(slog.NewTextHandler(tlogWriter{t}, nil)).With(slog.String("host", id)),
+			Logger: slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})).With(slog.String("host", id)),
 		})
 		if err != nil {
 			t.Fatal(err)
