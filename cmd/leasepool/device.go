@@ -11,12 +11,12 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/worker"
 )
 
 // mqttFlags are the broker flags shared by the device commands.
@@ -101,12 +101,11 @@ func deviceCommand() *cli.Command {
 	}
 }
 
-// deviceWiring maps the worker's broker flags to mqttdev.Wire: --mqtt, or
-// the embedded broker at --embedded-broker hosted by one worker sharing
+// deviceConfig maps the worker's broker flags to worker.Devices: --mqtt,
+// or the embedded broker at --embedded-broker hosted by one worker sharing
 // the store at a time.
-func deviceWiring(c *cli.Context, mux *consumer.Mux, store task.Store, workerID string) mqttdev.WireConfig {
-	return mqttdev.WireConfig{
-		Mux: mux, Store: store, WorkerID: workerID,
+func deviceConfig(c *cli.Context) worker.Devices {
+	return worker.Devices{
 		Client: mqttdev.ClientConfig{
 			BrokerURL: c.String("mqtt"),
 			Username:  c.String("mqtt-user"), Password: c.String("mqtt-password"),
@@ -115,9 +114,6 @@ func deviceWiring(c *cli.Context, mux *consumer.Mux, store task.Store, workerID 
 		EmbeddedBroker:      c.String("embedded-broker"),
 		EmbeddedBrokerLease: c.Duration("embedded-broker-lease"),
 		Prefix:              c.String("prefix"),
-		Logger:              slog.Default(),
-		// The broker logs every client that drops at warn level: keep errors.
-		BrokerLogger: slog.New(minLevel{slog.Default().Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker")),
 	}
 }
 

@@ -1,0 +1,108 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+// watchStore checks the store every so often and sends one error to out
+// once it has kept failing for longer than bound: reading the worker
+// registry fails, or this worker's registration (instance) is not there or
+// has lapsed, so the heartbeat cannot write. A worker in that state runs
+// nothing and logs warnings for ever; a new process opens the store afresh
+// (an embedded store whose -wal file was deleted works again then).
+func watchStore(ctx context.Context, p storeProbe, bound time.Duration, out chan<- error) {
+	every := min(max(bound/10, 100*time.Millisecond), 5*time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var since time.Time // when the store was first seen failing; zero: healthy
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := p.check(ctx, min(bound, 10*time.Second))
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) > bound:
+			out <- fmt.Errorf("%w for %s (StoreFailTimeout %s): %w", ErrStoreFailing,
+				time.Since(since).Round(time.Second), bound, err)
+			return
+		}
+	}
+}
+
+// storeProbe is what watchStore checks.
+type storeProbe struct {
+	s                  task.Store
+	workerID, instance string
+	// file is the embedded store's file; "" for other stores.
+	file string
+}
+
+// check reads the registry and checks this worker's registration is live,
+// and that none of an embedded store's files this process holds open was
+// deleted or replaced: its writes then reach no other process, though
+// they succeed.
+func (p storeProbe) check(ctx context.Context, timeout time.Duration) error {
+	if name := deletedOpenFile(p.file); name != "" {
+		return fmt.Errorf("the embedded store's file %s was deleted or replaced while open", name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	ws, err := p.s.Workers(ctx)
+	if err != nil {
+		return fmt.Errorf("read the worker registry: %w", err)
+	}
+	now := p.s.Now()
+	for _, w := range ws {
+		if w.ID == p.workerID && w.Instance == p.instance {
+			if !w.Live(now) {
+				return fmt.Errorf("registration of worker %s not renewed since %s", p.workerID, w.Heartbeat.Format(time.RFC3339))
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("worker %s (instance %s) is not in the registry", p.workerID, p.instance)
+}
+
+// deletedOpenFile returns the name of a file of the embedded store at
+// file (itself, its -wal, -shm or -lock) that this process holds open
+// although it was deleted, as Linux's /proc/self/fd tells; "" if none or
+// where there is no /proc. file must be absolute with its directory's
+// symbolic links resolved, as /proc shows it.
+func deletedOpenFile(file string) string {
+	if file == "" {
+		return ""
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return ""
+	}
+	for _, fd := range fds {
+		target, err := os.Readlink("/proc/self/fd/" + fd.Name())
+		if err != nil {
+			continue
+		}
+		name, deleted := strings.CutSuffix(target, " (deleted)")
+		if !deleted {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(name, file); ok && slices.Contains([]string{"", "-wal", "-shm", "-lock"}, rest) {
+			return name
+		}
+	}
+	return ""
+}

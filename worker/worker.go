@@ -1,0 +1,348 @@
+// Package worker is what `leasepool worker` runs, as one library type: a
+// consumer with the built-in kinds (exec only when asked, under its
+// guard), your own handlers, device tasks over MQTT, flows, schedules,
+// retention, metrics and the worker registry, started and stopped
+// together.
+//
+// A program of your own builds a consumer.Mux with its handlers and hands
+// it over:
+//
+//	mux := consumer.NewMux()
+//	mux.RegisterFunc("resize", resize)
+//	w, err := worker.New(worker.Config{Store: st, Mux: mux})
+//	...
+//	err = w.Start(ctx)
+//	...
+//	err = w.Stop(ctx)
+//
+// Stop order: the consumer first (running handlers finish within
+// ShutdownTimeout, then their leases are released), then the schedule
+// runner and the flow reconciler, then the MQTT client and the embedded
+// broker (handlers may be talking to devices until the consumer has
+// stopped). The Store is the caller's: Stop leaves it open.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/leasepool/leasepool/builtin"
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/metrics"
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/retention"
+	"github.com/leasepool/leasepool/schedule"
+	"github.com/leasepool/leasepool/task"
+)
+
+// Config is what a Worker runs. Zero values take the documented defaults.
+type Config struct {
+	// Store is where tasks are claimed and every shared state lives.
+	// Required; the Worker does not close it.
+	Store task.Store
+
+	// Mux holds the handlers of your own kinds. The built-in kinds named in
+	// Kinds, the flow middleware and the retention task's handler are
+	// added to it. Nil: a new Mux.
+	Mux *consumer.Mux
+
+	// ID names this worker in leases, pins and the registry. Default
+	// "<host>-<pid>-<random>". A second process under a live ID refuses to
+	// start (task.ErrWorkerIDTaken).
+	ID string
+
+	// Kinds are the kinds this worker claims. A built-in kind named here
+	// is registered on Mux: "noop", "sleep", "exec" (configured by Exec)
+	// and "device" (configured by Devices). Every other kind must have a
+	// handler on Mux. Default: builtin.DefaultKinds ("noop", "sleep") and
+	// every kind registered on Mux. Exec runs a program of the
+	// publisher's choosing, so it runs only when named here.
+	Kinds []string
+
+	// Concurrency is how many handlers run at once. Default 8.
+	Concurrency int
+
+	// RetryPolicy says how long a failed task waits before any worker may
+	// claim it again. Default consumer.ExponentialBackoff(time.Second,
+	// 5*time.Minute).
+	RetryPolicy consumer.RetryPolicy
+
+	// ShutdownTimeout is how long Stop lets running handlers finish before
+	// they are cancelled and their leases released. Default
+	// task.DefaultWorkerTimeout.
+	ShutdownTimeout time.Duration
+
+	// Exec configures the exec kind when Kinds names it: its guard, its
+	// allow-list of programs and the environment programs get (see
+	// builtin.ExecConfig).
+	Exec builtin.ExecConfig
+
+	// Devices configures device tasks when Kinds names "device".
+	Devices Devices
+
+	// RetentionEvery is how often the maintenance task that deletes old
+	// finished tasks runs (retention.Schedule). Default
+	// retention.DefaultEvery; use the same on every worker.
+	RetentionEvery time.Duration
+
+	// Metrics, when not nil, counts claims, outcomes, handler durations
+	// and device commands. Serving it (metrics.Handler) is the caller's.
+	Metrics *metrics.Metrics
+
+	// StoreFailTimeout, when positive, is how long the store may keep
+	// failing (the registry unreadable, this worker's registration not
+	// renewed, an embedded store's file deleted while open) before Failed
+	// reports it. A worker in that state runs nothing; its supervisor
+	// should start it afresh. Zero: never reported.
+	StoreFailTimeout time.Duration
+
+	// StoreFile is the embedded store's file, for StoreFailTimeout's check
+	// that it was not deleted while open; "" for other stores.
+	StoreFile string
+
+	// Logger gets every component's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Devices is how device tasks reach their MQTT broker (see
+// mqttdev.WireConfig).
+type Devices struct {
+	// Client says how to reach the broker. An empty BrokerURL means the
+	// embedded broker at EmbeddedBroker, hosted by one of the workers
+	// sharing the store at a time.
+	Client mqttdev.ClientConfig
+	// EmbeddedBroker is the embedded broker's loopback address. Default
+	// mqttdev.DefaultEmbeddedBroker.
+	EmbeddedBroker string
+	// EmbeddedBrokerLease is the broker's hosting lease: another worker
+	// takes it over within about this long after its host dies. Default
+	// broker.DefaultLease.
+	EmbeddedBrokerLease time.Duration
+	// Prefix is the first MQTT topic level. Default mqttdev.DefaultPrefix.
+	Prefix string
+	// BrokerLogger gets the embedded broker's own logs. Default: Logger at
+	// error level (the broker logs every client that drops as a warning).
+	BrokerLogger *slog.Logger
+}
+
+// Worker is a running `leasepool worker`: New, then Start once and Stop.
+type Worker struct {
+	cfg      Config
+	kinds    []string
+	consumer *consumer.Consumer
+	life     lifecycle.Runner
+	failed   chan error
+
+	// Started by Start, stopped by Stop in reverse order.
+	wiring   *mqttdev.Wiring
+	runner   *schedule.Runner
+	reconcil *flow.Reconciler
+}
+
+// ErrStoreFailing is what Failed reports when the store kept failing for
+// longer than Config.StoreFailTimeout.
+var ErrStoreFailing = errors.New("store failing")
+
+// New checks cfg and registers the handlers Kinds names on the Mux. It
+// opens nothing: Start does.
+func New(cfg Config) (*Worker, error) {
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("worker: %w: Store: required", task.ErrInvalid)
+	}
+	if cfg.Mux == nil {
+		cfg.Mux = consumer.NewMux()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.StoreFailTimeout < 0 {
+		return nil, fmt.Errorf("worker: %w: StoreFailTimeout: must not be negative, got %s", task.ErrInvalid, cfg.StoreFailTimeout)
+	}
+	if cfg.RetentionEvery != 0 && cfg.RetentionEvery < schedule.MinEvery {
+		return nil, fmt.Errorf("worker: %w: RetentionEvery: must be at least %s, got %s", task.ErrInvalid, schedule.MinEvery, cfg.RetentionEvery)
+	}
+	if cfg.ID != "" {
+		if err := task.ValidateName("ID", cfg.ID); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+	}
+	kinds := slices.Clone(cfg.Kinds)
+	if len(kinds) == 0 {
+		kinds = append(slices.Clone(builtin.DefaultKinds), cfg.Mux.Kinds()...)
+	}
+	slices.Sort(kinds)
+	kinds = slices.Compact(kinds)
+	registered := cfg.Mux.Kinds()
+	for _, k := range kinds {
+		switch {
+		case slices.Contains(registered, k):
+			// Your own handler, or a built-in one registered already.
+		case k == "noop" || k == "sleep":
+			builtin.Register(cfg.Mux)
+			registered = cfg.Mux.Kinds()
+		case k == "exec":
+			if err := builtin.RegisterExec(cfg.Mux, cfg.Exec); err != nil {
+				return nil, fmt.Errorf("worker: Exec: %w", err)
+			}
+		case k == mqttdev.Kind:
+			// Registered by mqttdev.Wire at Start, once the worker id is
+			// known to be this process's.
+		default:
+			return nil, fmt.Errorf("worker: %w: Kinds: %q has no handler on Mux", task.ErrInvalid, k)
+		}
+	}
+	if err := retention.Register(cfg.Mux, retention.Config{Store: cfg.Store, Logger: cfg.Logger}); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	if err := flow.Register(cfg.Mux, flow.Config{Store: cfg.Store, Logger: cfg.Logger}); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	var observer consumer.Observer // a nil *metrics.Metrics would not be a nil Observer
+	if cfg.Metrics != nil {
+		observer = cfg.Metrics
+	}
+	c, err := consumer.New(consumer.Config{
+		Store: cfg.Store, Handler: cfg.Mux, WorkerID: cfg.ID, Kinds: append(slices.Clone(kinds), retention.Kind),
+		Concurrency: cfg.Concurrency, ShutdownTimeout: cfg.ShutdownTimeout, RetryPolicy: cfg.RetryPolicy,
+		Logger: cfg.Logger, Observer: observer,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	return &Worker{cfg: cfg, kinds: kinds, consumer: c, failed: make(chan error, 1)}, nil
+}
+
+// ID is the worker's id.
+func (w *Worker) ID() string { return w.consumer.WorkerID() }
+
+// Kinds are the kinds the worker claims, sorted (leasepool's own
+// maintenance kinds left out).
+func (w *Worker) Kinds() []string { return slices.Clone(w.kinds) }
+
+// Consumer is the worker's consumer, for its Stats.
+func (w *Worker) Consumer() *consumer.Consumer { return w.consumer }
+
+// Start registers the worker id, then starts device tasks, the consumer,
+// the schedule runner and the flow reconciler. ctx bounds the start only.
+// When it fails, what it started is stopped again.
+func (w *Worker) Start(ctx context.Context) error {
+	run, err := w.life.Start(ctx)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if err := w.start(ctx, run); err != nil {
+		_ = w.Stop(context.WithoutCancel(ctx))
+		return err
+	}
+	return nil
+}
+
+func (w *Worker) start(ctx, run context.Context) error {
+	cfg := w.cfg
+	// The worker id first: a second process under a live id must stop
+	// before it touches anything named after it (its MQTT client id would
+	// take over the live worker's session).
+	if err := w.consumer.Register(ctx); err != nil {
+		return err
+	}
+	if slices.Contains(w.kinds, mqttdev.Kind) {
+		d := cfg.Devices
+		if d.BrokerLogger == nil {
+			d.BrokerLogger = slog.New(minLevel{cfg.Logger.Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker"))
+		}
+		wc := mqttdev.WireConfig{
+			Mux: cfg.Mux, Store: cfg.Store, WorkerID: w.ID(), Client: d.Client,
+			EmbeddedBroker: d.EmbeddedBroker, EmbeddedBrokerLease: d.EmbeddedBrokerLease, Prefix: d.Prefix,
+			Logger: cfg.Logger, BrokerLogger: d.BrokerLogger,
+		}
+		if cfg.Metrics != nil {
+			wc.Observer = cfg.Metrics
+		}
+		wiring, err := mqttdev.Wire(ctx, wc)
+		if err != nil {
+			return fmt.Errorf("device tasks: %w", err)
+		}
+		w.wiring = wiring
+	}
+	// The consumer ends its handlers when its start context ends: only
+	// Stop may end them, after ShutdownTimeout.
+	if err := w.consumer.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	runner, err := schedule.NewRunner(schedule.RunnerConfig{Store: cfg.Store, Logger: cfg.Logger,
+		Builtin: []schedule.Schedule{retention.Schedule(cfg.RetentionEvery)}})
+	if err == nil {
+		err = runner.Start(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	w.runner = runner
+	rec, err := flow.NewReconciler(flow.ReconcilerConfig{Store: cfg.Store, WorkerID: w.ID(), Logger: cfg.Logger})
+	if err == nil {
+		err = rec.Start(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	w.reconcil = rec
+	if cfg.StoreFailTimeout > 0 {
+		p := storeProbe{s: cfg.Store, workerID: w.ID(), instance: w.consumer.Instance(), file: cfg.StoreFile}
+		w.life.Go(func() { watchStore(run, p, cfg.StoreFailTimeout, w.failed) })
+	}
+	return nil
+}
+
+// Failed reports, once, that the store kept failing for longer than
+// Config.StoreFailTimeout (an error wrapping ErrStoreFailing). The worker
+// keeps running: stop it, and let its supervisor start a new one.
+func (w *Worker) Failed() <-chan error { return w.failed }
+
+// Stop stops the consumer (running handlers finish within
+// ShutdownTimeout, then their leases are released), then the schedule
+// runner and the flow reconciler, then device tasks. It returns the
+// consumer's error, or ctx's cause when ctx ends first.
+func (w *Worker) Stop(ctx context.Context) error {
+	var err error
+	stopErr := w.life.Stop(ctx, func() {
+		err = w.consumer.Stop(ctx)
+		bg := context.WithoutCancel(ctx)
+		if w.runner != nil {
+			w.runner.Stop(bg)
+		}
+		if w.reconcil != nil {
+			_ = w.reconcil.Stop(bg)
+		}
+		if w.wiring != nil {
+			_ = w.wiring.Stop(bg)
+		}
+	})
+	if stopErr != nil {
+		return stopErr
+	}
+	return err
+}
+
+// minLevel passes on records at or above its level only.
+type minLevel struct {
+	slog.Handler
+	level slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.level && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevel{h.Handler.WithAttrs(attrs), h.level}
+}
+
+func (h minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{h.Handler.WithGroup(name), h.level}
+}
