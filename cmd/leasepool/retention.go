@@ -5,14 +5,10 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/leasepool/leasepool/consumer"
-	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
@@ -115,17 +111,4 @@ func retentionEveryFlag() cli.Flag {
 			}
 			return nil
 		}}
-}
-
-// addMaintenance lets `leasepool worker` run the maintenance task
-// (retention) and flow steps (flow's middleware): it registers them on mux
-// and returns kinds with the maintenance task's.
-func addMaintenance(c *cli.Context, mux *consumer.Mux, s task.Store, kinds []string) ([]string, error) {
-	if err := retention.Register(mux, retention.Config{Store: s, Logger: slog.Default()}); err != nil {
-		return nil, err
-	}
-	if err := flow.Register(mux, flow.Config{Store: s, Logger: slog.Default()}); err != nil {
-		return nil, err
-	}
-	return append(slices.Clone(kinds), retention.Kind), nil
 }

@@ -4,15 +4,12 @@ package main
 // schedule); `leasepool worker` runs the schedule runner.
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -189,18 +186,4 @@ func stamp(t time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format(time.RFC3339)
-}
-
-// startScheduleRunner starts the schedule runner of `leasepool worker`,
-// with the retention maintenance task as a built-in schedule.
-func startScheduleRunner(c *cli.Context, s task.Store) (stop func(), err error) {
-	r, err := schedule.NewRunner(schedule.RunnerConfig{Store: s, Logger: slog.Default(),
-		Builtin: []schedule.Schedule{retention.Schedule(c.Duration("retention-every"))}})
-	if err != nil {
-		return nil, err
-	}
-	if err := r.Start(c.Context); err != nil {
-		return nil, err
-	}
-	return func() { r.Stop(context.Background()) }, nil
 }
