@@ -168,6 +168,13 @@ var rules = []rule{
 		},
 	},
 	{
+		name:    "worker assembles a worker process: only programs import it",
+		applies: func(path string) bool { return production(path) && path != "worker" && !under("cmd")(path) },
+		check: func(_ string, p pkg) []string {
+			return in(p.Deps, is("worker"))
+		},
+	},
+	{
 		name:    "no package imports cmd",
 		applies: every,
 		check: func(_ string, p pkg) []string {
@@ -243,7 +250,8 @@ func TestRulesCatchViolations(t *testing.T) {
 		"web":              {Imports: []string{"task", "flow", "mqttdev"}, Deps: []string{"task", "flow", "mqttdev"}},
 		"metrics":          {Imports: []string{"consumer", "mqttdev"}, Deps: []string{"consumer", "mqttdev", "task"}},
 		"store":            {Imports: []string{"task/sqlitestore"}, Deps: []string{"task/sqlitestore", "task"}},
-		"cmd/leasepool":    {Imports: []string{"web", "metrics", "store", "task/sqlitestore"}, Deps: []string{"web", "metrics", "store", "task/sqlitestore", "task"}},
+		"cmd/leasepool":    {Imports: []string{"web", "metrics", "store", "task/sqlitestore", "worker"}, Deps: []string{"web", "metrics", "store", "task/sqlitestore", "task", "worker"}},
+		"worker":           {Imports: []string{"consumer", "metrics", "flow"}, Deps: []string{"consumer", "metrics", "flow", "task"}},
 		"task/storetest":   {Imports: []string{"task", "internal/tasktest"}, Deps: []string{"task", "internal/tasktest"}},
 		"newfeature":       {Imports: []string{"consumer", "metrics"}, Deps: []string{"consumer", "metrics", "task"}},
 	}
@@ -270,6 +278,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{"mqttdev/protocol", "mqttdev/device", "imports neither"},
 		{"newfeature", "task/mongostore", "imported directly only by store and cmd"},
 		{"web", "cmd/leasepool", "no package imports cmd"},
+		{"flow", "worker", "only programs import it"},
 		{"consumer", "internal/testutil", "never imported by production code"},
 		{"newfeature", "task/storetest", "never imported by production code"},
 		{"web", "task/memstore", "never imported by production code"},
