@@ -9,12 +9,6 @@ import (
 	"testing"
 )
 
-// pending are pages that links may name before they are written; a link to
-// one is accepted while the file is missing.
-var pending = map[string]bool{
-	"docs/security.md": true,
-}
-
 var (
 	linkRE    = regexp.MustCompile(`!?\[[^\]]*\]\(([^)\s]+)(?:\s+"[^"]*")?\)`)
 	headingRE = regexp.MustCompile(`(?m)^#{1,6}\s+(.+?)\s*#*\s*$`)
@@ -75,9 +69,6 @@ func brokenLinks(root, path string) ([]string, error) {
 		}
 		body, err := os.ReadFile(filepath.Join(root, resolved))
 		if err != nil {
-			if os.IsNotExist(err) && pending[resolved] {
-				continue
-			}
 			out = append(out, path+": "+target+": "+resolved+" does not exist")
 			continue
 		}
@@ -135,7 +126,7 @@ func TestBrokenLinksAreFound(t *testing.T) {
 	write("docs/b.md", "# B page\n\n## Pause, resume and rate limits\n\n## `leasepool bench`\n\n## Usage\n\n## Usage\n")
 	write("docs/a.md", "# A\n\n## Here\n\n"+
 		"[ok](b.md) [ok](b.md#pause-resume-and-rate-limits) [ok](b.md#leasepool-bench) [ok](b.md#usage-1) [ok](#here)\n"+
-		"[ok](https://example.com/x.md) ![ok](../docs/b.md) [ok](security.md)\n"+
+		"[ok](https://example.com/x.md) ![ok](../docs/b.md)\n"+
 		"[bad](c.md) [bad](b.md#nope)\n```\n[in a fence](nowhere.md)\n```\n")
 	got, err := brokenLinks(root, "docs/a.md")
 	if err != nil {
