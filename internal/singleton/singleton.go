@@ -252,6 +252,9 @@ func (r *Runner) supervise(ctx context.Context) {
 			runErr := cur.err
 			cur.expire.Stop()
 			cur = nil
+			if ctx.Err() != nil {
+				continue // stopping: the next pass releases
+			}
 			if errors.Is(cause, errLeaseEnding) {
 				// The lease may have been renewed since the timer fired;
 				// the next try finds out.
