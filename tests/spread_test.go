@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -230,5 +231,84 @@ func TestSpreadFigures(t *testing.T) {
 				fmt.Printf("| %d | %d | %d | %d | %.0f |\n", round, n, 32/n, drain, drain/last.Sub(first).Seconds())
 			})
 		}
+	}
+}
+
+// TestRenewalsDoNotFanOut: on both backends, a task renewing every 100 ms
+// for 6 s (60 renewals, the shape of a 60 s task with 1 s pings) reaches
+// another worker's change stream as at most 4 events: its publish, claim
+// and finish.
+func TestRenewalsDoNotFanOut(t *testing.T) {
+	for _, backend := range []string{"sqlite", "mongodb"} {
+		t.Run(backend, func(t *testing.T) {
+			ctx := testContext(t, time.Minute)
+			var holder, other task.Store
+			if backend == "sqlite" {
+				path := filepath.Join(t.TempDir(), "renew.db")
+				for _, p := range []*task.Store{&holder, &other} {
+					st, err := sqlitestore.Open(ctx, path, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { st.Close() })
+					*p = st
+				}
+			} else {
+				uri := sharedMongoDB(t)
+				holder, other = openMongoStore(t, ctx, uri, nil), openMongoStore(t, ctx, uri, nil)
+			}
+			cs, err := other.Watch(ctx, task.WatchParams{SkipQuiet: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			mux := consumer.NewMux()
+			mux.RegisterFunc("long", func(ctx context.Context, job *consumer.Job) error {
+				select {
+				case <-time.After(6 * time.Second):
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			})
+			c, err := consumer.New(consumer.Config{Store: holder, Handler: mux, WorkerID: "holder"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer c.Stop(context.Background())
+			_, _, err = task.Publish(ctx, holder, task.PublishParams{Key: "long-1", Kind: "long",
+				Options: task.Options{PingInterval: 100 * time.Millisecond, WorkerTimeout: 400 * time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			events := 0
+			for {
+				ev, err := cs.Next(ctx)
+				if err != nil {
+					t.Fatalf("after %d events: %v", events, err)
+				}
+				if ev.Key != "long-1" {
+					continue
+				}
+				events++
+				if ev.Task != nil && ev.Task.State.Finished() {
+					break
+				}
+			}
+			got, err := other.Get(ctx, "long-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: %d writes (version), %d change events to the other worker", backend, got.Version, events)
+			if got.State != task.StateSucceeded || got.Version < 40 {
+				t.Fatalf("task %s at version %d; want succeeded after its renewals (version 40 or more)", got.State, got.Version)
+			}
+			if events > 4 {
+				t.Fatalf("%d change events reached the other worker for one renewing task; want at most 4", events)
+			}
+		})
 	}
 }
