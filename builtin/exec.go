@@ -49,10 +49,12 @@ type ExecConfig struct {
 	// the program's absolute path, argv[0] looked up in the PATH of the
 	// program's environment (or made absolute against Dir). Any other
 	// program is refused with a *NotAllowedError and never started, and a
-	// payload may then not set LD_* or DYLD_* variables, which would load
-	// code the list never saw. Each pattern must be absolute. An allowed
-	// program still takes any arguments and payload env: allow only
-	// programs safe in the hands of whoever can publish.
+	// payload may then not set the variables that make the loader or a
+	// shell or interpreter run code the list never saw (LD_*, DYLD_*,
+	// BASH_FUNC_*, BASH_ENV, PYTHON*, PERL*, NODE_*...). Each pattern must
+	// be absolute. An allowed program still takes any arguments and other
+	// payload env: allow only programs safe in the hands of whoever can
+	// publish.
 	Allow []string
 	// PassEnv names variables of the worker's environment passed to
 	// programs besides the minimal set (see MinimalEnv).
@@ -147,7 +149,7 @@ func (h *execHandler) handle(ctx context.Context, job *consumer.Job) error {
 	}
 	if len(h.cfg.Allow) > 0 {
 		for k := range p.Env {
-			if strings.HasPrefix(k, "LD_") || strings.HasPrefix(k, "DYLD_") {
+			if loadsCode(k) {
 				return fmt.Errorf("exec: payload: env: %q is not allowed with --exec-allow (it loads code into the program)", k)
 			}
 		}
@@ -198,6 +200,25 @@ func passed(name string, extra []string) bool {
 		return true
 	}
 	return slices.Contains(MinimalEnv, name) || slices.Contains(extra, name)
+}
+
+// codeEnvPrefixes and codeEnvNames are the variables through which the
+// dynamic loader or a common shell or interpreter runs code of the
+// variable's choosing: a bash script calling `cat` runs the function in
+// BASH_FUNC_cat%%, a Perl one the code in PERL5OPT. With an allow-list a
+// payload may set none of them. The list cannot be complete: an allowed
+// program must still not read code from its environment.
+var (
+	codeEnvPrefixes = []string{"LD_", "DYLD_", "BASH_FUNC_", "PYTHON", "PERL", "RUBY", "NODE_", "LUA_", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS"}
+	codeEnvNames    = []string{"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "GCONV_PATH", "GIT_EXEC_PATH", "GIT_SSH_COMMAND", "PHPRC", "PHP_INI_SCAN_DIR"}
+)
+
+// loadsCode reports whether a payload's variable name makes the loader or
+// an interpreter run code (see codeEnvPrefixes).
+func loadsCode(name string) bool {
+	return slices.Contains(codeEnvNames, name) || slices.ContainsFunc(codeEnvPrefixes, func(p string) bool {
+		return strings.HasPrefix(name, p)
+	})
 }
 
 // lookupEnv is the last value of name in env, as exec uses it.

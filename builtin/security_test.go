@@ -261,3 +261,64 @@ func allowedName(k, passed string) bool {
 	}
 	return slices.Contains([]string{"LEASEPOOL_ATTEMPT", "LEASEPOOL_WORKER_ID", "LEASEPOOL_LEASE_DEADLINE"}, k)
 }
+
+// TestExecAllowRefusesCodeInEnv: with an allow-list, a payload cannot make
+// an allowed script run code of its own through its environment: bash
+// imports a function named by BASH_FUNC_cat%% and runs it for `cat`, and
+// the other variables shells and interpreters load code from are refused
+// as LD_PRELOAD is. The script runs normally without them.
+func TestExecAllowRefusesCodeInEnv(t *testing.T) {
+	t.Parallel()
+	bash := lookPath(t, "bash")
+	dir := t.TempDir()
+	script := filepath.Join(dir, "job.sh")
+	if err := os.WriteFile(script, []byte("#!"+bash+"\necho job | cat > \"$OUT\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, h := range execHandlers(t, builtin.ExecConfig{Allow: []string{dir + "/*"}}) {
+		for _, v := range []struct{ name, value string }{
+			{"BASH_FUNC_cat%%", `() { echo pwned > "$MARK"; }`},
+			{"BASH_ENV", "/dev/null"},
+			{"SHELLOPTS", "xtrace"},
+			{"PS4", `$(echo pwned > "$MARK")`},
+			{"PERL5OPT", "-Mbase;print(`id`)"},
+			{"PYTHONPATH", dir},
+			{"NODE_OPTIONS", "--require /proc/self/environ"},
+			{"RUBYOPT", "-rx"},
+			{"DYLD_INSERT_LIBRARIES", "x.dylib"},
+		} {
+			t.Run(name+"/"+v.name, func(t *testing.T) {
+				mark, out := filepath.Join(t.TempDir(), "pwned"), filepath.Join(t.TempDir(), "out")
+				err := h(t.Context(), execJob(t, builtin.ExecPayload{Argv: []string{script},
+					Env: map[string]string{v.name: v.value, "MARK": mark, "OUT": out}}))
+				if _, serr := os.Stat(mark); serr == nil {
+					t.Fatal("the payload's code ran: its marker exists")
+				}
+				if _, serr := os.Stat(out); serr == nil {
+					t.Fatal("the script started")
+				}
+				if want := `env: "` + v.name + `" is not allowed with --exec-allow`; err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("error %v, want it to say %q", err, want)
+				}
+			})
+		}
+		t.Run(name+"/plain", func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out")
+			if err := h(t.Context(), execJob(t, builtin.ExecPayload{Argv: []string{script}, Env: map[string]string{"OUT": out, "LANGUAGE": "C"}})); err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := os.ReadFile(out); string(b) != "job\n" {
+				t.Fatalf("the script wrote %q, want job", b)
+			}
+		})
+	}
+	// Without an allow-list any program runs anyway: the variables pass.
+	h, err := builtin.NewExec(builtin.ExecConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	if err := h(t.Context(), execJob(t, builtin.ExecPayload{Argv: []string{script}, Env: map[string]string{"OUT": out, "PYTHONPATH": dir}})); err != nil {
+		t.Fatalf("without an allow-list: %v", err)
+	}
+}
