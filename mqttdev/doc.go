@@ -120,7 +120,7 @@
 // and retained messages in memory). For a group of worker processes on one
 // host sharing a store, broker.Host keeps one running on a fixed address
 // even when the process running it dies: hosting is a singleton
-// (internal/singleton, as the flow reconciler is), a lease
+// (internal/singleton, as the flow reconciler and retention are), a lease
 // in the store's lock table (key broker.LockKey(addr), e.g.
 // "mqtt-broker:127.0.0.1:1883"; holder the worker id and process instance),
 // renewed every third of the lease (default broker.DefaultLease, 3s). Every

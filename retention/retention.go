@@ -1,11 +1,10 @@
-// Package retention removes finished tasks once they are old enough, on
-// the engine itself: a built-in schedule publishes a maintenance task (kind
-// Kind) every minute, and whichever worker claims it deletes, in bounded
-// batches, the tasks that finished (succeeded, failed or cancelled) longer
-// ago than the stored policy allows. The task runs under a lease and takes a
-// lock key, so one worker does it at a time and a crashed one hands it over
-// like any task; the store's conditional delete never touches a task that
-// is not finished, or that was rerun since.
+// Package retention removes finished tasks once they are old enough: every
+// worker runs a Runner, and the one holding its lease (a singleton, see
+// internal/singleton) deletes every minute, in bounded batches, the tasks
+// that finished (succeeded, failed or cancelled) longer ago than the stored
+// policy allows, and the device states not seen for as long. A holder that
+// dies is replaced within a lease; the store's conditional delete never
+// touches a task that is not finished, or that was rerun since.
 package retention
 
 import (
@@ -15,17 +14,12 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/leasepool/leasepool/consumer"
-	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
 
-// Names on the engine.
+// Names in the store.
 const (
-	// Kind is the maintenance task's kind; ScheduleName its schedule's.
-	Kind         = "leasepool.retention"
-	ScheduleName = "leasepool.retention"
-	// LockKey keeps two occurrences from running at once.
+	// LockKey is the key of the Runner's lease in the lock table.
 	LockKey = "leasepool.retention"
 	// RecordKind and recordID hold the stored policy.
 	RecordKind = "retention"
@@ -34,7 +28,7 @@ const (
 
 // Defaults.
 const (
-	// DefaultEvery is how often the maintenance task runs.
+	// DefaultEvery is how often the Runner's holder runs.
 	DefaultEvery = time.Minute
 	// DefaultBatch bounds one delete, so a large backlog never holds the
 	// store long enough to stall claims.
@@ -136,52 +130,12 @@ func Set(ctx context.Context, s task.Store, p Policy) error {
 	return rs.PutRecord(ctx, task.Record{Kind: RecordKind, ID: recordID, Value: b, At: s.Now()})
 }
 
-// Schedule is the built-in schedule that publishes the maintenance task
-// every period (DefaultEvery when zero); pass it in
-// schedule.RunnerConfig.Builtin. Every worker should use the same period.
-func Schedule(every time.Duration) schedule.Schedule {
-	if every <= 0 {
-		every = DefaultEvery
-	}
-	return schedule.Schedule{
-		Name: ScheduleName, Every: task.Duration(every), CatchUp: schedule.CatchUp{Mode: schedule.CatchUpLast},
-		Template: schedule.Template{Kind: Kind, LockKeys: []string{LockKey}},
-	}
-}
-
-// Config configures the maintenance handler. Zero values take defaults.
+// Config configures a run of retention. Zero values take defaults.
 type Config struct {
 	Store     task.Store
 	Batch     int // DefaultBatch
 	MaxPerRun int // DefaultMaxPerRun
 	Logger    *slog.Logger
-}
-
-// Register registers the maintenance handler for Kind on mux; the worker
-// must also claim Kind (consumer.Config.Kinds).
-func Register(mux *consumer.Mux, cfg Config) error {
-	if cfg.Store == nil {
-		return fmt.Errorf("retention: %w: store: required", task.ErrInvalid)
-	}
-	if cfg.Batch <= 0 {
-		cfg.Batch = DefaultBatch
-	}
-	if cfg.MaxPerRun <= 0 {
-		cfg.MaxPerRun = DefaultMaxPerRun
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	mux.RegisterFunc(Kind, func(ctx context.Context, job *consumer.Job) error {
-		n, err := Run(ctx, cfg)
-		if n.Total() > 0 || err != nil {
-			cfg.Logger.Info("retention: deleted finished tasks", slog.String("task", job.Task.Key),
-				slog.Int("succeeded", n[task.StateSucceeded]), slog.Int("failed", n[task.StateFailed]),
-				slog.Int("cancelled", n[task.StateCancelled]), slog.Int("device_states", n[task.State(DeviceStateKind)]), slog.Any("err", err))
-		}
-		return err
-	})
-	return nil
 }
 
 // Counts is how many tasks a run deleted, by state, and how many device

@@ -27,10 +27,10 @@ type RunnerConfig struct {
 }
 
 // Runner runs retention in one process of the cluster at a time: a
-// singleton (internal/singleton) on the lock key LockKey, every process
-// runs one and the holder of the lease deletes every Every. The key is the
-// maintenance task's, so a Runner and a worker running the maintenance
-// task never delete at once either.
+// singleton (internal/singleton) on the lock key LockKey; every process
+// runs one and the holder of the lease deletes every Every. A run cut
+// short (the lease lost, a stop, MaxPerRun reached) is carried on by the
+// next.
 type Runner struct {
 	cfg    RunnerConfig
 	runner *singleton.Runner

@@ -42,7 +42,7 @@ type RunnerConfig struct {
 	// MaxPerTick: see DefaultMaxPerTick.
 	MaxPerTick int
 	// Builtin are schedules every runner publishes without their being
-	// stored (retention). Names start with "leasepool.".
+	// stored, leasepool's own. Names start with "leasepool.".
 	Builtin []Schedule
 	Logger  *slog.Logger
 }

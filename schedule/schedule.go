@@ -61,11 +61,11 @@ const KeyPrefix = "sched:"
 // slotFormat is the slot's spelling in a key: UTC, so one instant has one key.
 const slotFormat = time.RFC3339Nano
 
-// internalPrefix is reserved for the built-in schedules (retention).
+// internalPrefix is reserved for the built-in schedules.
 const internalPrefix = "leasepool."
 
 // Key is the task key of name's occurrence at slot. A built-in schedule's
-// occurrences (retention, every minute) are leasepool's own documents:
+// occurrences are leasepool's own documents:
 // under task.ReservedPrefix, so lists, counts and the event stream leave
 // them out, while workers still claim them.
 func Key(name string, slot time.Time) string {

@@ -186,7 +186,6 @@ func countStates(t *testing.T, ctx context.Context, s task.Store) map[task.State
 	if err != nil {
 		t.Fatalf("list: %v", err)
 	}
-	all = ownTasks(all)
 	out := map[task.State]int{}
 	for _, tk := range all {
 		out[tk.State]++
@@ -205,7 +204,6 @@ func tasksByKey(t *testing.T, ctx context.Context, s task.Store) map[string]*tas
 	if err != nil {
 		t.Fatalf("list: %v", err)
 	}
-	all = ownTasks(all)
 	out := map[string]*task.Task{}
 	for _, tk := range all {
 		out[tk.Key] = tk
@@ -220,7 +218,6 @@ func heldBy(t *testing.T, ctx context.Context, s task.Store, id string) bool {
 	if err != nil {
 		t.Fatalf("list: %v", err)
 	}
-	all = ownTasks(all)
 	now := s.Now()
 	for _, tk := range all {
 		for _, w := range tk.Workers {

@@ -9,15 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/leasepool/leasepool/retention"
-	"github.com/leasepool/leasepool/task"
 )
 
 var (
@@ -215,13 +211,6 @@ func checkOverlaps(t *testing.T, lines []logLine, allowed map[string]int, killed
 		out[key] = ivs
 	}
 	return out
-}
-
-// ownTasks drops the engine's own maintenance tasks (retention.Kind), which
-// the workers' schedule runners publish every minute, so that a test counts
-// the tasks it published.
-func ownTasks(ts []*task.Task) []*task.Task {
-	return slices.DeleteFunc(ts, func(tk *task.Task) bool { return tk.Kind == retention.Kind })
 }
 
 func testContext(t *testing.T, d time.Duration) context.Context {

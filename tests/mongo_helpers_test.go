@@ -15,7 +15,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/leasepool/leasepool/internal/testservers"
-	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 )
@@ -61,7 +60,7 @@ func openMongoStore(t *testing.T, ctx context.Context, uri string, cfg *mongosto
 func countState(t *testing.T, ctx context.Context, s *mongostore.Store, st task.State) int {
 	t.Helper()
 	n, err := s.Database().Collection(mongostore.TasksCollection).CountDocuments(ctx, bson.D{
-		{Key: "state", Value: string(st)}, {Key: "kind", Value: bson.D{{Key: "$ne", Value: retention.Kind}}}, // not the engine's maintenance tasks
+		{Key: "state", Value: string(st)},
 	})
 	if err != nil {
 		t.Fatalf("count %s: %v", st, err)

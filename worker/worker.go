@@ -17,7 +17,7 @@
 //
 // Stop order: the consumer first (running handlers finish within
 // ShutdownTimeout, then their leases are released), then the schedule
-// runner and the flow reconciler, then the MQTT client and the embedded
+// runner, the flow reconciler and retention, then the MQTT client and the embedded
 // broker (handlers may be talking to devices until the consumer has
 // stopped). The Store is the caller's: Stop leaves it open.
 package worker
@@ -48,8 +48,7 @@ type Config struct {
 	Store task.Store
 
 	// Mux holds the handlers of your own kinds. The built-in kinds named in
-	// Kinds, the flow middleware and the retention task's handler are
-	// added to it. Nil: a new Mux.
+	// Kinds and the flow middleware are added to it. Nil: a new Mux.
 	Mux *consumer.Mux
 
 	// ID names this worker in leases, pins and the registry. Default
@@ -86,9 +85,9 @@ type Config struct {
 	// Devices configures device tasks when Kinds names "device".
 	Devices Devices
 
-	// RetentionEvery is how often the maintenance task that deletes old
-	// finished tasks runs (retention.Schedule). Default
-	// retention.DefaultEvery; use the same on every worker.
+	// RetentionEvery is how often the one worker holding retention's
+	// lease deletes old finished tasks (retention.Runner). Default
+	// retention.DefaultEvery; at least schedule.MinEvery.
 	RetentionEvery time.Duration
 
 	// Metrics, when not nil, counts claims, outcomes, handler durations
@@ -143,6 +142,7 @@ type Worker struct {
 	wiring   *mqttdev.Wiring
 	runner   *schedule.Runner
 	reconcil *flow.Reconciler
+	retain   *retention.Runner
 }
 
 // ErrStoreFailing is what Failed reports when the store kept failing for
@@ -197,9 +197,6 @@ func New(cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("worker: %w: Kinds: %q has no handler on Mux", task.ErrInvalid, k)
 		}
 	}
-	if err := retention.Register(cfg.Mux, retention.Config{Store: cfg.Store, Logger: cfg.Logger}); err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
-	}
 	if err := flow.Register(cfg.Mux, flow.Config{Store: cfg.Store, Logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
@@ -208,7 +205,7 @@ func New(cfg Config) (*Worker, error) {
 		observer = cfg.Metrics
 	}
 	c, err := consumer.New(consumer.Config{
-		Store: cfg.Store, Handler: cfg.Mux, WorkerID: cfg.ID, Kinds: append(slices.Clone(kinds), retention.Kind),
+		Store: cfg.Store, Handler: cfg.Mux, WorkerID: cfg.ID, Kinds: slices.Clone(kinds),
 		Concurrency: cfg.Concurrency, ShutdownTimeout: cfg.ShutdownTimeout, RetryPolicy: cfg.RetryPolicy,
 		Logger: cfg.Logger, Observer: observer,
 	})
@@ -221,15 +218,14 @@ func New(cfg Config) (*Worker, error) {
 // ID is the worker's id.
 func (w *Worker) ID() string { return w.consumer.WorkerID() }
 
-// Kinds are the kinds the worker claims, sorted (leasepool's own
-// maintenance kinds left out).
+// Kinds are the kinds the worker claims, sorted.
 func (w *Worker) Kinds() []string { return slices.Clone(w.kinds) }
 
 // Consumer is the worker's consumer, for its Stats.
 func (w *Worker) Consumer() *consumer.Consumer { return w.consumer }
 
 // Start registers the worker id, then starts device tasks, the consumer,
-// the schedule runner and the flow reconciler. ctx bounds the start only.
+// the schedule runner, the flow reconciler and retention. ctx bounds the start only.
 // When it fails, what it started is stopped again.
 func (w *Worker) Start(ctx context.Context) error {
 	run, err := w.life.Start(ctx)
@@ -275,8 +271,7 @@ func (w *Worker) start(ctx, run context.Context) error {
 	if err := w.consumer.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	runner, err := schedule.NewRunner(schedule.RunnerConfig{Store: cfg.Store, Logger: cfg.Logger,
-		Builtin: []schedule.Schedule{retention.Schedule(cfg.RetentionEvery)}})
+	runner, err := schedule.NewRunner(schedule.RunnerConfig{Store: cfg.Store, Logger: cfg.Logger})
 	if err == nil {
 		err = runner.Start(ctx)
 	}
@@ -292,6 +287,15 @@ func (w *Worker) start(ctx, run context.Context) error {
 		return err
 	}
 	w.reconcil = rec
+	retain, err := retention.NewRunner(retention.RunnerConfig{Config: retention.Config{Store: cfg.Store, Logger: cfg.Logger},
+		WorkerID: w.ID(), Every: cfg.RetentionEvery})
+	if err == nil {
+		err = retain.Start(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	w.retain = retain
 	if cfg.StoreFailTimeout > 0 {
 		p := storeProbe{s: cfg.Store, workerID: w.ID(), instance: w.consumer.Instance(), file: cfg.StoreFile}
 		w.life.Go(func() { watchStore(run, p, cfg.StoreFailTimeout, w.failed) })
@@ -306,7 +310,7 @@ func (w *Worker) Failed() <-chan error { return w.failed }
 
 // Stop stops the consumer (running handlers finish within
 // ShutdownTimeout, then their leases are released), then the schedule
-// runner and the flow reconciler, then device tasks. It returns the
+// runner, the flow reconciler and retention, then device tasks. It returns the
 // consumer's error, or ctx's cause when ctx ends first.
 func (w *Worker) Stop(ctx context.Context) error {
 	var err error
@@ -318,6 +322,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 		if w.reconcil != nil {
 			_ = w.reconcil.Stop(bg)
+		}
+		if w.retain != nil {
+			_ = w.retain.Stop(bg)
 		}
 		if w.wiring != nil {
 			_ = w.wiring.Stop(bg)

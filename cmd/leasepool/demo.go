@@ -348,7 +348,7 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 	for _, t := range final {
 		dt, ok := want[t.Key]
 		if !ok {
-			continue // flow steps, flow documents, maintenance tasks
+			continue // flow steps and flow documents
 		}
 		g := byGroup[dt.group]
 		g[1]++

@@ -1,7 +1,7 @@
 package main
 
 // `leasepool retention show|set`: how long finished tasks are kept
-// (package retention); every worker runs the maintenance task's handler.
+// (package retention); every worker runs a retention.Runner.
 
 import (
 	"fmt"
@@ -17,7 +17,7 @@ import (
 func retentionCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "retention",
-		Usage: "how long finished tasks are kept before the maintenance task deletes them",
+		Usage: "how long finished tasks are kept before retention deletes them",
 		Subcommands: []*cli.Command{
 			{
 				Name: "show", Usage: "print the stored policy (the defaults when none is stored)",
@@ -104,7 +104,7 @@ func printPolicy(c *cli.Context, p retention.Policy) {
 // retentionEveryFlag is `leasepool worker --retention-every`.
 func retentionEveryFlag() cli.Flag {
 	return &cli.DurationFlag{Name: "retention-every", Value: retention.DefaultEvery,
-		Usage: "how often the maintenance task deleting old finished tasks runs (see leasepool retention); use the same on every worker",
+		Usage: "how often the one worker holding retention's lease deletes old finished tasks (see leasepool retention)",
 		Action: func(c *cli.Context, every time.Duration) error {
 			if every < schedule.MinEvery {
 				return badFlag(c, "retention-every", "must be at least %s, got %s", schedule.MinEvery, every)
