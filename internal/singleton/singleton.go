@@ -279,6 +279,11 @@ func (r *Runner) supervise(ctx context.Context) {
 		if held {
 			limit = heldUntil.Add(-r.margin).Sub(now)
 		}
+		if limit <= 0 {
+			// Too late to renew (this process was paused, or the term's
+			// work is slow to return): try to take it afresh.
+			held, heldUntil, limit = false, time.Time{}, r.cfg.Renew
+		}
 		until := now.Add(r.cfg.Lease)
 		actx, cancel := context.WithTimeout(ctx, max(limit, time.Millisecond))
 		err := r.cfg.Store.AcquireLocks(actx, task.LockParams{Keys: []string{r.cfg.Key}, Holder: r.holder, Now: now, Until: until})
