@@ -81,6 +81,14 @@ func TestCheckJSONBody(t *testing.T) {
 		{deep(1001), "invalid: body: nested deeper than 64 levels"},
 		// A string's brackets and escaped quotes are not nesting.
 		{`{"key":"\"[[[","payload":` + deep(69) + `}`, "invalid: payload: nested deeper than 64 levels"},
+		// Escaped surrogates without their pair decode to U+FFFD: "a\ud800"
+		// and "a\udfff" would be one key.
+		{`{"key":"a\ud800","kind":"k"}`, "invalid: key: is not valid UTF-8"},
+		{`{"key":"a\uDFFF"}`, "invalid: key: is not valid UTF-8"},
+		{`{"key":"a\ud800\u0041"}`, "invalid: key: is not valid UTF-8"},
+		{`{"key":"a\ud800\ud800"}`, "invalid: key: is not valid UTF-8"},
+		{`{"key":"a","payload":{"s":"\\\ud800"}}`, "invalid: payload: is not valid UTF-8"},
+		{`{"k\udc00":1}`, "invalid: body: a field name is not valid UTF-8"},
 	} {
 		err := task.CheckJSONBody([]byte(tt.body))
 		if !errors.Is(err, task.ErrInvalid) || err.Error() != tt.want {
@@ -91,6 +99,7 @@ func TestCheckJSONBody(t *testing.T) {
 		`{"key":"é\u00ff","payload":` + deep(68) + `}`,
 		`{"s":"` + strings.Repeat("[", 2000) + `"}`,
 		`{"a":"\\\"}"}`,
+		`{"key":"\ud83d\ude00 \u00e9 \\ud800 \"\\"}`, // a pair, a plain escape, an escaped backslash
 		``,
 	} {
 		if err := task.CheckJSONBody([]byte(ok)); err != nil {

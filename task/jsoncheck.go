@@ -2,6 +2,8 @@ package task
 
 import (
 	"fmt"
+	"strconv"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -16,7 +18,9 @@ const bodySlack = 4
 // CheckJSONBody checks a JSON document a caller sends (an API request
 // body, a flow file) before encoding/json decodes it, which would rewrite
 // invalid UTF-8 in a string to U+FFFD and follow nesting 10,000 levels
-// deep: every string must be valid UTF-8, and no top-level field nest
+// deep: every string must be valid UTF-8 (an escaped UTF-16 surrogate
+// without its pair, "\ud800", is not: it decodes to U+FFFD too), and no
+// top-level field nest
 // much deeper than MaxJSONDepth. Its errors wrap ErrInvalid and name the
 // top-level field ("body" when there is none). It does not check that b
 // is JSON: the decoder that follows does.
@@ -46,7 +50,7 @@ func CheckJSONBody(b []byte) error {
 		case inString && c == '"':
 			inString = false
 			s := b[start+1 : i]
-			if !utf8.Valid(s) {
+			if !utf8.Valid(s) || loneSurrogate(s) {
 				if isName {
 					return invalid("body", "a field name is not valid UTF-8")
 				}
@@ -79,4 +83,37 @@ func CheckJSONBody(b []byte) error {
 		return invalid(name(), "is not valid UTF-8")
 	}
 	return nil
+}
+
+// loneSurrogate reports whether the body of a JSON string (without its
+// quotes) holds a \u escape of a UTF-16 surrogate that is not the first
+// of a high-low pair: encoding/json decodes one to U+FFFD, so two keys
+// differing only there would become one.
+func loneSurrogate(s []byte) bool {
+	escape := func(i int) (rune, bool) { // the \uXXXX at s[i:], if any
+		if i+6 > len(s) || s[i] != '\\' || s[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(s[i+2:i+6]), 16, 16)
+		return rune(n), err == nil
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			continue
+		}
+		r, ok := escape(i)
+		if !ok {
+			i++ // a two-byte escape such as \\ or \"
+			continue
+		}
+		if utf16.IsSurrogate(r) {
+			low, ok := escape(i + 6)
+			if !ok || utf16.DecodeRune(r, low) == utf8.RuneError {
+				return true
+			}
+			i += 6
+		}
+		i += 5
+	}
+	return false
 }

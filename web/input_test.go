@@ -85,6 +85,11 @@ func TestHostilePublishBodies(t *testing.T) {
 		{"/api/v1/flows", "{\"key\":\"f\xff\",\"steps\":[{\"name\":\"a\",\"kind\":\"noop\"}]}", "key: is not valid UTF-8"},
 		{"/api/v1/tasks/bulk", "{\"action\":\"retry\",\"keys\":[\"\xff\"]}", "keys: is not valid UTF-8"},
 		{"/api/v1/pauses", "{\"scope\":\"kind\",\"name\":\"\xff\"}", "name: is not valid UTF-8"},
+		// So is an escaped surrogate without its pair, which decodes to
+		// U+FFFD: "a\ud800" and "a\udbff" would publish one key.
+		{"/api/v1/tasks", `{"key":"a\ud800","kind":"k"}`, "key: is not valid UTF-8"},
+		{"/api/v1/tasks", `{"key":"a\udbff","kind":"k"}`, "key: is not valid UTF-8"},
+		{"/api/v1/flows", `{"key":"f","steps":[{"name":"a\udc00","kind":"noop"}]}`, "steps: is not valid UTF-8"},
 		// Times outside 2000..2200.
 		{"/api/v1/tasks", `{"key":"t","kind":"k","run_at":"9999-01-01T00:00:00Z"}`,
 			"run_at: 9999-01-01T00:00:00Z is outside 2000-01-01 .. 2200-01-01"},
