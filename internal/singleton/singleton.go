@@ -15,7 +15,9 @@
 // ended, so a Run that returns promptly when its context ends has returned
 // before the next one starts. The check that ends the context runs on a
 // timer of its own, not on the renewal loop, so a store call that hangs
-// cannot delay it.
+// cannot delay it. A process paused past its lease ends Run when it wakes,
+// and may work for that instant beside the new holder: Run's writes must
+// tolerate that (compare-and-set, conditional deletes).
 //
 // The flow reconciler, the embedded MQTT broker's host and retention run
 // on it.
