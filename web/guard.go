@@ -81,9 +81,10 @@ func Guard(cfg Config, next http.Handler) (http.Handler, error) {
 
 // checkHost serves only requests whose Host names this machine's loopback
 // interface (localhost, 127.x.y.z, [::1]) or one of allowed (or, with
-// addresses, is any IP literal), with any port. A page on another name that the attacker's DNS points at 127.0.0.1
-// (DNS rebinding) counts as same-origin in the browser: the Host header,
-// which is that name, is what gives it away.
+// addresses, is any IP literal), with any port. A page on another name
+// that the attacker's DNS points at 127.0.0.1 (DNS rebinding) counts as
+// same-origin in the browser: the Host header, which is that name, is
+// what gives it away.
 func checkHost(allowed []string, addresses bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host, ok := hostName(r.Host)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -76,6 +77,27 @@ func (p storeProbe) check(ctx context.Context, timeout time.Duration) error {
 		}
 	}
 	return fmt.Errorf("worker %s (instance %s) is not in the registry", p.workerID, p.instance)
+}
+
+// procPath is file as /proc/self/fd names it once open: absolute, with its
+// symbolic links resolved (those of its directory when it does not exist
+// yet). A path left as given would never match, and a deleted file would
+// go unseen.
+func procPath(file string) string {
+	if file == "" {
+		return ""
+	}
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return file
+	}
+	if p, err := filepath.EvalSymlinks(abs); err == nil {
+		return p
+	}
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+		return filepath.Join(dir, filepath.Base(abs))
+	}
+	return abs
 }
 
 // deletedOpenFile returns the name of a file of the embedded store at

@@ -101,8 +101,10 @@ type Config struct {
 	// should start it afresh. Zero: never reported.
 	StoreFailTimeout time.Duration
 
-	// StoreFile is the embedded store's file, for StoreFailTimeout's check
-	// that it was not deleted while open; "" for other stores.
+	// StoreFile is the embedded store's file as the store was opened with
+	// it (relative to the working directory, through symbolic links), for
+	// StoreFailTimeout's check that it was not deleted while open; "" for
+	// other stores.
 	StoreFile string
 
 	// Logger gets every component's logs. Default slog.Default().
@@ -297,7 +299,7 @@ func (w *Worker) start(ctx, run context.Context) error {
 	}
 	w.retain = retain
 	if cfg.StoreFailTimeout > 0 {
-		p := storeProbe{s: cfg.Store, workerID: w.ID(), instance: w.consumer.Instance(), file: cfg.StoreFile}
+		p := storeProbe{s: cfg.Store, workerID: w.ID(), instance: w.consumer.Instance(), file: procPath(cfg.StoreFile)}
 		w.life.Go(func() { watchStore(run, p, cfg.StoreFailTimeout, w.failed) })
 	}
 	return nil

@@ -3,10 +3,12 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/builtin"
 	"github.com/leasepool/leasepool/consumer"
@@ -105,4 +107,45 @@ func TestStartStop(t *testing.T) {
 
 func builtinConfigWithRelativePattern() builtin.ExecConfig {
 	return builtin.ExecConfig{Allow: []string{"bin/*"}}
+}
+
+// TestStoreFailTimeoutRelativeFile: a worker whose embedded store was
+// opened by a relative path, through a symbolic link to its directory,
+// still sees its -wal file deleted under it and reports it on Failed once
+// StoreFailTimeout has passed. Not parallel: it changes directory.
+func TestStoreFailTimeoutRelativeFile(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(link)
+	st, err := store.Open(context.Background(), "sqlite:tasks.db", store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	w, err := worker.New(worker.Config{Store: st, ID: "rel", StoreFile: "tasks.db", StoreFailTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(context.Background())
+	if err := os.Remove(filepath.Join(real, "tasks.db-wal")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-w.Failed():
+		if !errors.Is(err, worker.ErrStoreFailing) || !strings.Contains(err.Error(), filepath.Join(real, "tasks.db-wal")) {
+			t.Errorf("Failed = %v, want ErrStoreFailing naming %s", err, filepath.Join(real, "tasks.db-wal"))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the deleted -wal file of a store opened by a relative path went unseen for 20 s")
+	}
 }
