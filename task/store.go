@@ -54,7 +54,8 @@ type Store interface {
 	// indexes, never by reading the documents), leaving out documents
 	// whose key has ReservedPrefix.
 	Stats(ctx context.Context) (Stats, error)
-	// Watch opens a change stream of task writes. It returns
+	// Watch opens a change stream of task writes, and of the document
+	// writes in p.Documents' namespaces. It returns
 	// ErrWatchUnsupported where the backend cannot push, and
 	// ErrHistoryLost where it cannot resume from p.ResumeAfter.
 	Watch(ctx context.Context, p WatchParams) (ChangeStream, error)
@@ -75,6 +76,9 @@ type Store interface {
 	Registry
 	// Shared records, such as the last known state of each device.
 	RecordStore
+	// Versioned documents of state that is not a task, written by
+	// compare-and-set and heard on the change stream.
+	DocumentStore
 	// Now is the store's clock as best known here: leases are written and
 	// compared in it so that skewed hosts agree.
 	Now() time.Time
@@ -123,10 +127,16 @@ type WatchParams struct {
 	// sooner (Task.Quiet: lease renewals), for workers keeping claim
 	// times; readers of lifecycle events leave it unset.
 	SkipQuiet bool
+	// Documents names the namespaces whose document writes the stream
+	// carries as well (Event.Document); none by default, so a stream
+	// opened for tasks sees task writes only.
+	Documents []string
 }
 
-// Event is one task write seen on a change stream.
+// Event is one task write seen on a change stream, or with Document set,
+// one document write.
 type Event struct {
+	// Key is the task's key; empty for a document write.
 	Key string
 	// Task is the document after the write, or nil when the stream could
 	// not carry it: re-read it by Key. The embedded store records each
@@ -137,6 +147,14 @@ type Event struct {
 	// Version is the version this write stored, where the stream tells it
 	// apart from Task's (MongoDB's update events); 0 when not known.
 	Version int64
+	// Document is the document a write stored, on streams that asked for
+	// its namespace; nil for a task write. It holds Namespace and ID alone
+	// for a delete (DocumentDeleted), and where the stream could not carry
+	// the document (Version 0): re-read it. Document writes keep their
+	// order among themselves; MongoDB delivers them beside task writes
+	// from a second stream, so not in order with those.
+	Document        *Document
+	DocumentDeleted bool
 	// Token resumes the stream after this event.
 	Token Token
 }

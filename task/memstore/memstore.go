@@ -45,6 +45,7 @@ const (
 	OpRegister   Op = "register"
 	OpWorkers    Op = "workers"
 	OpRecords    Op = "records"
+	OpDocument   Op = "document"
 )
 
 // Fault is what Config.Fault injects into one call.
@@ -108,6 +109,7 @@ type DB struct {
 	locks   map[string]lockRow
 	lines   map[string]map[string]task.LockLine // lock key → task key → place
 	records map[string]map[string]task.Record
+	docs    map[string]map[string]task.Document // namespace → id → document
 	workers map[string]task.WorkerInfo
 
 	total counters
@@ -116,7 +118,20 @@ type DB struct {
 type change struct {
 	seq int64
 	at  time.Time  // when it was written
-	doc *task.Task // the document the write stored
+	doc *task.Task // the task the write stored; nil for a document write
+	// document is the document a document write stored (its names alone
+	// when deleted).
+	document *task.Document
+	deleted  bool
+}
+
+// key is the task key or document id a change is about, for Latency and
+// Fault.
+func (c change) key() string {
+	if c.doc != nil {
+		return c.doc.Key
+	}
+	return c.document.ID
 }
 
 type lockRow struct {
@@ -131,7 +146,8 @@ func New(cfg Config) *DB {
 	}
 	return &DB{cfg: cfg, tasks: map[string]*task.Task{}, wake: make(chan struct{}),
 		locks: map[string]lockRow{}, lines: map[string]map[string]task.LockLine{},
-		records: map[string]map[string]task.Record{}, workers: map[string]task.WorkerInfo{}}
+		records: map[string]map[string]task.Record{}, docs: map[string]map[string]task.Document{},
+		workers: map[string]task.WorkerInfo{}}
 }
 
 // Open returns a new handle on db.
@@ -237,9 +253,14 @@ func (s *Store) Close() error {
 }
 
 // appendChange records doc as written and wakes every stream. db.mu held.
-func (db *DB) appendChange(doc *task.Task) {
+func (db *DB) appendChange(doc *task.Task) { db.record(change{doc: doc}) }
+
+// record appends c to the change history and wakes every stream. db.mu
+// held.
+func (db *DB) record(c change) {
 	seq := db.dropped + int64(len(db.changes)) + 1
-	db.changes = append(db.changes, change{seq: seq, at: time.Now(), doc: doc})
+	c.seq, c.at = seq, time.Now()
+	db.changes = append(db.changes, c)
 	if over := len(db.changes) - db.cfg.Retention; over > 0 {
 		db.changes = slices.Delete(db.changes, 0, over)
 		db.dropped += int64(over)
@@ -484,7 +505,7 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 		}
 		last = after
 	}
-	c := &stream{s: s, skipQuiet: p.SkipQuiet, done: make(chan struct{})}
+	c := &stream{s: s, p: p, done: make(chan struct{})}
 	c.pos.Store(last)
 	return c, nil
 }
@@ -492,7 +513,7 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 // stream is one change stream of a handle.
 type stream struct {
 	s         *Store
-	skipQuiet bool
+	p         task.WatchParams
 	pos       atomic.Int64 // the last change handed out (or passed)
 	closeOnce sync.Once
 	done      chan struct{}
@@ -521,7 +542,7 @@ func (c *stream) Next(ctx context.Context) (task.Event, error) {
 		if i := pos - db.dropped; i < int64(len(db.changes)) {
 			ch := db.changes[i]
 			db.mu.Unlock()
-			if c.skipQuiet && ch.doc.Quiet() {
+			if (ch.doc == nil && !c.p.WantsDocuments(ch.document.Namespace)) || (ch.doc != nil && c.p.SkipQuiet && ch.doc.Quiet()) {
 				c.pos.Store(ch.seq)
 				continue
 			}
@@ -534,6 +555,11 @@ func (c *stream) Next(ctx context.Context) (task.Event, error) {
 			c.pos.Store(ch.seq)
 			c.s.n.events.Add(1)
 			db.total.events.Add(1)
+			if ch.doc == nil {
+				d := *ch.document
+				d.Value = slices.Clone(d.Value)
+				return task.Event{Document: &d, DocumentDeleted: ch.deleted, Token: token(ch.seq)}, nil
+			}
 			return task.Event{Key: ch.doc.Key, Task: ch.doc.Clone(), Version: ch.doc.Version, Token: token(ch.seq)}, nil
 		}
 		wake := db.wake
@@ -557,7 +583,7 @@ func (s *Store) deliver(ctx context.Context, done <-chan struct{}, ch change) er
 		return err
 	}
 	if s.db.cfg.Latency != nil {
-		if d := time.Until(ch.at.Add(s.db.cfg.Latency(OpNext, ch.doc.Key))); d > 0 {
+		if d := time.Until(ch.at.Add(s.db.cfg.Latency(OpNext, ch.key()))); d > 0 {
 			t := time.NewTimer(d)
 			select {
 			case <-t.C:
@@ -574,7 +600,7 @@ func (s *Store) deliver(ctx context.Context, done <-chan struct{}, ch change) er
 		}
 	}
 	if s.db.cfg.Fault != nil {
-		if f := s.db.cfg.Fault(OpNext, ch.doc.Key); f.Err != nil {
+		if f := s.db.cfg.Fault(OpNext, ch.key()); f.Err != nil {
 			return f.Err
 		}
 	}

@@ -223,6 +223,13 @@ func (s *Store) init(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))
 	}
+	// Documents lists a namespace by id; the index also creates the
+	// collection, which a stream asking for documents watches.
+	_, err = s.db.Collection(DocumentsCollection).Indexes().CreateOne(ctx, mongo.IndexModel{
+		Keys: bson.D{{Key: "ns", Value: 1}, {Key: "id", Value: 1}}, Options: options.Index().SetName("ns_id")})
+	if err != nil {
+		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))
+	}
 	return nil
 }
 

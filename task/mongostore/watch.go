@@ -27,32 +27,149 @@ const maxAwait = 500 * time.Millisecond
 
 // Watch implements task.Store: a change stream on tasks with the full
 // document looked up for updates. A resume token is passed as startAfter,
-// which also resumes past an invalidate event.
+// which also resumes past an invalidate event. With p.Documents, a second
+// stream on documents runs beside it (see pairStream).
 func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStream, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
+	ops := bson.A{"insert", "update", "replace", "invalidate"}
+	if len(p.Documents) == 0 {
+		return s.watch(ctx, s.tasks, ops, p.ResumeAfter, p.SkipQuiet, decodeEvent)
+	}
+	tasksTok, docsTok := splitToken(p.ResumeAfter)
+	ts, err := s.watch(ctx, s.tasks, ops, tasksTok, p.SkipQuiet, decodeEvent)
+	if err != nil {
+		return nil, err
+	}
+	ds, err := s.watch(ctx, s.db.Collection(DocumentsCollection), bson.A{"insert", "update", "replace", "delete", "invalidate"},
+		docsTok, false, decodeDocumentEvent(p))
+	if err != nil {
+		ts.Close()
+		return nil, err
+	}
+	return &pairStream{tasks: ts, docs: ds, done: make(chan struct{})}, nil
+}
+
+func (s *Store) watch(ctx context.Context, coll *mongo.Collection, ops bson.A, resume task.Token, skipQuiet bool,
+	decode func(bson.Raw) (task.Event, bool, error)) (*changeStream, error) {
 	pipeline := mongo.Pipeline{bson.D{{Key: "$match", Value: bson.D{
-		{Key: "operationType", Value: bson.D{{Key: "$in", Value: bson.A{"insert", "update", "replace", "invalidate"}}}},
+		{Key: "operationType", Value: bson.D{{Key: "$in", Value: ops}}},
 	}}}}
 	opts := options.ChangeStream().SetFullDocument(options.UpdateLookup).SetMaxAwaitTime(maxAwait)
-	if len(p.ResumeAfter) > 0 {
-		tok := bson.Raw(p.ResumeAfter)
+	if len(resume) > 0 {
+		tok := bson.Raw(resume)
 		if err := tok.Validate(); err != nil {
 			return nil, fmt.Errorf("watch: resume token: %w: %w", task.ErrHistoryLost, err)
 		}
 		opts.SetStartAfter(tok)
 	}
-	cs, err := s.tasks.Watch(ctx, pipeline, opts)
+	cs, err := coll.Watch(ctx, pipeline, opts)
 	if err != nil {
 		return nil, fmt.Errorf("watch: %w", mapErr(err))
 	}
-	c := &changeStream{s: s, cs: cs, skipQuiet: p.SkipQuiet, done: make(chan struct{})}
+	c := &changeStream{s: s, cs: cs, skipQuiet: skipQuiet, decode: decode, done: make(chan struct{})}
 	c.token = slices.Clone(task.Token(cs.ResumeToken()))
-	if len(c.token) == 0 && len(p.ResumeAfter) > 0 {
-		c.token = slices.Clone(p.ResumeAfter)
+	if len(c.token) == 0 && len(resume) > 0 {
+		c.token = slices.Clone(resume)
 	}
 	return c, nil
+}
+
+// The fields of a pair stream's resume token, a BSON document holding the
+// tokens of its two streams.
+const (
+	tasksTokenField     = "leasepool_tasks"
+	documentsTokenField = "leasepool_documents"
+)
+
+// splitToken reads a pair stream's token. Any other token is a tasks
+// stream's (a reader that asked for no documents before): the documents
+// stream then starts from now.
+func splitToken(tok task.Token) (tasks, docs task.Token) {
+	raw := bson.Raw(tok)
+	if len(tok) == 0 || raw.Validate() != nil {
+		return tok, nil
+	}
+	t, tok1 := raw.Lookup(tasksTokenField).DocumentOK()
+	d, tok2 := raw.Lookup(documentsTokenField).DocumentOK()
+	if !tok1 && !tok2 {
+		return tok, nil
+	}
+	return task.Token(t), task.Token(d)
+}
+
+// joinToken is splitToken's inverse. It is nil while either stream has no
+// position yet (the test server names none before a stream's first
+// event): resuming from half a token would skip the other collection's
+// writes in between, where nil tells the reader to re-query.
+func joinToken(tasks, docs task.Token) task.Token {
+	if len(tasks) == 0 || len(docs) == 0 {
+		return nil
+	}
+	d := bson.D{{Key: tasksTokenField, Value: bson.Raw(tasks)}, {Key: documentsTokenField, Value: bson.Raw(docs)}}
+	b, err := bson.Marshal(d)
+	if err != nil {
+		return nil
+	}
+	return task.Token(b)
+}
+
+// pairStream merges the change streams of tasks and of documents (the
+// test server has no database-wide stream). Events of one collection keep
+// their order; the two are interleaved as they come, so a document write
+// and a task write may arrive in either order.
+type pairStream struct {
+	tasks, docs *changeStream
+	turn        bool // which one is asked first, alternating
+	done        chan struct{}
+	once        sync.Once
+}
+
+// Next implements task.ChangeStream.
+func (p *pairStream) Next(ctx context.Context) (task.Event, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return task.Event{}, err
+		}
+		p.turn = !p.turn
+		first, second := p.tasks, p.docs
+		if p.turn {
+			first, second = second, first
+		}
+		for _, c := range []*changeStream{first, second} {
+			ev, ok, err := c.poll(ctx)
+			if err != nil {
+				return task.Event{}, err
+			}
+			if ok {
+				if c == p.tasks {
+					ev.Token = joinToken(ev.Token, p.docs.ResumeToken())
+				} else {
+					ev.Token = joinToken(p.tasks.ResumeToken(), ev.Token)
+				}
+				return ev, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return task.Event{}, ctx.Err()
+		case <-p.done:
+			return task.Event{}, errStreamClosed
+		case <-time.After(p.tasks.s.cfg.PollInterval):
+		}
+	}
+}
+
+// ResumeToken implements task.ChangeStream.
+func (p *pairStream) ResumeToken() task.Token {
+	return joinToken(p.tasks.ResumeToken(), p.docs.ResumeToken())
+}
+
+// Close implements task.ChangeStream.
+func (p *pairStream) Close() error {
+	p.once.Do(func() { close(p.done) })
+	return errors.Join(p.tasks.Close(), p.docs.Close())
 }
 
 // changeStream polls a driver change stream with TryNext and a short
@@ -64,6 +181,8 @@ type changeStream struct {
 	done chan struct{}
 	// skipQuiet leaves out quiet writes (task.WatchParams.SkipQuiet).
 	skipQuiet bool
+	// decode turns a raw event into a task.Event, or skips it.
+	decode func(bson.Raw) (task.Event, bool, error)
 
 	mu     sync.Mutex // serialises driver calls and Close
 	cs     *mongo.ChangeStream
@@ -132,7 +251,7 @@ func (c *changeStream) poll(ctx context.Context) (ev task.Event, ok bool, err er
 			c.setToken(c.cs.ResumeToken())
 			return task.Event{}, false, nil
 		}
-		ev, skip, err := decodeEvent(c.cs.Current)
+		ev, skip, err := c.decode(c.cs.Current)
 		if err != nil {
 			c.err = fmt.Errorf("change stream: %w", err)
 			return task.Event{}, false, c.err

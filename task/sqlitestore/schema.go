@@ -10,15 +10,16 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 9
+const schemaVersion = 10
 
 // minReadVersion is the oldest schema a read-only open reads as it is (4
 // added an index, 5 changes.doc, read as NULL before it, 6 the list and
 // stats indexes, which queries only run faster with, 7 lock_lines, which
 // no read-only command reads, 8 the updated_at column and the partial
 // indexes, which only writers and queries' speed depend on, 9 changes
-// without AUTOINCREMENT, read the same), so read-only commands work before
-// a writer upgrades.
+// without AUTOINCREMENT, read the same, 10 the documents table, read as
+// empty before it, and changes.ns, read as NULL), so read-only commands
+// work before a writer upgrades.
 const minReadVersion = 3
 
 var schema = `
@@ -38,7 +39,8 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE TABLE IF NOT EXISTS changes (
 	seq INTEGER PRIMARY KEY,
 	key TEXT NOT NULL,
-	doc TEXT
+	doc TEXT,
+	ns TEXT
 );
 ` + taskCounts + `
 CREATE TABLE IF NOT EXISTS records (
@@ -62,7 +64,21 @@ CREATE TABLE IF NOT EXISTS workers (
 	until INTEGER NOT NULL,
 	info TEXT NOT NULL
 );
-` + lockLines
+` + lockLines + documents
+
+// documents holds task.Documents (version 10). A write of one appends a
+// change whose ns is the document's namespace and key its id (ns is NULL
+// for task writes), so documents share the tasks' change stream.
+const documents = `
+CREATE TABLE IF NOT EXISTS documents (
+	namespace TEXT NOT NULL,
+	id TEXT NOT NULL,
+	version INTEGER NOT NULL,
+	value TEXT NOT NULL,
+	updated_at INTEGER NOT NULL,
+	PRIMARY KEY (namespace, id)
+) WITHOUT ROWID;
+`
 
 // taskCounts holds the number of tasks per kind and state, kept by every
 // write of the tasks table in its transaction (counts.go), reserved
@@ -127,6 +143,12 @@ DROP INDEX IF EXISTS tasks_due;
 ` + taskCounts + `
 INSERT INTO task_counts (kind, state, n) SELECT kind, state, count(*) FROM tasks GROUP BY kind, state;
 DROP INDEX IF EXISTS tasks_kind_state_seq;`,
+	// Documents beside tasks. The control doorbell, a cancelled task
+	// before it became a document, is deleted with its count.
+	9: `ALTER TABLE changes ADD COLUMN ns TEXT;
+` + documents + `
+UPDATE task_counts SET n = n - 1 WHERE (kind, state) IN (SELECT kind, state FROM tasks WHERE key = 'leasepool:control');
+DELETE FROM tasks WHERE key = 'leasepool:control';`,
 }
 
 // hotIndexes serve the claim path and retention (version 8; version 9
@@ -207,6 +229,7 @@ func (s *Store) prepare(ctx context.Context) error {
 			WHERE seq = ? AND key = ? AND version = ? AND kind = ? AND priority = ? AND pinned = ?`},
 		{&s.existsW, `SELECT 1 FROM tasks WHERE key = ?`},
 		{&s.insChange, `INSERT INTO changes (key, doc) VALUES (?, ?)`},
+		{&s.insDocChange, `INSERT INTO changes (key, doc, ns) VALUES (?, ?, ?)`},
 		{&s.pruneChanges, `DELETE FROM changes WHERE seq <= ?`},
 		{&s.selStored, `SELECT kind, state FROM tasks WHERE key = ? AND version = ?`},
 		{&s.userVersion, `PRAGMA user_version`},
@@ -241,17 +264,20 @@ func (s *Store) prepare(ctx context.Context) error {
 // v (older ones only when read-only).
 func (s *Store) prepareRead(ctx context.Context, v int) error {
 	s.readVersion = v
-	changeDoc := "c.doc"
+	changeDoc, changeNS := "c.doc", "c.ns"
 	if v < 5 {
 		changeDoc = "NULL" // no changes.doc yet: readers fall back to the current document
+	}
+	if v < 10 {
+		changeNS = "NULL" // no documents yet
 	}
 	r := []struct {
 		st **sql.Stmt
 		q  string
 	}{
 		{&s.selTask, `SELECT seq, version, doc FROM tasks WHERE key = ?`},
-		{&s.selChanges, `SELECT c.seq, c.key, ` + changeDoc + `, t.seq, t.version, t.doc, t.kind, t.state FROM changes c
-			LEFT JOIN tasks t ON t.key = c.key WHERE c.seq > ? ORDER BY c.seq LIMIT ?`},
+		{&s.selChanges, `SELECT c.seq, c.key, ` + changeDoc + `, ` + changeNS + `, t.seq, t.version, t.doc, t.kind, t.state FROM changes c
+			LEFT JOIN tasks t ON t.key = c.key AND ` + changeNS + ` IS NULL WHERE c.seq > ? ORDER BY c.seq LIMIT ?`},
 		{&s.maxChange, `SELECT COALESCE(MAX(seq), 0) FROM changes`},
 		{&s.minChange, `SELECT COALESCE(MIN(seq), 0) FROM changes`},
 	}

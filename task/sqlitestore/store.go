@@ -117,9 +117,9 @@ type Store struct {
 	rdb       *sql.DB // several read-only connections
 
 	// Prepared statements on wdb.
-	insTask, selTaskW, updTask, updHot, existsW, insChange, pruneChanges, selStored, upsertCount, userVersion *sql.Stmt
-	selLock, upsertLock, delLock                                                                              *sql.Stmt
-	selAhead, upsertPlace, delPlace, pruneLine                                                                *sql.Stmt
+	insTask, selTaskW, updTask, updHot, existsW, insChange, insDocChange, pruneChanges, selStored, upsertCount, userVersion *sql.Stmt
+	selLock, upsertLock, delLock                                                                                            *sql.Stmt
+	selAhead, upsertPlace, delPlace, pruneLine                                                                              *sql.Stmt
 	// txStmts are the writer's statements bound to its current
 	// transaction (see txStmt).
 	txStmts map[*sql.Stmt]*sql.Stmt

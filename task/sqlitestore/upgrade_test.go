@@ -1,12 +1,17 @@
 package sqlitestore_test
 
 import (
+	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -83,8 +88,8 @@ func TestUpgradeFromVersion3(t *testing.T) {
 		}
 	}
 	want := time.Date(2020, 1, 2, 3, 4, 5, 678e6, time.UTC).UnixNano()
-	if v != 9 || idx != 4 || docs != 1 || lines != 1 || updated != want || autoinc != 0 {
-		t.Errorf("after a writer's open: version %d, indexes %d, changes.doc %d, lock_lines %d, updated_at %d, changes with AUTOINCREMENT %d; want 9, 4 (no tasks_due, no tasks_kind_state_seq), 1, 1, %d, 0",
+	if v != 10 || idx != 4 || docs != 1 || lines != 1 || updated != want || autoinc != 0 {
+		t.Errorf("after a writer's open: version %d, indexes %d, changes.doc %d, lock_lines %d, updated_at %d, changes with AUTOINCREMENT %d; want 10, 4 (no tasks_due, no tasks_kind_state_seq), 1, 1, %d, 0",
 			v, idx, docs, lines, updated, autoinc, want)
 	}
 	if _, _, err := rw.Insert(t.Context(), &task.Task{Key: "new", Kind: "k", State: task.StatePending}); err != nil {
@@ -146,5 +151,102 @@ func TestWritesStopAfterANewerUpgrade(t *testing.T) {
 	var n int
 	if err := db.QueryRow(`SELECT count(*) FROM tasks WHERE key = 'after'`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("tasks written after the upgrade: %d, %v; want 0", n, err)
+	}
+}
+
+// TestUpgradeFromVersion9 opens testdata/v9.db, written by the program of
+// schema version 9 (three pending tasks, a pause and a rate limit, which
+// rang the control doorbell task), and checks the upgrade in place: the
+// tasks, records and counts are kept, the doorbell task is deleted with
+// its count, and documents are written and heard on the change stream.
+func TestUpgradeFromVersion9(t *testing.T) {
+	fixture, err := os.ReadFile("testdata/v9.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "s.db")
+	if err := os.WriteFile(path, fixture, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ro, err := sqlitestore.Open(t.Context(), path, &sqlitestore.Config{ReadOnly: true})
+	if err != nil {
+		t.Fatalf("read-only open of a version 9 store: %v", err)
+	}
+	if docs, err := ro.Documents(t.Context(), "ns"); err != nil || len(docs) != 0 {
+		t.Errorf("Documents on a version 9 store: %v, %v; want none", docs, err)
+	}
+	if _, err := ro.GetDocument(t.Context(), "ns", "d"); !errors.Is(err, task.ErrNotFound) {
+		t.Errorf("GetDocument on a version 9 store: %v; want ErrNotFound", err)
+	}
+	ro.Close()
+
+	st, err := sqlitestore.Open(t.Context(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var v, bell, bellCount int
+	for _, c := range []struct {
+		q    string
+		dest any
+	}{
+		{`PRAGMA user_version`, &v},
+		{`SELECT count(*) FROM tasks WHERE key = 'leasepool:control'`, &bell},
+		{`SELECT COALESCE(SUM(n), 0) FROM task_counts WHERE kind = 'leasepool.control'`, &bellCount},
+	} {
+		if err := db.QueryRow(c.q).Scan(c.dest); err != nil {
+			t.Fatalf("%s: %v", c.q, err)
+		}
+	}
+	if v != 10 || bell != 0 || bellCount != 0 {
+		t.Errorf("after the upgrade: version %d, doorbell tasks %d, counted %d; want 10, 0, 0", v, bell, bellCount)
+	}
+	for i := range 3 {
+		tk, err := st.Get(t.Context(), fmt.Sprintf("job-%d", i))
+		if err != nil || tk.State != task.StatePending || string(tk.Payload) != `{"n":1}` {
+			t.Fatalf("job-%d after the upgrade: %+v, %v", i, tk, err)
+		}
+	}
+	stats, err := st.Stats(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []task.StateCount{{State: task.StatePending, Kind: "k", N: 3}}; !sameCounts(stats.Counts, want) {
+		t.Errorf("Stats after the upgrade: %v; want %v", stats.Counts, want)
+	}
+	ctl, err := control.Load(t.Context(), st)
+	if err != nil || len(ctl.Pauses) != 1 || ctl.Pauses[0].Target != control.Kind("slow") ||
+		len(ctl.Limits) != 1 || ctl.Limits[0].Target != control.Lock("device:*") {
+		t.Fatalf("controls after the upgrade: %+v, %v; want the pause of kind slow and the limit of device:*", ctl, err)
+	}
+
+	cs, err := st.Watch(t.Context(), task.WatchParams{Documents: []string{"ns"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if _, err := st.PutDocument(t.Context(), task.Document{Namespace: "ns", ID: "job-0", Value: json.RawMessage(`{"x":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := task.Publish(t.Context(), st, task.PublishParams{Key: "after", Kind: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ev, err := cs.Next(ctx)
+	if err != nil || ev.Document == nil || ev.Document.ID != "job-0" || ev.Document.Version != 1 {
+		t.Fatalf("first event after the upgrade: %+v, %v; want document ns/job-0", ev, err)
+	}
+	if ev, err = cs.Next(ctx); err != nil || ev.Key != "after" || ev.Task == nil || ev.Task.Kind != "k" {
+		t.Fatalf("second event after the upgrade: %+v, %v; want task after", ev, err)
+	}
+	// A document named like a task leaves the task alone.
+	if tk, err := st.Get(t.Context(), "job-0"); err != nil || tk.Version != 1 {
+		t.Fatalf("job-0 after a document of that id: %+v, %v", tk, err)
 	}
 }

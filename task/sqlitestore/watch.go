@@ -211,7 +211,7 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 	} else if err := s.maxChange.QueryRowContext(ctx).Scan(&pos); err != nil {
 		return nil, fmt.Errorf("watch: %w", mapErr(err))
 	}
-	st := &stream{s: s, pos: pos, skipQuiet: p.SkipQuiet, done: make(chan struct{})}
+	st := &stream{s: s, pos: pos, skipQuiet: p.SkipQuiet, params: p, done: make(chan struct{})}
 	s.watchers.Add(1)
 	st.stop = context.AfterFunc(ctx, func() { st.close() })
 	return st, nil
@@ -239,6 +239,9 @@ type stream struct {
 	// skipQuiet leaves out quiet writes (task.WatchParams.SkipQuiet),
 	// passing their positions.
 	skipQuiet bool
+	// params says which namespaces' document writes the stream carries;
+	// the others' positions are passed.
+	params task.WatchParams
 
 	mu   sync.Mutex // serialises Next
 	pos  int64      // guarded by tokMu for ResumeToken
@@ -293,6 +296,9 @@ func (st *stream) Next(ctx context.Context) (task.Event, error) {
 			st.pos = seq
 			st.tokM.Unlock()
 			if st.skipQuiet && ev.Task != nil && ev.Task.Quiet() {
+				continue
+			}
+			if ev.Document != nil && !st.params.WantsDocuments(ev.Document.Namespace) {
 				continue
 			}
 			return ev, nil
@@ -365,8 +371,8 @@ func (st *stream) fill(ctx context.Context) error {
 		var seq int64
 		var key string
 		var tseq, version sql.NullInt64
-		var after, doc, kind, state sql.NullString
-		if err := rows.Scan(&seq, &key, &after, &tseq, &version, &doc, &kind, &state); err != nil {
+		var after, ns, doc, kind, state sql.NullString
+		if err := rows.Scan(&seq, &key, &after, &ns, &tseq, &version, &doc, &kind, &state); err != nil {
 			return fmt.Errorf("change stream: %w", mapErr(err))
 		}
 		if tseq.Valid && version.Valid {
@@ -381,7 +387,17 @@ func (st *stream) fill(ctx context.Context) error {
 			}
 		}
 		ev := task.Event{Key: key, Token: task.Token(strconv.AppendInt(nil, seq, 10))}
-		if t := s.recalled(seq); t != nil {
+		if ns.Valid {
+			ev.Key = ""
+			ev.Document, ev.DocumentDeleted = &task.Document{Namespace: ns.String, ID: key}, !after.Valid
+			if after.Valid && st.params.WantsDocuments(ns.String) {
+				d, err := decodeDocument(after.String)
+				if err != nil {
+					return fmt.Errorf("change stream: document %s/%s: %w", ns.String, key, err)
+				}
+				ev.Document = d
+			}
+		} else if t := s.recalled(seq); t != nil {
 			ev.Task = t
 		} else if after.Valid {
 			t, err := decodeChange(tseq.Int64, after.String, doc)

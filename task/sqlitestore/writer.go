@@ -279,7 +279,19 @@ func (s *Store) txStmt(tx *sql.Tx, st *sql.Stmt) *sql.Stmt {
 // its payload), in the changes table, pruning the oldest rows now and then,
 // and returns the change's seq.
 func (s *Store) appendChange(ctx context.Context, tx *sql.Tx, key, doc string) (int64, error) {
-	res, err := s.txStmt(tx, s.insChange).ExecContext(ctx, key, doc)
+	return s.appendRow(ctx, tx, s.insChange, key, doc)
+}
+
+// appendDocChange records a write of document ns/id, whose JSON is now
+// doc (nil: deleted), in the changes table.
+func (s *Store) appendDocChange(ctx context.Context, tx *sql.Tx, ns, id string, doc *string) (int64, error) {
+	return s.appendRow(ctx, tx, s.insDocChange, id, doc, ns)
+}
+
+// appendRow inserts a change row with ins, pruning the oldest rows now and
+// then, and returns its seq.
+func (s *Store) appendRow(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, args ...any) (int64, error) {
+	res, err := s.txStmt(tx, ins).ExecContext(ctx, args...)
 	if err != nil {
 		return 0, mapErr(err)
 	}

@@ -49,6 +49,7 @@ func Run(t *testing.T, open func(t *testing.T) Opened) {
 	t.Run("Locks", s.locks)
 	t.Run("Records", s.records)
 	t.Run("DeleteRecord", s.deleteRecord)
+	t.Run("Documents", s.documents)
 	t.Run("DeleteFinished", s.deleteFinished)
 	t.Run("LockInstances", s.lockInstances)
 	t.Run("LockLines", s.lockLines)
