@@ -24,7 +24,7 @@ import (
 func metricsFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "metrics-addr",
-			Usage: "HOST:PORT to serve Prometheus metrics on (/metrics); empty: none. Any host is allowed: metrics carry " +
+			Usage: "HOST:PORT to serve Prometheus metrics on (/metrics); empty: none. Any address may be listened on: metrics carry " +
 				"kinds and counts, no keys or payloads; give --metrics-token to require a bearer token. Without it, only " +
 				"requests whose Host header is localhost, a loopback address or HOST (any IP address when HOST is empty or 0.0.0.0) are served"},
 		&cli.StringFlag{Name: "metrics-token", EnvVars: []string{"LEASEPOOL_METRICS_TOKEN"},
