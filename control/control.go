@@ -111,6 +111,11 @@ type Limit struct {
 // MaxLimitN bounds N: each start takes one of N slot locks.
 const MaxLimitN = 1000
 
+// MaxLimitPer bounds Per: a slot lock is held until its start plus Per,
+// which must stay a time the stores can hold (see task.MaxTime); past it
+// the nanoseconds overflow and the slot reads as long expired.
+const MaxLimitPer = 100 * 365 * 24 * time.Hour
+
 // Validate checks the target (kind or lock, not all) and the rate.
 func (l Limit) Validate() error {
 	if l.Target.Scope == ScopeAll {
@@ -122,8 +127,8 @@ func (l Limit) Validate() error {
 	if l.N < 1 || l.N > MaxLimitN {
 		return fmt.Errorf("%w: limit %s: N must be 1 to %d, got %d", task.ErrInvalid, l.Target, MaxLimitN, l.N)
 	}
-	if l.Per < time.Millisecond {
-		return fmt.Errorf("%w: limit %s: the duration must be at least 1ms, got %s", task.ErrInvalid, l.Target, l.Per)
+	if l.Per < time.Millisecond || l.Per > MaxLimitPer {
+		return fmt.Errorf("%w: limit %s: the duration must be from 1ms to %s, got %s", task.ErrInvalid, l.Target, MaxLimitPer, l.Per)
 	}
 	return nil
 }
