@@ -246,14 +246,26 @@ func ValidateTime(field string, t time.Time) error {
 // with tasks' lock keys, so a task may not take one.
 const LockKeyRatePrefix = "rate:"
 
-// ValidateLockKey checks a task's lock key: a valid name outside the
-// rate-limit slots (LockKeyRatePrefix).
+// reservedLockPrefixes start the lock keys leasepool holds itself, which
+// a task may not take: rate-limit slots, and the leases of the singletons
+// (retention, the flow reconciler: "leasepool.…"; the embedded broker's
+// host: "mqtt-broker:…"). A task holding one would hold its singleton off.
+var reservedLockPrefixes = []struct{ prefix, holds string }{
+	{LockKeyRatePrefix, "rate-limit slots"},
+	{"leasepool.", "leasepool's own singletons"},
+	{"mqtt-broker:", "the embedded MQTT broker's host"},
+}
+
+// ValidateLockKey checks a task's lock key: a valid name outside the lock
+// keys leasepool holds itself (rate-limit slots, singletons' leases).
 func ValidateLockKey(field, k string) error {
 	if err := ValidateName(field, k); err != nil {
 		return err
 	}
-	if strings.HasPrefix(k, LockKeyRatePrefix) {
-		return invalid(field, fmt.Sprintf("%q is reserved (the %s prefix holds rate-limit slots)", k, LockKeyRatePrefix))
+	for _, r := range reservedLockPrefixes {
+		if strings.HasPrefix(k, r.prefix) {
+			return invalid(field, fmt.Sprintf("%q is reserved (the %s prefix holds %s)", k, r.prefix, r.holds))
+		}
 	}
 	return nil
 }
