@@ -25,7 +25,8 @@ func (c *Consumer) watch(ctx context.Context) {
 	for ctx.Err() == nil {
 		// Renewals and other quiet writes are left out: see
 		// task.Task.Quiet, and attempt's read before a takeover.
-		stream, err := c.store.Watch(ctx, task.WatchParams{ResumeAfter: token, SkipQuiet: true})
+		stream, err := c.store.Watch(ctx, task.WatchParams{ResumeAfter: token, SkipQuiet: true,
+			Documents: []string{control.DoorbellNamespace}})
 		switch {
 		case errors.Is(err, task.ErrWatchUnsupported):
 			c.logger.Info("store has no change stream; polling", slog.Duration("interval", c.cfg.PollInterval))
@@ -71,8 +72,8 @@ func (c *Consumer) pump(ctx context.Context, stream task.ChangeStream) error {
 		if err != nil {
 			return err
 		}
-		if ev.Key == control.DoorbellKey {
-			c.loadControl(ctx)
+		if ev.Document != nil {
+			c.loadControl(ctx) // the doorbell: the only namespace asked for
 			continue
 		}
 		if ev.Task == nil {

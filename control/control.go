@@ -3,8 +3,8 @@
 // limits (at most N starts per duration, per kind or per lock key, with
 // `device:*`-style defaults). They are stored as shared records, so they
 // outlive any process and need no leader, and every write rings a doorbell
-// task document whose change event tells every worker to reload them at
-// event latency. The decisions made from them (is this task paused, which
+// document (task.Document) whose change event tells every worker to reload
+// them at event latency. The decisions made from them (is this task paused, which
 // limits apply) are pure functions of a loaded State.
 package control
 
@@ -26,13 +26,13 @@ const (
 	LimitRecord = "leasepool.limit"
 )
 
-// DoorbellKey is the task document every control write touches, so that
-// the write reaches every worker through the task change stream. It is
-// stored cancelled, so no worker ever claims it; deleting it (retention)
-// is harmless: the next write creates it again.
+// The doorbell is the document every control write touches, so that the
+// write reaches every worker on the change stream: workers open theirs
+// with WatchParams.Documents holding DoorbellNamespace. Deleting it is
+// harmless: the next write creates it again.
 const (
-	DoorbellKey  = "leasepool:control"
-	DoorbellKind = "leasepool.control"
+	DoorbellNamespace = "leasepool.control"
+	DoorbellID        = "doorbell"
 )
 
 // Scope is what a target names.
@@ -230,32 +230,37 @@ func put(ctx context.Context, st task.Store, kind, id string, fn func(old json.R
 }
 
 // Ring touches the doorbell document so every worker reloads the
-// controls now. Control writes ring it themselves.
+// controls now. Control writes ring it themselves. A put that loses to a
+// concurrent one is done: that one's write came after this call read the
+// doorbell, so after what the caller wrote before ringing.
 func Ring(ctx context.Context, st task.Store) error {
-	for {
-		_, err := task.Modify(ctx, st, DoorbellKey, func(t *task.Task) error {
-			now := st.Now()
-			t.Payload = json.RawMessage(fmt.Sprintf(`{"rung_at":%q}`, now.UTC().Format(time.RFC3339Nano)))
-			if !t.State.Finished() {
-				return t.Cancel(now) // someone retried it: never claimable
-			}
-			return nil
-		})
-		if !errors.Is(err, task.ErrNotFound) {
-			if err != nil {
-				return fmt.Errorf("ring the control doorbell: %w", err)
-			}
+	version, err := doorbellVersion(ctx, st)
+	for err == nil {
+		value := json.RawMessage(fmt.Sprintf(`{"rung_at":%q}`, st.Now().UTC().Format(time.RFC3339Nano)))
+		_, err = st.PutDocument(ctx, task.Document{Namespace: DoorbellNamespace, ID: DoorbellID, Version: version, Value: value})
+		if !errors.Is(err, task.ErrConflict) {
+			break
+		}
+		// Rung by another writer since, or deleted meanwhile: then again.
+		var now int64
+		if now, err = doorbellVersion(ctx, st); err == nil && now > version {
 			return nil
 		}
-		// Created pinned to a worker id no worker has, so that it is never
-		// claimable before the next turn of the loop cancels it.
-		_, _, err = task.Publish(task.WithInternalWrite(ctx), st, task.PublishParams{Key: DoorbellKey, Kind: DoorbellKind,
-			Options: task.Options{SpecificWorkerIDs: []string{DoorbellKey}}})
-		if err != nil {
-			return fmt.Errorf("ring the control doorbell: %w", err)
-		}
-		// Then touch it (or the one someone else inserted meanwhile).
+		version = now
 	}
+	if err != nil {
+		return fmt.Errorf("ring the control doorbell: %w", err)
+	}
+	return nil
+}
+
+// doorbellVersion is the doorbell's stored version, 0 when there is none.
+func doorbellVersion(ctx context.Context, st task.Store) (int64, error) {
+	d, err := st.GetDocument(ctx, DoorbellNamespace, DoorbellID)
+	if errors.Is(err, task.ErrNotFound) {
+		return 0, nil
+	}
+	return d.Version, err
 }
 
 // MarshalJSON writes Per as a duration string ("1s").

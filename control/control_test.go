@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,8 +107,9 @@ func TestParseRateAndTarget(t *testing.T) {
 	}
 }
 
-// watched opens a fresh store and a change stream on it; rang fails the
-// test unless the stream's next event is the doorbell's.
+// watched opens a fresh store and a change stream on it asking for the
+// doorbell; rang fails the test unless the stream's next event is the
+// doorbell's.
 func watched(t *testing.T) (st *sqlitestore.Store, rang func(what string)) {
 	t.Helper()
 	ctx := t.Context()
@@ -116,7 +118,7 @@ func watched(t *testing.T) (st *sqlitestore.Store, rang func(what string)) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	stream, err := st.Watch(ctx, task.WatchParams{})
+	stream, err := st.Watch(ctx, task.WatchParams{Documents: []string{control.DoorbellNamespace}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,15 +128,16 @@ func watched(t *testing.T) (st *sqlitestore.Store, rang func(what string)) {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		ev, err := stream.Next(wctx)
-		if err != nil || ev.Key != control.DoorbellKey {
-			t.Fatalf("%s: next event %q, %v; want the doorbell", what, ev.Key, err)
+		if err != nil || ev.Document == nil || ev.Document.Namespace != control.DoorbellNamespace || ev.Document.ID != control.DoorbellID {
+			t.Fatalf("%s: next event %+v, %v; want the doorbell", what, ev, err)
 		}
 	}
 }
 
 // TestStoredPausesRingTheDoorbell pauses and resumes through the Go API on
 // a real store: every write shows up as an event of the doorbell document,
-// which stays cancelled (never claimable) even after an operator's retry.
+// which is no task (a stream of task writes never sees it), and is
+// written again after someone deleted it.
 func TestStoredPausesRingTheDoorbell(t *testing.T) {
 	ctx := t.Context()
 	st, rang := watched(t)
@@ -161,20 +164,68 @@ func TestStoredPausesRingTheDoorbell(t *testing.T) {
 		t.Fatalf("after resume, Pauses = %+v", ps)
 	}
 
-	doc, err := st.Get(ctx, control.DoorbellKey)
-	if err != nil || doc.State != task.StateCancelled {
-		t.Fatalf("doorbell = %+v, %v; want it cancelled", doc, err)
+	doc, err := st.GetDocument(ctx, control.DoorbellNamespace, control.DoorbellID)
+	if err != nil || doc.Version != 3 {
+		t.Fatalf("doorbell = %+v, %v; want version 3 after three control writes", doc, err)
 	}
-	if _, err := task.Retry(ctx, st, control.DoorbellKey); err != nil {
+	if ts, err := st.List(ctx, task.ListQuery{Reserved: true, Limit: 10}); err != nil || len(ts) != 0 {
+		t.Fatalf("tasks after control writes: %d, %v; want none", len(ts), err)
+	}
+	if err := st.DeleteDocument(ctx, control.DoorbellNamespace, control.DoorbellID, 0); err != nil {
 		t.Fatal(err)
 	}
-	rang("retry")
+	rang("delete")
 	if err := control.Ring(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	rang("ring")
-	if doc, _ := st.Get(ctx, control.DoorbellKey); doc.State != task.StateCancelled {
-		t.Fatalf("doorbell after a ring is %s, want cancelled", doc.State)
+	rang("ring after delete")
+	if doc, err := st.GetDocument(ctx, control.DoorbellNamespace, control.DoorbellID); err != nil || doc.Version != 1 {
+		t.Fatalf("doorbell after a ring over a deleted one: %+v, %v; want version 1", doc, err)
+	}
+}
+
+// TestTaskStreamsDoNotHearTheDoorbell: a stream opened for task writes
+// only sees no control write.
+func TestTaskStreamsDoNotHearTheDoorbell(t *testing.T) {
+	ctx := t.Context()
+	st, rang := watched(t)
+	tasks, err := st.Watch(ctx, task.WatchParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tasks.Close()
+	if _, err := control.Pause(ctx, st, control.All()); err != nil {
+		t.Fatal(err)
+	}
+	rang("pause")
+	if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: "after", Kind: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if ev, err := tasks.Next(wctx); err != nil || ev.Key != "after" || ev.Document != nil {
+		t.Fatalf("task stream's first event %+v, %v; want task after", ev, err)
+	}
+}
+
+// TestConcurrentRingsAllLand: control writes racing on the doorbell each
+// ring it or yield to one that rang after them; none fails.
+func TestConcurrentRingsAllLand(t *testing.T) {
+	ctx := t.Context()
+	st, _ := watched(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() { errs[i] = control.Ring(ctx, st) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("ring %d: %v", i, err)
+		}
+	}
+	if doc, err := st.GetDocument(ctx, control.DoorbellNamespace, control.DoorbellID); err != nil || doc.Version < 1 {
+		t.Fatalf("doorbell after concurrent rings: %+v, %v", doc, err)
 	}
 }
 

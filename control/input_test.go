@@ -24,38 +24,43 @@ func openStore(t *testing.T) *sqlitestore.Store {
 	return st
 }
 
-// TestDoorbellCannotBePublished: the control document is leasepool's own;
-// the publish that reset it is refused and writes nothing.
-func TestDoorbellCannotBePublished(t *testing.T) {
+// TestDoorbellIsNoTask: a task named like the doorbell is an ordinary
+// task, and neither reads nor writes the doorbell document.
+func TestDoorbellIsNoTask(t *testing.T) {
 	t.Parallel()
 	st := openStore(t)
-	_, _, err := task.Publish(t.Context(), st, task.PublishParams{Key: control.DoorbellKey, Kind: control.DoorbellKind, Rerun: true})
-	const want = `invalid: key: "leasepool:control" is reserved (the leasepool: prefix is leasepool's own)`
-	if !errors.Is(err, task.ErrInvalid) || err.Error() != want {
-		t.Fatalf("Publish %s: %v; want %q", control.DoorbellKey, err, want)
+	ctx := t.Context()
+	if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: control.DoorbellID, Kind: control.DoorbellNamespace}); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := st.Get(t.Context(), control.DoorbellKey); !errors.Is(err, task.ErrNotFound) {
-		t.Fatalf("doorbell after a refused publish: %v; want none", err)
+	if _, err := st.GetDocument(ctx, control.DoorbellNamespace, control.DoorbellID); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("doorbell after publishing a task of its names: %v; want none", err)
+	}
+	if _, err := control.Pause(ctx, st, control.Kind("report")); err != nil {
+		t.Fatal(err)
+	}
+	if tk, err := st.Get(ctx, control.DoorbellID); err != nil || tk.State != task.StatePending || tk.Version != 1 {
+		t.Fatalf("task %s after a control write: %+v, %v; want it pending, untouched", control.DoorbellID, tk, err)
 	}
 }
 
-// TestCorruptDoorbellDoesNotWedge: a doorbell written wrong by a store-level
-// writer (claimable, of a real kind, with a payload of anything) is put
-// right by the next control write, which still reaches every reader.
+// TestCorruptDoorbellDoesNotWedge: a doorbell written wrong by a
+// store-level writer (a value of anything) is put right by the next
+// control write, which still reaches every reader.
 func TestCorruptDoorbellDoesNotWedge(t *testing.T) {
 	t.Parallel()
 	st := openStore(t)
 	ctx := t.Context()
 	payload := json.RawMessage(strings.Repeat("[", task.MaxStoredDepth) + strings.Repeat("]", task.MaxStoredDepth))
-	if _, _, err := task.Publish(task.WithInternalWrite(ctx), st, task.PublishParams{Key: control.DoorbellKey, Kind: "noop", Payload: payload}); err != nil {
+	if _, err := st.PutDocument(ctx, task.Document{Namespace: control.DoorbellNamespace, ID: control.DoorbellID, Value: payload}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := control.Pause(ctx, st, control.Kind("report")); err != nil {
 		t.Fatalf("Pause over a corrupt doorbell: %v", err)
 	}
-	doc, err := st.Get(ctx, control.DoorbellKey)
-	if err != nil || doc.State != task.StateCancelled || !strings.HasPrefix(string(doc.Payload), `{"rung_at":`) {
-		t.Fatalf("doorbell after a control write: %+v, %v; want it cancelled and rung", doc, err)
+	doc, err := st.GetDocument(ctx, control.DoorbellNamespace, control.DoorbellID)
+	if err != nil || doc.Version != 2 || !strings.HasPrefix(string(doc.Value), `{"rung_at":`) {
+		t.Fatalf("doorbell after a control write: %+v, %v; want version 2, rung", doc, err)
 	}
 	if ps, err := control.Pauses(ctx, st); err != nil || len(ps) != 1 {
 		t.Fatalf("Pauses = %+v, %v", ps, err)

@@ -102,7 +102,7 @@ func TestHostilePublishBodies(t *testing.T) {
 	if after := storeDump(t, e.store); after != before {
 		t.Errorf("refused requests wrote to the store:\nbefore %s\nafter  %s", before, after)
 	}
-	if _, err := e.store.Get(t.Context(), control.DoorbellKey); err == nil {
+	if _, err := e.store.GetDocument(t.Context(), control.DoorbellNamespace, control.DoorbellID); err == nil {
 		t.Error("the control doorbell exists after refused publishes")
 	}
 

@@ -112,7 +112,7 @@ func (e *env) snapshot() string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	_, err = e.store.Get(e.t.Context(), control.DoorbellKey)
+	_, err = e.store.GetDocument(e.t.Context(), control.DoorbellNamespace, control.DoorbellID)
 	b, _ := json.Marshal([]any{st.Pauses, st.Limits, schs, errors.Is(err, task.ErrNotFound)})
 	return string(b)
 }
