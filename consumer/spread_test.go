@@ -3,13 +3,17 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/memstore"
 )
 
 // conflictCounter counts claim conflicts across workers.
@@ -19,48 +23,76 @@ func (c *conflictCounter) Claimed(consumer.ClaimEvent)   {}
 func (c *conflictCounter) ClaimConflict(string)          { c.n.Add(1) }
 func (c *conflictCounter) Finished(consumer.FinishEvent) {}
 
-// TestClaimsSpreadAcrossWorkers: three idle workers, each on its own handle
-// of one store file as three processes would be, share tasks published one
-// at a time with about one claim attempt per task (every idle worker
-// racing for every task cost some two conflicts a task), and each runs a
-// share of them.
-func TestClaimsSpreadAcrossWorkers(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	var mu sync.Mutex
-	ran := map[string]int{}
-	conflicts := &conflictCounter{}
-	h := func(ctx context.Context, job *consumer.Job) error {
-		mu.Lock()
-		ran[job.WorkerID]++
-		mu.Unlock()
-		return nil
-	}
-	fast := func(c *consumer.Config) {
-		c.Observer = conflicts
-		c.HeartbeatInterval, c.HeartbeatTimeout = 100*time.Millisecond, 2*time.Second
-	}
-	for _, id := range []string{"A", "B", "C"} {
-		e.worker(id, h, onStore(e.open()), fast)
-	}
-	time.Sleep(500 * time.Millisecond) // each has read the registry with the others in it
+// spreadRun runs three idle workers, each on its own handle of one
+// in-memory store (1 ms a call and a change event), on virtual time, while
+// 90 tasks are published 5 ms apart; it returns the claim conflicts and
+// the runs per worker.
+func spreadRun(t *testing.T, spread time.Duration) (int64, map[string]int) {
 	const n = 90
-	for i := range n {
-		e.publish(fmt.Sprintf("s-%02d", i))
-		time.Sleep(5 * time.Millisecond)
-	}
-	for i := range n {
-		e.waitState(fmt.Sprintf("s-%02d", i), task.StateSucceeded)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("runs per worker %v, %d claim conflicts for %d tasks", ran, conflicts.n.Load(), n)
-	if c := conflicts.n.Load(); c > n/5 {
-		t.Errorf("%d claim conflicts for %d tasks; want at most %d (about one claim attempt per task)", c, n, n/5)
+	var conflicts conflictCounter
+	ran := map[string]int{}
+	synctest.Test(t, func(t *testing.T) {
+		db := memstore.New(memstore.Config{Latency: func(memstore.Op, string) time.Duration { return time.Millisecond }})
+		var mu sync.Mutex
+		h := consumer.HandlerFunc(func(ctx context.Context, job *consumer.Job) error {
+			mu.Lock()
+			ran[job.WorkerID]++
+			mu.Unlock()
+			return nil
+		})
+		var cs []*consumer.Consumer
+		for _, id := range []string{"A", "B", "C"} {
+			c, err := consumer.New(consumer.Config{Store: db.Open(), Handler: h, WorkerID: id, Concurrency: 4,
+				Observer: &conflicts, ClaimSpread: spread, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			cs = append(cs, c)
+		}
+		time.Sleep(1500 * time.Millisecond) // each has read the registry with the others in it
+		producer := db.Open()
+		for i := range n {
+			if _, _, err := task.Publish(t.Context(), producer, task.PublishParams{Key: fmt.Sprintf("s-%02d", i), Kind: "k"}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		for done := 0; done < n; time.Sleep(10 * time.Millisecond) {
+			done = 0
+			for _, tk := range db.Tasks() {
+				if tk.State == task.StateSucceeded {
+					done++
+				}
+			}
+		}
+		for _, c := range cs {
+			c.Stop(context.Background())
+		}
+	})
+	return conflicts.n.Load(), ran
+}
+
+// TestClaimsSpreadAcrossWorkers: three idle workers share tasks published
+// one at a time with about one claim attempt per task, each running its
+// share; with spreading off every worker races for every task.
+func TestClaimsSpreadAcrossWorkers(t *testing.T) {
+	const n = 90
+	conflicts, ran := spreadRun(t, 0)
+	t.Logf("spread: runs per worker %v, %d claim conflicts for %d tasks", ran, conflicts, n)
+	if conflicts > n/20 {
+		t.Errorf("%d claim conflicts for %d tasks; want at most %d (about one claim attempt per task)", conflicts, n, n/20)
 	}
 	for _, id := range []string{"A", "B", "C"} {
-		if ran[id] < n/10 {
-			t.Errorf("worker %s ran %d of %d tasks; want its share (at least %d)", id, ran[id], n, n/10)
+		if ran[id] < n/6 {
+			t.Errorf("worker %s ran %d of %d tasks; want its share (at least %d)", id, ran[id], n, n/6)
 		}
+	}
+	racing, _ := spreadRun(t, -1)
+	t.Logf("spreading off: %d claim conflicts for %d tasks", racing, n)
+	if racing < n {
+		t.Errorf("spreading off: %d claim conflicts for %d tasks; want every task raced for (at least %d)", racing, n, n)
 	}
 }
