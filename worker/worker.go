@@ -53,7 +53,8 @@ type Config struct {
 
 	// ID names this worker in leases, pins and the registry. Default
 	// "<host>-<pid>-<random>". A second process under a live ID refuses to
-	// start (task.ErrWorkerIDTaken).
+	// start (task.ErrWorkerIDTaken). Ids under task.ReservedPrefix are
+	// leasepool's own (flow documents are pinned to one) and refused.
 	ID string
 
 	// Kinds are the kinds this worker claims. A built-in kind named here
@@ -170,7 +171,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w: RetentionEvery: must be at least %s, got %s", task.ErrInvalid, schedule.MinEvery, cfg.RetentionEvery)
 	}
 	if cfg.ID != "" {
-		if err := task.ValidateName("ID", cfg.ID); err != nil {
+		if err := task.ValidateKey("ID", cfg.ID); err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 	}

@@ -37,6 +37,7 @@ func TestNewRefuses(t *testing.T) {
 		{worker.Config{}, "Store"},
 		{worker.Config{Store: st, Kinds: []string{"resize"}}, `Kinds: "resize" has no handler`},
 		{worker.Config{Store: st, ID: "bad\x00id"}, "ID"},
+		{worker.Config{Store: st, ID: "leasepool:flow-documents"}, "ID"},
 		{worker.Config{Store: st, StoreFailTimeout: -1}, "StoreFailTimeout"},
 		{worker.Config{Store: st, Kinds: []string{"exec"}, Exec: builtinConfigWithRelativePattern()}, "Allow"},
 	} {

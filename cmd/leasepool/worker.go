@@ -183,7 +183,7 @@ func workerKinds(c *cli.Context) ([]string, error) {
 		kinds = append(slices.Clone(builtin.DefaultKinds), mqttdev.Kind)
 	}
 	if c.String("id") != "" {
-		if err := task.ValidateName("--id", c.String("id")); err != nil {
+		if err := task.ValidateKey("--id", c.String("id")); err != nil {
 			return nil, err
 		}
 	}
