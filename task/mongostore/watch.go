@@ -48,7 +48,7 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 		ts.Close()
 		return nil, err
 	}
-	return &pairStream{tasks: ts, docs: ds, done: make(chan struct{})}, nil
+	return newPairStream(ts, ds), nil
 }
 
 func (s *Store) watch(ctx context.Context, coll *mongo.Collection, ops bson.A, resume task.Token, skipQuiet bool,
@@ -118,58 +118,111 @@ func joinToken(tasks, docs task.Token) task.Token {
 // pairStream merges the change streams of tasks and of documents (the
 // test server has no database-wide stream). Events of one collection keep
 // their order; the two are interleaved as they come, so a document write
-// and a task write may arrive in either order.
+// and a task write may arrive in either order. Each stream is read by its
+// own goroutine, so that one waiting on the server (up to maxAwait) never
+// holds back the other's events.
 type pairStream struct {
-	tasks, docs *changeStream
-	turn        bool // which one is asked first, alternating
-	done        chan struct{}
-	once        sync.Once
+	sides  [2]*changeStream // tasks, documents
+	events chan sideEvent
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	done   chan struct{}
+	once   sync.Once
+
+	mu  sync.Mutex
+	tok [2]task.Token // each side's position, as handed out
+	err error
+}
+
+type sideEvent struct {
+	side int
+	ev   task.Event
+	err  error
+}
+
+func newPairStream(tasks, docs *changeStream) *pairStream {
+	ctx, stop := context.WithCancel(context.Background())
+	p := &pairStream{sides: [2]*changeStream{tasks, docs}, events: make(chan sideEvent), stop: stop, done: make(chan struct{})}
+	for i, c := range p.sides {
+		p.tok[i] = c.ResumeToken()
+		p.wg.Add(1)
+		go p.read(ctx, i, c)
+	}
+	return p
+}
+
+// read hands side's events to Next, one at a time. While it holds none,
+// the side's position is its stream's, which passes skipped events too.
+func (p *pairStream) read(ctx context.Context, side int, c *changeStream) {
+	defer p.wg.Done()
+	for {
+		ev, ok, err := c.poll(ctx)
+		switch {
+		case err != nil || ok:
+			select {
+			case p.events <- sideEvent{side: side, ev: ev, err: err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+			continue
+		}
+		p.mu.Lock()
+		p.tok[side] = c.ResumeToken()
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(c.s.cfg.PollInterval):
+		}
+	}
 }
 
 // Next implements task.ChangeStream.
 func (p *pairStream) Next(ctx context.Context) (task.Event, error) {
-	for {
-		if err := ctx.Err(); err != nil {
-			return task.Event{}, err
+	p.mu.Lock()
+	err := p.err
+	p.mu.Unlock()
+	if err != nil {
+		return task.Event{}, err
+	}
+	select {
+	case <-ctx.Done():
+		return task.Event{}, ctx.Err()
+	case <-p.done:
+		return task.Event{}, errStreamClosed
+	case se := <-p.events:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if se.err != nil {
+			p.err = se.err
+			return task.Event{}, se.err
 		}
-		p.turn = !p.turn
-		first, second := p.tasks, p.docs
-		if p.turn {
-			first, second = second, first
-		}
-		for _, c := range []*changeStream{first, second} {
-			ev, ok, err := c.poll(ctx)
-			if err != nil {
-				return task.Event{}, err
-			}
-			if ok {
-				if c == p.tasks {
-					ev.Token = joinToken(ev.Token, p.docs.ResumeToken())
-				} else {
-					ev.Token = joinToken(p.tasks.ResumeToken(), ev.Token)
-				}
-				return ev, nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return task.Event{}, ctx.Err()
-		case <-p.done:
-			return task.Event{}, errStreamClosed
-		case <-time.After(p.tasks.s.cfg.PollInterval):
-		}
+		p.tok[se.side] = se.ev.Token
+		se.ev.Token = joinToken(p.tok[0], p.tok[1])
+		return se.ev, nil
 	}
 }
 
 // ResumeToken implements task.ChangeStream.
 func (p *pairStream) ResumeToken() task.Token {
-	return joinToken(p.tasks.ResumeToken(), p.docs.ResumeToken())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return joinToken(p.tok[0], p.tok[1])
 }
 
 // Close implements task.ChangeStream.
 func (p *pairStream) Close() error {
-	p.once.Do(func() { close(p.done) })
-	return errors.Join(p.tasks.Close(), p.docs.Close())
+	var err error
+	p.once.Do(func() {
+		close(p.done)
+		p.stop()
+		err = errors.Join(p.sides[0].Close(), p.sides[1].Close())
+		p.wg.Wait()
+	})
+	return err
 }
 
 // changeStream polls a driver change stream with TryNext and a short
