@@ -16,31 +16,42 @@ import (
 	"time"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// built holds one build of a package per test binary, by package path.
+var built sync.Map // string -> *binary
+
+type binary struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// buildBinary builds the program at pkg (a path relative to tests/) with
+// the race detector, once per test binary, and returns its path.
+func buildBinary(t *testing.T, pkg string) string {
+	t.Helper()
+	v, _ := built.LoadOrStore(pkg, &binary{})
+	b := v.(*binary)
+	b.once.Do(func() {
+		dir, err := os.MkdirTemp("", "leasepool-bin-")
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.path = filepath.Join(dir, filepath.Base(pkg))
+		if out, err := exec.Command("go", "build", "-race", "-o", b.path, pkg).CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
 
 // leasepoolBin builds the CLI once per test binary.
 func leasepoolBin(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "leasepool-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "leasepool")
-		out, err := exec.Command("go", "build", "-race", "-o", binPath, "../cmd/leasepool").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return buildBinary(t, "../cmd/leasepool")
 }
 
 // workerProc is one `leasepool worker` process.

@@ -12,39 +12,17 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/leasepool/leasepool/task"
 )
 
-var (
-	resizeOnce sync.Once
-	resizePath string
-	resizeErr  error
-)
-
 // resizeWorkerBin builds testdata/resizeworker, a worker of the kind
 // "resize" only, once per test binary.
 func resizeWorkerBin(t *testing.T) string {
 	t.Helper()
-	resizeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "leasepool-resize-")
-		if err != nil {
-			resizeErr = err
-			return
-		}
-		resizePath = filepath.Join(dir, "resizeworker")
-		out, err := exec.Command("go", "build", "-race", "-o", resizePath, "./testdata/resizeworker").CombinedOutput()
-		if err != nil {
-			resizeErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if resizeErr != nil {
-		t.Fatal(resizeErr)
-	}
-	return resizePath
+	return buildBinary(t, "./testdata/resizeworker")
 }
 
 // startResizeWorker starts the resize worker on storeURL and waits until

@@ -128,8 +128,9 @@ type Devices struct {
 	EmbeddedBrokerLease time.Duration
 	// Prefix is the first MQTT topic level. Default mqttdev.DefaultPrefix.
 	Prefix string
-	// BrokerLogger gets the embedded broker's own logs. Default: Logger at
-	// error level (the broker logs every client that drops as a warning).
+	// BrokerLogger gets the embedded broker's own logs. Default: Logger.
+	// The broker logs every client that drops as a warning: a logger at
+	// error level keeps what matters.
 	BrokerLogger *slog.Logger
 }
 
@@ -253,7 +254,7 @@ func (w *Worker) start(ctx, run context.Context) error {
 	if slices.Contains(w.kinds, mqttdev.Kind) {
 		d := cfg.Devices
 		if d.BrokerLogger == nil {
-			d.BrokerLogger = slog.New(minLevel{cfg.Logger.Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker"))
+			d.BrokerLogger = cfg.Logger
 		}
 		wc := mqttdev.WireConfig{
 			Mux: cfg.Mux, Store: cfg.Store, WorkerID: w.ID(), Client: d.Client,
@@ -337,22 +338,4 @@ func (w *Worker) Stop(ctx context.Context) error {
 		return stopErr
 	}
 	return err
-}
-
-// minLevel passes on records at or above its level only.
-type minLevel struct {
-	slog.Handler
-	level slog.Level
-}
-
-func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.level && h.Handler.Enabled(ctx, l)
-}
-
-func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return minLevel{h.Handler.WithAttrs(attrs), h.level}
-}
-
-func (h minLevel) WithGroup(name string) slog.Handler {
-	return minLevel{h.Handler.WithGroup(name), h.level}
 }

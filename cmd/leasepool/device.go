@@ -114,6 +114,7 @@ func deviceConfig(c *cli.Context) worker.Devices {
 		EmbeddedBroker:      c.String("embedded-broker"),
 		EmbeddedBrokerLease: c.Duration("embedded-broker-lease"),
 		Prefix:              c.String("prefix"),
+		BrokerLogger:        slog.New(minLevel{slog.Default().Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker")),
 	}
 }
 
