@@ -41,7 +41,7 @@ const (
 var Types = []string{Published, Claimed, Expired, Succeeded, Failed, Retried, Released, Snoozed, Unpinned, Cancelled, Reset, Logged}
 
 // ReservedPrefix starts the keys of leasepool's own documents in the tasks
-// table (the control doorbell): they are not tasks and yield no events.
+// table (flow documents): they are not tasks and yield no events.
 const ReservedPrefix = task.ReservedPrefix
 
 // Event is one lifecycle event of one task.

@@ -9,7 +9,7 @@ import (
 )
 
 // ReservedPrefix starts the keys of leasepool's own documents in the tasks
-// collection (such as the control doorbell): they are not tasks, so List
+// collection (such as flow documents): they are not tasks, so List
 // and Stats leave them out and they yield no lifecycle events.
 const ReservedPrefix = "leasepool:"
 
