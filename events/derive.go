@@ -41,7 +41,8 @@ const (
 var Types = []string{Published, Claimed, Expired, Succeeded, Failed, Retried, Released, Snoozed, Unpinned, Cancelled, Reset, Logged}
 
 // ReservedPrefix starts the keys of leasepool's own documents in the tasks
-// table (flow documents): they are not tasks and yield no events.
+// table (such as flows stored before they were documents): they are not
+// users' tasks and yield no events.
 const ReservedPrefix = task.ReservedPrefix
 
 // Event is one lifecycle event of one task.

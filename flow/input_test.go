@@ -92,13 +92,12 @@ func TestListSkipsMalformedDocuments(t *testing.T) {
 		"bad-progress": `{"key":"x","steps":[{"name":"a","kind":"k"}],"progress":[]}`,
 		"not-object":   `[1,2]`,
 	} {
-		_, _, err := task.Publish(task.WithInternalWrite(ctx), s, task.PublishParams{Key: DocKey(key), Kind: DocKind,
-			Payload: json.RawMessage(payload), Options: task.Options{SpecificWorkerIDs: []string{docPin}}})
+		_, err := s.PutDocument(ctx, task.Document{Namespace: Namespace, ID: key, Value: json.RawMessage(payload)})
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	before := task.MalformedCounts()[DocKind]
+	before := task.MalformedCounts()[Namespace]
 	for _, q := range []ListQuery{{}, {Active: true}} {
 		fs, err := List(ctx, s, q)
 		if err != nil || len(fs) != 1 || fs[0].Key != "good" {
@@ -109,8 +108,8 @@ func TestListSkipsMalformedDocuments(t *testing.T) {
 		t.Fatalf("Reconcile over malformed documents: %v", err)
 	}
 	// Counted once each in the process, whichever test read them first.
-	if n := task.MalformedCounts()[DocKind]; n < 3 || n-before > 3 {
-		t.Errorf("MalformedCounts()[%s] = %d (was %d); want the three documents, each once", DocKind, n, before)
+	if n := task.MalformedCounts()[Namespace]; n < 3 || n-before > 3 {
+		t.Errorf("MalformedCounts()[%s] = %d (was %d); want the three documents, each once", Namespace, n, before)
 	}
 }
 

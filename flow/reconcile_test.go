@@ -119,13 +119,33 @@ func TestReconcile(t *testing.T) {
 		}
 	}
 	f := mustState(t, s, "f", StateFailed, 0)
-	doc, _ := s.Get(ctx, DocKey("f"))
-	if doc.State != task.StateCancelled {
-		t.Fatalf("a finished flow's document is %s, want cancelled (for retention)", doc.State)
-	}
 	if f.Progress[2].Do.Error != "boom" {
 		t.Fatalf("c's error %q", f.Progress[2].Do.Error)
 	}
+	// A stopped flow's document is kept until it is older than the cutoff.
+	if n, err := DeleteStopped(ctx, s, f.UpdatedAt, 10); err != nil || n != 0 {
+		t.Fatalf("DeleteStopped at the flow's last write: %d, %v; want it kept", n, err)
+	}
+	if n, err := DeleteStopped(ctx, s, f.UpdatedAt.Add(time.Millisecond), 10); err != nil || n != 1 {
+		t.Fatalf("DeleteStopped after the flow's last write: %d, %v; want it deleted", n, err)
+	}
+	if _, err := Get(ctx, s, "f"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of a deleted stopped flow: %v; want ErrNotFound", err)
+	}
+}
+
+// TestDeleteStoppedKeepsMovingFlows: however old, a flow still moving is
+// never deleted.
+func TestDeleteStoppedKeepsMovingFlows(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	if _, _, err := Publish(ctx, s, Spec{Key: "f", Steps: threeSteps()}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := DeleteStopped(ctx, s, s.Now().Add(time.Hour), 10); err != nil || n != 0 {
+		t.Fatalf("DeleteStopped over a running flow: %d, %v; want none", n, err)
+	}
+	mustState(t, s, "f", StateRunning, 0)
 }
 
 // A step task claimed again after its outcome reached the flow (its worker

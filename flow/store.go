@@ -5,85 +5,152 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/leasepool/leasepool/task"
 )
 
-// A flow document lives in the tasks table, as the payload of a task that
-// no worker can claim: Store.Update's compare-and-set on version is what a
-// flow needs to move (records have no compare-and-set: a put only wins by
-// its time). While the flow moves the task is pending and pinned to a
-// worker id that nothing registers; once the flow stops it is cancelled,
-// so task retention deletes it with the flow's step tasks.
+// A flow is a document (task.Document) in Namespace, its id the flow's
+// key: PutDocument's compare-and-set on version is what a flow needs to
+// move (records have no compare-and-set: a put only wins by its time).
+const Namespace = "leasepool.flow"
+
+// A flow stored before flows became documents is a task keyed
+// legacyPrefix + flow key, its payload the flow. adopt moves it into a
+// document on first use and leaves the task cancelled and marked moved,
+// for task retention to delete.
 const (
-	// DocPrefix starts the key of a flow's document: DocPrefix + flow key.
-	// The leasepool: prefix is reserved (no task events are derived).
-	DocPrefix = "leasepool:flow:"
-	// DocKind is the documents' kind; no worker registers it.
-	DocKind = "leasepool.flow"
-	// docPin pins the documents to a worker id that never claims.
-	docPin = "leasepool:flow-documents"
+	legacyPrefix = task.ReservedPrefix + "flow:"
+	legacyKind   = "leasepool.flow"
 )
 
-// DocKey is the task key of flow key's document.
-func DocKey(key string) string { return DocPrefix + key }
+// movedMarker is a legacy task's payload once its flow is a document.
+var movedMarker = json.RawMessage(`{"moved_to":"` + Namespace + `"}`)
 
 // errUnchanged leaves a document as it was.
 var errUnchanged = errors.New("flow unchanged")
 
-func decode(t *task.Task) (*Flow, error) {
+func decode(d task.Document) (*Flow, error) {
 	var f Flow
-	if err := json.Unmarshal(t.Payload, &f); err != nil {
-		return nil, fmt.Errorf("flow document %s: %w", t.Key, err)
+	if err := json.Unmarshal(d.Value, &f); err != nil {
+		return nil, fmt.Errorf("flow document %s: %w", d.ID, err)
+	}
+	if f.Key != d.ID {
+		return nil, fmt.Errorf("flow document %s: holds flow %q", d.ID, f.Key)
 	}
 	if len(f.Progress) != len(f.Steps) {
-		return nil, fmt.Errorf("flow document %s: %d steps but %d progress entries", t.Key, len(f.Steps), len(f.Progress))
+		return nil, fmt.Errorf("flow document %s: %d steps but %d progress entries", d.ID, len(f.Steps), len(f.Progress))
 	}
-	f.Version = t.Version
+	f.Version = d.Version
 	return &f, nil
 }
 
-// modify applies fn to the stored flow of key under compare-and-set. fn
+// load reads the document of flow key, adopting a legacy one.
+func load(ctx context.Context, s task.Store, key string) (task.Document, error) {
+	d, err := s.GetDocument(ctx, Namespace, key)
+	if errors.Is(err, task.ErrNotFound) {
+		d, err = adopt(ctx, s, key)
+	}
+	if errors.Is(err, task.ErrNotFound) {
+		return task.Document{}, fmt.Errorf("%s: %w", key, ErrNotFound)
+	}
+	return d, err
+}
+
+// adopt moves the legacy task of flow key, if there is one not moved yet,
+// into its document, and returns the document (task.ErrNotFound: none).
+func adopt(ctx context.Context, s task.Store, key string) (task.Document, error) {
+	t, err := s.Get(ctx, legacyPrefix+key)
+	if err != nil {
+		return task.Document{}, err
+	}
+	if string(t.Payload) == string(movedMarker) {
+		return task.Document{}, task.ErrNotFound
+	}
+	d, err := s.PutDocument(ctx, task.Document{Namespace: Namespace, ID: key, Value: t.Payload})
+	if errors.Is(err, task.ErrConflict) { // adopted meanwhile
+		d, err = s.GetDocument(ctx, Namespace, key)
+	}
+	if err != nil {
+		return task.Document{}, fmt.Errorf("adopt flow %s: %w", key, err)
+	}
+	_, err = task.Modify(ctx, s, t.Key, func(t *task.Task) error {
+		t.Payload = movedMarker
+		if !t.State.Finished() {
+			return t.Cancel(s.Now())
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, task.ErrNotFound) {
+		return task.Document{}, fmt.Errorf("adopt flow %s: retire its task: %w", key, err)
+	}
+	return d, nil
+}
+
+// adoptAll adopts every legacy flow not moved yet.
+func adoptAll(ctx context.Context, s task.Store) error {
+	q := task.ListQuery{Kind: legacyKind, KeyPrefix: legacyPrefix, Reserved: true, Limit: 500}
+	for {
+		page, err := s.List(ctx, q)
+		if err != nil {
+			return err
+		}
+		for _, t := range page {
+			key, ok := strings.CutPrefix(t.Key, legacyPrefix)
+			if !ok || string(t.Payload) == string(movedMarker) {
+				continue
+			}
+			if _, err := adopt(ctx, s, key); err != nil && !errors.Is(err, task.ErrNotFound) {
+				// One that cannot move must not fail every list of flows:
+				// skipped, and tried again by the next list.
+				task.SkipMalformed(legacyKind, t.Key, err)
+			}
+		}
+		if len(page) < q.Limit {
+			return nil
+		}
+		q.AfterSeq = page[len(page)-1].Seq
+	}
+}
+
+// modify applies fn to the stored flow of key under compare-and-set,
+// again on the newer document when another write came first. fn
 // returning errUnchanged writes nothing and is no error.
 func modify(ctx context.Context, s task.Store, key string, fn func(f *Flow) error) (*Flow, error) {
-	var out *Flow
-	doc, err := task.Modify(ctx, s, DocKey(key), func(t *task.Task) error {
-		f, err := decode(t)
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		d, err := load(ctx, s, key)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := fn(f); err != nil {
-			out = f
-			return err
+		f, err := decode(d)
+		if err != nil {
+			return nil, err
 		}
-		now := s.Now()
-		f.UpdatedAt = now.UTC()
+		if err := fn(f); errors.Is(err, errUnchanged) {
+			return f, nil
+		} else if err != nil {
+			return f, err
+		}
+		f.UpdatedAt = s.Now().UTC()
 		b, err := json.Marshal(f)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		t.Payload = b
-		t.UpdatedAt = now.UTC()
-		switch {
-		case f.State.Finished() && !t.State.Finished():
-			err = t.Cancel(now)
-		case !f.State.Finished() && t.State.Finished():
-			err = t.Reset(now)
+		stored, err := s.PutDocument(ctx, task.Document{Namespace: Namespace, ID: key, Version: d.Version, Value: b})
+		if errors.Is(err, task.ErrConflict) {
+			continue
 		}
-		out = f
-		return err
-	})
-	switch {
-	case errors.Is(err, errUnchanged):
-		return out, nil
-	case errors.Is(err, task.ErrNotFound):
-		return nil, fmt.Errorf("%s: %w", key, ErrNotFound)
-	case err != nil:
-		return out, err
+		if err != nil {
+			return f, err
+		}
+		f.Version = stored.Version
+		return f, nil
 	}
-	out.Version = doc.Version
-	return out, nil
 }
 
 // Publish stores a new flow from spec and publishes its first step, or,
@@ -106,14 +173,21 @@ func Publish(ctx context.Context, s task.Store, spec Spec) (*Flow, task.PublishR
 	if err != nil {
 		return nil, "", err
 	}
-	// The document's key is under task.ReservedPrefix: the spec's key was
-	// validated as a user's, so only this write may create it.
-	doc, res, err := task.Publish(task.WithInternalWrite(ctx), s, task.PublishParams{Key: DocKey(spec.Key), Kind: DocKind, Payload: b,
-		Options: task.Options{SpecificWorkerIDs: []string{docPin}}})
+	res := task.Inserted
+	d, err := load(ctx, s, spec.Key)
+	if errors.Is(err, ErrNotFound) {
+		d, err = s.PutDocument(ctx, task.Document{Namespace: Namespace, ID: spec.Key, Value: b})
+		if errors.Is(err, task.ErrConflict) { // published meanwhile
+			d, err = load(ctx, s, spec.Key)
+			res = task.Existing
+		}
+	} else {
+		res = task.Existing
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("flow %s: %w", spec.Key, err)
 	}
-	if f, err = decode(doc); err != nil {
+	if f, err = decode(d); err != nil {
 		return nil, "", err
 	}
 	f, err = ensure(ctx, s, f)
@@ -122,14 +196,14 @@ func Publish(ctx context.Context, s task.Store, spec Spec) (*Flow, task.PublishR
 
 // Get returns the flow of key, or ErrNotFound.
 func Get(ctx context.Context, s task.Store, key string) (*Flow, error) {
-	doc, err := s.Get(ctx, DocKey(key))
-	if errors.Is(err, task.ErrNotFound) {
+	if err := task.ValidateName("key", key); err != nil {
 		return nil, fmt.Errorf("%s: %w", key, ErrNotFound)
 	}
+	d, err := load(ctx, s, key)
 	if err != nil {
 		return nil, err
 	}
-	return decode(doc)
+	return decode(d)
 }
 
 // ListQuery selects flows.
@@ -139,39 +213,68 @@ type ListQuery struct {
 	Limit  int // 0: no limit
 }
 
-// List returns flows in publish order. A document it cannot read is
-// skipped and reported to task.SkipMalformed.
+// List returns flows in publish (created_at) order. A document it cannot
+// read is skipped and reported to task.SkipMalformed.
 func List(ctx context.Context, s task.Store, q ListQuery) ([]*Flow, error) {
-	lq := task.ListQuery{Kind: DocKind, Reserved: true, Limit: 500}
-	if q.Active {
-		lq.State = task.StatePending
+	if err := adoptAll(ctx, s); err != nil {
+		return nil, err
+	}
+	docs, err := s.Documents(ctx, Namespace)
+	if err != nil {
+		return nil, err
 	}
 	var out []*Flow
-	for {
-		page, err := s.List(ctx, lq)
+	for _, d := range docs {
+		f, err := decode(d)
 		if err != nil {
-			return nil, err
+			// One unreadable document must not fail every list of flows
+			// (the API, the dashboard, flow ls, /metrics).
+			task.SkipMalformed(Namespace, fmt.Sprintf("%s@%d", d.ID, d.Version), err)
+			continue
 		}
-		for _, t := range page {
-			if !strings.HasPrefix(t.Key, DocPrefix) {
-				continue
-			}
-			f, err := decode(t)
-			if err != nil {
-				// One unreadable document must not fail every list of
-				// flows (the API, the dashboard, flow ls, /metrics).
-				task.SkipMalformed(DocKind, fmt.Sprintf("%s@%d", t.Key, t.Version), err)
-				continue
-			}
-			if out = append(out, f); q.Limit > 0 && len(out) >= q.Limit {
-				return out, nil
-			}
+		if !q.Active || !f.State.Finished() {
+			out = append(out, f)
 		}
-		if len(page) < lq.Limit {
-			return out, nil
-		}
-		lq.AfterSeq = page[len(page)-1].Seq
 	}
+	slices.SortStableFunc(out, func(a, b *Flow) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	if q.Limit > 0 && len(out) > q.Limit {
+		out = out[:q.Limit]
+	}
+	return out, nil
+}
+
+// DeleteStopped deletes the documents of flows that stopped (Finished)
+// before before, at most limit of them, and returns how many. A flow
+// retried since it was read is not deleted (compare-and-set on version).
+func DeleteStopped(ctx context.Context, s task.Store, before time.Time, limit int) (int, error) {
+	docs, err := s.Documents(ctx, Namespace)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, d := range docs {
+		if n >= limit {
+			break
+		}
+		f, err := decode(d)
+		if err != nil || !f.State.Finished() || !f.UpdatedAt.Before(before) {
+			continue
+		}
+		err = s.DeleteDocument(ctx, Namespace, d.ID, d.Version)
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, task.ErrConflict), errors.Is(err, task.ErrNotFound):
+		default:
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // Cancel stops the flow of key: the running step's task is cancelled (its

@@ -51,9 +51,17 @@ type ReconcilerConfig struct {
 	WorkerID string
 	// Every is the period (DefaultReconcileEvery), and the lease's renewal
 	// period; the lease is three periods (at least singleton.MinLease).
-	Every  time.Duration
-	Logger *slog.Logger
+	Every time.Duration
+	// KeepStopped is how long the document of a stopped flow is kept
+	// after it stopped (DefaultKeepStopped); the holder deletes older
+	// ones. Its step tasks follow the task retention policy.
+	KeepStopped time.Duration
+	Logger      *slog.Logger
 }
+
+// DefaultKeepStopped keeps a stopped flow a day, as the default retention
+// policy keeps a cancelled task.
+const DefaultKeepStopped = 24 * time.Hour
 
 // Reconciler runs Reconcile every period while it holds the lease.
 type Reconciler struct {
@@ -71,6 +79,9 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	}
 	if cfg.Every <= 0 {
 		cfg.Every = DefaultReconcileEvery
+	}
+	if cfg.KeepStopped <= 0 {
+		cfg.KeepStopped = DefaultKeepStopped
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -103,6 +114,10 @@ func (r *Reconciler) loop(ctx context.Context) error {
 		if st.Advanced+st.Published > 0 || (err != nil && ctx.Err() == nil) {
 			r.cfg.Logger.Info("flow reconcile", slog.Int("active", st.Active), slog.Int("advanced", st.Advanced),
 				slog.Int("published", st.Published), slog.Any("err", err))
+		}
+		n, err := DeleteStopped(ctx, r.cfg.Store, r.cfg.Store.Now().Add(-r.cfg.KeepStopped), 500)
+		if n > 0 || (err != nil && ctx.Err() == nil) {
+			r.cfg.Logger.Info("flow retention", slog.Int("deleted", n), slog.Any("err", err))
 		}
 		select {
 		case <-ctx.Done():

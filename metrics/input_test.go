@@ -23,8 +23,7 @@ func TestMalformedFlowDocumentKeepsStoreUp(t *testing.T) {
 	if _, _, err := flow.Publish(ctx, s, flow.Spec{Key: "good", Steps: []flow.Step{{Name: "a", Action: flow.Action{Kind: "noop"}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := task.Publish(task.WithInternalWrite(ctx), s, task.PublishParams{Key: flow.DocKey("forged"), Kind: flow.DocKind,
-		Payload: json.RawMessage(`{"steps":"x"}`)}); err != nil {
+	if _, err := s.PutDocument(ctx, task.Document{Namespace: flow.Namespace, ID: "forged", Value: json.RawMessage(`{"steps":"x"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	col, err := metrics.NewStoreCollector(metrics.StoreConfig{Stats: s, Registry: s, Now: s.Now,
@@ -47,8 +46,8 @@ func TestMalformedFlowDocumentKeepsStoreUp(t *testing.T) {
 	if got := value(t, reg, "leasepool_flows", "state", "running"); got != 1 {
 		t.Errorf("flows{running} = %v; want the good flow", got)
 	}
-	if got := value(t, reg, "leasepool_malformed_documents_total", "kind", flow.DocKind); got < 1 {
-		t.Errorf("malformed_documents_total{kind=%q} = %v; want the forged document counted", flow.DocKind, got)
+	if got := value(t, reg, "leasepool_malformed_documents_total", "kind", flow.Namespace); got < 1 {
+		t.Errorf("malformed_documents_total{kind=%q} = %v; want the forged document counted", flow.Namespace, got)
 	}
 }
 

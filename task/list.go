@@ -9,8 +9,9 @@ import (
 )
 
 // ReservedPrefix starts the keys of leasepool's own documents in the tasks
-// collection (such as flow documents): they are not tasks, so List
-// and Stats leave them out and they yield no lifecycle events.
+// collection (the built-in schedules' occurrences, flows stored before
+// they were documents): they are not users' tasks, so List and Stats leave
+// them out and they yield no lifecycle events.
 const ReservedPrefix = "leasepool:"
 
 // Reserved reports whether key belongs to leasepool itself, not to a task.

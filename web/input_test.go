@@ -150,8 +150,8 @@ func TestMalformedFlowDocument(t *testing.T) {
 	e := newEnv(t, web.Config{})
 	e.want("POST", "/api/v1/flows", twoSteps, 201, `"db-1"`)
 	for _, key := range []string{"forged", "forged2"} {
-		if _, _, err := task.Publish(task.WithInternalWrite(t.Context()), e.store, task.PublishParams{
-			Key: flow.DocKey(key), Kind: flow.DocKind, Payload: json.RawMessage(`{"steps":7,"progress":"x"}`)}); err != nil {
+		if _, err := e.store.PutDocument(t.Context(), task.Document{Namespace: flow.Namespace, ID: key,
+			Value: json.RawMessage(`{"steps":7,"progress":"x"}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -164,7 +164,7 @@ func TestMalformedFlowDocument(t *testing.T) {
 		e.want("GET", "/api/v1/flows?active=true", "", 200, `"db-1"`)
 		e.wantPage("/flows", 200, "db-1")
 	}
-	if n := task.MalformedCounts()[flow.DocKind]; n < 2 {
-		t.Errorf("MalformedCounts()[%s] = %d; want each forged document counted", flow.DocKind, n)
+	if n := task.MalformedCounts()[flow.Namespace]; n < 2 {
+		t.Errorf("MalformedCounts()[%s] = %d; want each forged document counted", flow.Namespace, n)
 	}
 }

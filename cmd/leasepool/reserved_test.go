@@ -56,7 +56,7 @@ func TestFlowLsSkipsCorruptDocument(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := db.Exec(`UPDATE tasks SET doc = json_set(doc, '$.payload', json('{"steps":7,"progress":"x"}')) WHERE key = 'leasepool:flow:bad'`)
+	res, err := db.Exec(`UPDATE documents SET value = '{"steps":7,"progress":"x"}' WHERE namespace = 'leasepool.flow' AND id = 'bad'`)
 	if n, _ := res.RowsAffected(); err != nil || n != 1 {
 		t.Fatalf("corrupt the flow document: %d rows, %v", n, err)
 	}
