@@ -86,7 +86,9 @@ func (e *NotAllowedError) Error() string {
 // Unwrap makes it ErrNotAllowed for errors.Is.
 func (e *NotAllowedError) Unwrap() error { return ErrNotAllowed }
 
-func (c *ExecConfig) validate() error {
+// checkAndFillDefaults refuses a bad config and sets the defaults of
+// its zero fields.
+func (c *ExecConfig) checkAndFillDefaults() error {
 	if c.KillGrace < 0 {
 		return fmt.Errorf("builtin.ExecConfig: KillGrace must not be negative, got %s", c.KillGrace)
 	}
@@ -131,7 +133,7 @@ func (c *ExecConfig) validate() error {
 // last told of runs out (a frozen worker), when the worker asks, and when
 // the program exits (leftover background processes).
 func NewExec(cfg ExecConfig) (consumer.HandlerFunc, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.checkAndFillDefaults(); err != nil {
 		return nil, err
 	}
 	h := &execHandler{cfg: cfg}

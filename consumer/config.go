@@ -74,7 +74,9 @@ type Config struct {
 	ClaimSpread time.Duration
 }
 
-func (c *Config) validate() error {
+// checkAndFillDefaults refuses a bad config and sets the defaults of
+// its zero fields.
+func (c *Config) checkAndFillDefaults() error {
 	if c.Store == nil {
 		return errors.New("consumer config: Store is required")
 	}

@@ -100,7 +100,7 @@ type attemptResult struct {
 
 // New validates cfg and returns a consumer ready to Start.
 func New(cfg Config) (*Consumer, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.checkAndFillDefaults(); err != nil {
 		return nil, err
 	}
 	return &Consumer{

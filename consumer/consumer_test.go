@@ -128,7 +128,7 @@ func TestPublishRerunLeavesRunningTask(t *testing.T) {
 	}
 	after := e.get("busy")
 	if got.State != task.StateRunning || after.State != task.StateRunning || after.Attempts != before.Attempts ||
-		entry(t, after, "A").State != task.WorkerRunning {
+		entry(t, after, "A").State != task.AttemptRunning {
 		t.Fatalf("rerun touched a running task: before %+v after %+v", before, after)
 	}
 
@@ -279,7 +279,7 @@ func TestRepinCancelsRunningHandler(t *testing.T) {
 		t.Errorf("B runs attempt %d, want 2", job.Attempt)
 	}
 	doc := e.waitState("move", task.StateSucceeded)
-	if len(doc.Workers) != 1 || doc.Workers[0].WorkerID != "B" || doc.Workers[0].State != task.WorkerSuccess {
+	if len(doc.Workers) != 1 || doc.Workers[0].WorkerID != "B" || doc.Workers[0].State != task.AttemptSuccess {
 		t.Fatalf("want A's entry removed and B's SUCCESS, have %+v", doc.Workers)
 	}
 }
@@ -305,7 +305,7 @@ func TestConcurrentWorkerCnt(t *testing.T) {
 	var ids []string
 	var attempts []int
 	for _, w := range doc.Workers {
-		if w.State != task.WorkerSuccess {
+		if w.State != task.AttemptSuccess {
 			t.Errorf("entry %+v is not SUCCESS", w)
 		}
 		ids = append(ids, w.WorkerID)
@@ -359,7 +359,7 @@ func TestSuccessWorkerCnt(t *testing.T) {
 		return len(doc.Workers) == 2
 	}, "the stopped worker to step out")
 	for _, w := range doc.Workers {
-		if w.State != task.WorkerSuccess || w.WorkerID == slow {
+		if w.State != task.AttemptSuccess || w.WorkerID == slow {
 			t.Fatalf("task ended with workers %+v; want two SUCCESS entries, none of %s", doc.Workers, slow)
 		}
 	}
@@ -380,7 +380,7 @@ func TestMaxUnexpectedRetries(t *testing.T) {
 		t.Fatalf("want 3 attempts, have %d calls and workers %+v", calls.Load(), doc.Workers)
 	}
 	for i, w := range doc.Workers {
-		if w.State != task.WorkerFail || w.Attempt != i+1 || !strings.Contains(w.Error, fmt.Sprintf("attempt %d fails", i+1)) {
+		if w.State != task.AttemptFail || w.Attempt != i+1 || !strings.Contains(w.Error, fmt.Sprintf("attempt %d fails", i+1)) {
 			t.Errorf("entry %d: %+v, want FAIL of attempt %d with its error", i, w, i+1)
 		}
 	}
@@ -430,7 +430,7 @@ func TestDeadWorkerLosesTaskToPeer(t *testing.T) {
 		t.Fatalf("B runs attempt %d, want 2", s.attempt)
 	}
 	running := e.get("orphan")
-	if g := entry(t, running, "ghost"); g.State != task.WorkerExpired {
+	if g := entry(t, running, "ghost"); g.State != task.AttemptExpired {
 		t.Fatalf("ghost entry %+v, want EXPIRED", g)
 	}
 
@@ -443,13 +443,13 @@ func TestDeadWorkerLosesTaskToPeer(t *testing.T) {
 	}
 	close(release)
 	doc := e.waitState("orphan", task.StateSucceeded)
-	if b := entry(t, doc, "B"); b.State != task.WorkerSuccess || b.Attempt != 2 || doc.Attempts != 2 {
+	if b := entry(t, doc, "B"); b.State != task.AttemptSuccess || b.Attempt != 2 || doc.Attempts != 2 {
 		t.Fatalf("B's entry %+v attempts %d, want SUCCESS of attempt 2", b, doc.Attempts)
 	}
 	if _, err := task.Modify(context.Background(), e.store, "orphan", finish); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("ghost's finish after B: %v, want task.ErrLeaseLost", err)
 	}
-	if g := entry(t, e.get("orphan"), "ghost"); g.State != task.WorkerExpired {
+	if g := entry(t, e.get("orphan"), "ghost"); g.State != task.AttemptExpired {
 		t.Fatalf("ghost entry became %+v", g)
 	}
 
@@ -471,7 +471,7 @@ func TestExpiredWorkerExhaustsRetries(t *testing.T) {
 		return nil
 	})
 	doc := e.waitState("fragile", task.StateFailed)
-	if g := entry(t, doc, "ghost"); g.State != task.WorkerExpired || calls.Load() != 0 || len(doc.Workers) != 1 {
+	if g := entry(t, doc, "ghost"); g.State != task.AttemptExpired || calls.Load() != 0 || len(doc.Workers) != 1 {
 		t.Fatalf("want the ghost recorded EXPIRED and no run, have %+v and %d calls", doc.Workers, calls.Load())
 	}
 }
@@ -520,7 +520,7 @@ func TestPanicIsRecordedAsFailure(t *testing.T) {
 	e.publish("bomb", retries(task.NoRetries))
 	doc := e.waitState("bomb", task.StateFailed)
 	w := entry(t, doc, "A")
-	if w.State != task.WorkerFail || !strings.Contains(w.Error, "panic") || !strings.Contains(w.Error, "boom") ||
+	if w.State != task.AttemptFail || !strings.Contains(w.Error, "panic") || !strings.Contains(w.Error, "boom") ||
 		!strings.Contains(w.Error, "goroutine ") || !strings.Contains(w.Error, "consumer_test.go") {
 		t.Fatalf("want a FAIL entry with the panic and its stack, have %+v", w)
 	}
@@ -551,7 +551,7 @@ func TestRetryableErrorsRetriedLocally(t *testing.T) {
 			t.Errorf("local retry ran attempt %d, want 1", a)
 		}
 	}
-	if len(doc.Workers) != 1 || doc.Workers[0].State != task.WorkerSuccess || doc.Attempts != 1 {
+	if len(doc.Workers) != 1 || doc.Workers[0].State != task.AttemptSuccess || doc.Attempts != 1 {
 		t.Fatalf("want one SUCCESS entry of attempt 1, have %+v", doc.Workers)
 	}
 }
@@ -583,7 +583,7 @@ func TestSnoozeReleasesWithoutSpendingRetry(t *testing.T) {
 		}
 		prev = next
 	}
-	if len(doc.Workers) != 1 || doc.Workers[0].State != task.WorkerSuccess || doc.Workers[0].Attempt != 3 {
+	if len(doc.Workers) != 1 || doc.Workers[0].State != task.AttemptSuccess || doc.Workers[0].Attempt != 3 {
 		t.Fatalf("want only the SUCCESS entry of attempt 3, have %+v", doc.Workers)
 	}
 }
@@ -904,7 +904,7 @@ func TestFailedTaskBacksOff(t *testing.T) {
 		t.Fatalf("second attempt %s after the first, want at least the backoff %s", gap, delay)
 	}
 	doc := e.get("flaky")
-	if len(doc.Workers) < 1 || doc.Workers[0].State != task.WorkerFail {
+	if len(doc.Workers) < 1 || doc.Workers[0].State != task.AttemptFail {
 		t.Fatalf("workers %+v", doc.Workers)
 	}
 }

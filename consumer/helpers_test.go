@@ -235,9 +235,9 @@ func hold(ctx context.Context, t *testing.T, release <-chan struct{}) error {
 }
 
 // entry returns worker id's entry in doc, failing if there is not exactly one.
-func entry(t *testing.T, doc *task.Task, id string) task.Worker {
+func entry(t *testing.T, doc *task.Task, id string) task.Attempt {
 	t.Helper()
-	var found []task.Worker
+	var found []task.Attempt
 	for _, w := range doc.Workers {
 		if w.WorkerID == id {
 			found = append(found, w)

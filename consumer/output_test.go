@@ -44,10 +44,10 @@ func TestResultAndLogStoredWithAttempt(t *testing.T) {
 		t.Fatalf("want two entries, have %+v", doc.Workers)
 	}
 	failed, won := doc.Workers[0], doc.Workers[1]
-	if failed.State != task.WorkerFail || string(failed.Result) != `{"try":1}` || len(failed.Log) != 1 || failed.Log[0].Msg != "first try fails" || failed.Log[0].At.IsZero() {
+	if failed.State != task.AttemptFail || string(failed.Result) != `{"try":1}` || len(failed.Log) != 1 || failed.Log[0].Msg != "first try fails" || failed.Log[0].At.IsZero() {
 		t.Errorf("failed attempt: %+v; want result {\"try\":1} and the line \"first try fails\"", failed)
 	}
-	if won.State != task.WorkerSuccess || string(won.Result) != `{"try":2}` {
+	if won.State != task.AttemptSuccess || string(won.Result) != `{"try":2}` {
 		t.Errorf("succeeded attempt: %+v; want result {\"try\":2} (the oversized one refused)", won)
 	}
 	if len(won.Log) != task.MaxLogLines || won.LogDropped != 10 || won.Log[0].Msg != "line 10" || won.Log[task.MaxLogLines-1].Msg != fmt.Sprintf("line %d", task.MaxLogLines+9) {
@@ -89,13 +89,13 @@ func TestAttemptHistory(t *testing.T) {
 
 	want := []struct {
 		worker string
-		state  task.WorkerState
+		state  task.AttemptState
 		line   string
 	}{
 		{"A", task.WorkerSnoozed, "A try 1"},
 		{"A", task.WorkerReleased, "A try 2"},
-		{"B", task.WorkerFail, "B try 3"},
-		{"B", task.WorkerSuccess, "B try 4"},
+		{"B", task.AttemptFail, "B try 3"},
+		{"B", task.AttemptSuccess, "B try 4"},
 	}
 	all := doc.AttemptHistory()
 	if len(all) != len(want) {
@@ -158,7 +158,7 @@ func TestLogShowsWhileRunning(t *testing.T) {
 		doc := e.get("live")
 		return len(doc.Workers) == 1 && len(doc.Workers[0].Log) == 1
 	}, "the running attempt's log line in the store")
-	if doc := e.get("live"); doc.Workers[0].State != task.WorkerRunning || doc.Workers[0].Log[0].Msg != "halfway" {
+	if doc := e.get("live"); doc.Workers[0].State != task.AttemptRunning || doc.Workers[0].Log[0].Msg != "halfway" {
 		t.Errorf("entry %+v; want RUNNING with the line", doc.Workers[0])
 	}
 	close(release)

@@ -92,7 +92,7 @@ func TestDeriveEachMutation(t *testing.T) {
 		{"cancel", running, func(tk *task.Task) error { return tk.Cancel(now) },
 			[]got{{Type: events.Cancelled, State: task.StateCancelled}}},
 		{"reset", func() *task.Task {
-			tk := tasktest.New(t, nil, tasktest.Ended("a", 1, task.WorkerSuccess))
+			tk := tasktest.New(t, nil, tasktest.Ended("a", 1, task.AttemptSuccess))
 			tk.Version = 4
 			return tk
 		}, func(tk *task.Task) error { return tk.Reset(now) },

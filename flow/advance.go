@@ -134,7 +134,7 @@ func leasesEnd(ctx context.Context, s task.Store, key string) (time.Time, error)
 	var at time.Time
 	now := s.Now()
 	for _, w := range t.Workers {
-		if (w.State == task.WorkerRunning || w.State == task.WorkerCancelled) && w.LeaseUntil.After(now) && w.LeaseUntil.After(at) {
+		if (w.State == task.AttemptRunning || w.State == task.WorkerCancelled) && w.LeaseUntil.After(now) && w.LeaseUntil.After(at) {
 			at = w.LeaseUntil
 		}
 	}

@@ -250,7 +250,7 @@ func steal(t *testing.T, s task.Store, key string) {
 	t.Helper()
 	_, err := task.Modify(context.Background(), s, key, func(doc *task.Task) error {
 		for i := range doc.Workers {
-			if w := &doc.Workers[i]; w.State == task.WorkerRunning {
+			if w := &doc.Workers[i]; w.State == task.AttemptRunning {
 				w.WorkerID, w.Instance, w.LeaseUntil = "thief", "thief-1", s.Now().Add(time.Hour)
 			}
 		}

@@ -56,7 +56,7 @@ func (m *memStates) len() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.s
 func TestListDevices(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	mk := func(seq int64, key, dev string, st task.State, workers ...task.Worker) *task.Task {
+	mk := func(seq int64, key, dev string, st task.State, workers ...task.Attempt) *task.Task {
 		p, err := PublishParams(key, Command{Device: dev, Command: "cmd-" + key}, task.Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -64,7 +64,7 @@ func TestListDevices(t *testing.T) {
 		return &task.Task{Key: key, Kind: p.Kind, Payload: p.Payload, Seq: seq, State: st, Workers: workers}
 	}
 	s := &listStore{now: now, tasks: []*task.Task{
-		mk(1, "a", "d1", task.StateRunning, task.Worker{WorkerID: "w1", State: task.WorkerRunning, Attempt: 2, LeaseUntil: now.Add(time.Second)}),
+		mk(1, "a", "d1", task.StateRunning, task.Attempt{WorkerID: "w1", State: task.AttemptRunning, Attempt: 2, LeaseUntil: now.Add(time.Second)}),
 		mk(2, "b", "d1", task.StatePending),
 		mk(3, "c", "d1", task.StatePending),
 		mk(4, "d", "d2", task.StatePending),

@@ -96,7 +96,7 @@ func (l *Lease) Observe(t *task.Task) error {
 	if !t.Allows(l.holder.WorkerID) {
 		return task.ErrUnpinned
 	}
-	if i := t.Entry(l.holder); i < 0 || t.Workers[i].State != task.WorkerRunning {
+	if i := t.Entry(l.holder); i < 0 || t.Workers[i].State != task.AttemptRunning {
 		return task.ErrLeaseLost
 	}
 	return nil

@@ -287,7 +287,7 @@ func TestObserve(t *testing.T) {
 		{"cancelled", func(tk *task.Task) { _ = tk.Cancel(t0) }, task.ErrCancelled},
 		{"unpinned", func(tk *task.Task) { tk.SpecificWorkerIDs = []string{"other"} }, task.ErrUnpinned},
 		{"entry gone", func(tk *task.Task) { tk.Workers = nil }, task.ErrLeaseLost},
-		{"entry finished", func(tk *task.Task) { tk.Workers[0].State = task.WorkerExpired }, task.ErrLeaseLost},
+		{"entry finished", func(tk *task.Task) { tk.Workers[0].State = task.AttemptExpired }, task.ErrLeaseLost},
 		{"other attempt", func(tk *task.Task) { tk.Workers[0].Attempt = 2 }, task.ErrLeaseLost},
 	}
 	for _, tt := range tests {
@@ -414,8 +414,8 @@ func TestKeepLost(t *testing.T) {
 		{"cancelled", func(tk *task.Task) { _ = tk.Cancel(t0) }, task.ErrCancelled},
 		{"unpinned", func(tk *task.Task) { tk.SpecificWorkerIDs = []string{"other"} }, task.ErrUnpinned},
 		{"preempted", func(tk *task.Task) {
-			tk.Workers[0].State, tk.Workers[0].EndedAt = task.WorkerExpired, t0
-			tk.Workers = append(tk.Workers, task.Worker{WorkerID: "x", State: task.WorkerRunning, Attempt: 2, LeaseUntil: t0.Add(time.Hour)})
+			tk.Workers[0].State, tk.Workers[0].EndedAt = task.AttemptExpired, t0
+			tk.Workers = append(tk.Workers, task.Attempt{WorkerID: "x", State: task.AttemptRunning, Attempt: 2, LeaseUntil: t0.Add(time.Hour)})
 		}, task.ErrLeaseLost},
 	}
 	for _, tt := range tests {

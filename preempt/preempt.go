@@ -60,7 +60,7 @@ func Decide(t *task.Task, workerID string, now time.Time) Decision {
 		if w.WorkerID != workerID {
 			continue
 		}
-		if w.State == task.WorkerSuccess {
+		if w.State == task.AttemptSuccess {
 			return Decision{Verdict: Never, Reason: "already succeeded here"}
 		}
 		if w.Live(now) {

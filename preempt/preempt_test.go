@@ -26,36 +26,36 @@ func TestDecide(t *testing.T) {
 	tests := []struct {
 		name    string
 		edit    func(p *task.PublishParams)
-		workers []task.Worker
+		workers []task.Attempt
 		prep    func(tk *task.Task)
 		worker  string
 		verdict preempt.Verdict
 		at      time.Time
 	}{
 		{"pending", nil, nil, nil, "w", preempt.Claim, time.Time{}},
-		{"succeeded", nil, []task.Worker{ended("a", 1, task.WorkerSuccess)}, nil, "w", preempt.Never, time.Time{}},
+		{"succeeded", nil, []task.Attempt{ended("a", 1, task.AttemptSuccess)}, nil, "w", preempt.Never, time.Time{}},
 		{"failed", func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries },
-			[]task.Worker{ended("a", 1, task.WorkerFail)}, nil, "w", preempt.Never, time.Time{}},
+			[]task.Attempt{ended("a", 1, task.AttemptFail)}, nil, "w", preempt.Never, time.Time{}},
 		{"cancelled", nil, nil, func(tk *task.Task) { _ = tk.Cancel(t0) }, "w", preempt.Never, time.Time{}},
 		{"pinned elsewhere", func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"x", "y"} }, nil, nil, "w", preempt.Never, time.Time{}},
 		{"pinned here", func(p *task.PublishParams) { p.SpecificWorkerIDs = []string{"x", "w"} }, nil, nil, "w", preempt.Claim, time.Time{}},
-		{"already running here: look again when that lease ends", three, []task.Worker{running("w", 1, soon)}, nil, "w", preempt.Later, soon},
-		{"already succeeded here", three, []task.Worker{ended("w", 1, task.WorkerSuccess)}, nil, "w", preempt.Never, time.Time{}},
-		{"own earlier attempt failed", nil, []task.Worker{ended("w", 1, task.WorkerFail)}, nil, "w", preempt.Claim, time.Time{}},
-		{"own earlier attempt expired", nil, []task.Worker{ended("w", 1, task.WorkerExpired)}, nil, "w", preempt.Claim, time.Time{}},
-		{"own lease expired unrecorded", nil, []task.Worker{running("w", 1, t0)}, nil, "w", preempt.Claim, time.Time{}},
+		{"already running here: look again when that lease ends", three, []task.Attempt{running("w", 1, soon)}, nil, "w", preempt.Later, soon},
+		{"already succeeded here", three, []task.Attempt{ended("w", 1, task.AttemptSuccess)}, nil, "w", preempt.Never, time.Time{}},
+		{"own earlier attempt failed", nil, []task.Attempt{ended("w", 1, task.AttemptFail)}, nil, "w", preempt.Claim, time.Time{}},
+		{"own earlier attempt expired", nil, []task.Attempt{ended("w", 1, task.AttemptExpired)}, nil, "w", preempt.Claim, time.Time{}},
+		{"own lease expired unrecorded", nil, []task.Attempt{running("w", 1, t0)}, nil, "w", preempt.Claim, time.Time{}},
 		{"delayed", func(p *task.PublishParams) { p.RunAt = later }, nil, nil, "w", preempt.Later, later},
-		{"full", nil, []task.Worker{running("a", 1, soon)}, nil, "w", preempt.Later, soon},
-		{"full, earliest live lease", two, []task.Worker{running("a", 1, later), running("b", 2, soon)}, nil, "w", preempt.Later, soon},
-		{"full but one expired counts as free", two, []task.Worker{running("a", 1, later), running("b", 2, t0.Add(-time.Second))}, nil, "w", preempt.Claim, time.Time{}},
-		{"free slot", two, []task.Worker{running("a", 1, later)}, nil, "w", preempt.Claim, time.Time{}},
-		{"takeover of expired lease", nil, []task.Worker{running("a", 1, t0)}, nil, "w", preempt.Claim, time.Time{}},
+		{"full", nil, []task.Attempt{running("a", 1, soon)}, nil, "w", preempt.Later, soon},
+		{"full, earliest live lease", two, []task.Attempt{running("a", 1, later), running("b", 2, soon)}, nil, "w", preempt.Later, soon},
+		{"full but one expired counts as free", two, []task.Attempt{running("a", 1, later), running("b", 2, t0.Add(-time.Second))}, nil, "w", preempt.Claim, time.Time{}},
+		{"free slot", two, []task.Attempt{running("a", 1, later)}, nil, "w", preempt.Claim, time.Time{}},
+		{"takeover of expired lease", nil, []task.Attempt{running("a", 1, t0)}, nil, "w", preempt.Claim, time.Time{}},
 		{"reap: expired exhausts retries", func(p *task.PublishParams) { p.MaxUnexpectedRetries = 1 },
-			[]task.Worker{ended("a", 1, task.WorkerFail), running("b", 2, t0)}, nil, "w", preempt.Reap, time.Time{}},
+			[]task.Attempt{ended("a", 1, task.AttemptFail), running("b", 2, t0)}, nil, "w", preempt.Reap, time.Time{}},
 		{"reap with NoRetries", func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries },
-			[]task.Worker{running("b", 1, t0)}, nil, "w", preempt.Reap, time.Time{}},
+			[]task.Attempt{running("b", 1, t0)}, nil, "w", preempt.Reap, time.Time{}},
 		{"expired within retries claims", func(p *task.PublishParams) { p.MaxUnexpectedRetries = 2 },
-			[]task.Worker{ended("a", 1, task.WorkerFail), running("b", 2, t0)}, nil, "w", preempt.Claim, time.Time{}},
+			[]task.Attempt{ended("a", 1, task.AttemptFail), running("b", 2, t0)}, nil, "w", preempt.Claim, time.Time{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -97,7 +97,7 @@ func TestClaimTask(t *testing.T) {
 	now := t0.Add(time.Second)
 	tk := newTask(t, func(p *task.PublishParams) {
 		p.ConcurrentWorkerCnt, p.SuccessWorkerCnt, p.WorkerTimeout, p.PingInterval = 2, 2, 10*time.Second, time.Second
-	}, ended("a", 1, task.WorkerFail), running("b", 2, t0), running("c", 4, t0.Add(time.Hour)))
+	}, ended("a", 1, task.AttemptFail), running("b", 2, t0), running("c", 4, t0.Add(time.Hour)))
 	tk.Attempts = 7 // entries released earlier still count
 	before := tk.Clone()
 
@@ -112,11 +112,11 @@ func TestClaimTask(t *testing.T) {
 	if len(next.Workers) != 4 {
 		t.Fatalf("workers = %+v", next.Workers)
 	}
-	if b := next.Workers[1]; b.State != task.WorkerExpired || !b.EndedAt.Equal(now) {
+	if b := next.Workers[1]; b.State != task.AttemptExpired || !b.EndedAt.Equal(now) {
 		t.Errorf("expired worker recorded as %+v", b)
 	}
 	w := next.Workers[3]
-	if w.WorkerID != "w" || w.State != task.WorkerRunning || w.Attempt != 8 || !w.StartedAt.Equal(now) {
+	if w.WorkerID != "w" || w.State != task.AttemptRunning || w.Attempt != 8 || !w.StartedAt.Equal(now) {
 		t.Errorf("new entry %+v", w)
 	}
 	if !w.LeaseUntil.Equal(now.Add(10 * time.Second)) {
@@ -132,7 +132,7 @@ func TestClaimTask(t *testing.T) {
 		t.Errorf("Entry = %d", i)
 	}
 	// The input is untouched.
-	if len(tk.Workers) != len(before.Workers) || tk.Workers[1].State != task.WorkerRunning || tk.Attempts != 7 {
+	if len(tk.Workers) != len(before.Workers) || tk.Workers[1].State != task.AttemptRunning || tk.Attempts != 7 {
 		t.Errorf("ClaimTask changed its input: %+v", tk)
 	}
 
@@ -181,10 +181,10 @@ func TestReapTask(t *testing.T) {
 	}
 	got := tk.Clone()
 	got.Reap(t0)
-	if got.State != task.StateFailed || got.Workers[0].State != task.WorkerExpired {
+	if got.State != task.StateFailed || got.Workers[0].State != task.AttemptExpired {
 		t.Errorf("reaped: state %s worker %s", got.State, got.Workers[0].State)
 	}
-	if tk.Workers[0].State != task.WorkerRunning {
+	if tk.Workers[0].State != task.AttemptRunning {
 		t.Error("Reap on a clone changed the original")
 	}
 	if d := preempt.Decide(got, "w", t0); d.Verdict != preempt.Never {

@@ -58,6 +58,6 @@ func (t *Task) note(c Change) {
 }
 
 // noteWorker notes op for worker entry w.
-func (t *Task) noteWorker(op string, w Worker) {
+func (t *Task) noteWorker(op string, w Attempt) {
 	t.note(Change{Op: op, WorkerID: w.WorkerID, Instance: w.Instance, Attempt: w.Attempt, Error: w.Error})
 }

@@ -30,14 +30,14 @@ const (
 // Terminal states of entries that left the worker list (History only),
 // and of a running entry when its task is cancelled.
 const (
-	WorkerReleased  WorkerState = "RELEASED"  // given back: graceful stop, or the task finished by others
-	WorkerSnoozed   WorkerState = "SNOOZED"   // given back with a delay (Snooze)
-	WorkerUnpinned  WorkerState = "UNPINNED"  // its worker was dropped from the pins
-	WorkerCancelled WorkerState = "CANCELLED" // still running when the task was cancelled
+	WorkerReleased  AttemptState = "RELEASED"  // given back: graceful stop, or the task finished by others
+	WorkerSnoozed   AttemptState = "SNOOZED"   // given back with a delay (Snooze)
+	WorkerUnpinned  AttemptState = "UNPINNED"  // its worker was dropped from the pins
+	WorkerCancelled AttemptState = "CANCELLED" // still running when the task was cancelled
 )
 
 // archive moves worker entry i into History as st, ended at now.
-func (t *Task) archive(i int, st WorkerState, now time.Time) {
+func (t *Task) archive(i int, st AttemptState, now time.Time) {
 	w := t.Workers[i]
 	w.State = st
 	if w.EndedAt.IsZero() {
@@ -49,7 +49,7 @@ func (t *Task) archive(i int, st WorkerState, now time.Time) {
 
 // keep appends w to History, dropping the oldest beyond MaxHistory and
 // the output of the older ones beyond MaxHistoryOutput.
-func (t *Task) keep(ws ...Worker) {
+func (t *Task) keep(ws ...Attempt) {
 	t.History = append(t.History, ws...)
 	if n := len(t.History) - MaxHistory; n > 0 {
 		t.History = slices.Delete(t.History, 0, n)
@@ -68,7 +68,7 @@ func (t *Task) keep(ws ...Worker) {
 }
 
 // outputSize is about how many bytes w's result, log and error take.
-func outputSize(w Worker) int {
+func outputSize(w Attempt) int {
 	n := len(w.Result) + len(w.Error)
 	for _, l := range w.Log {
 		n += len(l.Msg) + 40 // the line's time and JSON around it
@@ -80,9 +80,9 @@ func outputSize(w Worker) int {
 // Reset: RELEASED), so no entry stays RUNNING once its task no longer
 // runs. The lease is kept: a handler still running learns of the end at
 // its next ping, and Reset waits for that lease before a rerun.
-func (t *Task) endRunning(st WorkerState, why string, now time.Time) {
+func (t *Task) endRunning(st AttemptState, why string, now time.Time) {
 	for i := range t.Workers {
-		if w := &t.Workers[i]; w.State == WorkerRunning {
+		if w := &t.Workers[i]; w.State == AttemptRunning {
 			w.State, w.EndedAt, w.Error = st, now.UTC(), why
 		}
 	}
@@ -90,10 +90,10 @@ func (t *Task) endRunning(st WorkerState, why string, now time.Time) {
 
 // AttemptHistory returns every attempt t recorded, oldest first: History, then
 // the worker list (HistoryDropped says how many older ones were left out).
-func (t *Task) AttemptHistory() []Worker {
-	all := make([]Worker, 0, len(t.History)+len(t.Workers))
+func (t *Task) AttemptHistory() []Attempt {
+	all := make([]Attempt, 0, len(t.History)+len(t.Workers))
 	all = append(append(all, t.History...), t.Workers...)
-	slices.SortStableFunc(all, func(a, b Worker) int { return cmp.Compare(a.Attempt, b.Attempt) })
+	slices.SortStableFunc(all, func(a, b Attempt) int { return cmp.Compare(a.Attempt, b.Attempt) })
 	return all
 }
 

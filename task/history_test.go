@@ -21,7 +21,7 @@ func TestHistoryKeepsEntriesTakenOut(t *testing.T) {
 		name string
 		edit func(p *task.PublishParams)
 		do   func(tk *task.Task) error
-		want task.WorkerState
+		want task.AttemptState
 	}{
 		{"release", nil, func(tk *task.Task) error { return tk.Release(h, now) }, task.WorkerReleased},
 		{"snooze", nil, func(tk *task.Task) error { return tk.Snooze(h, now.Add(time.Minute), now) }, task.WorkerSnoozed},
@@ -64,7 +64,7 @@ func TestCancelEndsRunningAndResetArchives(t *testing.T) {
 	t.Parallel()
 	lease := t0.Add(4 * time.Second)
 	tk := doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt = 2 },
-		ended("x", 1, task.WorkerFail), running("a", 2, lease), running("b", 3, lease))
+		ended("x", 1, task.AttemptFail), running("a", 2, lease), running("b", 3, lease))
 	now := t0.Add(time.Second)
 	if err := tk.Cancel(now); err != nil {
 		t.Fatal(err)
@@ -74,7 +74,7 @@ func TestCancelEndsRunningAndResetArchives(t *testing.T) {
 			t.Errorf("entry %+v after Cancel; want CANCELLED at %s, lease kept", w, now)
 		}
 	}
-	if tk.Workers[0].State != task.WorkerFail {
+	if tk.Workers[0].State != task.AttemptFail {
 		t.Errorf("ended entry changed by Cancel: %+v", tk.Workers[0])
 	}
 	if err := tk.Reset(now); err != nil {
@@ -83,7 +83,7 @@ func TestCancelEndsRunningAndResetArchives(t *testing.T) {
 	if !tk.RunAt.Equal(lease) {
 		t.Errorf("rerun at %s; want %s, after the cancelled handlers' lease", tk.RunAt, lease)
 	}
-	if len(tk.Workers) != 0 || len(tk.History) != 3 || tk.History[1].State != task.WorkerCancelled || tk.History[0].State != task.WorkerFail {
+	if len(tk.Workers) != 0 || len(tk.History) != 3 || tk.History[1].State != task.WorkerCancelled || tk.History[0].State != task.AttemptFail {
 		t.Errorf("workers %+v history %+v; want all three entries in history", tk.Workers, tk.History)
 	}
 	all := tk.AttemptHistory()
@@ -97,7 +97,7 @@ func TestCancelEndsRunningAndResetArchives(t *testing.T) {
 func TestResetEndsRunningEntries(t *testing.T) {
 	t.Parallel()
 	lease := t0.Add(4 * time.Second)
-	tk := doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt = 2 }, ended("a", 1, task.WorkerSuccess), running("b", 2, lease))
+	tk := doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt = 2 }, ended("a", 1, task.AttemptSuccess), running("b", 2, lease))
 	if err := tk.Reset(t0); err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestCloneCopiesHistory(t *testing.T) {
 	}
 	c := tk.Clone()
 	c.History[0].Log[0].Msg = "changed"
-	c.History[0].State = task.WorkerFail
+	c.History[0].State = task.AttemptFail
 	if tk.History[0].Log[0].Msg != "x" || tk.History[0].State != task.WorkerReleased {
 		t.Errorf("the original changed with its clone: %+v", tk.History[0])
 	}

@@ -349,9 +349,9 @@ func (d *jsonDecoder) task(t *Task) bool {
 	})
 }
 
-func (d *jsonDecoder) workers(dst *[]Worker) bool { return slice(d, dst, d.worker) }
+func (d *jsonDecoder) workers(dst *[]Attempt) bool { return slice(d, dst, d.worker) }
 
-func (d *jsonDecoder) worker(w *Worker) bool {
+func (d *jsonDecoder) worker(w *Attempt) bool {
 	return d.object(func(key []byte) bool {
 		switch string(key) {
 		case "worker_id":

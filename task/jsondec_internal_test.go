@@ -60,8 +60,8 @@ func randomTask(rng *rand.Rand, pieces []string) *Task {
 	if rng.IntN(2) == 0 {
 		tk.Payload = raw()
 	}
-	worker := func() Worker {
-		w := Worker{WorkerID: str(), Instance: str(), State: WorkerState(str()), Attempt: rng.IntN(9),
+	worker := func() Attempt {
+		w := Attempt{WorkerID: str(), Instance: str(), State: AttemptState(str()), Attempt: rng.IntN(9),
 			LeaseUntil: when(), StartedAt: when(), EndedAt: when(), Error: str(), LogDropped: rng.IntN(2), OutputDropped: rng.IntN(2) == 0}
 		if rng.IntN(2) == 0 {
 			w.Result = raw()

@@ -172,7 +172,7 @@ func (e *jsonAppender) strs(ss []string) {
 	e.raw(']')
 }
 
-func (e *jsonAppender) workers(ws []Worker) {
+func (e *jsonAppender) workers(ws []Attempt) {
 	if ws == nil {
 		e.b = append(e.b, "null"...)
 		return
@@ -187,7 +187,7 @@ func (e *jsonAppender) workers(ws []Worker) {
 	e.raw(']')
 }
 
-func (e *jsonAppender) worker(w *Worker) {
+func (e *jsonAppender) worker(w *Attempt) {
 	e.raw('{')
 	e.key(`worker_id`)
 	e.str(w.WorkerID)

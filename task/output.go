@@ -158,10 +158,10 @@ func newLines(old []LogLine, oldDropped int, lines []LogLine, dropped int) []Log
 // recorded one (in History too, so a task rerun since keeps its last
 // one), or nil.
 func (t *Task) Result() json.RawMessage {
-	var best *Worker
-	for _, ws := range [][]Worker{t.Workers, t.History} {
+	var best *Attempt
+	for _, ws := range [][]Attempt{t.Workers, t.History} {
 		for i := range ws {
-			if w := &ws[i]; w.State == WorkerSuccess && len(w.Result) > 0 && (best == nil || w.Attempt > best.Attempt) {
+			if w := &ws[i]; w.State == AttemptSuccess && len(w.Result) > 0 && (best == nil || w.Attempt > best.Attempt) {
 				best = w
 			}
 		}

@@ -67,7 +67,7 @@ func TestRecord(t *testing.T) {
 
 func TestResultIsLatestSucceeded(t *testing.T) {
 	t.Parallel()
-	s1, s2, f := ended("a", 1, task.WorkerSuccess), ended("b", 3, task.WorkerSuccess), ended("c", 4, task.WorkerFail)
+	s1, s2, f := ended("a", 1, task.AttemptSuccess), ended("b", 3, task.AttemptSuccess), ended("c", 4, task.AttemptFail)
 	s1.Result, s2.Result, f.Result = json.RawMessage("1"), json.RawMessage("3"), json.RawMessage("4")
 	tk := doc(t, nil, s2, s1, f)
 	if got := string(tk.Result()); got != "3" {

@@ -25,9 +25,9 @@ func (t *Task) CountWorkers(now time.Time) Counts {
 			c.Live++
 		case w.Expired(now):
 			c.Expired++
-		case w.State == WorkerSuccess:
+		case w.State == AttemptSuccess:
 			c.Success++
-		case w.State == WorkerFail, w.State == WorkerExpired:
+		case w.State == AttemptFail, w.State == AttemptExpired:
 			c.Unexpected++
 		}
 	}
@@ -71,7 +71,7 @@ func (t *Task) Recompute(now time.Time) {
 
 // Entry returns the index of h's entry (worker, instance and attempt), or -1.
 func (t *Task) Entry(h Holder) int {
-	return slices.IndexFunc(t.Workers, func(w Worker) bool {
+	return slices.IndexFunc(t.Workers, func(w Attempt) bool {
 		return w.WorkerID == h.WorkerID && w.Attempt == h.Attempt && w.Instance == h.Instance
 	})
 }
@@ -88,10 +88,10 @@ func (t *Task) Allows(workerID string) bool {
 func (t *Task) Claim(who Holder, now time.Time) Holder {
 	t.Reap(now)
 	t.Attempts++
-	t.Workers = append(t.Workers, Worker{
+	t.Workers = append(t.Workers, Attempt{
 		WorkerID:   who.WorkerID,
 		Instance:   who.Instance,
-		State:      WorkerRunning,
+		State:      AttemptRunning,
 		Attempt:    t.Attempts,
 		LeaseUntil: now.Add(time.Duration(t.WorkerTimeout)).UTC(),
 		StartedAt:  now.UTC(),
@@ -112,7 +112,7 @@ func (t *Task) holding(h Holder) (int, error) {
 		return -1, fmt.Errorf("task %s is %s: %w", t.Key, t.State, ErrTaskDone)
 	}
 	i := t.Entry(h)
-	if i < 0 || t.Workers[i].State != WorkerRunning {
+	if i < 0 || t.Workers[i].State != AttemptRunning {
 		return -1, fmt.Errorf("task %s attempt %d: %w", t.Key, h.Attempt, ErrLeaseLost)
 	}
 	return i, nil
@@ -149,7 +149,7 @@ func (t *Task) Renew(h Holder, now time.Time) error {
 // the lease to expire. It reports whether it changed t.
 func (t *Task) Unpin(h Holder, now time.Time) bool {
 	i := t.Entry(h)
-	if t.Allows(h.WorkerID) || i < 0 || t.Workers[i].State != WorkerRunning {
+	if t.Allows(h.WorkerID) || i < 0 || t.Workers[i].State != AttemptRunning {
 		return false
 	}
 	t.noteWorker(ChangeUnpinned, t.Workers[i])
@@ -165,7 +165,7 @@ func (t *Task) Succeed(h Holder, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	t.Workers[i].State, t.Workers[i].EndedAt = WorkerSuccess, now.UTC()
+	t.Workers[i].State, t.Workers[i].EndedAt = AttemptSuccess, now.UTC()
 	t.noteWorker(ChangeSucceeded, t.Workers[i])
 	t.touch(now)
 	return nil
@@ -181,7 +181,7 @@ func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
 		return err
 	}
 	w := &t.Workers[i]
-	w.State, w.EndedAt, w.Error = WorkerFail, now.UTC(), cut(strings.ToValidUTF8(errMsg, "\uFFFD"), MaxErrorLen)
+	w.State, w.EndedAt, w.Error = AttemptFail, now.UTC(), cut(strings.ToValidUTF8(errMsg, "\uFFFD"), MaxErrorLen)
 	t.noteWorker(ChangeFailed, *w)
 	retryAt = clampTime(retryAt)
 	t.Changes[len(t.Changes)-1].Until = retryAt.UTC()
@@ -200,11 +200,11 @@ func (t *Task) Release(h Holder, now time.Time) error {
 }
 
 // release moves h's RUNNING entry to History as st, noting it as op.
-func (t *Task) release(h Holder, op string, st WorkerState, now time.Time) error {
+func (t *Task) release(h Holder, op string, st AttemptState, now time.Time) error {
 	i, err := t.holding(h)
 	if errors.Is(err, ErrTaskDone) {
 		// Other workers finished it: this one steps out as well.
-		if i = t.Entry(h); i >= 0 && t.Workers[i].State == WorkerRunning {
+		if i = t.Entry(h); i >= 0 && t.Workers[i].State == AttemptRunning {
 			err = nil
 		}
 	}
@@ -242,13 +242,13 @@ func (t *Task) Reset(now time.Time) error {
 	// starts after.
 	runAt := now
 	for _, w := range t.Workers {
-		if (w.State == WorkerRunning || w.State == WorkerCancelled) && w.LeaseUntil.After(runAt) {
+		if (w.State == AttemptRunning || w.State == WorkerCancelled) && w.LeaseUntil.After(runAt) {
 			runAt = w.LeaseUntil
 		}
 	}
 	t.endRunning(WorkerReleased, "task rerun", now)
 	t.keep(t.Workers...)
-	t.Workers = []Worker{}
+	t.Workers = []Attempt{}
 	t.Cancelled = false
 	if t.RunAt.Before(runAt) {
 		t.RunAt = runAt.UTC()
@@ -265,7 +265,7 @@ func (t *Task) Reap(now time.Time) int {
 	n := 0
 	for i := range t.Workers {
 		if w := &t.Workers[i]; w.Expired(now) {
-			w.State, w.EndedAt, w.Error = WorkerExpired, now.UTC(), "lease expired"
+			w.State, w.EndedAt, w.Error = AttemptExpired, now.UTC(), "lease expired"
 			t.noteWorker(ChangeExpired, *w)
 			n++
 		}

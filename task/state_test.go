@@ -55,7 +55,7 @@ func TestRenew(t *testing.T) {
 	}{
 		{"other worker", nil, "b", 1, task.ErrLeaseLost},
 		{"other attempt", nil, "a", 2, task.ErrLeaseLost},
-		{"finished entry", func(tk *task.Task) { tk.Workers[0].State = task.WorkerFail }, "a", 1, task.ErrLeaseLost},
+		{"finished entry", func(tk *task.Task) { tk.Workers[0].State = task.AttemptFail }, "a", 1, task.ErrLeaseLost},
 		{"cancelled", func(tk *task.Task) { tk.Cancelled = true }, "a", 1, task.ErrCancelled},
 		{"unpinned", func(tk *task.Task) { tk.SpecificWorkerIDs = []string{"b"} }, "a", 1, task.ErrUnpinned},
 	}
@@ -85,7 +85,7 @@ func TestFinish(t *testing.T) {
 		if err := tk.Succeed(task.Holder{WorkerID: "a", Attempt: 1}, now); err != nil {
 			t.Fatal(err)
 		}
-		if w := tk.Workers[0]; w.State != task.WorkerSuccess || !w.EndedAt.Equal(now) || w.Error != "" {
+		if w := tk.Workers[0]; w.State != task.AttemptSuccess || !w.EndedAt.Equal(now) || w.Error != "" {
 			t.Errorf("worker = %+v", w)
 		}
 		if tk.State != task.StateSucceeded || !tk.NextClaimAt.IsZero() {
@@ -97,7 +97,7 @@ func TestFinish(t *testing.T) {
 		if err := tk.Fail(task.Holder{WorkerID: "a", Attempt: 1}, "boom", time.Time{}, now); err != nil {
 			t.Fatal(err)
 		}
-		if w := tk.Workers[0]; w.State != task.WorkerFail || w.Error != "boom" {
+		if w := tk.Workers[0]; w.State != task.AttemptFail || w.Error != "boom" {
 			t.Errorf("worker = %+v", w)
 		}
 		if tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
@@ -121,7 +121,7 @@ func TestFinish(t *testing.T) {
 		if err := tk.Fail(task.Holder{WorkerID: "a", Attempt: 1}, "late", time.Time{}, now); !errors.Is(err, task.ErrLeaseLost) {
 			t.Errorf("second Finish = %v, want ErrLeaseLost", err)
 		}
-		if tk.Workers[0].State != task.WorkerSuccess {
+		if tk.Workers[0].State != task.AttemptSuccess {
 			t.Error("second Finish changed the entry")
 		}
 	})
@@ -175,7 +175,7 @@ func TestCancel(t *testing.T) {
 			t.Errorf("second Cancel = %v, want ErrFinished", err)
 		}
 	}
-	done := doc(t, nil, ended("a", 1, task.WorkerSuccess))
+	done := doc(t, nil, ended("a", 1, task.AttemptSuccess))
 	if err := done.Cancel(now); !errors.Is(err, task.ErrFinished) {
 		t.Errorf("Cancel of succeeded = %v, want ErrFinished", err)
 	}
@@ -188,8 +188,8 @@ func TestReset(t *testing.T) {
 	t.Parallel()
 	now := t0.Add(time.Minute)
 	finished := map[string]*task.Task{
-		"succeeded": doc(t, nil, ended("a", 1, task.WorkerSuccess)),
-		"failed":    doc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries }, ended("a", 1, task.WorkerFail)),
+		"succeeded": doc(t, nil, ended("a", 1, task.AttemptSuccess)),
+		"failed":    doc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries }, ended("a", 1, task.AttemptFail)),
 		"cancelled": func() *task.Task { tk := runningDoc(t, nil); _ = tk.Cancel(t0); return tk }(),
 	}
 	for name, tk := range finished {
@@ -210,7 +210,7 @@ func TestReset(t *testing.T) {
 		})
 	}
 	t.Run("future run_at kept", func(t *testing.T) {
-		tk := doc(t, func(p *task.PublishParams) { p.RunAt = t0.Add(time.Hour) }, ended("a", 1, task.WorkerSuccess))
+		tk := doc(t, func(p *task.PublishParams) { p.RunAt = t0.Add(time.Hour) }, ended("a", 1, task.AttemptSuccess))
 		if err := tk.Reset(now); err != nil {
 			t.Fatal(err)
 		}
@@ -281,7 +281,7 @@ func TestUnpin(t *testing.T) {
 		t.Error("second Unpin reported a change")
 	}
 	// A finished entry is history, not removed.
-	tk = doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 2, 2 }, ended("a", 1, task.WorkerSuccess))
+	tk = doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 2, 2 }, ended("a", 1, task.AttemptSuccess))
 	tk.SpecificWorkerIDs = []string{"b"}
 	if tk.Unpin(task.Holder{WorkerID: "a", Attempt: 1}, now) {
 		t.Error("Unpin removed a finished entry")
@@ -296,12 +296,12 @@ func TestReap(t *testing.T) {
 	if n := tk.Reap(now); n != 2 {
 		t.Fatalf("Reap = %d, want 2", n)
 	}
-	for i, want := range []task.WorkerState{task.WorkerExpired, task.WorkerExpired, task.WorkerRunning} {
+	for i, want := range []task.AttemptState{task.AttemptExpired, task.AttemptExpired, task.AttemptRunning} {
 		w := tk.Workers[i]
 		if w.State != want {
 			t.Errorf("worker %s state %s, want %s", w.WorkerID, w.State, want)
 		}
-		if want == task.WorkerExpired && (!w.EndedAt.Equal(now) || w.Error == "") {
+		if want == task.AttemptExpired && (!w.EndedAt.Equal(now) || w.Error == "") {
 			t.Errorf("worker %s ended %s error %q", w.WorkerID, w.EndedAt, w.Error)
 		}
 	}
@@ -316,7 +316,7 @@ func TestReap(t *testing.T) {
 
 func TestEntryAndAllows(t *testing.T) {
 	t.Parallel()
-	tk := doc(t, nil, ended("a", 1, task.WorkerFail), running("a", 2, t0.Add(time.Second)))
+	tk := doc(t, nil, ended("a", 1, task.AttemptFail), running("a", 2, t0.Add(time.Second)))
 	if i := tk.Entry(task.Holder{WorkerID: "a", Attempt: 2}); i != 1 {
 		t.Errorf("Entry(a,2) = %d", i)
 	}
@@ -339,8 +339,8 @@ func TestCloneIsDeep(t *testing.T) {
 	}, running("a", 1, t0.Add(time.Second)))
 	c := tk.Clone()
 	c.SpecificWorkerIDs[0], c.LockKeys[0], c.Payload[2] = "z", "z", 'y'
-	c.Workers[0].State = task.WorkerFail
-	if tk.SpecificWorkerIDs[0] != "a" || tk.LockKeys[0] != "l" || string(tk.Payload) != `{"x":1}` || tk.Workers[0].State != task.WorkerRunning {
+	c.Workers[0].State = task.AttemptFail
+	if tk.SpecificWorkerIDs[0] != "a" || tk.LockKeys[0] != "l" || string(tk.Payload) != `{"x":1}` || tk.Workers[0].State != task.AttemptRunning {
 		t.Errorf("Clone shares memory: %+v", tk)
 	}
 }

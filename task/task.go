@@ -42,25 +42,26 @@ func ParseState(s string) (State, error) {
 	return "", fmt.Errorf("%w: state: %q is not one of pending, running, succeeded, failed, cancelled", ErrInvalid, s)
 }
 
-// WorkerState is the state of one worker's entry in a task's worker list.
+// AttemptState is the state of one attempt in a task's worker list.
 // EXPIRED is not stored: it is a RUNNING entry whose lease has passed.
-type WorkerState string
+type AttemptState string
 
 const (
-	WorkerRunning WorkerState = "RUNNING"
-	WorkerSuccess WorkerState = "SUCCESS"
-	WorkerFail    WorkerState = "FAIL"
-	WorkerExpired WorkerState = "EXPIRED" // recorded when a claim drops an expired entry
+	AttemptRunning AttemptState = "RUNNING"
+	AttemptSuccess AttemptState = "SUCCESS"
+	AttemptFail    AttemptState = "FAIL"
+	AttemptExpired AttemptState = "EXPIRED" // recorded when a claim drops an expired entry
 )
 
-// Worker is one entry of a task's worker list.
-type Worker struct {
+// Attempt is one claim of a task by one worker: an entry of the task's
+// worker list (JSON "workers"), from its claim to its outcome.
+type Attempt struct {
 	WorkerID string `json:"worker_id"`
 	// Instance is the claiming process's instance id (see WorkerInfo), so
 	// that two processes under one worker id never renew or finish each
 	// other's attempts.
 	Instance string      `json:"instance,omitempty"`
-	State    WorkerState `json:"state"`
+	State    AttemptState `json:"state"`
 	// Attempt is the fencing token: it grows with every claim of the task.
 	Attempt    int       `json:"attempt"`
 	LeaseUntil time.Time `json:"lease_until"`
@@ -78,18 +79,18 @@ type Worker struct {
 }
 
 // Holder is the holder identity of w's attempt of the task with key.
-func (w Worker) Holder(key string) Holder {
+func (w Attempt) Holder(key string) Holder {
 	return Holder{TaskKey: key, WorkerID: w.WorkerID, Attempt: w.Attempt, Instance: w.Instance}
 }
 
 // Live reports whether w is RUNNING with a lease still ahead of now.
-func (w Worker) Live(now time.Time) bool {
-	return w.State == WorkerRunning && now.Before(w.LeaseUntil)
+func (w Attempt) Live(now time.Time) bool {
+	return w.State == AttemptRunning && now.Before(w.LeaseUntil)
 }
 
 // Expired reports whether w is RUNNING but its lease has passed.
-func (w Worker) Expired(now time.Time) bool {
-	return w.State == WorkerRunning && !now.Before(w.LeaseUntil)
+func (w Attempt) Expired(now time.Time) bool {
+	return w.State == AttemptRunning && !now.Before(w.LeaseUntil)
 }
 
 // Duration is a time.Duration that reads and writes JSON as "1.5s".
@@ -141,14 +142,14 @@ type Task struct {
 	PingInterval         Duration `json:"ping_interval"`
 	WorkerTimeout        Duration `json:"worker_timeout"`
 	LockKeys             []string `json:"lock_keys,omitempty"`
-	Workers              []Worker `json:"workers"`
+	Workers              []Attempt `json:"workers"`
 	// Attempts is the highest attempt number ever handed out; it survives
 	// entries being released or cleared so the fencing token only grows.
 	Attempts int `json:"attempts"`
 	// History holds the attempts that left Workers (released, snoozed,
 	// unpinned, and every entry a rerun cleared), oldest first, at most
 	// MaxHistory; HistoryDropped counts the older ones left out.
-	History        []Worker  `json:"history,omitempty"`
+	History        []Attempt  `json:"history,omitempty"`
 	HistoryDropped int       `json:"history_dropped,omitempty"`
 	Cancelled      bool      `json:"cancelled,omitempty"`
 	State          State     `json:"state"`
@@ -174,7 +175,7 @@ func (t *Task) Clone() *Task {
 	return &c
 }
 
-func cloneWorkers(ws []Worker) []Worker {
+func cloneWorkers(ws []Attempt) []Attempt {
 	c := slices.Clone(ws)
 	for i := range c {
 		c[i].Result = slices.Clone(c[i].Result)
@@ -522,7 +523,7 @@ func newTask(p PublishParams, now time.Time, internal bool) (*Task, error) {
 		PingInterval:         Duration(p.PingInterval),
 		WorkerTimeout:        Duration(p.WorkerTimeout),
 		LockKeys:             p.LockKeys,
-		Workers:              []Worker{},
+		Workers:              []Attempt{},
 		Version:              1,
 		CreatedAt:            now.UTC(),
 		UpdatedAt:            now.UTC(),

@@ -244,25 +244,25 @@ func TestRecompute(t *testing.T) {
 	tests := []struct {
 		name    string
 		edit    func(p *task.PublishParams)
-		workers []task.Worker
+		workers []task.Attempt
 		cancel  bool
 		state   task.State
 		next    time.Time // zero: none
 	}{
 		{"pending", nil, nil, false, task.StatePending, t0},
 		{"delayed", func(p *task.PublishParams) { p.RunAt = later }, nil, false, task.StatePending, later},
-		{"running and full", nil, []task.Worker{running("a", 1, soon)}, false, task.StateRunning, soon},
-		{"full picks earliest lease", two, []task.Worker{running("a", 1, later), running("b", 2, soon)}, false, task.StateRunning, soon},
-		{"running with a free slot", two, []task.Worker{running("a", 1, later)}, false, task.StateRunning, t0},
-		{"expired lease still running, claimable", nil, []task.Worker{running("a", 1, t0)}, false, task.StateRunning, t0},
-		{"succeeded", nil, []task.Worker{ended("a", 1, task.WorkerSuccess)}, false, task.StateSucceeded, time.Time{}},
-		{"one of two successes", two, []task.Worker{ended("a", 1, task.WorkerSuccess)}, false, task.StatePending, t0},
-		{"failures within retries", nil, []task.Worker{ended("a", 1, task.WorkerFail), ended("b", 2, task.WorkerExpired)}, false, task.StatePending, t0},
+		{"running and full", nil, []task.Attempt{running("a", 1, soon)}, false, task.StateRunning, soon},
+		{"full picks earliest lease", two, []task.Attempt{running("a", 1, later), running("b", 2, soon)}, false, task.StateRunning, soon},
+		{"running with a free slot", two, []task.Attempt{running("a", 1, later)}, false, task.StateRunning, t0},
+		{"expired lease still running, claimable", nil, []task.Attempt{running("a", 1, t0)}, false, task.StateRunning, t0},
+		{"succeeded", nil, []task.Attempt{ended("a", 1, task.AttemptSuccess)}, false, task.StateSucceeded, time.Time{}},
+		{"one of two successes", two, []task.Attempt{ended("a", 1, task.AttemptSuccess)}, false, task.StatePending, t0},
+		{"failures within retries", nil, []task.Attempt{ended("a", 1, task.AttemptFail), ended("b", 2, task.AttemptExpired)}, false, task.StatePending, t0},
 		{"failed", func(p *task.PublishParams) { p.MaxUnexpectedRetries = 1 },
-			[]task.Worker{ended("a", 1, task.WorkerFail), ended("b", 2, task.WorkerExpired)}, false, task.StateFailed, time.Time{}},
+			[]task.Attempt{ended("a", 1, task.AttemptFail), ended("b", 2, task.AttemptExpired)}, false, task.StateFailed, time.Time{}},
 		{"failed at first with NoRetries", func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries },
-			[]task.Worker{ended("a", 1, task.WorkerFail)}, false, task.StateFailed, time.Time{}},
-		{"cancelled", nil, []task.Worker{running("a", 1, soon)}, true, task.StateCancelled, time.Time{}},
+			[]task.Attempt{ended("a", 1, task.AttemptFail)}, false, task.StateFailed, time.Time{}},
+		{"cancelled", nil, []task.Attempt{running("a", 1, soon)}, true, task.StateCancelled, time.Time{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -301,8 +301,8 @@ func TestParseState(t *testing.T) {
 func TestCountWorkers(t *testing.T) {
 	t.Parallel()
 	tk := doc(t, func(p *task.PublishParams) { p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 5, 5 },
-		running("a", 1, t0.Add(time.Second)), running("b", 2, t0), ended("c", 3, task.WorkerSuccess),
-		ended("d", 4, task.WorkerFail), ended("e", 5, task.WorkerExpired))
+		running("a", 1, t0.Add(time.Second)), running("b", 2, t0), ended("c", 3, task.AttemptSuccess),
+		ended("d", 4, task.AttemptFail), ended("e", 5, task.AttemptExpired))
 	got := tk.CountWorkers(t0)
 	want := task.Counts{Live: 1, Expired: 1, Success: 1, Unexpected: 2}
 	if got != want {

@@ -393,7 +393,7 @@ func checkChaosEntries(t *testing.T, all []*task.Task, runs map[string][]*attemp
 			if pins := plan.pins[tk.Key]; pins != nil && !slices.Contains(pins, w.WorkerID) {
 				t.Errorf("task %s pinned to %v has an entry of %s: %s", tk.Key, pins, w.WorkerID, fmtWorkers(tk))
 			}
-			if w.State != task.WorkerExpired {
+			if w.State != task.AttemptExpired {
 				continue
 			}
 			expired++
@@ -435,7 +435,7 @@ func checkTakeovers(t *testing.T, all []*task.Task, runs map[string][]*attemptRu
 			// Attempt numbers are unique within a task; the process's
 			// instance id is not in the program's log.
 			ws := docs[key].Workers
-			if i := slices.IndexFunc(ws, func(w task.Worker) bool { return w.WorkerID == a.worker && w.Attempt == a.attempt }); i < 0 || ws[i].State != task.WorkerExpired {
+			if i := slices.IndexFunc(ws, func(w task.Attempt) bool { return w.WorkerID == a.worker && w.Attempt == a.attempt }); i < 0 || ws[i].State != task.AttemptExpired {
 				continue // other workers finished the task: nothing to take over
 			}
 			var next time.Time

@@ -233,7 +233,7 @@ func heldBy(t *testing.T, ctx context.Context, s task.Store, id string) bool {
 func failures(tk *task.Task) int {
 	n := 0
 	for _, w := range tk.Workers {
-		if w.State == task.WorkerFail || w.State == task.WorkerExpired {
+		if w.State == task.AttemptFail || w.State == task.AttemptExpired {
 			n++
 		}
 	}
@@ -292,7 +292,7 @@ func checkDeviceRuns(t *testing.T, rep *device.Report, tasks map[string]*task.Ta
 	}
 	for key, tk := range tasks {
 		for _, w := range tk.Workers {
-			if w.State != task.WorkerSuccess {
+			if w.State != task.AttemptSuccess {
 				continue
 			}
 			found := false

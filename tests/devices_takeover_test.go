@@ -159,9 +159,9 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 		}
 		for _, w := range tk.Workers {
 			switch w.State {
-			case task.WorkerFail:
+			case task.AttemptFail:
 				t.Errorf("task %s: attempt %d by %s failed: %s", key, w.Attempt, w.WorkerID, w.Error)
-			case task.WorkerExpired:
+			case task.AttemptExpired:
 				if w.WorkerID != host {
 					t.Errorf("task %s: live worker %s lost its lease (attempt %d)", key, w.WorkerID, w.Attempt)
 				}

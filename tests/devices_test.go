@@ -122,12 +122,12 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 			}
 			last = w.Attempt
 			switch w.State {
-			case task.WorkerExpired:
+			case task.AttemptExpired:
 				takenOver++
 				if w.WorkerID != "w1" {
 					t.Errorf("task %s: live worker %s lost its lease (attempt %d)", key, w.WorkerID, w.Attempt)
 				}
-			case task.WorkerFail:
+			case task.AttemptFail:
 				if kindOf[dc.device] == "clean-" {
 					t.Errorf("task %s on fault-free device %s: attempt %d by %s failed: %s", key, dc.device, w.Attempt, w.WorkerID, w.Error)
 				}
@@ -135,7 +135,7 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 		}
 		nsucc := 0
 		for _, w := range tk.Workers {
-			if w.State == task.WorkerSuccess {
+			if w.State == task.AttemptSuccess {
 				nsucc++
 			}
 		}
@@ -157,7 +157,7 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 				t.Errorf("task %s failed with %d successes and %d failures, want 0 and %d (retries %d): %+v", key, nsucc, failures(tk), dc.retries+1, dc.retries, tk.Workers)
 			}
 			for _, w := range tk.Workers {
-				if w.State == task.WorkerFail && !strings.Contains(w.Error, mqttdev.ErrDeviceFailed.Error()) {
+				if w.State == task.AttemptFail && !strings.Contains(w.Error, mqttdev.ErrDeviceFailed.Error()) {
 					t.Logf("task %s attempt %d failed for another reason than the device: %s", key, w.Attempt, w.Error)
 				}
 			}
@@ -359,7 +359,7 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tk.State != task.StateSucceeded || len(tk.Workers) != 1 || tk.Workers[0].State != task.WorkerSuccess {
+	if tk.State != task.StateSucceeded || len(tk.Workers) != 1 || tk.Workers[0].State != task.AttemptSuccess {
 		t.Fatalf("command for the device that came back ended %s with workers %+v, want one SUCCESS entry and no FAIL/EXPIRED", tk.State, tk.Workers)
 	}
 	if tk.Attempts < 2 {

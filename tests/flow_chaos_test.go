@@ -225,7 +225,7 @@ func checkFlowSideEffects(t *testing.T, ctx context.Context, store task.Store, f
 				afterKill++
 			}
 			for _, w := range tk.AttemptHistory() {
-				if w.Attempt == r.attempt && w.State == task.WorkerSuccess {
+				if w.Attempt == r.attempt && w.State == task.AttemptSuccess {
 					t.Errorf("%s ran again after attempt %d succeeded", key, r.attempt)
 				}
 			}

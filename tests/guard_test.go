@@ -213,7 +213,7 @@ func TestGuardFrozenWorkerLosesItsProgram(t *testing.T) {
 	eventually(t, 10*time.Second, "A to run a while after SIGCONT", func() bool { return time.Since(resumedAt) > 2*time.Second })
 	tk := r.get(t, "frozen")
 	for _, w := range tk.Workers {
-		if w.WorkerID == "A" && w.State == task.WorkerSuccess {
+		if w.WorkerID == "A" && w.State == task.AttemptSuccess {
 			t.Errorf("A recorded a success for the lease it lost: %+v", tk.Workers)
 		}
 	}

@@ -258,7 +258,7 @@ func checkStoreAgainstLog(t *testing.T, all []*task.Task, runs map[string][]*att
 				t.Errorf("task %s: attempt numbers do not grow: %s", tk.Key, fmtWorkers(tk))
 			}
 			last = w.Attempt
-			if w.State != task.WorkerSuccess {
+			if w.State != task.AttemptSuccess {
 				continue
 			}
 			successes++

@@ -274,7 +274,7 @@ func TestMongoClockSkew(t *testing.T) {
 	if ss := startsOf("B", "held"); len(ss) > 0 {
 		t.Errorf("B started the task A held live at %s: %s", ss[0].at.Format(time.StampMicro), fmtWorkers(held))
 	}
-	if len(held.Workers) != 1 || held.Workers[0].WorkerID != "A" || held.Workers[0].State != task.WorkerSuccess {
+	if len(held.Workers) != 1 || held.Workers[0].WorkerID != "A" || held.Workers[0].State != task.AttemptSuccess {
 		t.Errorf("held task: want one SUCCESS by A, got %s", fmtWorkers(held))
 	}
 

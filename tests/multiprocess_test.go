@@ -83,7 +83,7 @@ func TestThreeWorkerProcessesOneKilled(t *testing.T) {
 				t.Errorf("task %s: attempt numbers do not grow: %+v", tk.Key, tk.Workers)
 			}
 			last = w.Attempt
-			if w.State == task.WorkerExpired {
+			if w.State == task.AttemptExpired {
 				takenOver++
 				if w.WorkerID != "w1" {
 					b, _ := json.Marshal(tk.Workers)
@@ -98,7 +98,7 @@ func TestThreeWorkerProcessesOneKilled(t *testing.T) {
 	stoppedAt := map[string]time.Time{}
 	for _, tk := range all {
 		for _, w := range tk.Workers {
-			if w.State == task.WorkerSuccess && w.EndedAt.After(stoppedAt[tk.Key]) {
+			if w.State == task.AttemptSuccess && w.EndedAt.After(stoppedAt[tk.Key]) {
 				stoppedAt[tk.Key] = w.EndedAt.Add(time.Second)
 			}
 		}

@@ -64,7 +64,7 @@ func TestScheduleEverySecondUnderKills(t *testing.T) {
 		tk := tasks[at.Unix()]
 		successes := 0
 		for _, w := range tk.Workers {
-			if w.State == task.WorkerSuccess {
+			if w.State == task.AttemptSuccess {
 				successes++
 			}
 		}

@@ -45,20 +45,20 @@ func benchTask(i int, now time.Time) *task.Task {
 	if err != nil {
 		panic(err)
 	}
-	w := task.Worker{WorkerID: fmt.Sprintf("w%02d", i%50), Attempt: 1, StartedAt: now, LeaseUntil: now.Add(time.Hour)}
+	w := task.Attempt{WorkerID: fmt.Sprintf("w%02d", i%50), Attempt: 1, StartedAt: now, LeaseUntil: now.Add(time.Hour)}
 	switch r := i % 20; {
 	case r < 14:
-		w.State, w.EndedAt = task.WorkerSuccess, now
+		w.State, w.EndedAt = task.AttemptSuccess, now
 	case r < 18:
 		return t
 	case r == 18:
 		t.MaxUnexpectedRetries = 0
-		w.State, w.EndedAt = task.WorkerFail, now
+		w.State, w.EndedAt = task.AttemptFail, now
 	default:
-		w.State = task.WorkerRunning
+		w.State = task.AttemptRunning
 	}
 	t.Attempts = 1
-	t.Workers = []task.Worker{w}
+	t.Workers = []task.Attempt{w}
 	t.Recompute(now)
 	return t
 }

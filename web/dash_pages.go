@@ -39,10 +39,10 @@ type taskPage struct {
 
 // attemptRow is one entry of the worker list as the page shows it.
 type attemptRow struct {
-	task.Worker
+	Entry task.Attempt
 	// Shown is the entry's state as seen now: EXPIRED for a RUNNING entry
 	// whose lease has passed.
-	Shown task.WorkerState
+	Shown task.AttemptState
 	// ResultText is the attempt's result, indented.
 	ResultText string
 }
@@ -65,13 +65,13 @@ func (d *dashboard) task(w http.ResponseWriter, r *http.Request) {
 	p := taskPage{Task: t, Payload: prettyJSON(t.Payload), MaxHistory: task.MaxHistory}
 	now := d.store.Now()
 	for _, wk := range t.AttemptHistory() {
-		row := attemptRow{Worker: wk, Shown: wk.State, ResultText: prettyJSON(wk.Result)}
+		row := attemptRow{Entry: wk, Shown: wk.State, ResultText: prettyJSON(wk.Result)}
 		if wk.Expired(now) {
-			row.Shown = task.WorkerExpired
+			row.Shown = task.AttemptExpired
 		}
 		p.Attempts = append(p.Attempts, row)
 	}
-	slices.SortFunc(p.Attempts, func(a, b attemptRow) int { return cmp.Compare(b.Attempt, a.Attempt) })
+	slices.SortFunc(p.Attempts, func(a, b attemptRow) int { return cmp.Compare(b.Entry.Attempt, a.Entry.Attempt) })
 	d.render(w, r, http.StatusOK, "task", "Task "+t.Key, p)
 }
 

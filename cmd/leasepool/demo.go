@@ -359,7 +359,7 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 		}
 		byGroup[dt.group] = g
 		for _, wk := range t.Workers {
-			if wk.State == task.WorkerExpired {
+			if wk.State == task.AttemptExpired {
 				takeovers++
 			}
 			if dt.group == "pinned" && wk.WorkerID != "demo-w2" && wk.WorkerID != "demo-w3" {
@@ -369,7 +369,7 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 		if dt.group == "multi" {
 			ok := 0
 			for _, wk := range t.Workers {
-				if wk.State == task.WorkerSuccess {
+				if wk.State == task.AttemptSuccess {
 					ok++
 				}
 			}

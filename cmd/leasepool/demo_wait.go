@@ -42,7 +42,7 @@ func pendingReason(t *task.Task, now time.Time, running []*task.Task, live []tas
 			why = "device offline"
 		case last.State == task.WorkerSnoozed:
 			why = "snoozed"
-		case last.State == task.WorkerFail, last.State == task.WorkerExpired:
+		case last.State == task.AttemptFail, last.State == task.AttemptExpired:
 			why = "retry backoff"
 		}
 		return waitReason{why: why, until: t.RunAt}
@@ -68,9 +68,9 @@ func pendingReason(t *task.Task, now time.Time, running []*task.Task, live []tas
 
 // lastAttempt is t's latest attempt, current or in its history; nil if
 // it never ran.
-func lastAttempt(t *task.Task) *task.Worker {
-	var last *task.Worker
-	for _, ws := range [][]task.Worker{t.History, t.Workers} {
+func lastAttempt(t *task.Task) *task.Attempt {
+	var last *task.Attempt
+	for _, ws := range [][]task.Attempt{t.History, t.Workers} {
 		for i := range ws {
 			if last == nil || ws[i].Attempt > last.Attempt {
 				last = &ws[i]

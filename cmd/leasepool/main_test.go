@@ -197,7 +197,7 @@ func TestJSONFieldNames(t *testing.T) {
 		PingInterval         string        `json:"ping_interval"`
 		WorkerTimeout        string        `json:"worker_timeout"`
 		LockKeys             []string      `json:"lock_keys"`
-		Workers              []task.Worker `json:"workers"`
+		Workers              []task.Attempt `json:"workers"`
 		State                string        `json:"state"`
 		NextClaimAt          time.Time     `json:"next_claim_at"`
 		Version              int64         `json:"version"`

@@ -110,10 +110,10 @@ func TestStatusTextBounded(t *testing.T) {
 func TestWaitSummary(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	pending := func(kind string, runAt time.Duration, last task.WorkerState) *task.Task {
+	pending := func(kind string, runAt time.Duration, last task.AttemptState) *task.Task {
 		t := &task.Task{Key: fmt.Sprint(runAt, last), Kind: kind, State: task.StatePending, RunAt: now.Add(runAt)}
 		if last != "" {
-			t.History = []task.Worker{{WorkerID: "w1", Attempt: 1, State: task.WorkerFail}, {WorkerID: "w2", Attempt: 2, State: last}}
+			t.History = []task.Attempt{{WorkerID: "w1", Attempt: 1, State: task.AttemptFail}, {WorkerID: "w2", Attempt: 2, State: last}}
 		}
 		return t
 	}
@@ -121,7 +121,7 @@ func TestWaitSummary(t *testing.T) {
 	for i := range 9 {
 		all = append(all, pending("sleep", time.Duration(2+i)*time.Second-time.Millisecond, ""))
 	}
-	all = append(all, pending("sleep", 2500*time.Millisecond, task.WorkerFail),
+	all = append(all, pending("sleep", 2500*time.Millisecond, task.AttemptFail),
 		&task.Task{Key: "done", Kind: "sleep", State: task.StateSucceeded})
 	live := []task.WorkerInfo{{ID: "w2", Kinds: []string{"sleep", "noop"}}}
 	if got, want := waitSummary(all, live, now), "10 waiting: 9 delayed until +2s..+10s, 1 retry backoff until +3s"; got != want {

@@ -22,7 +22,7 @@ func Params() task.PublishParams {
 // New builds a validated task published at T0 from Params with edit
 // applied, adds workers (raising Attempts to the highest of theirs) and
 // recomputes the derived fields at T0.
-func New(t testing.TB, edit func(p *task.PublishParams), workers ...task.Worker) *task.Task {
+func New(t testing.TB, edit func(p *task.PublishParams), workers ...task.Attempt) *task.Task {
 	t.Helper()
 	p := Params()
 	if edit != nil {
@@ -42,11 +42,11 @@ func New(t testing.TB, edit func(p *task.PublishParams), workers ...task.Worker)
 
 // Running is a worker running attempt since a second before T0, its lease
 // ending at lease.
-func Running(id string, attempt int, lease time.Time) task.Worker {
-	return task.Worker{WorkerID: id, State: task.WorkerRunning, Attempt: attempt, LeaseUntil: lease, StartedAt: T0.Add(-time.Second)}
+func Running(id string, attempt int, lease time.Time) task.Attempt {
+	return task.Attempt{WorkerID: id, State: task.AttemptRunning, Attempt: attempt, LeaseUntil: lease, StartedAt: T0.Add(-time.Second)}
 }
 
 // Ended is a worker whose attempt ended in st a second before T0.
-func Ended(id string, attempt int, st task.WorkerState) task.Worker {
-	return task.Worker{WorkerID: id, State: st, Attempt: attempt, StartedAt: T0.Add(-time.Minute), EndedAt: T0.Add(-time.Second)}
+func Ended(id string, attempt int, st task.AttemptState) task.Attempt {
+	return task.Attempt{WorkerID: id, State: st, Attempt: attempt, StartedAt: T0.Add(-time.Minute), EndedAt: T0.Add(-time.Second)}
 }

@@ -148,7 +148,7 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 	return d, nil
 }
 
-func toWorkerDoc(w task.Worker) (workerDoc, error) {
+func toWorkerDoc(w task.Attempt) (workerDoc, error) {
 	d := workerDoc{
 		WorkerID:      w.WorkerID,
 		Instance:      w.Instance,
@@ -174,11 +174,11 @@ func toWorkerDoc(w task.Worker) (workerDoc, error) {
 	return d, nil
 }
 
-func fromWorkerDoc(d workerDoc) (task.Worker, error) {
-	w := task.Worker{
+func fromWorkerDoc(d workerDoc) (task.Attempt, error) {
+	w := task.Attempt{
 		WorkerID:      d.WorkerID,
 		Instance:      d.Instance,
-		State:         task.WorkerState(d.State),
+		State:         task.AttemptState(d.State),
 		Attempt:       int(d.Attempt),
 		LeaseUntil:    utc(d.LeaseUntil),
 		StartedAt:     utc(d.StartedAt),
@@ -228,7 +228,7 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 		PingInterval:         task.Duration(d.PingInterval),
 		WorkerTimeout:        task.Duration(d.WorkerTimeout),
 		LockKeys:             d.LockKeys,
-		Workers:              make([]task.Worker, len(d.Workers)),
+		Workers:              make([]task.Attempt, len(d.Workers)),
 		Attempts:             int(d.Attempts),
 		Cancelled:            d.Cancelled,
 		State:                task.State(d.State),

@@ -71,7 +71,7 @@ func TestSkewedWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if doc.Attempts != 1 || len(doc.Workers) != 1 || doc.Workers[0].WorkerID != "A" || doc.Workers[0].State != task.WorkerRunning {
+	if doc.Attempts != 1 || len(doc.Workers) != 1 || doc.Workers[0].WorkerID != "A" || doc.Workers[0].State != task.AttemptRunning {
 		t.Errorf("held: attempts %d, workers %+v; want A's one running attempt", doc.Attempts, doc.Workers)
 	}
 	if r.cancelled.Load() {

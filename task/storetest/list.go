@@ -53,7 +53,7 @@ func listFixture(t *testing.T, st task.Store, base time.Time) []*task.Task {
 func setWorker(id string, now time.Time) func(tk *task.Task) error {
 	return func(tk *task.Task) error {
 		tk.Attempts++
-		tk.Workers = append(tk.Workers, task.Worker{WorkerID: id, State: task.WorkerRunning, Attempt: tk.Attempts, LeaseUntil: now.Add(time.Hour), StartedAt: now})
+		tk.Workers = append(tk.Workers, task.Attempt{WorkerID: id, State: task.AttemptRunning, Attempt: tk.Attempts, LeaseUntil: now.Add(time.Hour), StartedAt: now})
 		tk.UpdatedAt = now.UTC()
 		tk.Recompute(now)
 		return nil

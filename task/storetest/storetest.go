@@ -135,7 +135,7 @@ func norm(tk *task.Task) *task.Task {
 	ms(&c.NextClaimAt)
 	ms(&c.CreatedAt)
 	ms(&c.UpdatedAt)
-	for _, ws := range [][]task.Worker{c.Workers, c.History} {
+	for _, ws := range [][]task.Attempt{c.Workers, c.History} {
 		normWorkers(ws, ms)
 	}
 	for i := range c.Changes {
@@ -165,7 +165,7 @@ func norm(tk *task.Task) *task.Task {
 }
 
 // normWorkers is norm for worker entries.
-func normWorkers(ws []task.Worker, ms func(*time.Time)) {
+func normWorkers(ws []task.Attempt, ms func(*time.Time)) {
 	for i := range ws {
 		ms(&ws[i].LeaseUntil)
 		ms(&ws[i].StartedAt)

@@ -180,10 +180,10 @@ func (s suite) roundTrip(t *testing.T) {
 		PingInterval:         task.Duration(1500 * time.Millisecond),
 		WorkerTimeout:        task.Duration(7 * time.Second),
 		LockKeys:             []string{"device:1", "device:2"},
-		Workers: []task.Worker{
-			{WorkerID: "w1", State: task.WorkerRunning, Attempt: 3, LeaseUntil: now.Add(5 * time.Second), StartedAt: now.Add(-time.Second)},
-			{WorkerID: "w2", State: task.WorkerFail, Attempt: 2, LeaseUntil: now.Add(-time.Hour), StartedAt: now.Add(-2 * time.Hour), EndedAt: now.Add(-90 * time.Minute), Error: "boom: \"quoted\""},
-			{WorkerID: "w1", State: task.WorkerExpired, Attempt: 1, LeaseUntil: now.Add(-3 * time.Hour), StartedAt: now.Add(-4 * time.Hour), EndedAt: now.Add(-3 * time.Hour), Error: "lease expired"},
+		Workers: []task.Attempt{
+			{WorkerID: "w1", State: task.AttemptRunning, Attempt: 3, LeaseUntil: now.Add(5 * time.Second), StartedAt: now.Add(-time.Second)},
+			{WorkerID: "w2", State: task.AttemptFail, Attempt: 2, LeaseUntil: now.Add(-time.Hour), StartedAt: now.Add(-2 * time.Hour), EndedAt: now.Add(-90 * time.Minute), Error: "boom: \"quoted\""},
+			{WorkerID: "w1", State: task.AttemptExpired, Attempt: 1, LeaseUntil: now.Add(-3 * time.Hour), StartedAt: now.Add(-4 * time.Hour), EndedAt: now.Add(-3 * time.Hour), Error: "lease expired"},
 		},
 		Attempts:    3,
 		State:       task.StateRunning,
@@ -204,11 +204,11 @@ func (s suite) roundTrip(t *testing.T) {
 	next.Priority = 42
 	next.SpecificWorkerIDs = nil
 	next.LockKeys = []string{"device:3"}
-	next.Workers = append(next.Workers, task.Worker{WorkerID: "w3", State: task.WorkerSuccess, Attempt: 4, LeaseUntil: now, StartedAt: now, EndedAt: now.Add(time.Millisecond),
+	next.Workers = append(next.Workers, task.Attempt{WorkerID: "w3", State: task.AttemptSuccess, Attempt: 4, LeaseUntil: now, StartedAt: now, EndedAt: now.Add(time.Millisecond),
 		Result: json.RawMessage(`{"rows":[1,2.5,"é"],"ok":true,"none":null}`), LogDropped: 3,
 		Log: []task.LogLine{{At: now.Add(-time.Second), Msg: "fetched 2 rows"}, {At: now, Msg: "wrote \"é\""}}})
 	next.Attempts = 4
-	next.History = []task.Worker{
+	next.History = []task.Attempt{
 		{WorkerID: "w0", Instance: "i0", State: task.WorkerSnoozed, Attempt: 1, LeaseUntil: now.Add(-5 * time.Hour), StartedAt: now.Add(-6 * time.Hour), EndedAt: now.Add(-5 * time.Hour),
 			Result: json.RawMessage(`[1,"two"]`), Log: []task.LogLine{{At: now.Add(-5 * time.Hour), Msg: "device offline"}}},
 		{WorkerID: "w1", State: task.WorkerReleased, Attempt: 2, LeaseUntil: now.Add(-4 * time.Hour), StartedAt: now.Add(-5 * time.Hour), EndedAt: now.Add(-4 * time.Hour), LogDropped: 4, OutputDropped: true},
@@ -261,7 +261,7 @@ func (s suite) deepResult(t *testing.T) {
 	if err := task.ValidateResult(deep); err != nil {
 		t.Fatal(err)
 	}
-	tk.History = []task.Worker{{WorkerID: "w", State: task.WorkerSnoozed, Attempt: 1, StartedAt: st.Now(), Result: deep}}
+	tk.History = []task.Attempt{{WorkerID: "w", State: task.WorkerSnoozed, Attempt: 1, StartedAt: st.Now(), Result: deep}}
 	want := tk.Clone()
 	if err := st.Update(ctxFor(t), tk); err != nil {
 		t.Fatalf("Update with a result %d levels deep: %v", task.MaxJSONDepth, err)
@@ -340,7 +340,7 @@ func (s suite) update(t *testing.T) {
 func addWorker(id string, lease, now time.Time) func(tk *task.Task) error {
 	return func(tk *task.Task) error {
 		tk.Attempts++
-		tk.Workers = append(tk.Workers, task.Worker{WorkerID: id, State: task.WorkerRunning, Attempt: tk.Attempts, LeaseUntil: lease, StartedAt: now})
+		tk.Workers = append(tk.Workers, task.Attempt{WorkerID: id, State: task.AttemptRunning, Attempt: tk.Attempts, LeaseUntil: lease, StartedAt: now})
 		tk.Recompute(now)
 		return nil
 	}
