@@ -60,7 +60,7 @@ type Attempt struct {
 	// Instance is the claiming process's instance id (see WorkerInfo), so
 	// that two processes under one worker id never renew or finish each
 	// other's attempts.
-	Instance string      `json:"instance,omitempty"`
+	Instance string       `json:"instance,omitempty"`
 	State    AttemptState `json:"state"`
 	// Attempt is the fencing token: it grows with every claim of the task.
 	Attempt    int       `json:"attempt"`
@@ -134,14 +134,14 @@ type Task struct {
 	RunAt    time.Time       `json:"run_at"`
 	// Seq orders tasks of equal priority by publish; the backend assigns it
 	// and it grows with publish time.
-	Seq                  int64    `json:"seq"`
-	SpecificWorkerIDs    []string `json:"specific_worker_ids,omitempty"`
-	ConcurrentWorkerCnt  int      `json:"concurrent_worker_cnt"`
-	SuccessWorkerCnt     int      `json:"success_worker_cnt"`
-	MaxUnexpectedRetries int      `json:"max_unexpected_retries"`
-	PingInterval         Duration `json:"ping_interval"`
-	WorkerTimeout        Duration `json:"worker_timeout"`
-	LockKeys             []string `json:"lock_keys,omitempty"`
+	Seq                  int64     `json:"seq"`
+	SpecificWorkerIDs    []string  `json:"specific_worker_ids,omitempty"`
+	ConcurrentWorkerCnt  int       `json:"concurrent_worker_cnt"`
+	SuccessWorkerCnt     int       `json:"success_worker_cnt"`
+	MaxUnexpectedRetries int       `json:"max_unexpected_retries"`
+	PingInterval         Duration  `json:"ping_interval"`
+	WorkerTimeout        Duration  `json:"worker_timeout"`
+	LockKeys             []string  `json:"lock_keys,omitempty"`
 	Workers              []Attempt `json:"workers"`
 	// Attempts is the highest attempt number ever handed out; it survives
 	// entries being released or cleared so the fencing token only grows.
@@ -149,7 +149,7 @@ type Task struct {
 	// History holds the attempts that left Workers (released, snoozed,
 	// unpinned, and every entry a rerun cleared), oldest first, at most
 	// MaxHistory; HistoryDropped counts the older ones left out.
-	History        []Attempt  `json:"history,omitempty"`
+	History        []Attempt `json:"history,omitempty"`
 	HistoryDropped int       `json:"history_dropped,omitempty"`
 	Cancelled      bool      `json:"cancelled,omitempty"`
 	State          State     `json:"state"`

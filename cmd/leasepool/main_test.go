@@ -185,22 +185,22 @@ func TestJSONFieldNames(t *testing.T) {
 		}
 	}
 	var got struct {
-		Key                  string        `json:"key"`
-		Kind                 string        `json:"kind"`
-		Payload              any           `json:"payload"`
-		Priority             int           `json:"priority"`
-		RunAt                time.Time     `json:"run_at"`
-		SpecificWorkerIDs    []string      `json:"specific_worker_ids"`
-		ConcurrentWorkerCnt  int           `json:"concurrent_worker_cnt"`
-		SuccessWorkerCnt     int           `json:"success_worker_cnt"`
-		MaxUnexpectedRetries int           `json:"max_unexpected_retries"`
-		PingInterval         string        `json:"ping_interval"`
-		WorkerTimeout        string        `json:"worker_timeout"`
-		LockKeys             []string      `json:"lock_keys"`
+		Key                  string         `json:"key"`
+		Kind                 string         `json:"kind"`
+		Payload              any            `json:"payload"`
+		Priority             int            `json:"priority"`
+		RunAt                time.Time      `json:"run_at"`
+		SpecificWorkerIDs    []string       `json:"specific_worker_ids"`
+		ConcurrentWorkerCnt  int            `json:"concurrent_worker_cnt"`
+		SuccessWorkerCnt     int            `json:"success_worker_cnt"`
+		MaxUnexpectedRetries int            `json:"max_unexpected_retries"`
+		PingInterval         string         `json:"ping_interval"`
+		WorkerTimeout        string         `json:"worker_timeout"`
+		LockKeys             []string       `json:"lock_keys"`
 		Workers              []task.Attempt `json:"workers"`
-		State                string        `json:"state"`
-		NextClaimAt          time.Time     `json:"next_claim_at"`
-		Version              int64         `json:"version"`
+		State                string         `json:"state"`
+		NextClaimAt          time.Time      `json:"next_claim_at"`
+		Version              int64          `json:"version"`
 	}
 	b, _ := json.Marshal(shown)
 	if err := json.Unmarshal(b, &got); err != nil {
