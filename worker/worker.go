@@ -17,9 +17,9 @@
 //
 // Stop order: the consumer first (running handlers finish within
 // ShutdownTimeout, then their leases are released), then the schedule
-// runner, the flow reconciler and retention, then the MQTT client and the embedded
-// broker (handlers may be talking to devices until the consumer has
-// stopped). The Store is the caller's: Stop leaves it open.
+// runner, the flow reconciler and retention, then the MQTT client and the
+// embedded broker (handlers may be talking to devices until the consumer
+// has stopped). The Store is the caller's: Stop leaves it open.
 package worker
 
 import (
@@ -229,8 +229,8 @@ func (w *Worker) Kinds() []string { return slices.Clone(w.kinds) }
 func (w *Worker) Consumer() *consumer.Consumer { return w.consumer }
 
 // Start registers the worker id, then starts device tasks, the consumer,
-// the schedule runner, the flow reconciler and retention. ctx bounds the start only.
-// When it fails, what it started is stopped again.
+// the schedule runner, the flow reconciler and retention. ctx bounds the
+// start only. When it fails, what it started is stopped again.
 func (w *Worker) Start(ctx context.Context) error {
 	run, err := w.life.Start(ctx)
 	if err != nil {
@@ -314,8 +314,8 @@ func (w *Worker) Failed() <-chan error { return w.failed }
 
 // Stop stops the consumer (running handlers finish within
 // ShutdownTimeout, then their leases are released), then the schedule
-// runner, the flow reconciler and retention, then device tasks. It returns the
-// consumer's error, or ctx's cause when ctx ends first.
+// runner, the flow reconciler and retention, then device tasks. It
+// returns the consumer's error, or ctx's cause when ctx ends first.
 func (w *Worker) Stop(ctx context.Context) error {
 	var err error
 	stopErr := w.life.Stop(ctx, func() {
