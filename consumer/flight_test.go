@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -218,5 +219,68 @@ func TestRefillPageKeepsNewerEvents(t *testing.T) {
 	defer mu.Unlock()
 	if ran["t-04"] {
 		t.Fatal("A ran t-04, which B holds")
+	}
+}
+
+// failedPage wraps a worker's store to fail its first refill page (a
+// ready query continuing after a resume point) at once; failed is closed
+// as it returns.
+type failedPage struct {
+	task.Store
+	failed chan struct{}
+	once   sync.Once
+}
+
+var errPageFailed = errors.New("refill page failed")
+
+func (f *failedPage) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.Task, error) {
+	fail := false
+	if q.Ready && q.After != nil {
+		f.once.Do(func() { fail = true })
+	}
+	if fail {
+		defer close(f.failed)
+		return nil, errPageFailed
+	}
+	return f.Store.Candidates(ctx, q)
+}
+
+// TestRefillPutOffWakes: a refill the rate limit puts off (a query ran
+// or failed moments ago) is run when due, though the heap holds only later entries
+// and nothing else comes to wake the worker; else a backlog left in the
+// store waits for the safety net.
+func TestRefillPutOffWakes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for i := range 4 {
+		e.publish(fmt.Sprintf("t-%02d", i))
+	}
+	failing := &failedPage{Store: e.store, failed: make(chan struct{})}
+	started := make(chan struct{})
+	release := make(chan struct{})
+	a := e.worker("A", func(ctx context.Context, job *consumer.Job) error {
+		switch job.Task.Key {
+		case "t-00":
+			close(started)
+			<-release
+		case "t-01":
+			<-failing.failed // ends moments after the refill page failed
+		}
+		return nil
+	}, concurrency(1), onStore(failing), func(c *consumer.Config) {
+		c.HeapSize, c.PageSize = 2, 2
+		c.SafetyNetInterval, c.PollInterval = time.Hour, time.Hour
+	})
+	recv(t, started, "A's run of t-00")
+	// The heap holds t-01 and, once this event is in, a task due in an hour.
+	e.publish("marker", runAt(e.store.Now().Add(time.Hour)))
+	eventually(t, waitLong, func() bool { return a.Stats().Queued >= 2 }, "A to queue t-01 and the marker")
+
+	// A dispatches t-01 and reads the next page aside, which fails: the
+	// query from the top is put off (a second after a failure), and only
+	// the marker, an hour off, is left in the heap.
+	close(release)
+	for _, k := range []string{"t-01", "t-02", "t-03"} {
+		e.waitState(k, task.StateSucceeded)
 	}
 }

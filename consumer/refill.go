@@ -35,6 +35,17 @@ func (s *scheduler) queryDue() bool {
 	return since > time.Second || (s.overflow && since > 20*time.Millisecond)
 }
 
+// untilQueryDue is how long until queryDue holds, or, after a failed
+// query, until a second has passed: a store that is down is not asked
+// again fifty times a second.
+func (s *scheduler) untilQueryDue() time.Duration {
+	gap := time.Second
+	if s.overflow && !s.queryFailed {
+		gap = 20 * time.Millisecond
+	}
+	return max(time.Until(s.lastQuery.Add(gap))+time.Millisecond, 0)
+}
+
 // query loads candidates page by page: ready tasks in priority order, then
 // upcoming ones by claim time, until the heap is full.
 func (s *scheduler) query(ctx context.Context) { s.queryFrom(ctx, nil) }
@@ -46,6 +57,7 @@ func (s *scheduler) queryFrom(ctx context.Context, resume *task.Task) {
 	s.lastQuery = time.Now()
 	s.overflow = false
 	s.resume = nil
+	s.queryFailed = false
 	now := s.store.Now()
 	for _, ready := range []bool{true, false} {
 		after := resume
@@ -65,6 +77,7 @@ func (s *scheduler) queryFrom(ctx context.Context, resume *task.Task) {
 				if ctx.Err() == nil {
 					s.logger.Warn("candidate query", slog.Any("err", err))
 					s.overflow = true // try again when the heap drains
+					s.queryFailed = true
 				}
 				return
 			}
@@ -116,6 +129,7 @@ func (s *scheduler) onPage(p fetchedPage) {
 	if p.err != nil {
 		if !errors.Is(p.err, context.Canceled) {
 			s.logger.Warn("candidate query", slog.Any("err", p.err))
+			s.queryFailed = true
 		}
 		s.resume = nil // the next refill queries everything, no sooner than queryDue
 		return

@@ -59,6 +59,9 @@ type scheduler struct {
 	overflow  bool
 	resume    *task.Task // where the next overflow query continues
 	lastQuery time.Time
+	// queryFailed: the last refill query failed, so the next one the
+	// loop wakes for waits a second (see untilQueryDue).
+	queryFailed bool
 	// A refill page of a long backlog is read in its own goroutine, so
 	// that slots freed meanwhile are refilled from the heap rather than
 	// waiting for the query (a page is a few milliseconds of reads and
@@ -105,6 +108,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 	defer timer.Stop()
 	ready := false // a first query has run (after the stream opened)
 	for {
+		refill := time.Hour // when a refill queryDue put off is due
 		if ready {
 			s.dispatch(ctx)
 			// Refill before the heap runs dry, or holds nothing due, when
@@ -118,10 +122,17 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			case s.free > 0 && s.queryDue():
 				s.queryFrom(ctx, s.resume)
 				s.dispatch(ctx)
+			case s.free > 0:
+				// Put off: wake for it. A heap holding only later entries
+				// (a lease held elsewhere, a task run at a later time)
+				// sets no timer sooner, and once its own attempts' events
+				// are in, nothing else may come to wake the loop: the
+				// store's ready backlog would wait for the safety net.
+				refill = s.untilQueryDue()
 			}
 		}
 		s.queued.Store(int64(s.heap.Len()))
-		timer.Reset(s.wait())
+		timer.Reset(min(s.wait(), refill))
 		select {
 		case <-ctx.Done():
 			return
