@@ -27,6 +27,8 @@ func TestValidateRefusesHostileInput(t *testing.T) {
 			`invalid: key: "leasepool:flow:x" is reserved (the leasepool: prefix is leasepool's own)`},
 		{"rate slot lock key", func(p *task.PublishParams) { p.LockKeys = []string{"device:1", "rate:lock:device:1#3"} },
 			`invalid: lock_keys: "rate:lock:device:1#3" is reserved (the rate: prefix holds rate-limit slots)`},
+		{"dot key", func(p *task.PublishParams) { p.Key = "." }, `invalid: key: "." cannot be named in a URL path`},
+		{"dot-dot key", func(p *task.PublishParams) { p.Key = ".." }, `invalid: key: ".." cannot be named in a URL path`},
 		{"singleton lock key", func(p *task.PublishParams) { p.LockKeys = []string{"leasepool.retention"} },
 			`invalid: lock_keys: "leasepool.retention" is reserved (the leasepool. prefix holds leasepool's own singletons)`},
 		{"broker host lock key", func(p *task.PublishParams) { p.LockKeys = []string{"mqtt-broker:127.0.0.1:1883"} },

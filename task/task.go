@@ -272,10 +272,15 @@ func ValidateLockKey(field, k string) error {
 }
 
 // ValidateKey checks the key of a task a caller publishes: a valid name
-// outside ReservedPrefix.
+// outside ReservedPrefix, and not "." or "..", which no URL path can name
+// (an HTTP client or server cleans them away, so /api/v1/tasks/KEY could
+// never reach the task).
 func ValidateKey(field, key string) error {
 	if err := ValidateName(field, key); err != nil {
 		return err
+	}
+	if key == "." || key == ".." {
+		return invalid(field, fmt.Sprintf("%q cannot be named in a URL path", key))
 	}
 	if Reserved(key) {
 		return reservedKey(field, key)
