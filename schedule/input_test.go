@@ -31,6 +31,7 @@ func TestAddRefusesHostileSchedules(t *testing.T) {
 			`template: invalid: lock_keys: "rate:kind:noop#0" is reserved (the rate: prefix holds rate-limit slots)`},
 		{func(s *schedule.Schedule) { s.Template.Payload = json.RawMessage(`{"a":` + deepJSON(64) + `}`) },
 			"template: invalid: payload: nested deeper than 64 levels"},
+		{func(s *schedule.Schedule) { s.Name = ".." }, `invalid: name: ".." cannot be named in a URL path`},
 		{func(s *schedule.Schedule) { s.Name = "leasepool.retention" },
 			`invalid: name: "leasepool.retention": the prefix "leasepool." is reserved for built-in schedules`},
 	} {

@@ -212,6 +212,9 @@ func validateName(name string) error {
 	if err := task.ValidateName("name", name); err != nil {
 		return err
 	}
+	if name == "." || name == ".." { // no URL path can name it (/api/v1/schedules/NAME/pause)
+		return invalid("name", fmt.Sprintf("%q cannot be named in a URL path", name))
+	}
 	// The occurrence key must be a valid task key too.
 	longest := Key(name, time.Date(2000, 1, 1, 0, 0, 0, 1, time.UTC))
 	if len(longest) > task.MaxNameLen {
