@@ -46,11 +46,20 @@ func TestSimSmall(t *testing.T) {
 	}
 }
 
-// TestSimScale prints the scaling table (-sim.big) and runs random fault
-// schedules (-sim.schedules N).
+// TestSimScale checks that costs per task stay flat as workers are added
+// (W = 1, 10, 100 in CI), prints the big scaling table with -sim.big
+// (W up to 1,000) and runs random fault schedules with -sim.schedules N.
 func TestSimScale(t *testing.T) {
-	if !*big && *schedules == 0 {
-		t.Skip("on demand: go test ./tests/sim -run TestSimScale -sim.big [-sim.schedules N]")
+	var flat []sim.Result
+	for _, w := range []int{1, 10, 100} {
+		flat = append(flat, run(t, sim.Config{Workers: w, Tasks: 200, PublishEvery: 2 * time.Millisecond, Seed: 5}))
+	}
+	t.Logf("\n%s", sim.Table(flat))
+	for _, r := range flat[1:] {
+		if r.Writes > flat[0].Writes*1.1 || r.Conflicts > 0.1 {
+			t.Errorf("W=%d: %.2f writes and %.2f conflicts per task; want within 10%% of W=1's %.2f writes and at most 0.1 conflicts",
+				r.Config.Workers, r.Writes, r.Conflicts, flat[0].Writes)
+		}
 	}
 	var table []sim.Result
 	if *big {
