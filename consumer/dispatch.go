@@ -1,0 +1,137 @@
+// dispatch.go is the scheduler's hand-off to free slots: the flow
+// controls (pauses, rate limits) each due entry passes on its way out.
+
+package consumer
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/preempt"
+)
+
+// onControl puts back in the heap the tasks no pause holds any more;
+// dispatch, which runs next, starts them.
+func (s *scheduler) onControl() {
+	now := s.store.Now()
+	for k := range s.rateWait {
+		if e, ok := s.heap.Entry(k); ok && e.At.After(now) {
+			e.At = now // rateGate judges it again under the new limits
+			s.heap.Put(e)
+		}
+	}
+	clear(s.rateWait)
+	ctl := s.ctl.Load()
+	for k, e := range s.paused {
+		if _, still := ctl.Paused(e.Task); !still {
+			delete(s.paused, k)
+			if !s.heap.Put(e) {
+				s.dropped()
+			}
+		}
+	}
+}
+
+// dispatch starts a claim attempt for each due entry while slots are free.
+func (s *scheduler) dispatch(ctx context.Context) {
+	for s.free > 0 {
+		e, ok := s.heap.Pop(s.store.Now())
+		if !ok {
+			return
+		}
+		ctl := s.ctl.Load()
+		if _, paused := ctl.Paused(e.Task); paused {
+			s.paused[e.Key] = e
+			continue
+		}
+		rate, ok := s.rateGate(e, ctl)
+		if !ok {
+			continue
+		}
+		var keys []string
+		if e.Task != nil {
+			keys = e.Task.LockKeys
+		}
+		if k, busy := s.locks.busyKey(append(rate, keys...)); busy {
+			s.locks.park(e, k)
+			continue
+		}
+		s.locks.hold(keys)
+		s.locks.hold(rate)
+		wakes := s.locks.depart(keys)
+		s.claiming[e.Key] = nil
+		s.free--
+		s.inflight.Add(1)
+		go func() {
+			defer s.inflight.Done()
+			var once sync.Once
+			decided := func() {
+				once.Do(func() {
+					if len(rate) > 0 {
+						select {
+						case s.claimsDone <- rate:
+						case <-s.done:
+						}
+					}
+				})
+			}
+			var slotFreed atomic.Bool
+			handled := func() {
+				slotFreed.Store(true)
+				select {
+				case s.handled <- struct{}{}:
+				case <-s.done:
+				}
+			}
+			r := s.attempt(ctx, e, decided, handled)
+			decided()
+			r.busy, r.wakes, r.slotFreed = keys, wakes, slotFreed.Load()
+			select {
+			case s.results <- r:
+			case <-s.done:
+			}
+		}()
+	}
+}
+
+// rateGate keeps back a due task whose rate limits have no slot free as
+// far as this process knows: it waits in the heap until the earliest slot
+// frees, with no store trip. Otherwise it returns the task's rate keys:
+// held for the claim's duration, so that claims counted in one limit go
+// one at a time here, the best task first when a slot frees.
+func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, bool) {
+	buckets := ctl.Buckets(e.Task)
+	if len(buckets) == 0 {
+		return nil, true
+	}
+	now := s.store.Now()
+	rate := make([]string, 0, len(buckets))
+	for _, b := range buckets {
+		if at, full := s.slots.full(b, now); full {
+			// The tasks parked behind this limit's claims wait for the
+			// same slot: all go to the heap, where they start in order.
+			for _, w := range append(s.locks.unparkAll("rate:"+b.Key), e) {
+				w.At = at
+				if !s.heap.Put(w) {
+					s.dropped()
+				}
+				s.noteRateWait(w.Key)
+			}
+			return nil, false
+		}
+		rate = append(rate, "rate:"+b.Key)
+	}
+	return rate, true
+}
+
+// noteRateWait notes that key waits for a slot. The notes are a hint
+// (dropped at each control change, and when too many): a task not
+// noted waits for its slot even if the limit went.
+func (s *scheduler) noteRateWait(key string) {
+	if len(s.rateWait) >= s.cfg.HeapSize {
+		clear(s.rateWait)
+	}
+	s.rateWait[key] = true
+}
