@@ -5,12 +5,11 @@ package tests
 // with 1, 2, 4 and 8 idle worker processes while tasks are published at
 // 500/s, and a 20,000-task drain by 1 and by 4 processes, interleaved.
 //
-//	go test ./tests -run TestSpreadFigures -v -args -spread.figures
+//	go test ./tests -run '^$' -bench SpreadFigures -benchtime 1x
 
 import (
 	"bufio"
 	"context"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -28,11 +27,9 @@ import (
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
-var spreadFigures = flag.Bool("spread.figures", false, "print the claim-spreading figures (worker processes on one embedded store)")
-
 // fastBin builds the CLI without the race detector: figures of a
 // race-instrumented binary would measure the detector.
-func fastBin(t *testing.T) string {
+func fastBin(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "leasepool")
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/leasepool").CombinedOutput(); err != nil {
@@ -41,7 +38,7 @@ func fastBin(t *testing.T) string {
 	return bin
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -52,7 +49,7 @@ func freePort(t *testing.T) string {
 }
 
 // metricSum sums the samples of one metric on a worker's /metrics.
-func metricSum(t *testing.T, addr, name string) float64 {
+func metricSum(t testing.TB, addr, name string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -80,7 +77,7 @@ type figureWorkers struct {
 	addrs []string
 }
 
-func startFigureWorkers(t *testing.T, bin, url string, n, concurrency int) *figureWorkers {
+func startFigureWorkers(t testing.TB, bin, url string, n, concurrency int) *figureWorkers {
 	t.Helper()
 	fw := &figureWorkers{}
 	for i := range n {
@@ -113,7 +110,7 @@ func (fw *figureWorkers) stop() {
 
 // waitLive waits until n workers are registered and have read the
 // registry with each other in it (a heartbeat later).
-func waitLive(t *testing.T, st task.Store, n int) {
+func waitLive(t testing.TB, st task.Store, n int) {
 	t.Helper()
 	eventually(t, 30*time.Second, fmt.Sprintf("%d live workers", n), func() bool {
 		ws, err := st.Workers(context.Background())
@@ -131,7 +128,7 @@ func waitLive(t *testing.T, st task.Store, n int) {
 	time.Sleep(2 * time.Second)
 }
 
-func waitSucceeded(t *testing.T, st task.Store, n int) {
+func waitSucceeded(t testing.TB, st task.Store, n int) {
 	t.Helper()
 	eventually(t, 5*time.Minute, fmt.Sprintf("%d tasks to succeed", n), func() bool {
 		s, err := st.Stats(context.Background())
@@ -139,7 +136,7 @@ func waitSucceeded(t *testing.T, st task.Store, n int) {
 	})
 }
 
-func openFigureStore(t *testing.T) (task.Store, string) {
+func openFigureStore(t testing.TB) (task.Store, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "figures.db")
 	st, err := sqlitestore.Open(context.Background(), path, nil)
@@ -150,10 +147,10 @@ func openFigureStore(t *testing.T) (task.Store, string) {
 	return st, "sqlite:" + path
 }
 
-func TestSpreadFigures(t *testing.T) {
-	if !*spreadFigures {
-		t.Skip("on demand: go test ./tests -run TestSpreadFigures -v -args -spread.figures")
-	}
+// BenchmarkSpreadFigures prints the claim-spreading figures: worker
+// processes on one embedded store (go test ./tests -run '^$' -bench
+// SpreadFigures -benchtime 1x).
+func BenchmarkSpreadFigures(t *testing.B) {
 	bin := fastBin(t)
 	ctx := context.Background()
 
@@ -161,7 +158,7 @@ func TestSpreadFigures(t *testing.T) {
 	fmt.Println("| worker processes | tasks | claims | claim conflicts | conflicts per task |")
 	fmt.Println("|--:|--:|--:|--:|--:|")
 	for _, n := range []int{1, 2, 4, 8} {
-		t.Run(fmt.Sprintf("conflicts-%d", n), func(t *testing.T) {
+		t.Run(fmt.Sprintf("conflicts-%d", n), func(t *testing.B) {
 			st, url := openFigureStore(t)
 			fw := startFigureWorkers(t, bin, url, n, 4)
 			waitLive(t, st, n)
@@ -190,7 +187,7 @@ func TestSpreadFigures(t *testing.T) {
 	fmt.Println("|--:|--:|--:|--:|--:|")
 	for round := 1; round <= 2; round++ {
 		for _, n := range []int{1, 4} {
-			t.Run(fmt.Sprintf("drain-%d-round%d", n, round), func(t *testing.T) {
+			t.Run(fmt.Sprintf("drain-%d-round%d", n, round), func(t *testing.B) {
 				st, url := openFigureStore(t)
 				var wg sync.WaitGroup
 				for g := range 32 {
