@@ -75,7 +75,7 @@ type Consumer struct {
 }
 
 type run struct {
-	lease   *ping.Lease
+	lease   *ping.Renewer
 	version int64 // document version written by the claim
 	cancel  context.CancelCauseFunc
 }

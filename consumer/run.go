@@ -263,7 +263,7 @@ func (c *Consumer) observeClaim(doc *task.Task, try *claimTry) {
 // settle writes the attempt's outcome and returns it.
 // ended is when the handler returned: an outcome is judged against the
 // lease as it stood then, and a peer's claim since makes the write fail.
-func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, ended time.Time, log attemptLog) Outcome {
+func (c *Consumer) settle(hctx context.Context, lease *ping.Renewer, err error, ended time.Time, log attemptLog) Outcome {
 	out := lease.Output() // what the handler recorded: every write here stores it
 	if o, lost := c.settleLost(context.Cause(hctx), lease, out, log); lost {
 		return o
@@ -325,7 +325,7 @@ func (c *Consumer) settle(hctx context.Context, lease *ping.Lease, err error, en
 // settleLost ends an attempt whose lease was lost (cause): unpinned, the
 // task finished by others, cancelled or preempted. It reports false when
 // the lease still stood, leaving the outcome to settle.
-func (c *Consumer) settleLost(cause error, lease *ping.Lease, out task.Output, log attemptLog) (Outcome, bool) {
+func (c *Consumer) settleLost(cause error, lease *ping.Renewer, out task.Output, log attemptLog) (Outcome, bool) {
 	if errors.Is(cause, task.ErrUnpinned) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = lease.Unpin(ctx)
@@ -359,7 +359,7 @@ func (c *Consumer) settleLost(cause error, lease *ping.Lease, out task.Output, l
 
 // writeOutcome retries store errors with backoff while the lease may still
 // be ours; the write itself refuses once it is not.
-func (c *Consumer) writeOutcome(lease *ping.Lease, fn func(*task.Task) error) error {
+func (c *Consumer) writeOutcome(lease *ping.Renewer, fn func(*task.Task) error) error {
 	backoff := 20 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -17,8 +17,10 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// Lease is one held attempt of one task.
-type Lease struct {
+// Renewer keeps one claimed attempt of one task: it renews the attempt's
+// lease (Keep, Start), writes to the task on its behalf (Write) and says
+// when the lease is lost (Observe).
+type Renewer struct {
 	store  task.Store
 	holder task.Holder
 	logger *slog.Logger
@@ -29,16 +31,17 @@ type Lease struct {
 	out func() task.Output // see Carry
 }
 
-// New returns the lease of holder that a successful claim wrote as doc.
-func New(store task.Store, doc *task.Task, holder task.Holder, logger *slog.Logger) *Lease {
+// New returns the Renewer of holder's attempt, which a successful claim
+// wrote as doc.
+func New(store task.Store, doc *task.Task, holder task.Holder, logger *slog.Logger) *Renewer {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Lease{store: store, holder: holder, doc: doc, logger: logger}
+	return &Renewer{store: store, holder: holder, doc: doc, logger: logger}
 }
 
 // Doc returns the latest known document.
-func (l *Lease) Doc() *task.Task {
+func (l *Renewer) Doc() *task.Task {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.doc
@@ -47,23 +50,23 @@ func (l *Lease) Doc() *task.Task {
 // Carry makes each renewal also store out's value on the attempt
 // (task.Record), so what a running handler recorded (its log lines) shows
 // before the attempt ends, at no extra write. Call it before Keep.
-func (l *Lease) Carry(out func() task.Output) { l.out = out }
+func (l *Renewer) Carry(out func() task.Output) { l.out = out }
 
 // Output is the carried output's value now (none without Carry).
-func (l *Lease) Output() task.Output {
+func (l *Renewer) Output() task.Output {
 	if l.out == nil {
 		return task.Output{}
 	}
 	return l.out()
 }
 
-// Holder is the lock holder identity of this lease.
-func (l *Lease) Holder() task.Holder { return l.holder }
+// Holder is the lock holder identity of this attempt.
+func (l *Renewer) Holder() task.Holder { return l.holder }
 
 // Write applies fn to the latest document and writes it with
 // compare-and-set (task.ModifyFrom: the cached document first, re-read on
 // conflict).
-func (l *Lease) Write(ctx context.Context, fn func(t *task.Task) error) error {
+func (l *Renewer) Write(ctx context.Context, fn func(t *task.Task) error) error {
 	doc, err := task.ModifyFrom(ctx, l.store, l.holder.TaskKey, l.Doc(), fn)
 	if doc != nil {
 		l.set(doc)
@@ -74,7 +77,7 @@ func (l *Lease) Write(ctx context.Context, fn func(t *task.Task) error) error {
 	return err
 }
 
-func (l *Lease) set(t *task.Task) {
+func (l *Renewer) set(t *task.Task) {
 	l.mu.Lock()
 	if l.doc == nil || t.Version >= l.doc.Version {
 		l.doc = t
@@ -85,7 +88,7 @@ func (l *Lease) set(t *task.Task) {
 // Observe offers a document seen elsewhere (a change event), so the next
 // write starts from it. It reports the loss it shows, if any: cancelled,
 // unpinned, or this attempt gone.
-func (l *Lease) Observe(t *task.Task) error {
+func (l *Renewer) Observe(t *task.Task) error {
 	l.set(t)
 	if t.Cancelled {
 		return task.ErrCancelled
@@ -105,7 +108,7 @@ func (l *Lease) Observe(t *task.Task) error {
 // Renew extends the lease once, with the task's lock keys. A worker that
 // is no longer pinned removes its own entry, so a permitted worker can
 // claim at once, and reports ErrUnpinned.
-func (l *Lease) Renew(ctx context.Context) error {
+func (l *Renewer) Renew(ctx context.Context) error {
 	now := l.store.Now()
 	// Locks first, to the same end as the lease: the document's lease is
 	// then never ahead of the locks', and Remaining, which reads the
@@ -137,7 +140,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 
 // Unpin writes the removal of this attempt's entry after its worker was
 // dropped from the pins, and returns ErrUnpinned.
-func (l *Lease) Unpin(ctx context.Context) error {
+func (l *Renewer) Unpin(ctx context.Context) error {
 	err := l.Write(ctx, func(t *task.Task) error {
 		if !t.Unpin(l.holder, l.store.Now()) {
 			return errNoChange
@@ -158,7 +161,7 @@ var errNoChange = errors.New("no change")
 // the lease is gone, and returns. Every renewal must succeed before the
 // lease ends: a store that hangs is given until then and no longer, since
 // past that point a peer may hold the task.
-func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
+func (l *Renewer) Keep(ctx context.Context, lost func(cause error)) {
 	l.keep(ctx, lost, l.firstPing())
 }
 
@@ -166,7 +169,7 @@ func (l *Lease) Keep(ctx context.Context, lost func(cause error)) {
 // renewals have ended. No goroutine runs before the first renewal is due,
 // so a task shorter than that costs a timer, not a goroutine to start and
 // then to wait for.
-func (l *Lease) Start(lost func(cause error)) (stop func()) {
+func (l *Renewer) Start(lost func(cause error)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	first := time.AfterFunc(l.firstPing(), func() {
@@ -183,12 +186,12 @@ func (l *Lease) Start(lost func(cause error)) (stop func()) {
 
 // firstPing is when the first renewal is due: a claim that took long
 // leaves less than a full lease, so renew sooner.
-func (l *Lease) firstPing() time.Duration {
+func (l *Renewer) firstPing() time.Duration {
 	return min(time.Duration(l.Doc().PingInterval), l.Remaining()/2)
 }
 
 // keep is Keep with the first renewal after wait.
-func (l *Lease) keep(ctx context.Context, lost func(cause error), wait time.Duration) {
+func (l *Renewer) keep(ctx context.Context, lost func(cause error), wait time.Duration) {
 	backoff := 50 * time.Millisecond
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
@@ -243,7 +246,7 @@ func (l *Lease) keep(ctx context.Context, lost func(cause error), wait time.Dura
 // lease_until in store time, less a tenth of worker_timeout, so that it
 // stops before a peer can start (clock estimates and kill delays are not
 // exact).
-func (l *Lease) Remaining() time.Duration {
+func (l *Renewer) Remaining() time.Duration {
 	doc := l.Doc()
 	i := doc.Entry(l.holder)
 	if i < 0 {

@@ -134,7 +134,7 @@ func (s *fakeStore) counts() (updates, failed, gets int) {
 }
 
 // setup publishes a task with edit applied and claims it as worker "w".
-func setup(t *testing.T, edit func(p *task.PublishParams)) (*fakeStore, *ping.Lease) {
+func setup(t *testing.T, edit func(p *task.PublishParams)) (*fakeStore, *ping.Renewer) {
 	t.Helper()
 	s := newFakeStore()
 	p := task.PublishParams{Key: "k", Kind: "noop", Options: task.Options{PingInterval: 10 * time.Millisecond, WorkerTimeout: time.Minute}}
@@ -327,7 +327,7 @@ func TestObserve(t *testing.T) {
 
 // keep runs l.Keep in a goroutine and returns the channel of lost causes
 // and a channel closed when Keep returns.
-func keep(t *testing.T, ctx context.Context, l *ping.Lease) (<-chan error, <-chan struct{}) {
+func keep(t *testing.T, ctx context.Context, l *ping.Renewer) (<-chan error, <-chan struct{}) {
 	t.Helper()
 	lost := make(chan error, 2)
 	done := make(chan struct{})

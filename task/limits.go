@@ -22,7 +22,7 @@ const (
 	MinPingInterval = 10 * time.Millisecond
 	// MinWorkerTimeout is the shortest worker_timeout. A holder counts on
 	// its lease only until a tenth of worker_timeout before it ends (see
-	// ping.Lease.Remaining), so the claim write, the first renewal and the
+	// ping.Renewer.Remaining), so the claim write, the first renewal and the
 	// store clock's error must all fit well inside it.
 	MinWorkerTimeout = 100 * time.Millisecond
 	// MaxPayloadSize is the largest payload, in bytes of JSON. Backends
