@@ -86,7 +86,22 @@ type Action struct {
 // Step is one step of a flow.
 type Step struct {
 	Name string `json:"name"`
+	// Type is what the step does (see StepType): empty is TypeTask, or
+	// TypeSleep when Sleep or Until is set.
+	Type StepType `json:"type,omitempty"`
+	// Needs names the steps that must succeed before this one starts.
+	// In a flow where no step names any, each step needs the one before.
+	Needs []string `json:"needs,omitempty"`
+	// Action is a task step's work. A signal step uses only its Timeout:
+	// how long it waits for its signal (zero: for ever).
 	Action
+	// Default is what a signal step takes as its payload when its
+	// timeout passes; without one the timeout fails the step.
+	Default json.RawMessage `json:"default,omitempty"`
+	// Sleep (a duration) or Until (an RFC 3339 time) is when a sleep
+	// step ends: Sleep counts from the step's start.
+	Sleep task.Duration `json:"sleep,omitempty"`
+	Until time.Time     `json:"until,omitzero"`
 	// Rollback undoes the step; nil means there is nothing to undo.
 	Rollback *Action `json:"rollback,omitempty"`
 }
@@ -151,16 +166,11 @@ func (s Spec) Validate() error {
 			return invalid(field+".name", fmt.Sprintf("%q names two steps", st.Name))
 		}
 		seen[st.Name] = true
-		if err := st.Action.validate(field); err != nil {
+		if err := st.validate(field); err != nil {
 			return err
 		}
-		if st.Rollback != nil {
-			if err := st.Rollback.validate(field + ".rollback"); err != nil {
-				return err
-			}
-		}
 	}
-	return nil
+	return validateNeeds(s.Steps)
 }
 
 func (a Action) validate(field string) error {
@@ -204,21 +214,42 @@ const (
 
 // Run is the record of one action (do or undo) of one step.
 type Run struct {
-	State     RunState  `json:"state,omitempty"`
-	Task      string    `json:"task,omitempty"` // the task key
+	State RunState `json:"state,omitempty"`
+	// Task is the task key: a task step's work or rollback, or the timer
+	// of a sleep step or of a signal step with a timeout.
+	Task      string    `json:"task,omitempty"`
 	StartedAt time.Time `json:"started_at,omitzero"`
 	EndedAt   time.Time `json:"ended_at,omitzero"`
+	// Due is when a sleep step's timer fires, or a signal step's wait
+	// times out.
+	Due time.Time `json:"due,omitzero"`
 	// Failures counts failed attempts; Error is the latest one's.
 	Failures int    `json:"failures,omitempty"`
 	Error    string `json:"error,omitempty"`
-	// Attempt is the task attempt whose outcome was recorded.
-	Attempt int `json:"attempt,omitempty"`
+	// Attempt is the task attempt whose outcome was recorded; Attempts the
+	// highest attempt number seen (a SIGKILLed attempt counts).
+	Attempt  int `json:"attempt,omitempty"`
+	Attempts int `json:"attempts,omitempty"`
 }
 
 // Progress is a step's do and undo in the current run.
 type Progress struct {
-	Do   Run `json:"do"`
-	Undo Run `json:"undo"`
+	// State sums the step up (see StepState); kept with every write.
+	State StepState `json:"state,omitempty"`
+	Do    Run       `json:"do"`
+	Undo  Run       `json:"undo"`
+	// Order is the step's place among the run's steps whose work ended
+	// (1 the first); rollbacks follow it backwards.
+	Order int `json:"order,omitempty"`
+	// Signal is a signal step's signal, kept from its arrival (which may
+	// come before the step starts) until the step takes it.
+	Signal *Signal `json:"signal,omitempty"`
+}
+
+// Signal is what was sent to a signal step.
+type Signal struct {
+	At      time.Time       `json:"at"`
+	Payload json.RawMessage `json:"payload,omitempty"`
 }
 
 // Event is something the flow's watchers should know: a rollback that
@@ -320,12 +351,14 @@ func ParseSpec(r io.Reader) (Spec, error) {
 	return s, nil
 }
 
-// badDuration names the timeout field a duration error came from
+// badDuration names the duration or time field an error came from
 // ("steps[1].rollback.timeout: "), which encoding/json does not say.
 func badDuration(b []byte) string {
 	var doc struct {
 		Steps []struct {
 			Timeout  json.RawMessage `json:"timeout"`
+			Sleep    json.RawMessage `json:"sleep"`
+			Until    json.RawMessage `json:"until"`
 			Rollback *struct {
 				Timeout json.RawMessage `json:"timeout"`
 			} `json:"rollback"`
@@ -341,6 +374,13 @@ func badDuration(b []byte) string {
 	for i, st := range doc.Steps {
 		if bad(st.Timeout) {
 			return fmt.Sprintf("steps[%d].timeout: ", i)
+		}
+		if bad(st.Sleep) {
+			return fmt.Sprintf("steps[%d].sleep: ", i)
+		}
+		var at time.Time
+		if len(st.Until) > 0 && json.Unmarshal(st.Until, &at) != nil {
+			return fmt.Sprintf("steps[%d].until: ", i)
 		}
 		if st.Rollback != nil && bad(st.Rollback.Timeout) {
 			return fmt.Sprintf("steps[%d].rollback.timeout: ", i)
