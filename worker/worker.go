@@ -38,6 +38,7 @@ import (
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
+	"github.com/leasepool/leasepool/stats"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -139,6 +140,7 @@ type Worker struct {
 	cfg      Config
 	kinds    []string
 	consumer *consumer.Consumer
+	stats    *stats.Recorder
 	life     lifecycle.Runner
 	failed   chan error
 
@@ -208,6 +210,12 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Metrics != nil {
 		observer = cfg.Metrics
 	}
+	// The dashboard's charts: outcomes by kind per minute, kept in the store.
+	rec, err := stats.NewRecorder(stats.RecorderConfig{Store: cfg.Store, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	observer = stats.Tee(observer, rec)
 	c, err := consumer.New(consumer.Config{
 		Store: cfg.Store, Handler: cfg.Mux, WorkerID: cfg.ID, Kinds: slices.Clone(kinds),
 		Concurrency: cfg.Concurrency, ShutdownTimeout: cfg.ShutdownTimeout, RetryPolicy: cfg.RetryPolicy,
@@ -216,7 +224,7 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	return &Worker{cfg: cfg, kinds: kinds, consumer: c, failed: make(chan error, 1)}, nil
+	return &Worker{cfg: cfg, kinds: kinds, consumer: c, stats: rec, failed: make(chan error, 1)}, nil
 }
 
 // ID is the worker's id.
@@ -275,6 +283,7 @@ func (w *Worker) start(ctx, run context.Context) error {
 	if err := w.consumer.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
+	w.stats.Start()
 	runner, err := schedule.NewRunner(schedule.RunnerConfig{Store: cfg.Store, Logger: cfg.Logger})
 	if err == nil {
 		err = runner.Start(ctx)
@@ -321,6 +330,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 	stopErr := w.life.Stop(ctx, func() {
 		err = w.consumer.Stop(ctx)
 		bg := context.WithoutCancel(ctx)
+		if serr := w.stats.Stop(bg); serr != nil { // the charts' last counts
+			w.cfg.Logger.Warn("worker: chart counts not written", "err", serr)
+		}
 		if w.runner != nil {
 			w.runner.Stop(bg)
 		}
