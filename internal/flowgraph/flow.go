@@ -1,6 +1,7 @@
 package flowgraph
 
 import (
+	"slices"
 	"strings"
 	"time"
 
@@ -13,16 +14,28 @@ import (
 // tasks.
 func FromFlow(f *flow.Flow, now time.Time) *Graph {
 	g := &Graph{Key: f.Key, State: string(f.State), Gen: f.Gen, Now: now}
+	explicit := false // with no step naming a need, each needs the one before
+	for _, st := range f.Steps {
+		explicit = explicit || len(st.Needs) > 0
+	}
 	for i, st := range f.Steps {
-		nd := Node{Name: st.Name, Type: "task", Kind: st.Action.Kind, HasRollback: st.Rollback != nil}
-		if i > 0 {
-			nd.Needs = []string{f.Steps[i-1].Name} // a list is a chain
+		nd := Node{Name: st.Name, Type: string(st.StepType()), HasRollback: st.Rollback != nil}
+		if nd.Type == string(flow.TypeTask) {
+			nd.Kind = st.Action.Kind
 		}
+		switch {
+		case explicit:
+			nd.Needs = st.Needs
+		case i > 0:
+			nd.Needs = []string{f.Steps[i-1].Name}
+		}
+		var recorded flow.StepState
 		if i < len(f.Progress) {
-			nd.Do = runOf(f.Progress[i].Do)
-			nd.Undo = runOf(f.Progress[i].Undo)
+			p := f.Progress[i]
+			nd.Do, nd.Undo, recorded = runOf(p.Do), runOf(p.Undo), p.State
+			nd.Signalled = p.Signal != nil
 		}
-		nd.State = stateOf(nd)
+		nd.State = stateOf(nd, recorded)
 		g.Nodes = append(g.Nodes, nd)
 	}
 	g.Layout()
@@ -30,22 +43,34 @@ func FromFlow(f *flow.Flow, now time.Time) *Graph {
 }
 
 func runOf(r flow.Run) Run {
-	out := Run{State: string(r.State), Task: r.Task, Start: r.StartedAt, End: r.EndedAt, Error: r.Error}
-	switch r.State {
-	case flow.RunNone:
-	case flow.RunSucceeded, flow.RunCancelled:
-		out.Attempts = max(r.Attempt, r.Failures+1)
-	case flow.RunFailed:
-		out.Attempts = max(r.Attempt, r.Failures)
-	default:
-		out.Attempts = max(r.Attempt, r.Failures+1)
+	out := Run{State: string(r.State), Task: r.Task, Start: r.StartedAt, End: r.EndedAt, Due: r.Due, Error: r.Error,
+		Attempts: max(r.Attempts, r.Attempt)}
+	if r.State == flow.RunFailed {
+		out.Attempts = max(out.Attempts, r.Failures)
+	} else if r.State != flow.RunNone {
+		out.Attempts = max(out.Attempts, r.Failures+1)
 	}
 	return out
 }
 
-// stateOf is a step's state from its runs: the rollback's once it
-// started, else the forward work's.
-func stateOf(nd Node) State {
+// stateOf is a step's state: the one the flow recorded, else (a document
+// written before steps had one) the rollback's once it started, else the
+// forward work's. A signal or sleep step that runs is awaiting.
+func stateOf(nd Node, recorded flow.StepState) State {
+	st := State(recorded)
+	if st == "" {
+		st = fromRuns(nd)
+	}
+	if st == Running && (nd.Type == string(flow.TypeSignal) || nd.Type == string(flow.TypeSleep)) {
+		return Awaiting
+	}
+	if !slices.Contains(States, st) {
+		return Waiting // a state this version does not know
+	}
+	return st
+}
+
+func fromRuns(nd Node) State {
 	switch nd.Undo.State {
 	case "active":
 		return RollingBack
@@ -55,10 +80,7 @@ func stateOf(nd Node) State {
 		return RollbackFailed
 	}
 	switch nd.Do.State {
-	case "active", "running":
-		if nd.Type == "signal" || nd.Type == "sleep" {
-			return Awaiting
-		}
+	case "active":
 		return Running
 	case "succeeded":
 		return Succeeded
@@ -91,8 +113,8 @@ func (g *Graph) AddTasks(tasks map[string]*task.Task) {
 		nd := &g.Nodes[i]
 		for _, r := range []*Run{&nd.Do, &nd.Undo} {
 			t := tasks[r.Task]
-			if r.Task == "" || t == nil {
-				continue
+			if r.Task == "" || t == nil || (r == &nd.Do && nd.Type != string(flow.TypeTask)) {
+				continue // a signal or sleep step's task is its timer, not its work
 			}
 			r.Spans = r.Spans[:0]
 			for _, a := range t.AttemptHistory() {

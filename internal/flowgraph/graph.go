@@ -47,7 +47,10 @@ type Run struct {
 	Attempts int
 	// Start and End bound the run; End is zero while it runs.
 	Start, End time.Time
-	Error      string
+	// Due is when a sleep step's timer fires or a signal step's wait
+	// times out.
+	Due   time.Time
+	Error string
 	// Spans are the run's attempts on the time line, oldest first
 	// (from the step task's attempt history; one span for the whole run
 	// when there is none, as for a signal or sleep step).
@@ -84,6 +87,8 @@ type Node struct {
 	// one at all.
 	Undo        Run
 	HasRollback bool
+	// Signalled says a signal step's signal arrived.
+	Signalled bool
 	// Level is the longest path from a root; Row the place in the level,
 	// in step order.
 	Level, Row int

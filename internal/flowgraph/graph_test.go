@@ -245,7 +245,7 @@ func TestHostileNamesAreEscaped(t *testing.T) {
 		}
 		nd.Undo = Run{State: "succeeded", Start: t0.Add(time.Duration(10-i) * time.Second), End: t0.Add(time.Duration(11-i) * time.Second)}
 		nd.Do.Spans = []Span{{Start: t0, End: t0.Add(time.Second), Attempt: 1, Outcome: "failed", Error: `"><script>`}}
-		nd.State = stateOf(nd)
+		nd.State = stateOf(nd, "")
 		g.Nodes = append(g.Nodes, nd)
 	}
 	g.Layout()

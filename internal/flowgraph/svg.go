@@ -120,6 +120,8 @@ func (nd Node) describe(now time.Time) string {
 			r.run.Start.UTC().Format("15:04:05.000"))
 		if !r.run.End.IsZero() {
 			fmt.Fprintf(&b, ", ended %s", r.run.End.UTC().Format("15:04:05.000"))
+		} else if !r.run.Due.IsZero() {
+			fmt.Fprintf(&b, ", due %s", r.run.Due.UTC().Format("15:04:05.000"))
 		}
 		if r.run.Error != "" {
 			fmt.Fprintf(&b, "\n%s error: %s", r.what, r.run.Error)
