@@ -69,10 +69,16 @@ func (d *dashboard) flow(w http.ResponseWriter, r *http.Request) {
 		steps[i] = flowStep{N: i + 1, Step: st, Prog: f.Progress[i], Result: prettyJSON(f.Params[st.Name]),
 			Current: i == f.Cursor && !f.State.Finished()}
 	}
+	pic, err := d.picture(r.Context(), f)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
 	d.render(w, r, http.StatusOK, "flow", "Flow "+f.Key, struct {
-		Flow  *flow.Flow
-		Steps []flowStep
-	}{f, steps})
+		Flow    *flow.Flow
+		Steps   []flowStep
+		Picture flowPicture
+	}{f, steps, pic})
 }
 
 func (d *dashboard) cancelFlow(r *http.Request) (string, string, error) {

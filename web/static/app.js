@@ -39,8 +39,14 @@
           if (!next) return;
           var checked = {};
           el.querySelectorAll("input[type=checkbox]:checked").forEach(function (c) { checked[c.value] = true; });
+          // What the user is typing (a signal's payload) survives the
+          // swap, by the field's id, and so does the focus.
+          var typed = {}, focused = document.activeElement && el.contains(document.activeElement) ? document.activeElement.id : "";
+          el.querySelectorAll("textarea[id], input[type=text][id]").forEach(function (c) { typed[c.id] = c.value; });
           el.innerHTML = next.innerHTML;
           el.querySelectorAll("input[type=checkbox]").forEach(function (c) { if (checked[c.value]) c.checked = true; });
+          Object.keys(typed).forEach(function (id) { var c = document.getElementById(id); if (c && el.contains(c)) c.value = typed[id]; });
+          if (focused && document.getElementById(focused)) document.getElementById(focused).focus();
         });
         document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
       })
@@ -105,4 +111,9 @@
   });
 
   if (live.length) { setStatus("connecting"); connect(); }
+  // A page whose state can change without a task event (a flow's signal
+  // or timer step) also asks again every data-live-poll ms.
+  var every = 0;
+  live.forEach(function (el) { every = Math.max(every, Number(el.dataset.livePoll) || 0); });
+  if (every) setInterval(changed, every);
 })();
