@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -32,9 +31,9 @@ func flowCommand() *cli.Command {
 				Action:    flowPublish,
 			},
 			{
-				Name: "show", Usage: "print a flow: state, cursor, shared parameters, each step's do and undo, events",
+				Name: "show", Usage: "print a flow: state, its steps level by level (state, attempts, time, needs, rollback), the rollback order, shared parameters, events",
 				ArgsUsage: "KEY",
-				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the stored document as JSON"}},
+				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the stored document as JSON, with the levels and rollback order under \"graph\""}},
 				Action:    flowShow,
 			},
 			{
@@ -174,51 +173,6 @@ func flowKeyAction(fn func(c *cli.Context, s task.Store, key string) (*flow.Flow
 	}
 }
 
-func flowShow(c *cli.Context) error {
-	key, err := oneKey(c)
-	if err != nil {
-		return err
-	}
-	s, err := openStoreReadOnly(c)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	f, err := flow.Get(c.Context, s, key)
-	if err != nil {
-		return err
-	}
-	if c.Bool("json") {
-		return writeJSON(c.App.Writer, f)
-	}
-	w := c.App.Writer
-	fmt.Fprintf(w, "flow %s: %s, %s, run %d, updated %s\n", f.Key, f.State, cursorText(f), f.Gen, stamp(f.UpdatedAt))
-	if f.Error != "" {
-		fmt.Fprintf(w, "error: %s\n", f.Error)
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "N\tSTEP\tKIND\tDO\tUNDO\tFAILURES\tTOOK\tERROR")
-	for i, st := range f.Steps {
-		p := f.Progress[i]
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", i+1, st.Name, st.Kind, runText(p.Do), runText(p.Undo),
-			p.Do.Failures+p.Undo.Failures, took(p.Do), firstNonEmpty(p.Undo.Error, p.Do.Error))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	fmt.Fprintln(w, "params:")
-	for _, k := range sortedKeys(f) {
-		fmt.Fprintf(w, "  %s: %s\n", k, f.Params[k])
-	}
-	if len(f.Events) > 0 {
-		fmt.Fprintln(w, "events:")
-		for _, e := range f.Events {
-			fmt.Fprintf(w, "  %s  %s  %s  %s\n", stamp(e.At), e.Type, e.Step, e.Message)
-		}
-	}
-	return nil
-}
-
 func flowList(c *cli.Context) error {
 	s, err := openStoreReadOnly(c)
 	if err != nil {
@@ -248,27 +202,6 @@ func cursorText(f *flow.Flow) string {
 		return "-"
 	}
 	return fmt.Sprintf("step %d/%d %s", f.Cursor+1, len(f.Steps), f.Steps[f.Cursor].Name)
-}
-
-func runText(r flow.Run) string {
-	if r.State == flow.RunNone {
-		return "-"
-	}
-	return string(r.State)
-}
-
-func took(r flow.Run) string {
-	if r.StartedAt.IsZero() || r.EndedAt.IsZero() {
-		return "-"
-	}
-	return r.EndedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
-}
-
-func firstNonEmpty(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func sortedKeys(f *flow.Flow) []string {

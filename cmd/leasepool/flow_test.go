@@ -59,7 +59,8 @@ func TestFlowCommands(t *testing.T) {
 		t.Errorf("publish again printed %q", out)
 	}
 	out := c.must("flow", "show", "db-1")
-	for _, want := range []string{"flow db-1: running, step 1/3 check, run 1", "check   noop  active", "cpu: 4"} {
+	for _, want := range []string{"flow db-1: running, step 1/3 check, run 1", "LEVEL  STEP    KIND  STATE    ATTEMPTS",
+		"1      check   noop  running  1         ", "2      init    exec  waiting  0         -     check  -", "3      deduct  noop  waiting  0         -     init   none", "cpu: 4"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("show lacks %q:\n%s", want, out)
 		}
@@ -67,6 +68,18 @@ func TestFlowCommands(t *testing.T) {
 	var doc map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(c.must("flow", "show", "db-1", "--json")), &doc); err != nil || string(doc["state"]) != `"running"` {
 		t.Errorf("show --json: %v %s", err, doc["state"])
+	}
+	var graph struct {
+		Levels [][]string `json:"levels"`
+		Steps  []struct {
+			Name  string   `json:"name"`
+			State string   `json:"state"`
+			Needs []string `json:"needs"`
+		} `json:"steps"`
+	}
+	if err := json.Unmarshal(doc["graph"], &graph); err != nil || len(graph.Levels) != 3 || graph.Levels[1][0] != "init" ||
+		graph.Steps[0].State != "running" || graph.Steps[2].Needs[0] != "init" {
+		t.Errorf("show --json graph: %v %s", err, doc["graph"])
 	}
 	// The first step's task is an ordinary task with the deterministic key.
 	if task := c.show("db-1/1/check/do"); string(task["kind"]) != `"noop"` {

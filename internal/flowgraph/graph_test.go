@@ -352,16 +352,18 @@ func TestText(t *testing.T) {
 	g.Nodes[0].State = Succeeded
 	g.Nodes[1].Do = Run{State: "active", Attempts: 2, Start: t0.Add(2 * time.Second)}
 	g.Nodes[1].State = Running
+	g.Nodes[1].Do.Error = "quota\nexceeded"
 	g.Nodes[0].HasRollback = true
 	var out bytes.Buffer
 	if err := g.Text(&out, false); err != nil {
 		t.Fatal(err)
 	}
-	want := `LEVEL  STEP    TYPE  STATE      ATTEMPTS  TOOK  NEEDS     ROLLBACK
+	want := `LEVEL  STEP    KIND  STATE      ATTEMPTS  TOOK  NEEDS     ROLLBACK
 1      check   task  succeeded  1         1.5s  -         -
 2      quota   task  running    2         58s   check     none
 2      ip      task  waiting    0         -     check     none
 3      create  task  waiting    0         -     quota,ip  none
+quota do error: quota exceeded
 `
 	if out.String() != want {
 		t.Errorf("text:\n%s\nwant:\n%s", out.String(), want)

@@ -14,13 +14,14 @@ var colours = map[State]string{
 	Cancelled: "\x1b[90m", Skipped: "\x1b[90m", RollingBack: "\x1b[33m", RolledBack: "\x1b[33m", RollbackFailed: "\x1b[31m",
 }
 
-// Text prints the steps level by level (1 first) with their state,
-// attempts, time taken, needs and rollback, then the rollback order and
+// Text prints the steps level by level (1 first) with their kind (or
+// type), state, attempts, time taken, needs and rollback, then their
+// errors, the rollback order and
 // any cycle or unknown need. colour adds ANSI colours to the states (for
 // a terminal); names are cleaned of control characters either way.
 func (g *Graph) Text(w io.Writer, colour bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "LEVEL\tSTEP\tTYPE\tSTATE\tATTEMPTS\tTOOK\tNEEDS\tROLLBACK")
+	fmt.Fprintln(tw, "LEVEL\tSTEP\tKIND\tSTATE\tATTEMPTS\tTOOK\tNEEDS\tROLLBACK")
 	for _, i := range g.Order() {
 		nd := g.Nodes[i]
 		state := string(nd.State)
@@ -31,11 +32,23 @@ func (g *Graph) Text(w io.Writer, colour bool) error {
 		if len(nd.Needs) > 0 {
 			needs = Clean(strings.Join(nd.Needs, ","))
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", nd.Level+1, Clean(nd.Name), Clean(nd.Type), state,
+		kind := nd.Kind // a task step's kind; signal, sleep
+		if nd.Type != "task" || kind == "" {
+			kind = nd.Type
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", nd.Level+1, Clean(nd.Name), Clean(kind), state,
 			nd.Do.Attempts, orDash(Dur(runTime(nd.Do, g.Now))), needs, nd.rollbackText(g))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, i := range g.Order() {
+		nd := g.Nodes[i]
+		for _, r := range []struct{ what, err string }{{"do", nd.Do.Error}, {"rollback", nd.Undo.Error}} {
+			if r.err != "" {
+				fmt.Fprintf(w, "%s %s error: %s\n", Clean(nd.Name), r.what, Clean(strings.ReplaceAll(r.err, "\n", " ")))
+			}
+		}
 	}
 	if len(g.Rollback) > 0 {
 		parts := make([]string, len(g.Rollback))
