@@ -281,6 +281,7 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(of))
 	},
-	"taskURL": func(key string) string { return "/task?key=" + url.QueryEscape(key) },
-	"join":    strings.Join,
+	"taskURL":  func(key string) string { return "/task?key=" + url.QueryEscape(key) },
+	"rangeURL": rangeURL,
+	"join":     strings.Join,
 }

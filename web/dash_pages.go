@@ -6,12 +6,12 @@ package web
 import (
 	"cmp"
 	"encoding/json"
+	"html/template"
 	"net/http"
 	"slices"
 	"time"
 
 	"github.com/leasepool/leasepool/control"
-	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -20,8 +20,17 @@ import (
 var states = []task.State{task.StatePending, task.StateRunning, task.StateSucceeded, task.StateFailed, task.StateCancelled}
 
 func (d *dashboard) overview(w http.ResponseWriter, r *http.Request) {
+	rg, err := parseRange(r.URL.Query())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
 	o, err := d.readOverview(r.Context())
 	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	if o.Charts, err = d.readCharts(r.Context(), rg); err != nil {
 		d.fail(w, r, err)
 		return
 	}
@@ -35,6 +44,8 @@ type taskPage struct {
 	// Attempts are every attempt kept (task.AttemptHistory), newest first.
 	Attempts   []attemptRow
 	MaxHistory int
+	// Timeline draws the attempts on one time axis.
+	Timeline template.HTML
 }
 
 // attemptRow is one entry of the worker list as the page shows it.
@@ -72,6 +83,7 @@ func (d *dashboard) task(w http.ResponseWriter, r *http.Request) {
 		p.Attempts = append(p.Attempts, row)
 	}
 	slices.SortFunc(p.Attempts, func(a, b attemptRow) int { return cmp.Compare(b.Entry.Attempt, a.Entry.Attempt) })
+	p.Timeline = timelineChart("timeline", p.Attempts, now)
 	d.render(w, r, http.StatusOK, "task", "Task "+t.Key, p)
 }
 
@@ -140,25 +152,6 @@ func (d *dashboard) runningByWorker(r *http.Request) (map[string][]string, error
 		}
 	}
 	return held, nil
-}
-
-// storeStates serves the device states the workers recorded in the store.
-type storeStates []mqttdev.DeviceState
-
-func (s storeStates) States() []mqttdev.DeviceState { return s }
-
-func (d *dashboard) devices(w http.ResponseWriter, r *http.Request) {
-	list, err := mqttdev.StoreStates(d.store).DeviceStates(r.Context())
-	if err != nil {
-		d.fail(w, r, err)
-		return
-	}
-	infos, err := mqttdev.ListDevices(r.Context(), d.store, storeStates(list))
-	if err != nil {
-		d.fail(w, r, err)
-		return
-	}
-	d.render(w, r, http.StatusOK, "devices", "Devices", infos)
 }
 
 // controlsPage is the controls page's data.

@@ -29,6 +29,8 @@ type overviewData struct {
 	// OldestReady is the next_claim_at of the pending task that has waited
 	// longest for a worker (zero: none waiting).
 	OldestReady time.Time
+	// Charts are drawn from the workers' counts (package stats).
+	Charts *overviewCharts
 }
 
 // kindCounts is one kind's counts per state.

@@ -363,8 +363,18 @@ func TestDashboardDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := e.wantPage("/devices", 200, "pump-7", "online", "flush", `href="/task?key=cmd-1"`, "w-9 (#1)", "valve-2", "unknown")
-	if !regexp.MustCompile(`pump-7</td>(?s:.*?)<td>1</td></tr>`).MatchString(body) {
+	if !regexp.MustCompile(`data-device="pump-7"(?s:.*?)<td class="queued">1</td>`).MatchString(body) {
 		t.Errorf("pump-7 should show 1 queued command:\n%s", body)
+	}
+	// The fleet view: counts by state, and each device's last commands,
+	// newest first.
+	for _, want := range []string{`id="fleet-online">1<`, `id="fleet-unknown">1<`, `id="fleet-states"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("devices page lacks %s", want)
+		}
+	}
+	if !regexp.MustCompile(`data-device="pump-7"(?s:.*?)<ul class="cmds"><li><a href="/task\?key=cmd-2">drain</a>(?s:.*?)cmd-1">flush</a>`).MatchString(body) {
+		t.Errorf("pump-7's last commands should be drain then flush:\n%s", body)
 	}
 }
 
