@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -59,10 +60,11 @@ type Store interface {
 	// ErrWatchUnsupported where the backend cannot push, and
 	// ErrHistoryLost where it cannot resume from p.ResumeAfter.
 	Watch(ctx context.Context, p WatchParams) (ChangeStream, error)
-	// AcquireLocks takes every key for holder until p.Until, or none: a key
-	// held by another holder whose lease is ahead of p.Now fails the call
-	// with a *LockedError. Acquiring again as the same holder renews. With
-	// p.Line, keys are served in line order (see LockLine).
+	// AcquireLocks takes every key of p.Namespace for holder until
+	// p.Until, or none: a key held by another holder whose lease is ahead
+	// of p.Now fails the call with a *LockedError. Acquiring again as the
+	// same holder renews. With p.Line, keys are served in line order (see
+	// LockLine). A key in one namespace never stops a caller in another.
 	AcquireLocks(ctx context.Context, p LockParams) error
 	// ReleaseLocks frees the keys still held by p.Holder, after entering
 	// p.Heirs' places in the same write.
@@ -181,12 +183,33 @@ type Holder struct {
 	Instance string `json:"instance,omitempty"`
 }
 
+// LockNamespace holds lock keys apart: the same key in two namespaces
+// names two leases, each with its own holder, line and expiry, so keys
+// that leasepool takes itself never collide with the keys of tasks.
+type LockNamespace string
+
+// The namespaces leasepool uses. A store takes any other name too, none
+// holding a NUL byte.
+const (
+	// LockTask holds tasks' lock keys (Options.LockKeys); it is the zero
+	// value.
+	LockTask LockNamespace = ""
+	// LockRate holds rate-limit slots (control.Bucket.SlotKey).
+	LockRate LockNamespace = "rate"
+	// LockSingleton holds the leases of work with one holder in the
+	// cluster (internal/singleton: the flow reconciler, retention, the
+	// embedded MQTT broker's host).
+	LockSingleton LockNamespace = "singleton"
+)
+
 // LockParams takes or frees lock keys.
 type LockParams struct {
-	Keys   []string
-	Holder Holder
-	Now    time.Time // store time; a holder whose Until is not after Now has lost it
-	Until  time.Time
+	// Namespace is where Keys (and Heirs' keys) live; zero is LockTask.
+	Namespace LockNamespace
+	Keys      []string
+	Holder    Holder
+	Now       time.Time // store time; a holder whose Until is not after Now has lost it
+	Until     time.Time
 	// Line, when set, makes AcquireLocks serve each key's waiting line in
 	// order across every worker: see LockLine. Nil takes a free key
 	// whoever waits for it (the broker lease and rate-limit slots).
@@ -196,6 +219,27 @@ type LockParams struct {
 	// holder in its own process, which never tried the store while the key
 	// was busy there, keep their rank against other workers' waiting tasks.
 	Heirs []LinePlace
+}
+
+// Validate refuses a NUL byte in the namespace or a key (Keys, Heirs'
+// lock keys), which a store may use to join a namespace to a key. Its
+// errors wrap ErrInvalid. Stores call it on every AcquireLocks and
+// ReleaseLocks.
+func (p LockParams) Validate() error {
+	if strings.IndexByte(string(p.Namespace), 0) >= 0 {
+		return invalid("lock namespace", fmt.Sprintf("%q has a NUL byte", p.Namespace))
+	}
+	for _, k := range p.Keys {
+		if strings.IndexByte(k, 0) >= 0 {
+			return invalid("lock key", fmt.Sprintf("%q has a NUL byte", k))
+		}
+	}
+	for _, h := range p.Heirs {
+		if strings.IndexByte(h.LockKey, 0) >= 0 {
+			return invalid("heir lock key", fmt.Sprintf("%q has a NUL byte", h.LockKey))
+		}
+	}
+	return nil
 }
 
 // LinePlace is a task's place in the waiting line of one lock key.
@@ -229,17 +273,22 @@ func (l LockLine) Ahead(priority int, seq int64) bool {
 // Ahead, which task waits ahead in its line (Holder.TaskKey) and until
 // when its place lasts.
 type LockedError struct {
-	Key    string
-	Holder Holder
-	Until  time.Time
-	Ahead  bool
+	Namespace LockNamespace
+	Key       string
+	Holder    Holder
+	Until     time.Time
+	Ahead     bool
 }
 
 func (e *LockedError) Error() string {
-	if e.Ahead {
-		return fmt.Sprintf("lock %s: task %s waits ahead (until %s)", e.Key, e.Holder.TaskKey, e.Until.Format(time.RFC3339Nano))
+	name := e.Key
+	if e.Namespace != LockTask {
+		name = fmt.Sprintf("%s (namespace %s)", e.Key, e.Namespace)
 	}
-	return fmt.Sprintf("lock %s held by %s/%s attempt %d until %s", e.Key, e.Holder.TaskKey, e.Holder.WorkerID, e.Holder.Attempt, e.Until.Format(time.RFC3339Nano))
+	if e.Ahead {
+		return fmt.Sprintf("lock %s: task %s waits ahead (until %s)", name, e.Holder.TaskKey, e.Until.Format(time.RFC3339Nano))
+	}
+	return fmt.Sprintf("lock %s held by %s/%s attempt %d until %s", name, e.Holder.TaskKey, e.Holder.WorkerID, e.Holder.Attempt, e.Until.Format(time.RFC3339Nano))
 }
 
 func (e *LockedError) Unwrap() error { return ErrLocked }

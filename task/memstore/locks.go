@@ -9,8 +9,21 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
+// lockName is a lock key in its namespace: the key itself in LockTask,
+// and otherwise the namespace, a NUL byte and the key (names hold no
+// NUL), so two namespaces never share a name.
+func lockName(ns task.LockNamespace, key string) string {
+	if ns == task.LockTask {
+		return key
+	}
+	return string(ns) + "\x00" + key
+}
+
 // AcquireLocks takes every key for p.Holder or none; see task.Store.
 func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("acquire locks for %s: %w", p.Holder.TaskKey, err)
+	}
 	if len(p.Keys) == 0 {
 		return nil
 	}
@@ -27,9 +40,10 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 		return fmt.Errorf("acquire locks for %s: %w", p.Holder.TaskKey, stopped)
 	}
 	for _, k := range p.Keys {
-		db.locks[k] = lockRow{holder: p.Holder, until: p.Until}
+		n := lockName(p.Namespace, k)
+		db.locks[n] = lockRow{holder: p.Holder, until: p.Until}
 		if p.Line != nil {
-			delete(db.lines[k], p.Holder.TaskKey)
+			delete(db.lines[n], p.Holder.TaskKey)
 		}
 	}
 	if f.Err != nil {
@@ -43,12 +57,13 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 // db.mu held.
 func (db *DB) checkLocks(p task.LockParams) *task.LockedError {
 	for _, k := range p.Keys {
-		if l, ok := db.locks[k]; ok {
+		n := lockName(p.Namespace, k)
+		if l, ok := db.locks[n]; ok {
 			if l.holder == p.Holder {
 				continue // a renewal: the holder is past the line
 			}
 			if l.until.After(p.Now) {
-				return &task.LockedError{Key: k, Holder: l.holder, Until: l.until}
+				return &task.LockedError{Namespace: p.Namespace, Key: k, Holder: l.holder, Until: l.until}
 			}
 		}
 		if p.Line == nil {
@@ -56,14 +71,14 @@ func (db *DB) checkLocks(p task.LockParams) *task.LockedError {
 		}
 		var best *task.LockedError
 		var bestPlace task.LockLine
-		for tk, place := range db.lines[k] {
+		for tk, place := range db.lines[n] {
 			t, ok := db.tasks[tk]
 			if tk == p.Holder.TaskKey || !place.Until.After(p.Now) || !ok || t.State.Finished() ||
 				!p.Line.Ahead(place.Priority, place.Seq) {
 				continue
 			}
 			if best == nil || bestPlace.Ahead(place.Priority, place.Seq) {
-				best = &task.LockedError{Key: k, Holder: task.Holder{TaskKey: tk}, Until: place.Until, Ahead: true}
+				best = &task.LockedError{Namespace: p.Namespace, Key: k, Holder: task.Holder{TaskKey: tk}, Until: place.Until, Ahead: true}
 				bestPlace = place
 			}
 		}
@@ -81,10 +96,11 @@ func (db *DB) enterLines(p task.LockParams) {
 		return
 	}
 	for _, k := range p.Keys {
-		line := db.lines[k]
+		n := lockName(p.Namespace, k)
+		line := db.lines[n]
 		if line == nil {
 			line = map[string]task.LockLine{}
-			db.lines[k] = line
+			db.lines[n] = line
 		}
 		for tk, place := range line {
 			if !place.Until.After(p.Now) {
@@ -98,6 +114,9 @@ func (db *DB) enterLines(p task.LockParams) {
 // ReleaseLocks enters p.Heirs' places, then frees the keys still held by
 // p.Holder.
 func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("release locks for %s: %w", p.Holder.TaskKey, err)
+	}
 	if len(p.Keys) == 0 {
 		return nil
 	}
@@ -110,11 +129,12 @@ func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	for _, h := range p.Heirs {
-		db.enterLines(task.LockParams{Keys: []string{h.LockKey}, Holder: task.Holder{TaskKey: h.TaskKey}, Now: p.Now, Line: &h.LockLine})
+		db.enterLines(task.LockParams{Namespace: p.Namespace, Keys: []string{h.LockKey}, Holder: task.Holder{TaskKey: h.TaskKey}, Now: p.Now, Line: &h.LockLine})
 	}
 	for _, k := range p.Keys {
-		if l, ok := db.locks[k]; ok && l.holder == p.Holder {
-			delete(db.locks, k)
+		n := lockName(p.Namespace, k)
+		if l, ok := db.locks[n]; ok && l.holder == p.Holder {
+			delete(db.locks, n)
 		}
 	}
 	if f.Err != nil {

@@ -4,13 +4,16 @@ package mongostore
 // in sorted order; when one is held elsewhere the call frees the keys it
 // took. Callers giving a task.LockLine are served in line order: places in
 // `lock_lines`, read before each key is taken (one query, in rank order
-// down to the caller's own place).
+// down to the caller's own place). A key is stored under its name in its
+// namespace (lockName), so namespaces never share a document or a line.
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -20,10 +23,32 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
+// lockName is a lock key in its namespace, the _id of its lock document
+// and the lock_key of its line's places: the key itself in task.LockTask
+// (as stored before namespaces), and otherwise the namespace, a NUL byte
+// and the key (task.LockParams.Validate refuses NUL in either), so two
+// namespaces never share a name.
+func lockName(ns task.LockNamespace, key string) string {
+	if ns == task.LockTask {
+		return key
+	}
+	return string(ns) + "\x00" + key
+}
+
+// lockNames names keys in ns.
+func lockNames(ns task.LockNamespace, keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = lockName(ns, k)
+	}
+	return out
+}
+
 // lockDoc is one lock in the locks collection. A missing document is a
 // free lock; one whose until is not after the caller's now is free too.
 type lockDoc struct {
-	Key      string    `bson:"_id"`
+	Name     string    `bson:"_id"` // lockName
+	NS       *string   `bson:"ns"`  // nil in a document written before namespaces
 	TaskKey  string    `bson:"task_key"`
 	WorkerID string    `bson:"worker_id"`
 	Attempt  int64     `bson:"attempt"`
@@ -53,6 +78,9 @@ func sortedKeys(keys []string) []string {
 func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 	if err := s.check(); err != nil {
 		return err
+	}
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("acquire locks for %s: %w", p.Holder.TaskKey, err)
 	}
 	var taken, placed []string
 	for _, key := range sortedKeys(p.Keys) {
@@ -84,7 +112,7 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 		}
 	}
 	if len(placed) > 0 {
-		filter := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: placeIDs(placed, p.Holder.TaskKey)}}}}
+		filter := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: placeIDs(p.Namespace, placed, p.Holder.TaskKey)}}}}
 		if _, err := s.lines.DeleteMany(ctx, filter); err != nil {
 			return fmt.Errorf("leave lock lines: %w", mapErr(err))
 		}
@@ -94,18 +122,18 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 
 // placeDoc is a task's place in the waiting line of a lock key.
 type placeDoc struct {
-	ID       string    `bson:"_id"` // lock key NUL task key
-	LockKey  string    `bson:"lock_key"`
+	ID       string    `bson:"_id"` // lock_key NUL task key
+	LockKey  string    `bson:"lock_key"` // lockName
 	TaskKey  string    `bson:"task_key"`
 	Priority int64     `bson:"priority"`
 	Seq      int64     `bson:"seq"`
 	Until    time.Time `bson:"until"`
 }
 
-func placeIDs(lockKeys []string, taskKey string) bson.A {
+func placeIDs(ns task.LockNamespace, lockKeys []string, taskKey string) bson.A {
 	ids := make(bson.A, len(lockKeys))
 	for i, k := range lockKeys {
-		ids[i] = k + "\x00" + taskKey
+		ids[i] = lockName(ns, k) + "\x00" + taskKey
 	}
 	return ids
 }
@@ -128,7 +156,7 @@ func (s *Store) acquireInLine(ctx context.Context, key string, p task.LockParams
 	}
 	if ahead != nil {
 		var cur lockDoc
-		err := s.locks.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&cur)
+		err := s.locks.FindOne(ctx, bson.D{{Key: "_id", Value: lockName(p.Namespace, key)}}).Decode(&cur)
 		if err == nil && cur.holder() == p.Holder && cur.Until.After(p.Now) {
 			return true, nil // a renewal: the holder is past the line
 		}
@@ -137,9 +165,9 @@ func (s *Store) acquireInLine(ctx context.Context, key string, p task.LockParams
 		}
 		if err == nil && cur.Until.After(p.Now) {
 			// Held as well: the holder's lease says when to look again.
-			return false, &task.LockedError{Key: key, Holder: cur.holder(), Until: cur.Until.UTC()}
+			return false, &task.LockedError{Namespace: p.Namespace, Key: key, Holder: cur.holder(), Until: cur.Until.UTC()}
 		}
-		return false, &task.LockedError{Key: key, Holder: task.Holder{TaskKey: ahead.TaskKey}, Until: ahead.Until.UTC(), Ahead: true}
+		return false, &task.LockedError{Namespace: p.Namespace, Key: key, Holder: task.Holder{TaskKey: ahead.TaskKey}, Until: ahead.Until.UTC(), Ahead: true}
 	}
 	renewed, err := s.acquire(ctx, key, p)
 	var held *task.LockedError
@@ -156,7 +184,7 @@ func (s *Store) acquireInLine(ctx context.Context, key string, p task.LockParams
 // live place there. Places are read in rank order up to p's own.
 func (s *Store) firstAhead(ctx context.Context, key string, p task.LockParams) (*placeDoc, bool, error) {
 	l := p.Line
-	filter := bson.D{{Key: "lock_key", Value: key}, {Key: "until", Value: bson.D{{Key: "$gt", Value: p.Now.UTC()}}}}
+	filter := bson.D{{Key: "lock_key", Value: lockName(p.Namespace, key)}, {Key: "until", Value: bson.D{{Key: "$gt", Value: p.Now.UTC()}}}}
 	opts := options.Find().SetSort(bson.D{{Key: "priority", Value: -1}, {Key: "seq", Value: 1}}).SetLimit(50)
 	cur, err := s.lines.Find(ctx, filter, opts)
 	if err != nil {
@@ -187,11 +215,12 @@ func (s *Store) firstAhead(ctx context.Context, key string, p task.LockParams) (
 // enterLine enters or renews p's place in key's line, dropping places that
 // have lapsed.
 func (s *Store) enterLine(ctx context.Context, key string, p task.LockParams) error {
-	if _, err := s.lines.DeleteMany(ctx, bson.D{{Key: "lock_key", Value: key}, {Key: "until", Value: bson.D{{Key: "$lte", Value: p.Now.UTC()}}}}); err != nil {
+	name := lockName(p.Namespace, key)
+	if _, err := s.lines.DeleteMany(ctx, bson.D{{Key: "lock_key", Value: name}, {Key: "until", Value: bson.D{{Key: "$lte", Value: p.Now.UTC()}}}}); err != nil {
 		return fmt.Errorf("lock line %s: %w", key, mapErr(err))
 	}
-	pl := placeDoc{LockKey: key, TaskKey: p.Holder.TaskKey, Priority: int64(p.Line.Priority), Seq: p.Line.Seq, Until: p.Line.Until.UTC()}
-	id := placeIDs([]string{key}, pl.TaskKey)[0]
+	pl := placeDoc{LockKey: name, TaskKey: p.Holder.TaskKey, Priority: int64(p.Line.Priority), Seq: p.Line.Seq, Until: p.Line.Until.UTC()}
+	id := placeIDs(p.Namespace, []string{key}, pl.TaskKey)[0]
 	_, err := s.lines.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{
 		{Key: "lock_key", Value: pl.LockKey}, {Key: "task_key", Value: pl.TaskKey}, {Key: "priority", Value: pl.Priority},
 		{Key: "seq", Value: pl.Seq}, {Key: "until", Value: pl.Until}}}}, options.UpdateOne().SetUpsert(true))
@@ -203,14 +232,16 @@ func (s *Store) enterLine(ctx context.Context, key string, p task.LockParams) er
 
 // acquire takes one key. renewed reports that p.Holder held it already.
 func (s *Store) acquire(ctx context.Context, key string, p task.LockParams) (renewed bool, err error) {
+	name := lockName(p.Namespace, key)
 	filter := bson.D{
-		{Key: "_id", Value: key},
+		{Key: "_id", Value: name},
 		{Key: "$or", Value: bson.A{
 			bson.D{{Key: "until", Value: bson.D{{Key: "$lte", Value: p.Now.UTC()}}}},
 			holderFilter(p.Holder),
 		}},
 	}
 	update := bson.D{{Key: "$set", Value: bson.D{
+		{Key: "ns", Value: string(p.Namespace)},
 		{Key: "task_key", Value: p.Holder.TaskKey},
 		{Key: "worker_id", Value: p.Holder.WorkerID},
 		{Key: "attempt", Value: int64(p.Holder.Attempt)},
@@ -231,7 +262,7 @@ func (s *Store) acquire(ctx context.Context, key string, p task.LockParams) (ren
 		}
 		// Held by someone else: say by whom, unless it was freed meanwhile.
 		var cur lockDoc
-		err = s.locks.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&cur)
+		err = s.locks.FindOne(ctx, bson.D{{Key: "_id", Value: name}}).Decode(&cur)
 		if errors.Is(err, mongo.ErrNoDocuments) {
 			continue
 		}
@@ -239,7 +270,7 @@ func (s *Store) acquire(ctx context.Context, key string, p task.LockParams) (ren
 			return false, fmt.Errorf("lock %s: %w", key, mapErr(err))
 		}
 		if cur.Until.After(p.Now) && cur.holder() != p.Holder {
-			return false, &task.LockedError{Key: key, Holder: cur.holder(), Until: cur.Until.UTC()}
+			return false, &task.LockedError{Namespace: p.Namespace, Key: key, Holder: cur.holder(), Until: cur.Until.UTC()}
 		}
 	}
 	return false, fmt.Errorf("lock %s: %w: contended", key, task.ErrConflict)
@@ -251,18 +282,76 @@ func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
 	if err := s.check(); err != nil {
 		return err
 	}
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("release locks for %s: %w", p.Holder.TaskKey, err)
+	}
 	if len(p.Keys) == 0 {
 		return nil
 	}
 	for _, h := range p.Heirs {
-		heir := task.LockParams{Holder: task.Holder{TaskKey: h.TaskKey}, Now: p.Now, Line: &h.LockLine}
+		heir := task.LockParams{Namespace: p.Namespace, Holder: task.Holder{TaskKey: h.TaskKey}, Now: p.Now, Line: &h.LockLine}
 		if err := s.enterLine(ctx, h.LockKey, heir); err != nil {
 			return fmt.Errorf("release locks: %w", err)
 		}
 	}
-	filter := append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: sortedKeys(p.Keys)}}}}, holderFilter(p.Holder)...)
+	filter := append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: lockNames(p.Namespace, sortedKeys(p.Keys))}}}}, holderFilter(p.Holder)...)
 	if _, err := s.locks.DeleteMany(ctx, filter); err != nil {
 		return fmt.Errorf("release locks: %w", mapErr(err))
 	}
 	return nil
 }
+
+// legacyLockPrefixes start the keys leasepool held among tasks' keys
+// before namespaces, and the namespace each moves to under which key.
+var legacyLockPrefixes = []struct {
+	prefix string
+	ns     task.LockNamespace
+	strip  bool // the key in ns is the rest after prefix
+}{
+	{"rate:", task.LockRate, true},
+	{"leasepool.", task.LockSingleton, false},
+	{"mqtt-broker:", task.LockSingleton, false},
+}
+
+// upgradeLockNamespaces moves the locks leasepool held among tasks' keys,
+// written before namespaces (no ns field), to their namespaces, holder
+// and lease unchanged: rate-limit slots (rate:BUCKET#i) to task.LockRate
+// as BUCKET#i, the singletons' leases (leasepool.…, mqtt-broker:…) to
+// task.LockSingleton under the same key. Every write since namespaces sets
+// ns, so a task's own key that starts so is never moved, and the upgrade
+// may run at every Open. A lock already held under the new name is kept
+// and the legacy one dropped.
+func (s *Store) upgradeLockNamespaces(ctx context.Context) error {
+	for _, l := range legacyLockPrefixes {
+		filter := bson.D{
+			{Key: "_id", Value: bson.D{{Key: "$regex", Value: "^" + regexp.QuoteMeta(l.prefix)}}},
+			{Key: "ns", Value: bson.D{{Key: "$exists", Value: false}}},
+		}
+		cur, err := s.locks.Find(ctx, filter)
+		if err != nil {
+			return fmt.Errorf("mongostore: move locks to namespaces: %w", mapErr(err))
+		}
+		var old []lockDoc
+		if err := cur.All(ctx, &old); err != nil {
+			return fmt.Errorf("mongostore: move locks to namespaces: %w", mapErr(err))
+		}
+		for _, d := range old {
+			key := d.Name
+			if l.strip {
+				key = strings.TrimPrefix(key, l.prefix)
+			}
+			moved := d
+			moved.Name, moved.NS = lockName(l.ns, key), ptr(string(l.ns))
+			if _, err := s.locks.InsertOne(ctx, moved); err != nil && !mongo.IsDuplicateKeyError(err) {
+				return fmt.Errorf("mongostore: move lock %s to namespace %s: %w", d.Name, l.ns, mapErr(err))
+			}
+			del := bson.D{{Key: "_id", Value: d.Name}, {Key: "ns", Value: bson.D{{Key: "$exists", Value: false}}}}
+			if _, err := s.locks.DeleteOne(ctx, del); err != nil {
+				return fmt.Errorf("mongostore: move lock %s to namespace %s: %w", d.Name, l.ns, mapErr(err))
+			}
+		}
+	}
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -223,6 +223,9 @@ func (s *Store) init(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))
 	}
+	if err := s.upgradeLockNamespaces(ctx); err != nil {
+		return err
+	}
 	// Documents lists a namespace by id; the index also creates the
 	// collection, which a stream asking for documents watches.
 	_, err = s.db.Collection(DocumentsCollection).Indexes().CreateOne(ctx, mongo.IndexModel{

@@ -10,7 +10,7 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 10
+const schemaVersion = 12
 
 // minReadVersion is the oldest schema a read-only open reads as it is (4
 // added an index, 5 changes.doc, read as NULL before it, 6 the list and
@@ -18,7 +18,8 @@ const schemaVersion = 10
 // no read-only command reads, 8 the updated_at column and the partial
 // indexes, which only writers and queries' speed depend on, 9 changes
 // without AUTOINCREMENT, read the same, 10 the documents table, read as
-// empty before it, and changes.ns, read as NULL), so read-only commands
+// empty before it, and changes.ns, read as NULL, 12 locks and lock_lines
+// by namespace, which no read-only command reads), so read-only commands
 // work before a writer upgrades.
 const minReadVersion = 3
 
@@ -50,14 +51,7 @@ CREATE TABLE IF NOT EXISTS records (
 	value TEXT NOT NULL,
 	PRIMARY KEY (kind, id)
 );
-CREATE TABLE IF NOT EXISTS locks (
-	key TEXT PRIMARY KEY,
-	task_key TEXT NOT NULL,
-	worker_id TEXT NOT NULL,
-	attempt INTEGER NOT NULL,
-	until INTEGER NOT NULL,
-	instance TEXT NOT NULL DEFAULT ''
-);
+` + locks + `
 CREATE TABLE IF NOT EXISTS workers (
 	id TEXT PRIMARY KEY,
 	instance TEXT NOT NULL,
@@ -90,18 +84,58 @@ const taskCounts = `CREATE TABLE IF NOT EXISTS task_counts (
 	PRIMARY KEY (kind, state)
 ) WITHOUT ROWID;`
 
-// lockLines holds the waiting lines of lock keys (task.LockLine): one place
-// per lock key and waiting task.
+// locks holds the lock keys' holders, and lockLines their waiting lines
+// (task.LockLine): one place per lock key and waiting task. A key is
+// named by its namespace (task.LockNamespace, empty for tasks' keys) and
+// itself (version 12).
+const locks = `
+CREATE TABLE IF NOT EXISTS locks (
+	ns TEXT NOT NULL,
+	key TEXT NOT NULL,
+	task_key TEXT NOT NULL,
+	worker_id TEXT NOT NULL,
+	attempt INTEGER NOT NULL,
+	until INTEGER NOT NULL,
+	instance TEXT NOT NULL DEFAULT '',
+	PRIMARY KEY (ns, key)
+) WITHOUT ROWID;
+`
+
 const lockLines = `
 CREATE TABLE IF NOT EXISTS lock_lines (
+	ns TEXT NOT NULL,
 	lock_key TEXT NOT NULL,
 	task_key TEXT NOT NULL,
 	priority INTEGER NOT NULL,
 	seq INTEGER NOT NULL,
 	until INTEGER NOT NULL,
-	PRIMARY KEY (lock_key, task_key)
+	PRIMARY KEY (ns, lock_key, task_key)
 );
-CREATE INDEX IF NOT EXISTS lock_lines_rank ON lock_lines (lock_key, priority DESC, seq);
+CREATE INDEX IF NOT EXISTS lock_lines_rank ON lock_lines (ns, lock_key, priority DESC, seq);
+`
+
+// upgradeLocksToNamespaces moves the locks and lock_lines tables to their
+// namespaced form (version 12). Keys leasepool held in the one table of
+// tasks' keys move to their namespaces: rate-limit slots (rate:BUCKET#i)
+// to 'rate' as BUCKET#i, the singletons' leases (leasepool.…,
+// mqtt-broker:…) to 'singleton' under the same key; their holders keep
+// them until they end. A line holds tasks' keys only.
+const upgradeLocksToNamespaces = `
+ALTER TABLE locks RENAME TO locks_v11;
+ALTER TABLE lock_lines RENAME TO lock_lines_v11;
+DROP INDEX IF EXISTS lock_lines_rank;
+` + locks + lockLines + `
+INSERT INTO locks (ns, key, task_key, worker_id, attempt, until, instance)
+	SELECT CASE
+		WHEN substr(key, 1, 5) = 'rate:' THEN 'rate'
+		WHEN substr(key, 1, 10) = 'leasepool.' OR substr(key, 1, 12) = 'mqtt-broker:' THEN 'singleton'
+		ELSE '' END,
+	CASE WHEN substr(key, 1, 5) = 'rate:' THEN substr(key, 6) ELSE key END,
+	task_key, worker_id, attempt, until, instance FROM locks_v11;
+INSERT INTO lock_lines (ns, lock_key, task_key, priority, seq, until)
+	SELECT '', lock_key, task_key, priority, seq, until FROM lock_lines_v11;
+DROP TABLE locks_v11;
+DROP TABLE lock_lines_v11;
 `
 
 // upgrades[v] takes a store of schema version v to v+1.
@@ -116,7 +150,9 @@ CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance TEXT NOT NULL,
 	4: `ALTER TABLE changes ADD COLUMN doc TEXT;`,
 	5: listIndexes,
 	// Lock keys served in line order across workers (locks.go).
-	6: lockLines,
+	6: `CREATE TABLE IF NOT EXISTS lock_lines (lock_key TEXT NOT NULL, task_key TEXT NOT NULL, priority INTEGER NOT NULL,
+	seq INTEGER NOT NULL, until INTEGER NOT NULL, PRIMARY KEY (lock_key, task_key));
+CREATE INDEX IF NOT EXISTS lock_lines_rank ON lock_lines (lock_key, priority DESC, seq);`,
 	// Claim-path indexes cover unfinished tasks only, and retention's
 	// covers finished ones by a plain column (not a JSON expression
 	// evaluated on every write): a claim or a finish touches fewer, smaller
@@ -149,6 +185,8 @@ DROP INDEX IF EXISTS tasks_kind_state_seq;`,
 ` + documents + `
 UPDATE task_counts SET n = n - 1 WHERE (kind, state) IN (SELECT kind, state FROM tasks WHERE key = 'leasepool:control');
 DELETE FROM tasks WHERE key = 'leasepool:control';`,
+	// Lock keys in namespaces (task.LockNamespace).
+	11: upgradeLocksToNamespaces,
 }
 
 // hotIndexes serve the claim path and retention (version 8; version 9
@@ -235,20 +273,20 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.userVersion, `PRAGMA user_version`},
 		{&s.upsertCount, `INSERT INTO task_counts (kind, state, n) VALUES (?, ?, ?)
 			ON CONFLICT (kind, state) DO UPDATE SET n = n + excluded.n`},
-		{&s.selLock, `SELECT task_key, worker_id, attempt, instance, until FROM locks WHERE key = ?`},
-		{&s.upsertLock, `INSERT INTO locks (key, task_key, worker_id, attempt, instance, until) VALUES (?, ?, ?, ?, ?, ?)
-			ON CONFLICT (key) DO UPDATE SET task_key = excluded.task_key, worker_id = excluded.worker_id,
+		{&s.selLock, `SELECT task_key, worker_id, attempt, instance, until FROM locks WHERE ns = ? AND key = ?`},
+		{&s.upsertLock, `INSERT INTO locks (ns, key, task_key, worker_id, attempt, instance, until) VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (ns, key) DO UPDATE SET task_key = excluded.task_key, worker_id = excluded.worker_id,
 			attempt = excluded.attempt, instance = excluded.instance, until = excluded.until`},
-		{&s.delLock, `DELETE FROM locks WHERE key = ? AND task_key = ? AND worker_id = ? AND attempt = ? AND instance = ?`},
+		{&s.delLock, `DELETE FROM locks WHERE ns = ? AND key = ? AND task_key = ? AND worker_id = ? AND attempt = ? AND instance = ?`},
 		// The first live place ahead of (priority, seq) whose task is still
 		// to run: a finished or cancelled task's place never blocks.
 		{&s.selAhead, `SELECT l.task_key, l.until FROM lock_lines l JOIN tasks t ON t.key = l.task_key
-			WHERE l.lock_key = ? AND l.task_key <> ? AND l.until > ? AND (l.priority > ? OR (l.priority = ? AND l.seq < ?))
+			WHERE l.ns = ? AND l.lock_key = ? AND l.task_key <> ? AND l.until > ? AND (l.priority > ? OR (l.priority = ? AND l.seq < ?))
 			AND t.` + unfinished + ` ORDER BY l.priority DESC, l.seq LIMIT 1`},
-		{&s.upsertPlace, `INSERT INTO lock_lines (lock_key, task_key, priority, seq, until) VALUES (?, ?, ?, ?, ?)
-			ON CONFLICT (lock_key, task_key) DO UPDATE SET priority = excluded.priority, seq = excluded.seq, until = excluded.until`},
-		{&s.delPlace, `DELETE FROM lock_lines WHERE lock_key = ? AND task_key = ?`},
-		{&s.pruneLine, `DELETE FROM lock_lines WHERE lock_key = ? AND until <= ?`},
+		{&s.upsertPlace, `INSERT INTO lock_lines (ns, lock_key, task_key, priority, seq, until) VALUES (?, ?, ?, ?, ?, ?)
+			ON CONFLICT (ns, lock_key, task_key) DO UPDATE SET priority = excluded.priority, seq = excluded.seq, until = excluded.until`},
+		{&s.delPlace, `DELETE FROM lock_lines WHERE ns = ? AND lock_key = ? AND task_key = ?`},
+		{&s.pruneLine, `DELETE FROM lock_lines WHERE ns = ? AND lock_key = ? AND until <= ?`},
 	}
 	for _, p := range w {
 		st, err := s.wdb.PrepareContext(ctx, p.q)

@@ -88,9 +88,9 @@ func TestUpgradeFromVersion3(t *testing.T) {
 		}
 	}
 	want := time.Date(2020, 1, 2, 3, 4, 5, 678e6, time.UTC).UnixNano()
-	if v != 10 || idx != 4 || docs != 1 || lines != 1 || updated != want || autoinc != 0 {
-		t.Errorf("after a writer's open: version %d, indexes %d, changes.doc %d, lock_lines %d, updated_at %d, changes with AUTOINCREMENT %d; want 10, 4 (no tasks_due, no tasks_kind_state_seq), 1, 1, %d, 0",
-			v, idx, docs, lines, updated, autoinc, want)
+	if v != sqlitestore.SchemaVersion || idx != 4 || docs != 1 || lines != 1 || updated != want || autoinc != 0 {
+		t.Errorf("after a writer's open: version %d, indexes %d, changes.doc %d, lock_lines %d, updated_at %d, changes with AUTOINCREMENT %d; want %d, 4 (no tasks_due, no tasks_kind_state_seq), 1, 1, %d, 0",
+			v, idx, docs, lines, updated, autoinc, sqlitestore.SchemaVersion, want)
 	}
 	if _, _, err := rw.Insert(t.Context(), &task.Task{Key: "new", Kind: "k", State: task.StatePending}); err != nil {
 		t.Fatal(err)
@@ -203,8 +203,8 @@ func TestUpgradeFromVersion9(t *testing.T) {
 			t.Fatalf("%s: %v", c.q, err)
 		}
 	}
-	if v != 10 || bell != 0 || bellCount != 0 {
-		t.Errorf("after the upgrade: version %d, doorbell tasks %d, counted %d; want 10, 0, 0", v, bell, bellCount)
+	if v != sqlitestore.SchemaVersion || bell != 0 || bellCount != 0 {
+		t.Errorf("after the upgrade: version %d, doorbell tasks %d, counted %d; want %d, 0, 0", v, bell, bellCount, sqlitestore.SchemaVersion)
 	}
 	for i := range 3 {
 		tk, err := st.Get(t.Context(), fmt.Sprintf("job-%d", i))
