@@ -61,7 +61,16 @@
 // <prefix>/devices/<id>/status, device to everyone, retained:
 //
 //	{"online":true,"at":"2026-01-02T03:04:05Z"}
+//	{"online":true,"at":"2026-01-02T03:04:05Z",
+//	 "attributes":{"model":"pump-x","firmware":"1.4.2","site":"berlin"}}
 //	{"online":false,"at":"2026-01-02T03:00:00Z"}
+//
+// attributes (optional, in online statuses) are what the device announces
+// of itself: at most 32 keys of letters, digits, '.', '_', '-' (63 bytes),
+// values of letters, digits and ". _ - : / @ +" (128 bytes). Workers keep
+// them in the device inventory (InventoryNamespace), beside the labels an
+// operator sets; a status whose attributes break these rules keeps its
+// online state and its attributes are dropped, with a warning.
 //
 // A device connects with a persistent session (clean session off, a stable
 // client id) and sets the offline message as its MQTT last will; on every

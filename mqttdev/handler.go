@@ -28,6 +28,9 @@ var (
 	ErrRefused = errors.New("device refused command")
 	// ErrDeviceFailed: the device ran the command and reported failure.
 	ErrDeviceFailed = errors.New("device command failed")
+	// ErrOffline: the device stayed offline past the command's
+	// offline_timeout.
+	ErrOffline = errors.New("device offline")
 	// ErrNotStarted: Handle was called before Start or after Stop.
 	ErrNotStarted = errors.New("mqttdev handler not started")
 )
@@ -53,6 +56,9 @@ type HandlerConfig struct {
 	// DeviceState mirrors device states observed here; nil keeps them in
 	// memory only (they are also retained in the broker).
 	DeviceState DeviceStateStore
+	// Inventory keeps the attributes devices announce (StoreInventory);
+	// nil keeps none. It is written only with DeviceState set.
+	Inventory AttributeStore
 	// OfflineRetry is the snooze of a command whose device is offline.
 	// Zero means DefaultOfflineRetry.
 	OfflineRetry time.Duration
@@ -126,10 +132,12 @@ func NewHandler(cfg HandlerConfig) (*Handler, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("mqttdev handler: %w", err)
 	}
+	tracker := NewStateTracker(cfg.DeviceState, cfg.Logger)
+	tracker.inv = cfg.Inventory
 	return &Handler{
 		cfg:       cfg,
 		topics:    Topics{Prefix: cfg.Prefix},
-		tracker:   NewStateTracker(cfg.DeviceState, cfg.Logger),
+		tracker:   tracker,
 		logger:    cfg.Logger,
 		waiters:   map[string]*waiter{},
 		reconnect: make(chan struct{}),
@@ -361,7 +369,7 @@ func (h *Handler) forget(corr string) {
 // its offline_timeout, counted from published; nil while it may wait.
 func offlineTooLong(c Command, published time.Time) error {
 	if limit := time.Duration(c.OfflineTimeout); limit > 0 && time.Since(published) >= limit {
-		return fmt.Errorf("device offline for longer than offline_timeout (%s)", limit)
+		return fmt.Errorf("%w for longer than offline_timeout (%s)", ErrOffline, limit)
 	}
 	return nil
 }

@@ -24,6 +24,8 @@ type (
 	Reply = protocol.Reply
 	// Status is a device's retained online status.
 	Status = protocol.Status
+	// Labels are a device's attributes or operator labels.
+	Labels = protocol.Labels
 )
 
 // Constants of the shared protocol package.

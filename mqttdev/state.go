@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -25,6 +26,9 @@ type DeviceState struct {
 	At time.Time `json:"at"`
 	// SeenAt is when a tracker received that message.
 	SeenAt time.Time `json:"seen_at"`
+	// Attributes are set only on the way to an AttributeStore: the
+	// inventory keeps them, not the state record.
+	Attributes Labels `json:"-"`
 }
 
 // DeviceStateStore mirrors device states in shared storage so every worker
@@ -34,6 +38,13 @@ type DeviceState struct {
 type DeviceStateStore interface {
 	PutDeviceState(ctx context.Context, s DeviceState) error
 	DeviceStates(ctx context.Context) ([]DeviceState, error)
+}
+
+// AttributeStore keeps what devices announce of themselves (the device
+// inventory, StoreInventory): a tracker given one (HandlerConfig.Inventory)
+// writes every announcement that changed since it last saw the device's.
+type AttributeStore interface {
+	PutAttributes(ctx context.Context, id string, attrs Labels, at time.Time) error
 }
 
 // DeviceStates is what ListDevices needs of a tracker.
@@ -47,6 +58,7 @@ type DeviceStates interface {
 // store writes happen on the tracker's own goroutine (Start/Stop).
 type StateTracker struct {
 	store  DeviceStateStore
+	inv    AttributeStore
 	logger *slog.Logger
 
 	life lifecycle.Runner
@@ -54,8 +66,12 @@ type StateTracker struct {
 	mu     sync.Mutex
 	states map[string]DeviceState
 	dirty  map[string]DeviceState
-	watch  map[string][]chan struct{}
-	kick   chan struct{}
+	// attrs are the last attributes seen per device; announced, those
+	// not yet written to the AttributeStore.
+	attrs     map[string]Labels
+	announced map[string]DeviceState
+	watch     map[string][]chan struct{}
+	kick      chan struct{}
 }
 
 // NewStateTracker returns an empty tracker; store and logger may be nil.
@@ -64,12 +80,14 @@ func NewStateTracker(store DeviceStateStore, logger *slog.Logger) *StateTracker 
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &StateTracker{
-		store:  store,
-		logger: logger,
-		states: map[string]DeviceState{},
-		dirty:  map[string]DeviceState{},
-		watch:  map[string][]chan struct{}{},
-		kick:   make(chan struct{}, 1),
+		store:     store,
+		logger:    logger,
+		states:    map[string]DeviceState{},
+		dirty:     map[string]DeviceState{},
+		attrs:     map[string]Labels{},
+		announced: map[string]DeviceState{},
+		watch:     map[string][]chan struct{}{},
+		kick:      make(chan struct{}, 1),
 	}
 }
 
@@ -128,10 +146,20 @@ func (t *StateTracker) flush(ctx context.Context) {
 	t.mu.Lock()
 	batch := t.dirty
 	t.dirty = map[string]DeviceState{}
+	announced := t.announced
+	t.announced = map[string]DeviceState{}
 	t.mu.Unlock()
 	for _, s := range batch {
 		if err := t.store.PutDeviceState(ctx, s); err != nil {
 			t.logger.Warn("device state not stored", slog.String("device", s.ID), slog.Any("error", err))
+		}
+	}
+	for _, s := range announced {
+		if err := t.inv.PutAttributes(ctx, s.ID, s.Attributes, s.SeenAt); err != nil {
+			t.logger.Warn("device attributes not stored", slog.String("device", s.ID), slog.Any("error", err))
+			t.mu.Lock()
+			delete(t.attrs, s.ID) // the next announcement tries again
+			t.mu.Unlock()
 		}
 	}
 }
@@ -139,11 +167,23 @@ func (t *StateTracker) flush(ctx context.Context) {
 // Observe records a status message of device id.
 func (t *StateTracker) Observe(id string, st Status, seenAt time.Time) {
 	s := DeviceState{ID: id, Online: st.Online, At: st.At.UTC(), SeenAt: seenAt.UTC()}
+	if st.Attributes != nil {
+		if err := st.Attributes.Validate("attributes"); err != nil {
+			t.logger.Warn("device attributes dropped", slog.String("device", id), slog.Any("error", err))
+			st.Attributes = nil
+		}
+	}
 	t.mu.Lock()
 	prev, had := t.states[id]
 	t.states[id] = s
 	if t.store != nil {
 		t.dirty[id] = s
+		if last, seen := t.attrs[id]; t.inv != nil && st.Attributes != nil && (!seen || !maps.Equal(last, st.Attributes)) {
+			t.attrs[id] = st.Attributes
+			a := s
+			a.Attributes = st.Attributes
+			t.announced[id] = a
+		}
 	}
 	var wake []chan struct{}
 	if !had || prev.Online != s.Online {
@@ -217,6 +257,9 @@ type DeviceInfo struct {
 	Attempt int    `json:"attempt,omitempty"`
 	// Queued is how many pending device tasks name this device.
 	Queued int `json:"queued"`
+	// Labels are the device's inventory attributes with the operator's
+	// labels over them (Inventory.Effective).
+	Labels Labels `json:"labels,omitempty"`
 }
 
 // ListDevices joins device states with the device tasks in store: each
@@ -236,6 +279,15 @@ func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]
 		for _, s := range states.States() {
 			d := get(s.ID)
 			d.Known, d.Online, d.At = true, s.Online, s.At
+		}
+	}
+	invs, err := Inventories(ctx, store)
+	if err != nil {
+		return nil, err
+	}
+	for id, inv := range invs {
+		if l := inv.Effective(); len(l) > 0 {
+			get(id).Labels = l
 		}
 	}
 	now := store.Now()

@@ -2,6 +2,7 @@ package mqttdev
 
 import (
 	"context"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -11,7 +12,8 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// listStore is a task.Store that answers List and Now only.
+// listStore is a task.Store that answers List and Now only (and has no
+// documents).
 type listStore struct {
 	task.Store
 	now   time.Time
@@ -19,6 +21,8 @@ type listStore struct {
 }
 
 func (s *listStore) Now() time.Time { return s.now }
+
+func (s *listStore) Documents(context.Context, string) ([]task.Document, error) { return nil, nil }
 
 func (s *listStore) List(_ context.Context, q task.ListQuery) ([]*task.Task, error) {
 	var out []*task.Task
@@ -83,7 +87,7 @@ func TestListDevices(t *testing.T) {
 		{ID: "d2", Queued: 1},
 		{ID: "d4", Known: true, At: now},
 	}
-	if !slices.Equal(got, want) {
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("ListDevices:\n got %+v\nwant %+v", got, want)
 	}
 }

@@ -91,6 +91,7 @@ func Wire(ctx context.Context, cfg WireConfig) (*Wiring, error) {
 		Prefix:       cfg.Prefix,
 		Logger:       cfg.Logger,
 		DeviceState:  StoreStates(cfg.Store),
+		Inventory:    StoreInventory(cfg.Store),
 		Observer:     cfg.Observer,
 	})
 	if err == nil {

@@ -34,7 +34,7 @@ var (
 	// features are built on the consumer, so the consumer and the layers
 	// under it must not import them.
 	features = []string{"builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol",
-		"flow", "retention", "bench", "web", "metrics", "stats", "store"}
+		"flow", "retention", "rollout", "bench", "web", "metrics", "stats", "store"}
 	// basics import task (and the lifecycle contract) only. The singleton
 	// runner is one: flow, retention and mqttdev/broker are built on it.
 	basics = []string{"preempt", "ping", "control", "schedule", "events", "internal/singleton"}

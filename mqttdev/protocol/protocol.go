@@ -135,6 +135,10 @@ type Reply struct {
 type Status struct {
 	Online bool      `json:"online"`
 	At     time.Time `json:"at"`
+	// Attributes are what the device announces of itself (model,
+	// firmware, site...), in its online statuses; absent in a will.
+	// Workers keep them in the device inventory.
+	Attributes Labels `json:"attributes,omitempty"`
 }
 
 // ErrBadMessage is wrapped by every decode error of a device message.

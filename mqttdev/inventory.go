@@ -1,0 +1,324 @@
+// The device inventory: what each device announces of itself and the
+// labels an operator sets, one document per device, and the selectors
+// that pick devices by them.
+
+package mqttdev
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/leasepool/leasepool/mqttdev/protocol"
+	"github.com/leasepool/leasepool/task"
+)
+
+// InventoryNamespace is the task.Document namespace of the inventory: one
+// document per device id.
+const InventoryNamespace = "device-inventory"
+
+// Inventory is one device's entry.
+type Inventory struct {
+	ID string `json:"id"`
+	// Attributes are what the device announced in its last status that
+	// carried any, as a worker received it at AnnouncedAt.
+	Attributes  Labels    `json:"attributes,omitempty"`
+	AnnouncedAt time.Time `json:"announced_at,omitzero"`
+	// Labels are set by an operator (SetLabels); a label overrides an
+	// announced attribute of the same key.
+	Labels Labels `json:"labels,omitempty"`
+	// Version is the document's version (compare-and-set).
+	Version int64 `json:"version"`
+}
+
+// Effective returns the attributes with the operator's labels over them:
+// what selectors match.
+func (inv Inventory) Effective() Labels {
+	out := make(Labels, len(inv.Attributes)+len(inv.Labels))
+	maps.Copy(out, inv.Attributes)
+	maps.Copy(out, inv.Labels)
+	return out
+}
+
+// ValidateLabelKey, ValidateLabelValue: see package protocol.
+func ValidateLabelKey(key string) error { return protocol.ValidateLabelKey(key) }
+
+// ValidateLabelValue checks the value of label key; see package protocol.
+func ValidateLabelValue(key, value string) error { return protocol.ValidateLabelValue(key, value) }
+
+// GetInventory returns device id's entry; a device with none yet has an
+// empty one (Version 0).
+func GetInventory(ctx context.Context, ds task.DocumentStore, id string) (Inventory, error) {
+	if err := ValidateID("device", id); err != nil {
+		return Inventory{}, err
+	}
+	d, err := ds.GetDocument(ctx, InventoryNamespace, id)
+	if errors.Is(err, task.ErrNotFound) {
+		return Inventory{ID: id}, nil
+	}
+	if err != nil {
+		return Inventory{}, err
+	}
+	return decodeInventory(d)
+}
+
+func decodeInventory(d task.Document) (Inventory, error) {
+	var inv Inventory
+	if err := json.Unmarshal(d.Value, &inv); err != nil {
+		return Inventory{}, fmt.Errorf("device inventory %s: %w", d.ID, err)
+	}
+	inv.ID, inv.Version = d.ID, d.Version
+	return inv, nil
+}
+
+// Inventories returns every device's entry, by id. A malformed document is
+// skipped (task.SkipMalformed), not fatal to the listing.
+func Inventories(ctx context.Context, ds task.DocumentStore) (map[string]Inventory, error) {
+	docs, err := ds.Documents(ctx, InventoryNamespace)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]Inventory, len(docs))
+	for _, d := range docs {
+		inv, err := decodeInventory(d)
+		if err != nil {
+			task.SkipMalformed(InventoryNamespace, d.ID, err)
+			continue
+		}
+		out[d.ID] = inv
+	}
+	return out, nil
+}
+
+// updateInventory applies fn to device id's entry by compare-and-set,
+// reading again on a conflict. fn returns false to write nothing.
+func updateInventory(ctx context.Context, ds task.DocumentStore, id string, fn func(*Inventory) (bool, error)) (Inventory, error) {
+	for {
+		inv, err := GetInventory(ctx, ds, id)
+		if err != nil {
+			return Inventory{}, err
+		}
+		change, err := fn(&inv)
+		if err != nil || !change {
+			return inv, err
+		}
+		if len(inv.Labels) == 0 {
+			inv.Labels = nil
+		}
+		value, err := json.Marshal(inv)
+		if err != nil {
+			return Inventory{}, err
+		}
+		d, err := ds.PutDocument(ctx, task.Document{Namespace: InventoryNamespace, ID: id, Version: inv.Version, Value: value})
+		if errors.Is(err, task.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return Inventory{}, err
+		}
+		inv.Version = d.Version
+		return inv, nil
+	}
+}
+
+// LabelChange is an operator's edit of a device's labels: keys to set and
+// keys to remove.
+type LabelChange struct {
+	Set    Labels   `json:"set,omitempty"`
+	Remove []string `json:"remove,omitempty"`
+}
+
+// ParseLabelArgs reads the CLI's label arguments: "k=v" sets, "k-"
+// removes. Errors wrap task.ErrInvalid and name the argument.
+func ParseLabelArgs(args []string) (LabelChange, error) {
+	var ch LabelChange
+	if len(args) == 0 {
+		return ch, fmt.Errorf("%w: labels: give at least one k=v or k-", task.ErrInvalid)
+	}
+	for _, a := range args {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			if ch.Set == nil {
+				ch.Set = Labels{}
+			}
+			ch.Set[k] = v
+			continue
+		}
+		k, ok := strings.CutSuffix(a, "-")
+		if !ok {
+			return ch, fmt.Errorf("%w: label %q: want k=v to set or k- to remove", task.ErrInvalid, a)
+		}
+		ch.Remove = append(ch.Remove, k)
+	}
+	return ch, ch.Validate()
+}
+
+// Validate checks every key and value.
+func (ch LabelChange) Validate() error {
+	if len(ch.Set)+len(ch.Remove) == 0 {
+		return fmt.Errorf("%w: labels: no change given", task.ErrInvalid)
+	}
+	if err := ch.Set.Validate("labels"); err != nil {
+		return err
+	}
+	for _, k := range ch.Remove {
+		if err := ValidateLabelKey(k); err != nil {
+			return fmt.Errorf("labels: %w", err)
+		}
+		if _, ok := ch.Set[k]; ok {
+			return fmt.Errorf("%w: labels: %s is both set and removed", task.ErrInvalid, k)
+		}
+	}
+	return nil
+}
+
+// SetLabels applies ch to device id's operator labels and returns the
+// entry as stored. It checks id and ch first: nothing is written on an
+// error, which wraps task.ErrInvalid and names the field.
+func SetLabels(ctx context.Context, ds task.DocumentStore, id string, ch LabelChange) (Inventory, error) {
+	if err := ValidateID("device", id); err != nil {
+		return Inventory{}, err
+	}
+	if err := ch.Validate(); err != nil {
+		return Inventory{}, err
+	}
+	return updateInventory(ctx, ds, id, func(inv *Inventory) (bool, error) {
+		next := maps.Clone(inv.Labels)
+		if next == nil {
+			next = Labels{}
+		}
+		maps.Copy(next, ch.Set)
+		for _, k := range ch.Remove {
+			delete(next, k)
+		}
+		if err := next.Validate("labels"); err != nil {
+			return false, err
+		}
+		if maps.Equal(next, inv.Labels) {
+			return false, nil
+		}
+		inv.Labels = next
+		return true, nil
+	})
+}
+
+// StoreInventory keeps announced attributes in ds's inventory documents;
+// pass it as HandlerConfig.Inventory.
+func StoreInventory(ds task.DocumentStore) AttributeStore { return inventoryStore{ds} }
+
+type inventoryStore struct{ ds task.DocumentStore }
+
+func (s inventoryStore) PutAttributes(ctx context.Context, id string, attrs Labels, at time.Time) error {
+	return PutAttributes(ctx, s.ds, id, attrs, at)
+}
+
+// PutAttributes records what device id announced, received at at; an
+// unchanged announcement writes nothing.
+func PutAttributes(ctx context.Context, ds task.DocumentStore, id string, attrs Labels, at time.Time) error {
+	if err := ValidateID("device", id); err != nil {
+		return err
+	}
+	if err := attrs.Validate("attributes"); err != nil {
+		return err
+	}
+	_, err := updateInventory(ctx, ds, id, func(inv *Inventory) (bool, error) {
+		if maps.Equal(inv.Attributes, attrs) {
+			return false, nil
+		}
+		inv.Attributes, inv.AnnouncedAt = maps.Clone(attrs), at.UTC()
+		return true, nil
+	})
+	return err
+}
+
+// Selector picks devices by their effective labels: every requirement
+// must hold.
+type Selector []Requirement
+
+// Requirement is one term of a selector: key=value, or key!=value (true
+// also for a device without the key).
+type Requirement struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+	Not   bool   `json:"not,omitempty"`
+}
+
+// MaxSelectorTerms bounds a selector.
+const MaxSelectorTerms = 32
+
+// ParseSelector reads "k=v,k!=v,...". Errors wrap task.ErrInvalid and
+// name the term.
+func ParseSelector(s string) (Selector, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("%w: select: must not be empty", task.ErrInvalid)
+	}
+	terms := strings.Split(s, ",")
+	if len(terms) > MaxSelectorTerms {
+		return nil, fmt.Errorf("%w: select: %d terms, more than %d", task.ErrInvalid, len(terms), MaxSelectorTerms)
+	}
+	var sel Selector
+	for _, term := range terms {
+		term = strings.TrimSpace(term)
+		k, v, ok := strings.Cut(term, "=")
+		if !ok {
+			return nil, fmt.Errorf("%w: select: term %q: want key=value or key!=value", task.ErrInvalid, term)
+		}
+		r := Requirement{Key: k, Value: v}
+		if key, isNot := strings.CutSuffix(k, "!"); isNot {
+			r.Key, r.Not = key, true
+		}
+		if err := ValidateLabelKey(r.Key); err != nil {
+			return nil, fmt.Errorf("select: term %q: %w", term, err)
+		}
+		if err := ValidateLabelValue(r.Key, r.Value); err != nil {
+			return nil, fmt.Errorf("select: term %q: %w", term, err)
+		}
+		sel = append(sel, r)
+	}
+	return sel, nil
+}
+
+// Matches reports whether labels meet every requirement.
+func (s Selector) Matches(labels Labels) bool {
+	for _, r := range s {
+		v, ok := labels[r.Key]
+		if (ok && v == r.Value) == r.Not {
+			return false
+		}
+	}
+	return true
+}
+
+// String is the selector as ParseSelector reads it.
+func (s Selector) String() string {
+	parts := make([]string, len(s))
+	for i, r := range s {
+		op := "="
+		if r.Not {
+			op = "!="
+		}
+		parts[i] = r.Key + op + r.Value
+	}
+	return strings.Join(parts, ",")
+}
+
+// SelectDevices returns the ids, sorted, of the devices in the inventory
+// whose effective labels match sel.
+func SelectDevices(ctx context.Context, ds task.DocumentStore, sel Selector) ([]string, error) {
+	invs, err := Inventories(ctx, ds)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for id, inv := range invs {
+		if sel.Matches(inv.Effective()) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}

@@ -1,0 +1,99 @@
+package rollout
+
+import (
+	"fmt"
+	"strconv"
+)
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// Progress computes the read model.
+func (r *Rollout) Progress() Progress {
+	p := Progress{
+		Name: r.Name, State: r.State, Reason: r.Reason, Spec: r.Spec, Wave: r.Wave,
+		GateFailures: r.Spec.gateFailures(), Rollback: r.Rollback,
+		Events: r.Events, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, EndedAt: r.EndedAt, Version: r.Version,
+	}
+	if rule, ok := r.Spec.tightestRule(); ok {
+		p.AbortAt, p.AbortAfter = rule.Percent, rule.After
+	}
+	for i, w := range r.Waves {
+		wp := WaveProgress{
+			Index: i, Target: w.End, Size: w.End - w.Start, Spec: w.Target, Gate: w.Gate,
+			Started: !w.StartedAt.IsZero(), Ended: !w.EndedAt.IsZero(), StartedAt: w.StartedAt, EndedAt: w.EndedAt,
+		}
+		for _, e := range r.Devices[w.Start:w.End] {
+			wp.Counts.add(e.Outcome)
+		}
+		wp.FailureRate = percent(wp.Counts.Failures(), wp.Counts.Ended())
+		p.Waves = append(p.Waves, wp)
+	}
+	for _, e := range r.Devices {
+		p.Total.add(e.Outcome)
+		if e.Rollback != "" {
+			p.RolledBack.add(e.Rollback)
+		}
+	}
+	p.FailureRate = percent(p.Total.Failures(), p.Total.Ended())
+	if next := r.Wave + 1; !r.State.Final() && next < len(r.Waves) {
+		g := &GateState{Wave: next, Gate: r.Waves[next].Gate, State: "closed"}
+		switch {
+		case r.Waves[r.Wave].EndedAt.IsZero():
+		case r.State == StateWaiting:
+			g.State, g.Reason = "waiting", r.Reason
+		default:
+			g.State = "open"
+		}
+		p.Next = g
+	}
+	return p
+}
+
+func percent(n, of int) float64 {
+	if of == 0 {
+		return 0
+	}
+	return 100 * float64(n) / float64(of)
+}
+
+// gateFailures is the wave failure percentage that holds the next wave.
+func (s Spec) gateFailures() float64 {
+	if s.GateFailures > 0 {
+		return s.GateFailures
+	}
+	if r, ok := s.tightestRule(); ok {
+		return r.Percent
+	}
+	return 0
+}
+
+// tightestRule is the abort rule with the lowest percentage.
+func (s Spec) tightestRule() (AbortRule, bool) {
+	var best AbortRule
+	for i, r := range s.AbortWhen {
+		if i == 0 || r.Percent < best.Percent {
+			best = r
+		}
+	}
+	return best, len(s.AbortWhen) > 0
+}
+
+// String is the rule as ParseAbortRule reads it.
+func (r AbortRule) String() string {
+	kinds := ""
+	for i, k := range r.Kinds {
+		if i > 0 {
+			kinds += "|"
+		}
+		kinds += string(k)
+	}
+	return fmt.Sprintf("%s>%s%% after %d", kinds, strconv.FormatFloat(r.Percent, 'f', -1, 64), r.After)
+}
+
+// String is the target as ParseWaves reads it.
+func (t WaveTarget) String() string {
+	if t.Percent > 0 {
+		return strconv.FormatFloat(t.Percent, 'f', -1, 64) + "%"
+	}
+	return itoa(t.Count)
+}

@@ -1,0 +1,382 @@
+// One step of a rollout: read the document, learn how the dispatched
+// commands ended, apply abort rules and wave gates, dispatch within the
+// rate, write it all by compare-and-set, then publish what was recorded.
+
+package rollout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/task"
+)
+
+// MaxLost is how many times a device's command is sent again because the
+// worker running it died, before the execution counts as timed out.
+const MaxLost = 3
+
+// Stepper advances rollouts, one Step at a time. A Driver runs one under
+// its singleton lease; two Steppers on one rollout never both advance it
+// (every write is a compare-and-set) nor send a device a command twice
+// under one attempt (the task key names the attempt).
+type Stepper struct {
+	st Store
+
+	mu sync.Mutex
+	// recorded are the task keys this Stepper recorded as dispatched and
+	// has to publish: a recorded key with no task is this Stepper's to
+	// publish, and another's (a driver that died between the two) is
+	// dispatched again under a fresh rate token.
+	recorded map[string]bool
+}
+
+// NewStepper returns a Stepper over st.
+func NewStepper(st Store) *Stepper { return &Stepper{st: st, recorded: map[string]bool{}} }
+
+func (s *Stepper) mine(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.recorded[key]
+}
+
+func (s *Stepper) record(key string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.recorded[key] = true
+	} else {
+		delete(s.recorded, key)
+	}
+}
+
+func (s *Stepper) pending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.recorded) > 0
+}
+
+// Step advances rollout name once. It returns task.ErrConflict when
+// another writer changed the rollout first (nothing of this step was
+// written or sent; the next step starts over).
+func (s *Stepper) Step(ctx context.Context, name string) error {
+	r, err := Get(ctx, s.st, name)
+	if err != nil {
+		return err
+	}
+	if r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero()) {
+		return nil
+	}
+	now := s.st.Now().UTC()
+	before := r.Version
+	changed, err := s.refresh(ctx, r, now)
+	if err != nil {
+		return err
+	}
+	if r.active() {
+		changed = r.checkAbort(now) || changed
+	}
+	if r.State == StateAborting || r.State == StateCancelling {
+		c, err := s.withdraw(ctx, r, now)
+		if err != nil {
+			return err
+		}
+		changed = c || changed
+	}
+	if r.State == StateAborted && r.Rollback != nil && r.Rollback.EndedAt.IsZero() {
+		c, err := s.rollback(ctx, r, now)
+		if err != nil {
+			return err
+		}
+		changed = c || changed
+	}
+	if r.active() {
+		changed = r.advanceWaves(now) || changed
+	}
+	var dispatched []int
+	if r.State == StateRunning {
+		dispatched = r.dispatch(now)
+		changed = changed || len(dispatched) > 0
+	}
+	if !changed {
+		if s.pending() {
+			return s.publishRecorded(ctx, r.Name)
+		}
+		return nil
+	}
+	for _, i := range dispatched {
+		s.record(TaskKey(r.Name, r.Devices[i].Device, r.Devices[i].Attempt), true)
+	}
+	r.UpdatedAt = now
+	if err := put(ctx, s.st, r); err != nil {
+		for _, i := range dispatched {
+			s.record(TaskKey(r.Name, r.Devices[i].Device, r.Devices[i].Attempt), false)
+		}
+		return fmt.Errorf("rollout %s step at version %d: %w", name, before, err)
+	}
+	return s.publishRecorded(ctx, r.Name)
+}
+
+// active reports whether the rollout may still dispatch or advance.
+func (r *Rollout) active() bool {
+	return r.State == StateRunning || r.State == StatePaused || r.State == StateWaiting
+}
+
+// refresh learns how the dispatched commands ended.
+func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time) (bool, error) {
+	changed := false
+	for i := range r.Devices {
+		e := &r.Devices[i]
+		if e.Outcome != OutcomeRunning {
+			continue
+		}
+		key := TaskKey(r.Name, e.Device, e.Attempt)
+		t, err := s.st.Get(ctx, key)
+		if errors.Is(err, task.ErrNotFound) {
+			if s.mine(key) || !r.active() {
+				continue // publishRecorded, or withdraw, sees to it
+			}
+			// Recorded by a driver that died before publishing: dispatch
+			// it again (same key) under a fresh rate token.
+			e.Outcome, e.Attempt = OutcomeQueued, e.Attempt-1
+			changed = true
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		if !e.Published {
+			e.Published, changed = true, true
+			s.record(key, false)
+		}
+		if !ours(t, e.Device, r.Spec.Command) {
+			e.Outcome, e.EndedAt, e.Error = OutcomeFailed, now, "task key "+key+" is held by a task that is not this rollout's"
+			changed = true
+			continue
+		}
+		if !t.State.Finished() {
+			continue
+		}
+		outcome, msg, lost := classify(t)
+		changed = true
+		switch {
+		case lost && r.active() && e.Lost < MaxLost:
+			e.Lost++
+			e.Outcome, e.Error = OutcomeQueued, msg
+			continue
+		case lost:
+			outcome = OutcomeTimedOut
+		case outcome.Failure() && r.active() && e.Attempt-e.Lost-1 < r.Spec.Retries && r.Spec.retries(outcome):
+			e.Outcome, e.Error = OutcomeQueued, msg
+			continue
+		}
+		e.Outcome, e.EndedAt, e.Error = outcome, now, msg
+	}
+	return changed, nil
+}
+
+// ours reports whether t is the device task a rollout would publish for
+// device with command.
+func ours(t *task.Task, device, command string) bool {
+	if t.Kind != mqttdev.Kind {
+		return false
+	}
+	c, err := mqttdev.DecodePayload(t.Payload)
+	return err == nil && c.Device == device && c.Command == command
+}
+
+// classify says how a finished device task ended: its outcome, the error
+// text of its last attempt, and whether that attempt's worker died (its
+// lease expired) rather than the device answering.
+func classify(t *task.Task) (Outcome, string, bool) {
+	switch t.State {
+	case task.StateSucceeded:
+		return OutcomeSucceeded, "", false
+	case task.StateCancelled:
+		return OutcomeCancelled, "cancelled", false
+	}
+	var last task.Attempt
+	for _, a := range append(append([]task.Attempt{}, t.History...), t.Workers...) {
+		if a.Attempt >= last.Attempt {
+			last = a
+		}
+	}
+	msg := firstLine(last.Error, 200)
+	if last.State == task.AttemptExpired || last.State == task.AttemptRunning || (last.State == task.AttemptFail && last.Error == "") {
+		return OutcomeFailed, "worker lost", true
+	}
+	switch mqttdev.FailureOf(last.Error) {
+	case mqttdev.CommandRefused:
+		return OutcomeRefused, msg, false
+	case mqttdev.CommandNoAck, mqttdev.CommandResultTimeout:
+		return OutcomeTimedOut, msg, false
+	case mqttdev.CommandOffline:
+		return OutcomeOffline, msg, false
+	}
+	return OutcomeFailed, msg, false
+}
+
+func firstLine(s string, n int) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			s = s[:i]
+			break
+		}
+	}
+	if len(s) > n {
+		s = s[:n]
+	}
+	return s
+}
+
+// checkAbort applies the abort rules to the executions ended so far.
+func (r *Rollout) checkAbort(now time.Time) bool {
+	var c Counts
+	for _, e := range r.Devices {
+		if e.Outcome.Done() {
+			c.add(e.Outcome)
+		}
+	}
+	ended := c.Ended()
+	for _, rule := range r.Spec.AbortWhen {
+		if ended < max(rule.After, 1) {
+			continue
+		}
+		n := 0
+		for _, k := range rule.Kinds {
+			n += c.Of(k)
+		}
+		if pct := percent(n, ended); pct > rule.Percent {
+			r.State = StateAborting
+			r.Reason = fmt.Sprintf("%s: %d of %d ended (%.1f%%)", rule, n, ended, pct)
+			return true
+		}
+	}
+	return false
+}
+
+// advanceWaves ends the waves whose devices all ended, starts the next
+// when its gate opens, and completes the rollout after the last.
+func (r *Rollout) advanceWaves(now time.Time) bool {
+	changed := false
+	if r.Waves[0].StartedAt.IsZero() {
+		r.startWave(0, now)
+		changed = true
+	}
+	for w := 0; w <= r.Wave; w++ {
+		wave := &r.Waves[w]
+		if !wave.EndedAt.IsZero() || wave.StartedAt.IsZero() {
+			continue
+		}
+		var c Counts
+		for _, e := range r.Devices[wave.Start:wave.End] {
+			if !e.Outcome.Done() {
+				c.Total = -1
+				break
+			}
+			c.add(e.Outcome)
+		}
+		if c.Total < 0 {
+			continue
+		}
+		wave.EndedAt, changed = now, true
+		r.event(now, EventWaveEnded, fmt.Sprintf("wave %d: %d succeeded, %d failed (%.1f%%)",
+			w+1, c.Succeeded, c.Failures(), percent(c.Failures(), c.Ended())))
+	}
+	cur := r.Waves[r.Wave]
+	if cur.EndedAt.IsZero() || r.State == StatePaused {
+		return changed
+	}
+	if r.Wave == len(r.Waves)-1 {
+		for _, w := range r.Waves {
+			if w.EndedAt.IsZero() {
+				return changed
+			}
+		}
+		r.State, r.Reason, r.EndedAt = StateCompleted, "", now
+		r.event(now, EventCompleted, "")
+		return true
+	}
+	next := r.Wave + 1
+	if !r.Waves[next].Approved {
+		var c Counts
+		for _, e := range r.Devices[cur.Start:cur.End] {
+			c.add(e.Outcome)
+		}
+		reason := ""
+		if g := r.Spec.gateFailures(); g > 0 && percent(c.Failures(), c.Ended()) >= g {
+			reason = fmt.Sprintf("wave %d failed %.1f%%, at or above %s%%: approve to go on", r.Wave+1, percent(c.Failures(), c.Ended()), trimFloat(g))
+		} else if r.Waves[next].Gate == GateApproval {
+			reason = fmt.Sprintf("wave %d waits for approval", next+1)
+		}
+		if reason != "" {
+			if r.State != StateWaiting || r.Reason != reason {
+				r.State, r.Reason = StateWaiting, reason
+				r.event(now, EventWaiting, reason)
+				return true
+			}
+			return changed
+		}
+	}
+	r.State, r.Reason = StateRunning, ""
+	r.startWave(next, now)
+	return true
+}
+
+func (r *Rollout) startWave(w int, now time.Time) {
+	r.Wave = w
+	wave := &r.Waves[w]
+	wave.StartedAt = now
+	for i := wave.Start; i < wave.End; i++ {
+		if r.Devices[i].Outcome == "" {
+			r.Devices[i].Outcome = OutcomeQueued
+		}
+	}
+	r.event(now, EventWaveStarted, fmt.Sprintf("wave %d: %d devices", w+1, wave.End-wave.Start))
+}
+
+// dispatch records the queued executions of started waves as running,
+// in order, as far as the rate allows, and returns their indexes.
+func (r *Rollout) dispatch(now time.Time) []int {
+	var out []int
+	for i := range r.Devices {
+		e := &r.Devices[i]
+		if e.Outcome != OutcomeQueued || e.Wave > r.Wave {
+			continue
+		}
+		at, ok := r.token(now)
+		if !ok {
+			break
+		}
+		e.Attempt++
+		e.Outcome, e.Published, e.DispatchedAt = OutcomeRunning, false, at
+		e.Dispatched = append(e.Dispatched, at)
+		out = append(out, i)
+	}
+	return out
+}
+
+// token takes a rate token at now (or at the last dispatch, if the store
+// clock reads earlier): at most Rate.N dispatches in any window of
+// Rate.Per, counted on the times recorded in the document, so a driver
+// that takes over keeps the same window.
+func (r *Rollout) token(now time.Time) (time.Time, bool) {
+	if r.Spec.Rate.N == 0 {
+		return now, true
+	}
+	at := now
+	if n := len(r.Dispatches); n > 0 && r.Dispatches[n-1].After(at) {
+		at = r.Dispatches[n-1]
+	}
+	if n := len(r.Dispatches); n >= r.Spec.Rate.N && r.Dispatches[n-r.Spec.Rate.N].After(at.Add(-time.Duration(r.Spec.Rate.Per))) {
+		return time.Time{}, false
+	}
+	r.Dispatches = append(r.Dispatches, at)
+	if n := len(r.Dispatches) - r.Spec.Rate.N; n > 0 {
+		r.Dispatches = r.Dispatches[n:]
+	}
+	return at, true
+}

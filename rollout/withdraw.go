@@ -1,0 +1,214 @@
+// Ending a rollout: withdrawing queued commands when it aborts or is
+// cancelled, then the rollback; and publishing what a step recorded.
+
+package rollout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/task"
+)
+
+// errLive: the task has a live attempt, which is left to finish.
+var errLive = errors.New("a live attempt runs")
+
+// withdraw cancels the commands not yet running (and makes sure a
+// command recorded but never published can no longer be), waits for the
+// running ones to end, and then records the rollout aborted or cancelled:
+// no command is sent after that moment.
+func (s *Stepper) withdraw(ctx context.Context, r *Rollout, now time.Time) (bool, error) {
+	changed, running := false, 0
+	for i := range r.Devices {
+		e := &r.Devices[i]
+		switch e.Outcome {
+		case "":
+			e.Outcome, changed = OutcomeSkipped, true
+		case OutcomeQueued:
+			e.Outcome, e.EndedAt, changed = OutcomeCancelled, now, true
+		case OutcomeRunning:
+			key := TaskKey(r.Name, e.Device, e.Attempt)
+			done, err := s.withdrawTask(ctx, r, e, key)
+			if err != nil {
+				return false, err
+			}
+			if !done {
+				running++
+				continue
+			}
+			e.Outcome, e.EndedAt, e.Published, changed = OutcomeCancelled, now, true, true
+			s.record(key, false)
+		}
+	}
+	if running > 0 {
+		return changed, nil
+	}
+	typ := EventCancelled
+	if r.State == StateAborting {
+		r.State, typ = StateAborted, EventAborted
+		if r.Spec.RollbackCommand != "" {
+			r.Rollback = &Rollback{Command: r.Spec.RollbackCommand, StartedAt: now}
+			n := 0
+			for i := range r.Devices {
+				if r.Devices[i].Outcome == OutcomeSucceeded {
+					r.Devices[i].Rollback = OutcomeQueued
+					n++
+				}
+			}
+			r.event(now, EventAborted, r.Reason)
+			r.event(now, EventRollbackStarted, fmt.Sprintf("%s on %d devices", r.Spec.RollbackCommand, n))
+			r.EndedAt = now
+			return true, nil
+		}
+	} else {
+		r.State = StateCancelled
+	}
+	r.EndedAt = now
+	r.event(now, typ, r.Reason)
+	return true, nil
+}
+
+// withdrawTask cancels the task of a running execution unless an attempt
+// of it is live; it reports whether the execution is over (cancelled, or
+// never to be published). A finished task was classified by refresh.
+func (s *Stepper) withdrawTask(ctx context.Context, r *Rollout, e *Exec, key string) (bool, error) {
+	t, err := s.st.Get(ctx, key)
+	if errors.Is(err, task.ErrNotFound) {
+		// Recorded, not published (or not yet): take the key with a
+		// cancelled task, so a driver that publishes it late inserts
+		// nothing.
+		p, err := publishParams(r, e.Device, key, false)
+		if err != nil {
+			return false, err
+		}
+		p.RunAt = s.st.Now().Add(24 * time.Hour)
+		if t, _, err = task.Publish(ctx, s.st, p); err != nil {
+			return false, err
+		}
+	} else if err != nil {
+		return false, err
+	}
+	if t.State.Finished() {
+		return true, nil
+	}
+	_, err = task.ModifyFrom(ctx, s.st, key, t, func(t *task.Task) error {
+		if t.State.Finished() {
+			return nil
+		}
+		now := s.st.Now()
+		for _, a := range t.Workers {
+			if a.Live(now) {
+				return errLive
+			}
+		}
+		return t.Cancel(now)
+	})
+	switch {
+	case errors.Is(err, errLive):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return true, nil
+}
+
+// rollback publishes the rollback command to each device that succeeded
+// and records how it ended.
+func (s *Stepper) rollback(ctx context.Context, r *Rollout, now time.Time) (bool, error) {
+	changed, open := false, 0
+	for i := range r.Devices {
+		e := &r.Devices[i]
+		key := RollbackKey(r.Name, e.Device)
+		switch e.Rollback {
+		case OutcomeQueued:
+			p, err := publishParams(r, e.Device, key, true)
+			if err != nil {
+				return false, err
+			}
+			if _, _, err := task.Publish(ctx, s.st, p); err != nil {
+				return false, err
+			}
+			e.Rollback, changed = OutcomeRunning, true
+			open++
+		case OutcomeRunning:
+			t, err := s.st.Get(ctx, key)
+			if errors.Is(err, task.ErrNotFound) {
+				e.Rollback, changed = OutcomeQueued, true // publish again
+				open++
+				continue
+			}
+			if err != nil {
+				return false, err
+			}
+			if !ours(t, e.Device, r.Spec.RollbackCommand) {
+				e.Rollback, changed = OutcomeFailed, true
+				continue
+			}
+			if !t.State.Finished() {
+				open++
+				continue
+			}
+			o, _, lost := classify(t)
+			if lost {
+				o = OutcomeTimedOut
+			}
+			e.Rollback, changed = o, true
+		}
+	}
+	if open == 0 {
+		r.Rollback.EndedAt = now
+		var c Counts
+		for _, e := range r.Devices {
+			if e.Rollback != "" {
+				c.add(e.Rollback)
+			}
+		}
+		r.event(now, EventRollbackEnded, fmt.Sprintf("%d rolled back, %d failed", c.Succeeded, c.Failures()))
+		changed = true
+	}
+	return changed, nil
+}
+
+// publishParams is the device task of device's execution (or rollback)
+// under key.
+func publishParams(r *Rollout, device, key string, rollback bool) (task.PublishParams, error) {
+	return mqttdev.PublishParams(key, r.Spec.command(device, rollback), task.Options{
+		Priority: r.Spec.Priority, MaxUnexpectedRetries: task.NoRetries,
+	})
+}
+
+// publishRecorded publishes the tasks this Stepper recorded, if the
+// rollout, read again, is still running and still holds them as running
+// (an abort or a cancel written since is never followed by a publish of
+// this Stepper's; a driver that is late anyway finds the keys taken by
+// withdraw's cancelled tasks).
+func (s *Stepper) publishRecorded(ctx context.Context, name string) error {
+	r, err := Get(ctx, s.st, name)
+	if err != nil {
+		return err
+	}
+	if r.State != StateRunning && r.State != StatePaused && r.State != StateWaiting {
+		return nil
+	}
+	for i := range r.Devices {
+		e := &r.Devices[i]
+		key := TaskKey(r.Name, e.Device, e.Attempt)
+		if e.Outcome != OutcomeRunning || e.Published || !s.mine(key) {
+			continue
+		}
+		p, err := publishParams(r, e.Device, key, false)
+		if err != nil {
+			return err
+		}
+		if _, _, err := task.Publish(ctx, s.st, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func trimFloat(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
