@@ -21,10 +21,7 @@ import (
 // failed read it keeps the controls it had.
 func (c *Consumer) loadControl(ctx context.Context) {
 	st, err := control.Load(ctx, c.store)
-	switch {
-	case errors.Is(err, control.ErrUnsupported):
-		return
-	case err != nil:
+	if err != nil {
 		if ctx.Err() == nil {
 			c.logger.Warn("load pauses and limits; keeping the last ones", slog.Any("err", err))
 		}

@@ -1,10 +1,10 @@
 // Package control keeps the cluster-wide flow controls every worker obeys:
 // pauses (of everything, a kind, or a lock key such as one device) and rate
 // limits (at most N starts per duration, per kind or per lock key, with
-// `device:*`-style defaults). They are stored as shared records, so they
-// outlive any process and need no leader, and every write rings a doorbell
-// document (task.Document) whose change event tells every worker to reload
-// them at event latency. The decisions made from them (is this task paused, which
+// `device:*`-style defaults). Each is a document (task.Document) in the
+// store, so they outlive any process and need no leader, and every write
+// rings a doorbell document whose change event tells every worker to
+// reload them at event latency. The decisions made from them (is this task paused, which
 // limits apply) are pure functions of a loaded State.
 package control
 
@@ -19,11 +19,11 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// Record kinds the controls are stored under (task.Record.Kind); the
-// record id is the target's String.
+// The namespaces of the control documents; a document's id is its
+// target's String.
 const (
-	PauseRecord = "leasepool.pause"
-	LimitRecord = "leasepool.limit"
+	PauseNamespace = "leasepool.pause"
+	LimitNamespace = "leasepool.limit"
 )
 
 // The doorbell is the document every control write touches, so that the
@@ -154,28 +154,10 @@ func ParseRate(s string) (n int, per time.Duration, err error) {
 	return n, per, nil
 }
 
-// recordStore is the part of a store that keeps shared records (both
-// backends have it).
-type recordStore interface {
-	PutRecord(ctx context.Context, r task.Record) error
-	Records(ctx context.Context, kind string) ([]task.Record, error)
-}
-
-// ErrUnsupported means the store keeps no shared records, so it has no
-// pauses and no limits.
-var ErrUnsupported = errors.New("store keeps no shared records: no pauses or limits")
-
-func records(st task.Store) (recordStore, error) {
-	rs, ok := st.(recordStore)
-	if !ok {
-		return nil, fmt.Errorf("%T: %w", st, ErrUnsupported)
-	}
-	return rs, nil
-}
-
-// pauseValue and limitValue are the stored record values; a resumed pause
-// or a removed limit stays as a record marked off, since records are never
-// deleted and a put older than the stored one is ignored.
+// pauseValue and limitValue are the stored document values. A resume or
+// a removal deletes the document; a value marked off (paused false, N
+// zero) reads as no control, as a store upgraded from shared records may
+// hold one.
 type pauseValue struct {
 	Paused bool      `json:"paused"`
 	Since  time.Time `json:"since,omitzero"`
@@ -189,44 +171,52 @@ type limitValue struct {
 // errNoChange is put's fn saying the stored value already holds.
 var errNoChange = errors.New("no change")
 
-// put writes the record kind/id with the value fn makes from the stored
-// one (nil when none), at a time after the stored record's, so that a
-// writer whose clock runs behind the last one's still wins; then rings
-// the doorbell.
-func put(ctx context.Context, st task.Store, kind, id string, fn func(old json.RawMessage) (any, error)) error {
-	rs, err := records(st)
-	if err != nil {
-		return err
-	}
-	all, err := rs.Records(ctx, kind)
-	if err != nil {
-		return fmt.Errorf("read %s records: %w", kind, err)
-	}
-	var old json.RawMessage
-	at := st.Now()
-	for _, r := range all {
-		if r.ID == id {
-			old = r.Value
-			if !at.After(r.At) {
-				at = r.At.Add(time.Microsecond)
-			}
+// put writes the document namespace/id with the value fn makes from the
+// stored one (nil when none; a nil value from fn deletes the document),
+// by compare-and-set, again from the newer document when another write
+// came first; then rings the doorbell.
+func put(ctx context.Context, st task.Store, namespace, id string, fn func(old json.RawMessage) (any, error)) error {
+	for {
+		var old json.RawMessage
+		d, err := st.GetDocument(ctx, namespace, id)
+		switch {
+		case err == nil:
+			old = d.Value
+		case errors.Is(err, task.ErrNotFound):
+			d = task.Document{Namespace: namespace, ID: id}
+		default:
+			return fmt.Errorf("read %s %s: %w", namespace, id, err)
 		}
+		v, err := fn(old)
+		if errors.Is(err, errNoChange) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			err = st.DeleteDocument(ctx, namespace, id, d.Version)
+			if errors.Is(err, task.ErrNotFound) && d.Version == 0 {
+				err = nil
+			}
+		} else {
+			d.Value, err = json.Marshal(v)
+			if err != nil {
+				return fmt.Errorf("encode %s %s: %w", namespace, id, err)
+			}
+			_, err = st.PutDocument(ctx, d)
+		}
+		if errors.Is(err, task.ErrConflict) || (errors.Is(err, task.ErrNotFound) && d.Version > 0) {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			continue // written or deleted since it was read
+		}
+		if err != nil {
+			return fmt.Errorf("write %s %s: %w", namespace, id, err)
+		}
+		return Ring(ctx, st)
 	}
-	v, err := fn(old)
-	if errors.Is(err, errNoChange) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("encode %s record: %w", kind, err)
-	}
-	if err := rs.PutRecord(ctx, task.Record{Kind: kind, ID: id, Value: b, At: at}); err != nil {
-		return fmt.Errorf("write %s record %s: %w", kind, id, err)
-	}
-	return Ring(ctx, st)
 }
 
 // Ring touches the doorbell document so every worker reloads the

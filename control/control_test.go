@@ -258,3 +258,40 @@ func TestStoredLimitsRingTheDoorbell(t *testing.T) {
 		t.Fatalf("after remove, Limits = %+v", ls)
 	}
 }
+
+// TestConcurrentPausesChangeOnce: writers racing to pause one target
+// compare-and-set its document, so exactly one reports the change; the
+// resume deletes the document, and a value marked off (as an upgraded
+// store may hold) reads as not paused.
+func TestConcurrentPausesChangeOnce(t *testing.T) {
+	ctx := t.Context()
+	st, _ := watched(t)
+	var wg sync.WaitGroup
+	changed := make([]bool, 8)
+	errs := make([]error, len(changed))
+	for i := range changed {
+		wg.Go(func() { changed[i], errs[i] = control.Pause(ctx, st, control.Kind("k")) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(slices.DeleteFunc(changed, func(c bool) bool { return !c })); n != 1 {
+		t.Fatalf("%d concurrent pauses reported the change; want exactly 1", n)
+	}
+	if _, err := control.Resume(ctx, st, control.Kind("k")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetDocument(ctx, control.PauseNamespace, "kind:k"); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("pause document after resume: %v; want ErrNotFound", err)
+	}
+	if _, err := st.PutDocument(ctx, task.Document{Namespace: control.PauseNamespace, ID: "kind:off", Value: []byte(`{"paused":false}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if ps, err := control.Pauses(ctx, st); err != nil || len(ps) != 0 {
+		t.Fatalf("Pauses with one marked off = %+v, %v; want none", ps, err)
+	}
+	if changed, err := control.Pause(ctx, st, control.Kind("off")); err != nil || !changed {
+		t.Fatalf("Pause over one marked off = %v, %v; want changed", changed, err)
+	}
+}

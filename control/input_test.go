@@ -67,9 +67,10 @@ func TestCorruptDoorbellDoesNotWedge(t *testing.T) {
 	}
 }
 
-// TestMalformedRecordsAreSkipped: a pause or limit record that does not
-// parse is skipped and counted; the good ones still load.
-func TestMalformedRecordsAreSkipped(t *testing.T) {
+// TestMalformedDocumentsAreSkipped: a pause or limit document that does
+// not parse is skipped and counted once; the good ones still load, and
+// control writes over a forged document still work.
+func TestMalformedDocumentsAreSkipped(t *testing.T) {
 	t.Parallel()
 	st := openStore(t)
 	ctx := t.Context()
@@ -79,13 +80,12 @@ func TestMalformedRecordsAreSkipped(t *testing.T) {
 	if err := control.SetLimit(ctx, st, control.Limit{Target: control.Kind("k"), N: 2, Per: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	at := st.Now()
-	for _, r := range []task.Record{
-		{Kind: control.PauseRecord, ID: "no-scope", Value: json.RawMessage(`{"paused":true}`), At: at},
-		{Kind: control.PauseRecord, ID: "kind:x", Value: json.RawMessage(`{"paused":"yes"}`), At: at},
-		{Kind: control.LimitRecord, ID: "kind:y", Value: json.RawMessage(`[1]`), At: at},
+	for _, d := range []task.Document{
+		{Namespace: control.PauseNamespace, ID: "no-scope", Value: json.RawMessage(`{"paused":true}`)},
+		{Namespace: control.PauseNamespace, ID: "kind:x", Value: json.RawMessage(`{"paused":"yes"}`)},
+		{Namespace: control.LimitNamespace, ID: "kind:y", Value: json.RawMessage(`[1]`)},
 	} {
-		if err := st.PutRecord(ctx, r); err != nil {
+		if _, err := st.PutDocument(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -100,7 +100,17 @@ func TestMalformedRecordsAreSkipped(t *testing.T) {
 		}
 	}
 	after := task.MalformedCounts()
-	if after[control.PauseRecord]-before[control.PauseRecord] != 2 || after[control.LimitRecord]-before[control.LimitRecord] != 1 {
-		t.Errorf("MalformedCounts %v -> %v; want 2 pause and 1 limit record counted once", before, after)
+	if after[control.PauseNamespace]-before[control.PauseNamespace] != 2 || after[control.LimitNamespace]-before[control.LimitNamespace] != 1 {
+		t.Errorf("MalformedCounts %v -> %v; want 2 pause and 1 limit document counted once", before, after)
+	}
+	// A write over a forged document replaces it.
+	if changed, err := control.Pause(ctx, st, control.Kind("x")); err != nil || !changed {
+		t.Fatalf("Pause over a forged document: %v, %v; want changed", changed, err)
+	}
+	if err := control.SetLimit(ctx, st, control.Limit{Target: control.Kind("y"), N: 1, Per: time.Second}); err != nil {
+		t.Fatalf("SetLimit over a forged document: %v", err)
+	}
+	if s, err := control.Load(ctx, st); err != nil || len(s.Pauses) != 2 || len(s.Limits) != 2 {
+		t.Fatalf("Load after writes over forged documents: %+v, %v; want 2 pauses and 2 limits", s, err)
 	}
 }

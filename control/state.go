@@ -32,7 +32,8 @@ func setPause(ctx context.Context, st task.Store, target Target, paused bool) (c
 	if err := target.Validate(); err != nil {
 		return false, err
 	}
-	err = put(ctx, st, PauseRecord, target.String(), func(old json.RawMessage) (any, error) {
+	err = put(ctx, st, PauseNamespace, target.String(), func(old json.RawMessage) (any, error) {
+		changed = false // again on a retry
 		var v pauseValue
 		if old != nil {
 			_ = json.Unmarshal(old, &v) // unreadable counts as not paused
@@ -44,7 +45,7 @@ func setPause(ctx context.Context, st task.Store, target Target, paused bool) (c
 		if paused {
 			return pauseValue{Paused: true, Since: st.Now().UTC()}, nil
 		}
-		return pauseValue{}, nil
+		return nil, nil // deleted
 	})
 	return changed, err
 }
@@ -54,7 +55,7 @@ func SetLimit(ctx context.Context, st task.Store, l Limit) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
-	return put(ctx, st, LimitRecord, l.Target.String(), func(json.RawMessage) (any, error) {
+	return put(ctx, st, LimitNamespace, l.Target.String(), func(json.RawMessage) (any, error) {
 		return limitValue{N: l.N, Per: task.Duration(l.Per)}, nil
 	})
 }
@@ -64,7 +65,8 @@ func RemoveLimit(ctx context.Context, st task.Store, target Target) (removed boo
 	if err := target.Validate(); err != nil {
 		return false, err
 	}
-	err = put(ctx, st, LimitRecord, target.String(), func(old json.RawMessage) (any, error) {
+	err = put(ctx, st, LimitNamespace, target.String(), func(old json.RawMessage) (any, error) {
+		removed = false // again on a retry
 		var v limitValue
 		if old != nil {
 			_ = json.Unmarshal(old, &v)
@@ -73,7 +75,7 @@ func RemoveLimit(ctx context.Context, st task.Store, target Target) (removed boo
 			return nil, errNoChange
 		}
 		removed = true
-		return limitValue{}, nil
+		return nil, nil // deleted
 	})
 	return removed, err
 }
@@ -98,13 +100,9 @@ func Limits(ctx context.Context, st task.Store) ([]Limit, error) {
 
 // Load reads every control from st.
 func Load(ctx context.Context, st task.Store) (*State, error) {
-	rs, err := records(st)
-	if err != nil {
-		return nil, err
-	}
 	var pauses []PauseInfo
 	var limits []Limit
-	err = each(ctx, rs, PauseRecord, func(target Target, v pauseValue) {
+	err := each(ctx, st, PauseNamespace, func(target Target, v pauseValue) {
 		if v.Paused {
 			pauses = append(pauses, PauseInfo{Target: target, Since: v.Since})
 		}
@@ -112,7 +110,7 @@ func Load(ctx context.Context, st task.Store) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = each(ctx, rs, LimitRecord, func(target Target, v limitValue) {
+	err = each(ctx, st, LimitNamespace, func(target Target, v limitValue) {
 		if l := (Limit{Target: target, N: v.N, Per: time.Duration(v.Per)}); v.N > 0 && l.Validate() == nil {
 			limits = append(limits, l)
 		}
@@ -123,22 +121,22 @@ func Load(ctx context.Context, st task.Store) (*State, error) {
 	return NewState(pauses, limits), nil
 }
 
-// each calls fn with the target and value of every record of kind that
-// parses; one that does not is skipped and reported to
+// each calls fn with the target and value of every document of namespace
+// that parses; one that does not is skipped and reported to
 // task.SkipMalformed, so it never stops the controls from loading.
-func each[V any](ctx context.Context, rs recordStore, kind string, fn func(Target, V)) error {
-	recs, err := rs.Records(ctx, kind)
+func each[V any](ctx context.Context, st task.Store, namespace string, fn func(Target, V)) error {
+	docs, err := st.Documents(ctx, namespace)
 	if err != nil {
-		return fmt.Errorf("read %s records: %w", kind, err)
+		return fmt.Errorf("read %s: %w", namespace, err)
 	}
-	for _, r := range recs {
+	for _, d := range docs {
 		var v V
-		target, err := ParseTarget(r.ID)
+		target, err := ParseTarget(d.ID)
 		if err == nil {
-			err = json.Unmarshal(r.Value, &v)
+			err = json.Unmarshal(d.Value, &v)
 		}
 		if err != nil {
-			task.SkipMalformed(kind, r.ID+"@"+r.At.UTC().Format(time.RFC3339Nano), err)
+			task.SkipMalformed(namespace, d.ID+"@"+strconv.FormatInt(d.Version, 10), err)
 			continue
 		}
 		fn(target, v)
@@ -217,9 +215,9 @@ type Bucket struct {
 	Per time.Duration
 }
 
-// SlotKey is the lock key of slot i, which every start counted in b holds
-// for Per and never releases early.
-func (b Bucket) SlotKey(i int) string { return "rate:" + b.Key + "#" + strconv.Itoa(i) }
+// SlotKey is the lock key of slot i in task.LockRate, which every start
+// counted in b holds for Per and never releases early.
+func (b Bucket) SlotKey(i int) string { return b.Key + "#" + strconv.Itoa(i) }
 
 // Buckets returns the limits t's start counts against: its kind's, and for
 // each lock key the exact limit or else the longest matching pattern's.

@@ -1,46 +1,93 @@
-// records.go keeps device states in the task store's shared records.
+// storestates.go keeps device states in the task store, one document per
+// device.
 
 package mqttdev
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/leasepool/leasepool/task"
 )
 
-// recordKind is the task.Record kind device states are kept under.
-const recordKind = "device-state"
+// StateNamespace is the namespace of the documents (task.Document) that
+// StoreStates keeps device states in, one per device id.
+const StateNamespace = "device-state"
 
-// StoreStates keeps device states in the task store's shared records, so
-// that every worker and admin tool sees the same picture. Every task.Store
-// is a task.RecordStore; it asks for no more than the records. Pass it as
+// StoreStates keeps device states in the store's documents, so that every
+// worker and admin tool sees the same picture. Every task.Store is a
+// task.DocumentStore; it asks for no more than the documents. Pass it as
 // HandlerConfig.DeviceState.
-func StoreStates(rs task.RecordStore) DeviceStateStore { return recordStates{rs} }
+func StoreStates(ds task.DocumentStore) DeviceStateStore { return storeStates{ds} }
 
-type recordStates struct{ rs task.RecordStore }
+type storeStates struct{ ds task.DocumentStore }
 
-func (r recordStates) PutDeviceState(ctx context.Context, s DeviceState) error {
+// PutDeviceState stores s unless the stored state was seen later: the
+// workers tracking one device race to store each status message, and an
+// older one must not overwrite a newer one. It writes by compare-and-set,
+// again on the newer document when another write came first.
+func (r storeStates) PutDeviceState(ctx context.Context, s DeviceState) error {
 	value, err := json.Marshal(s)
 	if err != nil {
 		return err
 	}
-	return r.rs.PutRecord(ctx, task.Record{Kind: recordKind, ID: s.ID, Value: value, At: s.SeenAt})
+	for {
+		d, err := r.ds.GetDocument(ctx, StateNamespace, s.ID)
+		switch {
+		case errors.Is(err, task.ErrNotFound):
+			d = task.Document{Namespace: StateNamespace, ID: s.ID}
+		case err != nil:
+			return fmt.Errorf("device state %s: %w", s.ID, err)
+		default:
+			if old, err := decodeState(d); err == nil && old.SeenAt.After(s.SeenAt) {
+				return nil
+			}
+		}
+		d.Value = value
+		if _, err = r.ds.PutDocument(ctx, d); !errors.Is(err, task.ErrConflict) {
+			if err != nil {
+				return fmt.Errorf("device state %s: %w", s.ID, err)
+			}
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
 }
 
-func (r recordStates) DeviceStates(ctx context.Context) ([]DeviceState, error) {
-	recs, err := r.rs.Records(ctx, recordKind)
+// DeviceStates returns every stored state, by device id. A document that
+// does not decode is skipped and reported to task.SkipMalformed, so that
+// one cannot fail every listing of devices.
+func (r storeStates) DeviceStates(ctx context.Context) ([]DeviceState, error) {
+	docs, err := r.ds.Documents(ctx, StateNamespace)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("device states: %w", err)
 	}
-	out := make([]DeviceState, 0, len(recs))
-	for _, rec := range recs {
-		var s DeviceState
-		if err := json.Unmarshal(rec.Value, &s); err != nil {
-			return nil, fmt.Errorf("device state %s: %w", rec.ID, err)
+	out := make([]DeviceState, 0, len(docs))
+	for _, d := range docs {
+		s, err := decodeState(d)
+		if err != nil {
+			task.SkipMalformed(StateNamespace, d.ID+"@"+strconv.FormatInt(d.Version, 10), err)
+			continue
 		}
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// decodeState reads a device state document, which must be of its own
+// device.
+func decodeState(d task.Document) (DeviceState, error) {
+	var s DeviceState
+	if err := json.Unmarshal(d.Value, &s); err != nil {
+		return DeviceState{}, fmt.Errorf("device state %s: %w", d.ID, err)
+	}
+	if s.ID != d.ID {
+		return DeviceState{}, fmt.Errorf("device state %s: holds device %q", d.ID, s.ID)
+	}
+	return s, nil
 }

@@ -10,8 +10,10 @@ package retention
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/leasepool/leasepool/task"
@@ -21,9 +23,10 @@ import (
 const (
 	// LockKey is the key of the Runner's lease in the lock table.
 	LockKey = "leasepool.retention"
-	// RecordKind and recordID hold the stored policy.
-	RecordKind = "retention"
-	recordID   = "policy"
+	// Namespace and PolicyID name the document (task.Document) of the
+	// stored policy.
+	Namespace = "retention"
+	PolicyID  = "policy"
 )
 
 // Defaults.
@@ -47,8 +50,8 @@ type Policy struct {
 	Succeeded task.Duration `json:"succeeded"`
 	Failed    task.Duration `json:"failed"`
 	Cancelled task.Duration `json:"cancelled"`
-	// DeviceStates bounds the device-state records (mqttdev) by when the
-	// device was last seen. Zero (a policy stored before it existed) means
+	// DeviceStates bounds the device states (mqttdev) by when the device
+	// was last seen. Zero (a policy stored before it existed) means
 	// the default.
 	DeviceStates task.Duration `json:"device_states,omitempty"`
 }
@@ -62,9 +65,10 @@ var DefaultPolicy = Policy{
 	DeviceStates: task.Duration(30 * 24 * time.Hour),
 }
 
-// DeviceStateKind is the record kind mqttdev keeps device states under
-// (tests/retention_test.go checks that the two agree).
-const DeviceStateKind = "device-state"
+// DeviceStateNamespace is the namespace of the documents mqttdev keeps
+// device states in (mqttdev.StateNamespace; tests/retention_test.go
+// checks that the two agree).
+const DeviceStateNamespace = "device-state"
 
 // Validate accepts a positive period or Forever in each field.
 func (p Policy) Validate() error {
@@ -92,42 +96,60 @@ func (p Policy) keep(state task.State) (time.Duration, bool) {
 	return time.Duration(d), d > 0
 }
 
-// Get returns the stored policy, or DefaultPolicy when none is stored.
+// Get returns the stored policy, or DefaultPolicy when none is stored. A
+// stored policy that does not decode or validate is an error (and is
+// reported to task.SkipMalformed): retention deletes nothing by it.
 func Get(ctx context.Context, s task.Store) (Policy, error) {
-	rs, ok := s.(task.RecordStore)
-	if !ok {
-		return DefaultPolicy, nil
-	}
-	recs, err := rs.Records(ctx, RecordKind)
-	if err != nil {
-		return Policy{}, fmt.Errorf("retention policy: %w", err)
-	}
-	for _, r := range recs {
-		if r.ID == recordID {
-			var p Policy
-			if err := json.Unmarshal(r.Value, &p); err != nil {
-				return Policy{}, fmt.Errorf("retention policy: stored record: %w", err)
-			}
-			return p, nil
-		}
-	}
-	return DefaultPolicy, nil
+	p, _, err := get(ctx, s)
+	return p, err
 }
 
-// Set stores p for every worker; it applies from the next run.
+func get(ctx context.Context, s task.Store) (Policy, task.Document, error) {
+	d, err := s.GetDocument(ctx, Namespace, PolicyID)
+	if errors.Is(err, task.ErrNotFound) {
+		return DefaultPolicy, task.Document{Namespace: Namespace, ID: PolicyID}, nil
+	}
+	if err != nil {
+		return Policy{}, d, fmt.Errorf("retention policy: %w", err)
+	}
+	var p Policy
+	if err = json.Unmarshal(d.Value, &p); err == nil {
+		err = p.Validate()
+	}
+	if err != nil {
+		task.SkipMalformed(Namespace, PolicyID+"@"+strconv.FormatInt(d.Version, 10), err)
+		return Policy{}, d, fmt.Errorf("%w: retention policy: stored document %s/%s: %w (set it again)", task.ErrInvalid, Namespace, PolicyID, err)
+	}
+	return p, d, nil
+}
+
+// Set stores p for every worker; it applies from the next run. It
+// replaces a stored policy that does not decode.
 func Set(ctx context.Context, s task.Store, p Policy) error {
 	if err := p.Validate(); err != nil {
 		return err
-	}
-	rs, ok := s.(task.RecordStore)
-	if !ok {
-		return fmt.Errorf("retention policy: store %T has no shared records", s)
 	}
 	b, err := json.Marshal(p)
 	if err != nil {
 		return err
 	}
-	return rs.PutRecord(ctx, task.Record{Kind: RecordKind, ID: recordID, Value: b, At: s.Now()})
+	for {
+		_, d, err := get(ctx, s)
+		if err != nil && !errors.Is(err, task.ErrInvalid) {
+			return err
+		}
+		d.Value = b
+		_, err = s.PutDocument(ctx, d)
+		if !errors.Is(err, task.ErrConflict) {
+			if err != nil {
+				return fmt.Errorf("retention policy: %w", err)
+			}
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
 }
 
 // Config configures a run of retention. Zero values take defaults.
@@ -139,7 +161,7 @@ type Config struct {
 }
 
 // Counts is how many tasks a run deleted, by state, and how many device
-// states (under task.State(DeviceStateKind)).
+// states (under task.State(DeviceStateNamespace)).
 type Counts map[task.State]int
 
 // Total is the sum over states.
@@ -188,30 +210,43 @@ func Run(ctx context.Context, cfg Config) (Counts, error) {
 	}
 	devices, err := deleteDeviceStates(ctx, cfg.Store, time.Duration(p.withDefaults().DeviceStates), now, budget)
 	if devices > 0 {
-		n[task.State(DeviceStateKind)] = devices
+		n[task.State(DeviceStateNamespace)] = devices
 	}
 	return n, err
 }
 
-// deleteDeviceStates deletes the device-state records last seen more than
-// keep ago. A device heard from between the read and the delete loses its
-// record until its next status message puts it again.
+// deleteDeviceStates deletes the device states last seen more than keep
+// ago (by the state's seen_at, or for a document without one, by its last
+// write). Each delete is conditional on the version read, so a device
+// heard from since keeps its state.
 func deleteDeviceStates(ctx context.Context, s task.Store, keep time.Duration, now time.Time, budget int) (int, error) {
-	rs, ok := s.(task.RecordStore)
-	rd, ok2 := s.(task.RecordDeleter)
-	if keep <= 0 || !ok || !ok2 {
+	if keep <= 0 {
 		return 0, nil
 	}
-	recs, err := rs.Records(ctx, DeviceStateKind)
+	docs, err := s.Documents(ctx, DeviceStateNamespace)
 	if err != nil {
 		return 0, fmt.Errorf("retention: device states: %w", err)
 	}
 	n := 0
-	for _, r := range recs {
-		if n >= budget || !r.At.Before(now.Add(-keep)) {
+	for _, d := range docs {
+		if n >= budget {
+			break
+		}
+		var v struct {
+			SeenAt time.Time `json:"seen_at"`
+		}
+		seen := d.UpdatedAt
+		if json.Unmarshal(d.Value, &v) == nil && !v.SeenAt.IsZero() {
+			seen = v.SeenAt
+		}
+		if !seen.Before(now.Add(-keep)) {
 			continue
 		}
-		if err := rd.DeleteRecord(ctx, DeviceStateKind, r.ID); err != nil {
+		err := s.DeleteDocument(ctx, DeviceStateNamespace, d.ID, d.Version)
+		if errors.Is(err, task.ErrConflict) || errors.Is(err, task.ErrNotFound) {
+			continue // heard from, or deleted, since it was read
+		}
+		if err != nil {
 			return n, fmt.Errorf("retention: device states: %w", err)
 		}
 		n++

@@ -43,7 +43,8 @@ func TestRun(t *testing.T) {
 	put("running", task.StateRunning, 0, false)
 
 	for id, seen := range map[string]time.Duration{"gone": 31 * day, "kept": 29 * day} {
-		if err := s.PutRecord(ctx, task.Record{Kind: retention.DeviceStateKind, ID: id, Value: []byte(`{}`), At: now.Add(-seen)}); err != nil {
+		v := fmt.Sprintf(`{"id":%q,"seen_at":%q}`, id, now.Add(-seen).Format(time.RFC3339Nano))
+		if _, err := s.PutDocument(ctx, task.Document{Namespace: retention.DeviceStateNamespace, ID: id, Value: []byte(v)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -52,11 +53,11 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n[task.StateSucceeded] != 7 || n[task.StateFailed] != 1 || n[task.StateCancelled] != 1 || n[retention.DeviceStateKind] != 1 {
+	if n[task.StateSucceeded] != 7 || n[task.StateFailed] != 1 || n[task.StateCancelled] != 1 || n[retention.DeviceStateNamespace] != 1 {
 		t.Errorf("Run deleted %v, want 7 succeeded, 1 failed, 1 cancelled, 1 device state", n)
 	}
-	if recs, err := s.Records(ctx, retention.DeviceStateKind); err != nil || len(recs) != 1 || recs[0].ID != "kept" {
-		t.Errorf("device states after Run: %+v, %v (want only the one seen 29 days ago)", recs, err)
+	if docs, err := s.Documents(ctx, retention.DeviceStateNamespace); err != nil || len(docs) != 1 || docs[0].ID != "kept" {
+		t.Errorf("device states after Run: %+v, %v (want only the one seen 29 days ago)", docs, err)
 	}
 	for key, deleted := range gone {
 		_, err := s.Get(ctx, key)
@@ -98,5 +99,47 @@ func TestPolicyValidate(t *testing.T) {
 		if !errors.Is(err, task.ErrInvalid) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%+v: Validate = %v", p, err)
 		}
+	}
+}
+
+// TestForgedDocuments: a stored policy that does not decode or validate
+// fails the run, which then deletes nothing, and is counted; Set replaces
+// it. A device-state document without a readable seen_at ages by its last
+// write, so it neither stops the run nor stays past the policy.
+func TestForgedDocuments(t *testing.T) {
+	ctx := t.Context()
+	s, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "s.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	storetest.PutTask(t, s, "old", "k", task.StateSucceeded, s.Now().Add(-48*time.Hour))
+	before := task.MalformedCounts()[retention.Namespace]
+	for _, v := range []string{`{"succeeded":"soon"}`, `{"succeeded":"1ns","failed":"-5ns","cancelled":"1ns"}`} {
+		d, _ := s.GetDocument(ctx, retention.Namespace, retention.PolicyID)
+		if _, err := s.PutDocument(ctx, task.Document{Namespace: retention.Namespace, ID: retention.PolicyID, Version: d.Version, Value: []byte(v)}); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := retention.Run(ctx, retention.Config{Store: s}); !errors.Is(err, task.ErrInvalid) || n.Total() != 0 {
+			t.Fatalf("Run under the forged policy %s: deleted %v, %v; want nothing, ErrInvalid", v, n, err)
+		}
+	}
+	if n := task.MalformedCounts()[retention.Namespace] - before; n != 2 {
+		t.Errorf("forged policies counted %d times; want 2", n)
+	}
+	if err := retention.Set(ctx, s, retention.DefaultPolicy); err != nil {
+		t.Fatalf("Set over a forged policy: %v", err)
+	}
+	for id, v := range map[string]string{"garbage": `"not a state"`, "no-seen-at": `{"id":"no-seen-at"}`} {
+		if _, err := s.PutDocument(ctx, task.Document{Namespace: retention.DeviceStateNamespace, ID: id, Value: []byte(v)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := retention.Run(ctx, retention.Config{Store: s})
+	if err != nil || n[task.StateSucceeded] != 1 || n[retention.DeviceStateNamespace] != 0 {
+		t.Fatalf("Run over forged device states = %v, %v; want the old task deleted and the fresh documents kept", n, err)
+	}
+	if docs, err := s.Documents(ctx, retention.DeviceStateNamespace); err != nil || len(docs) != 2 {
+		t.Fatalf("device states after Run: %+v, %v; want both kept (written just now)", docs, err)
 	}
 }

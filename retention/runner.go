@@ -87,7 +87,7 @@ func (r *Runner) loop(ctx context.Context) error {
 		if n.Total() > 0 || (err != nil && ctx.Err() == nil) {
 			r.cfg.Logger.Info("retention: deleted finished tasks",
 				slog.Int("succeeded", n[task.StateSucceeded]), slog.Int("failed", n[task.StateFailed]),
-				slog.Int("cancelled", n[task.StateCancelled]), slog.Int("device_states", n[task.State(DeviceStateKind)]), slog.Any("err", err))
+				slog.Int("cancelled", n[task.StateCancelled]), slog.Int("device_states", n[task.State(DeviceStateNamespace)]), slog.Any("err", err))
 		}
 		select {
 		case <-ctx.Done():

@@ -1,7 +1,6 @@
 package schedule_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"path/filepath"
@@ -27,8 +26,6 @@ func TestAddRefusesHostileSchedules(t *testing.T) {
 			"invalid: start: 9999-01-01T00:00:00Z is outside 2000-01-01 .. 2200-01-01"},
 		{func(s *schedule.Schedule) { s.End = time.Date(2500, 1, 1, 0, 0, 0, 0, time.UTC) },
 			"invalid: end: 2500-01-01T00:00:00Z is outside 2000-01-01 .. 2200-01-01"},
-		{func(s *schedule.Schedule) { s.Template.LockKeys = []string{"rate:kind:noop#0"} },
-			`template: invalid: lock_keys: "rate:kind:noop#0" is reserved (the rate: prefix holds rate-limit slots)`},
 		{func(s *schedule.Schedule) { s.Template.Payload = json.RawMessage(`{"a":` + deepJSON(64) + `}`) },
 			"template: invalid: payload: nested deeper than 64 levels"},
 		{func(s *schedule.Schedule) { s.Name = ".." }, `invalid: name: ".." cannot be named in a URL path`},
@@ -47,11 +44,6 @@ func TestAddRefusesHostileSchedules(t *testing.T) {
 	}
 }
 
-// recordPutter is the part of a store that writes shared records.
-type recordPutter interface {
-	PutRecord(ctx context.Context, r task.Record) error
-}
-
 func deepJSON(n int) string {
 	b := make([]byte, 0, 2*n)
 	for range n {
@@ -63,11 +55,11 @@ func deepJSON(n int) string {
 	return string(b)
 }
 
-// TestRunnerSkipsForgedRecords: schedule records Add would refuse (a
+// TestRunnerSkipsForgedDocuments: schedule documents Add would refuse (a
 // built-in's name, whose occurrences would be reserved keys; a value that
-// does not decode) and a corrupt cursor neither stop the runner nor the
-// list, and publish nothing.
-func TestRunnerSkipsForgedRecords(t *testing.T) {
+// does not decode; a schedule stored under another's name) and a corrupt
+// cursor neither stop the runner nor the list, and publish nothing.
+func TestRunnerSkipsForgedDocuments(t *testing.T) {
 	t.Parallel()
 	s := openStore(t, filepath.Join(t.TempDir(), "s.db"))
 	ctx := t.Context()
@@ -77,20 +69,22 @@ func TestRunnerSkipsForgedRecords(t *testing.T) {
 	}
 	forged, _ := json.Marshal(schedule.Schedule{Name: "leasepool.forged", Every: task.Duration(time.Second),
 		CatchUp: schedule.DefaultCatchUp, Template: schedule.Template{Kind: "exec"}, Since: s.Now().Add(-time.Hour)})
-	put := s.(recordPutter)
-	at := s.Now()
-	for _, r := range []task.Record{
-		{Kind: schedule.RecordKind, ID: "leasepool.forged", Value: forged, At: at},
-		{Kind: schedule.RecordKind, ID: "garbage", Value: json.RawMessage(`{"every":"soon"}`), At: at},
-		{Kind: schedule.CursorKind, ID: "tick", Value: json.RawMessage(`"not a cursor"`), At: at.Add(-time.Hour)},
+	misnamed, _ := json.Marshal(schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
+		CatchUp: schedule.DefaultCatchUp, Template: schedule.Template{Kind: "exec"}, Since: s.Now().Add(-time.Hour)})
+	before := task.MalformedCounts()
+	for _, d := range []task.Document{
+		{Namespace: schedule.Namespace, ID: "leasepool.forged", Value: forged},
+		{Namespace: schedule.Namespace, ID: "garbage", Value: json.RawMessage(`{"every":"soon"}`)},
+		{Namespace: schedule.Namespace, ID: "other", Value: misnamed},
+		{Namespace: schedule.CursorNamespace, ID: "tick", Value: json.RawMessage(`"not a cursor"`)},
 	} {
-		if err := put.PutRecord(ctx, r); err != nil {
+		if _, err := s.PutDocument(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
 	l, err := schedule.List(ctx, s)
-	if err != nil || len(l) != 1 || l[0].Name != "tick" {
-		t.Fatalf("List over forged records = %+v, %v; want tick only", l, err)
+	if err != nil || len(l) != 1 || l[0].Name != "tick" || !l[0].LastSlot.IsZero() {
+		t.Fatalf("List over forged documents = %+v, %v; want tick only, with no last slot", l, err)
 	}
 	startRunner(t, s, time.Second)
 	deadline := time.Now().Add(5 * time.Second)
@@ -103,7 +97,15 @@ func TestRunnerSkipsForgedRecords(t *testing.T) {
 	if own, err := s.List(ctx, task.ListQuery{Reserved: true}); err != nil || len(own) != 0 {
 		t.Fatalf("reserved documents after the runner ran: %d (%v); want none from a forged record", len(own), err)
 	}
-	if c := task.MalformedCounts()[schedule.RecordKind]; c < 2 {
-		t.Errorf("MalformedCounts()[%s] = %d; want both forged records counted", schedule.RecordKind, c)
+	after := task.MalformedCounts()
+	if n := after[schedule.Namespace] - before[schedule.Namespace]; n != 3 {
+		t.Errorf("MalformedCounts()[%s] went up by %d; want the 3 forged schedules counted once", schedule.Namespace, n)
+	}
+	if n := after[schedule.CursorNamespace] - before[schedule.CursorNamespace]; n != 1 {
+		t.Errorf("MalformedCounts()[%s] went up by %d; want the forged cursor counted once", schedule.CursorNamespace, n)
+	}
+	// The runner wrote the cursor over the forged one.
+	if l, err := schedule.List(ctx, s); err != nil || len(l) != 1 || l[0].LastSlot.IsZero() {
+		t.Fatalf("List after the runner = %+v, %v; want tick with its last slot", l, err)
 	}
 }

@@ -61,9 +61,6 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("schedule runner: %w: store: required", task.ErrInvalid)
 	}
-	if _, err := recordsOf(cfg.Store); err != nil {
-		return nil, fmt.Errorf("schedule runner: %w", err)
-	}
 	if cfg.Poll <= 0 {
 		cfg.Poll = DefaultPoll
 	}
@@ -127,7 +124,7 @@ func (r *Runner) run(ctx context.Context) {
 
 // tick is one pass: publish every due slot of every active schedule.
 func (r *Runner) tick(ctx context.Context) error {
-	recs, err := load(ctx, r.cfg.Store, RecordKind)
+	schs, err := loadAll(ctx, r.cfg.Store)
 	if err != nil {
 		return err
 	}
@@ -143,17 +140,7 @@ func (r *Runner) tick(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	for _, rec := range recs {
-		sch, err := decode(rec)
-		if err == nil {
-			// A record Add did not write (a built-in's name, a bad
-			// template) publishes nothing.
-			err = sch.Validate()
-		}
-		if err != nil {
-			task.SkipMalformed(RecordKind, rec.ID+"@"+rec.At.UTC().Format(time.RFC3339Nano), err)
-			continue
-		}
+	for _, sch := range schs {
 		if sch.Paused {
 			continue
 		}

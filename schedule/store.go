@@ -1,45 +1,31 @@
 package schedule
 
-// The Go API: schedules are records of kind "schedule" in the task store,
-// and each schedule's cursor (the latest slot published) a record of kind
-// "schedule-cursor" whose At is that slot, so the store's "a put older than
-// the stored record is ignored" keeps it from ever going back.
+// The Go API: each schedule is a document (task.Document) in Namespace,
+// and each schedule's cursor (the latest slot published) a document in
+// CursorNamespace, both named by the schedule's name and written by
+// compare-and-set. A cursor is only ever moved forward.
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/leasepool/leasepool/task"
 )
 
-// Record kinds in the store.
+// The namespaces of schedule documents.
 const (
-	RecordKind = "schedule"
-	CursorKind = "schedule-cursor"
+	Namespace       = "schedule"
+	CursorNamespace = "schedule-cursor"
 )
 
 var (
 	ErrNotFound = errors.New("schedule not found")
 	ErrExists   = errors.New("schedule exists")
-	// ErrNoRecords means the store cannot hold schedules.
-	ErrNoRecords = errors.New("store has no shared records")
 )
-
-type records interface {
-	task.RecordStore
-	task.RecordDeleter
-}
-
-func recordsOf(s task.Store) (records, error) {
-	rs, ok := s.(records)
-	if !ok {
-		return nil, fmt.Errorf("%w: %T", ErrNoRecords, s)
-	}
-	return rs, nil
-}
 
 // Add validates and stores sch. Its Since, CreatedAt and UpdatedAt are set
 // to the store's now, so no slot before it is owed. A schedule of that
@@ -48,33 +34,50 @@ func Add(ctx context.Context, s task.Store, sch Schedule, replace bool) (*Schedu
 	if err := sch.Validate(); err != nil {
 		return nil, err
 	}
-	old, err := Get(ctx, s, sch.Name)
-	switch {
-	case err == nil && !replace:
-		return nil, fmt.Errorf("add %s: %w (remove it first, or replace it)", sch.Name, ErrExists)
-	case err != nil && !errors.Is(err, ErrNotFound):
-		return nil, err
+	for {
+		d, err := s.GetDocument(ctx, Namespace, sch.Name)
+		switch {
+		case err == nil && !replace:
+			return nil, fmt.Errorf("add %s: %w (remove it first, or replace it)", sch.Name, ErrExists)
+		case errors.Is(err, task.ErrNotFound):
+			d = task.Document{Namespace: Namespace, ID: sch.Name}
+		case err != nil:
+			return nil, fmt.Errorf("add %s: %w", sch.Name, err)
+		}
+		now := s.Now().UTC()
+		sch.Since, sch.CreatedAt, sch.UpdatedAt = now, now, now
+		if old, err := decode(d); d.Version > 0 && err == nil {
+			sch.CreatedAt = old.CreatedAt
+		}
+		err = put(ctx, s, d, &sch)
+		if errors.Is(err, task.ErrConflict) && !replace {
+			return nil, fmt.Errorf("add %s: %w (remove it first, or replace it)", sch.Name, ErrExists)
+		}
+		if !retry(ctx, &err) {
+			return &sch, err
+		}
 	}
-	now := s.Now().UTC()
-	sch.Since, sch.CreatedAt, sch.UpdatedAt = now, now, now
-	if old != nil {
-		sch.CreatedAt = old.CreatedAt
-	}
-	return &sch, put(ctx, s, &sch)
 }
 
 // Get returns the schedule of name, or ErrNotFound.
 func Get(ctx context.Context, s task.Store, name string) (*Schedule, error) {
-	all, err := load(ctx, s, RecordKind)
+	d, err := get(ctx, s, name)
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range all {
-		if r.ID == name {
-			return decode(r)
-		}
+	return decode(d)
+}
+
+func get(ctx context.Context, s task.Store, name string) (task.Document, error) {
+	d, err := s.GetDocument(ctx, Namespace, name)
+	if errors.Is(err, task.ErrNotFound) {
+		return d, fmt.Errorf("%s: %w", name, ErrNotFound)
 	}
-	return nil, fmt.Errorf("%s: %w", name, ErrNotFound)
+	if errors.Is(err, task.ErrInvalid) {
+		// No schedule can have a name a document cannot.
+		return d, fmt.Errorf("%s: %w", name, ErrNotFound)
+	}
+	return d, err
 }
 
 // Info is a schedule with where it stands.
@@ -88,10 +91,10 @@ type Info struct {
 }
 
 // List returns every stored schedule by name, with its last and next
-// slot. A record that does not decode or validate (the runner publishes
+// slot. A document that does not decode or validate (the runner publishes
 // nothing for it) is left out and reported to task.SkipMalformed.
 func List(ctx context.Context, s task.Store) ([]Info, error) {
-	recs, err := load(ctx, s, RecordKind)
+	schs, err := loadAll(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -100,20 +103,35 @@ func List(ctx context.Context, s task.Store) ([]Info, error) {
 		return nil, err
 	}
 	now := s.Now()
-	out := make([]Info, 0, len(recs))
-	for _, r := range recs {
-		sch, err := decode(r)
-		if err == nil {
-			err = sch.Validate()
-		}
-		if err != nil {
-			// Skipped as the runner skips it: it publishes nothing.
-			task.SkipMalformed(RecordKind, r.ID+"@"+r.At.UTC().Format(time.RFC3339Nano), err)
-			continue
-		}
+	out := make([]Info, 0, len(schs))
+	for _, sch := range schs {
 		in := Info{Schedule: *sch, LastSlot: cursors[sch.Name]}
 		in.NextSlot = sch.nextAfter(latest(now, in.LastSlot, sch.Since))
 		out = append(out, in)
+	}
+	return out, nil
+}
+
+// loadAll returns every stored schedule that decodes and validates, by
+// name; the others are reported to task.SkipMalformed.
+func loadAll(ctx context.Context, s task.Store) ([]*Schedule, error) {
+	docs, err := s.Documents(ctx, Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("schedules: %w", err)
+	}
+	out := make([]*Schedule, 0, len(docs))
+	for _, d := range docs {
+		sch, err := decode(d)
+		if err == nil {
+			// A document Add did not write (a built-in's name, a bad
+			// template) is not a schedule.
+			err = sch.Validate()
+		}
+		if err != nil {
+			task.SkipMalformed(Namespace, docName(d), err)
+			continue
+		}
+		out = append(out, sch)
 	}
 	return out, nil
 }
@@ -135,17 +153,20 @@ func (s *Schedule) nextAfter(t time.Time) time.Time {
 // published stay; a runner that loaded the schedule just before may still
 // publish one more slot.
 func Remove(ctx context.Context, s task.Store, name string) error {
-	if _, err := Get(ctx, s, name); err != nil {
+	if _, err := get(ctx, s, name); err != nil {
 		return err
 	}
-	rs, err := recordsOf(s)
+	err := s.DeleteDocument(ctx, Namespace, name, 0)
+	if errors.Is(err, task.ErrNotFound) {
+		return fmt.Errorf("%s: %w", name, ErrNotFound)
+	}
 	if err != nil {
 		return err
 	}
-	if err := rs.DeleteRecord(ctx, RecordKind, name); err != nil {
+	if err := s.DeleteDocument(ctx, CursorNamespace, name, 0); err != nil && !errors.Is(err, task.ErrNotFound) {
 		return err
 	}
-	return rs.DeleteRecord(ctx, CursorKind, name)
+	return nil
 }
 
 // Pause stops the schedule of name from publishing.
@@ -163,81 +184,121 @@ func Resume(ctx context.Context, s task.Store, name string) (*Schedule, error) {
 	})
 }
 
-// modify changes a stored schedule. The last writer wins (records are
-// ordered by their time), which is all an operator's pause needs.
+// modify changes a stored schedule by compare-and-set, again on the newer
+// document when another write came first.
 func modify(ctx context.Context, s task.Store, name string, fn func(*Schedule, time.Time)) (*Schedule, error) {
-	sch, err := Get(ctx, s, name)
-	if err != nil {
-		return nil, err
+	for {
+		d, err := get(ctx, s, name)
+		if err != nil {
+			return nil, err
+		}
+		sch, err := decode(d)
+		if err != nil {
+			return nil, err
+		}
+		now := s.Now().UTC()
+		fn(sch, now)
+		sch.UpdatedAt = now
+		err = put(ctx, s, d, sch)
+		if errors.Is(err, task.ErrNotFound) {
+			return nil, fmt.Errorf("%s: %w", name, ErrNotFound) // removed meanwhile
+		}
+		if !retry(ctx, &err) {
+			return sch, err
+		}
 	}
-	now := s.Now().UTC()
-	fn(sch, now)
-	sch.UpdatedAt = now
-	return sch, put(ctx, s, sch)
 }
 
-func put(ctx context.Context, s task.Store, sch *Schedule) error {
-	rs, err := recordsOf(s)
-	if err != nil {
-		return err
-	}
+// put writes sch over d (as read: its version) by compare-and-set.
+func put(ctx context.Context, s task.Store, d task.Document, sch *Schedule) error {
 	b, err := json.Marshal(sch)
 	if err != nil {
 		return fmt.Errorf("schedule %s: %w", sch.Name, err)
 	}
-	return rs.PutRecord(ctx, task.Record{Kind: RecordKind, ID: sch.Name, Value: b, At: sch.UpdatedAt})
+	d.Value = b
+	_, err = s.PutDocument(ctx, d)
+	return err
 }
 
-func load(ctx context.Context, s task.Store, kind string) ([]task.Record, error) {
-	rs, err := recordsOf(s)
-	if err != nil {
-		return nil, err
+// retry reports whether a compare-and-set that failed with *err is to be
+// tried again: on a conflict, unless ctx has ended (then *err is why).
+func retry(ctx context.Context, err *error) bool {
+	if !errors.Is(*err, task.ErrConflict) {
+		return false
 	}
-	return rs.Records(ctx, kind)
+	if cerr := ctx.Err(); cerr != nil {
+		*err = cerr
+		return false
+	}
+	return true
 }
 
-func decode(r task.Record) (*Schedule, error) {
+func decode(d task.Document) (*Schedule, error) {
 	var sch Schedule
-	if err := json.Unmarshal(r.Value, &sch); err != nil {
-		return nil, fmt.Errorf("schedule %s: stored record: %w", r.ID, err)
+	if err := json.Unmarshal(d.Value, &sch); err != nil {
+		return nil, fmt.Errorf("schedule %s: stored document: %w", d.ID, err)
+	}
+	if sch.Name != d.ID {
+		return nil, fmt.Errorf("schedule %s: stored document holds schedule %q", d.ID, sch.Name)
 	}
 	return &sch, nil
 }
 
-// cursor is the value of a CursorKind record.
+// docName names a document for task.SkipMalformed: its id and version,
+// what changes when it is rewritten.
+func docName(d task.Document) string { return d.ID + "@" + strconv.FormatInt(d.Version, 10) }
+
+// cursor is the value of a CursorNamespace document.
 type cursor struct {
 	Slot time.Time `json:"slot"`
 }
 
-// loadCursors returns each schedule's latest published slot by name.
+// loadCursors returns each schedule's latest published slot by name. An
+// unreadable cursor is reported to task.SkipMalformed and left out: the
+// schedule starts from its Since, and publishing is idempotent, so no
+// slot runs twice.
 func loadCursors(ctx context.Context, s task.Store) (map[string]time.Time, error) {
-	recs, err := load(ctx, s, CursorKind)
+	docs, err := s.Documents(ctx, CursorNamespace)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("schedule cursors: %w", err)
 	}
-	out := make(map[string]time.Time, len(recs))
-	for _, r := range recs {
+	out := make(map[string]time.Time, len(docs))
+	for _, d := range docs {
 		var c cursor
-		if err := json.Unmarshal(r.Value, &c); err != nil {
-			// Unreadable: the schedule starts from its Since, and
-			// publishing is idempotent, so no slot runs twice.
+		if err := json.Unmarshal(d.Value, &c); err != nil {
+			task.SkipMalformed(CursorNamespace, docName(d), err)
 			continue
 		}
-		out[r.ID] = c.Slot
+		out[d.ID] = c.Slot
 	}
 	return out, nil
 }
 
-// advance records slot as name's latest published slot; an older slot
-// than the stored one is ignored by the store.
+// advance records slot as name's latest published slot, unless a later
+// one is stored: runners race to advance the same cursor, and it never
+// goes back.
 func advance(ctx context.Context, s task.Store, name string, slot time.Time) error {
-	rs, err := recordsOf(s)
-	if err != nil {
-		return err
-	}
 	b, err := json.Marshal(cursor{Slot: slot.UTC()})
 	if err != nil {
 		return err
 	}
-	return rs.PutRecord(ctx, task.Record{Kind: CursorKind, ID: name, Value: b, At: slot})
+	for {
+		d, err := s.GetDocument(ctx, CursorNamespace, name)
+		switch {
+		case errors.Is(err, task.ErrNotFound):
+			d = task.Document{Namespace: CursorNamespace, ID: name}
+		case err != nil:
+			return err
+		default:
+			var c cursor
+			if json.Unmarshal(d.Value, &c) == nil && !c.Slot.Before(slot) {
+				return nil
+			}
+		}
+		d.Value = b
+		_, err = s.PutDocument(ctx, d)
+		if !retry(ctx, &err) {
+			return err
+		}
+	}
 }

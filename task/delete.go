@@ -1,7 +1,6 @@
 package task
 
 import (
-	"context"
 	"fmt"
 	"time"
 )
@@ -30,12 +29,4 @@ func (p DeleteParams) Validate() error {
 		return invalid("before", "must be set")
 	}
 	return nil
-}
-
-// RecordDeleter is an optional Store capability (both backends have it):
-// deleting shared records. Callers find it with a type assertion.
-type RecordDeleter interface {
-	// DeleteRecord deletes the record of kind and id; deleting a missing
-	// record is not an error.
-	DeleteRecord(ctx context.Context, kind, id string) error
 }

@@ -6,8 +6,9 @@ import (
 	"sync"
 )
 
-// Readers of leasepool's own documents (flow documents, the control
-// doorbell, pause, limit and schedule records) skip one they cannot read
+// Readers of leasepool's own documents (flows, the control doorbell,
+// pauses, limits, schedules and their cursors, device states, the
+// retention policy) skip one they cannot read
 // rather than fail the page, the list or the worker that reads it: one
 // such document must not take down everything that lists its kind. They
 // report it here, which logs it once and counts it, so that
@@ -23,9 +24,9 @@ var malformed struct {
 	counts map[string]int64
 }
 
-// SkipMalformed reports that a reader skipped the document id (a key and
-// version, or a record's id and time: what changes when it is rewritten)
-// of kind because of err. The first report of a document in this process
+// SkipMalformed reports that a reader skipped the document id (a key or
+// id and its version: what changes when it is rewritten) of kind (its
+// namespace) because of err. The first report of a document in this process
 // logs a warning with slog.Default and counts it in MalformedCounts; later
 // ones do nothing.
 func SkipMalformed(kind, id string, err error) {

@@ -2,7 +2,6 @@ package task
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -76,8 +75,6 @@ type Store interface {
 	DeleteFinished(ctx context.Context, p DeleteParams) (int, error)
 	// The worker registry: one record per live worker process.
 	Registry
-	// Shared records, such as the last known state of each device.
-	RecordStore
 	// Versioned documents of state that is not a task, written by
 	// compare-and-set and heard on the change stream.
 	DocumentStore
@@ -292,23 +289,3 @@ func (e *LockedError) Error() string {
 }
 
 func (e *LockedError) Unwrap() error { return ErrLocked }
-
-// Record is a small named JSON document shared by every worker through the
-// store, such as the last known state of a device.
-type Record struct {
-	Kind  string          `json:"kind"`
-	ID    string          `json:"id"`
-	Value json.RawMessage `json:"value"`
-	// At orders writes: a put older than the stored record is ignored.
-	At time.Time `json:"at"`
-}
-
-// RecordStore keeps shared records, part of every Store. It stands alone
-// for callers that need records and nothing else (mqttdev.StoreStates).
-type RecordStore interface {
-	// PutRecord stores r unless a record of that kind and id with a later
-	// At is already there.
-	PutRecord(ctx context.Context, r Record) error
-	// Records returns every record of kind.
-	Records(ctx context.Context, kind string) ([]Record, error)
-}

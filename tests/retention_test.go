@@ -131,9 +131,13 @@ func checkRetentionHolder(t *testing.T, store task.Store, want string) {
 	}
 }
 
-// TestDeviceStateKindAgrees checks that retention bounds the records that
-// mqttdev keeps device states in (retention does not import mqttdev).
-func TestDeviceStateKindAgrees(t *testing.T) {
+// TestDeviceStateNamespaceAgrees checks that retention bounds the
+// documents that mqttdev keeps device states in (retention does not
+// import mqttdev).
+func TestDeviceStateNamespaceAgrees(t *testing.T) {
+	if retention.DeviceStateNamespace != mqttdev.StateNamespace {
+		t.Fatalf("retention.DeviceStateNamespace %q, mqttdev.StateNamespace %q", retention.DeviceStateNamespace, mqttdev.StateNamespace)
+	}
 	store, err := sqlitestore.Open(t.Context(), filepath.Join(t.TempDir(), "store.db"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -142,8 +146,8 @@ func TestDeviceStateKindAgrees(t *testing.T) {
 	if err := mqttdev.StoreStates(store).PutDeviceState(t.Context(), mqttdev.DeviceState{ID: "pump-7", SeenAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := store.Records(t.Context(), retention.DeviceStateKind)
-	if err != nil || len(recs) != 1 || recs[0].ID != "pump-7" {
-		t.Errorf("Records(%q) = %+v, %v: mqttdev keeps device states elsewhere", retention.DeviceStateKind, recs, err)
+	docs, err := store.Documents(t.Context(), retention.DeviceStateNamespace)
+	if err != nil || len(docs) != 1 || docs[0].ID != "pump-7" {
+		t.Errorf("Documents(%q) = %+v, %v: mqttdev keeps device states elsewhere", retention.DeviceStateNamespace, docs, err)
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
@@ -210,8 +209,6 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotImplemented, "events: this store cannot stream changes")
 	case errors.Is(err, schedule.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
-	case errors.Is(err, control.ErrUnsupported), errors.Is(err, schedule.ErrNoRecords):
-		writeError(w, http.StatusNotImplemented, err.Error())
 	default:
 		a.log.Error("web: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, "internal error (see the server log)")

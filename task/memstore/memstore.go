@@ -42,7 +42,6 @@ const (
 	OpDelete     Op = "delete"
 	OpRegister   Op = "register"
 	OpWorkers    Op = "workers"
-	OpRecords    Op = "records"
 	OpDocument   Op = "document"
 )
 
@@ -106,7 +105,6 @@ type DB struct {
 	wake    chan struct{}
 	locks   map[string]lockRow
 	lines   map[string]map[string]task.LockLine // lock key → task key → place
-	records map[string]map[string]task.Record
 	docs    map[string]map[string]task.Document // namespace → id → document
 	workers map[string]task.WorkerInfo
 
@@ -144,7 +142,7 @@ func New(cfg Config) *DB {
 	}
 	return &DB{cfg: cfg, tasks: map[string]*task.Task{}, wake: make(chan struct{}),
 		locks: map[string]lockRow{}, lines: map[string]map[string]task.LockLine{},
-		records: map[string]map[string]task.Record{}, docs: map[string]map[string]task.Document{},
+		docs:    map[string]map[string]task.Document{},
 		workers: map[string]task.WorkerInfo{}}
 }
 
@@ -169,8 +167,7 @@ func (db *DB) Tasks() []*task.Task {
 	return out
 }
 
-// Store is one handle on a DB; it implements task.Store and
-// task.RecordDeleter.
+// Store is one handle on a DB; it implements task.Store.
 type Store struct {
 	db        *DB
 	closeOnce sync.Once
@@ -179,10 +176,7 @@ type Store struct {
 	n         counters
 }
 
-var (
-	_ task.Store         = (*Store)(nil)
-	_ task.RecordDeleter = (*Store)(nil)
-)
+var _ task.Store = (*Store)(nil)
 
 // Counts is what this handle did since it was opened.
 func (s *Store) Counts() Counts { return s.n.snapshot() }

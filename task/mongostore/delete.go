@@ -1,6 +1,6 @@
 package mongostore
 
-// Deletes: finished tasks past their retention, and shared records.
+// Deletes: finished tasks past their retention.
 
 import (
 	"context"
@@ -11,8 +11,6 @@ import (
 
 	"github.com/leasepool/leasepool/task"
 )
-
-var _ task.RecordDeleter = (*Store)(nil)
 
 // DeleteFinished deletes old finished tasks; see task.Store. It finds up to
 // p.Limit ids, then deletes those ids under the same filter again, so a
@@ -47,16 +45,4 @@ func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, e
 		return 0, fmt.Errorf("delete %s tasks: %w", p.State, mapErr(err))
 	}
 	return int(res.DeletedCount), nil
-}
-
-// DeleteRecord deletes one shared record; see task.RecordDeleter.
-func (s *Store) DeleteRecord(ctx context.Context, kind, id string) error {
-	if err := s.check(); err != nil {
-		return err
-	}
-	_, err := s.db.Collection(RecordsCollection).DeleteOne(ctx, bson.D{{Key: "_id", Value: recordID(kind, id)}})
-	if err != nil {
-		return fmt.Errorf("delete record %s/%s: %w", kind, id, mapErr(err))
-	}
-	return nil
 }

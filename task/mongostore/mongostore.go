@@ -233,7 +233,7 @@ func (s *Store) init(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))
 	}
-	return nil
+	return s.upgradeRecords(ctx)
 }
 
 // Close stops the clock refresh and the updater, and disconnects. Calling

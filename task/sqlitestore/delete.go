@@ -1,6 +1,6 @@
 package sqlitestore
 
-// Deletes: finished tasks past their retention, and shared records.
+// Deletes: finished tasks past their retention.
 
 import (
 	"context"
@@ -10,8 +10,6 @@ import (
 
 	"github.com/leasepool/leasepool/task"
 )
-
-var _ task.RecordDeleter = (*Store)(nil)
 
 // oldFinished finds candidates, oldest first, through the partial index
 // tasks_finished_updated, on the read connections so that it never holds
@@ -73,16 +71,4 @@ func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, e
 		return 0, fmt.Errorf("delete %s tasks: %w", p.State, err)
 	}
 	return int(n), nil
-}
-
-// DeleteRecord deletes one shared record; see task.RecordDeleter.
-func (s *Store) DeleteRecord(ctx context.Context, kind, id string) error {
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		_, err := tx.ExecContext(ctx, `DELETE FROM records WHERE kind = ? AND id = ?`, kind, id)
-		return 0, mapErr(err)
-	})
-	if err != nil {
-		return fmt.Errorf("delete record %s/%s: %w", kind, id, err)
-	}
-	return nil
 }

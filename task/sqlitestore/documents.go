@@ -22,13 +22,10 @@ func (s *Store) GetDocument(ctx context.Context, namespace, id string) (task.Doc
 	if s.closed.Load() {
 		return task.Document{}, errClosed
 	}
-	if s.readVersion < 10 {
-		return task.Document{}, fmt.Errorf("document %s/%s: %w", namespace, id, task.ErrNotFound)
-	}
 	d := task.Document{Namespace: namespace, ID: id}
 	var value string
 	var at int64
-	err := s.rdb.QueryRowContext(ctx, `SELECT version, value, updated_at FROM documents WHERE namespace = ? AND id = ?`,
+	err := s.rdb.QueryRowContext(ctx, `SELECT version, value, updated_at FROM `+s.documentsTable()+` WHERE namespace = ? AND id = ?`,
 		namespace, id).Scan(&d.Version, &value, &at)
 	if errors.Is(err, sql.ErrNoRows) {
 		return task.Document{}, fmt.Errorf("document %s/%s: %w", namespace, id, task.ErrNotFound)
@@ -135,10 +132,7 @@ func (s *Store) Documents(ctx context.Context, namespace string) ([]task.Documen
 	if s.closed.Load() {
 		return nil, errClosed
 	}
-	if s.readVersion < 10 {
-		return nil, nil
-	}
-	rows, err := s.rdb.QueryContext(ctx, `SELECT id, version, value, updated_at FROM documents WHERE namespace = ? ORDER BY id`, namespace)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT id, version, value, updated_at FROM `+s.documentsTable()+` WHERE namespace = ? ORDER BY id`, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("documents %s: %w", namespace, mapErr(err))
 	}
@@ -158,6 +152,22 @@ func (s *Store) Documents(ctx context.Context, namespace string) ([]task.Documen
 		return nil, fmt.Errorf("documents %s: %w", namespace, mapErr(err))
 	}
 	return out, nil
+}
+
+// documentsTable is what readers read documents from: the documents
+// table, and on a file a writer has not upgraded yet (read-only opens)
+// the shared records that version 11 moves into it, each read as the
+// document the upgrade will make of it.
+func (s *Store) documentsTable() string {
+	const records = `SELECT kind AS namespace, id, 1 AS version, value, at AS updated_at FROM records`
+	switch {
+	case s.readVersion >= 11:
+		return "documents"
+	case s.readVersion >= 10:
+		return `(SELECT namespace, id, version, value, updated_at FROM documents UNION ALL ` + records +
+			` WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.namespace = records.kind AND d.id = records.id))`
+	}
+	return "(" + records + ")"
 }
 
 // decodeDocument reads a document change's JSON.

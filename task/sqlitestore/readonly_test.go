@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -68,8 +67,8 @@ func TestReadOnly(t *testing.T) {
 	if _, _, err := ro.Insert(context.Background(), tk2); !errors.Is(err, sqlitestore.ErrReadOnly) {
 		t.Errorf("Insert = %v, want ErrReadOnly", err)
 	}
-	if err := ro.PutRecord(context.Background(), task.Record{Kind: "x", ID: "y", At: time.Now(), Value: []byte(`{}`)}); !errors.Is(err, sqlitestore.ErrReadOnly) {
-		t.Errorf("PutRecord = %v, want ErrReadOnly", err)
+	if _, err := ro.PutDocument(context.Background(), task.Document{Namespace: "x", ID: "y", Value: []byte(`{}`)}); !errors.Is(err, sqlitestore.ErrReadOnly) {
+		t.Errorf("PutDocument = %v, want ErrReadOnly", err)
 	}
 	if err := ro.Close(); err != nil {
 		t.Fatal(err)

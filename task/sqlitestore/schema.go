@@ -18,7 +18,9 @@ const schemaVersion = 12
 // no read-only command reads, 8 the updated_at column and the partial
 // indexes, which only writers and queries' speed depend on, 9 changes
 // without AUTOINCREMENT, read the same, 10 the documents table, read as
-// empty before it, and changes.ns, read as NULL, 12 locks and lock_lines
+// empty before it, and changes.ns, read as NULL, 11 the records moved
+// into documents, read from the records table before it (documents.go),
+// 12 locks and lock_lines
 // by namespace, which no read-only command reads), so read-only commands
 // work before a writer upgrades.
 const minReadVersion = 3
@@ -44,13 +46,6 @@ CREATE TABLE IF NOT EXISTS changes (
 	ns TEXT
 );
 ` + taskCounts + `
-CREATE TABLE IF NOT EXISTS records (
-	kind TEXT NOT NULL,
-	id TEXT NOT NULL,
-	at INTEGER NOT NULL,
-	value TEXT NOT NULL,
-	PRIMARY KEY (kind, id)
-);
 ` + locks + `
 CREATE TABLE IF NOT EXISTS workers (
 	id TEXT PRIMARY KEY,
@@ -185,6 +180,14 @@ DROP INDEX IF EXISTS tasks_kind_state_seq;`,
 ` + documents + `
 UPDATE task_counts SET n = n - 1 WHERE (kind, state) IN (SELECT kind, state FROM tasks WHERE key = 'leasepool:control');
 DELETE FROM tasks WHERE key = 'leasepool:control';`,
+	// Shared records become documents, a record's kind its namespace and
+	// its time the document's updated_at; a value that is not JSON, which
+	// no reader could use, is stored as null. A document already there is
+	// kept.
+	10: `INSERT INTO documents (namespace, id, version, value, updated_at)
+	SELECT kind, id, 1, CASE WHEN json_valid(value) THEN value ELSE 'null' END, at FROM records WHERE true
+	ON CONFLICT (namespace, id) DO NOTHING;
+DROP TABLE records;`,
 	// Lock keys in namespaces (task.LockNamespace).
 	11: upgradeLocksToNamespaces,
 }

@@ -1,10 +1,9 @@
 package storetest
 
-// Deletes: DeleteFinished (retention) and DeleteRecord.
+// Deletes: DeleteFinished (retention).
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -70,36 +69,6 @@ func (s suite) deleteFinished(t *testing.T) {
 	}
 	if _, err := st.DeleteFinished(ctx, task.DeleteParams{State: task.StateRunning, Before: cutoff, Limit: 1}); !errors.Is(err, task.ErrInvalid) {
 		t.Errorf("DeleteFinished(running) = %v, want ErrInvalid", err)
-	}
-}
-
-// deleteRecord checks that DeleteRecord removes one record and that a
-// missing one is no error.
-func (s suite) deleteRecord(t *testing.T) {
-	st := s.store(t)
-	rs, ok := st.(task.RecordStore)
-	rd, ok2 := st.(task.RecordDeleter)
-	if !ok || !ok2 {
-		t.Fatalf("%T does not implement task.RecordStore and task.RecordDeleter", st)
-	}
-	ctx := context.Background()
-	for _, id := range []string{"a", "b"} {
-		if err := rs.PutRecord(ctx, task.Record{Kind: "schedule", ID: id, Value: json.RawMessage(`{}`), At: time.Now()}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := rd.DeleteRecord(ctx, "schedule", "a"); err != nil {
-		t.Fatal(err)
-	}
-	if err := rd.DeleteRecord(ctx, "schedule", "missing"); err != nil {
-		t.Errorf("DeleteRecord of a missing record: %v", err)
-	}
-	got, err := rs.Records(ctx, "schedule")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || got[0].ID != "b" {
-		t.Errorf("Records after delete = %+v, want only b", got)
 	}
 }
 

@@ -4,10 +4,7 @@
 package storetest
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -83,47 +80,5 @@ func (s suite) registry(t *testing.T) {
 	}
 	if err := register(info("", "i5", now.Add(time.Second)), now, ""); !errors.Is(err, task.ErrInvalid) {
 		t.Fatalf("empty id: %v; want task.ErrInvalid", err)
-	}
-}
-
-// records checks the shared records every backend offers (device states).
-func (s suite) records(t *testing.T) {
-	rs := s.store(t)
-	ctx := context.Background()
-	t0 := time.Now().UTC().Truncate(time.Millisecond)
-	put := func(id, value string, at time.Time) {
-		t.Helper()
-		if err := rs.PutRecord(ctx, task.Record{Kind: "device", ID: id, Value: json.RawMessage(value), At: at}); err != nil {
-			t.Fatalf("PutRecord %s: %v", id, err)
-		}
-	}
-	put("b", `{"online":true}`, t0)
-	put("a", `{"online":false}`, t0)
-	put("a", `{"online":true}`, t0.Add(time.Second))   // later: replaces
-	put("b", `{"online":false}`, t0.Add(-time.Second)) // older: ignored
-	if err := rs.PutRecord(ctx, task.Record{Kind: "other", ID: "a", Value: json.RawMessage(`1`), At: t0}); err != nil {
-		t.Fatal(err)
-	}
-	got, err := rs.Records(ctx, "device")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 2 {
-		t.Fatalf("Records(device) = %d records, want 2: %+v", len(got), got)
-	}
-	want := map[string]string{"a": `{"online":true}`, "b": `{"online":true}`}
-	for _, r := range got {
-		var v, w any
-		json.Unmarshal(r.Value, &v)
-		json.Unmarshal([]byte(want[r.ID]), &w)
-		if fmt.Sprint(v) != fmt.Sprint(w) {
-			t.Errorf("record %s = %s, want %s", r.ID, r.Value, want[r.ID])
-		}
-		if r.Kind != "device" {
-			t.Errorf("record %s kind %q", r.ID, r.Kind)
-		}
-	}
-	if err := rs.PutRecord(ctx, task.Record{Kind: "device", ID: "", Value: json.RawMessage(`1`), At: t0}); !errors.Is(err, task.ErrInvalid) {
-		t.Errorf("PutRecord with empty id: %v, want ErrInvalid", err)
 	}
 }

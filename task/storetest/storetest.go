@@ -47,8 +47,6 @@ func Run(t *testing.T, open func(t *testing.T) Opened) {
 	t.Run("Stats", s.stats)
 	t.Run("Watch", s.watch)
 	t.Run("Locks", s.locks)
-	t.Run("Records", s.records)
-	t.Run("DeleteRecord", s.deleteRecord)
 	t.Run("Documents", s.documents)
 	t.Run("DeleteFinished", s.deleteFinished)
 	t.Run("LockInstances", s.lockInstances)
