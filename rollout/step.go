@@ -32,10 +32,23 @@ type Stepper struct {
 	// publish, and another's (a driver that died between the two) is
 	// dispatched again under a fresh rate token.
 	recorded map[string]bool
+
+	// Tests: skipPublish stops a step after its write (a driver that dies
+	// there); forcePublish publishes whatever the rollout's state (a
+	// driver that read it running before it was cancelled).
+	skipPublish, forcePublish bool
+	orphanAfter               time.Duration
 }
 
+// OrphanAfter is how long a dispatch recorded by another driver may stay
+// unpublished before it is dispatched again: a live driver publishes
+// within a step, a dead one never does.
+const OrphanAfter = 2 * time.Second
+
 // NewStepper returns a Stepper over st.
-func NewStepper(st Store) *Stepper { return &Stepper{st: st, recorded: map[string]bool{}} }
+func NewStepper(st Store) *Stepper {
+	return &Stepper{st: st, recorded: map[string]bool{}, orphanAfter: OrphanAfter}
+}
 
 func (s *Stepper) mine(key string) bool {
 	s.mu.Lock()
@@ -101,6 +114,18 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 		dispatched = r.dispatch(now)
 		changed = changed || len(dispatched) > 0
 	}
+	if s.skipPublish {
+		if changed {
+			r.UpdatedAt = now
+			if err := put(ctx, s.st, r); err != nil {
+				return err
+			}
+			for _, i := range dispatched {
+				s.record(TaskKey(r.Name, r.Devices[i].Device, r.Devices[i].Attempt), true)
+			}
+		}
+		return nil
+	}
 	if !changed {
 		if s.pending() {
 			return s.publishRecorded(ctx, r.Name)
@@ -136,8 +161,8 @@ func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time) (bool,
 		key := TaskKey(r.Name, e.Device, e.Attempt)
 		t, err := s.st.Get(ctx, key)
 		if errors.Is(err, task.ErrNotFound) {
-			if s.mine(key) || !r.active() {
-				continue // publishRecorded, or withdraw, sees to it
+			if s.mine(key) || !r.active() || now.Sub(e.DispatchedAt) < s.orphanAfter {
+				continue // publishRecorded, withdraw, or the peer sees to it
 			}
 			// Recorded by a driver that died before publishing: dispatch
 			// it again (same key) under a fresh rate token.

@@ -191,7 +191,7 @@ func (s *Stepper) publishRecorded(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if r.State != StateRunning && r.State != StatePaused && r.State != StateWaiting {
+	if !s.forcePublish && r.State != StateRunning && r.State != StatePaused && r.State != StateWaiting {
 		return nil
 	}
 	for i := range r.Devices {

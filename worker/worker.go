@@ -17,9 +17,9 @@
 //
 // Stop order: the consumer first (running handlers finish within
 // ShutdownTimeout, then their leases are released), then the schedule
-// runner, the flow reconciler and retention, then the MQTT client and the
-// embedded broker (handlers may be talking to devices until the consumer
-// has stopped). The Store is the caller's: Stop leaves it open.
+// runner, the flow reconciler, the rollout driver and retention, then the
+// MQTT client and the embedded broker (handlers may be talking to devices
+// until the consumer has stopped). The Store is the caller's: Stop leaves it open.
 package worker
 
 import (
@@ -37,6 +37,7 @@ import (
 	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/retention"
+	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/stats"
 	"github.com/leasepool/leasepool/task"
@@ -149,6 +150,7 @@ type Worker struct {
 	runner   *schedule.Runner
 	reconcil *flow.Reconciler
 	retain   *retention.Runner
+	rollouts *rollout.Driver
 }
 
 // ErrStoreFailing is what Failed reports when the store kept failing for
@@ -300,6 +302,14 @@ func (w *Worker) start(ctx, run context.Context) error {
 		return err
 	}
 	w.reconcil = rec
+	drv, err := rollout.NewDriver(rollout.DriverConfig{Store: cfg.Store, WorkerID: w.ID(), Logger: cfg.Logger})
+	if err == nil {
+		err = drv.Start(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	w.rollouts = drv
 	retain, err := retention.NewRunner(retention.RunnerConfig{Config: retention.Config{Store: cfg.Store, Logger: cfg.Logger},
 		WorkerID: w.ID(), Every: cfg.RetentionEvery})
 	if err == nil {
@@ -338,6 +348,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 		if w.reconcil != nil {
 			_ = w.reconcil.Stop(bg)
+		}
+		if w.rollouts != nil {
+			_ = w.rollouts.Stop(bg)
 		}
 		if w.retain != nil {
 			_ = w.retain.Stop(bg)

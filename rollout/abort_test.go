@@ -1,0 +1,279 @@
+package rollout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/task"
+)
+
+// CheckAbort verifies an aborted rollout against its abort rule: the
+// waves before the one it aborted in had not crossed the threshold
+// when they ended, the aborted wave's ended executions (with those
+// before) cross it, and no later wave started.
+func checkAbortWave(t *testing.T, r *Rollout, rule AbortRule) {
+	t.Helper()
+	var c Counts
+	for w := 0; w < r.Wave; w++ {
+		for _, e := range r.Devices[r.Waves[w].Start:r.Waves[w].End] {
+			c.add(e.Outcome)
+		}
+		n := 0
+		for _, k := range rule.Kinds {
+			n += c.Of(k)
+		}
+		if c.Ended() >= rule.After && percent(n, c.Ended()) > rule.Percent {
+			t.Fatalf("the rule %s held at the end of wave %d (%d of %d), yet the rollout ran on to wave %d", rule, w+1, n, c.Ended(), r.Wave+1)
+		}
+	}
+	for w := r.Wave + 1; w < len(r.Waves); w++ {
+		if !r.Waves[w].StartedAt.IsZero() {
+			t.Fatalf("wave %d started after the abort in wave %d", w+1, r.Wave+1)
+		}
+	}
+	for _, e := range r.Devices[r.Waves[r.Wave].End:] {
+		if e.Attempt != 0 {
+			t.Fatalf("device %s of a later wave was dispatched", e.Device)
+		}
+	}
+}
+
+func TestRolloutAbortsInTheCrossingWaveAndRollsBackExactlyTheSucceeded(t *testing.T) {
+	t.Parallel()
+	st := openStore(t)
+	fail, offline := map[string]bool{}, map[string]bool{}
+	for i, d := range devices(100) {
+		if i%10 == 3 {
+			fail[d] = true
+		}
+		if i%20 == 7 {
+			offline[d] = true
+		}
+	}
+	f := newFleet(t, st, 3, fail, offline, 20*time.Millisecond)
+	waves, _ := ParseWaves("1,10%,50%,100%")
+	rules, _ := ParseAbortRules("failed>8% after 20")
+	if _, err := Create(context.Background(), st, "bad-fw", Spec{Command: "update", Devices: devices(100), Waves: waves,
+		Rate: Rate{N: 40, Per: task.Duration(time.Second)}, AbortWhen: rules, GateFailures: 50,
+		RollbackCommand: "rollback", RollbackArgs: json.RawMessage(`{"to":"1.0"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	r := drive(t, NewStepper(st), "bad-fw", time.Minute)
+	if r.State != StateAborted || r.EndedAt.IsZero() {
+		t.Fatalf("state %s (%s), events %v", r.State, r.Reason, eventTypes(r))
+	}
+	checkAbortWave(t, r, rules[0])
+	var succeeded, rolledBack []string
+	for _, e := range r.Devices {
+		if e.Outcome == OutcomeSucceeded {
+			succeeded = append(succeeded, e.Device)
+			if e.Rollback != OutcomeSucceeded {
+				t.Errorf("%s: rollback %q", e.Device, e.Rollback)
+			}
+		}
+		if e.Outcome == OutcomeRunning || e.Outcome == OutcomeQueued {
+			t.Errorf("%s still %s after the abort", e.Device, e.Outcome)
+		}
+	}
+	for _, run := range f.ran() {
+		switch run.command {
+		case "update":
+			if run.start.After(r.EndedAt) {
+				t.Errorf("%s got the command at %s, after the abort was recorded at %s", run.device, run.start, r.EndedAt)
+			}
+		case "rollback":
+			rolledBack = append(rolledBack, run.device)
+		}
+	}
+	slices.Sort(rolledBack)
+	if fmt.Sprint(rolledBack) != fmt.Sprint(succeeded) {
+		t.Fatalf("rolled back %v\nsucceeded   %v", rolledBack, succeeded)
+	}
+	if len(succeeded) == 0 {
+		t.Fatal("no device succeeded before the abort: the test proves nothing")
+	}
+	p := r.Progress()
+	if p.RolledBack.Succeeded != len(succeeded) || p.Rollback == nil || p.Rollback.EndedAt.IsZero() {
+		t.Fatalf("progress rollback %+v %+v", p.RolledBack, p.Rollback)
+	}
+	checkRuns(t, f, r)
+}
+
+func TestTwoSteppersAtOnceNeverSendTwice(t *testing.T) {
+	t.Parallel()
+	st := openStore(t)
+	f := newFleet(t, st, 2, map[string]bool{"dev-005": true}, nil, 2*time.Millisecond)
+	rate := Rate{N: 10, Per: task.Duration(100 * time.Millisecond)}
+	if _, err := Create(context.Background(), st, "race", Spec{Command: "update", Devices: devices(80), Rate: rate, Retries: 2}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	conflicts := make(chan int, 2)
+	done := make(chan struct{})
+	for range 2 {
+		go func() {
+			s, n := NewStepper(st), 0
+			for {
+				select {
+				case <-done:
+					conflicts <- n
+					return
+				default:
+				}
+				if err := s.Step(ctx, "race"); errors.Is(err, task.ErrConflict) {
+					n++
+				} else if err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(time.Minute)
+	var r *Rollout
+	for {
+		var err error
+		if r, err = Get(ctx, st, "race"); err != nil {
+			t.Fatal(err)
+		}
+		if r.State.Final() || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(done)
+	total := <-conflicts + <-conflicts
+	if r.State != StateCompleted {
+		t.Fatalf("state %s", r.State)
+	}
+	if total == 0 {
+		t.Error("the two steppers never met a conflict: the test proves nothing")
+	}
+	// Each device's tasks are exactly its recorded dispatches.
+	for _, e := range r.Devices {
+		for a := 1; a <= e.Attempt; a++ {
+			if _, err := st.Get(ctx, TaskKey("race", e.Device, a)); err != nil {
+				t.Errorf("%s attempt %d: %v", e.Device, a, err)
+			}
+		}
+		if _, err := st.Get(ctx, TaskKey("race", e.Device, e.Attempt+1)); !errors.Is(err, task.ErrNotFound) {
+			t.Errorf("%s: a task past the recorded attempts: %v", e.Device, err)
+		}
+		want := 1
+		if e.Device == "dev-005" {
+			want = 3
+		}
+		if e.Attempt != want || len(e.Dispatched) != want {
+			t.Errorf("%s: %d attempts, %d dispatches, want %d", e.Device, e.Attempt, len(e.Dispatched), want)
+		}
+	}
+	checkRate(t, allDispatches(r), rate.N, time.Duration(rate.Per))
+	checkRuns(t, f, r)
+}
+
+// A driver that dies between recording dispatches and publishing them is
+// replaced by one that dispatches them again under fresh rate tokens and
+// the same keys; when the dead one's publish comes late, after an abort
+// was recorded, it finds every key taken and sends nothing.
+func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := openStore(t)
+	rate := Rate{N: 4, Per: task.Duration(300 * time.Millisecond)}
+	if _, err := Create(ctx, st, "crash", Spec{Command: "update", Devices: devices(12), Rate: rate}); err != nil {
+		t.Fatal(err)
+	}
+	dead := NewStepper(st)
+	dead.skipPublish = true // dies after its compare-and-set
+	if err := dead.Step(ctx, "crash"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := Get(ctx, st, "crash")
+	if p := r.Progress(); p.Total.Running != 4 {
+		t.Fatalf("the dead driver recorded %d dispatches, want 4", p.Total.Running)
+	}
+	heir := NewStepper(st)
+	heir.orphanAfter = 100 * time.Millisecond
+	time.Sleep(heir.orphanAfter)
+	if err := heir.Step(ctx, "crash"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ = Get(ctx, st, "crash")
+	if p := r.Progress(); p.Total.Queued != 12 {
+		t.Fatalf("the heir re-queued %+v, want all 12 queued (the window is full)", p.Total)
+	}
+	time.Sleep(time.Duration(rate.Per))
+	if err := heir.Step(ctx, "crash"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ = Get(ctx, st, "crash")
+	for _, e := range r.Devices[:4] {
+		if e.Attempt != 1 || len(e.Dispatched) != 2 {
+			t.Fatalf("%s: attempt %d with %d dispatches, want the same key (1) under a second token", e.Device, e.Attempt, len(e.Dispatched))
+		}
+		if _, err := st.Get(ctx, TaskKey("crash", e.Device, 1)); err != nil {
+			t.Fatalf("the heir did not publish %s: %v", e.Device, err)
+		}
+	}
+	checkRate(t, allDispatches(r), rate.N, time.Duration(rate.Per))
+
+	// Now the other order: the dead driver records the next four, an
+	// operator cancels, the heir withdraws and records the cancel, and
+	// the dead driver's publish comes after.
+	time.Sleep(time.Duration(rate.Per))
+	if err := dead.Step(ctx, "crash"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Cancel(ctx, st, "crash"); err != nil {
+		t.Fatal(err)
+	}
+	r = drive(t, heir, "crash", 30*time.Second)
+	if r.State != StateCancelled {
+		t.Fatalf("state %s", r.State)
+	}
+	dead.skipPublish = false
+	dead.forcePublish = true
+	if err := dead.publishRecorded(ctx, "crash"); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range r.Devices[4:8] {
+		got, err := st.Get(ctx, TaskKey("crash", e.Device, e.Attempt))
+		if err != nil || got.State != task.StateCancelled || len(got.Workers) != 0 {
+			t.Fatalf("%s: the late publish left %+v %v, want the withdrawn, cancelled, never claimed task", e.Device, got, err)
+		}
+	}
+}
+
+func TestHostileKeyHolderIsNotSentTo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := openStore(t)
+	f := newFleet(t, st, 1, nil, nil, time.Millisecond)
+	// Someone published a task under the key the rollout will use for
+	// dev-001, with another command and device.
+	p, err := mqttdev.PublishParams(TaskKey("squat", "dev-001", 1), mqttdev.Command{Device: "dev-009", Command: "wipe"}, task.Options{RunAt: st.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := task.Publish(ctx, st, p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Create(ctx, st, "squat", Spec{Command: "update", Devices: devices(3)}); err != nil {
+		t.Fatal(err)
+	}
+	r := drive(t, NewStepper(st), "squat", 30*time.Second)
+	e := r.Devices[1]
+	if e.Outcome != OutcomeFailed || e.Error == "" {
+		t.Fatalf("dev-001: %+v, want failed naming the foreign task", e)
+	}
+	for _, run := range f.ran() {
+		if run.device == "dev-009" || run.command == "wipe" {
+			t.Fatalf("the foreign task ran: %+v", run)
+		}
+	}
+}
