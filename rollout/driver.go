@@ -39,7 +39,7 @@ type DriverConfig struct {
 	Every time.Duration
 	// Lease is the singleton lease (DefaultLease): a dead driver is
 	// replaced within about this long.
-	Lease time.Duration
+	Lease  time.Duration
 	Logger *slog.Logger
 }
 
