@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/leasepool/leasepool/task"
@@ -34,9 +36,20 @@ type envelope struct {
 	Payload json.RawMessage            `json:"payload,omitempty"`
 }
 
-// ensure publishes the task of the action the flow waits on (starting a
-// pending flow first). Publishing is idempotent by the deterministic key,
-// so calling it again after a crash, or from two places, starts one task.
+// TimerKind is the kind of the timer tasks of sleep steps and of signal
+// steps with a timeout: due at the step's time (run_at), run by
+// Middleware on any worker (Register registers the kind), and holding
+// nothing while they wait.
+const TimerKind = "leasepool.flow-timer"
+
+// timerRetries: a timer's attempt only records the flow's write, so a
+// failed one (its worker killed, the store away) is retried at length
+// rather than left to the reconciler.
+const timerRetries = 20
+
+// ensure starts a pending flow and publishes the task of every run the
+// flow waits on. Publishing is idempotent by the deterministic key, so
+// calling it again after a crash, or from two places, starts one task.
 func ensure(ctx context.Context, s task.Store, f *Flow) (*Flow, error) {
 	if f.State == StatePending {
 		var err error
@@ -50,21 +63,107 @@ func ensure(ctx context.Context, s task.Store, f *Flow) (*Flow, error) {
 			return f, err
 		}
 	}
-	i, undo, ok := f.current()
-	if !ok {
-		return f, nil
+	var errs []error
+	for i := range f.Steps {
+		for _, undo := range []bool{false, true} {
+			if r := f.run(i, undo); r.State == RunActive && r.Task != "" {
+				errs = append(errs, publishStep(ctx, s, f, i, undo))
+			}
+		}
 	}
-	return f, publishStep(ctx, s, f, i, undo)
+	return f, errors.Join(errs...)
+}
+
+// follow does what the write that produced f asked: publish the tasks of
+// the runs it started and cancel the tasks it stopped. A crash before
+// this is repaired by the reconciler (a missing task is published; a
+// stopped run's timer that fires is not current any more).
+func follow(ctx context.Context, s task.Store, f *Flow) error {
+	var errs []error
+	for _, ref := range f.started {
+		if r := f.run(ref.Step, ref.Undo); r.State == RunActive && r.Task != "" {
+			errs = append(errs, publishStep(ctx, s, f, ref.Step, ref.Undo))
+		}
+	}
+	for _, key := range f.stops {
+		errs = append(errs, stopTask(ctx, s, key))
+	}
+	return errors.Join(errs...)
+}
+
+// waitsOn reports whether the flow waits on the run ref names.
+func (f *Flow) waitsOn(ref StepRef) bool {
+	return !f.State.Finished() && f.Gen == ref.Gen && ref.Step >= 0 && ref.Step < len(f.Steps) &&
+		f.Steps[ref.Step].Name == ref.Name && f.run(ref.Step, ref.Undo).State == RunActive
+}
+
+// timer reports whether step i's do is a timer rather than a task's work.
+func (f *Flow) timer(i int) bool { return f.Steps[i].StepType() != TypeTask }
+
+// timerOutcome is what step i's timer firing at at means: a sleep step
+// succeeds; a signal step takes its default or fails.
+func (f *Flow) timerOutcome(i int, at time.Time) outcome {
+	st := f.Steps[i]
+	o := outcome{Step: i, Gen: f.Gen, At: at, Success: true, Final: true}
+	if st.StepType() == TypeSignal {
+		if len(st.Default) > 0 {
+			o.Result = st.Default
+		} else {
+			o.Success, o.Error = false, fmt.Sprintf("no signal within %s", time.Duration(st.Timeout))
+		}
+	}
+	return o
+}
+
+// paramsFor returns the shared parameters a run sees: for a step's work,
+// the request's and the results of the steps it needs, directly or
+// through others; for a rollback, all of them.
+func (f *Flow) paramsFor(i int, undo bool) map[string]json.RawMessage {
+	if undo {
+		return f.Params
+	}
+	needs := Needs(f.Steps)
+	ancestor := make([]bool, len(f.Steps))
+	stack := slices.Clone(needs[i])
+	for len(stack) > 0 {
+		k := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if !ancestor[k] {
+			ancestor[k] = true
+			stack = append(stack, needs[k]...)
+		}
+	}
+	out := maps.Clone(f.Params)
+	for j, st := range f.Steps {
+		if !ancestor[j] {
+			if _, ok := f.Params[st.Name]; ok && f.Progress[j].Do.State == RunSucceeded {
+				delete(out, st.Name)
+			}
+		}
+	}
+	return out
 }
 
 func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) error {
 	st := f.Steps[i]
+	ref := StepRef{Flow: f.Key, Gen: f.Gen, Step: i, Name: st.Name, Undo: undo}
+	if !undo && f.timer(i) {
+		b, err := json.Marshal(envelope{Flow: ref})
+		if err != nil {
+			return err
+		}
+		p := task.PublishParams{Key: ref.TaskKey(), Kind: TimerKind, Payload: b,
+			Options: task.Options{RunAt: f.Progress[i].Do.Due, MaxUnexpectedRetries: timerRetries}}
+		if _, _, err := task.Publish(task.WithInternalWrite(ctx), s, p); err != nil {
+			return fmt.Errorf("flow %s: publish timer %s: %w", f.Key, p.Key, err)
+		}
+		return nil
+	}
 	act := st.Action
 	if undo {
 		act = *st.Rollback
 	}
-	ref := StepRef{Flow: f.Key, Gen: f.Gen, Step: i, Name: st.Name, Undo: undo}
-	b, err := json.Marshal(envelope{Flow: ref, Params: f.Params, Payload: act.Payload})
+	b, err := json.Marshal(envelope{Flow: ref, Params: f.paramsFor(i, undo), Payload: act.Payload})
 	if err != nil {
 		return err
 	}
@@ -145,8 +244,9 @@ func leasesEnd(ctx context.Context, s task.Store, key string) (time.Time, error)
 // next.
 func record(ctx context.Context, s task.Store, ref StepRef, o outcome, log *slog.Logger) (*Flow, error) {
 	o.Gen, o.Step, o.Undo = ref.Gen, ref.Step, ref.Undo
+	applied := false
 	f, err := modify(ctx, s, ref.Flow, func(f *Flow) error {
-		if !f.apply(o) {
+		if applied = f.apply(o); !applied {
 			return errUnchanged
 		}
 		return nil
@@ -154,10 +254,10 @@ func record(ctx context.Context, s task.Store, ref StepRef, o outcome, log *slog
 	if err != nil {
 		return f, err
 	}
-	if f.State == StateRollbackFailed && o.Undo && o.Final && !o.Success {
+	if applied && o.Undo && o.Final && !o.Success {
 		log.Error("flow rollback failed: the flow needs attention", slog.String("step", ref.Name), slog.String("error", o.Error))
 	}
-	return ensure(ctx, s, f)
+	return f, follow(ctx, s, f)
 }
 
 // ReconcileStats says what a Reconcile pass did.
@@ -193,26 +293,41 @@ func Reconcile(ctx context.Context, s task.Store, log *slog.Logger) (ReconcileSt
 }
 
 func reconcileOne(ctx context.Context, s task.Store, f *Flow, st *ReconcileStats, log *slog.Logger) error {
-	i, undo, ok := f.current()
-	if !ok {
+	if f.State == StatePending {
 		_, err := ensure(ctx, s, f)
 		return err
 	}
+	var errs []error
+	for i := range f.Steps {
+		for _, undo := range []bool{false, true} {
+			if r := f.run(i, undo); r.State == RunActive && r.Task != "" {
+				errs = append(errs, reconcileRun(ctx, s, f, i, undo, st, log))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// reconcileRun publishes run (i, undo)'s task when missing, and records
+// its outcome when the task finished without it reaching the flow.
+func reconcileRun(ctx context.Context, s task.Store, f *Flow, i int, undo bool, st *ReconcileStats, log *slog.Logger) error {
 	ref := StepRef{Flow: f.Key, Gen: f.Gen, Step: i, Name: f.Steps[i].Name, Undo: undo}
 	t, err := s.Get(ctx, ref.TaskKey())
 	if errors.Is(err, task.ErrNotFound) {
 		st.Published++
-		_, err = ensure(ctx, s, f)
-		return err
+		return publishStep(ctx, s, f, i, undo)
 	}
 	if err != nil || !t.State.Finished() {
 		return err
 	}
 	o := outcome{At: t.UpdatedAt, Attempt: t.Attempts}
-	switch t.State {
-	case task.StateSucceeded:
+	switch {
+	case !undo && f.timer(i):
+		// However its task ended, a timer's time has come.
+		o = f.timerOutcome(i, t.UpdatedAt)
+	case t.State == task.StateSucceeded:
 		o.Success, o.Result = true, t.Result()
-	case task.StateCancelled:
+	case t.State == task.StateCancelled:
 		o.Final, o.Error = true, "step task cancelled"
 	default:
 		o.Final, o.Error = true, oneLine(lastError(t))

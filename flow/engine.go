@@ -3,6 +3,8 @@ package flow
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/leasepool/leasepool/task"
@@ -11,9 +13,29 @@ import (
 // The pure transitions of a flow document. Every one runs inside the
 // compare-and-set loop on the freshly read document, so two observers of
 // one outcome (a step's worker and the reconciler) apply it once: the
-// second finds the cursor moved and changes nothing.
+// second finds the run no longer active and changes nothing.
+//
+// The rules, which docs/flows.md states for users:
+//   - A step starts when every step it needs has succeeded; steps ready
+//     together start together, each its own task (or signal wait, or
+//     timer).
+//   - A step that fails after its retries (a signal step whose wait timed
+//     out without a default) turns the flow rolling_back: no step starts
+//     any more, task steps running finish (with their retries) and are
+//     rolled back like the rest, and signal and sleep steps still waiting
+//     are cancelled.
+//   - Rollback: every step whose work started and that has a rollback is
+//     undone. A step's rollback starts once its own work has ended and
+//     every step that needs it, directly or through other steps, has not
+//     started, or has ended its work and its rollback (if it has one).
+//     As a step starts only after what it needs succeeded, this is the
+//     reverse of completion order along every chain of needs; steps on
+//     separate branches roll back in parallel. A linear flow rolls back
+//     strictly in reverse.
+//   - A rollback that fails after its retries starts no further
+//     rollbacks; once the running ones end the flow is rollback_failed.
 
-// outcome is what became of one attempt of the action a flow waits on.
+// outcome is what became of one attempt of a step's work or rollback.
 type outcome struct {
 	Gen     int
 	Step    int
@@ -27,15 +49,10 @@ type outcome struct {
 	At      time.Time
 }
 
-// current returns the action the flow waits on: step index and direction.
-func (f *Flow) current() (i int, undo bool, ok bool) {
-	switch f.State {
-	case StateRunning:
-		return f.Cursor, false, true
-	case StateRollingBack:
-		return f.Cursor, true, true
-	}
-	return 0, false, false
+// runRef names one run (a step's do or undo) of a flow.
+type runRef struct {
+	Step int
+	Undo bool
 }
 
 func (f *Flow) run(i int, undo bool) *Run {
@@ -45,20 +62,25 @@ func (f *Flow) run(i int, undo bool) *Run {
 	return &f.Progress[i].Do
 }
 
-// start moves a pending flow to its first step.
+// start moves a pending flow to its first steps.
 func (f *Flow) start(at time.Time) bool {
 	if f.State != StatePending {
 		return false
 	}
-	f.startDo(0, at)
+	f.State = StateRunning
+	f.advance(at)
 	return true
 }
 
-// apply records o; it reports false when o is not for the action the flow
+// apply records o; it reports false when o is not for a run the flow
 // waits on (stale, or recorded already).
 func (f *Flow) apply(o outcome) bool {
-	i, undo, ok := f.current()
-	if !ok || o.Gen != f.Gen || i != o.Step || undo != o.Undo {
+	if f.State.Finished() || o.Gen != f.Gen || o.Step < 0 || o.Step >= len(f.Steps) {
+		return false
+	}
+	i, undo := o.Step, o.Undo
+	r := f.run(i, undo)
+	if r.State != RunActive {
 		return false
 	}
 	if o.Success && !undo && paramsSize(f.Params)+len(f.Steps[i].Name)+len(o.Result) > MaxParamsSize {
@@ -67,7 +89,7 @@ func (f *Flow) apply(o outcome) bool {
 		o.Success, o.Final = false, true
 		o.Error = fmt.Sprintf("result of %d bytes does not fit: the shared parameters would pass %d bytes", len(o.Result), MaxParamsSize)
 	}
-	r := f.run(i, undo)
+	r.Attempts = max(r.Attempts, o.Attempt)
 	name := f.Steps[i].Name
 	if !o.Success {
 		r.Failures++
@@ -77,85 +99,228 @@ func (f *Flow) apply(o outcome) bool {
 		}
 		r.State, r.EndedAt, r.Attempt = RunFailed, o.At, o.Attempt
 		if undo {
-			f.State = StateRollbackFailed
-			f.Error = fmt.Sprintf("rollback of step %d (%s) failed: %s", i+1, name, o.Error)
-			f.addEvent(Event{At: o.At, Type: EventRollbackFailed, Step: name, Message: f.Error})
-			return true
+			msg := fmt.Sprintf("rollback of step %d (%s) failed: %s", i+1, name, o.Error)
+			f.Error = msg
+			f.addEvent(Event{At: o.At, Type: EventRollbackFailed, Step: name, Message: msg})
+		} else {
+			f.ended(i)
+			msg := fmt.Sprintf("step %d (%s) failed: %s", i+1, name, o.Error)
+			if f.State != StateRollingBack || f.Error == "" {
+				f.Error = msg // the first failure says why the flow rolls back
+			}
+			f.addEvent(Event{At: o.At, Type: EventStepFailed, Step: name, Message: msg})
+			f.failWaits(o.At)
 		}
-		f.Error = fmt.Sprintf("step %d (%s) failed: %s", i+1, name, o.Error)
-		f.addEvent(Event{At: o.At, Type: EventStepFailed, Step: name, Message: f.Error})
-		f.startUndo(i, o.At)
+		f.advance(o.At)
 		return true
 	}
 	r.State, r.EndedAt, r.Attempt, r.Error = RunSucceeded, o.At, o.Attempt, ""
-	if undo {
-		f.startUndo(i-1, o.At)
-		return true
+	if !undo {
+		f.setResult(i, o.Result)
+		f.ended(i)
 	}
-	if f.Params == nil {
-		f.Params = map[string]json.RawMessage{}
-	}
-	result := o.Result
-	if len(result) == 0 {
-		result = json.RawMessage("null")
-	}
-	f.Params[name] = result
-	f.startDo(i+1, o.At)
+	f.advance(o.At)
 	return true
 }
 
-func (f *Flow) startDo(i int, at time.Time) {
-	if i >= len(f.Steps) {
-		f.State, f.Cursor, f.Error = StateSucceeded, len(f.Steps)-1, ""
-		f.addEvent(Event{At: at, Type: EventSucceeded})
-		return
+func (f *Flow) setResult(i int, result json.RawMessage) {
+	if f.Params == nil {
+		f.Params = map[string]json.RawMessage{}
 	}
-	f.State, f.Cursor = StateRunning, i
-	f.Progress[i].Do = Run{State: RunActive, Task: StepKey(f.Key, f.Gen, i, f.Steps[i].Name, false), StartedAt: at}
+	if len(result) == 0 {
+		result = json.RawMessage("null")
+	}
+	f.Params[f.Steps[i].Name] = result
 }
 
-// startUndo starts the rollback of the latest step at or before i that
-// has one and was started; with none left the flow has failed (rolled back).
-func (f *Flow) startUndo(i int, at time.Time) {
-	for ; i >= 0; i-- {
-		if f.Steps[i].Rollback != nil && f.Progress[i].Do.State != RunNone {
-			f.State, f.Cursor = StateRollingBack, i
-			f.Progress[i].Undo = Run{State: RunActive, Task: StepKey(f.Key, f.Gen, i, f.Steps[i].Name, true), StartedAt: at}
+// ended gives step i, whose work just ended, its place in completion order.
+func (f *Flow) ended(i int) {
+	n := 0
+	for _, p := range f.Progress {
+		n = max(n, p.Order)
+	}
+	f.Progress[i].Order = n + 1
+}
+
+// failWaits turns a running flow rolling_back: signal and sleep steps
+// still waiting are cancelled (their timers stopped), task steps run on.
+func (f *Flow) failWaits(at time.Time) {
+	if f.State != StateRunning {
+		return
+	}
+	f.State = StateRollingBack
+	for i, st := range f.Steps {
+		r := &f.Progress[i].Do
+		if st.StepType() != TypeTask && r.State == RunActive {
+			r.State, r.EndedAt = RunCancelled, at
+			f.stopTask(r.Task)
+		}
+	}
+}
+
+// stopTask notes a task the caller must cancel once the write is stored.
+func (f *Flow) stopTask(key string) {
+	if key != "" {
+		f.stops = append(f.stops, key)
+	}
+}
+
+// advance starts what may start now: steps whose needs all succeeded
+// (running), or rollbacks whose dependents are done (rolling_back), and
+// ends the flow when nothing is left to run.
+func (f *Flow) advance(at time.Time) {
+	needs := Needs(f.Steps)
+	switch f.State {
+	case StateRunning:
+		for started := true; started; {
+			// A step that ends as it starts (a signal sent before it was
+			// ready) may make others ready: go round again.
+			started = false
+			for i := range f.Steps {
+				if f.Progress[i].Do.State != RunNone || !f.needsMet(needs[i]) {
+					continue
+				}
+				f.startDo(i, at)
+				started = started || f.Progress[i].Do.State == RunSucceeded
+			}
+		}
+		if slices.IndexFunc(f.Progress, func(p Progress) bool { return p.Do.State != RunSucceeded }) < 0 {
+			f.State, f.Error = StateSucceeded, ""
+			f.addEvent(Event{At: at, Type: EventSucceeded})
+		}
+	case StateRollingBack:
+		f.startUndos(needs, at)
+	}
+}
+
+func (f *Flow) needsMet(needs []int) bool {
+	for _, k := range needs {
+		if f.Progress[k].Do.State != RunSucceeded {
+			return false
+		}
+	}
+	return true
+}
+
+// startDo starts step i's work: its task, its timer, or its wait for a
+// signal (which ends at once when the signal came first).
+func (f *Flow) startDo(i int, at time.Time) {
+	st := f.Steps[i]
+	f.State, f.Cursor = StateRunning, i
+	r := Run{State: RunActive, StartedAt: at}
+	switch st.StepType() {
+	case TypeTask:
+		r.Task = StepKey(f.Key, f.Gen, i, st.Name, false)
+	case TypeSleep:
+		r.Task, r.Due = StepKey(f.Key, f.Gen, i, st.Name, false), st.Until
+		if st.Sleep > 0 {
+			r.Due = at.Add(time.Duration(st.Sleep))
+		}
+	case TypeSignal:
+		if sig := f.Progress[i].Signal; sig != nil {
+			r.State, r.EndedAt = RunSucceeded, at
+			f.Progress[i].Do = r
+			f.setResult(i, sig.Payload)
+			f.ended(i)
 			return
 		}
+		if st.Timeout > 0 {
+			r.Task, r.Due = StepKey(f.Key, f.Gen, i, st.Name, false), at.Add(time.Duration(st.Timeout))
+		}
+	}
+	f.Progress[i].Do = r
+	f.started = append(f.started, runRef{Step: i})
+}
+
+// startUndos starts every rollback whose turn has come (see the rules
+// above); with none running and none to start, the flow has failed, or,
+// when a rollback failed, is rollback_failed.
+func (f *Flow) startUndos(needs [][]int, at time.Time) {
+	failed := false
+	for _, p := range f.Progress {
+		failed = failed || p.Undo.State == RunFailed
+	}
+	deps := dependents(needs)
+	if !failed {
+		for i, st := range f.Steps {
+			p := f.Progress[i]
+			if st.Rollback == nil || p.Undo.State != RunNone || p.Do.State == RunNone || p.Do.State == RunActive {
+				continue
+			}
+			if !slices.ContainsFunc(deps[i], func(d int) bool { return !f.undone(d) }) {
+				f.State, f.Cursor = StateRollingBack, i
+				f.Progress[i].Undo = Run{State: RunActive, Task: StepKey(f.Key, f.Gen, i, st.Name, true), StartedAt: at}
+				f.started = append(f.started, runRef{Step: i, Undo: true})
+			}
+		}
+	}
+	for _, p := range f.Progress {
+		if p.Do.State == RunActive || p.Undo.State == RunActive {
+			return
+		}
+	}
+	if failed {
+		f.State = StateRollbackFailed
+		return
 	}
 	f.State = StateFailed
 	f.addEvent(Event{At: at, Type: EventRolledBack, Message: f.Error})
 }
 
-// cancel stops the flow: the action running is marked cancelled and its
-// task key returned so the caller cancels the task. With rollback the
-// started steps are undone from the cancelled one back.
-func (f *Flow) cancel(rollback bool, at time.Time) (stop string, err error) {
+// undone reports whether step d no longer stands in a rollback's way: it
+// never started, or its work ended and its rollback (if any) succeeded.
+func (f *Flow) undone(d int) bool {
+	p := f.Progress[d]
+	switch {
+	case p.Do.State == RunNone:
+		return true
+	case p.Do.State == RunActive:
+		return false
+	}
+	return f.Steps[d].Rollback == nil || p.Undo.State == RunSucceeded
+}
+
+// cancel stops the flow: every run active is marked cancelled and its
+// task noted to stop. With rollback the started steps are undone.
+func (f *Flow) cancel(rollback bool, at time.Time) error {
 	switch {
 	case f.State.Finished():
-		return "", fmt.Errorf("cancel %s: %w (it is %s)", f.Key, ErrFinished, f.State)
+		return fmt.Errorf("cancel %s: %w (it is %s)", f.Key, ErrFinished, f.State)
 	case f.State == StatePending:
 		f.State = StateCancelled
 		f.addEvent(Event{At: at, Type: EventCancelled, Message: "cancelled before the first step"})
-		return "", nil
+		return nil
 	case f.State == StateRollingBack && rollback:
-		return "", nil // already doing what was asked
+		return nil // already doing what was asked
 	}
-	i, undo, _ := f.current()
-	r := f.run(i, undo)
-	r.State, r.EndedAt = RunCancelled, at
-	stop = r.Task
-	msg := fmt.Sprintf("cancelled at step %d (%s)", i+1, f.Steps[i].Name)
-	if rollback && !undo {
+	var names []string
+	for i := range f.Steps {
+		for _, undo := range []bool{false, true} {
+			if r := f.run(i, undo); r.State == RunActive {
+				r.State, r.EndedAt = RunCancelled, at
+				f.stopTask(r.Task)
+				names = append(names, f.Steps[i].Name)
+			}
+		}
+	}
+	msg := "cancelled"
+	if len(names) > 0 {
+		msg = fmt.Sprintf("cancelled at step %s", strings.Join(names, ", "))
+	}
+	step := ""
+	if len(names) == 1 {
+		step = names[0]
+	}
+	if rollback {
 		f.Error = msg
-		f.addEvent(Event{At: at, Type: EventCancelled, Step: f.Steps[i].Name, Message: msg + "; rolling back"})
-		f.startUndo(i, at)
-		return stop, nil
+		f.addEvent(Event{At: at, Type: EventCancelled, Step: step, Message: msg + "; rolling back"})
+		f.State = StateRollingBack
+		f.advance(at)
+		return nil
 	}
 	f.State, f.Error = StateCancelled, msg
-	f.addEvent(Event{At: at, Type: EventCancelled, Step: f.Steps[i].Name, Message: msg})
-	return stop, nil
+	f.addEvent(Event{At: at, Type: EventCancelled, Step: step, Message: msg})
+	return nil
 }
 
 // standing reports whether step i's work is done and not undone.
@@ -164,9 +329,9 @@ func (f *Flow) standing(i int) bool {
 	return p.Do.State == RunSucceeded && p.Undo.State == RunNone
 }
 
-// retry starts a new run generation from the first step whose work is not
-// standing: after a full rollback that is the first step; after a cancel
-// without rollback, the cancelled one.
+// retry starts a new run generation in which every step whose work does
+// not stand runs again: after a full rollback, every step; after a
+// cancel without rollback, the ones that had not succeeded.
 func (f *Flow) retry(at time.Time) error {
 	switch {
 	case f.State == StateSucceeded:
@@ -174,19 +339,50 @@ func (f *Flow) retry(at time.Time) error {
 	case !f.State.Finished():
 		return fmt.Errorf("retry %s: %w (it is %s)", f.Key, ErrNotFinished, f.State)
 	}
-	from := 0
-	for from < len(f.Steps) && f.standing(from) {
-		from++
-	}
+	from := -1
 	f.Gen++
-	for j := from; j < len(f.Steps); j++ {
+	for j := range f.Steps {
+		if f.standing(j) {
+			continue
+		}
+		if from < 0 {
+			from = j
+		}
 		f.Progress[j] = Progress{}
 		delete(f.Params, f.Steps[j].Name) // a result of the run before
 	}
 	f.Error = ""
 	f.addEvent(Event{At: at, Type: EventRetried, Message: fmt.Sprintf("from step %d", from+1)})
-	f.startDo(from, at)
+	f.State = StateRunning
+	f.advance(at)
 	return nil
+}
+
+// summarise sets each step's State from its runs.
+func (f *Flow) summarise() {
+	for i := range f.Progress {
+		p := &f.Progress[i]
+		switch {
+		case p.Undo.State == RunActive:
+			p.State = StepRollingBack
+		case p.Undo.State == RunSucceeded:
+			p.State = StepRolledBack
+		case p.Undo.State == RunFailed:
+			p.State = StepRollbackFailed
+		case p.Undo.State == RunCancelled, p.Do.State == RunCancelled:
+			p.State = StepCancelled
+		case p.Do.State == RunActive:
+			p.State = StepRunning
+		case p.Do.State == RunSucceeded:
+			p.State = StepSucceeded
+		case p.Do.State == RunFailed:
+			p.State = StepFailed
+		case f.State == StatePending || f.State == StateRunning:
+			p.State = StepWaiting
+		default:
+			p.State = StepSkipped
+		}
+	}
 }
 
 // MaxParamsSize bounds a flow's shared parameters (request and results),

@@ -243,11 +243,11 @@ type Progress struct {
 	Order int `json:"order,omitempty"`
 	// Signal is a signal step's signal, kept from its arrival (which may
 	// come before the step starts) until the step takes it.
-	Signal *Signal `json:"signal,omitempty"`
+	Signal *Received `json:"signal,omitempty"`
 }
 
-// Signal is what was sent to a signal step.
-type Signal struct {
+// Received is the signal a signal step was sent.
+type Received struct {
 	At      time.Time       `json:"at"`
 	Payload json.RawMessage `json:"payload,omitempty"`
 }
@@ -278,8 +278,9 @@ type Flow struct {
 	Steps  []Step                     `json:"steps"`
 	Params map[string]json.RawMessage `json:"params"`
 	State  State                      `json:"state"`
-	// Cursor is the index of the step being done (running) or undone
-	// (rolling_back), or where the flow stopped.
+	// Cursor is the index of the step started last (its work, or its
+	// rollback while rolling back): in a flow without parallel steps the
+	// step being done or undone, or where the flow stopped.
 	Cursor int `json:"cursor"`
 	// Gen is the run generation: 1, plus one per retry. It is part of the
 	// step tasks' keys, so a retried step runs as a new task.
@@ -292,6 +293,12 @@ type Flow struct {
 	UpdatedAt time.Time `json:"updated_at"`
 	// Version is the stored document's version (not stored in the flow).
 	Version int64 `json:"-"`
+
+	// What the transition just applied asks of its caller once the write
+	// is stored: the runs it started, whose tasks to publish, and the
+	// tasks to cancel.
+	started []runRef
+	stops   []string
 }
 
 // MaxEvents bounds the events kept on a document (the oldest go first).

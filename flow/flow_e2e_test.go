@@ -65,6 +65,26 @@ func newRig(t *testing.T) *rig {
 		}
 		return nil
 	})
+	mux.RegisterFunc("test.step", func(ctx context.Context, job *consumer.Job) error {
+		// A DAG step: says when it starts and ends, fails when its
+		// payload says so.
+		ref, _ := flow.CurrentStep(ctx)
+		dir := "do"
+		if ref.Undo {
+			dir = "undo"
+		}
+		r.mu.Lock()
+		r.ran = append(r.ran, "start "+ref.Name+" "+dir)
+		r.mu.Unlock()
+		time.Sleep(30 * time.Millisecond)
+		r.mu.Lock()
+		r.ran = append(r.ran, "end "+ref.Name+" "+dir)
+		r.mu.Unlock()
+		if string(job.Task.Payload) == `"fail"` {
+			return errors.New("injected failure")
+		}
+		return job.SetResult(ref.Name)
+	})
 	mux.RegisterFunc("test.exclusive", func(ctx context.Context, job *consumer.Job) error {
 		if n := r.inside.Add(1); n > r.maxInside.Load() {
 			r.maxInside.Store(n)

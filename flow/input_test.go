@@ -16,6 +16,21 @@ import (
 
 func deepJSON(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
 
+// chainFile is a flow of n steps, each needing the one before, and the
+// first needing the last: a cycle as long as the flow.
+func chainFile(n int) string {
+	var b strings.Builder
+	b.WriteString(`{"key":"f","steps":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"name":"s%d","kind":"k","needs":["s%d"]}`, i, (i+n-1)%n)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
 // TestSpecRefusesHostileInput: what a flow file may not carry, refused by
 // ParseSpec or Validate with the field named, before anything is written.
 func TestSpecRefusesHostileInput(t *testing.T) {
@@ -26,8 +41,6 @@ func TestSpecRefusesHostileInput(t *testing.T) {
 			`invalid: key: "leasepool:x" is reserved (the leasepool: prefix is leasepool's own)`},
 		{`{"key":"leasepool:flow:x","steps":[{"name":"a","kind":"k"}]}`,
 			`invalid: key: "leasepool:flow:x" is reserved (the leasepool: prefix is leasepool's own)`},
-		{`{"key":"f","steps":[{"name":"a","kind":"k","lock_keys":["rate:kind:k#0"]}]}`,
-			`invalid: steps[0].lock_keys: "rate:kind:k#0" is reserved (the rate: prefix holds rate-limit slots)`},
 		{`{"key":"f","params":{"p":` + deepJSON(64) + `},"steps":[{"name":"a","kind":"k"}]}`,
 			"invalid: params: nested deeper than 64 levels"},
 		{`{"key":"f","steps":[{"name":"a","kind":"k","payload":` + deepJSON(65) + `}]}`,
@@ -127,6 +140,20 @@ func FuzzFlowFile(f *testing.F) {
 		`{"key":"f","steps":[{"name":"a","kind":"k","payload":{"s":"\"[[[\\"}}]}`,
 		`{"key":"f","steps":[{"name":"a","kind":"k","timeout":"-1s"}]}`,
 		`{"key":"f","steps":[]}`, `{}`, `[]`, `null`, ``, `{"key":"f"}{"key":"g"}`,
+		// DAGs, signals and timers, and what they may not be.
+		`{"key":"f","steps":[{"name":"a","kind":"k"},{"name":"b","kind":"k","needs":["a"]},{"name":"c","kind":"k","needs":["a"]},{"name":"d","kind":"k","needs":["b","c"]}]}`,
+		`{"key":"f","steps":[{"name":"a","kind":"k","needs":["b"]},{"name":"b","kind":"k","needs":["a"]}]}`,
+		`{"key":"f","steps":[{"name":"a","kind":"k","needs":["a"]}]}`,
+		`{"key":"f","steps":[{"name":"a","kind":"k","needs":["zz","a"]}]}`,
+		`{"key":"f","steps":[{"name":"a","type":"teleport"}]}`,
+		`{"key":"f","steps":[{"name":"a","sleep":"-5m"}]}`,
+		`{"key":"f","steps":[{"name":"a","sleep":"10m"},{"name":"b","until":"2100-01-01T00:00:00+01:00"}]}`,
+		`{"key":"f","steps":[{"name":"a","until":"1999-12-31T23:59:59Z"}]}`,
+		`{"key":"f","steps":[{"name":"a","until":"2200-01-02T00:00:00Z"}]}`,
+		`{"key":"f","steps":[{"name":"a","until":"99999-01-01T00:00:00Z"}]}`,
+		`{"key":"f","steps":[{"name":"ok","type":"signal","timeout":"24h","default":{"approved":false}},{"name":"b","kind":"k","needs":["ok"]}]}`,
+		`{"key":"f","steps":[{"name":"ok","type":"signal","default":1}]}`,
+		chainFile(100), chainFile(10000),
 	} {
 		f.Add([]byte(seed))
 	}

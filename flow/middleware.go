@@ -98,10 +98,21 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 	if err != nil {
 		return fmt.Errorf("flow step %s: %w", job.Task.Key, err)
 	}
-	if i, undo, ok := f.current(); !ok || f.Gen != ref.Gen || i != ref.Step || undo != ref.Undo {
+	if !f.waitsOn(ref) {
 		// Recorded already, or the flow moved on (cancel, retry): the
 		// flow no longer waits on this task, so its work is not done again.
 		log.Info("flow step not current; not run", slog.String("state", string(f.State)))
+		return nil
+	}
+	if !ref.Undo && f.timer(ref.Step) {
+		// A sleep step's or a signal step's timer: its time has come.
+		o := f.timerOutcome(ref.Step, cfg.Store.Now().UTC())
+		o.Attempt = job.Attempt
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		defer cancel()
+		if _, err := record(rctx, cfg.Store, ref, o, log); err != nil {
+			return fmt.Errorf("flow timer %s: recording: %w", job.Task.Key, err)
+		}
 		return nil
 	}
 	act := f.Steps[ref.Step].Action

@@ -137,6 +137,7 @@ func modify(ctx context.Context, s task.Store, key string, fn func(f *Flow) erro
 			return f, err
 		}
 		f.UpdatedAt = s.Now().UTC()
+		f.summarise()
 		b, err := json.Marshal(f)
 		if err != nil {
 			return nil, err
@@ -277,39 +278,44 @@ func DeleteStopped(ctx context.Context, s task.Store, before time.Time, limit in
 	return n, nil
 }
 
-// Cancel stops the flow of key: the running step's task is cancelled (its
-// handler stops at its next ping), and with rollback the started steps are
-// rolled back from that one, in reverse; without, the flow is cancelled.
+// Cancel stops the flow of key: the tasks of the running steps are
+// cancelled (their handlers stop at their next ping), signal and sleep
+// steps stop waiting, and with rollback the started steps are rolled back
+// (see the rules in engine.go); without, the flow is cancelled.
 func Cancel(ctx context.Context, s task.Store, key string, rollback bool) (*Flow, error) {
-	var stop string
-	f, err := modify(ctx, s, key, func(f *Flow) error {
-		var err error
-		stop, err = f.cancel(rollback, s.Now().UTC())
-		return err
-	})
+	f, err := modify(ctx, s, key, func(f *Flow) error { return f.cancel(rollback, s.Now().UTC()) })
 	if errors.Is(err, ErrFinished) && f != nil && f.State == StateCancelled {
-		// Cancelled already, perhaps by a cancel whose task stop failed:
-		// stop the step's task again (stopping twice is harmless).
-		_ = stopTask(ctx, s, f.Progress[f.Cursor].Do.Task)
+		// Cancelled already, perhaps by a cancel whose task stops failed:
+		// stop the cancelled runs' tasks again (stopping twice is harmless).
+		for _, p := range f.Progress {
+			for _, r := range []Run{p.Do, p.Undo} {
+				if r.State == RunCancelled {
+					_ = stopTask(ctx, s, r.Task)
+				}
+			}
+		}
 	}
 	if err != nil {
 		return f, err
 	}
-	if err := stopTask(ctx, s, stop); err != nil {
+	if err := follow(ctx, s, f); err != nil {
 		return f, err
 	}
 	return ensure(ctx, s, f)
 }
 
-// Retry runs a failed, rolled-back or cancelled flow again from the first
-// step whose work does not stand (after a full rollback, the first), as a
-// new run generation: new step task keys.
+// Retry runs a failed, rolled-back or cancelled flow again, as a new run
+// generation (new step task keys): every step whose work does not stand
+// runs again once its needs have succeeded; after a full rollback, all.
 func Retry(ctx context.Context, s task.Store, key string) (*Flow, error) {
 	f, err := modify(ctx, s, key, func(f *Flow) error { return f.retry(s.Now().UTC()) })
 	if err != nil {
 		return f, err
 	}
-	return ensure(ctx, s, f)
+	if err := follow(ctx, s, f); err != nil {
+		return f, err
+	}
+	return f, nil
 }
 
 // stopTask cancels a step's task; one already finished or gone is fine.

@@ -19,12 +19,19 @@ type Config struct {
 	ExecKind string
 }
 
-// Register adds Middleware to mux. Run a Reconciler beside the consumer.
+// Register adds Middleware to mux and registers TimerKind, which the
+// worker's consumer must claim (worker.New adds it to the kinds). Run a
+// Reconciler beside the consumer.
 func Register(mux *consumer.Mux, cfg Config) error {
 	if cfg.Store == nil {
 		return fmt.Errorf("flow: %w: store: required", task.ErrInvalid)
 	}
 	mux.Use(Middleware(MiddlewareConfig(cfg)))
+	// Middleware runs a timer before any handler; this one only sees a
+	// task of the kind that is no timer of a flow.
+	mux.RegisterFunc(TimerKind, func(context.Context, *consumer.Job) error {
+		return fmt.Errorf("flow: %w: a %s task that names no flow step", task.ErrInvalid, TimerKind)
+	})
 	return nil
 }
 

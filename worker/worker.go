@@ -219,7 +219,10 @@ func New(cfg Config) (*Worker, error) {
 	}
 	observer = stats.Tee(observer, rec)
 	c, err := consumer.New(consumer.Config{
-		Store: cfg.Store, Handler: cfg.Mux, WorkerID: cfg.ID, Kinds: slices.Clone(kinds),
+		Store: cfg.Store, Handler: cfg.Mux, WorkerID: cfg.ID,
+		// Every worker fires flow timers (sleep steps, signal timeouts),
+		// whatever kinds it was told to run.
+		Kinds:       append(slices.Clone(kinds), flow.TimerKind),
 		Concurrency: cfg.Concurrency, ShutdownTimeout: cfg.ShutdownTimeout, RetryPolicy: cfg.RetryPolicy,
 		Logger: cfg.Logger, Observer: observer,
 	})
