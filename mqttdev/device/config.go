@@ -44,10 +44,31 @@ type Config struct {
 	DropAckRate float64
 	// Heartbeat is the period of the online status republish; zero means 5s.
 	Heartbeat time.Duration
+	// Attributes, when set, gives device i (id) the attributes it
+	// announces in its online statuses (model, firmware, site...).
+	Attributes func(i int, id string) protocol.Labels
+	// Behavior, when set, gives device i a behaviour of its own: always
+	// failing, away for good, or slow.
+	Behavior func(i int) Behavior
 	// Seed makes the random choices repeatable.
 	Seed int64
 	// Logger gets the devices' logs; nil discards them.
 	Logger *slog.Logger
+}
+
+// Behavior is one device's own behaviour, beside the fleet's rates.
+type Behavior struct {
+	// Fail makes every command the device runs report failure (not the
+	// commands named in Succeed).
+	Fail bool
+	// Succeed names commands that succeed even on a failing device (a
+	// rollback that works where the update did not).
+	Succeed []string
+	// Offline: the device connects once, announces itself, then drops
+	// (the broker sends its will) and stays away.
+	Offline bool
+	// Latency, when positive, replaces Config.Latency for this device.
+	Latency time.Duration
 }
 
 func (c *Config) validate() error {

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,6 +27,8 @@ type attemptKey struct {
 type Device struct {
 	id     string
 	cfg    *Config
+	attrs  protocol.Labels
+	behave Behavior
 	topics protocol.Topics
 	tr     protocol.Transport
 	logger *slog.Logger
@@ -95,10 +98,22 @@ func (d *Device) dial(u *url.URL, tc *tls.Config) (net.Conn, error) {
 
 func (d *Device) onConnect() {
 	d.publishStatus(true)
+	if d.behave.Offline {
+		d.mu.Lock()
+		gone := d.counts.Outages > 0
+		d.mu.Unlock()
+		if !gone {
+			go d.GoOffline(24 * time.Hour)
+		}
+	}
 }
 
 func (d *Device) publishStatus(online bool) {
-	b, _ := protocol.Encode(protocol.Status{Online: online, At: time.Now().UTC()})
+	st := protocol.Status{Online: online, At: time.Now().UTC()}
+	if online {
+		st.Attributes = d.attrs
+	}
+	b, _ := protocol.Encode(st)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := d.tr.Publish(ctx, d.topics.Device(d.id, protocol.TopicStatus), true, b); err != nil {
@@ -222,9 +237,14 @@ func (d *Device) execute(ctx context.Context) {
 		d.running = &c
 		d.mu.Unlock()
 
-		run := Run{Device: d.id, TaskKey: c.TaskKey, Attempt: c.Attempt, CorrelationID: c.CorrelationID, Command: c.Command, Start: time.Now().UTC()}
-		if d.cfg.Latency > 0 {
-			t := time.NewTimer(d.cfg.Latency)
+		run := Run{Device: d.id, TaskKey: c.TaskKey, Attempt: c.Attempt, CorrelationID: c.CorrelationID, Command: c.Command,
+			SentAt: c.SentAt, Start: time.Now().UTC()}
+		latency := d.cfg.Latency
+		if d.behave.Latency > 0 {
+			latency = d.behave.Latency
+		}
+		if latency > 0 {
+			t := time.NewTimer(latency)
 			select {
 			case <-t.C:
 			case <-ctx.Done():
@@ -233,7 +253,7 @@ func (d *Device) execute(ctx context.Context) {
 			}
 		}
 		d.mu.Lock()
-		fail := d.rng.Float64() < d.cfg.FailRate
+		fail := d.rng.Float64() < d.cfg.FailRate || (d.behave.Fail && !slices.Contains(d.behave.Succeed, c.Command))
 		offline := d.rng.Float64() < d.cfg.OfflineRate
 		run.End, run.OK = time.Now().UTC(), !fail
 		res := protocol.Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: c.Attempt, OK: !fail}

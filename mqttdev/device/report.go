@@ -10,14 +10,16 @@ import (
 
 // Run is one command a simulated device ran.
 type Run struct {
-	Device        string    `json:"device"`
-	TaskKey       string    `json:"task_key"`
-	Attempt       int       `json:"attempt"`
-	CorrelationID string    `json:"correlation_id"`
-	Command       string    `json:"command"`
-	Start         time.Time `json:"start"`
-	End           time.Time `json:"end"`
-	OK            bool      `json:"ok"`
+	Device        string `json:"device"`
+	TaskKey       string `json:"task_key"`
+	Attempt       int    `json:"attempt"`
+	CorrelationID string `json:"correlation_id"`
+	Command       string `json:"command"`
+	// SentAt is when the worker sent the copy the device ran.
+	SentAt time.Time `json:"sent_at"`
+	Start  time.Time `json:"start"`
+	End    time.Time `json:"end"`
+	OK     bool      `json:"ok"`
 }
 
 // Overlap is a command that arrived while another ran (or waited) on the

@@ -45,6 +45,15 @@ func NewSimulator(cfg Config) (*Simulator, error) {
 			counts:  Counts{ID: id},
 			logger:  cfg.Logger.With(slog.String("device", id)),
 		}
+		if cfg.Attributes != nil {
+			d.attrs = cfg.Attributes(i, id)
+			if err := d.attrs.Validate("attributes"); err != nil {
+				return nil, fmt.Errorf("simulator: device %s: %w", id, err)
+			}
+		}
+		if cfg.Behavior != nil {
+			d.behave = cfg.Behavior(i)
+		}
 		tr, err := protocol.NewClient(protocol.ClientConfig{
 			BrokerURL: cfg.BrokerURL,
 			ClientID:  "leasepool-sim-" + id,
