@@ -1,9 +1,13 @@
 package web
 
 // The flows API: publish a flow from its JSON (as `leasepool flow publish`
-// reads it), one flow, the list, cancel (with rollback if asked) and retry.
+// reads it), one flow, the list, cancel (with rollback if asked), retry,
+// and a signal to a signal step.
 
 import (
+	"bytes"
+	"errors"
+	"io"
 	"net/http"
 	"strconv"
 
@@ -122,4 +126,32 @@ func (a *api) flowAction(w http.ResponseWriter, r *http.Request, verb string, fn
 	}
 	a.log.Info("web: flow "+verb, "key", key)
 	writeJSON(w, http.StatusOK, f)
+}
+
+// signalFlow sends the signal step {step} of flow {key} its signal; the
+// body, if any, is the payload (one JSON value), the step's result. 404:
+// no such flow or step; 409: the step has its signal already or the flow
+// is not pending or running; 400: not a signal step, or a bad payload.
+func (a *api) signalFlow(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxPublishBody)
+	payload, err := io.ReadAll(r.Body)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	key, step := r.PathValue("key"), r.PathValue("step")
+	f, err := flow.Signal(r.Context(), a.store, key, step, bytes.TrimSpace(payload))
+	switch {
+	case errors.Is(err, flow.ErrStepNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, flow.ErrAlreadySignalled):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, flow.ErrNotSignalStep):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case err != nil:
+		a.fail(w, r, err)
+	default:
+		a.log.Info("web: flow signalled", "key", key, "step", step)
+		writeJSON(w, http.StatusOK, f)
+	}
 }

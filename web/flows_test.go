@@ -99,3 +99,47 @@ func TestDashboardFlows(t *testing.T) {
 	}
 	e.wantPage("/flow?key=db-1", 200, ">rolling_back<")
 }
+
+// TestFlowSignalAPI: POST /api/v1/flows/{key}/signal/{step} ends a signal
+// step's wait with the body as its payload; every refusal has its status.
+func TestFlowSignalAPI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	const approval = `{"key":"vm-1","steps":[
+ {"name":"approval","type":"signal","timeout":"24h"},
+ {"name":"create","kind":"noop","needs":["approval"]},
+ {"name":"ack","type":"signal","needs":["create"]}]}`
+	if code, body := e.do("POST", "/api/v1/flows", approval); code != http.StatusCreated {
+		t.Fatalf("publish = %d %s", code, body)
+	}
+	for _, tt := range []struct {
+		path, body string
+		code       int
+		want       string
+	}{
+		{"/api/v1/flows/nope/signal/approval", "", http.StatusNotFound, "flow not found"},
+		{"/api/v1/flows/vm-1/signal/nope", "", http.StatusNotFound, "flow step not found"},
+		{"/api/v1/flows/vm-1/signal/create", "", http.StatusBadRequest, "not a signal step"},
+		{"/api/v1/flows/vm-1/signal/approval", `{"by":`, http.StatusBadRequest, "payload"},
+		{"/api/v1/flows/vm-1/signal/approval", ` {"by":"ann"}` + "\n", http.StatusOK, `"approval":{"by":"ann"}`},
+		{"/api/v1/flows/vm-1/signal/approval", `{"by":"bob"}`, http.StatusConflict, "already signalled"},
+		// A step not yet started keeps its signal; an empty body is null.
+		{"/api/v1/flows/vm-1/signal/ack", "", http.StatusOK, `"signal":{"at":`},
+		{"/api/v1/flows/vm-1/signal/ack", "", http.StatusConflict, "already signalled"},
+	} {
+		code, body := e.do("POST", tt.path, tt.body)
+		if code != tt.code || !strings.Contains(body, tt.want) {
+			t.Errorf("POST %s %q = %d %s; want %d with %s", tt.path, tt.body, code, body, tt.code, tt.want)
+		}
+	}
+	if code, body := e.do("POST", "/api/v1/flows/vm-1/cancel", ""); code != 200 {
+		t.Fatalf("cancel = %d %s", code, body)
+	}
+	if code, body := e.do("POST", "/api/v1/flows/vm-1/signal/ack", ""); code != http.StatusConflict || !strings.Contains(body, "flow finished") {
+		t.Errorf("signal to a cancelled flow = %d %s, want 409", code, body)
+	}
+	ro := newEnv(t, web.Config{ReadOnly: true})
+	if code, _ := ro.do("POST", "/api/v1/flows/vm-1/signal/ack", ""); code != http.StatusForbidden {
+		t.Errorf("read-only signal = %d, want 403", code)
+	}
+}

@@ -129,6 +129,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /api/v1/flows/{key}", a.getFlow)
 	mux.HandleFunc("POST /api/v1/flows/{key}/cancel", a.write(a.cancelFlow))
 	mux.HandleFunc("POST /api/v1/flows/{key}/retry", a.write(a.retryFlow))
+	mux.HandleFunc("POST /api/v1/flows/{key}/signal/{step}", a.write(a.signalFlow))
 	mux.HandleFunc("GET /api/v1/pauses", a.listPauses)
 	mux.HandleFunc("POST /api/v1/pauses", a.write(a.pause))
 	mux.HandleFunc("DELETE /api/v1/pauses", a.write(a.resume))

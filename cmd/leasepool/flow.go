@@ -52,6 +52,7 @@ func flowCommand() *cli.Command {
 					return flow.Cancel(c.Context, s, key, c.Bool("rollback"))
 				}),
 			},
+			flowSignalCommand(),
 			{
 				Name: "retry", Usage: "run a failed or cancelled flow again from the first step whose work does not stand",
 				ArgsUsage: "KEY",
@@ -141,6 +142,9 @@ func flowKinds(spec flow.Spec) ([]kindRef, error) {
 	}
 	for i, st := range spec.Steps {
 		field := fmt.Sprintf("steps[%d]", i)
+		if st.StepType() != flow.TypeTask {
+			continue // a signal or sleep step runs no task of its own
+		}
 		if err := check(field, st.Action); err != nil {
 			return nil, err
 		}
@@ -197,9 +201,20 @@ func flowList(c *cli.Context) error {
 	return tw.Flush()
 }
 
+// cursorText names the steps running (or rolling back), or where the
+// flow stopped.
 func cursorText(f *flow.Flow) string {
 	if len(f.Steps) == 0 {
 		return "-"
+	}
+	var running []string
+	for i, p := range f.Progress {
+		if p.Do.State == flow.RunActive || p.Undo.State == flow.RunActive {
+			running = append(running, f.Steps[i].Name)
+		}
+	}
+	if len(running) > 1 {
+		return fmt.Sprintf("steps %s of %d", strings.Join(running, ", "), len(f.Steps))
 	}
 	return fmt.Sprintf("step %d/%d %s", f.Cursor+1, len(f.Steps), f.Steps[f.Cursor].Name)
 }
