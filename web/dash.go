@@ -35,7 +35,7 @@ import (
 var assets embed.FS
 
 // pageNames are the pages, each templates/NAME.html inside layout.html.
-var pageNames = []string{"overview", "tasks", "task", "flows", "flow", "workers", "devices", "controls", "error"}
+var pageNames = []string{"overview", "tasks", "task", "flows", "flow", "workers", "devices", "rollouts", "rollout", "controls", "error"}
 
 // dashboard serves the pages and their actions.
 type dashboard struct {
@@ -75,6 +75,11 @@ func (d *dashboard) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /flow/retry", d.action(d.retryFlow))
 	mux.HandleFunc("GET /workers", d.workers)
 	mux.HandleFunc("GET /devices", d.devices)
+	mux.HandleFunc("GET /rollouts", d.rollouts)
+	mux.HandleFunc("GET /rollout", d.rollout)
+	mux.HandleFunc("POST /rollout/pause", d.action(d.rolloutAction("pause")))
+	mux.HandleFunc("POST /rollout/resume", d.action(d.rolloutAction("resume")))
+	mux.HandleFunc("POST /rollout/approve", d.action(d.rolloutAction("approve")))
 	mux.HandleFunc("GET /controls", d.controls)
 	mux.HandleFunc("POST /task/cancel", d.action(d.cancelTask))
 	mux.HandleFunc("POST /task/retry", d.action(d.retryTask))
@@ -190,21 +195,27 @@ func withMsg(to, msg string) string {
 // (and bulkFlash's counts) are ever shown: a link carrying any other text
 // shows nothing, so nobody can put their words on the dashboard.
 var flashes = map[string]string{
-	"cancelled":           "task cancelled",
-	"retried":             "task retried",
-	"cancel-refused":      "not cancelled: the task has already finished",
-	"retry-refused":       "not retried: the task has not finished",
-	"flow-cancelled":      "flow cancelled",
-	"flow-retried":        "flow retried",
-	"flow-cancel-refused": "not cancelled: the flow has already finished",
-	"flow-retry-refused":  "not retried: the flow has not finished",
-	"none-selected":       "no task selected",
-	"paused":              "paused",
-	"already-paused":      "already paused",
-	"resumed":             "resumed",
-	"not-paused":          "was not paused",
-	"schedule-paused":     "schedule paused",
-	"schedule-resumed":    "schedule resumed",
+	"cancelled":               "task cancelled",
+	"retried":                 "task retried",
+	"cancel-refused":          "not cancelled: the task has already finished",
+	"retry-refused":           "not retried: the task has not finished",
+	"flow-cancelled":          "flow cancelled",
+	"flow-retried":            "flow retried",
+	"flow-cancel-refused":     "not cancelled: the flow has already finished",
+	"flow-retry-refused":      "not retried: the flow has not finished",
+	"none-selected":           "no task selected",
+	"paused":                  "paused",
+	"already-paused":          "already paused",
+	"resumed":                 "resumed",
+	"not-paused":              "was not paused",
+	"schedule-paused":         "schedule paused",
+	"schedule-resumed":        "schedule resumed",
+	"rollout-paused":          "rollout paused: running commands finish, nothing new is sent",
+	"rollout-resumed":         "rollout resumed",
+	"rollout-approved":        "next wave approved",
+	"rollout-pause-refused":   "not paused: the rollout is not running",
+	"rollout-resume-refused":  "not resumed: the rollout is not paused",
+	"rollout-approve-refused": "not approved: no wave waits for an approval",
 }
 
 // bulkFlash is a bulk action's code: "cancelled-DONE-SKIPPED" or
@@ -281,7 +292,9 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(of))
 	},
-	"taskURL":  func(key string) string { return "/task?key=" + url.QueryEscape(key) },
-	"rangeURL": rangeURL,
-	"join":     strings.Join,
+	"taskURL":    func(key string) string { return "/task?key=" + url.QueryEscape(key) },
+	"rangeURL":   rangeURL,
+	"rolloutURL": rolloutURL,
+	"inc":        func(i int) int { return i + 1 },
+	"join":       strings.Join,
 }

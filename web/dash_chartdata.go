@@ -9,6 +9,7 @@ import (
 	"html/template"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/leasepool/leasepool/stats"
 )
@@ -35,8 +36,9 @@ const maxKindCharts = 12
 type overviewCharts struct {
 	Range  chartRange
 	Ranges []chartRange
-	// All is every kind's throughput, Totals its sums.
-	All    template.HTML
+	// All is every kind's throughput (AllNarrow drawn for a phone's
+	// width), Totals its sums.
+	All, AllNarrow template.HTML
 	Totals stats.Counts
 	Kinds  []kindChart
 	// MoreKinds is how many kinds with attempts in the range have no chart.
@@ -74,7 +76,8 @@ func (d *dashboard) readCharts(ctx context.Context, rg chartRange) (*overviewCha
 	if err != nil {
 		return nil, err
 	}
-	c := &overviewCharts{Range: rg, Ranges: chartRanges, Totals: s.Sum("*"), All: throughputChart("chart-all", "*", s)}
+	c := &overviewCharts{Range: rg, Ranges: chartRanges, Totals: s.Sum("*"), All: throughputChart("chart-all", "*", s, wideChart)}
+	c.AllNarrow = throughputChart("chart-all-narrow", "*", s, smallChart)
 	c.Empty = len(s.Kinds) == 0
 	for i, kind := range s.Kinds {
 		if i == maxKindCharts {
@@ -86,7 +89,7 @@ func (d *dashboard) readCharts(ctx context.Context, rg chartRange) (*overviewCha
 			name = "other kinds"
 		}
 		c.Kinds = append(c.Kinds, kindChart{Kind: kind, Name: name, Counts: s.Sum(kind),
-			Chart: throughputChart("chart-kind-"+strconv.Itoa(i), kind, s)})
+			Chart: throughputChart("chart-kind-"+strconv.Itoa(i), kind, s, smallChart)})
 	}
 	c.Pending = queueChart("chart-pending", "pending tasks", s,
 		func(q stats.Queue) float64 { return float64(q.Pending) }, num)
@@ -95,9 +98,9 @@ func (d *dashboard) readCharts(ctx context.Context, rg chartRange) (*overviewCha
 	return c, nil
 }
 
-// durationSeconds is the oldest ready task's wait in whole seconds.
+// durationSeconds is the oldest ready task's wait in seconds.
 func durationSeconds(q stats.Queue) float64 {
-	return float64(int64(q.OldestReady) / 1e9)
+	return time.Duration(q.OldestReady).Seconds()
 }
 
 // rangeURL is the overview's address for range name.

@@ -20,17 +20,30 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// Chart geometry, in the viewBox's units; the chart scales to its box.
+// Chart geometry, in the viewBox's units; the chart scales to its box, so
+// a chart's width is about its box's in pixels (text keeps its size).
 const (
-	chartW    = 600
-	chartH    = 150
 	padLeft   = 40
 	padRight  = 8
 	padTop    = 8
 	padBottom = 20
-	plotW     = chartW - padLeft - padRight
-	plotH     = chartH - padTop - padBottom
 )
+
+// geom is a time chart's size in its viewBox.
+type geom struct{ w, h int }
+
+func (g geom) plotW() float64 { return float64(g.w - padLeft - padRight) }
+func (g geom) plotH() float64 { return float64(g.h - padTop - padBottom) }
+
+// The time charts' sizes: a grid cell's, and the full width's, whose text
+// would otherwise be drawn twice as large.
+var (
+	smallChart = geom{400, 160}
+	wideChart  = geom{wideW, 220}
+)
+
+// wideW is the width of the charts that take a page's full width.
+const wideW = 1200
 
 // svgBuf writes SVG markup.
 type svgBuf struct{ strings.Builder }
@@ -97,18 +110,18 @@ func num(v float64) string {
 
 // axes draws the y axis from 0 to top (labelled by label) and the time
 // axis under n buckets from start, step apart.
-func (b *svgBuf) axes(top float64, label func(float64) string, start time.Time, step time.Duration, n int) {
+func (b *svgBuf) axes(g geom, top float64, label func(float64) string, start time.Time, step time.Duration, n int) {
 	b.f(`<g class="axis">`)
 	for _, frac := range []float64{0, 0.5, 1} {
-		y := padTop + plotH - frac*plotH
-		b.f(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" class="grid"/>`, padLeft, y, chartW-padRight, y)
+		y := padTop + g.plotH() - frac*g.plotH()
+		b.f(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" class="grid"/>`, padLeft, y, g.w-padRight, y)
 		b.f(`<text x="%d" y="%.1f" text-anchor="end">%s</text>`, padLeft-4, y+4, esc(label(frac*top)))
 	}
 	for _, i := range []int{0, n / 2, n - 1} {
 		if n < 2 && i > 0 {
 			break
 		}
-		x := padLeft + (float64(i)+0.5)*plotW/float64(n)
+		x := padLeft + (float64(i)+0.5)*g.plotW()/float64(n)
 		anchor := "middle"
 		switch i {
 		case 0:
@@ -116,7 +129,7 @@ func (b *svgBuf) axes(top float64, label func(float64) string, start time.Time, 
 		case n - 1:
 			anchor = "end"
 		}
-		b.f(`<text x="%.1f" y="%d" text-anchor="%s">%s</text>`, x, chartH-5, anchor, start.Add(time.Duration(i)*step).UTC().Format("15:04"))
+		b.f(`<text x="%.1f" y="%d" text-anchor="%s">%s</text>`, x, g.h-5, anchor, start.Add(time.Duration(i)*step).UTC().Format("15:04"))
 	}
 	b.f(`</g>`)
 }
@@ -141,7 +154,7 @@ func countsAttrs(c stats.Counts) string {
 // throughputChart draws the attempts of kind ("*": every kind) ended per
 // bucket of s as stacked bars: succeeded, failed, retried, cancelled or
 // expired. The svg element carries the series' totals.
-func throughputChart(id, kind string, s stats.Series) template.HTML {
+func throughputChart(id, kind string, s stats.Series, g geom) template.HTML {
 	counts := make([]stats.Counts, len(s.Buckets))
 	var top int64
 	for i, bk := range s.Buckets {
@@ -162,7 +175,7 @@ func throughputChart(id, kind string, s stats.Series) template.HTML {
 	total := s.Sum(kind)
 	var b svgBuf
 	b.open(id, "throughput", fmt.Sprintf("%s: %d succeeded, %d failed, %d retried, %d cancelled, %d expired",
-		name, total.Succeeded, total.Failed, total.Retried, total.Cancelled, total.Expired), chartW, chartH)
+		name, total.Succeeded, total.Failed, total.Retried, total.Cancelled, total.Expired), g.w, g.h)
 	b.f(` data-kind="%s" data-step="%s" %s>`, esc(kind), s.Step, countsAttrs(total))
 	b.f(`<title>%s</title>`, esc(name))
 	if len(s.Buckets) == 0 {
@@ -170,8 +183,8 @@ func throughputChart(id, kind string, s stats.Series) template.HTML {
 		return template.HTML(b.String())
 	}
 	ymax := niceMax(float64(top))
-	b.axes(ymax, num, s.Buckets[0].Start, s.Step, len(s.Buckets))
-	bw := float64(plotW) / float64(len(s.Buckets))
+	b.axes(g, ymax, num, s.Buckets[0].Start, s.Step, len(s.Buckets))
+	bw := g.plotW() / float64(len(s.Buckets))
 	for i, c := range counts {
 		if c.Total() == 0 {
 			continue
@@ -181,13 +194,13 @@ func throughputChart(id, kind string, s stats.Series) template.HTML {
 		b.f(`<title>%s %s: %d succeeded, %d failed, %d retried, %d cancelled, %d expired</title>`, start.Format("15:04"),
 			esc(name), c.Succeeded, c.Failed, c.Retried, c.Cancelled, c.Expired)
 		x := padLeft + float64(i)*bw + bw*0.1
-		y := float64(padTop + plotH)
+		y := padTop + g.plotH()
 		for _, part := range outcomeParts {
 			n := part.n(c)
 			if n == 0 {
 				continue
 			}
-			h := float64(n) / ymax * plotH
+			h := float64(n) / ymax * g.plotH()
 			y -= h
 			b.f(`<rect class="s-%s" x="%.2f" y="%.2f" width="%.2f" height="%.2f"/>`, part.class, x, y, bw*0.8, h)
 		}
@@ -212,7 +225,8 @@ func queueChart(id, what string, s stats.Series, value func(stats.Queue) float64
 		}
 	}
 	var b svgBuf
-	b.open(id, "queue", what, chartW, chartH)
+	g := smallChart
+	b.open(id, "queue", what, g.w, g.h)
 	b.f(` data-samples="%d" data-max="%s" data-last="%s">`, sampled, num(top), num(last))
 	b.f(`<title>%s</title>`, esc(what))
 	if len(s.Buckets) == 0 {
@@ -220,8 +234,8 @@ func queueChart(id, what string, s stats.Series, value func(stats.Queue) float64
 		return template.HTML(b.String())
 	}
 	ymax := niceMax(top)
-	b.axes(ymax, label, s.Buckets[0].Start, s.Step, len(s.Buckets))
-	bw := float64(plotW) / float64(len(s.Buckets))
+	b.axes(g, ymax, label, s.Buckets[0].Start, s.Step, len(s.Buckets))
+	bw := g.plotW() / float64(len(s.Buckets))
 	var path strings.Builder
 	pen := "M"
 	for i, bk := range s.Buckets {
@@ -230,7 +244,7 @@ func queueChart(id, what string, s stats.Series, value func(stats.Queue) float64
 			continue
 		}
 		x := padLeft + (float64(i)+0.5)*bw
-		y := padTop + plotH - value(*bk.Queue)/ymax*plotH
+		y := padTop + g.plotH() - value(*bk.Queue)/ymax*g.plotH()
 		fmt.Fprintf(&path, "%s%.2f %.2f ", pen, x, y)
 		pen = "L"
 	}
@@ -243,7 +257,7 @@ func queueChart(id, what string, s stats.Series, value func(stats.Queue) float64
 		}
 		v := value(*bk.Queue)
 		x := padLeft + (float64(i)+0.5)*bw
-		y := padTop + plotH - v/ymax*plotH
+		y := padTop + g.plotH() - v/ymax*g.plotH()
 		b.f(`<circle class="dot" cx="%.2f" cy="%.2f" r="2.5" data-value="%s"><title>%s %s: %s</title></circle>`,
 			x, y, num(v), bk.Start.UTC().Format("15:04"), esc(what), esc(label(v)))
 	}
@@ -253,7 +267,7 @@ func queueChart(id, what string, s stats.Series, value func(stats.Queue) float64
 
 // secondsLabel is a wait in seconds as a short duration.
 func secondsLabel(v float64) string {
-	return (time.Duration(v) * time.Second).String()
+	return time.Duration(v * float64(time.Second)).Round(100 * time.Millisecond).String()
 }
 
 // timelineChart draws a task's attempts as bars on one time axis, the
@@ -286,17 +300,17 @@ func timelineChart(id string, rows []attemptRow, now time.Time) template.HTML {
 		}
 		last = maxTime(last, till)
 	}
-	const rowH, labelW = 22, 120
+	const rowH, labelW = 22, 160
 	h := padTop + rowH*max(len(spans), 1) + padBottom
 	var b svgBuf
-	b.open(id, "timeline", fmt.Sprintf("%d attempts", len(spans)), chartW, h)
+	b.open(id, "timeline", fmt.Sprintf("%d attempts", len(spans)), wideW, h)
 	b.f(` data-attempts="%d">`, len(spans))
 	b.f(`<title>attempts</title>`)
 	total := last.Sub(first)
 	if total <= 0 {
 		total = time.Millisecond
 	}
-	width := float64(chartW - labelW - padRight)
+	width := float64(wideW - labelW - padRight)
 	for i, s := range spans {
 		y := padTop + i*rowH
 		x := labelW + float64(s.from.Sub(first))/float64(total)*width
@@ -305,12 +319,12 @@ func timelineChart(id string, rows []attemptRow, now time.Time) template.HTML {
 		b.f(`<g class="attempt" data-attempt="%d" data-outcome="%s" data-worker="%s">`, e.Attempt, esc(string(s.row.Shown)), esc(e.WorkerID))
 		b.f(`<title>#%d %s: %s, %s to %s (%s)%s</title>`, e.Attempt, esc(e.WorkerID), esc(string(s.row.Shown)),
 			s.from.UTC().Format("15:04:05.000"), s.till.UTC().Format("15:04:05.000"), s.till.Sub(s.from).Round(time.Millisecond), errNote(e.Error))
-		b.f(`<text class="label" x="0" y="%d">#%d %s</text>`, y+15, e.Attempt, esc(clip(e.WorkerID, 14)))
+		b.f(`<text class="label" x="0" y="%d">#%d %s</text>`, y+15, e.Attempt, esc(clip(e.WorkerID, 20)))
 		b.f(`<rect class="w-%s" x="%.2f" y="%d" width="%.2f" height="%d"/>`, esc(string(s.row.Shown)), x, y+3, w, rowH-6)
 		b.f(`</g>`)
 	}
 	b.f(`<g class="axis"><text x="%d" y="%d">%s</text><text x="%d" y="%d" text-anchor="end">%s (%s)</text></g>`,
-		labelW, h-5, first.UTC().Format("15:04:05"), chartW-padRight, h-5, last.UTC().Format("15:04:05"), total.Round(time.Millisecond))
+		labelW, h-5, first.UTC().Format("15:04:05"), wideW-padRight, h-5, last.UTC().Format("15:04:05"), total.Round(time.Millisecond))
 	b.f(`</svg>`)
 	return template.HTML(b.String())
 }
@@ -348,31 +362,31 @@ type barItem struct {
 // barList draws labelled counts as horizontal bars, largest scale first
 // as given.
 func barList(id, what string, items []barItem) template.HTML {
-	const rowH, labelW = 20, 150
+	const w, rowH, labelW = 400, 20, 130
 	h := padTop + rowH*max(len(items), 1) + 4
 	top := 0
 	for _, it := range items {
 		top = max(top, it.N)
 	}
 	var b svgBuf
-	b.open(id, "bars", what, chartW, h)
+	b.open(id, "bars", what, w, h)
 	b.f(` data-items="%d">`, len(items))
 	b.f(`<title>%s</title>`, esc(what))
-	width := float64(chartW - labelW - 60)
+	width := float64(w - labelW - 50)
 	for i, it := range items {
 		y := padTop + i*rowH
-		w := 0.0
+		bw := 0.0
 		if top > 0 {
-			w = math.Max(float64(it.N)/float64(top)*width, 1)
+			bw = math.Max(float64(it.N)/float64(top)*width, 1)
 		}
 		class := it.Class
 		if class == "" {
 			class = "bar"
 		}
 		b.f(`<g class="item" data-label="%s" data-n="%d"><title>%s: %d</title>`, esc(it.Label), it.N, esc(it.Label), it.N)
-		b.f(`<text class="label" x="0" y="%d">%s</text>`, y+14, esc(clip(it.Label, 22)))
-		b.f(`<rect class="%s" x="%d" y="%d" width="%.2f" height="%d"/>`, esc(class), labelW, y+3, w, rowH-6)
-		b.f(`<text x="%.2f" y="%d">%d</text></g>`, float64(labelW)+w+4, y+14, it.N)
+		b.f(`<text class="label" x="0" y="%d">%s</text>`, y+14, esc(clip(it.Label, 18)))
+		b.f(`<rect class="%s" x="%d" y="%d" width="%.2f" height="%d"/>`, esc(class), labelW, y+3, bw, rowH-6)
+		b.f(`<text x="%.2f" y="%d">%d</text></g>`, float64(labelW)+bw+4, y+14, it.N)
 	}
 	b.f(`</svg>`)
 	return template.HTML(b.String())
@@ -411,16 +425,16 @@ type rolloutBars struct {
 // abort threshold as a dashed line on every bar and on a bar of the
 // failure rate so far, and the next wave's gate.
 func rolloutChart(id string, r rolloutBars) template.HTML {
-	const rowH, labelW, right = 30, 110, 150
+	const rowH, labelW, right = 34, 130, 290
 	rows := len(r.Waves) + 1
 	h := padTop + rowH*rows + 6
-	width := float64(chartW - labelW - right)
+	width := float64(wideW - labelW - right)
 	rate := 0.0
 	if r.Ended > 0 {
 		rate = 100 * float64(r.Failures) / float64(r.Ended)
 	}
 	var b svgBuf
-	b.open(id, "rollout", fmt.Sprintf("%d waves, failure rate %.1f%%, abort above %.1f%%", len(r.Waves), rate, r.AbortAt), chartW, h)
+	b.open(id, "rollout", fmt.Sprintf("%d waves, failure rate %.1f%%, abort above %.1f%%", len(r.Waves), rate, r.AbortAt), wideW, h)
 	b.f(` data-waves="%d" data-abort-at="%s" data-failure-rate="%.1f" data-ended="%d" data-failures="%d">`,
 		len(r.Waves), num(r.AbortAt), rate, r.Ended, r.Failures)
 	b.f(`<title>waves</title>`)

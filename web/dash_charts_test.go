@@ -105,7 +105,7 @@ func TestThroughputChartEscapesAndCounts(t *testing.T) {
 	}
 	s := series(start, 60, fill)
 	for _, kind := range append([]string{"*"}, hostile...) {
-		h := throughputChart("c", kind, s)
+		h := throughputChart("c", kind, s, smallChart)
 		for _, bad := range []string{"<script", "<svg onload", "<!--", "<![CDATA["} {
 			if strings.Contains(string(h), bad) {
 				t.Errorf("kind %q: the chart carries %s unescaped", kind, bad)
@@ -133,7 +133,7 @@ func TestThroughputChartEscapesAndCounts(t *testing.T) {
 	}
 	// The bars' heights are to scale: the tallest bucket of "*" is the
 	// one with the most attempts.
-	els := parseSVG(t, throughputChart("c", "*", s))
+	els := parseSVG(t, throughputChart("c", "*", s, wideChart))
 	rects := find(els, "rect", "s-succeeded")
 	if len(rects) != len(hostile) {
 		t.Fatalf("%d succeeded bars, want %d", len(rects), len(hostile))
@@ -194,8 +194,8 @@ func TestTimelineChart(t *testing.T) {
 	bars := find(els, "rect", "w-RUNNING")
 	x, _ := strconv.ParseFloat(bars[0].attrs["x"], 64)
 	w, _ := strconv.ParseFloat(bars[0].attrs["width"], 64)
-	if end := x + w; end < chartW-padRight-1 || end > chartW-padRight+1 {
-		t.Errorf("the running attempt ends at x=%.1f, want the right edge %d", end, chartW-padRight)
+	if end := x + w; end < wideW-padRight-1 || end > wideW-padRight+1 {
+		t.Errorf("the running attempt ends at x=%.1f, want the right edge %d", end, wideW-padRight)
 	}
 	parseSVG(t, timelineChart("tl", nil, now))
 }

@@ -92,6 +92,16 @@ func (d *dashboard) readFleet(ctx context.Context) (*fleetPage, error) {
 		return nil, err
 	}
 	p := &fleetPage{CommandsCapped: capped}
+	listed := make(map[string]bool, len(infos))
+	for _, in := range infos {
+		listed[in.ID] = true
+	}
+	for id := range attrs { // in the inventory only: labelled, never seen
+		if !listed[id] {
+			infos = append(infos, mqttdev.DeviceInfo{ID: id})
+		}
+	}
+	slices.SortFunc(infos, func(a, b mqttdev.DeviceInfo) int { return cmp.Compare(a.ID, b.ID) })
 	for _, in := range infos {
 		switch {
 		case !in.Known:
@@ -119,10 +129,20 @@ func (d *dashboard) readFleet(ctx context.Context) (*fleetPage, error) {
 	return p, nil
 }
 
-// deviceAttributes are the attributes of each device id known to the
-// inventory, none while no device announced any.
-func (d *dashboard) deviceAttributes(context.Context) (map[string]map[string]string, error) {
-	return nil, nil
+// deviceAttributes are each inventoried device's attributes, the
+// operator's labels over what it announced.
+func (d *dashboard) deviceAttributes(ctx context.Context) (map[string]map[string]string, error) {
+	inv, err := mqttdev.Inventories(ctx, d.store)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]map[string]string, len(inv))
+	for id, in := range inv {
+		if eff := in.Effective(); len(eff) > 0 {
+			out[id] = eff
+		}
+	}
+	return out, nil
 }
 
 // attributeNames are the attribute names any device has, sorted.
