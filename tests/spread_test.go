@@ -3,7 +3,7 @@ package tests
 // Figures for claim spreading across worker processes on one embedded
 // store, printed on demand (not a timed test): claim conflicts per task
 // with 1, 2, 4 and 8 idle worker processes while tasks are published at
-// 500/s, and a 20,000-task drain by 1 and by 4 processes, interleaved.
+// 500/s. The drain by 1 and by 4 processes is BenchmarkDrainScaling.
 //
 //	go test ./tests -run '^$' -bench SpreadFigures -benchtime 1x
 
@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -77,13 +76,20 @@ type figureWorkers struct {
 	addrs []string
 }
 
-func startFigureWorkers(t testing.TB, bin, url string, n, concurrency int) *figureWorkers {
+// startFigureWorkers starts n worker processes of the noop kind; global,
+// when not nil, gives worker i's flags before the command (a CPU profile).
+func startFigureWorkers(t testing.TB, bin, url string, n, concurrency int, global func(i int) []string) *figureWorkers {
 	t.Helper()
 	fw := &figureWorkers{}
 	for i := range n {
 		addr := freePort(t)
-		cmd := exec.Command(bin, "--store", url, "--log-level", "error", "worker", "--id", fmt.Sprintf("f%d", i),
+		args := []string{"--store", url, "--log-level", "error"}
+		if global != nil {
+			args = append(args, global(i)...)
+		}
+		args = append(args, "worker", "--id", fmt.Sprintf("f%d", i),
 			"--kinds", "noop", "--concurrency", strconv.Itoa(concurrency), "--metrics-addr", addr)
+		cmd := exec.Command(bin, args...)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -160,7 +166,7 @@ func BenchmarkSpreadFigures(t *testing.B) {
 	for _, n := range []int{1, 2, 4, 8} {
 		t.Run(fmt.Sprintf("conflicts-%d", n), func(t *testing.B) {
 			st, url := openFigureStore(t)
-			fw := startFigureWorkers(t, bin, url, n, 4)
+			fw := startFigureWorkers(t, bin, url, n, 4, nil)
 			waitLive(t, st, n)
 			tick := time.NewTicker(2 * time.Millisecond) // 500/s
 			for i := range tasks {
@@ -179,55 +185,6 @@ func BenchmarkSpreadFigures(t *testing.B) {
 			fmt.Printf("| %d | %d | %.0f | %.0f | %.3f |\n", n, tasks, claims, conflicts, conflicts/tasks)
 			fw.stop()
 		})
-	}
-
-	const drain = 20000
-	fmt.Println()
-	fmt.Println("| round | worker processes | concurrency each | tasks | tasks/s (first start to last end) |")
-	fmt.Println("|--:|--:|--:|--:|--:|")
-	for round := 1; round <= 2; round++ {
-		for _, n := range []int{1, 4} {
-			t.Run(fmt.Sprintf("drain-%d-round%d", n, round), func(t *testing.B) {
-				st, url := openFigureStore(t)
-				var wg sync.WaitGroup
-				for g := range 32 {
-					wg.Go(func() {
-						for i := g; i < drain; i += 32 {
-							if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("d%05d", i), Kind: "noop"}); err != nil {
-								t.Error(err)
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				fw := startFigureWorkers(t, bin, url, n, 32/n)
-				waitSucceeded(t, st, drain)
-				fw.stop()
-				var first, last time.Time
-				for after := int64(0); ; {
-					page, err := st.List(ctx, task.ListQuery{AfterSeq: after, Limit: 1000})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if len(page) == 0 {
-						break
-					}
-					for _, tk := range page {
-						for _, w := range tk.Workers {
-							if first.IsZero() || w.StartedAt.Before(first) {
-								first = w.StartedAt
-							}
-							if w.EndedAt.After(last) {
-								last = w.EndedAt
-							}
-						}
-					}
-					after = page[len(page)-1].Seq
-				}
-				fmt.Printf("| %d | %d | %d | %d | %.0f |\n", round, n, 32/n, drain, drain/last.Sub(first).Seconds())
-			})
-		}
 	}
 }
 

@@ -85,7 +85,8 @@ func TestSimScale(t *testing.T) {
 			f.Close()
 		}
 	}
-	var bad int
+	var bad, takeovers int
+	var takeoverMax time.Duration
 	for i := range *schedules {
 		r := run(t, sim.Config{Workers: 2 + i%7, Tasks: 40, PublishEvery: 3 * time.Millisecond,
 			Work: time.Duration(1+i%400) * time.Millisecond, Kill: 1 + i%3, PinEvery: 5, LockEvery: 3,
@@ -93,9 +94,12 @@ func TestSimScale(t *testing.T) {
 		if len(r.Violations) > 0 {
 			bad++
 		}
+		takeovers += r.Takeovers
+		takeoverMax = max(takeoverMax, r.TakeoverMax)
 	}
 	if *schedules > 0 {
-		fmt.Printf("%d fault schedules, %d with violations\n", *schedules, bad)
+		fmt.Printf("%d fault schedules, %d with violations; %d takeovers, the longest %s after the lease ended\n",
+			*schedules, bad, takeovers, takeoverMax.Round(time.Millisecond))
 	}
 }
 

@@ -1,0 +1,124 @@
+package tests
+
+// The drain figure of worker processes on one embedded store, printed on
+// demand (not a timed test): 20,000 pre-published noop tasks drained by
+// one process of concurrency 32 and by four of concurrency 8, in rounds
+// that alternate which goes first, so that load from other work on the
+// machine falls on both alike; the medians and their ratio are printed.
+//
+//	go test ./tests -run '^$' -bench DrainScaling -benchtime 1x
+//
+// LEASEPOOL_DRAIN_ROUNDS sets the number of rounds (default 3);
+// LEASEPOOL_DRAIN_PROFILE names a directory for each worker's CPU profile.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/task"
+)
+
+const drainTasks = 20000
+
+// BenchmarkDrainScaling prints tasks/s of 1 and of 4 worker processes
+// draining one embedded store, interleaved, and 4's median over 1's.
+func BenchmarkDrainScaling(b *testing.B) {
+	bin := fastBin(b)
+	rounds := 3
+	if v, err := strconv.Atoi(os.Getenv("LEASEPOOL_DRAIN_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	profiles := os.Getenv("LEASEPOOL_DRAIN_PROFILE")
+	rates := map[int][]float64{}
+	fmt.Println("| round | worker processes | concurrency each | tasks | tasks/s (first start to last end) | claim conflicts per task |")
+	fmt.Println("|--:|--:|--:|--:|--:|--:|")
+	for round := 1; round <= rounds; round++ {
+		order := []int{1, 4}
+		if round%2 == 0 {
+			order = []int{4, 1}
+		}
+		for _, n := range order {
+			b.Run(fmt.Sprintf("round%d-%dprocs", round, n), func(b *testing.B) {
+				var global func(int) []string
+				if profiles != "" {
+					global = func(i int) []string {
+						return []string{"--cpuprofile", filepath.Join(profiles, fmt.Sprintf("drain-r%d-n%d-w%d.pprof", round, n, i))}
+					}
+				}
+				rate, conflicts := drainOnce(b, bin, n, global)
+				rates[n] = append(rates[n], rate)
+				fmt.Printf("| %d | %d | %d | %d | %.0f | %.3f |\n", round, n, 32/n, drainTasks, rate, conflicts)
+			})
+		}
+	}
+	one, four := median(rates[1]), median(rates[4])
+	fmt.Printf("\nmedian tasks/s: 1 process %.0f, 4 processes %.0f; 4 drain %.0f %% of 1\n", one, four, 100*four/one)
+}
+
+// drainOnce publishes drainTasks noop tasks to a fresh store, drains them
+// with n worker processes of concurrency 32/n, and returns tasks/s from
+// the first attempt's start to the last one's end, and the claim
+// conflicts per task the workers counted.
+func drainOnce(b *testing.B, bin string, n int, global func(int) []string) (rate, conflictsPerTask float64) {
+	ctx := context.Background()
+	st, url := openFigureStore(b)
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			for i := g; i < drainTasks; i += 32 {
+				if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("d%05d", i), Kind: "noop"}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	fw := startFigureWorkers(b, bin, url, n, 32/n, global)
+	waitSucceeded(b, st, drainTasks)
+	var conflicts float64
+	for _, a := range fw.addrs {
+		conflicts += metricSum(b, a, "leasepool_claim_conflicts_total")
+	}
+	fw.stop()
+	var first, last time.Time
+	for after := int64(0); ; {
+		page, err := st.List(ctx, task.ListQuery{AfterSeq: after, Limit: 1000})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, tk := range page {
+			for _, w := range tk.Workers {
+				if first.IsZero() || w.StartedAt.Before(first) {
+					first = w.StartedAt
+				}
+				if w.EndedAt.After(last) {
+					last = w.EndedAt
+				}
+			}
+		}
+		after = page[len(page)-1].Seq
+	}
+	return drainTasks / last.Sub(first).Seconds(), conflicts / drainTasks
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
