@@ -322,3 +322,22 @@ func SelectDevices(ctx context.Context, ds task.DocumentStore, sel Selector) ([]
 	slices.Sort(out)
 	return out, nil
 }
+
+// ReplaceLabels sets device id's operator labels to labels exactly (none
+// for an empty map), and returns the entry as stored. Nothing is written
+// on an error, which wraps task.ErrInvalid and names the field.
+func ReplaceLabels(ctx context.Context, ds task.DocumentStore, id string, labels Labels) (Inventory, error) {
+	if err := ValidateID("device", id); err != nil {
+		return Inventory{}, err
+	}
+	if err := labels.Validate("labels"); err != nil {
+		return Inventory{}, err
+	}
+	return updateInventory(ctx, ds, id, func(inv *Inventory) (bool, error) {
+		if maps.Equal(inv.Labels, labels) {
+			return false, nil
+		}
+		inv.Labels = maps.Clone(labels)
+		return true, nil
+	})
+}

@@ -39,6 +39,7 @@ const (
 	TopicStatus    = protocol.TopicStatus
 	CodeStale      = protocol.CodeStale
 	CodeExpired    = protocol.CodeExpired
+	MaxLabels      = protocol.MaxLabels
 )
 
 // ErrBadMessage is wrapped by every decode error of a device message.

@@ -139,6 +139,16 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /api/v1/schedules", a.listSchedules)
 	mux.HandleFunc("POST /api/v1/schedules/{name}/pause", a.write(a.pauseSchedule))
 	mux.HandleFunc("POST /api/v1/schedules/{name}/resume", a.write(a.resumeSchedule))
+	mux.HandleFunc("PUT /api/v1/devices/{id}/labels", a.write(a.putDeviceLabels))
+	mux.HandleFunc("PATCH /api/v1/devices/{id}/labels", a.write(a.patchDeviceLabels))
+	mux.HandleFunc("GET /api/v1/rollouts", a.listRollouts)
+	mux.HandleFunc("POST /api/v1/rollouts", a.write(a.createRollout))
+	mux.HandleFunc("GET /api/v1/rollouts/{name}", a.getRollout)
+	mux.HandleFunc("POST /api/v1/rollouts/{name}/pause", a.write(a.rolloutAction("paused", a.pauseRollout)))
+	mux.HandleFunc("POST /api/v1/rollouts/{name}/resume", a.write(a.rolloutAction("resumed", a.resumeRollout)))
+	mux.HandleFunc("POST /api/v1/rollouts/{name}/cancel", a.write(a.rolloutAction("cancelled", a.cancelRollout)))
+	mux.HandleFunc("POST /api/v1/rollouts/{name}/approve", a.write(a.rolloutAction("approved", a.approveRollout)))
+	mux.HandleFunc("POST /api/v1/rollouts/{name}/retry-failed", a.write(a.rolloutAction("retried", a.retryFailedRollout)))
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}

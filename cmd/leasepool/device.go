@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -32,8 +34,15 @@ func mqttFlags() []cli.Flag {
 func deviceCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "device",
-		Usage: "MQTT device tools: a device simulator and an embedded broker",
+		Usage: "MQTT device tools: labels, a device simulator and an embedded broker",
 		Subcommands: []*cli.Command{
+			{
+				Name:      "label",
+				Usage:     "set (k=v) or remove (k-) a device's labels in the inventory; they override what the device announces",
+				ArgsUsage: "ID k=v|k- ...",
+				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the inventory entry as JSON"}},
+				Action:    deviceLabel,
+			},
 			{
 				Name:  "simulate",
 				Usage: "run simulated devices until interrupted (or --duration), then print what they saw",
@@ -47,6 +56,11 @@ func deviceCommand() *cli.Command {
 					&cli.Float64Flag{Name: "drop-ack-rate", Usage: "probability that a device sends no ack, in [0,1]"},
 					&cli.DurationFlag{Name: "heartbeat", Value: 5 * time.Second, Usage: "online status period"},
 					&cli.Int64Flag{Name: "seed", Value: 1, Usage: "random seed"},
+					&cli.StringSliceFlag{Name: "attr", Usage: "an attribute every device announces, k=v; k=v1|v2|... gives device i the value i modulo their count (repeatable)"},
+					&cli.IntFlag{Name: "fail-every", Usage: "every Nth device (index N-1, 2N-1, ...) fails every command"},
+					&cli.IntFlag{Name: "offline-every", Usage: "every Nth device (index 0, N, 2N, ...) announces itself, then stays offline"},
+					&cli.IntFlag{Name: "slow-every", Usage: "every Nth device (index 1, N+1, ...) runs commands in --slow-latency"},
+					&cli.DurationFlag{Name: "slow-latency", Value: 2 * time.Second, Usage: "how long a slow device's commands run"},
 					&cli.DurationFlag{Name: "duration", Usage: "stop after this long", DefaultText: "until interrupted"},
 					&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 				),
@@ -138,6 +152,44 @@ func simConfig(c *cli.Context) (device.Config, error) {
 	if err := mqttdev.ValidateID("id-prefix", cfg.IDPrefix); err != nil {
 		return cfg, fmt.Errorf("--id-prefix: %w", err)
 	}
+	attrs, err := simAttributes(c.StringSlice("attr"))
+	if err != nil {
+		return cfg, err
+	}
+	if len(attrs) > 0 {
+		cfg.Attributes = func(i int, _ string) mqttdev.Labels {
+			l := mqttdev.Labels{}
+			for k, vs := range attrs {
+				l[k] = vs[i%len(vs)]
+			}
+			return l
+		}
+	}
+	every := map[string]int{}
+	for _, name := range []string{"fail-every", "offline-every", "slow-every"} {
+		if every[name] = c.Int(name); every[name] < 0 {
+			return cfg, fmt.Errorf("--%s: must not be negative, got %d", name, every[name])
+		}
+	}
+	slow := c.Duration("slow-latency")
+	if slow <= 0 {
+		return cfg, fmt.Errorf("--slow-latency: must be a positive duration, got %s", slow)
+	}
+	if every["fail-every"]+every["offline-every"]+every["slow-every"] > 0 {
+		cfg.Behavior = func(i int) device.Behavior {
+			var b device.Behavior
+			if n := every["fail-every"]; n > 0 && i%n == n-1 {
+				b.Fail = true
+			}
+			if n := every["offline-every"]; n > 0 && i%n == 0 {
+				b.Offline = true
+			}
+			if n := every["slow-every"]; n > 0 && i%n == 1%n {
+				b.Latency = slow
+			}
+			return b
+		}
+	}
 	for _, r := range []struct {
 		name string
 		dst  *float64
@@ -175,6 +227,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 		Usage: "list devices: online state (as the workers recorded it in the store), running command and holder, queue length",
 		Flags: append(mqttFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+			&cli.StringFlag{Name: "select", Usage: "only devices whose labels match k=v,k!=v,..."},
 			&cli.BoolFlag{Name: "from-broker", Usage: "read online states from the broker's retained status messages instead of the store"},
 			&cli.DurationFlag{Name: "wait", Value: time.Second, Usage: "how long to collect status messages from the broker"},
 		),
@@ -185,6 +238,13 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 			}
 			if err := mqttdev.ValidateID("prefix", c.String("prefix")); err != nil {
 				return fmt.Errorf("--prefix: %w", err)
+			}
+			var sel mqttdev.Selector
+			if v := c.String("select"); c.IsSet("select") {
+				var err error
+				if sel, err = mqttdev.ParseSelector(v); err != nil {
+					return badFlag(c, "select", "%v", err)
+				}
 			}
 			s, err := openStore(c)
 			if err != nil {
@@ -214,6 +274,9 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 			if err != nil {
 				return err
 			}
+			if sel != nil {
+				infos = slices.DeleteFunc(infos, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels) })
+			}
 			if c.Bool("json") {
 				return deviceJSON(c.App.Writer, infos)
 			}
@@ -224,7 +287,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 
 func printDevices(w io.Writer, infos []mqttdev.DeviceInfo, haveStates bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tSTATE\tCURRENT\tCOMMAND\tHOLDER\tQUEUED")
+	fmt.Fprintln(tw, "DEVICE\tSTATE\tCURRENT\tCOMMAND\tHOLDER\tQUEUED\tLABELS")
 	for _, d := range infos {
 		state := "unknown"
 		switch {
@@ -239,7 +302,7 @@ func printDevices(w io.Writer, infos []mqttdev.DeviceInfo, haveStates bool) erro
 		if holder != "" {
 			holder = fmt.Sprintf("%s#%d", d.Holder, d.Attempt)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", d.ID, state, dash(d.Current), dash(d.Command), dash(holder), d.Queued)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", d.ID, state, dash(d.Current), dash(d.Command), dash(holder), d.Queued, dash(d.Labels.String()))
 	}
 	return tw.Flush()
 }
@@ -249,6 +312,58 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// simAttributes reads --attr k=v and k=v1|v2: each key's values.
+func simAttributes(flags []string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, f := range flags {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return nil, fmt.Errorf("--attr: %q: want k=v or k=v1|v2", f)
+		}
+		for _, one := range strings.Split(v, "|") {
+			if err := mqttdev.ValidateLabelKey(k); err != nil {
+				return nil, fmt.Errorf("--attr: %w", err)
+			}
+			if err := mqttdev.ValidateLabelValue(k, one); err != nil {
+				return nil, fmt.Errorf("--attr: %w", err)
+			}
+			out[k] = append(out[k], one)
+		}
+	}
+	if len(out) > mqttdev.MaxLabels {
+		return nil, fmt.Errorf("--attr: %d keys, more than %d", len(out), mqttdev.MaxLabels)
+	}
+	return out, nil
+}
+
+func deviceLabel(c *cli.Context) error {
+	if c.NArg() < 2 {
+		return badUsage(c, "want a device ID and at least one k=v or k-, got %d arguments", c.NArg())
+	}
+	id := c.Args().First()
+	if err := mqttdev.ValidateID("device", id); err != nil {
+		return err
+	}
+	ch, err := mqttdev.ParseLabelArgs(c.Args().Tail())
+	if err != nil {
+		return err
+	}
+	s, err := openStore(c, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	inv, err := mqttdev.SetLabels(c.Context, s, id, ch)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		return deviceJSON(c.App.Writer, inv)
+	}
+	fmt.Fprintf(c.App.Writer, "%s labels %s; effective %s\n", id, dash(inv.Labels.String()), dash(inv.Effective().String()))
+	return nil
 }
 
 func deviceJSON(w io.Writer, v any) error {

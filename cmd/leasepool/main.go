@@ -156,7 +156,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			eventsCommand(),
 			demoCommand(), benchCommand(), scheduleCommand(), retentionCommand(),
 			pauseCommand(), resumeCommand(), pausesCommand(), limitCommand(), serveCommand(),
-			deviceCommand(), devicesCommand(openStoreReadOnly), flowCommand(),
+			deviceCommand(), devicesCommand(openStoreReadOnly), flowCommand(), rolloutCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints the one-line error
 		OnUsageError:   onUsageError,

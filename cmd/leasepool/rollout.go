@@ -1,0 +1,318 @@
+package main
+
+// `leasepool rollout create|ls|show|pause|resume|cancel|approve|retry-failed`:
+// one device command sent to a fleet in waves (package rollout); every
+// `leasepool worker` runs the driver, one at a time.
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/rollout"
+	"github.com/leasepool/leasepool/task"
+)
+
+func rolloutCommand() *cli.Command {
+	nameAction := func(op func(c *cli.Context, s task.Store, name string) (*rollout.Rollout, error)) cli.ActionFunc {
+		return func(c *cli.Context) error {
+			name, err := rolloutName(c)
+			if err != nil {
+				return err
+			}
+			s, err := openStore(c, true)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			r, err := op(c, s, name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.Writer, "rollout %s: %s%s\n", r.Name, r.State, reasonSuffix(r.Reason))
+			return nil
+		}
+	}
+	return &cli.Command{
+		Name:  "rollout",
+		Usage: "send one device command to a fleet in waves, at a bounded rate, with abort rules and a rollback",
+		Subcommands: []*cli.Command{
+			{
+				Name: "create", Usage: "create a rollout (the workers' driver runs it)", ArgsUsage: "NAME",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "command", Required: true, Usage: "the device command"},
+					&cli.StringFlag{Name: "args", Usage: "the command's arguments, a JSON object"},
+					&cli.StringFlag{Name: "select", Usage: "devices by inventory labels: k=v,k!=v,..."},
+					&cli.StringFlag{Name: "devices", Usage: "devices by id: ID,ID,..."},
+					&cli.StringFlag{Name: "waves", Value: "100%", Usage: "cumulative wave targets, counts or percentages, the last 100%"},
+					&cli.BoolFlag{Name: "approve-waves", Usage: "every wave after the first waits for `rollout approve`"},
+					&cli.Float64Flag{Name: "gate-failures", Usage: "a wave failing this percentage or more holds the next for approval", DefaultText: "the lowest --abort-when percentage"},
+					&cli.StringFlag{Name: "rate", Usage: "at most N devices sent the command per DURATION: N/DURATION, e.g. 20/1m"},
+					&cli.StringFlag{Name: "abort-when", Usage: "abort rules, ';'-separated: KIND[|KIND]>P% [after N], KIND failed, refused, timed_out, offline or any"},
+					&cli.DurationFlag{Name: "timeout", Usage: "each device's time to send its result once it acked", DefaultText: mqttdev.DefaultResultTimeout.String()},
+					&cli.DurationFlag{Name: "offline-limit", Usage: "how long a command waits for an offline device before it counts as offline", DefaultText: rollout.DefaultOfflineLimit.String()},
+					&cli.IntFlag{Name: "retries", Usage: "more attempts per device after a failure"},
+					&cli.StringFlag{Name: "retry-on", Usage: "failure kinds retried (default any): failed,refused,timed_out,offline"},
+					&cli.StringFlag{Name: "rollback-command", Usage: "run on every device that succeeded when the rollout aborts"},
+					&cli.StringFlag{Name: "rollback-args", Usage: "the rollback command's arguments, a JSON object"},
+					&cli.IntFlag{Name: "priority", Usage: "priority of the device tasks"},
+					&cli.BoolFlag{Name: "json", Usage: "print the rollout's progress as JSON"},
+				},
+				Action: rolloutCreate,
+			},
+			{
+				Name: "ls", Usage: "list rollouts, newest first",
+				Flags:  []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print a JSON array of progress"}},
+				Action: rolloutList,
+			},
+			{
+				Name: "show", Usage: "print a rollout: state, waves with their counts and gates, thresholds, events", ArgsUsage: "NAME",
+				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "json", Usage: "print the progress as JSON"},
+					&cli.BoolFlag{Name: "devices", Usage: "list every device's execution too"},
+				},
+				Action: rolloutShow,
+			},
+			{
+				Name: "pause", Usage: "dispatch nothing more until resumed (running commands finish)", ArgsUsage: "NAME",
+				Action: nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
+					return rollout.Pause(c.Context, s, n)
+				}),
+			},
+			{
+				Name: "resume", Usage: "resume a paused rollout", ArgsUsage: "NAME",
+				Action: nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
+					return rollout.Resume(c.Context, s, n)
+				}),
+			},
+			{
+				Name: "cancel", Usage: "stop for good: queued commands are withdrawn, running ones finish; no rollback", ArgsUsage: "NAME",
+				Action: nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
+					return rollout.Cancel(c.Context, s, n)
+				}),
+			},
+			{
+				Name: "approve", Usage: "open the next wave's gate", ArgsUsage: "NAME",
+				Action: nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
+					return rollout.Approve(c.Context, s, n)
+				}),
+			},
+			{
+				Name: "retry-failed", Usage: "give every failed device another attempt", ArgsUsage: "NAME",
+				Action: nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
+					r, n2, err := rollout.RetryFailed(c.Context, s, n)
+					if err == nil {
+						fmt.Fprintf(c.App.Writer, "%d devices to retry\n", n2)
+					}
+					return r, err
+				}),
+			},
+		},
+	}
+}
+
+func rolloutName(c *cli.Context) (string, error) {
+	if c.NArg() != 1 {
+		return "", badUsage(c, "want exactly one NAME argument, got %d", c.NArg())
+	}
+	name := c.Args().First()
+	if err := rollout.ValidateName(name); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+func reasonSuffix(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return " (" + reason + ")"
+}
+
+// rolloutSpec reads the create flags; every error names its flag and
+// nothing is written.
+func rolloutSpec(c *cli.Context) (rollout.Spec, error) {
+	spec := rollout.Spec{Command: c.String("command"), Select: c.String("select"), ApproveWaves: c.Bool("approve-waves"),
+		GateFailures: c.Float64("gate-failures"), RollbackCommand: c.String("rollback-command"), Priority: c.Int("priority"), Retries: c.Int("retries")}
+	if v := c.String("args"); v != "" {
+		spec.Args = json.RawMessage(v)
+	}
+	if v := c.String("rollback-args"); v != "" {
+		spec.RollbackArgs = json.RawMessage(v)
+	}
+	var err error
+	if spec.Devices, err = listFlag(c, "devices"); err != nil {
+		return spec, err
+	}
+	if spec.Waves, err = rollout.ParseWaves(c.String("waves")); err != nil {
+		return spec, badFlag(c, "waves", "%v", err)
+	}
+	if v := c.String("rate"); v != "" {
+		if spec.Rate, err = rollout.ParseRate(v); err != nil {
+			return spec, badFlag(c, "rate", "%v", err)
+		}
+	}
+	if v := c.String("abort-when"); v != "" {
+		if spec.AbortWhen, err = rollout.ParseAbortRules(v); err != nil {
+			return spec, badFlag(c, "abort-when", "%v", err)
+		}
+	}
+	if v := c.String("retry-on"); v != "" {
+		if spec.RetryOn, err = rollout.ParseRetryOn(v); err != nil {
+			return spec, badFlag(c, "retry-on", "%v", err)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		dst  *task.Duration
+	}{{"timeout", &spec.Timeout}, {"offline-limit", &spec.OfflineLimit}} {
+		v, err := positiveDuration(c, d.name)
+		if err != nil {
+			return spec, err
+		}
+		*d.dst = task.Duration(v)
+	}
+	if err := spec.Validate(); err != nil {
+		return spec, fmt.Errorf("rollout create: %w", err)
+	}
+	return spec, nil
+}
+
+func rolloutCreate(c *cli.Context) error {
+	name, err := rolloutName(c)
+	if err != nil {
+		return err
+	}
+	spec, err := rolloutSpec(c)
+	if err != nil {
+		return err
+	}
+	s, err := openStore(c, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	r, err := rollout.Create(c.Context, s, name, spec)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		return deviceJSON(c.App.Writer, r.Progress())
+	}
+	fmt.Fprintf(c.App.Writer, "rollout %s created: %d devices in %d waves\n", r.Name, len(r.Devices), len(r.Waves))
+	return nil
+}
+
+func rolloutList(c *cli.Context) error {
+	s, err := openStoreReadOnly(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	list, err := rollout.List(c.Context, s)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		out := make([]rollout.Progress, 0, len(list))
+		for _, r := range list {
+			out = append(out, r.Progress())
+		}
+		return deviceJSON(c.App.Writer, out)
+	}
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATE\tWAVE\tDEVICES\tSUCCEEDED\tFAILED\tRUNNING\tCOMMAND\tCREATED")
+	for _, r := range list {
+		p := r.Progress()
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.State, p.Wave+1, len(p.Waves), p.Total.Total,
+			p.Total.Succeeded, p.Total.Failures(), p.Total.Running, p.Spec.Command, p.CreatedAt.Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func rolloutShow(c *cli.Context) error {
+	name, err := rolloutName(c)
+	if err != nil {
+		return err
+	}
+	s, err := openStoreReadOnly(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	r, err := rollout.Get(c.Context, s, name)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		if c.Bool("devices") {
+			return deviceJSON(c.App.Writer, r)
+		}
+		return deviceJSON(c.App.Writer, r.Progress())
+	}
+	return printRollout(c.App.Writer, r, c.Bool("devices"))
+}
+
+func printRollout(w io.Writer, r *rollout.Rollout, devices bool) error {
+	p := r.Progress()
+	fmt.Fprintf(w, "rollout %s: %s%s\n", p.Name, p.State, reasonSuffix(p.Reason))
+	fmt.Fprintf(w, "command %s %s", p.Spec.Command, string(p.Spec.Args))
+	if p.Spec.Select != "" {
+		fmt.Fprintf(w, " on %s", p.Spec.Select)
+	}
+	fmt.Fprintf(w, "\n%d devices: %d succeeded, %d failed (%.1f%%), %d running, %d queued, %d cancelled\n",
+		p.Total.Total, p.Total.Succeeded, p.Total.Failures(), p.FailureRate, p.Total.Running, p.Total.Queued, p.Total.Cancelled)
+	var rules []string
+	for _, rule := range p.Spec.AbortWhen {
+		rules = append(rules, rule.String())
+	}
+	if len(rules) > 0 {
+		fmt.Fprintf(w, "abort when %s\n", strings.Join(rules, "; "))
+	}
+	if p.Spec.Rate.N > 0 {
+		fmt.Fprintf(w, "rate %d/%s\n", p.Spec.Rate.N, time.Duration(p.Spec.Rate.Per))
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WAVE\tTARGET\tSIZE\tGATE\tSTATE\tSUCCEEDED\tFAILED\tRUNNING\tQUEUED\tFAILURE%")
+	for _, wp := range p.Waves {
+		state := "pending"
+		switch {
+		case wp.Ended:
+			state = "ended"
+		case wp.Started:
+			state = "running"
+		}
+		fmt.Fprintf(tw, "%d\t%s (%d)\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%.1f\n", wp.Index+1, wp.Spec, wp.Target, wp.Size, wp.Gate, state,
+			wp.Counts.Succeeded, wp.Counts.Failures(), wp.Counts.Running, wp.Counts.Queued, wp.FailureRate)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if p.Next != nil {
+		fmt.Fprintf(w, "next: wave %d, gate %s, %s%s\n", p.Next.Wave+1, p.Next.Gate, p.Next.State, reasonSuffix(p.Next.Reason))
+	}
+	if p.Rollback != nil {
+		fmt.Fprintf(w, "rollback %s: %d rolled back, %d failed, %d running\n", p.Rollback.Command,
+			p.RolledBack.Succeeded, p.RolledBack.Failures(), p.RolledBack.Running+p.RolledBack.Queued)
+	}
+	if devices {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "DEVICE\tWAVE\tOUTCOME\tATTEMPT\tROLLBACK\tERROR")
+		for _, e := range r.Devices {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\n", e.Device, e.Wave+1, dash(string(e.Outcome)), e.Attempt, dash(string(e.Rollback)), dash(e.Error))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, e := range p.Events {
+		fmt.Fprintf(w, "%s  %-26s wave %d  %s\n", e.At.Format(time.RFC3339Nano), e.Type, e.Wave+1, e.Detail)
+	}
+	return nil
+}

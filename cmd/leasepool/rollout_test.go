@@ -1,0 +1,115 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/leasepool/leasepool/rollout"
+	"github.com/leasepool/leasepool/task"
+)
+
+func TestRolloutAndLabelCommands(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.must("device", "label", "pump-1", "model=pump-x", "site=berlin")
+	c.must("device", "label", "pump-2", "model=pump-x", "site=paris")
+	out := c.must("device", "label", "pump-2", "site-", "ring=canary")
+	if !strings.Contains(out, "labels model=pump-x,ring=canary") {
+		t.Fatalf("label output %q", out)
+	}
+	out = c.must("devices", "--select", "model=pump-x,ring!=canary")
+	if !strings.Contains(out, "pump-1") || strings.Contains(out, "pump-2") || !strings.Contains(out, "site=berlin") {
+		t.Fatalf("devices --select:\n%s", out)
+	}
+	c.must("rollout", "create", "fw-2", "--command", "update", "--args", `{"version":"2.0"}`, "--select", "model=pump-x",
+		"--waves", "1,100%", "--approve-waves", "--rate", "20/1m", "--abort-when", "failed>10% after 20; any>50%",
+		"--retries", "2", "--retry-on", "timed_out,offline", "--rollback-command", "update", "--rollback-args", `{"version":"1.0"}`)
+	var p rollout.Progress
+	if err := json.Unmarshal([]byte(c.must("rollout", "show", "fw-2", "--json")), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.State != rollout.StateRunning || p.Total.Total != 2 || len(p.Waves) != 2 || p.Waves[1].Gate != rollout.GateApproval ||
+		p.Spec.Rate.N != 20 || len(p.Spec.AbortWhen) != 2 || p.Spec.Retries != 2 || p.AbortAt != 10 {
+		t.Fatalf("progress %+v", p)
+	}
+	if out := c.must("rollout", "pause", "fw-2"); !strings.Contains(out, "paused") {
+		t.Fatalf("pause: %q", out)
+	}
+	if _, err := c.run("rollout", "approve", "fw-2"); err != nil {
+		t.Fatalf("approve ahead of the gate: %v", err)
+	}
+	c.must("rollout", "resume", "fw-2")
+	c.must("rollout", "cancel", "fw-2")
+	if _, err := c.run("rollout", "resume", "fw-2"); !errors.Is(err, rollout.ErrState) || exitStatus(err) != exitFailed {
+		t.Fatalf("resume a cancelled rollout: %v", err)
+	}
+	if out := c.must("rollout", "ls"); !strings.Contains(out, "fw-2") || !strings.Contains(out, "cancelling") {
+		t.Fatalf("ls:\n%s", out)
+	}
+	if out := c.must("rollout", "show", "fw-2", "--devices"); !strings.Contains(out, "pump-1") || !strings.Contains(out, "rollout.created") {
+		t.Fatalf("show:\n%s", out)
+	}
+	if _, err := c.run("rollout", "show", "nope"); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("show missing: %v", err)
+	}
+}
+
+func TestRolloutBadInputWritesNothing(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.must("device", "label", "d1", "model=x")
+	before := dirState(t, strings.TrimSuffix(c.path, "x.db"))
+	create := func(extra ...string) []string {
+		return append([]string{"rollout", "create", "r1", "--command", "update", "--devices", "d1"}, extra...)
+	}
+	for _, tc := range []struct {
+		args  []string
+		names string
+	}{
+		{[]string{"rollout", "create", "../x", "--command", "u", "--devices", "d1"}, "name"},
+		{[]string{"rollout", "create", "a:b", "--command", "u", "--devices", "d1"}, "name"},
+		{[]string{"rollout", "create", "r1", "--command", "u"}, "select"},
+		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "d1", "--select", "model=x"}, "select"},
+		{[]string{"rollout", "create", "r1", "--command", "u", "--select", "model"}, "select"},
+		{[]string{"rollout", "create", "r1", "--command", "u", "--select", "model=a b"}, "select"},
+		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "d1,,d2"}, "--devices"},
+		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "a/#"}, "devices"},
+		{create("--args", "[1]"), "args"},
+		{create("--args", "{"), "args"},
+		{create("--waves", "50%,10%,100%"), "--waves"},
+		{create("--waves", "1,50%"), "--waves"},
+		{create("--rate", "0/1s"), "--rate"},
+		{create("--rate", "fast"), "--rate"},
+		{create("--abort-when", "failed>10"), "--abort-when"},
+		{create("--abort-when", "failed>10% after -1"), "--abort-when"},
+		{create("--abort-when", "succeeded>1%"), "--abort-when"},
+		{create("--retries", "11"), "retries"},
+		{create("--retry-on", "cancelled"), "--retry-on"},
+		{create("--timeout", "0s"), "--timeout"},
+		{create("--rollback-args", "{}"), "rollback_args"},
+		{create("--gate-failures", "101"), "gate_failures"},
+		{[]string{"device", "label", "d1"}, "ID"},
+		{[]string{"device", "label", "d1", "bad key=v"}, "label"},
+		{[]string{"device", "label", "d1", "k=v w"}, "label"},
+		{[]string{"device", "label", "a/#", "k=v"}, "device"},
+		{[]string{"devices", "--select", "k"}, "--select"},
+		{[]string{"rollout", "pause", "a/b"}, "name"},
+	} {
+		_, err := c.run(tc.args...)
+		if err == nil || exitStatus(err) != exitBadInput || !strings.Contains(err.Error(), tc.names) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%q: %v (exit %d), want a one-line bad input error naming %s", tc.args, err, exitStatus(err), tc.names)
+		}
+	}
+	after := dirState(t, strings.TrimSuffix(c.path, "x.db"))
+	for name, b := range before {
+		if strings.HasSuffix(name, ".db") && after[name] != b {
+			t.Errorf("%s changed by refused commands", name)
+		}
+	}
+	if _, err := os.Stat(c.path); err != nil {
+		t.Fatal(err)
+	}
+}
