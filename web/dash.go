@@ -73,6 +73,7 @@ func (d *dashboard) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /flow", d.flow)
 	mux.HandleFunc("POST /flow/cancel", d.action(d.cancelFlow))
 	mux.HandleFunc("POST /flow/retry", d.action(d.retryFlow))
+	mux.HandleFunc("POST /flow/signal", d.action(d.signalFlow))
 	mux.HandleFunc("GET /workers", d.workers)
 	mux.HandleFunc("GET /devices", d.devices)
 	mux.HandleFunc("GET /rollouts", d.rollouts)
@@ -203,6 +204,9 @@ var flashes = map[string]string{
 	"flow-retried":            "flow retried",
 	"flow-cancel-refused":     "not cancelled: the flow has already finished",
 	"flow-retry-refused":      "not retried: the flow has not finished",
+	"signal-sent":             "signal sent",
+	"signal-twice":            "not sent: the step has its signal already, or its wait ended",
+	"signal-finished":         "not sent: the flow is not running",
 	"none-selected":           "no task selected",
 	"paused":                  "paused",
 	"already-paused":          "already paused",

@@ -7,6 +7,8 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -105,5 +107,87 @@ func TestFlowPagePicture(t *testing.T) {
 	}
 	if !strings.Contains(found[0], "wwwwwwwwwwwwwwwwwwwwwwww…") {
 		t.Errorf("the longest name is not cut to fit its box")
+	}
+}
+
+func TestFlowPageSignalForm(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	spec := func(key string) flow.Spec {
+		return flow.Spec{Key: key, Steps: []flow.Step{
+			{Name: "approve", Type: flow.TypeSignal},
+			{Name: "create", Needs: []string{"approve"}, Action: flow.Action{Kind: "noop"}},
+		}}
+	}
+	for _, key := range []string{"f1", "f2"} {
+		if _, _, err := flow.Publish(t.Context(), e.store, spec(key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	body := e.wantPage("/flow?key=f1", 200, `<form method="post" action="/flow/signal" class="signal-form" data-step="approve">`,
+		`name="step" value="approve"`, `id="signal-payload-0"`)
+	csrf := csrfField.FindStringSubmatch(body)[1]
+	post := func(form url.Values) (int, string) {
+		return e.send("POST", "/flow/signal", form, func(r *http.Request) { r.Header.Set("Sec-Fetch-Site", "same-origin") })
+	}
+	for _, bad := range []struct {
+		form url.Values
+		code int
+		says string
+	}{
+		{url.Values{"key": {"f1"}, "step": {"approve"}}, 403, "csrf"},
+		{url.Values{"csrf": {"0" + csrf[1:]}, "key": {"f1"}, "step": {"approve"}}, 403, "csrf"},
+		{url.Values{"csrf": {csrf}, "step": {"approve"}}, 400, "key"},
+		{url.Values{"csrf": {csrf}, "key": {"f1"}}, 400, "step"},
+		{url.Values{"csrf": {csrf}, "key": {"f1"}, "step": {"nope"}}, 400, "step"},
+		{url.Values{"csrf": {csrf}, "key": {"f1"}, "step": {"create"}}, 400, "not a signal step"},
+		{url.Values{"csrf": {csrf}, "key": {"f1"}, "step": {"approve"}, "payload": {`{"a":`}}, 400, "payload"},
+		{url.Values{"csrf": {csrf}, "key": {"f1"}, "step": {"approve"}, "payload": {deepJSON(200)}}, 400, "payload"},
+		{url.Values{"csrf": {csrf}, "key": {"nope"}, "step": {"approve"}}, 404, "flow not found"},
+	} {
+		if code, out := post(bad.form); code != bad.code || !strings.Contains(out, bad.says) {
+			t.Errorf("POST %v: %d, want %d saying %q:\n%s", bad.form, code, bad.code, bad.says, out)
+		}
+	}
+	if f, err := flow.Get(t.Context(), e.store, "f1"); err != nil || f.Progress[0].Signal != nil {
+		t.Fatalf("refused signals changed the flow: %v %+v", err, f.Progress[0])
+	}
+
+	ok := url.Values{"csrf": {csrf}, "key": {"f1"}, "step": {"approve"}, "payload": {` {"by": "ops"} `}}
+	if code, to := post(ok); code != 303 || to != "/flow?key=f1&msg=signal-sent" {
+		t.Fatalf("signal: %d %s", code, to)
+	}
+	f, err := flow.Get(t.Context(), e.store, "f1")
+	if err != nil || string(f.Params["approve"]) != `{"by":"ops"}` {
+		t.Fatalf("after the signal: %v, params %s", err, f.Params["approve"])
+	}
+	e.wantPage("/flow?key=f1&msg=signal-sent", 200, "signal sent")
+	if body := e.wantPage("/flow?key=f1", 200); strings.Contains(body, `action="/flow/signal"`) {
+		t.Errorf("the signalled step still offers the form")
+	}
+	if code, to := post(ok); code != 303 || to != "/flow?key=f1&msg=signal-twice" {
+		t.Errorf("second signal: %d %s, want the refusal's message", code, to)
+	}
+	if _, err := flow.Cancel(t.Context(), e.store, "f2", false); err != nil {
+		t.Fatal(err)
+	}
+	ok.Set("key", "f2")
+	if code, to := post(ok); code != 303 || to != "/flow?key=f2&msg=signal-finished" {
+		t.Errorf("signal to a cancelled flow: %d %s, want the refusal's message", code, to)
+	}
+	if body := e.wantPage("/flow?key=f2", 200); strings.Contains(body, `action="/flow/signal"`) {
+		t.Errorf("a cancelled flow offers the signal form")
+	}
+
+	// Read-only: no form, and the route refuses.
+	ro := newEnv(t, web.Config{ReadOnly: true})
+	if _, _, err := flow.Publish(t.Context(), ro.store, spec("f1")); err != nil {
+		t.Fatal(err)
+	}
+	if body := ro.wantPage("/flow?key=f1", 200, `id="flow-graph"`); strings.Contains(body, `action="/flow/signal"`) {
+		t.Errorf("a read-only page offers the signal form")
+	}
+	if code, _ := ro.send("POST", "/flow/signal", url.Values{"key": {"f1"}, "step": {"approve"}}, nil); code != 403 {
+		t.Errorf("read-only signal: %d, want 403", code)
 	}
 }

@@ -247,7 +247,7 @@ func TestReadCredential(t *testing.T) {
 				t.Errorf("%s %s %s: %d %s, want 403 this credential is read-only", auth[:6], w.method, w.path, code, out)
 			}
 		}
-		for _, path := range []string{"/task/cancel", "/task/retry", "/tasks/bulk", "/controls/pause", "/controls/resume", "/controls/schedule", "/flow/cancel"} {
+		for _, path := range []string{"/task/cancel", "/task/retry", "/tasks/bulk", "/controls/pause", "/controls/resume", "/controls/schedule", "/flow/cancel", "/flow/signal"} {
 			f := url.Values{"csrf": {csrf[1]}, "key": {"a"}, "action": {"cancel"}, "scope": {"all"}, "name": {"nightly"}, "op": {"pause"}}
 			code, out := e.send("POST", path, f, func(r *http.Request) {
 				r.Header.Set("Authorization", auth)

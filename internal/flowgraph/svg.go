@@ -30,8 +30,14 @@ func (g *Graph) SVG() string {
 	levels, rows := max(len(g.Levels), 1), max(g.MaxRows(), 1)
 	w := 2*pad + levels*boxW + (levels-1)*gapX
 	h := 2*pad + rows*boxH + (rows-1)*gapY + 16 // room for the rollback arcs
+	// Up to about six levels the page may shrink the drawing to its
+	// width (class fg-fit); a wider one scrolls, its text kept legible.
+	class := "fg fg-dag"
+	if levels <= 6 {
+		class += " fg-fit"
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" class="fg" id="flow-graph-svg" role="img" aria-labelledby="fg-title" viewBox="0 0 %d %d" width="%d" height="%d">`, w, h, w, h)
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" class="%s" id="flow-graph-svg" role="img" aria-labelledby="fg-title" viewBox="0 0 %d %d" width="%d" height="%d">`, class, w, h, w, h)
 	fmt.Fprintf(&b, `<title id="fg-title">%s</title>`, esc(fmt.Sprintf("Steps of flow %s: %d steps in %d levels", g.Key, len(g.Nodes), len(g.Levels))))
 	b.WriteString(`<defs>` +
 		`<marker id="fg-arrow" class="fg-arrowhead" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z"/></marker>` +
