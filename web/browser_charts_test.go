@@ -261,7 +261,7 @@ func TestChartsInBrowser(t *testing.T) {
 	// 375 px wide: no page scrolls sideways (wide tables scroll in their
 	// own box).
 	if _, err := chromedp.Call(bctx, emulation.SetDeviceMetricsOverride, emulation.SetDeviceMetricsOverrideParams{
-		Width: 375, Height: 812, DeviceScaleFactor: 2, Mobile: true}); err != nil {
+		Width: 375, Height: 812, DeviceScaleFactor: 1, Mobile: true}); err != nil {
 		t.Fatal(err)
 	}
 	for _, path := range []string{"/", "/?range=day", "/tasks", "/task?key=" + url.QueryEscape("mail-0"), "/task?key=flaky-0",
