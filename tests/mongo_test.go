@@ -19,7 +19,7 @@ import (
 )
 
 // TestMongoServerOutage stops an H2-backed server for 10 s while two
-// worker processes run a few hundred exec tasks, then starts it again on
+// worker processes run over a hundred exec tasks, then starts it again on
 // the same port and file. Long-lease tasks (ping 1s, timeout 30s) must
 // ride the outage out: their handlers keep running and their outcomes are
 // written once the server is back, so none is cancelled. Short-lease tasks
@@ -33,8 +33,11 @@ func TestMongoServerOutage(t *testing.T) {
 	runLog := filepath.Join(t.TempDir(), "run.log")
 	store := openMongoStore(t, ctx, uri, nil)
 
+	// The long tasks are enough to fill both workers' slots before, during
+	// and after the outage; the wire test server runs a few of them a
+	// second under -race, so more would only lengthen the drain.
 	const (
-		nLong  = 240
+		nLong  = 120
 		nShort = 6
 		outage = 10 * time.Second
 	)
