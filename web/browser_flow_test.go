@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 
 	"github.com/leasepool/leasepool/consumer"
@@ -159,5 +160,24 @@ func TestFlowPageInBrowser(t *testing.T) {
 		t.Errorf("create drawn %q (%v), want skipped", got, err)
 	}
 	screenshot(t, bctx, "flow-rolled-back")
+
+	// Under a dark system theme the boxes and their text take the dark
+	// colours: light text on a dark fill.
+	if _, err := chromedp.Call(bctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+		Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}}); err != nil {
+		t.Fatal(err)
+	}
+	do(t, bctx, "the failed flow, dark", chromedp.Navigate(srv.URL+"/flow?key=provision-8"),
+		chromedp.WaitVisible(chromedp.CSS("#flow-graph svg")))
+	for expr, want := range map[string]string{
+		`getComputedStyle(document.querySelector('#flow-graph [data-step="check"] .fg-box')).fill`:  "rgb(61, 29, 0)",
+		`getComputedStyle(document.querySelector('#flow-graph [data-step="check"] .fg-name')).fill`: "rgb(230, 237, 243)",
+		`getComputedStyle(document.querySelector('#flow-graph [data-step="quota"] .fg-box')).fill`:  "rgb(74, 15, 18)",
+	} {
+		if got, err := chromedp.Run(bctx, chromedp.Evaluate[string](expr)); err != nil || got != want {
+			t.Errorf("dark: %s = %q (%v), want %q", expr, got, err, want)
+		}
+	}
+	screenshot(t, bctx, "flow-dark")
 	t.Logf("took %v", time.Since(start))
 }
