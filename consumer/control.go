@@ -94,7 +94,7 @@ func (c *Consumer) takeSlots(ctx context.Context, buckets []control.Bucket, hold
 
 func (c *Consumer) takeSlot(ctx context.Context, b control.Bucket, holder task.Holder, now time.Time) (task.LockParams, error) {
 	for _, i := range c.slots.free(b, now) {
-		p := task.LockParams{Keys: []string{b.SlotKey(i)}, Holder: holder, Now: now, Until: now.Add(b.Per)}
+		p := task.LockParams{Namespace: task.LockRate, Keys: []string{b.SlotKey(i)}, Holder: holder, Now: now, Until: now.Add(b.Per)}
 		err := c.store.AcquireLocks(ctx, p)
 		var locked *task.LockedError
 		switch {

@@ -112,7 +112,7 @@ func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, boo
 		if at, full := s.slots.full(b, now); full {
 			// The tasks parked behind this limit's claims wait for the
 			// same slot: all go to the heap, where they start in order.
-			for _, w := range append(s.locks.unparkAll("rate:"+b.Key), e) {
+			for _, w := range append(s.locks.unparkAll(rateQueueKey(b)), e) {
 				w.At = at
 				if !s.heap.Put(w) {
 					s.dropped()
@@ -121,10 +121,15 @@ func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, boo
 			}
 			return nil, false
 		}
-		rate = append(rate, "rate:"+b.Key)
+		rate = append(rate, rateQueueKey(b))
 	}
 	return rate, true
 }
+
+// rateQueueKey is b's key in the lock queue, where claims counted in b go
+// one at a time. It starts with a NUL byte, which no task's lock key
+// holds, so a task may take any lock key, "rate:kind:K" too.
+func rateQueueKey(b control.Bucket) string { return "\x00rate:" + b.Key }
 
 // noteRateWait notes that key waits for a slot. The notes are a hint
 // (dropped at each control change, and when too many): a task not

@@ -70,7 +70,7 @@ func TestBucketsExactBeatsLongestPattern(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("Buckets =\n %+v\nwant\n %+v", got, want)
 	}
-	if k := want[3].SlotKey(1); k != "rate:lock:device:pump#1" {
+	if k := want[3].SlotKey(1); k != "lock:device:pump#1" {
 		t.Errorf("SlotKey = %q", k)
 	}
 	if b := s.Buckets(tk("exec")); len(b) != 0 {

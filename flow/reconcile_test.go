@@ -207,7 +207,7 @@ func crashGap(t *testing.T, s task.Store, key string, i int) string {
 func lockHolder(t *testing.T, s task.Store) string {
 	t.Helper()
 	now := s.Now()
-	err := s.AcquireLocks(context.Background(), task.LockParams{Keys: []string{ReconcileLockKey},
+	err := s.AcquireLocks(context.Background(), task.LockParams{Namespace: task.LockSingleton, Keys: []string{ReconcileLockKey},
 		Holder: task.Holder{TaskKey: "probe", WorkerID: "probe"}, Now: now, Until: now.Add(time.Millisecond)})
 	var locked *task.LockedError
 	if !errors.As(err, &locked) {

@@ -130,7 +130,8 @@
 // host sharing a store, broker.Host keeps one running on a fixed address
 // even when the process running it dies: hosting is a singleton
 // (internal/singleton, as the flow reconciler and retention are), a lease
-// in the store's lock table (key broker.LockKey(addr), e.g.
+// in the store's lock table (namespace task.LockSingleton, key
+// broker.LockKey(addr), e.g.
 // "mqtt-broker:127.0.0.1:1883"; holder the worker id and process instance),
 // renewed every third of the lease (default broker.DefaultLease, 3s). Every
 // process runs a broker.Host (Start, Stop); the holder hosts; the others

@@ -73,7 +73,7 @@ func TestRunnerTakesOver(t *testing.T) {
 	holder := func() string {
 		t.Helper()
 		now := probe.Now()
-		err := probe.AcquireLocks(ctx, task.LockParams{Keys: []string{retention.LockKey},
+		err := probe.AcquireLocks(ctx, task.LockParams{Namespace: task.LockSingleton, Keys: []string{retention.LockKey},
 			Holder: task.Holder{TaskKey: "probe", WorkerID: "probe"}, Now: now, Until: now.Add(time.Millisecond)})
 		var locked *task.LockedError
 		if !errors.As(err, &locked) {

@@ -60,34 +60,11 @@ func ValidateTime(field string, t time.Time) error {
 	return invalid(field, fmt.Sprintf("%s is outside %s .. %s", t.UTC().Format(time.RFC3339), MinTime.Format(time.DateOnly), MaxTime.Format(time.DateOnly)))
 }
 
-// LockKeyRatePrefix starts the lock keys that hold rate-limit slots
-// (control.Bucket.SlotKey: rate:<bucket>#i); they share the lock table
-// with tasks' lock keys, so a task may not take one.
-const LockKeyRatePrefix = "rate:"
-
-// reservedLockPrefixes start the lock keys leasepool holds itself, which
-// a task may not take: rate-limit slots, and the leases of the singletons
-// (retention, the flow reconciler: "leasepool.…"; the embedded broker's
-// host: "mqtt-broker:…"). A task holding one would hold its singleton off.
-var reservedLockPrefixes = []struct{ prefix, holds string }{
-	{LockKeyRatePrefix, "rate-limit slots"},
-	{"leasepool.", "leasepool's own singletons"},
-	{"mqtt-broker:", "the embedded MQTT broker's host"},
-}
-
-// ValidateLockKey checks a task's lock key: a valid name outside the lock
-// keys leasepool holds itself (rate-limit slots, singletons' leases).
-func ValidateLockKey(field, k string) error {
-	if err := ValidateName(field, k); err != nil {
-		return err
-	}
-	for _, r := range reservedLockPrefixes {
-		if strings.HasPrefix(k, r.prefix) {
-			return invalid(field, fmt.Sprintf("%q is reserved (the %s prefix holds %s)", k, r.prefix, r.holds))
-		}
-	}
-	return nil
-}
+// ValidateLockKey checks a task's lock key: a valid name. Any name will
+// do: the locks leasepool takes itself (rate-limit slots, singletons'
+// leases) live in namespaces of their own (LockNamespace), where no task's
+// key reaches them.
+func ValidateLockKey(field, k string) error { return ValidateName(field, k) }
 
 // ValidateKey checks the key of a task a caller publishes: a valid name
 // outside ReservedPrefix, and not "." or "..", which no URL path can name

@@ -103,7 +103,7 @@ func TestRetentionOnWorkers(t *testing.T) {
 func retentionHolder(t *testing.T, store task.Store) string {
 	t.Helper()
 	now := store.Now()
-	err := store.AcquireLocks(t.Context(), task.LockParams{Keys: []string{retention.LockKey},
+	err := store.AcquireLocks(t.Context(), task.LockParams{Namespace: task.LockSingleton, Keys: []string{retention.LockKey},
 		Holder: task.Holder{TaskKey: "probe", WorkerID: "probe"}, Now: now, Until: now.Add(time.Millisecond)})
 	var locked *task.LockedError
 	if !errors.As(err, &locked) {

@@ -59,10 +59,6 @@ func TestHostilePublishBodies(t *testing.T) {
 			`key: "leasepool:x" is reserved (the leasepool: prefix is leasepool's own)`},
 		{"/api/v1/tasks/bulk", `{"action":"retry","keys":["a","leasepool:control"]}`,
 			`keys: "leasepool:control" is reserved (the leasepool: prefix is leasepool's own)`},
-		{"/api/v1/tasks", `{"key":"r","kind":"k","lock_keys":["rate:kind:k#0"]}`,
-			`lock_keys: "rate:kind:k#0" is reserved (the rate: prefix holds rate-limit slots)`},
-		{"/api/v1/flows", `{"key":"f","steps":[{"name":"a","kind":"noop","lock_keys":["rate:x"]}]}`,
-			`steps[0].lock_keys: "rate:x" is reserved (the rate: prefix holds rate-limit slots)`},
 		// Nesting: 1,001 levels broke SQLite's JSON functions; 65 is one past the limit.
 		{"/api/v1/tasks", `{"key":"d","kind":"k","payload":` + deepJSON(1001) + `}`, "payload: nested deeper than 64 levels"},
 		{"/api/v1/tasks", `{"key":"d","kind":"k","payload":` + deepJSON(65) + `}`, "payload: nested deeper than 64 levels"},

@@ -23,8 +23,6 @@ func TestPublishRefusesReservedAndUnboundedInput(t *testing.T) {
 			`key: "leasepool:control" is reserved (the leasepool: prefix is leasepool's own)`},
 		{[]string{"publish", "leasepool:flow:x", "--kind", "leasepool.flow", "--payload", `{"steps":7}`},
 			`key: "leasepool:flow:x" is reserved (the leasepool: prefix is leasepool's own)`},
-		{[]string{"publish", "k", "--kind", "noop", "--lock", "rate:kind:noop#0"},
-			`lock_keys: "rate:kind:noop#0" is reserved (the rate: prefix holds rate-limit slots)`},
 		{[]string{"publish", "k", "--kind", "noop", "--payload", deep}, "payload: nested deeper than 64 levels"},
 		{[]string{"publish", "k", "--kind", "noop", "--delay", "2000000h"}, "run_at: "},
 		{[]string{"flow", "publish", "leasepool:x", "--file", flowFile},

@@ -2,7 +2,8 @@
 // shares a store: one holder in the cluster, taken over within a lease.
 //
 // Every process runs a Runner under the same Key. The one that holds the
-// key's lease in the store's lock table runs Config.Run and renews the
+// key's lease in the store's lock table (in task.LockSingleton, apart from
+// tasks' lock keys) runs Config.Run and renews the
 // lease every Renew; the others try again when the holder's lease ends
 // (they sleep until then, at most Renew at a time), so a holder that dies
 // is replaced within about one Lease, and one that stops releases the
@@ -59,7 +60,8 @@ const (
 type Config struct {
 	// Store holds the lease in its lock table. Required.
 	Store Store
-	// Key is the lock key every process of the group uses. Required.
+	// Key is the lock key, in task.LockSingleton, every process of the
+	// group uses. Required.
 	Key string
 	// HolderID names this process in the lock table (its worker id), next
 	// to a random instance id made per Runner, so two processes under one
@@ -288,7 +290,7 @@ func (r *Runner) supervise(ctx context.Context) {
 		}
 		until := now.Add(r.cfg.Lease)
 		actx, cancel := context.WithTimeout(ctx, max(limit, time.Millisecond))
-		err := r.cfg.Store.AcquireLocks(actx, task.LockParams{Keys: []string{r.cfg.Key}, Holder: r.holder, Now: now, Until: until})
+		err := r.cfg.Store.AcquireLocks(actx, task.LockParams{Namespace: task.LockSingleton, Keys: []string{r.cfg.Key}, Holder: r.holder, Now: now, Until: until})
 		cancel()
 		var locked *task.LockedError
 		switch {
@@ -341,7 +343,7 @@ func (r *Runner) release(log *slog.Logger, heldUntil time.Time) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(r.cfg.Renew, time.Second))
 	defer cancel()
-	if err := r.cfg.Store.ReleaseLocks(ctx, task.LockParams{Keys: []string{r.cfg.Key}, Holder: r.holder}); err != nil {
+	if err := r.cfg.Store.ReleaseLocks(ctx, task.LockParams{Namespace: task.LockSingleton, Keys: []string{r.cfg.Key}, Holder: r.holder}); err != nil {
 		log.Warn("singleton lease not released", slog.Any("error", err))
 	}
 }

@@ -286,7 +286,7 @@ func TestRunReturnsReleases(t *testing.T) {
 	// Between runs the lease is free: a peer can take it.
 	waitFor(t, 5*time.Second, "the lease free between runs", func() bool {
 		now := s.Now()
-		err := s.AcquireLocks(context.Background(), task.LockParams{Keys: []string{"k"}, Holder: task.Holder{TaskKey: "k", WorkerID: "peer"}, Now: now, Until: now.Add(time.Hour)})
+		err := s.AcquireLocks(context.Background(), task.LockParams{Namespace: task.LockSingleton, Keys: []string{"k"}, Holder: task.Holder{TaskKey: "k", WorkerID: "peer"}, Now: now, Until: now.Add(time.Hour)})
 		return err == nil
 	})
 	n := calls.Load()

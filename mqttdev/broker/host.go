@@ -22,14 +22,14 @@ import (
 // without renewal, unless configured.
 const DefaultLease = 3 * time.Second
 
-// LockKey is the lock key, in the store's lock table, of the lease to
-// host the embedded broker on addr.
+// LockKey is the lock key, in the store's lock table's namespace
+// task.LockSingleton, of the lease to host the embedded broker on addr.
 func LockKey(addr string) string { return "mqtt-broker:" + addr }
 
 // HostConfig configures a Host.
 type HostConfig struct {
-	// Store holds the hosting lease in its lock table (key
-	// LockKey(Addr)). Required.
+	// Store holds the hosting lease in its lock table (namespace
+	// task.LockSingleton, key LockKey(Addr)). Required.
 	Store task.Store
 	// Addr is the loopback address every host listens on, e.g.
 	// 127.0.0.1:1883. Required; port 0 is refused (all hosts must agree).

@@ -162,22 +162,22 @@ func TestBrokerHostLostLeaseCloses(t *testing.T) {
 	ctx := context.Background()
 	key := []string{LockKey(addr)}
 	thief := task.Holder{TaskKey: "embedded-broker", WorkerID: "thief", Instance: "thief"}
-	if err := probe.ReleaseLocks(ctx, task.LockParams{Keys: key, Holder: h.Holder()}); err != nil {
+	if err := probe.ReleaseLocks(ctx, task.LockParams{Namespace: task.LockSingleton, Keys: key, Holder: h.Holder()}); err != nil {
 		t.Fatal(err)
 	}
 	now := probe.Now()
-	if err := probe.AcquireLocks(ctx, task.LockParams{Keys: key, Holder: thief, Now: now, Until: now.Add(time.Hour)}); err != nil {
+	if err := probe.AcquireLocks(ctx, task.LockParams{Namespace: task.LockSingleton, Keys: key, Holder: thief, Now: now, Until: now.Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, lease, "w1 closes its broker after losing the lease", func() bool { return !h.Hosting() && !accepting(addr) })
 
 	// While the thief holds it, acquiring as w1 fails with the thief named.
 	var locked *task.LockedError
-	err := probe.AcquireLocks(ctx, task.LockParams{Keys: key, Holder: h.Holder(), Now: probe.Now(), Until: probe.Now().Add(lease)})
+	err := probe.AcquireLocks(ctx, task.LockParams{Namespace: task.LockSingleton, Keys: key, Holder: h.Holder(), Now: probe.Now(), Until: probe.Now().Add(lease)})
 	if !errors.As(err, &locked) || locked.Holder != thief {
 		t.Fatalf("acquire as w1 while the thief holds: %v", err)
 	}
-	if err := probe.ReleaseLocks(ctx, task.LockParams{Keys: key, Holder: thief}); err != nil {
+	if err := probe.ReleaseLocks(ctx, task.LockParams{Namespace: task.LockSingleton, Keys: key, Holder: thief}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, lease, "w1 hosts again once the lease is free", func() bool { return h.Hosting() && accepting(addr) })

@@ -122,7 +122,7 @@ func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 
 // placeDoc is a task's place in the waiting line of a lock key.
 type placeDoc struct {
-	ID       string    `bson:"_id"` // lock_key NUL task key
+	ID       string    `bson:"_id"`      // lock_key NUL task key
 	LockKey  string    `bson:"lock_key"` // lockName
 	TaskKey  string    `bson:"task_key"`
 	Priority int64     `bson:"priority"`
