@@ -76,7 +76,8 @@ type Consumer struct {
 
 type run struct {
 	lease   *ping.Renewer
-	version int64 // document version written by the claim
+	seq     int64 // the claimed document's Seq and Version: see newer
+	version int64
 	cancel  context.CancelCauseFunc
 }
 

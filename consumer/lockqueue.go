@@ -181,7 +181,7 @@ func (q *lockQueue) update(e preempt.Entry) bool {
 	if !ok {
 		return false
 	}
-	if cur := q.parked[k][e.Key]; cur.Task == nil || e.Task.Version > cur.Task.Version {
+	if cur := q.parked[k][e.Key]; newer(e.Task, cur.Task) {
 		cur.Task = e.Task
 		q.parked[k][e.Key] = cur
 	}

@@ -136,7 +136,7 @@ func (s *scheduler) onPage(p fetchedPage) {
 	}
 	now := s.store.Now()
 	for i, t := range p.tasks {
-		if seen := s.fetchSeen[t.Key]; seen == nil || before(seen, t) {
+		if newer(t, s.fetchSeen[t.Key]) {
 			s.offer(t, now)
 		}
 		if s.full() && i < len(p.tasks)-1 {
@@ -158,7 +158,7 @@ func (s *scheduler) noteFetchSeen(t *task.Task) {
 	if !s.fetching || t == nil {
 		return
 	}
-	if seen := s.fetchSeen[t.Key]; seen == nil || !before(t, seen) {
+	if !newer(s.fetchSeen[t.Key], t) {
 		s.fetchSeen[t.Key] = t
 	}
 }

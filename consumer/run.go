@@ -219,7 +219,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task
 	}
 	hctx, cancel := context.WithCancelCause(c.handlerCtx)
 	defer cancel(nil)
-	me := &run{lease: lease, version: doc.Version, cancel: cancel}
+	me := &run{lease: lease, seq: doc.Seq, version: doc.Version, cancel: cancel}
 	c.running.set(doc.Key, me)
 
 	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}

@@ -273,7 +273,7 @@ func (s *scheduler) standBy(t *task.Task, now time.Time) time.Duration {
 func (s *scheduler) onEvent(ev task.Event) {
 	t := ev.Task
 	s.noteFetchSeen(t)
-	if r := s.running.get(t.Key); r != nil && t.Version >= r.version {
+	if r := s.running.get(t.Key); r != nil && !newerVersion(r.seq, r.version, t.Seq, t.Version) {
 		if err := r.lease.Observe(t); err != nil {
 			r.cancel(err)
 		}
@@ -312,17 +312,10 @@ func (s *scheduler) noteClaiming(t *task.Task) bool {
 	if !ok {
 		return false
 	}
-	if seen == nil || !before(t, seen) {
+	if !newer(seen, t) {
 		s.claiming[t.Key] = t
 	}
 	return true
-}
-
-// before reports whether a is an older version of the task than b.
-// Documents of different seq (deleted, published again under the key)
-// are not ordered.
-func before(a, b *task.Task) bool {
-	return a.Seq == b.Seq && a.Version < b.Version
 }
 
 // onResult takes an attempt's result. The change events and queries that
@@ -345,7 +338,7 @@ func (s *scheduler) onResult(r attemptResult) {
 		r.retry.At = now // what stopped it may be gone: see lockQueue.flights
 	}
 	retry := r.retry
-	if retry != nil && seen != nil && retry.Task != nil && (retry.Task.Seq != seen.Seq || before(retry.Task, seen)) {
+	if retry != nil && retry.Task != nil && newer(seen, retry.Task) {
 		retry = nil // decided on an older document than seen
 	}
 	if retry != nil && retry.Task != nil && len(r.lockKeys) == 0 && !r.limited {
@@ -360,7 +353,7 @@ func (s *scheduler) onResult(r attemptResult) {
 		if !s.heap.Put(*retry) {
 			s.dropped()
 		}
-	case seen != nil && (r.retry != nil || r.doc == nil || !before(seen, r.doc)):
+	case seen != nil && !newer(r.doc, seen):
 		s.offer(seen, now)
 	}
 	if r.limited {
