@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -464,17 +465,18 @@ func TestAttackSecretsNotLeaked(t *testing.T) {
 		}
 	}
 	// Passwords in MQTT URLs, with the characters that break naive
-	// masking, against a broker that is not there.
-	for _, pw := range []string{"urlpw-8d1e4b", "urlpw-8d1e4b%3Fx%40y%2F"} {
+	// masking, against a broker that is not there; the four processes
+	// run at once.
+	var outs []func() string
+	for i, pw := range []string{"urlpw-8d1e4b", "urlpw-8d1e4b%3Fx%40y%2F"} {
 		url := "tcp://user:" + pw + "@127.0.0.1:1"
-		outs := []string{
-			runFor(t, 5*time.Second, nil, "--store", storeURL, "--log-level", "debug", "worker", "--id", "w-mqtt", "--kinds", "device", "--mqtt", url)(),
-			runFor(t, 5*time.Second, nil, "device", "simulate", "--mqtt", url, "--duration", "2s")(),
-		}
-		for _, out := range outs {
-			if strings.Contains(out, "urlpw-8d1e4b") {
-				t.Errorf("an MQTT password is printed:\n%s", tail(out, 2000))
-			}
+		outs = append(outs,
+			runFor(t, 5*time.Second, nil, "--store", storeURL, "--log-level", "debug", "worker", "--id", fmt.Sprintf("w-mqtt-%d", i), "--kinds", "device", "--mqtt", url),
+			runFor(t, 5*time.Second, nil, "device", "simulate", "--mqtt", url, "--duration", "2s"))
+	}
+	for _, out := range outs {
+		if o := out(); strings.Contains(o, "urlpw-8d1e4b") {
+			t.Errorf("an MQTT password is printed:\n%s", tail(o, 2000))
 		}
 	}
 	for _, line := range strings.Split(logs(), "\n") {
@@ -486,10 +488,12 @@ func TestAttackSecretsNotLeaked(t *testing.T) {
 	}
 }
 
-// runFor starts leasepool with args and extra environment. With d > 0 it
-// waits until the process exits or d passes (then kills it) and returns its
-// output; with d == 0 it leaves it running until the test ends and returns
-// a function reading its output so far.
+// runFor starts leasepool with args and extra environment and returns a
+// function giving its output. With d > 0 that function waits until the
+// process exits or d has passed since its start (then kills it), so that
+// processes started together wait out their time together; with d == 0 the
+// process runs until the test ends and the function reads its output so
+// far.
 func runFor(t *testing.T, d time.Duration, env []string, args ...string) func() string {
 	t.Helper()
 	cmd := exec.Command(leasepoolBin(t), args...)
@@ -503,23 +507,33 @@ func runFor(t *testing.T, d time.Duration, env []string, args ...string) func() 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	deadline := time.Now().Add(d)
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
+	var stopOnce sync.Once
 	stop := func() {
-		cmd.Process.Kill()
-		<-done
-		f.Close()
+		stopOnce.Do(func() {
+			cmd.Process.Kill()
+			<-done
+			f.Close()
+		})
 	}
+	t.Cleanup(stop)
 	read := func() string { b, _ := os.ReadFile(path); return string(b) }
 	if d == 0 {
-		t.Cleanup(stop)
 		return read
 	}
-	select {
-	case <-done:
-	case <-time.After(d):
+	var out string
+	var outOnce sync.Once
+	return func() string {
+		outOnce.Do(func() {
+			select {
+			case <-done:
+			case <-time.After(time.Until(deadline)):
+			}
+			stop()
+			out = read()
+		})
+		return out
 	}
-	stop()
-	out := read()
-	return func() string { return out }
 }
