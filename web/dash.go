@@ -217,6 +217,8 @@ var flashes = map[string]string{
 	"rollout-paused":          "rollout paused: running commands finish, nothing new is sent",
 	"rollout-resumed":         "rollout resumed",
 	"rollout-approved":        "next wave approved",
+	"rollout-already-paused":  "the rollout was paused already",
+	"rollout-not-paused":      "the rollout was not paused",
 	"rollout-pause-refused":   "not paused: the rollout is not running",
 	"rollout-resume-refused":  "not resumed: the rollout is not paused",
 	"rollout-approve-refused": "not approved: no wave waits for an approval",

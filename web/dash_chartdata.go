@@ -39,8 +39,8 @@ type overviewCharts struct {
 	// All is every kind's throughput (AllNarrow drawn for a phone's
 	// width), Totals its sums.
 	All, AllNarrow template.HTML
-	Totals stats.Counts
-	Kinds  []kindChart
+	Totals         stats.Counts
+	Kinds          []kindChart
 	// MoreKinds is how many kinds with attempts in the range have no chart.
 	MoreKinds   int
 	Pending     template.HTML

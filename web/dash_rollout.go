@@ -97,9 +97,15 @@ func rolloutBarsOf(p rollout.Progress) rolloutBars {
 // rolloutAction is a form's operator write on the rollout it names.
 func (d *dashboard) rolloutAction(op string) func(r *http.Request) (string, string, error) {
 	do := map[string]func(*http.Request, string) (*rollout.Rollout, error){
-		"pause":   func(r *http.Request, n string) (*rollout.Rollout, error) { return rollout.Pause(r.Context(), d.store, n) },
-		"resume":  func(r *http.Request, n string) (*rollout.Rollout, error) { return rollout.Resume(r.Context(), d.store, n) },
-		"approve": func(r *http.Request, n string) (*rollout.Rollout, error) { return rollout.Approve(r.Context(), d.store, n) },
+		"pause": func(r *http.Request, n string) (*rollout.Rollout, error) {
+			return rollout.Pause(r.Context(), d.store, n)
+		},
+		"resume": func(r *http.Request, n string) (*rollout.Rollout, error) {
+			return rollout.Resume(r.Context(), d.store, n)
+		},
+		"approve": func(r *http.Request, n string) (*rollout.Rollout, error) {
+			return rollout.Approve(r.Context(), d.store, n)
+		},
 	}[op]
 	return func(r *http.Request) (string, string, error) {
 		name := r.PostForm.Get("name")
@@ -107,7 +113,17 @@ func (d *dashboard) rolloutAction(op string) func(r *http.Request) (string, stri
 			return "", "", badInput("name", "must not be empty")
 		}
 		to := "/rollout?name=" + url.QueryEscape(name)
-		_, err := do(r, name)
+		before, err := rollout.Get(r.Context(), d.store, name)
+		if err != nil {
+			return "", "", err
+		}
+		switch {
+		case op == "pause" && before.State == rollout.StatePaused:
+			return to, "rollout-already-paused", nil
+		case op == "resume" && before.State == rollout.StateRunning:
+			return to, "rollout-not-paused", nil
+		}
+		_, err = do(r, name)
 		if errors.Is(err, rollout.ErrState) {
 			return to, "rollout-" + op + "-refused", nil
 		}
