@@ -108,6 +108,15 @@ func TestFlowPagePicture(t *testing.T) {
 	if !strings.Contains(found[0], "wwwwwwwwwwwwwwwwwwwwwwww…") {
 		t.Errorf("the longest name is not cut to fit its box")
 	}
+	// The steps table names each step's type and needs; the list counts
+	// the steps done and names the running one.
+	for _, want := range []string{`<td>signal<div class="note">needs <bdi>a&amp;b&amp;amp;c, &#34;q&#39;</bdi></div></td>`,
+		`<tr class="current"><td>1</td>`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the steps table lacks %q", want)
+		}
+	}
+	e.wantPage("/flows", 200, `<td>0 of 5 done; running <bdi>&lt;script&gt;alert(1)&lt;/script&gt;</bdi></td>`)
 }
 
 func TestFlowPageSignalForm(t *testing.T) {

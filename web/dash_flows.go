@@ -29,11 +29,31 @@ func (d *dashboard) flows(w http.ResponseWriter, r *http.Request) {
 	slices.SortStableFunc(fs, func(a, b *flow.Flow) int {
 		return cmp.Compare(rank(b.State), rank(a.State))
 	})
+	rows := make([]flowRow, len(fs))
+	for i, f := range fs {
+		rows[i] = flowRow{Flow: f}
+		for k, p := range f.Progress {
+			if p.Do.State == flow.RunSucceeded {
+				rows[i].Done++
+			}
+			if (p.Do.State == flow.RunActive || p.Undo.State == flow.RunActive) && k < len(f.Steps) {
+				rows[i].Running = append(rows[i].Running, f.Steps[k].Name)
+			}
+		}
+	}
 	d.render(w, r, http.StatusOK, "flows", "Flows", struct {
-		Flows  []*flow.Flow
+		Flows  []flowRow
 		Active bool
 		Limit  int
-	}{fs, active, flowsShown})
+	}{rows, active, flowsShown})
+}
+
+// flowRow is a flow in the list: how many steps' work succeeded, and the
+// steps running (in a DAG, several at once).
+type flowRow struct {
+	*flow.Flow
+	Done    int
+	Running []string
 }
 
 func rank(s flow.State) int {
@@ -49,7 +69,8 @@ type flowStep struct {
 	Step flow.Step
 	Prog flow.Progress
 	// Result is the step's result in the shared parameters, indented.
-	Result  string
+	Result string
+	// Current marks a step whose work or rollback runs (in a DAG, several).
 	Current bool
 }
 
@@ -67,7 +88,7 @@ func (d *dashboard) flow(w http.ResponseWriter, r *http.Request) {
 	steps := make([]flowStep, len(f.Steps))
 	for i, st := range f.Steps {
 		steps[i] = flowStep{N: i + 1, Step: st, Prog: f.Progress[i], Result: prettyJSON(f.Params[st.Name]),
-			Current: i == f.Cursor && !f.State.Finished()}
+			Current: f.Progress[i].Do.State == flow.RunActive || f.Progress[i].Undo.State == flow.RunActive}
 	}
 	pic, err := d.picture(r.Context(), f)
 	if err != nil {
