@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/stats"
 	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/mongostore"
 )
 
 // clocked is a real store whose Now the test sets.
@@ -81,8 +83,25 @@ func read(t *testing.T, s task.Store, res stats.Resolution, n int) stats.Series 
 // Two recorders counting from many goroutines and flushing at the same
 // time, each flush a compare-and-set on the same buckets: not one count
 // lost or doubled.
-func TestTwoRecordersMergeExactly(t *testing.T) {
-	s := open(t)
+func TestTwoRecordersMergeExactly(t *testing.T) { mergeExactly(t, open(t)) }
+
+// The same on the MongoDB wire test server.
+func TestTwoRecordersMergeExactlyMongo(t *testing.T) {
+	uri := testservers.MongoURI(t)
+	m, err := mongostore.Open(t.Context(), uri, &mongostore.Config{Database: "stats_" + strconv.FormatInt(time.Now().UnixNano(), 36)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = m.Database().Drop(context.Background())
+		m.Close()
+	})
+	s := &clocked{Store: m}
+	s.set(time.Date(2026, 11, 26, 10, 0, 30, 0, time.UTC))
+	mergeExactly(t, s)
+}
+
+func mergeExactly(t *testing.T, s *clocked) {
 	recs := []*stats.Recorder{recorder(t, s), recorder(t, s)}
 	const perGoroutine = 300
 	var wg sync.WaitGroup
