@@ -118,7 +118,7 @@ func get(ctx context.Context, s task.Store) (Policy, task.Document, error) {
 	}
 	if err != nil {
 		task.SkipMalformed(Namespace, PolicyID+"@"+strconv.FormatInt(d.Version, 10), err)
-		return Policy{}, d, fmt.Errorf("%w: retention policy: stored document %s/%s: %w (set it again)", task.ErrInvalid, Namespace, PolicyID, err)
+		return Policy{}, d, fmt.Errorf("%w: retention policy: stored document %s/%s: %w (Set replaces it)", task.ErrInvalid, Namespace, PolicyID, err)
 	}
 	return p, d, nil
 }

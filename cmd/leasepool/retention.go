@@ -4,6 +4,7 @@ package main
 // (package retention); every worker runs a retention.Runner.
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -22,7 +23,7 @@ func retentionCommand() *cli.Command {
 			{
 				Name: "show", Usage: "print the stored policy (the defaults when none is stored)",
 				Action: func(c *cli.Context) error {
-					return withPolicy(c, openStoreReadOnly, func(task.Store, *retention.Policy) error { return nil })
+					return withPolicy(c, openStoreReadOnly, false, func(task.Store, *retention.Policy) error { return nil })
 				},
 			},
 			{
@@ -58,7 +59,7 @@ func retentionSet(c *cli.Context) error {
 		given[name] = task.Duration(d)
 	}
 	open := func(c *cli.Context) (task.Store, error) { return openStore(c, false) }
-	return withPolicy(c, open, func(s task.Store, p *retention.Policy) error {
+	return withPolicy(c, open, true, func(s task.Store, p *retention.Policy) error {
 		fields := map[string]*task.Duration{"succeeded": &p.Succeeded, "failed": &p.Failed, "cancelled": &p.Cancelled, "device-states": &p.DeviceStates}
 		for name, d := range given {
 			*fields[name] = d
@@ -68,14 +69,18 @@ func retentionSet(c *cli.Context) error {
 }
 
 // withPolicy opens the store, reads the policy, lets fn change it, and
-// prints the result.
-func withPolicy(c *cli.Context, open func(*cli.Context) (task.Store, error), fn func(task.Store, *retention.Policy) error) error {
+// prints the result. With replace, a stored policy that does not decode
+// reads as the defaults, for fn to replace.
+func withPolicy(c *cli.Context, open func(*cli.Context) (task.Store, error), replace bool, fn func(task.Store, *retention.Policy) error) error {
 	s, err := open(c)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	p, err := retention.Get(c.Context, s)
+	if replace && errors.Is(err, task.ErrInvalid) {
+		p, err = retention.DefaultPolicy, nil
+	}
 	if err != nil {
 		return err
 	}
