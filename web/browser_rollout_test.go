@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 
 	"github.com/leasepool/leasepool/consumer"
@@ -188,5 +189,17 @@ func TestRolloutPageInBrowser(t *testing.T) {
 		t.Errorf("events:\n%s\nwant the pause and the resume", got)
 	}
 	screenshot(t, bctx, "rollout")
+
+	// 375 px wide: neither page scrolls sideways.
+	if _, err := chromedp.Call(bctx, emulation.SetDeviceMetricsOverride, emulation.SetDeviceMetricsOverrideParams{
+		Width: 375, Height: 812, DeviceScaleFactor: 1, Mobile: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/rollouts", "/rollout?name=firmware-7"} {
+		do(t, bctx, "open "+path+" at 375 px", chromedp.Navigate(srv.URL+path), chromedp.WaitReady(chromedp.CSS("footer")))
+		if w, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); err != nil || w > 375 {
+			t.Errorf("%s at 375 px: the page is %d px wide (%v)", path, w, err)
+		}
+	}
 	t.Logf("took %s", time.Since(began).Round(time.Millisecond))
 }
