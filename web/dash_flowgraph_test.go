@@ -4,16 +4,23 @@ package web_test
 // SVGs parse as XML, the DAG's edges and levels are the flow's.
 
 import (
+	"context"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/web"
 )
 
@@ -198,5 +205,77 @@ func TestFlowPageSignalForm(t *testing.T) {
 	}
 	if code, _ := ro.send("POST", "/flow/signal", url.Values{"key": {"f1"}, "step": {"approve"}}, nil); code != 403 {
 		t.Errorf("read-only signal: %d, want 403", code)
+	}
+}
+
+// BenchmarkFlowPage is the flow page of a finished run of the largest
+// flow (flow.MaxSteps steps, 10 levels of 10, each step needing every step
+// of the level before), its step tasks in the store:
+//
+//	go test -run '^$' -bench FlowPage -benchtime 50x ./web/
+func BenchmarkFlowPage(b *testing.B) {
+	ctx := context.Background()
+	s, err := store.Open(ctx, "sqlite:"+filepath.Join(b.TempDir(), "s.db"), store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	mux := consumer.NewMux()
+	if err := flow.Register(mux, flow.Config{Store: s}); err != nil {
+		b.Fatal(err)
+	}
+	mux.RegisterFunc("quick", func(context.Context, *consumer.Job) error { return nil })
+	c, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "w", Concurrency: 10})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := c.Start(cctx); err != nil {
+		b.Fatal(err)
+	}
+	defer c.Stop(context.Background())
+	var steps []flow.Step
+	for l := range 10 {
+		for k := range 10 {
+			st := flow.Step{Name: fmt.Sprintf("s%d-%d", l, k), Action: flow.Action{Kind: "quick"}}
+			for p := range 10 {
+				if l > 0 {
+					st.Needs = append(st.Needs, fmt.Sprintf("s%d-%d", l-1, p))
+				}
+			}
+			steps = append(steps, st)
+		}
+	}
+	if _, _, err := flow.Publish(ctx, s, flow.Spec{Key: "big", Steps: steps}); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		f, err := flow.Get(ctx, s, "big")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if f.State.Finished() {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h, err := web.NewHandler(web.Config{Store: s})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for b.Loop() {
+		resp, err := http.Get(srv.URL + "/flow?key=big")
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("GET = %d", resp.StatusCode)
+		}
+		b.ReportMetric(float64(n), "bytes/page")
 	}
 }
