@@ -15,6 +15,9 @@
 //	...
 //	err = w.Stop(ctx)
 //
+// or, as a program's main, err = w.Run(ctx), which stops when ctx ends.
+// Config.Check refuses a bad setting before anything is opened.
+//
 // Stop order: the consumer first (running handlers finish within
 // ShutdownTimeout, then their leases are released), then the schedule
 // runner, the flow reconciler, the rollout driver and retention, then the
@@ -157,11 +160,14 @@ type Worker struct {
 // longer than Config.StoreFailTimeout.
 var ErrStoreFailing = errors.New("store failing")
 
-// New checks cfg and registers the handlers Kinds names on the Mux. It
-// opens nothing: Start does.
+// New checks cfg (see Check; errors are *ConfigError) and registers the
+// handlers Kinds names on the Mux. It opens nothing: Start does.
 func New(cfg Config) (*Worker, error) {
 	if cfg.Store == nil {
-		return nil, fmt.Errorf("worker: %w: Store: required", task.ErrInvalid)
+		return nil, &ConfigError{"Store", "required"}
+	}
+	if err := cfg.Check(); err != nil {
+		return nil, err
 	}
 	if cfg.Mux == nil {
 		cfg.Mux = consumer.NewMux()
@@ -169,23 +175,15 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.StoreFailTimeout < 0 {
-		return nil, fmt.Errorf("worker: %w: StoreFailTimeout: must not be negative, got %s", task.ErrInvalid, cfg.StoreFailTimeout)
-	}
-	if cfg.RetentionEvery != 0 && cfg.RetentionEvery < schedule.MinEvery {
-		return nil, fmt.Errorf("worker: %w: RetentionEvery: must be at least %s, got %s", task.ErrInvalid, schedule.MinEvery, cfg.RetentionEvery)
-	}
-	if cfg.ID != "" {
-		if err := task.ValidateKey("ID", cfg.ID); err != nil {
-			return nil, fmt.Errorf("worker: %w", err)
-		}
-	}
 	kinds := slices.Clone(cfg.Kinds)
 	if len(kinds) == 0 {
 		kinds = append(slices.Clone(builtin.DefaultKinds), cfg.Mux.Kinds()...)
 	}
 	slices.Sort(kinds)
 	kinds = slices.Compact(kinds)
+	if !slices.Contains(kinds, "exec") && (len(cfg.Exec.Allow) > 0 || len(cfg.Exec.PassEnv) > 0) {
+		cfg.Logger.Warn("exec's allowed programs and passed environment have no effect: this worker does not run exec", slog.Any("kinds", kinds))
+	}
 	registered := cfg.Mux.Kinds()
 	for _, k := range kinds {
 		switch {
@@ -202,7 +200,7 @@ func New(cfg Config) (*Worker, error) {
 			// Registered by mqttdev.Wire at Start, once the worker id is
 			// known to be this process's.
 		default:
-			return nil, fmt.Errorf("worker: %w: Kinds: %q has no handler on Mux", task.ErrInvalid, k)
+			return nil, &ConfigError{"Kinds", fmt.Sprintf("%q has no handler on Mux", k)}
 		}
 	}
 	if err := flow.Register(cfg.Mux, flow.Config{Store: cfg.Store, Logger: cfg.Logger}); err != nil {

@@ -115,6 +115,24 @@ func deviceCommand() *cli.Command {
 	}
 }
 
+// deviceFlags are the worker's flags for device tasks: how to reach the
+// MQTT broker, or host the embedded one.
+func deviceFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "mqtt", EnvVars: []string{"LEASEPOOL_MQTT_URL"},
+			Usage: "MQTT broker for device tasks (tcp://, ssl://); empty: use the embedded broker at --embedded-broker, starting it if no other worker has"},
+		&cli.StringFlag{Name: "embedded-broker", Value: mqttdev.DefaultEmbeddedBroker, Usage: "loopback address of the embedded MQTT broker"},
+		&cli.DurationFlag{Name: "embedded-broker-lease", Value: broker.DefaultLease,
+			Usage: "hosting lease of the embedded broker: when its host dies, another worker on the host takes it over within about this long"},
+		&cli.StringFlag{Name: "mqtt-user", EnvVars: []string{"LEASEPOOL_MQTT_USER"}, Usage: "MQTT user name"},
+		&cli.StringFlag{Name: "mqtt-password", EnvVars: []string{"LEASEPOOL_MQTT_PASSWORD"}, Usage: "MQTT password"},
+		&cli.StringFlag{Name: "mqtt-ca", Usage: "CA certificate (PEM) that signs the broker's"},
+		&cli.StringFlag{Name: "mqtt-cert", Usage: "client certificate (PEM)"},
+		&cli.StringFlag{Name: "mqtt-key", Usage: "client key (PEM)"},
+		&cli.StringFlag{Name: "prefix", Value: mqttdev.DefaultPrefix, Usage: "first MQTT topic level"},
+	}
+}
+
 // deviceConfig maps the worker's broker flags to worker.Devices: --mqtt,
 // or the embedded broker at --embedded-broker hosted by one worker sharing
 // the store at a time.
