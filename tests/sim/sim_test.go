@@ -15,6 +15,7 @@ var (
 	big       = flag.Bool("sim.big", false, "run the scaling table: W = 1, 10, 100, 1,000 workers")
 	schedules = flag.Int("sim.schedules", 0, "run this many random fault schedules (small clusters, kills, faults)")
 	out       = flag.String("sim.out", "", "append the printed table to this file")
+	takeovers = flag.Int("sim.takeovers", 0, "run this many takeover schedules (half the workers killed holding 1-3 s tasks, free slots left)")
 )
 
 // run runs cfg in its own bubble and fails t on any invariant violation.
@@ -114,5 +115,37 @@ func TestSimRenewalsDoNotFanOut(t *testing.T) {
 	}
 	if r.Events > 4 {
 		t.Fatalf("%.1f change events per worker for one 60 s task; want at most 4", r.Events)
+	}
+}
+
+// TestSimTakeover, with -sim.takeovers N, runs N drains in which half the
+// workers are cut off the store while they hold 1 to 3 s tasks and the
+// others have free slots for every task: each lease a dead worker held is
+// taken over within 250 ms of its end (a lease plus 250 ms of the
+// holder's last renewal).
+//
+//	go test ./tests/sim -run TestSimTakeover -v -args -sim.takeovers 1000
+func TestSimTakeover(t *testing.T) {
+	if *takeovers == 0 {
+		t.Skip("on demand: -sim.takeovers N")
+	}
+	const bound = 250 * time.Millisecond
+	var count, late int
+	var longest time.Duration
+	for i := range *takeovers {
+		w := 2 + i%7
+		r := run(t, sim.Config{Workers: w, Tasks: 4 * (w - w/2), Work: time.Duration(1000+i%2000) * time.Millisecond,
+			Kill: w / 2, Seed: uint64(5000 + i)})
+		count += r.Takeovers
+		longest = max(longest, r.TakeoverMax)
+		if r.TakeoverMax > bound {
+			late++
+			t.Errorf("W=%d seed %d: a lease taken over %s after it ended; want within %s", w, 5000+i, r.TakeoverMax, bound)
+		}
+	}
+	fmt.Printf("%d takeover schedules: %d takeovers, the longest %s after the lease ended, %d over %s\n",
+		*takeovers, count, longest.Round(time.Millisecond), late, bound)
+	if count == 0 {
+		t.Fatal("no lease was taken over: the schedules test nothing")
 	}
 }
