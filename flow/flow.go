@@ -287,7 +287,7 @@ type Flow struct {
 	Gen      int        `json:"gen"`
 	Progress []Progress `json:"progress"`
 	Events   []Event    `json:"events,omitempty"`
-	// RollbackOnCancel is set by a cancel that asked for rollback.
+	// Error is why the flow failed or rolls back: the first step failure.
 	Error     string    `json:"error,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
