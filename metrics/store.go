@@ -101,8 +101,8 @@ func NewStoreCollector(cfg StoreConfig) (*StoreCollector, error) {
 		up: prometheus.NewDesc(namespace+"_store_up",
 			"1 when the collector's last store read succeeded, 0 when it failed (the gauges it feeds are then left out).", nil, nil),
 		malformed: prometheus.NewDesc(namespace+"_malformed_documents_total",
-			"Documents of leasepool's own (flow documents, pause, limit and schedule records) that this process's readers "+
-				"could not read and skipped, by kind; each is logged once.", []string{"kind"}, nil),
+			"Documents of leasepool's own (flows, pauses, limits, schedules and their cursors, device states, the retention "+
+				"policy) that this process's readers could not read and skipped, by kind (their namespace); each is logged once.", []string{"kind"}, nil),
 		seen: map[stateKind]bool{},
 	}, nil
 }
