@@ -159,6 +159,7 @@ func nested(depth int) string {
 // that the store is unchanged; then a default worker is given an exec task
 // and must not run it.
 func TestAttackSurface(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	dbPath := filepath.Join(dir, "store.db")
 	storeURL := "sqlite:" + dbPath
@@ -353,6 +354,7 @@ func rawStatus(t *testing.T, addr, req string) int {
 // read-only one reads everything and writes nothing; the lack of either is
 // 401 with the connection closed.
 func TestAttackCredentials(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	dbPath := filepath.Join(dir, "store.db")
 	storeURL := "sqlite:" + dbPath
@@ -429,6 +431,7 @@ func TestAttackCredentials(t *testing.T) {
 // of them and no log line shows them. A worker and a device simulator
 // given an MQTT URL with a password never print it.
 func TestAttackSecretsNotLeaked(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	storeURL := "sqlite:" + filepath.Join(dir, "store.db")
 	envOut := filepath.Join(dir, "env.txt")

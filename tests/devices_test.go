@@ -390,6 +390,7 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 // would break out of its topic level, through the CLI: each is refused
 // with a one-line error naming the device field, and nothing is written.
 func TestDeviceIDInjectionRefused(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, time.Minute)
 	path := filepath.Join(t.TempDir(), "store.db")
 	s, err := sqlitestore.Open(ctx, path, nil)

@@ -42,6 +42,7 @@ func publishExec(t *testing.T, url, key string, argv []string, extra ...string) 
 // the other built-in kinds but never an exec task, and does not list exec
 // in the registry; one whose --kinds names exec runs it.
 func TestWorkerRunsExecOnlyWhenNamed(t *testing.T) {
+	t.Parallel()
 	s, url := execStore(t)
 	marker := filepath.Join(t.TempDir(), "pwned")
 	publishExec(t, url, "shell", []string{"/bin/sh", "-c", "id > " + marker})
@@ -82,6 +83,7 @@ func TestWorkerRunsExecOnlyWhenNamed(t *testing.T) {
 // list fails its attempts with an error naming it and the flag, and never
 // starts; an allowed program runs.
 func TestWorkerExecAllowRefuses(t *testing.T) {
+	t.Parallel()
 	s, url := execStore(t)
 	dir := t.TempDir()
 	touch, err := exec.LookPath("touch")
@@ -171,6 +173,7 @@ func startSecretWorker(t *testing.T, url, id string, env []string, args ...strin
 // TestWorkerExecEnvironment: an exec program's environment holds none of
 // the worker's secrets; --exec-env passes the one it names.
 func TestWorkerExecEnvironment(t *testing.T) {
+	t.Parallel()
 	_, url := execStore(t)
 	dir := t.TempDir()
 	for _, tt := range []struct {
@@ -205,6 +208,7 @@ func TestWorkerExecEnvironment(t *testing.T) {
 // worker log line (connected, or failing to connect) and not in the
 // output of `device simulate`.
 func TestMQTTPasswordNeverPrinted(t *testing.T) {
+	t.Parallel()
 	_, url := execStore(t)
 	addr := freeAddr(t)
 	broker := exec.Command(leasepoolBin(t), "device", "broker", "--listen", addr)

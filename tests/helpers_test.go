@@ -1,5 +1,9 @@
 // Package tests holds end-to-end tests: several leasepool processes sharing
 // real stores, killed with SIGKILL mid-run.
+//
+// A test here calls t.Parallel only when nothing it asserts depends on
+// timing (no lease, heartbeat or deadline that a starved process could
+// miss): those run side by side once the rest, run one at a time, are done.
 package tests
 
 import (

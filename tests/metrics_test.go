@@ -65,6 +65,7 @@ func sample(text, series string) float64 {
 // It also checks that a bad address fails the worker at once, and that
 // `leasepool serve` exposes /metrics behind its token.
 func TestWorkerMetricsEndpoint(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 2*time.Minute)
 	dbPath := filepath.Join(t.TempDir(), "store.db")
 	store, err := sqlitestore.Open(ctx, dbPath, nil)

@@ -13,6 +13,7 @@ import (
 // WAL is taken in turns under the store's write lock, since SQLite's busy
 // handler does not wait for it).
 func TestProcessesOpenNewStoreTogether(t *testing.T) {
+	t.Parallel()
 	for round := range 25 {
 		url := "sqlite:" + filepath.Join(t.TempDir(), "store.db")
 		var wg sync.WaitGroup
