@@ -168,7 +168,9 @@ func TestTwoSteppersAtOnceNeverSendTwice(t *testing.T) {
 		if e.Device == "dev-005" {
 			want = 3
 		}
-		if e.Attempt != want || len(e.Dispatched) != want {
+		// A peer slower to publish than OrphanAfter has its dispatch
+		// taken again under the same key: more tokens, never more keys.
+		if e.Attempt != want || len(e.Dispatched) < want {
 			t.Errorf("%s: %d attempts, %d dispatches, want %d", e.Device, e.Attempt, len(e.Dispatched), want)
 		}
 	}
@@ -200,24 +202,31 @@ func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
 	heir := NewStepper(st)
 	heir.orphanAfter = 100 * time.Millisecond
 	time.Sleep(heir.orphanAfter)
-	if err := heir.Step(ctx, "crash"); err != nil {
-		t.Fatal(err)
-	}
-	r, _ = Get(ctx, st, "crash")
-	if p := r.Progress(); p.Total.Queued != 12 {
-		t.Fatalf("the heir re-queued %+v, want all 12 queued (the window is full)", p.Total)
-	}
-	time.Sleep(time.Duration(rate.Per))
-	if err := heir.Step(ctx, "crash"); err != nil {
-		t.Fatal(err)
-	}
-	r, _ = Get(ctx, st, "crash")
-	for _, e := range r.Devices[:4] {
-		if e.Attempt != 1 || len(e.Dispatched) != 2 {
-			t.Fatalf("%s: attempt %d with %d dispatches, want the same key (1) under a second token", e.Device, e.Attempt, len(e.Dispatched))
+	// The heir dispatches the four again, each under a fresh token (once
+	// the window has room) and its first key.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := heir.Step(ctx, "crash"); err != nil {
+			t.Fatal(err)
 		}
-		if _, err := st.Get(ctx, TaskKey("crash", e.Device, 1)); err != nil {
-			t.Fatalf("the heir did not publish %s: %v", e.Device, err)
+		r, _ = Get(ctx, st, "crash")
+		again := 0
+		for _, e := range r.Devices[:4] {
+			if _, err := st.Get(ctx, TaskKey("crash", e.Device, 1)); err == nil && e.Attempt == 1 && len(e.Dispatched) == 2 {
+				again++
+			}
+		}
+		if again == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the heir did not dispatch the dead driver's records again: %+v", r.Devices[:4])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, e := range r.Devices {
+		if e.Attempt > 1 {
+			t.Fatalf("%s: attempt %d: a record taken again must keep its key", e.Device, e.Attempt)
 		}
 	}
 	checkRate(t, allDispatches(r), rate.N, time.Duration(rate.Per))

@@ -63,7 +63,7 @@ func NewDriver(cfg DriverConfig) (*Driver, error) {
 	d := &Driver{cfg: cfg, stepper: NewStepper(cfg.Store)}
 	runner, err := singleton.New(singleton.Config{
 		Store: cfg.Store, Key: LockKey, HolderID: cfg.WorkerID,
-		Lease: max(cfg.Lease, singleton.MinLease), Renew: min(cfg.Lease/3, max(cfg.Every, cfg.Lease/10)),
+		Lease: max(cfg.Lease, singleton.MinLease),
 		Run: d.loop, Logger: cfg.Logger,
 	})
 	if err != nil {

@@ -103,9 +103,10 @@ type Spec struct {
 	// ApproveWaves makes every wave after the first wait for an
 	// operator's approval (Approve).
 	ApproveWaves bool `json:"approve_waves,omitempty"`
-	// GateFailures is the failure percentage of a wave at or above which
-	// the next wave waits for approval; zero means the lowest abort
-	// rule's percentage, or no gate without rules.
+	// GateFailures is the failure percentage of a wave (every failure
+	// kind counted) at or above which the next wave waits for approval;
+	// zero means the tightest abort rule's percentage, counting that
+	// rule's kinds, or no gate without rules.
 	GateFailures float64 `json:"gate_failures,omitempty"`
 	// Rate bounds dispatches: at most N devices sent the command in any
 	// window of Per. Zero N: no bound.

@@ -67,6 +67,16 @@ func (s Spec) gateFailures() float64 {
 	return 0
 }
 
+// gateKinds are the failures the wave gate counts: those of the tightest
+// abort rule when the gate takes its threshold, every kind when
+// GateFailures is given.
+func (s Spec) gateKinds() []Outcome {
+	if r, ok := s.tightestRule(); ok && s.GateFailures == 0 {
+		return r.Kinds
+	}
+	return FailureKinds
+}
+
 // tightestRule is the abort rule with the lowest percentage.
 func (s Spec) tightestRule() (AbortRule, bool) {
 	var best AbortRule

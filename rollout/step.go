@@ -43,7 +43,7 @@ type Stepper struct {
 // OrphanAfter is how long a dispatch recorded by another driver may stay
 // unpublished before it is dispatched again: a live driver publishes
 // within a step, a dead one never does.
-const OrphanAfter = 2 * time.Second
+const OrphanAfter = 5 * time.Second
 
 // NewStepper returns a Stepper over st.
 func NewStepper(st Store) *Stepper {
@@ -332,8 +332,12 @@ func (r *Rollout) advanceWaves(now time.Time) bool {
 			c.add(e.Outcome)
 		}
 		reason := ""
-		if g := r.Spec.gateFailures(); g > 0 && percent(c.Failures(), c.Ended()) >= g {
-			reason = fmt.Sprintf("wave %d failed %.1f%%, at or above %s%%: approve to go on", r.Wave+1, percent(c.Failures(), c.Ended()), trimFloat(g))
+		failed := 0
+		for _, k := range r.Spec.gateKinds() {
+			failed += c.Of(k)
+		}
+		if g := r.Spec.gateFailures(); g > 0 && percent(failed, c.Ended()) >= g {
+			reason = fmt.Sprintf("wave %d failed %.1f%%, at or above %s%%: approve to go on", r.Wave+1, percent(failed, c.Ended()), trimFloat(g))
 		} else if r.Waves[next].Gate == GateApproval {
 			reason = fmt.Sprintf("wave %d waits for approval", next+1)
 		}

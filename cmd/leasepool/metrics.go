@@ -54,6 +54,9 @@ func metricsRegistry(s task.Store) (*prometheus.Registry, error) {
 	if err := reg.Register(col); err != nil {
 		return nil, err
 	}
+	if err := registerRolloutMetrics(reg, s); err != nil {
+		return nil, err
+	}
 	return reg, nil
 }
 

@@ -5,15 +5,19 @@ package main
 // `leasepool worker` runs the driver, one at a time.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/task"
@@ -315,4 +319,30 @@ func printRollout(w io.Writer, r *rollout.Rollout, devices bool) error {
 		fmt.Fprintf(w, "%s  %-26s wave %d  %s\n", e.At.Format(time.RFC3339Nano), e.Type, e.Wave+1, e.Detail)
 	}
 	return nil
+}
+
+// registerRolloutMetrics adds each rollout's devices by outcome and its
+// state (metrics.RolloutCollector) to reg, read from s.
+func registerRolloutMetrics(reg *prometheus.Registry, s task.Store) error {
+	col, err := metrics.NewRolloutCollector(metrics.RolloutConfig{Logger: slog.Default(),
+		Counter: metrics.RolloutCounterFunc(func(ctx context.Context) ([]metrics.RolloutCount, error) {
+			list, err := rollout.List(ctx, s)
+			out := make([]metrics.RolloutCount, 0, len(list))
+			for _, r := range list {
+				rc := metrics.RolloutCount{Name: r.Name, State: string(r.State), Outcomes: map[string]int64{}}
+				for _, e := range r.Devices {
+					o := e.Outcome
+					if o == "" {
+						o = rollout.OutcomeQueued
+					}
+					rc.Outcomes[string(o)]++
+				}
+				out = append(out, rc)
+			}
+			return out, err
+		})})
+	if err != nil {
+		return err
+	}
+	return reg.Register(col)
 }

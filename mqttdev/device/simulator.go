@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/leasepool/leasepool/internal/lifecycle"
@@ -92,18 +93,39 @@ func (s *Simulator) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("simulator: %w", err)
 	}
+	// Devices connect a few at a time: a fleet of hundreds is up in a
+	// second, not one round trip after another.
+	sem := make(chan struct{}, connectParallel)
+	errs := make(chan error, len(s.devices))
+	var wg sync.WaitGroup
 	for _, d := range s.devices {
 		_ = d.tr.Subscribe(ctx, d.topics.Device(d.id, protocol.TopicCmd))
-		if err := d.tr.Connect(ctx); err != nil {
-			_ = s.Stop(context.WithoutCancel(ctx))
-			return fmt.Errorf("simulator: device %s: %w", d.id, err)
-		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := d.tr.Connect(ctx); err != nil {
+				errs <- fmt.Errorf("simulator: device %s: %w", d.id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		_ = s.Stop(context.WithoutCancel(ctx))
+		return err
+	}
+	for _, d := range s.devices {
 		s.life.Go(func() { d.receive(run) })
 		s.life.Go(func() { d.execute(run) })
 		s.life.Go(func() { d.heartbeat(run) })
 	}
 	return nil
 }
+
+// connectParallel bounds the devices connecting at once in Start.
+const connectParallel = 32
 
 // Stop stops the devices: their goroutines end, then each publishes its
 // offline status and disconnects. It may be called again; ctx bounds the
