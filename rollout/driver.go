@@ -64,7 +64,7 @@ func NewDriver(cfg DriverConfig) (*Driver, error) {
 	runner, err := singleton.New(singleton.Config{
 		Store: cfg.Store, Key: LockKey, HolderID: cfg.WorkerID,
 		Lease: max(cfg.Lease, singleton.MinLease),
-		Run: d.loop, Logger: cfg.Logger,
+		Run:   d.loop, Logger: cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rollout driver: %w", err)
