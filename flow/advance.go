@@ -246,6 +246,10 @@ func record(ctx context.Context, s task.Store, ref StepRef, o outcome, log *slog
 	o.Gen, o.Step, o.Undo = ref.Gen, ref.Step, ref.Undo
 	applied := false
 	f, err := modify(ctx, s, ref.Flow, func(f *Flow) error {
+		// The outcome's time is the write's: ended_at is when the flow
+		// recorded it, so a later attempt that began before it had passed
+		// the middleware's check, and the next steps start no earlier.
+		o.At = s.Now().UTC()
 		if applied = f.apply(o); !applied {
 			return errUnchanged
 		}

@@ -180,7 +180,13 @@ func (f *Flow) advance(at time.Time) {
 				if f.Progress[i].Do.State != RunNone || !f.needsMet(needs[i]) {
 					continue
 				}
-				f.startDo(i, at)
+				// No earlier than what it needs ended, whatever the clocks
+				// of the writers that recorded them said.
+				start := at
+				for _, k := range needs[i] {
+					start = latest(start, f.Progress[k].Do.EndedAt)
+				}
+				f.startDo(i, start)
 				started = started || f.Progress[i].Do.State == RunSucceeded
 			}
 		}
@@ -248,8 +254,12 @@ func (f *Flow) startUndos(needs [][]int, at time.Time) {
 				continue
 			}
 			if !slices.ContainsFunc(deps[i], func(d int) bool { return !f.undone(d) }) {
+				start := latest(at, p.Do.EndedAt)
+				for _, d := range deps[i] {
+					start = latest(start, f.Progress[d].Undo.EndedAt)
+				}
 				f.State, f.Cursor = StateRollingBack, i
-				f.Progress[i].Undo = Run{State: RunActive, Task: StepKey(f.Key, f.Gen, i, st.Name, true), StartedAt: at}
+				f.Progress[i].Undo = Run{State: RunActive, Task: StepKey(f.Key, f.Gen, i, st.Name, true), StartedAt: start}
 				f.started = append(f.started, runRef{Step: i, Undo: true})
 			}
 		}
@@ -265,6 +275,13 @@ func (f *Flow) startUndos(needs [][]int, at time.Time) {
 	}
 	f.State = StateFailed
 	f.addEvent(Event{At: at, Type: EventRolledBack, Message: f.Error})
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // undone reports whether step d no longer stands in a rollback's way: it
