@@ -195,7 +195,9 @@ func TestFlowDAGChaos(t *testing.T) {
 	}
 	// No kill from 2.5 s before the timers' time to 2 s after: a worker
 	// killed holding a timer's task leaves it to the lease's end (4 s).
-	quiet := func(at time.Time) bool { return at.After(coolUntil.Add(-2500*time.Millisecond)) && at.Before(coolUntil.Add(2*time.Second)) }
+	quiet := func(at time.Time) bool {
+		return at.After(coolUntil.Add(-2500*time.Millisecond)) && at.Before(coolUntil.Add(2*time.Second))
+	}
 	chaosUntil := began.Add(40 * time.Second)
 	for (finished() < n*95/100 || time.Now().Before(coolUntil.Add(2*time.Second))) && time.Now().Before(chaosUntil) {
 		time.Sleep(time.Second + rand.N(time.Second))
