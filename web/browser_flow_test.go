@@ -66,15 +66,27 @@ func TestFlowPageInBrowser(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The reconciler, as every worker runs it: it moves a flow on from a
+	// step whose attempts all expired (a lease lost on a loaded machine).
+	rec, err := flow.NewReconciler(flow.ReconcilerConfig{Store: s, WorkerID: "worker-1", Every: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		cancel()
+		_ = rec.Stop(context.Background())
 		_ = c.Stop(context.Background())
 	})
+	// Steps keep the default retries, so a lease lost under load runs
+	// the step again rather than failing the flow.
 	none := 0
-	quick := flow.Action{Kind: "quick", Retries: &none}
+	quick := flow.Action{Kind: "quick"}
 	spec := flow.Spec{Key: "provision-7", Params: json.RawMessage(`{"name":"db-7"}`), Steps: []flow.Step{
 		{Name: "check", Action: quick},
-		{Name: "reserve-ip", Needs: []string{"check"}, Action: flow.Action{Kind: "gated", Retries: &none}, Rollback: &quick},
+		{Name: "reserve-ip", Needs: []string{"check"}, Action: flow.Action{Kind: "gated"}, Rollback: &quick},
 		{Name: "quota", Needs: []string{"check"}, Action: quick, Rollback: &quick},
 		{Name: "approve", Type: flow.TypeSignal, Needs: []string{"reserve-ip", "quota"}},
 		{Name: "create", Needs: []string{"approve"}, Action: quick},
