@@ -2,6 +2,7 @@ package flowgraph
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,5 +74,15 @@ func TestFromFlow(t *testing.T) {
 	}
 	if !reflect.DeepEqual(g.Rollback, []int{1}) || g.Nodes[1].RollbackN != 1 {
 		t.Errorf("rollback %v", g.Rollback)
+	}
+
+	// A sleep step waiting for its time is awaiting, its due time in the
+	// hover text.
+	due := t0.Add(10 * time.Minute)
+	sleepy := &flow.Flow{Key: "s", Steps: []flow.Step{{Name: "cool-down", Sleep: task.Duration(10 * time.Minute)}},
+		Progress: []flow.Progress{{State: flow.StepRunning, Do: flow.Run{State: flow.RunActive, Task: "s/1/cool-down/timer", StartedAt: t0, Due: due}}}}
+	g = FromFlow(sleepy, t0.Add(time.Minute))
+	if nd := g.Nodes[0]; nd.Type != "sleep" || nd.State != Awaiting || !strings.Contains(nd.describe(g.Now), "due 04:10:00.000") {
+		t.Errorf("sleep step: type %s state %s, hover %q", nd.Type, nd.State, nd.describe(g.Now))
 	}
 }
