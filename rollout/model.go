@@ -31,7 +31,7 @@ import (
 
 // Namespace is the task.Document namespace of rollouts; a rollout's
 // document id is its name.
-const Namespace = "rollout"
+const Namespace = "leasepool.rollout"
 
 // State is a rollout's state.
 type State string
@@ -270,7 +270,7 @@ const (
 	MaxNameLen = 64
 	// MaxDevices bounds a rollout: every execution lives in its document
 	// (task.MaxDocumentSize).
-	MaxDevices = 2000
+	MaxDevices = 1000
 	MaxWaves   = 32
 	MaxRetries = 10
 	MaxEvents  = 100

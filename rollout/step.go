@@ -229,7 +229,7 @@ func classify(t *task.Task) (Outcome, string, bool) {
 			last = a
 		}
 	}
-	msg := firstLine(last.Error, 200)
+	msg := firstLine(last.Error, 120)
 	if last.State == task.AttemptExpired || last.State == task.AttemptRunning || (last.State == task.AttemptFail && last.Error == "") {
 		return OutcomeFailed, "worker lost", true
 	}
