@@ -79,11 +79,40 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 	case errors.Is(err, task.ErrNotFound), ctx.Err() != nil:
 		try.free()
 	default:
+		if doc, ok := c.adoptClaim(ctx, e.Key, try); ok {
+			c.observeClaim(doc, try)
+			res.doc = c.run(doc, try.holder, handled)
+			break
+		}
 		try.free()
 		c.logger.Warn("claim", slog.String("task", e.Key), slog.Any("err", err))
 		res.retry = retryEntry(e, nil, c.store.Now().Add(time.Second))
 	}
 	return res
+}
+
+// adoptClaim reads the task after a claim write that failed with a store
+// error, whose outcome is unknown: the write may have applied before the
+// answer was lost. When the stored document holds the claim's lease, the
+// claim landed and is run now. Otherwise this worker would see its own
+// live lease, wait for it to end, take it over and count it as a failed
+// attempt: a task whose claims kept meeting such errors would fail,
+// retries exhausted, without ever running.
+func (c *Consumer) adoptClaim(ctx context.Context, key string, try *claimTry) (*task.Task, bool) {
+	if try.reaped || try.holder.WorkerID == "" || ctx.Err() != nil {
+		return nil, false
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	doc, err := c.store.Get(rctx, key)
+	if err != nil {
+		return nil, false
+	}
+	i := doc.Entry(try.holder)
+	if i < 0 || doc.Workers[i].State != task.AttemptRunning || !c.store.Now().Before(doc.Workers[i].LeaseUntil) {
+		return nil, false
+	}
+	return doc, true
 }
 
 // takesOver reports whether a claim of t at now would replace another
