@@ -19,6 +19,7 @@ import (
 // the store), never two at once. Before the line, each worker served its
 // own waiters first, and the first to see a release won.
 func TestLockLineOrderAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 2*time.Minute)
 	st, url := flowStore(t, ctx)
 	const lockKey, n = "device:pump-7", 12

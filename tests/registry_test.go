@@ -37,6 +37,7 @@ func registered(t *testing.T, s task.Store, id string) (task.WorkerInfo, bool) {
 // after the heartbeat timeout), and the frozen holder, resumed, does not
 // take the id back.
 func TestDuplicateWorkerIDProcesses(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	dbPath := filepath.Join(dir, "store.db")
 	store, err := sqlitestore.Open(context.Background(), dbPath, nil)

@@ -21,6 +21,7 @@ import (
 // the worker holding retention's lease is SIGKILLed and a backlog of more
 // than one batch is added: the survivor takes the lease over and deletes it.
 func TestRetentionOnWorkers(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 2*time.Minute)
 	dbPath := filepath.Join(t.TempDir(), "store.db")
 	store, err := sqlitestore.Open(ctx, dbPath, nil)
