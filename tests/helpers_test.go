@@ -1,9 +1,10 @@
 // Package tests holds end-to-end tests: several leasepool processes sharing
 // real stores, killed with SIGKILL mid-run.
 //
-// A test here calls t.Parallel only when nothing it asserts depends on
-// timing (no lease, heartbeat or deadline that a starved process could
-// miss): those run side by side once the rest, run one at a time, are done.
+// A test here calls t.Parallel only when it mostly waits and what it
+// asserts survives a busy CPU (no lease or heartbeat tight enough for a
+// slowed process to miss): those run side by side, GOMAXPROCS at once,
+// after the rest have run one at a time.
 package tests
 
 import (
