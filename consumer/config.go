@@ -70,7 +70,9 @@ type Config struct {
 	// over the registry), the first claims at once, the next after
 	// ClaimSpread, and so on up to 10 ranks, so that about one claim is
 	// tried per task however many workers watch. Default 20ms; negative:
-	// every worker claims at once.
+	// every worker claims at once. Where change events take longer to
+	// arrive, the step grows to two and a half times their mean lag (at
+	// most 100ms), so that the next rank hears the claim before its turn.
 	ClaimSpread time.Duration
 }
 

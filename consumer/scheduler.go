@@ -77,6 +77,9 @@ type scheduler struct {
 	spread  preempt.Spread
 	ranks   map[string]int
 	ranksOf *preempt.Peers
+	// lag is the mean time from a write to its change event reaching this
+	// worker (see noteLag), which the stand-by step must exceed twice.
+	lag time.Duration
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -267,7 +270,37 @@ func (s *scheduler) standBy(t *task.Task, now time.Time) time.Duration {
 	if free := t.ConcurrentWorkerCnt - t.CountWorkers(now).Live; free > 1 {
 		rank = max(rank-(free-1), 0)
 	}
-	return s.spread.Delay(rank)
+	spread := s.spread
+	spread.Step = max(spread.Step, min(5*s.lag/2, maxSpreadStep))
+	return spread.Delay(rank)
+}
+
+// maxSpreadStep bounds the stand-by step however slow the change stream
+// is, so that a task whose preferred workers are busy or dead waits at
+// most a second (ten ranks) for the others.
+const maxSpreadStep = 100 * time.Millisecond
+
+// noteLag folds the lag of a change event, from its write to now, into
+// the mean. A stand-by step is only useful if it outlasts two of them:
+// the preferred worker hears of the task one lag after it became
+// claimable, and the next rank hears of its claim one write and one lag
+// after that; on a store whose events come slower than the configured
+// step (a remote MongoDB polled by its driver, say), the next rank would
+// otherwise try every task before it hears the claim, and conflict.
+// Events older than a second are a stream catching up, not its lag.
+func (s *scheduler) noteLag(t *task.Task, now time.Time) {
+	if t.UpdatedAt.IsZero() {
+		return
+	}
+	lag := now.Sub(t.UpdatedAt)
+	if lag < 0 || lag > time.Second {
+		return
+	}
+	if s.lag == 0 {
+		s.lag = lag
+		return
+	}
+	s.lag += (lag - s.lag) / 8
 }
 
 func (s *scheduler) onEvent(ev task.Event) {
@@ -279,6 +312,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 		}
 	}
 	now := s.store.Now()
+	s.noteLag(t, now)
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.wakeOne(k, now)
