@@ -20,7 +20,7 @@ import (
 
 // InventoryNamespace is the task.Document namespace of the inventory: one
 // document per device id.
-const InventoryNamespace = "device-inventory"
+const InventoryNamespace = "leasepool.device-inventory"
 
 // Inventory is one device's entry.
 type Inventory struct {

@@ -15,7 +15,7 @@ import (
 
 // StateNamespace is the namespace of the documents (task.Document) that
 // StoreStates keeps device states in, one per device id.
-const StateNamespace = "device-state"
+const StateNamespace = "leasepool.device-state"
 
 // StoreStates keeps device states in the store's documents, so that every
 // worker and admin tool sees the same picture. Every task.Store is a

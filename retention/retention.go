@@ -25,7 +25,7 @@ const (
 	LockKey = "leasepool.retention"
 	// Namespace and PolicyID name the document (task.Document) of the
 	// stored policy.
-	Namespace = "retention"
+	Namespace = "leasepool.retention"
 	PolicyID  = "policy"
 )
 
@@ -68,7 +68,7 @@ var DefaultPolicy = Policy{
 // DeviceStateNamespace is the namespace of the documents mqttdev keeps
 // device states in (mqttdev.StateNamespace; tests/retention_test.go
 // checks that the two agree).
-const DeviceStateNamespace = "device-state"
+const DeviceStateNamespace = "leasepool.device-state"
 
 // Validate accepts a positive period or Forever in each field.
 func (p Policy) Validate() error {

@@ -18,8 +18,8 @@ import (
 
 // The namespaces of schedule documents.
 const (
-	Namespace       = "schedule"
-	CursorNamespace = "schedule-cursor"
+	Namespace       = "leasepool.schedule"
+	CursorNamespace = "leasepool.schedule-cursor"
 )
 
 var (

@@ -26,6 +26,9 @@ type Document struct {
 // successful write is one change on the store's change stream, delivered
 // to the streams that ask for its namespace (WatchParams.Documents) in the
 // order of the writes to that document.
+//
+// Namespaces starting with DocumentPrefix ("leasepool.") are leasepool's
+// own; any other namespace is free for applications.
 type DocumentStore interface {
 	// GetDocument returns the document, or ErrNotFound.
 	GetDocument(ctx context.Context, namespace, id string) (Document, error)
@@ -42,6 +45,10 @@ type DocumentStore interface {
 	// Documents returns every document of namespace, by id.
 	Documents(ctx context.Context, namespace string) ([]Document, error)
 }
+
+// DocumentPrefix starts the namespaces of leasepool's own documents
+// (leasepool.pause, leasepool.schedule, ...).
+const DocumentPrefix = "leasepool."
 
 // MaxDocumentSize bounds a document's value, in bytes of JSON.
 const MaxDocumentSize = 1 << 20

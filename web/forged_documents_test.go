@@ -7,6 +7,7 @@ import (
 
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
@@ -15,7 +16,7 @@ import (
 // TestForgedDocumentsInEveryNamespace: a document that does not decode,
 // written by a store-level writer into each namespace leasepool keeps its
 // own state in (pauses, limits, schedules, their cursors, device states,
-// the retention policy), fails no page and no API list: the good entries
+// the device inventory, the retention policy), fails no page and no API list: the good entries
 // beside it are still shown.
 func TestForgedDocumentsInEveryNamespace(t *testing.T) {
 	t.Parallel()
@@ -31,7 +32,7 @@ func TestForgedDocumentsInEveryNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ns := range []string{control.PauseNamespace, control.LimitNamespace, schedule.Namespace, schedule.CursorNamespace,
-		mqttdev.StateNamespace, "retention"} {
+		mqttdev.StateNamespace, mqttdev.InventoryNamespace, retention.Namespace} {
 		for id, v := range map[string]string{"kind:forged": `"not an object"`, "<script>x</script>": `{"paused":7,"n":"x","every":[],"slot":{}}`} {
 			if _, err := e.store.PutDocument(ctx, task.Document{Namespace: ns, ID: id, Value: json.RawMessage(v)}); err != nil {
 				t.Fatal(err)

@@ -23,14 +23,14 @@ func TestListingsOverForgedDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ns := range []string{"leasepool.pause", "leasepool.limit", "schedule", "schedule-cursor", "device-state"} {
+	for _, ns := range []string{"leasepool.pause", "leasepool.limit", "leasepool.schedule", "leasepool.schedule-cursor", "leasepool.device-state", "leasepool.device-inventory"} {
 		for _, id := range []string{"kind:forged", "nightly", "policy"} {
 			if _, err := st.PutDocument(t.Context(), task.Document{Namespace: ns, ID: id + "-x", Value: json.RawMessage(`"forged"`)}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if _, err := st.PutDocument(t.Context(), task.Document{Namespace: "retention", ID: "policy", Value: json.RawMessage(`{"succeeded":[]}`)}); err != nil {
+	if _, err := st.PutDocument(t.Context(), task.Document{Namespace: "leasepool.retention", ID: "policy", Value: json.RawMessage(`{"succeeded":[]}`)}); err != nil {
 		t.Fatal(err)
 	}
 	st.Close()
@@ -49,8 +49,8 @@ func TestListingsOverForgedDocuments(t *testing.T) {
 		}
 	}
 	_, err = c.run("retention", "show")
-	if err == nil || !strings.Contains(err.Error(), "retention/policy") || strings.Contains(err.Error(), "\n") {
-		t.Fatalf("retention show over a forged policy: %v; want a one-line error naming retention/policy", err)
+	if err == nil || !strings.Contains(err.Error(), "leasepool.retention/policy") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("retention show over a forged policy: %v; want a one-line error naming leasepool.retention/policy", err)
 	}
 	c.must("retention", "set", "--succeeded", "2h")
 	if out := c.must("retention", "show"); !strings.HasPrefix(out, "succeeded 2h0m0s") {

@@ -4,8 +4,8 @@ package mongostore
 // documents held pauses, limits, schedules, their cursors, device states
 // and the retention policy as records, one per kind and id in the
 // `records` collection. Open copies each into `documents` as version 1 of
-// the document named by its kind (the namespace) and id, then drops
-// `records`.
+// the document named by its kind (the namespace, prefixed as
+// recordNamespace says) and id, then drops `records`.
 
 import (
 	"context"
@@ -14,10 +14,23 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/leasepool/leasepool/task"
 )
 
 // legacyRecords is the collection of shared records.
 const legacyRecords = "records"
+
+// recordNamespace is the namespace of a shared record's document: its
+// kind, with task.DocumentPrefix put before the kinds that lacked it
+// (pauses, limits and the doorbell had it already).
+func recordNamespace(kind string) string {
+	switch kind {
+	case "schedule", "schedule-cursor", "device-state", "retention":
+		return task.DocumentPrefix + kind
+	}
+	return kind
+}
 
 type legacyRecord struct {
 	Kind  string        `bson:"kind"`
@@ -49,8 +62,9 @@ func (s *Store) upgradeRecords(ctx context.Context) error {
 		if value.Type == 0 {
 			value = bson.RawValue{Type: bson.TypeNull}
 		}
+		ns := recordNamespace(r.Kind)
 		_, err := docs.InsertOne(ctx, bson.D{
-			{Key: "_id", Value: documentID(r.Kind, r.ID)}, {Key: "ns", Value: r.Kind}, {Key: "id", Value: r.ID},
+			{Key: "_id", Value: documentID(ns, r.ID)}, {Key: "ns", Value: ns}, {Key: "id", Value: r.ID},
 			{Key: "version", Value: int64(1)}, {Key: "value", Value: value}, {Key: "updated_at", Value: r.At.UTC()},
 		})
 		if err != nil && !mongo.IsDuplicateKeyError(err) {

@@ -90,6 +90,15 @@ func TestUpgradeMovesRecordsToDocuments(t *testing.T) {
 		states[1].ID != "valve-2" || states[1].Online || !states[1].SeenAt.Equal(seen.Add(-time.Minute)) {
 		t.Errorf("device states %+v, %v", states, err)
 	}
+	// The records of kinds without leasepool's prefix are documents under it.
+	for ns, want := range map[string]int{
+		"leasepool.schedule": 2, "leasepool.schedule-cursor": 1, "leasepool.device-state": 2, "leasepool.retention": 1,
+		"schedule": 0, "schedule-cursor": 0, "device-state": 0, "retention": 0,
+	} {
+		if docs, err := upgraded.Documents(ctx, ns); err != nil || len(docs) != want {
+			t.Errorf("Documents(%q) = %d documents, %v; want %d", ns, len(docs), err, want)
+		}
+	}
 	p, err := retention.Get(ctx, upgraded)
 	if want := (retention.Policy{Succeeded: task.Duration(time.Hour), Failed: task.Duration(48 * time.Hour), Cancelled: retention.Forever}); err != nil || p != want {
 		t.Errorf("retention policy %+v, %v; want %+v", p, err, want)

@@ -159,13 +159,13 @@ func (s *Store) Documents(ctx context.Context, namespace string) ([]task.Documen
 // the shared records that version 11 moves into it, each read as the
 // document the upgrade will make of it.
 func (s *Store) documentsTable() string {
-	const records = `SELECT kind AS namespace, id, 1 AS version, value, at AS updated_at FROM records`
+	const records = `SELECT ` + recordNamespace + ` AS namespace, id, 1 AS version, value, at AS updated_at FROM records`
 	switch {
 	case s.readVersion >= 11:
 		return "documents"
 	case s.readVersion >= 10:
 		return `(SELECT namespace, id, version, value, updated_at FROM documents UNION ALL ` + records +
-			` WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.namespace = records.kind AND d.id = records.id))`
+			` WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.namespace = ` + recordNamespace + ` AND d.id = records.id))`
 	}
 	return "(" + records + ")"
 }

@@ -180,17 +180,22 @@ DROP INDEX IF EXISTS tasks_kind_state_seq;`,
 ` + documents + `
 UPDATE task_counts SET n = n - 1 WHERE (kind, state) IN (SELECT kind, state FROM tasks WHERE key = 'leasepool:control');
 DELETE FROM tasks WHERE key = 'leasepool:control';`,
-	// Shared records become documents, a record's kind its namespace and
-	// its time the document's updated_at; a value that is not JSON, which
-	// no reader could use, is stored as null. A document already there is
-	// kept.
+	// Shared records become documents, in the namespace recordNamespace
+	// names and with the record's time as the document's updated_at; a
+	// value that is not JSON, which no reader could use, is stored as
+	// null. A document already there is kept.
 	10: `INSERT INTO documents (namespace, id, version, value, updated_at)
-	SELECT kind, id, 1, CASE WHEN json_valid(value) THEN value ELSE 'null' END, at FROM records WHERE true
+	SELECT ` + recordNamespace + `, id, 1, CASE WHEN json_valid(value) THEN value ELSE 'null' END, at FROM records WHERE true
 	ON CONFLICT (namespace, id) DO NOTHING;
 DROP TABLE records;`,
 	// Lock keys in namespaces (task.LockNamespace).
 	11: upgradeLocksToNamespaces,
 }
+
+// recordNamespace is the SQL for the namespace of a shared record's
+// document: its kind, with task.DocumentPrefix put before the kinds that
+// lacked it (pauses, limits and the doorbell had it already).
+const recordNamespace = `CASE WHEN kind IN ('schedule', 'schedule-cursor', 'device-state', 'retention') THEN 'leasepool.' || kind ELSE kind END`
 
 // hotIndexes serve the claim path and retention (version 8; version 9
 // dropped the second index on unfinished tasks, tasks_due on

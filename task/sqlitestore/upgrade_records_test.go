@@ -51,14 +51,14 @@ func TestUpgradeRecordsToDocuments(t *testing.T) {
 	}{
 		{`PRAGMA user_version`, &v},
 		{`SELECT count(*) FROM sqlite_master WHERE name = 'records'`, &records},
-		{`SELECT count(*) FROM documents WHERE namespace <> 'leasepool.control'`, &docs},
+		{`SELECT count(*) FROM documents WHERE namespace LIKE 'leasepool.%' AND namespace <> 'leasepool.control'`, &docs},
 	} {
 		if err := db.QueryRow(c.q).Scan(c.dest); err != nil {
 			t.Fatalf("%s: %v", c.q, err)
 		}
 	}
 	if v != sqlitestore.SchemaVersion || records != 0 || docs != 12 {
-		t.Fatalf("after the upgrade: version %d, records tables %d, documents %d; want %d, 0, 12 (one per record)", v, records, docs, sqlitestore.SchemaVersion)
+		t.Fatalf("after the upgrade: version %d, records tables %d, documents %d; want %d, 0, 12 (one per record, each under leasepool.)", v, records, docs, sqlitestore.SchemaVersion)
 	}
 	checkV10Values(t, "after the upgrade", st)
 
@@ -124,5 +124,14 @@ func checkV10Values(t *testing.T, when string, st task.Store) {
 	p, err := retention.Get(ctx, st)
 	if want := (retention.Policy{Succeeded: task.Duration(time.Hour), Failed: task.Duration(48 * time.Hour), Cancelled: retention.Forever}); err != nil || p != want {
 		t.Errorf("%s: retention policy %+v, %v; want %+v", when, p, err, want)
+	}
+	// The records of kinds without leasepool's prefix are documents under it.
+	for ns, want := range map[string]int{
+		"leasepool.schedule": 2, "leasepool.schedule-cursor": 1, "leasepool.device-state": 2, "leasepool.retention": 1,
+		"schedule": 0, "schedule-cursor": 0, "device-state": 0, "retention": 0,
+	} {
+		if docs, err := st.Documents(ctx, ns); err != nil || len(docs) != want {
+			t.Errorf("%s: Documents(%q) = %d documents, %v; want %d", when, ns, len(docs), err, want)
+		}
 	}
 }
