@@ -1,24 +1,29 @@
 // Package flow runs multi-step jobs with rollback on top of the task queue.
 //
-// A flow is a stored document: its steps (each a task kind and payload with
-// its own timeout and retries, and an optional rollback), the shared
-// parameters (the request's, plus each finished step's result under the
-// step's name), a cursor and a state. Each step runs as an ordinary
-// leasepool task with a deterministic key (see StepKey), so claims, leases,
-// pings, preemption and fencing are the queue's. The flow moves forward or
-// back only by compare-and-set on its document, and the next step's task is
-// published right after that write, idempotently by key: whoever next looks
-// at the flow after a crash in between (the step worker's Middleware, or
+// A flow is a stored document: its steps (a task kind and payload with its
+// own timeout and retries and an optional rollback, or a wait for a signal,
+// or a timer), the steps each needs (a DAG; none named: each step needs the
+// one before), the shared parameters (the request's, plus each finished
+// step's result under the step's name), each step's record and a state.
+// Each task step runs as an ordinary leasepool task with a deterministic
+// key (see StepKey), so claims, leases, pings, preemption and fencing are
+// the queue's; steps ready together run in parallel. The flow moves only by
+// compare-and-set on its document, and the tasks a write started are
+// published right after it, idempotently by key: whoever next looks at the
+// flow after a crash in between (the step worker's Middleware, or
 // Reconcile, which a Reconciler runs under a lease in the lock table)
-// publishes the same key again, and nothing runs twice.
+// publishes the same keys again, and nothing runs twice.
 //
-// If a step fails after its retries, the rollbacks of that step and of
-// every earlier one run in reverse order, each with its own timeout and
-// retries; a rollback that fails leaves the flow rollback_failed with an
-// alert event on the document and an error in the log.
+// If a step fails after its retries, no step starts any more and every
+// started step is rolled back once the steps that need it are (engine.go
+// states the rule), each rollback with its own timeout and retries; a
+// rollback that fails leaves the flow rollback_failed with an alert event
+// on the document and an error in the log. Signal (and the API and CLI
+// over it) ends a signal step's wait.
 //
-// Workers that run step tasks must use Middleware: step tasks carry an
-// envelope payload that it unwraps, and it records each step's outcome.
+// Workers that run step tasks must use Middleware (Register): step tasks
+// carry an envelope payload that it unwraps, and it records each step's
+// outcome and fires timers.
 package flow
 
 import (

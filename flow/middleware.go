@@ -106,7 +106,7 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 	}
 	if !ref.Undo && f.timer(ref.Step) {
 		// A sleep step's or a signal step's timer: its time has come.
-		o := f.timerOutcome(ref.Step, cfg.Store.Now().UTC())
+		o := f.timerOutcome(ref.Step, time.Time{}) // its time is the recording write's
 		o.Attempt = job.Attempt
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 		defer cancel()
@@ -149,7 +149,7 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 	if (herr != nil && ctx.Err() != nil) || errors.As(herr, &snooze) {
 		return herr // lease lost, cancelled, shutting down, snoozed: no outcome yet
 	}
-	o := outcome{Attempt: job.Attempt, At: cfg.Store.Now().UTC()}
+	o := outcome{Attempt: job.Attempt} // its time is the recording write's
 	if herr == nil {
 		o.Success = true
 		if herr = execResult(job, resultFile); herr != nil {
