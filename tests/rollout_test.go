@@ -3,6 +3,7 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -17,8 +18,8 @@ import (
 const healthyCount = 40
 
 // TestRolloutsOnAFleet runs two rollouts at once on Mosquitto through
-// three `leasepool worker` processes, one SIGKILLed mid-rollout (the
-// first started, the likely holder of the driver's lease):
+// three `leasepool worker` processes, one SIGKILLed mid-rollout (the one
+// holding the driver's lease; another takes it over):
 //
 //   - on 200 simulated devices (every tenth failing, every twentieth
 //     offline, every tenth slow), waves 1, 10%, 50%, 100% with
@@ -40,8 +41,10 @@ func TestRolloutsOnAFleet(t *testing.T) {
 	// The workers start first, so the statuses (each a store write per
 	// worker) come in while the devices connect.
 	var workers []*workerProc
+	var logs []string
 	for i := range 3 {
-		workers = append(workers, deviceWorker(t, storeURL, fmt.Sprintf("ro-w%d", i), url, prefix))
+		w, log := startDeviceWorker(t, storeURL, fmt.Sprintf("ro-w%d", i), prefix, "--mqtt", url)
+		workers, logs = append(workers, w), append(logs, log)
 		if i == 0 {
 			time.Sleep(300 * time.Millisecond) // the first takes the driver's lease
 		}
@@ -90,8 +93,13 @@ func TestRolloutsOnAFleet(t *testing.T) {
 		return errA == nil && errB == nil && !a.State.Final() && !b.State.Final() &&
 			a.Progress().Total.Running+a.Progress().Total.Ended() >= 8 && b.Progress().Total.Running+b.Progress().Total.Ended() >= 8
 	})
-	killedAt := workers[0].kill(t)
-	t.Logf("%s: worker %s SIGKILLed", time.Since(start).Round(time.Millisecond), workers[0].id)
+	// Kill the driver: the worker that last took its lease.
+	holder := driverHolder(t, logs, time.Time{})
+	if holder < 0 {
+		t.Fatal("no worker logged taking the rollout driver's lease")
+	}
+	killedAt := workers[holder].kill(t)
+	t.Logf("%s: worker %s, the driver, SIGKILLed", time.Since(start).Round(time.Millisecond), workers[holder].id)
 
 	over := func(name string) *rollout.Rollout {
 		var r *rollout.Rollout
@@ -106,6 +114,10 @@ func TestRolloutsOnAFleet(t *testing.T) {
 	t.Logf("%s: fw-a %s in wave %d (%s), fw-b %s", time.Since(start).Round(time.Millisecond), a.State, a.Wave+1, a.Reason, b.State)
 	if !killedAt.Before(a.EndedAt) || !killedAt.Before(b.EndedAt) {
 		t.Errorf("the worker was killed at %s, after a rollout ended (%s, %s): not mid-rollout", killedAt, a.EndedAt, b.EndedAt)
+	}
+
+	if h := driverHolder(t, logs, killedAt); h < 0 || h == holder {
+		t.Errorf("no other worker took the driver's lease after %s was killed", workers[holder].id)
 	}
 
 	rep := faulty.Report()
@@ -272,4 +284,27 @@ func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// driverHolder returns the index of the worker whose log last says it
+// took the rollout driver's lease after since, or -1.
+func driverHolder(t *testing.T, logs []string, since time.Time) int {
+	t.Helper()
+	holder, at := -1, since
+	for i, path := range logs {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.Contains(line, `"singleton lease taken"`) || !strings.Contains(line, rollout.LockKey) {
+				continue
+			}
+			var l struct{ Time time.Time }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Time.After(at) {
+				holder, at = i, l.Time
+			}
+		}
+	}
+	return holder
 }
