@@ -18,6 +18,8 @@ type Driver struct {
 	cfg     DriverConfig
 	stepper *Stepper
 	runner  *singleton.Runner
+	// over are the versions of the rollouts seen over (Pass only).
+	over map[string]int64
 }
 
 // LockKey is the driver's singleton lease in the lock table.
@@ -60,7 +62,7 @@ func NewDriver(cfg DriverConfig) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	d := &Driver{cfg: cfg, stepper: NewStepper(cfg.Store)}
+	d := &Driver{cfg: cfg, stepper: NewStepper(cfg.Store), over: map[string]int64{}}
 	runner, err := singleton.New(singleton.Config{
 		Store: cfg.Store, Key: LockKey, HolderID: cfg.WorkerID,
 		Lease: max(cfg.Lease, singleton.MinLease),
@@ -97,17 +99,28 @@ func (d *Driver) loop(ctx context.Context) error {
 	}
 }
 
-// Pass steps every rollout that is not over once.
+// Pass steps every rollout that is not over once. A rollout seen over
+// is not decoded again until its document changes (retry-failed).
 func (d *Driver) Pass(ctx context.Context) error {
-	list, err := List(ctx, d.cfg.Store)
+	docs, err := d.cfg.Store.Documents(ctx, Namespace)
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, r := range list {
-		if r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero()) {
+	for _, doc := range docs {
+		if v, ok := d.over[doc.ID]; ok && v == doc.Version {
 			continue
 		}
+		r, err := decode(doc)
+		if err != nil {
+			task.SkipMalformed(Namespace, doc.ID, err)
+			continue
+		}
+		if r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero()) {
+			d.over[doc.ID] = doc.Version
+			continue
+		}
+		delete(d.over, doc.ID)
 		if err := d.stepper.Step(ctx, r.Name); err != nil && !errors.Is(err, task.ErrConflict) {
 			errs = append(errs, err)
 		}

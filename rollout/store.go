@@ -81,7 +81,7 @@ func put(ctx context.Context, ds task.DocumentStore, r *Rollout) error {
 	if err != nil {
 		return err
 	}
-	d, err := ds.PutDocument(ctx, task.Document{Namespace: Namespace, ID: r.Name, Version: r.Version, Value: value})
+	d, err := ds.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: r.Name, Version: r.Version, Value: value})
 	if err != nil {
 		return err
 	}
