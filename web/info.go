@@ -32,8 +32,23 @@ func (a *api) listWorkers(w http.ResponseWriter, r *http.Request) {
 
 // listDevices answers what `leasepool devices --json` prints: each
 // device's recorded online state, running command and holder, queue.
+// listDevices answers every device; ?select=k=v,k!=v keeps those whose
+// inventory labels match.
 func (a *api) listDevices(w http.ResponseWriter, r *http.Request) {
-	list(a, w, r, mqttdev.StoredDevices)
+	v := r.URL.Query().Get("select")
+	if v == "" {
+		list(a, w, r, mqttdev.StoredDevices)
+		return
+	}
+	sel, err := mqttdev.ParseSelector(v)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	list(a, w, r, func(ctx context.Context, s task.Store) ([]mqttdev.DeviceInfo, error) {
+		all, err := mqttdev.StoredDevices(ctx, s)
+		return slices.DeleteFunc(all, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels) }), err
+	})
 }
 
 // statsResponse is task.Stats with the per-state sums and the registry's

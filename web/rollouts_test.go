@@ -24,6 +24,12 @@ func TestRolloutsAPI(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &inv); code != 200 || err != nil || inv.Labels.String() != "site=paris" {
 		t.Fatalf("PATCH = %d %s", code, body)
 	}
+	if code, body := e.do("GET", "/api/v1/devices?select=site=paris", ""); code != 200 || !strings.Contains(body, "pump-3") || strings.Contains(body, "pump-1") {
+		t.Fatalf("devices?select = %d %s", code, body)
+	}
+	if code, body := e.do("GET", "/api/v1/devices?select=site", ""); code != http.StatusBadRequest || !strings.Contains(body, "select") {
+		t.Fatalf("devices?select=site = %d %s, want 400 naming select", code, body)
+	}
 	create := `{"name":"fw-2","command":"update","args":{"v":"2"},"select":"model=pump-x","waves":"1,100%",
 		"rate":"10/1m","abort_when":"failed>10% after 2","approve_waves":true,"timeout":"30s","retries":1,
 		"rollback_command":"update","rollback_args":{"v":"1"}}`
