@@ -3,7 +3,9 @@ package web
 // Read-only views: the worker registry, the devices, the queue's counts.
 
 import (
+	"context"
 	"net/http"
+	"slices"
 
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
