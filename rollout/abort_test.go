@@ -13,7 +13,7 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// CheckAbort verifies an aborted rollout against its abort rule: the
+// checkAbortWave checks an aborted rollout against its abort rule: the
 // waves before the one it aborted in had not crossed the threshold
 // when they ended, the aborted wave's ended executions (with those
 // before) cross it, and no later wave started.

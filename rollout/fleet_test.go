@@ -175,9 +175,8 @@ func TestHealthyRolloutCompletesEveryWaveInOrder(t *testing.T) {
 	checkRuns(t, f, r)
 }
 
-// checkRuns checks that every device ran each dispatched attempt of the
-// rollout's command at most once, after its dispatch was recorded, and
-// never two commands at once.
+// checkRuns checks that each task attempt ran at most once and that no
+// device ran two commands at once.
 func checkRuns(t *testing.T, f *fleet, r *Rollout) {
 	t.Helper()
 	seen := map[string]bool{}
