@@ -246,6 +246,10 @@ type Event struct {
 	At     time.Time `json:"at"`
 	Wave   int       `json:"wave"`
 	Detail string    `json:"detail,omitempty"`
+	// Version is the version of the rollout's document whose write added
+	// the event: the event stream derives each write's events from the
+	// document it stored alone.
+	Version int64 `json:"version,omitempty"`
 }
 
 // Event types.

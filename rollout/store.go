@@ -77,6 +77,13 @@ func List(ctx context.Context, ds task.DocumentStore) ([]*Rollout, error) {
 
 // put writes r by compare-and-set on r.Version.
 func put(ctx context.Context, ds task.DocumentStore, r *Rollout) error {
+	for i := range r.Events {
+		if r.Events[i].Version == 0 {
+			// Added since the last write: this write's, which the event
+			// stream tells apart by it (events.Follow).
+			r.Events[i].Version = r.Version + 1
+		}
+	}
 	value, err := json.Marshal(r)
 	if err != nil {
 		return err
