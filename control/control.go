@@ -204,7 +204,7 @@ func put(ctx context.Context, st task.Store, namespace, id string, fn func(old j
 			if err != nil {
 				return fmt.Errorf("encode %s %s: %w", namespace, id, err)
 			}
-			_, err = st.PutDocument(ctx, d)
+			_, err = st.PutDocument(task.WithInternalWrite(ctx), d)
 		}
 		if errors.Is(err, task.ErrConflict) || (errors.Is(err, task.ErrNotFound) && d.Version > 0) {
 			if err := ctx.Err(); err != nil {
@@ -227,7 +227,7 @@ func Ring(ctx context.Context, st task.Store) error {
 	version, err := doorbellVersion(ctx, st)
 	for err == nil {
 		value := json.RawMessage(fmt.Sprintf(`{"rung_at":%q}`, st.Now().UTC().Format(time.RFC3339Nano)))
-		_, err = st.PutDocument(ctx, task.Document{Namespace: DoorbellNamespace, ID: DoorbellID, Version: version, Value: value})
+		_, err = st.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: DoorbellNamespace, ID: DoorbellID, Version: version, Value: value})
 		if !errors.Is(err, task.ErrConflict) {
 			break
 		}

@@ -285,7 +285,7 @@ func TestConcurrentPausesChangeOnce(t *testing.T) {
 	if _, err := st.GetDocument(ctx, control.PauseNamespace, "kind:k"); !errors.Is(err, task.ErrNotFound) {
 		t.Fatalf("pause document after resume: %v; want ErrNotFound", err)
 	}
-	if _, err := st.PutDocument(ctx, task.Document{Namespace: control.PauseNamespace, ID: "kind:off", Value: []byte(`{"paused":false}`)}); err != nil {
+	if _, err := st.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: control.PauseNamespace, ID: "kind:off", Value: []byte(`{"paused":false}`)}); err != nil {
 		t.Fatal(err)
 	}
 	if ps, err := control.Pauses(ctx, st); err != nil || len(ps) != 0 {

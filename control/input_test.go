@@ -52,7 +52,7 @@ func TestCorruptDoorbellDoesNotWedge(t *testing.T) {
 	st := openStore(t)
 	ctx := t.Context()
 	payload := json.RawMessage(strings.Repeat("[", task.MaxStoredDepth) + strings.Repeat("]", task.MaxStoredDepth))
-	if _, err := st.PutDocument(ctx, task.Document{Namespace: control.DoorbellNamespace, ID: control.DoorbellID, Value: payload}); err != nil {
+	if _, err := st.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: control.DoorbellNamespace, ID: control.DoorbellID, Value: payload}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := control.Pause(ctx, st, control.Kind("report")); err != nil {
@@ -85,7 +85,7 @@ func TestMalformedDocumentsAreSkipped(t *testing.T) {
 		{Namespace: control.PauseNamespace, ID: "kind:x", Value: json.RawMessage(`{"paused":"yes"}`)},
 		{Namespace: control.LimitNamespace, ID: "kind:y", Value: json.RawMessage(`[1]`)},
 	} {
-		if _, err := st.PutDocument(ctx, d); err != nil {
+		if _, err := st.PutDocument(task.WithInternalWrite(ctx), d); err != nil {
 			t.Fatal(err)
 		}
 	}

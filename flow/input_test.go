@@ -105,7 +105,7 @@ func TestListSkipsMalformedDocuments(t *testing.T) {
 		"bad-progress": `{"key":"x","steps":[{"name":"a","kind":"k"}],"progress":[]}`,
 		"not-object":   `[1,2]`,
 	} {
-		_, err := s.PutDocument(ctx, task.Document{Namespace: Namespace, ID: key, Value: json.RawMessage(payload)})
+		_, err := s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: key, Value: json.RawMessage(payload)})
 		if err != nil {
 			t.Fatal(err)
 		}

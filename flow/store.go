@@ -69,7 +69,7 @@ func adopt(ctx context.Context, s task.Store, key string) (task.Document, error)
 	if string(t.Payload) == string(movedMarker) {
 		return task.Document{}, task.ErrNotFound
 	}
-	d, err := s.PutDocument(ctx, task.Document{Namespace: Namespace, ID: key, Value: t.Payload})
+	d, err := s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: key, Value: t.Payload})
 	if errors.Is(err, task.ErrConflict) { // adopted meanwhile
 		d, err = s.GetDocument(ctx, Namespace, key)
 	}
@@ -142,7 +142,7 @@ func modify(ctx context.Context, s task.Store, key string, fn func(f *Flow) erro
 		if err != nil {
 			return nil, err
 		}
-		stored, err := s.PutDocument(ctx, task.Document{Namespace: Namespace, ID: key, Version: d.Version, Value: b})
+		stored, err := s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: key, Version: d.Version, Value: b})
 		if errors.Is(err, task.ErrConflict) {
 			continue
 		}
@@ -177,7 +177,7 @@ func Publish(ctx context.Context, s task.Store, spec Spec) (*Flow, task.PublishR
 	res := task.Inserted
 	d, err := load(ctx, s, spec.Key)
 	if errors.Is(err, ErrNotFound) {
-		d, err = s.PutDocument(ctx, task.Document{Namespace: Namespace, ID: spec.Key, Value: b})
+		d, err = s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: spec.Key, Value: b})
 		if errors.Is(err, task.ErrConflict) { // published meanwhile
 			d, err = load(ctx, s, spec.Key)
 			res = task.Existing

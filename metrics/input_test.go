@@ -23,7 +23,7 @@ func TestMalformedFlowDocumentKeepsStoreUp(t *testing.T) {
 	if _, _, err := flow.Publish(ctx, s, flow.Spec{Key: "good", Steps: []flow.Step{{Name: "a", Action: flow.Action{Kind: "noop"}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.PutDocument(ctx, task.Document{Namespace: flow.Namespace, ID: "forged", Value: json.RawMessage(`{"steps":"x"}`)}); err != nil {
+	if _, err := s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: flow.Namespace, ID: "forged", Value: json.RawMessage(`{"steps":"x"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	col, err := metrics.NewStoreCollector(metrics.StoreConfig{Stats: s, Registry: s, Now: s.Now,

@@ -114,7 +114,7 @@ func updateInventory(ctx context.Context, ds task.DocumentStore, id string, fn f
 		if err != nil {
 			return Inventory{}, err
 		}
-		d, err := ds.PutDocument(ctx, task.Document{Namespace: InventoryNamespace, ID: id, Version: inv.Version, Value: value})
+		d, err := ds.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: InventoryNamespace, ID: id, Version: inv.Version, Value: value})
 		if errors.Is(err, task.ErrConflict) {
 			continue
 		}

@@ -47,7 +47,7 @@ func (r storeStates) PutDeviceState(ctx context.Context, s DeviceState) error {
 			}
 		}
 		d.Value = value
-		if _, err = r.ds.PutDocument(ctx, d); !errors.Is(err, task.ErrConflict) {
+		if _, err = r.ds.PutDocument(task.WithInternalWrite(ctx), d); !errors.Is(err, task.ErrConflict) {
 			if err != nil {
 				return fmt.Errorf("device state %s: %w", s.ID, err)
 			}

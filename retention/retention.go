@@ -139,7 +139,7 @@ func Set(ctx context.Context, s task.Store, p Policy) error {
 			return err
 		}
 		d.Value = b
-		_, err = s.PutDocument(ctx, d)
+		_, err = s.PutDocument(task.WithInternalWrite(ctx), d)
 		if !errors.Is(err, task.ErrConflict) {
 			if err != nil {
 				return fmt.Errorf("retention policy: %w", err)

@@ -44,7 +44,7 @@ func TestRun(t *testing.T) {
 
 	for id, seen := range map[string]time.Duration{"gone": 31 * day, "kept": 29 * day} {
 		v := fmt.Sprintf(`{"id":%q,"seen_at":%q}`, id, now.Add(-seen).Format(time.RFC3339Nano))
-		if _, err := s.PutDocument(ctx, task.Document{Namespace: retention.DeviceStateNamespace, ID: id, Value: []byte(v)}); err != nil {
+		if _, err := s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: retention.DeviceStateNamespace, ID: id, Value: []byte(v)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -117,7 +117,7 @@ func TestForgedDocuments(t *testing.T) {
 	before := task.MalformedCounts()[retention.Namespace]
 	for _, v := range []string{`{"succeeded":"soon"}`, `{"succeeded":"1ns","failed":"-5ns","cancelled":"1ns"}`} {
 		d, _ := s.GetDocument(ctx, retention.Namespace, retention.PolicyID)
-		if _, err := s.PutDocument(ctx, task.Document{Namespace: retention.Namespace, ID: retention.PolicyID, Version: d.Version, Value: []byte(v)}); err != nil {
+		if _, err := s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: retention.Namespace, ID: retention.PolicyID, Version: d.Version, Value: []byte(v)}); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := retention.Run(ctx, retention.Config{Store: s}); !errors.Is(err, task.ErrInvalid) || n.Total() != 0 {
@@ -131,7 +131,7 @@ func TestForgedDocuments(t *testing.T) {
 		t.Fatalf("Set over a forged policy: %v", err)
 	}
 	for id, v := range map[string]string{"garbage": `"not a state"`, "no-seen-at": `{"id":"no-seen-at"}`} {
-		if _, err := s.PutDocument(ctx, task.Document{Namespace: retention.DeviceStateNamespace, ID: id, Value: []byte(v)}); err != nil {
+		if _, err := s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: retention.DeviceStateNamespace, ID: id, Value: []byte(v)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -78,7 +78,7 @@ func TestRunnerSkipsForgedDocuments(t *testing.T) {
 		{Namespace: schedule.Namespace, ID: "other", Value: misnamed},
 		{Namespace: schedule.CursorNamespace, ID: "tick", Value: json.RawMessage(`"not a cursor"`)},
 	} {
-		if _, err := s.PutDocument(ctx, d); err != nil {
+		if _, err := s.PutDocument(task.WithInternalWrite(ctx), d); err != nil {
 			t.Fatal(err)
 		}
 	}

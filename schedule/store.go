@@ -216,7 +216,7 @@ func put(ctx context.Context, s task.Store, d task.Document, sch *Schedule) erro
 		return fmt.Errorf("schedule %s: %w", sch.Name, err)
 	}
 	d.Value = b
-	_, err = s.PutDocument(ctx, d)
+	_, err = s.PutDocument(task.WithInternalWrite(ctx), d)
 	return err
 }
 
@@ -296,7 +296,7 @@ func advance(ctx context.Context, s task.Store, name string, slot time.Time) err
 			}
 		}
 		d.Value = b
-		_, err = s.PutDocument(ctx, d)
+		_, err = s.PutDocument(task.WithInternalWrite(ctx), d)
 		if !retry(ctx, &err) {
 			return err
 		}

@@ -47,7 +47,7 @@ func TestConcurrentAddsStoreOne(t *testing.T) {
 	if err != nil || !replaced.CreatedAt.Equal(first.CreatedAt) || replaced.Every != sch.Every {
 		t.Fatalf("Add with replace = %+v, %v; want every 2h, created at %s", replaced, err, first.CreatedAt)
 	}
-	if _, err := s.PutDocument(ctx, task.Document{Namespace: schedule.CursorNamespace, ID: "tick", Value: []byte(`{"slot":"2026-01-01T00:00:00Z"}`)}); err != nil {
+	if _, err := s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: schedule.CursorNamespace, ID: "tick", Value: []byte(`{"slot":"2026-01-01T00:00:00Z"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := schedule.Remove(ctx, s, "tick"); err != nil {

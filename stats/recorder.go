@@ -289,7 +289,7 @@ func (r *Recorder) apply(ctx context.Context, k docKey, d *delta) error {
 		if err != nil {
 			return fmt.Errorf("stats: bucket %s: %w", k.id, err)
 		}
-		_, err = r.store.PutDocument(ctx, doc)
+		_, err = r.store.PutDocument(task.WithInternalWrite(ctx), doc)
 		switch {
 		case err == nil:
 			return nil

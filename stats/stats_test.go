@@ -262,7 +262,7 @@ func TestQueueSampleAndPrune(t *testing.T) {
 	old := t0.Add(-30 * time.Hour)
 	for _, res := range []stats.Resolution{stats.Minute, stats.Quarter} {
 		v, _ := json.Marshal(stats.Bucket{Start: old.Truncate(res.Step)})
-		if _, err := s.PutDocument(t.Context(), task.Document{Namespace: res.Namespace, ID: res.BucketID(old), Value: v}); err != nil {
+		if _, err := s.PutDocument(task.WithInternalWrite(t.Context()), task.Document{Namespace: res.Namespace, ID: res.BucketID(old), Value: v}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -28,7 +29,9 @@ type Document struct {
 // order of the writes to that document.
 //
 // Namespaces starting with DocumentPrefix ("leasepool.") are leasepool's
-// own; any other namespace is free for applications.
+// own; any other namespace is free for applications. PutDocument refuses a
+// write to one of leasepool's own unless its context comes from
+// WithInternalWrite.
 type DocumentStore interface {
 	// GetDocument returns the document, or ErrNotFound.
 	GetDocument(ctx context.Context, namespace, id string) (Document, error)
@@ -53,11 +56,16 @@ const DocumentPrefix = "leasepool."
 // MaxDocumentSize bounds a document's value, in bytes of JSON.
 const MaxDocumentSize = 1 << 20
 
-// CheckDocument validates d's names and value for PutDocument, returning
-// the value to store ("null" for none).
-func CheckDocument(d Document) (json.RawMessage, error) {
+// CheckDocument is the check every backend's PutDocument makes: valid
+// names, a namespace under DocumentPrefix only in a context from
+// WithInternalWrite, and a value of valid JSON within MaxDocumentSize. It
+// returns the value to store ("null" for none).
+func CheckDocument(ctx context.Context, d Document) (json.RawMessage, error) {
 	if err := CheckDocumentName(d.Namespace, d.ID); err != nil {
 		return nil, err
+	}
+	if strings.HasPrefix(d.Namespace, DocumentPrefix) && !isInternalWrite(ctx) {
+		return nil, invalid("document namespace", fmt.Sprintf("%q is reserved (the %s prefix is leasepool's own)", d.Namespace, DocumentPrefix))
 	}
 	if d.Version < 0 {
 		return nil, invalid("document version", fmt.Sprintf("%d is negative", d.Version))

@@ -92,7 +92,8 @@ type internalWrite struct{}
 
 // WithInternalWrite returns a context for leasepool's own writes, under
 // which Publish and every backend's Insert accept a key under
-// ReservedPrefix (the built-in schedules' occurrences) and Publish bounds
+// ReservedPrefix (the built-in schedules' occurrences), every backend's
+// PutDocument a namespace under DocumentPrefix, and Publish bounds
 // the payload by MaxStoredDepth (a flow step's payload wraps the flow's
 // parameters, each checked against MaxJSONDepth when published). It is not for callers'
 // input: what a caller gives is checked by Validate, and a reserved

@@ -34,7 +34,7 @@ func TestForgedDocumentsInEveryNamespace(t *testing.T) {
 	for _, ns := range []string{control.PauseNamespace, control.LimitNamespace, schedule.Namespace, schedule.CursorNamespace,
 		mqttdev.StateNamespace, mqttdev.InventoryNamespace, retention.Namespace} {
 		for id, v := range map[string]string{"kind:forged": `"not an object"`, "<script>x</script>": `{"paused":7,"n":"x","every":[],"slot":{}}`} {
-			if _, err := e.store.PutDocument(ctx, task.Document{Namespace: ns, ID: id, Value: json.RawMessage(v)}); err != nil {
+			if _, err := e.store.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: ns, ID: id, Value: json.RawMessage(v)}); err != nil {
 				t.Fatal(err)
 			}
 		}

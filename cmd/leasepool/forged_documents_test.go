@@ -25,12 +25,12 @@ func TestListingsOverForgedDocuments(t *testing.T) {
 	}
 	for _, ns := range []string{"leasepool.pause", "leasepool.limit", "leasepool.schedule", "leasepool.schedule-cursor", "leasepool.device-state", "leasepool.device-inventory"} {
 		for _, id := range []string{"kind:forged", "nightly", "policy"} {
-			if _, err := st.PutDocument(t.Context(), task.Document{Namespace: ns, ID: id + "-x", Value: json.RawMessage(`"forged"`)}); err != nil {
+			if _, err := st.PutDocument(task.WithInternalWrite(t.Context()), task.Document{Namespace: ns, ID: id + "-x", Value: json.RawMessage(`"forged"`)}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if _, err := st.PutDocument(t.Context(), task.Document{Namespace: "leasepool.retention", ID: "policy", Value: json.RawMessage(`{"succeeded":[]}`)}); err != nil {
+	if _, err := st.PutDocument(task.WithInternalWrite(t.Context()), task.Document{Namespace: "leasepool.retention", ID: "policy", Value: json.RawMessage(`{"succeeded":[]}`)}); err != nil {
 		t.Fatal(err)
 	}
 	st.Close()

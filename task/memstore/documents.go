@@ -30,7 +30,7 @@ func (s *Store) GetDocument(ctx context.Context, namespace, id string) (task.Doc
 // PutDocument writes d by compare-and-set on its version; see
 // task.DocumentStore.
 func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document, error) {
-	v, err := task.CheckDocument(d)
+	v, err := task.CheckDocument(ctx, d)
 	if err != nil {
 		return task.Document{}, err
 	}

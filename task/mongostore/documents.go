@@ -67,7 +67,7 @@ func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document
 	if err := s.check(); err != nil {
 		return task.Document{}, err
 	}
-	value, err := task.CheckDocument(d)
+	value, err := task.CheckDocument(ctx, d)
 	if err != nil {
 		return task.Document{}, err
 	}

@@ -55,7 +55,7 @@ func TestUpgradeMovesRecordsToDocuments(t *testing.T) {
 	}
 	// A document written before this open (by an upgraded process) is
 	// newer than its record.
-	if _, err := st.PutDocument(ctx, task.Document{Namespace: control.LimitNamespace, ID: "kind:mail", Value: json.RawMessage(`{"n":7,"per":"1m0s"}`)}); err != nil {
+	if _, err := st.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: control.LimitNamespace, ID: "kind:mail", Value: json.RawMessage(`{"n":7,"per":"1m0s"}`)}); err != nil {
 		t.Fatal(err)
 	}
 

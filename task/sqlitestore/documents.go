@@ -39,7 +39,7 @@ func (s *Store) GetDocument(ctx context.Context, namespace, id string) (task.Doc
 
 // PutDocument writes d by compare-and-set; see task.DocumentStore.
 func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document, error) {
-	value, err := task.CheckDocument(d)
+	value, err := task.CheckDocument(ctx, d)
 	if err != nil {
 		return task.Document{}, err
 	}

@@ -14,6 +14,7 @@ import (
 // alike, and the lists that must keep answering over what is stored.
 func (s suite) hostile(t *testing.T) {
 	t.Run("ReservedKeys", s.reservedKeys)
+	t.Run("ReservedNamespaces", s.reservedNamespaces)
 	t.Run("DeepPayloads", s.deepPayloads)
 	t.Run("TimeBounds", s.timeBounds)
 }
@@ -66,6 +67,46 @@ func (s suite) reservedKeys(t *testing.T) {
 	stored, _, err := task.Publish(ctxFor(t), st, task.PublishParams{Key: "r", Kind: "k", Options: task.Options{LockKeys: []string{"rate:kind:k#0"}}})
 	if err != nil || len(stored.LockKeys) != 1 || stored.LockKeys[0] != "rate:kind:k#0" {
 		t.Fatalf("Publish with lock key rate:kind:k#0: %+v, %v; want it stored", stored, err)
+	}
+}
+
+// reservedNamespaces: document namespaces under task.DocumentPrefix are
+// leasepool's own: PutDocument takes no write to one from a caller, neither
+// a new document nor over one of leasepool's; leasepool's writers, under
+// task.WithInternalWrite, still can. Names that only resemble the prefix
+// are free.
+func (s suite) reservedNamespaces(t *testing.T) {
+	t.Parallel()
+	st := s.open(t).Store
+	ctx := ctxFor(t)
+	for _, ns := range []string{"leasepool.pause", "leasepool.schedule", "leasepool.anything"} {
+		_, err := st.PutDocument(ctx, task.Document{Namespace: ns, ID: "kind:x", Value: json.RawMessage(`{"paused":true}`)})
+		requireInvalid(t, "PutDocument "+ns+"/kind:x", err,
+			`invalid: document namespace: "`+ns+`" is reserved (the leasepool. prefix is leasepool's own)`)
+		if _, err := st.GetDocument(ctx, ns, "kind:x"); !errors.Is(err, task.ErrNotFound) {
+			t.Fatalf("GetDocument %s/kind:x after a refused put: %v; want ErrNotFound (nothing written)", ns, err)
+		}
+	}
+
+	internal := task.WithInternalWrite(ctx)
+	own, err := st.PutDocument(internal, task.Document{Namespace: "leasepool.pause", ID: "kind:y", Value: json.RawMessage(`{"paused":true}`)})
+	if err != nil || own.Version != 1 {
+		t.Fatalf("PutDocument leasepool.pause/kind:y under WithInternalWrite: %+v, %v; want version 1", own, err)
+	}
+	_, err = st.PutDocument(ctx, task.Document{Namespace: "leasepool.pause", ID: "kind:y", Version: 1, Value: json.RawMessage(`{"paused":false}`)})
+	requireInvalid(t, "PutDocument over leasepool.pause/kind:y", err,
+		`invalid: document namespace: "leasepool.pause" is reserved (the leasepool. prefix is leasepool's own)`)
+	if got, err := st.GetDocument(ctx, "leasepool.pause", "kind:y"); err != nil || got.Version != 1 || string(got.Value) != `{"paused":true}` {
+		t.Fatalf("GetDocument leasepool.pause/kind:y after a refused put: %+v, %v; want version 1 unchanged", got, err)
+	}
+	if _, err := st.PutDocument(internal, task.Document{Namespace: "leasepool.pause", ID: "kind:y", Version: 1, Value: json.RawMessage(`null`)}); err != nil {
+		t.Fatalf("PutDocument over leasepool.pause/kind:y under WithInternalWrite: %v", err)
+	}
+
+	for _, ns := range []string{"leasepool", "leasepoolx.pause", "LEASEPOOL.pause", "app.leasepool.pause", "leasepool:pause"} {
+		if _, err := st.PutDocument(ctx, task.Document{Namespace: ns, ID: "a", Value: json.RawMessage(`1`)}); err != nil {
+			t.Errorf("PutDocument %s/a: %v; want it stored (the namespace is free)", ns, err)
+		}
 	}
 }
 
