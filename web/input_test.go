@@ -146,7 +146,7 @@ func TestMalformedFlowDocument(t *testing.T) {
 	e := newEnv(t, web.Config{})
 	e.want("POST", "/api/v1/flows", twoSteps, 201, `"db-1"`)
 	for _, key := range []string{"forged", "forged2"} {
-		if _, err := e.store.PutDocument(t.Context(), task.Document{Namespace: flow.Namespace, ID: key,
+		if _, err := e.store.PutDocument(task.WithInternalWrite(t.Context()), task.Document{Namespace: flow.Namespace, ID: key,
 			Value: json.RawMessage(`{"steps":7,"progress":"x"}`)}); err != nil {
 			t.Fatal(err)
 		}
