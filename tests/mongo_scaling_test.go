@@ -46,7 +46,7 @@ func BenchmarkMongoScaling(b *testing.B) {
 	bin := fastBin(b)
 	ctx := context.Background()
 
-	const tasks = 500
+	const tasks = 200
 	fmt.Println("| worker processes | tasks | claims | claim conflicts | conflicts per task |")
 	fmt.Println("|--:|--:|--:|--:|--:|")
 	for _, n := range []int{1, 2, 4, 8} {
@@ -74,7 +74,7 @@ func BenchmarkMongoScaling(b *testing.B) {
 		})
 	}
 
-	const drain = 2000
+	const drain = 400
 	rates := map[int][]float64{}
 	fmt.Println()
 	fmt.Println("| round | worker processes | concurrency each | tasks | tasks/s (first start to last end) | claim conflicts per task |")
