@@ -1,13 +1,16 @@
 // Package events turns a store's change stream into task lifecycle events
 // (published, claimed, expired or taken over, succeeded, failed, retried,
-// released, snoozed, unpinned, cancelled, reset), resumable from a token
-// exactly: no event missed, none repeated. It imports only task.
+// released, snoozed, unpinned, cancelled, reset) and the events fleet
+// rollouts record (rollout.created, rollout.wave_started, ...), resumable
+// from a token exactly: no event missed, none repeated. It imports only
+// task.
 //
 // The events of one write are derived from the document after that write
 // alone: each mutation notes what it did in the document under the version
 // it writes (task.Task.WriteChanges), and version 1 is the publish. No
 // per-key cache is kept, so a resumed stream derives the same events as an
-// uninterrupted one.
+// uninterrupted one. A rollout's document marks each event it keeps with
+// the version of the write that added it (DeriveRollout).
 package events
 
 import (
@@ -37,29 +40,39 @@ const (
 	Logged = "logged"
 )
 
-// Types lists every event type, in lifecycle order.
-var Types = []string{Published, Claimed, Expired, Succeeded, Failed, Retried, Released, Snoozed, Unpinned, Cancelled, Reset, Logged}
+// TaskTypes lists the task event types, in lifecycle order.
+var TaskTypes = []string{Published, Claimed, Expired, Succeeded, Failed, Retried, Released, Snoozed, Unpinned, Cancelled, Reset, Logged}
+
+// Types lists every event type: TaskTypes, then RolloutTypes.
+var Types = append(append([]string(nil), TaskTypes...), RolloutTypes...)
 
 // ReservedPrefix starts the keys of leasepool's own documents in the tasks
 // table (such as flows stored before they were documents): they are not
 // users' tasks and yield no events.
 const ReservedPrefix = task.ReservedPrefix
 
-// Event is one lifecycle event of one task.
+// Event is one lifecycle event of one task, or of one rollout (Rollout
+// set, Key and Kind empty).
 type Event struct {
-	Type     string `json:"event"`
-	Key      string `json:"key"`
-	Kind     string `json:"kind"`
+	Type string `json:"event"`
+	Key  string `json:"key"`
+	Kind string `json:"kind"`
+	// Rollout names the rollout of a rollout event; Wave is the index of
+	// its wave (0 the first) and Seq the rollout's count of its events.
+	Rollout  string `json:"rollout,omitempty"`
+	Wave     int    `json:"wave,omitempty"`
+	Seq      int64  `json:"seq,omitempty"`
 	Attempt  int    `json:"attempt,omitempty"`
 	Worker   string `json:"worker,omitempty"`
 	Instance string `json:"instance,omitempty"`
 	// By is the worker whose claim took over an expired lease.
 	By    string `json:"by,omitempty"`
 	Error string `json:"error,omitempty"`
-	// Message is a Logged event's line.
+	// Message is a Logged event's line, or a rollout event's detail.
 	Message string    `json:"message,omitempty"`
 	Until   time.Time `json:"until,omitzero"`
-	// State is the task's state after the write.
+	// State is the task's state after the write (the rollout's, for a
+	// rollout event).
 	State task.State `json:"state"`
 	// At is the write's store time; Version the version it stored.
 	At      time.Time `json:"at"`

@@ -20,10 +20,15 @@ type Params struct {
 	// After resumes right after the event whose Token it is; empty starts
 	// from now.
 	After string
-	// Kinds keeps events of tasks of these kinds; empty keeps all.
+	// Kinds keeps events of tasks of these kinds (and no rollout event);
+	// empty keeps all.
 	Kinds []string
-	// Key keeps events of this task only; empty keeps all.
+	// Key keeps events of this task only (and no rollout event); empty
+	// keeps all.
 	Key string
+	// Rollout keeps events of this rollout only (and no task event);
+	// empty keeps all.
+	Rollout string
 	// Types keeps these event types (Published, …); empty keeps all.
 	Types []string
 }
@@ -37,8 +42,9 @@ type Stream struct {
 
 	prev    task.Token // the change before the one pending came from
 	pending []Event
-	skip    int    // events of the first change already delivered before a resume
-	tok     string // resumes after the last event returned (or change passed)
+	skip    int              // events of the first change already delivered before a resume
+	tok     string           // resumes after the last event returned (or change passed)
+	derived map[string]int64 // rollout document id → the last version derived
 }
 
 // Follow opens a stream of lifecycle events from s. Resuming from a token
@@ -56,7 +62,21 @@ type Stream struct {
 // (task.Event.Version tells) yields no events, so the events of writes a
 // follower fell behind on, or resumed from an old token over, are lost,
 // and none is repeated. The embedded store records each write's own
-// document: exact. Where the store gives no
+// document: exact.
+//
+// Rollout events come from the writes of rollouts' documents
+// (WatchParams.Documents), each write's own events told apart by the
+// version every event carries: exact on the embedded store. MongoDB
+// delivers document writes from a second stream, in order among themselves
+// but not with task writes, and a replace carries the document it wrote;
+// where it carries a later one (a looked-up document), a write already
+// derived is not derived again, so none is repeated on one stream. A
+// stream that cannot name its position when it opens (the MongoDB wire
+// test server names none for a document stream before its first event)
+// could hand out no token to resume by: Follow then follows task events
+// alone.
+//
+// Where the store gives no
 // position before the first change (a MongoDB stream that has seen no
 // batch yet), the first change's events all carry its own token, so a
 // resume from one of its earlier events skips the rest of that change.
@@ -65,11 +85,15 @@ func Follow(ctx context.Context, s task.Store, p Params) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	cs, err := s.Watch(ctx, task.WatchParams{ResumeAfter: after})
+	cs, err := s.Watch(ctx, task.WatchParams{ResumeAfter: after, Documents: []string{RolloutNamespace}})
+	if err == nil && len(cs.ResumeToken()) == 0 {
+		_ = cs.Close()
+		cs, err = s.Watch(ctx, task.WatchParams{ResumeAfter: after})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("events: follow: %w", err)
 	}
-	st := &Stream{s: s, cs: cs, p: p, prev: after, skip: skip, tok: p.After}
+	st := &Stream{s: s, cs: cs, p: p, prev: after, skip: skip, tok: p.After, derived: map[string]int64{}}
 	if st.prev == nil {
 		// From now: a token of the current position, where the store gives
 		// one, so the caller can resume before the first event too.
@@ -113,19 +137,9 @@ func (st *Stream) fill(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("events: %w", err)
 	}
-	doc := ch.Task
-	if doc == nil && !strings.HasPrefix(ch.Key, ReservedPrefix) {
-		if doc, err = st.s.Get(ctx, ch.Key); errors.Is(err, task.ErrNotFound) {
-			doc = nil
-		} else if err != nil {
-			return fmt.Errorf("events: re-read %s: %w", ch.Key, err)
-		}
-	}
-	var evs []Event
-	if ch.Version == 0 || doc == nil || doc.Version == ch.Version {
-		// Otherwise the document is a later write's, whose own change
-		// yields its events: this write's are lost, none repeated.
-		evs = Derive(doc)
+	evs, err := st.derive(ctx, ch)
+	if err != nil {
+		return err
 	}
 	last := formatToken(ch.Token, 0)
 	for i := range evs {
@@ -143,8 +157,47 @@ func (st *Stream) fill(ctx context.Context) error {
 	return nil
 }
 
+// derive returns the events of one change.
+func (st *Stream) derive(ctx context.Context, ch task.Event) ([]Event, error) {
+	if d := ch.Document; d != nil {
+		if ch.DocumentDeleted {
+			delete(st.derived, d.ID) // a rollout made again starts at version 1
+			return nil, nil
+		}
+		// A change that could not carry its document (Version 0) yields
+		// none: a re-read could be a later write's, whose events its own
+		// change yields. So does one that carries a document this stream
+		// derived already (MongoDB's looked-up documents).
+		if d.Namespace != RolloutNamespace || d.Version <= st.derived[d.ID] {
+			return nil, nil
+		}
+		st.derived[d.ID] = d.Version
+		return DeriveRollout(d), nil
+	}
+	doc := ch.Task
+	if doc == nil && !strings.HasPrefix(ch.Key, ReservedPrefix) {
+		var err error
+		if doc, err = st.s.Get(ctx, ch.Key); errors.Is(err, task.ErrNotFound) {
+			doc = nil
+		} else if err != nil {
+			return nil, fmt.Errorf("events: re-read %s: %w", ch.Key, err)
+		}
+	}
+	if ch.Version != 0 && doc != nil && doc.Version != ch.Version {
+		// The document is a later write's, whose own change yields its
+		// events: this write's are lost, none repeated.
+		return nil, nil
+	}
+	return Derive(doc), nil
+}
+
 func (st *Stream) keep(e Event) bool {
-	return (st.p.Key == "" || e.Key == st.p.Key) &&
+	if e.Rollout != "" {
+		return len(st.p.Kinds) == 0 && st.p.Key == "" &&
+			(st.p.Rollout == "" || e.Rollout == st.p.Rollout) &&
+			(len(st.p.Types) == 0 || slices.Contains(st.p.Types, e.Type))
+	}
+	return st.p.Rollout == "" && (st.p.Key == "" || e.Key == st.p.Key) &&
 		(len(st.p.Kinds) == 0 || slices.Contains(st.p.Kinds, e.Kind)) &&
 		(len(st.p.Types) == 0 || slices.Contains(st.p.Types, e.Type))
 }

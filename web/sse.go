@@ -23,17 +23,17 @@ import (
 const DefaultHeartbeat = 15 * time.Second
 
 // eventParams reads the filters (kind and type: comma-separated lists;
-// key) and where to resume: the Last-Event-ID header, else ?since=.
+// key; rollout) and where to resume: the Last-Event-ID header, else ?since=.
 func eventParams(r *http.Request) (events.Params, error) {
 	q := r.URL.Query()
 	for k := range q {
 		switch k {
-		case "kind", "key", "type", "since":
+		case "kind", "key", "rollout", "type", "since":
 		default:
-			return events.Params{}, badInput(k, "unknown parameter (known: kind, key, type, since)")
+			return events.Params{}, badInput(k, "unknown parameter (known: kind, key, rollout, type, since)")
 		}
 	}
-	p := events.Params{Key: q.Get("key"), After: q.Get("since")}
+	p := events.Params{Key: q.Get("key"), Rollout: q.Get("rollout"), After: q.Get("since")}
 	if s := q.Get("kind"); s != "" {
 		p.Kinds = strings.Split(s, ",")
 	}

@@ -1,6 +1,7 @@
 package main
 
-// `leasepool events`: follows task lifecycle events live (package events).
+// `leasepool events`: follows task lifecycle and rollout events live
+// (package events).
 
 import (
 	"context"
@@ -21,18 +22,21 @@ import (
 func eventsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "events",
-		Usage: "follow task lifecycle events live, until interrupted",
-		Description: "Prints one line per event: time, event, key, attempt, worker, detail; with --json one JSON object per line,\n" +
+		Usage: "follow task lifecycle and rollout events live, until interrupted",
+		Description: "Prints one line per event: time, event, key, attempt, worker, detail (a rollout's: time, event, rollout, wave, detail);\n" +
+			"with --json one JSON object per line,\n" +
 			"whose token resumes right after that event (--since TOKEN): nothing missed, nothing repeated.",
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "kind", Usage: "only tasks of this kind (repeatable)"},
 			&cli.StringFlag{Name: "key", Usage: "only the task with this key"},
+			&cli.StringFlag{Name: "rollout", Usage: "only the events of the rollout with this name"},
 			&cli.StringSliceFlag{Name: "event", Usage: "only these events (repeatable): " + strings.Join(events.Types, ", ")},
 			&cli.StringFlag{Name: "since", Usage: "resume right after the event with this token", DefaultText: "from now"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON lines, each with its resume token"},
 		},
 		Action: func(c *cli.Context) error {
-			p := events.Params{Kinds: c.StringSlice("kind"), Key: c.String("key"), Types: c.StringSlice("event"), After: c.String("since")}
+			p := events.Params{Kinds: c.StringSlice("kind"), Key: c.String("key"), Rollout: c.String("rollout"),
+				Types: c.StringSlice("event"), After: c.String("since")}
 			for _, ty := range p.Types {
 				if !slices.Contains(events.Types, ty) {
 					return badFlag(c, "event", "%q is not one of %s", ty, strings.Join(events.Types, ", "))
@@ -81,6 +85,9 @@ func followEvents(ctx context.Context, s task.Store, p events.Params, w io.Write
 
 // eventLine is an event as one line of text.
 func eventLine(e events.Event) string {
+	if e.Rollout != "" {
+		return fmt.Sprintf("%s %-9s %s wave %d %s", e.At.Local().Format(time.DateTime+".000"), e.Type, e.Rollout, e.Wave+1, e.Message)
+	}
 	attempt, worker := "-", "-"
 	if e.Attempt > 0 {
 		attempt = fmt.Sprintf("#%d", e.Attempt)
