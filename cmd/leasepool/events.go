@@ -86,7 +86,8 @@ func followEvents(ctx context.Context, s task.Store, p events.Params, w io.Write
 // eventLine is an event as one line of text.
 func eventLine(e events.Event) string {
 	if e.Rollout != "" {
-		return fmt.Sprintf("%s %-9s %s wave %d %s", e.At.Local().Format(time.DateTime+".000"), e.Type, e.Rollout, e.Wave+1, e.Message)
+		line := fmt.Sprintf("%s %-9s %s wave %d %s", e.At.Local().Format(time.DateTime+".000"), e.Type, e.Rollout, e.Wave+1, e.Message)
+		return strings.TrimRight(line, " ")
 	}
 	attempt, worker := "-", "-"
 	if e.Attempt > 0 {

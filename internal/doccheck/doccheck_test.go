@@ -67,6 +67,9 @@ func brokenLinks(root, path string) ([]string, error) {
 		if file != "" {
 			resolved = filepath.ToSlash(filepath.Join(filepath.Dir(path), file))
 		}
+		if fi, err := os.Stat(filepath.Join(root, resolved)); err == nil && fi.IsDir() {
+			continue // a folder: GitHub lists it (an anchor names no heading there)
+		}
 		body, err := os.ReadFile(filepath.Join(root, resolved))
 		if err != nil {
 			out = append(out, path+": "+target+": "+resolved+" does not exist")
