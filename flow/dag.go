@@ -149,6 +149,9 @@ func validateNeeds(steps []Step) error {
 	}
 	for i, st := range steps {
 		field := fmt.Sprintf("steps[%d].needs", i)
+		if err := validateMaxFailedNeeds(st, fmt.Sprintf("steps[%d].max_failed_needs", i)); err != nil {
+			return err
+		}
 		if len(st.Needs) > len(steps) {
 			return invalid(field, fmt.Sprintf("names %d steps; the flow has %d", len(st.Needs), len(steps)))
 		}

@@ -34,6 +34,8 @@ import (
 //     strictly in reverse.
 //   - A rollback that fails after its retries starts no further
 //     rollbacks; once the running ones end the flow is rollback_failed.
+//   - A step with max_failed_needs counts the failures of what it needs
+//     instead (tolerate.go states how).
 
 // outcome is what became of one attempt of a step's work or rollback.
 type outcome struct {
@@ -105,6 +107,17 @@ func (f *Flow) apply(o outcome) bool {
 		} else {
 			f.ended(i)
 			msg := fmt.Sprintf("step %d (%s) failed: %s", i+1, name, o.Error)
+			if f.State == StateRunning {
+				why, ok := f.tolerate(i, o.At)
+				if ok {
+					f.addEvent(Event{At: o.At, Type: EventStepFailed, Step: name, Message: msg + " (tolerated)"})
+					f.advance(o.At)
+					return true
+				}
+				if why != "" {
+					msg += "; " + why
+				}
+			}
 			if f.State != StateRollingBack || f.Error == "" {
 				f.Error = msg // the first failure says why the flow rolls back
 			}
@@ -177,7 +190,7 @@ func (f *Flow) advance(at time.Time) {
 			// ready) may make others ready: go round again.
 			started = false
 			for i := range f.Steps {
-				if f.Progress[i].Do.State != RunNone || !f.needsMet(needs[i]) {
+				if f.Progress[i].Do.State != RunNone || !f.needsMet(i, needs[i]) {
 					continue
 				}
 				// No earlier than what it needs ended, whatever the clocks
@@ -190,7 +203,8 @@ func (f *Flow) advance(at time.Time) {
 				started = started || f.Progress[i].Do.State == RunSucceeded
 			}
 		}
-		if slices.IndexFunc(f.Progress, func(p Progress) bool { return p.Do.State != RunSucceeded }) < 0 {
+		// A running flow holds no failed step but those it tolerated.
+		if slices.IndexFunc(f.Progress, func(p Progress) bool { return !runEnded(p.Do) }) < 0 {
 			f.State, f.Error = StateSucceeded, ""
 			f.addEvent(Event{At: at, Type: EventSucceeded})
 		}
@@ -199,13 +213,20 @@ func (f *Flow) advance(at time.Time) {
 	}
 }
 
-func (f *Flow) needsMet(needs []int) bool {
+// needsMet reports whether step i may start: every step it needs has
+// succeeded, or, for a step with max_failed_needs, has ended with no more
+// than that many failed.
+func (f *Flow) needsMet(i int, needs []int) bool {
+	failed := 0
 	for _, k := range needs {
-		if f.Progress[k].Do.State != RunSucceeded {
+		switch r := f.Progress[k].Do; {
+		case r.State == RunFailed && f.Steps[i].MaxFailedNeeds > 0:
+			failed++
+		case r.State != RunSucceeded:
 			return false
 		}
 	}
-	return true
+	return failed <= f.Steps[i].MaxFailedNeeds
 }
 
 // startDo starts step i's work: its task, its timer, or its wait for a
@@ -248,12 +269,13 @@ func (f *Flow) startUndos(needs [][]int, at time.Time) {
 	}
 	deps := dependents(needs)
 	if !failed {
-		for i, st := range f.Steps {
-			p := f.Progress[i]
-			if st.Rollback == nil || p.Undo.State != RunNone || p.Do.State == RunNone || p.Do.State == RunActive {
+		kept := f.contained()
+		for i := range f.Steps {
+			if !f.undoes(i, kept) || f.Progress[i].Undo.State != RunNone || f.Progress[i].Do.State == RunActive {
 				continue
 			}
-			if !slices.ContainsFunc(deps[i], func(d int) bool { return !f.undone(d) }) {
+			st, p := f.Steps[i], f.Progress[i]
+			if !slices.ContainsFunc(deps[i], func(d int) bool { return !f.undone(d, kept) }) {
 				start := latest(at, p.Do.EndedAt)
 				for _, d := range deps[i] {
 					start = latest(start, f.Progress[d].Undo.EndedAt)
@@ -284,9 +306,17 @@ func latest(a, b time.Time) time.Time {
 	return a
 }
 
+// undoes reports whether step i is rolled back once its turn comes: it
+// has a rollback, its work started, and it is not a failure contained by
+// a max_failed_needs step (kept: f.contained()).
+func (f *Flow) undoes(i int, kept []bool) bool {
+	do := f.Progress[i].Do.State
+	return f.Steps[i].Rollback != nil && do != RunNone && (do != RunFailed || !kept[i])
+}
+
 // undone reports whether step d no longer stands in a rollback's way: it
 // never started, or its work ended and its rollback (if any) succeeded.
-func (f *Flow) undone(d int) bool {
+func (f *Flow) undone(d int, kept []bool) bool {
 	p := f.Progress[d]
 	switch {
 	case p.Do.State == RunNone:
@@ -294,7 +324,7 @@ func (f *Flow) undone(d int) bool {
 	case p.Do.State == RunActive:
 		return false
 	}
-	return f.Steps[d].Rollback == nil || p.Undo.State == RunSucceeded
+	return !f.undoes(d, kept) || p.Undo.State == RunSucceeded
 }
 
 // cancel stops the flow: every run active is marked cancelled and its

@@ -97,6 +97,13 @@ type Step struct {
 	// Needs names the steps that must succeed before this one starts.
 	// In a flow where no step names any, each step needs the one before.
 	Needs []string `json:"needs,omitempty"`
+	// MaxFailedNeeds, when positive, lets the step start once every step
+	// it needs has ended, succeeded or failed after its retries, provided
+	// at most this many failed (a fan-in over a fleet: "go on unless more
+	// than 2 of the 5 updates failed"). A failed step counted by such a
+	// step stops nothing and is not rolled back; more than MaxFailedNeeds
+	// failures fail the flow. Zero: every need must succeed.
+	MaxFailedNeeds int `json:"max_failed_needs,omitempty"`
 	// Action is a task step's work. A signal step uses only its Timeout:
 	// how long it waits for its signal (zero: for ever).
 	Action

@@ -153,6 +153,9 @@ func FuzzFlowFile(f *testing.F) {
 		`{"key":"f","steps":[{"name":"a","until":"99999-01-01T00:00:00Z"}]}`,
 		`{"key":"f","steps":[{"name":"ok","type":"signal","timeout":"24h","default":{"approved":false}},{"name":"b","kind":"k","needs":["ok"]}]}`,
 		`{"key":"f","steps":[{"name":"ok","type":"signal","default":1}]}`,
+		`{"key":"f","steps":[{"name":"a","kind":"k"},{"name":"b","kind":"k"},{"name":"all","kind":"k","needs":["a","b"],"max_failed_needs":1}]}`,
+		`{"key":"f","steps":[{"name":"a","kind":"k"},{"name":"b","kind":"k","needs":["a"],"max_failed_needs":-1}]}`,
+		`{"key":"f","steps":[{"name":"a","kind":"k","max_failed_needs":3}]}`,
 		chainFile(100), chainFile(10000),
 	} {
 		f.Add([]byte(seed))
