@@ -42,7 +42,7 @@ const (
 	StepWaiting        StepState = "waiting"         // not started: a step it needs has not succeeded yet
 	StepRunning        StepState = "running"         // started: its task is queued or running, its signal or timer awaited
 	StepSucceeded      StepState = "succeeded"       // done; its result is params[name]
-	StepFailed         StepState = "failed"          // failed after its retries (or its signal timed out)
+	StepFailed         StepState = "failed"          // failed after its retries (or its signal timed out), or never started as a step it needs failed under a max_failed_needs step
 	StepRollingBack    StepState = "rolling_back"    // its rollback is queued or running
 	StepRolledBack     StepState = "rolled_back"     // its rollback succeeded
 	StepRollbackFailed StepState = "rollback_failed" // its rollback failed after its retries
