@@ -18,8 +18,9 @@
 // started step is rolled back once the steps that need it are (engine.go
 // states the rule), unless a fan-in step with MaxFailedNeeds counts the
 // failure and tolerates it (tolerate.go); each rollback runs with its own
-// timeout and retries; a rollback that fails leaves the flow rollback_failed with an alert event
-// on the document and an error in the log. Signal (and the API and CLI
+// timeout and retries; a rollback that fails leaves the flow
+// rollback_failed with an alert event on the document and an error in the
+// log. Signal (and the API and CLI
 // over it) ends a signal step's wait.
 //
 // Workers that run step tasks must use Middleware (Register): step tasks
