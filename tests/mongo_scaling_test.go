@@ -5,8 +5,10 @@ package tests
 // idle worker processes while tasks are published at 100/s, and a drain
 // of pre-published tasks by 1 and by 4 processes, interleaved.
 //
-//	eval "$(tests/servers up)"
+//	eval "$(tests/servers up)"    # export its LEASEPOOL_TEST_* lines
 //	go test ./tests -run '^$' -bench MongoScaling -benchtime 1x
+//
+// Each run starts a wire test server of its own (in memory).
 
 import (
 	"context"
@@ -21,9 +23,14 @@ import (
 	"github.com/leasepool/leasepool/task/mongostore"
 )
 
-// freshMongoURI is the wire test server's URI with a database of its own.
+// freshMongoURI starts a wire test server of b's own and returns its URI
+// with a database name. Not the shared server: it recomputes each change
+// stream over its whole oplog at every poll, so its cost grows with every
+// write since it started, and the writes of these runs would slow every
+// later test that uses it.
 func freshMongoURI(b *testing.B) string {
-	u, err := url.Parse(testservers.MongoURI(b))
+	base, _, _ := testservers.StartMongo(b, "")
+	u, err := url.Parse(base)
 	if err != nil {
 		b.Fatal(err)
 	}
