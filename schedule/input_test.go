@@ -30,7 +30,7 @@ func TestAddRefusesHostileSchedules(t *testing.T) {
 			"template: invalid: payload: nested deeper than 64 levels"},
 		{func(s *schedule.Schedule) { s.Name = ".." }, `invalid: name: ".." cannot be named in a URL path`},
 		{func(s *schedule.Schedule) { s.Name = "leasepool.retention" },
-			`invalid: name: "leasepool.retention": the prefix "leasepool." is reserved for built-in schedules`},
+			`invalid: name: "leasepool.retention": the prefix "leasepool." is leasepool's own`},
 	} {
 		sch := base
 		tt.edit(&sch)

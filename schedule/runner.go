@@ -41,10 +41,7 @@ type RunnerConfig struct {
 	Late time.Duration
 	// MaxPerTick: see DefaultMaxPerTick.
 	MaxPerTick int
-	// Builtin are schedules every runner publishes without their being
-	// stored, leasepool's own. Names start with "leasepool.".
-	Builtin []Schedule
-	Logger  *slog.Logger
+	Logger     *slog.Logger
 }
 
 // Runner publishes the due slots of every schedule. Start it once; Stop
@@ -75,15 +72,6 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	for i := range cfg.Builtin {
-		b := &cfg.Builtin[i]
-		if err := validateName(b.Name); err != nil {
-			return nil, fmt.Errorf("schedule runner: builtin: %w", err)
-		}
-		if err := b.validateBody(); err != nil {
-			return nil, fmt.Errorf("schedule runner: builtin %s: %w", b.Name, err)
-		}
 	}
 	return &Runner{cfg: cfg, log: cfg.Logger.With(slog.String("component", "schedule"))}, nil
 }
@@ -133,13 +121,6 @@ func (r *Runner) tick(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	for i := range r.cfg.Builtin {
-		// Only a built-in schedule's occurrences are leasepool's own
-		// documents, under task.ReservedPrefix.
-		if err := r.publishDue(task.WithInternalWrite(ctx), &r.cfg.Builtin[i], cursors[r.cfg.Builtin[i].Name]); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	for _, sch := range schs {
 		if sch.Paused {
 			continue

@@ -54,35 +54,24 @@ const MinEvery = time.Second
 // MaxCatchUp bounds CatchUp all:N.
 const MaxCatchUp = 1000
 
-// KeyPrefix starts every occurrence's task key: sched:<name>:<slot>
-// (leasepool:sched:<name>:<slot> for the built-in schedules).
+// KeyPrefix starts every occurrence's task key: sched:<name>:<slot>.
 const KeyPrefix = "sched:"
 
 // slotFormat is the slot's spelling in a key: UTC, so one instant has one key.
 const slotFormat = time.RFC3339Nano
 
-// internalPrefix is reserved for the built-in schedules.
+// internalPrefix is kept for schedules of leasepool's own.
 const internalPrefix = "leasepool."
 
-// Key is the task key of name's occurrence at slot. A built-in schedule's
-// occurrences are leasepool's own documents:
-// under task.ReservedPrefix, so lists, counts and the event stream leave
-// them out, while workers still claim them.
+// Key is the task key of name's occurrence at slot.
 func Key(name string, slot time.Time) string {
-	return keyPrefix(name) + name + ":" + slot.UTC().Format(slotFormat)
-}
-
-func keyPrefix(name string) string {
-	if strings.HasPrefix(name, internalPrefix) {
-		return task.ReservedPrefix + KeyPrefix
-	}
-	return KeyPrefix
+	return KeyPrefix + name + ":" + slot.UTC().Format(slotFormat)
 }
 
 // SlotOf returns the slot of key when key is an occurrence of the schedule
 // name (see Key).
 func SlotOf(name, key string) (time.Time, bool) {
-	rest, ok := strings.CutPrefix(key, keyPrefix(name)+name+":")
+	rest, ok := strings.CutPrefix(key, KeyPrefix+name+":")
 	if !ok {
 		return time.Time{}, false
 	}
@@ -203,7 +192,7 @@ func (s *Schedule) Validate() error {
 		return err
 	}
 	if strings.HasPrefix(s.Name, internalPrefix) {
-		return invalid("name", fmt.Sprintf("%q: the prefix %q is reserved for built-in schedules", s.Name, internalPrefix))
+		return invalid("name", fmt.Sprintf("%q: the prefix %q is leasepool's own", s.Name, internalPrefix))
 	}
 	return s.validateBody()
 }
@@ -258,9 +247,6 @@ func (s *Schedule) validateBody() error {
 		return invalid("catch_up", fmt.Sprintf("%q is not one of none, last, all:N", s.CatchUp.Mode))
 	}
 	p := s.Template.Params(s.Name, time.Now())
-	// A built-in's occurrences are under task.ReservedPrefix by design;
-	// the name's own check refuses that prefix for every other schedule.
-	p.Key = strings.TrimPrefix(p.Key, task.ReservedPrefix)
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("template: %w", err)
 	}

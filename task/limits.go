@@ -92,11 +92,10 @@ type internalWrite struct{}
 
 // WithInternalWrite returns a context for leasepool's own writes, under
 // which Publish and every backend's Insert accept a key under
-// ReservedPrefix (the built-in schedules' occurrences), every backend's
-// PutDocument a namespace under DocumentPrefix, and Publish bounds
-// the payload by MaxStoredDepth (a flow step's payload wraps the flow's
-// parameters, each checked against MaxJSONDepth when published). It is not for callers'
-// input: what a caller gives is checked by Validate, and a reserved
+// ReservedPrefix, every backend's PutDocument a namespace under
+// DocumentPrefix, and Publish bounds the payload by MaxStoredDepth (a flow
+// step's payload wraps the flow's parameters, each checked against
+// MaxJSONDepth when published). It is not for callers' input: what a caller gives is checked by Validate, and a reserved
 // document its reader cannot read is skipped (SkipMalformed), never run.
 func WithInternalWrite(ctx context.Context) context.Context {
 	return context.WithValue(ctx, internalWrite{}, true)

@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// ReservedPrefix starts the keys of leasepool's own documents in the tasks
-// collection (the built-in schedules' occurrences, flows stored before
-// they were documents): they are not users' tasks, so List and Stats leave
-// them out and they yield no lifecycle events.
+// ReservedPrefix starts the task keys of leasepool's own (flows and the
+// control doorbell in stores written before they were documents): they are
+// not users' tasks, so List and Stats leave them out and they yield no
+// lifecycle events.
 const ReservedPrefix = "leasepool:"
 
 // Reserved reports whether key belongs to leasepool itself, not to a task.

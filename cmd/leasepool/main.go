@@ -52,7 +52,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err == nil {
 		return exitOK
 	}
-	msg := "leasepool: " + oneLine(err)
+	msg := app.Name + ": " + oneLine(err)
 	var ue *usageError
 	if errors.As(err, &ue) {
 		msg += "; see '" + ue.cmd + " --help'"
