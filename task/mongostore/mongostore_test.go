@@ -58,13 +58,7 @@ func open(t testing.TB, uri string, cfg mongostore.Config) *mongostore.Store {
 func TestStore(t *testing.T) {
 	uri := testservers.MongoURI(t)
 	storetest.Run(t, func(t *testing.T) storetest.Opened {
-		cfg := mongostore.Config{Database: freshDB()}
-		st := open(t, uri, cfg)
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = st.Database().Drop(ctx)
-		})
+		st, cfg := openFresh(t, uri)
 		return storetest.Opened{
 			Store:  st,
 			Reopen: func(t *testing.T) task.Store { return open(t, uri, cfg) },

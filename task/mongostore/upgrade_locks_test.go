@@ -1,18 +1,13 @@
 package mongostore_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/task"
-	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/task/storetest"
 )
 
@@ -25,31 +20,11 @@ import (
 // a task's own lock key rate:kind:k#0 where it is.
 func TestUpgradeMovesLocksToNamespaces(t *testing.T) {
 	uri := testservers.MongoURI(t)
-	cfg := mongostore.Config{Database: freshDB()}
-	st := open(t, uri, cfg)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = st.Database().Drop(ctx)
-	})
-	raw, err := os.ReadFile("testdata/locks-v10.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, cfg := openFresh(t, uri)
 	var fixture map[string][]json.RawMessage
-	if err := json.Unmarshal(raw, &fixture); err != nil {
-		t.Fatal(err)
-	}
+	readFixture(t, "testdata/locks-v10.json", &fixture)
 	for coll, docs := range fixture {
-		for _, d := range docs {
-			var doc bson.D
-			if err := bson.UnmarshalExtJSON(d, true, &doc); err != nil {
-				t.Fatalf("%s: %v", coll, err)
-			}
-			if _, err := st.Database().Collection(coll).InsertOne(t.Context(), doc); err != nil {
-				t.Fatalf("insert into %s: %v", coll, err)
-			}
-		}
+		insertFixture(t, st, coll, docs)
 	}
 	upgraded := open(t, uri, cfg)
 	storetest.UpgradedLocks(t, upgraded)

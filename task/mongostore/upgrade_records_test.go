@@ -1,9 +1,7 @@
 package mongostore_test
 
 import (
-	"context"
 	"encoding/json"
-	"os"
 	"testing"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
-	"github.com/leasepool/leasepool/task/mongostore"
 )
 
 // TestUpgradeMovesRecordsToDocuments loads testdata/v10-records.json, the
@@ -27,32 +24,12 @@ import (
 // records collection.
 func TestUpgradeMovesRecordsToDocuments(t *testing.T) {
 	uri := testservers.MongoURI(t)
-	cfg := mongostore.Config{Database: freshDB()}
-	st := open(t, uri, cfg)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = st.Database().Drop(ctx)
-	})
+	st, cfg := openFresh(t, uri)
 	ctx := t.Context()
-	raw, err := os.ReadFile("testdata/v10-records.json")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var fixture []json.RawMessage
-	if err := json.Unmarshal(raw, &fixture); err != nil {
-		t.Fatal(err)
-	}
+	readFixture(t, "testdata/v10-records.json", &fixture)
+	insertFixture(t, st, "records", fixture)
 	records := st.Database().Collection("records")
-	for _, d := range fixture {
-		var doc bson.D
-		if err := bson.UnmarshalExtJSON(d, true, &doc); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := records.InsertOne(ctx, doc); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// A document written before this open (by an upgraded process) is
 	// newer than its record.
 	if _, err := st.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: control.LimitNamespace, ID: "kind:mail", Value: json.RawMessage(`{"n":7,"per":"1m0s"}`)}); err != nil {

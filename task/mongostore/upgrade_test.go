@@ -8,7 +8,6 @@ import (
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/task"
-	"github.com/leasepool/leasepool/task/mongostore"
 )
 
 // TestLegacyDoorbellTaskIsLeftAlone: a database where the control
@@ -17,13 +16,7 @@ import (
 // task untouched, and workers' streams hear the ring.
 func TestLegacyDoorbellTaskIsLeftAlone(t *testing.T) {
 	uri := testservers.MongoURI(t)
-	cfg := mongostore.Config{Database: freshDB()}
-	st := open(t, uri, cfg)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = st.Database().Drop(ctx)
-	})
+	st, cfg := openFresh(t, uri)
 	ctx := t.Context()
 	const legacyKey = task.ReservedPrefix + "control"
 	if _, _, err := task.Publish(task.WithInternalWrite(ctx), st, task.PublishParams{Key: legacyKey, Kind: "leasepool.control",
