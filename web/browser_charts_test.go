@@ -9,11 +9,8 @@ package web_test
 
 import (
 	"context"
-	b64 "encoding/base64"
 	"errors"
-	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,9 +23,7 @@ import (
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/stats"
-	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
-	"github.com/leasepool/leasepool/web"
 )
 
 // hostileKind is a kind whose name is markup: the charts must show it as
@@ -71,11 +66,7 @@ func countStore(t *testing.T, s task.Store, kind string) storeCounts {
 func TestChartsInBrowser(t *testing.T) {
 	testservers.Chromium(t) // fail first when there is no browser
 	began := time.Now()
-	s, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := tempStore(t)
 	rec, err := stats.NewRecorder(stats.RecorderConfig{Store: s, Every: time.Hour}) // flushed by the test
 	if err != nil {
 		t.Fatal(err)
@@ -89,19 +80,7 @@ func TestChartsInBrowser(t *testing.T) {
 		return nil
 	})
 	mux.RegisterFunc("flaky", func(context.Context, *consumer.Job) error { return errors.New("device busy") })
-	c, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "worker-1", Concurrency: 4,
-		RetryPolicy: consumer.NoBackoff, Observer: rec, Kinds: []string{"resize", hostileKind, "flaky"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		_ = c.Stop(context.Background())
-	})
+	runConsumer(t, consumer.Config{Store: s, Handler: mux, Observer: rec, Kinds: []string{"resize", hostileKind, "flaky"}})
 	publishJSON := func(key, kind, payload string, o task.Options) {
 		t.Helper()
 		if _, _, err := task.Publish(t.Context(), s, task.PublishParams{Key: key, Kind: kind, Payload: []byte(payload), Options: o}); err != nil {
@@ -153,13 +132,7 @@ func TestChartsInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	h, err := web.NewHandler(web.Config{Store: s, BasicUser: "ops", BasicPassword: "pw"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	bctx := browser(t, "Basic "+b64.StdEncoding.EncodeToString([]byte("ops:pw")))
+	srv, bctx := dashboard(t, s)
 
 	// The overview's charts carry the store's counts.
 	do(t, bctx, "open the overview", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#chart-all")))

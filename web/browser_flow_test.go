@@ -8,11 +8,8 @@ package web_test
 
 import (
 	"context"
-	b64 "encoding/base64"
 	"encoding/json"
 	"errors"
-	"net/http/httptest"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -23,8 +20,6 @@ import (
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/internal/testservers"
-	"github.com/leasepool/leasepool/store"
-	"github.com/leasepool/leasepool/web"
 )
 
 // stepState is the JavaScript for the state the DAG draws step name in.
@@ -35,11 +30,7 @@ func stepState(name string) string {
 func TestFlowPageInBrowser(t *testing.T) {
 	testservers.Chromium(t) // fail first when there is no browser
 	start := time.Now()
-	s, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := tempStore(t)
 	gate := make(chan struct{})
 	mux := consumer.NewMux()
 	if err := flow.Register(mux, flow.Config{Store: s}); err != nil {
@@ -57,15 +48,7 @@ func TestFlowPageInBrowser(t *testing.T) {
 	mux.RegisterFunc("broken", func(context.Context, *consumer.Job) error {
 		return errors.New("quota service said no")
 	})
-	c, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "worker-1", Concurrency: 4,
-		RetryPolicy: consumer.NoBackoff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx := runConsumer(t, consumer.Config{Store: s, Handler: mux})
 	// The reconciler, as every worker runs it: it moves a flow on from a
 	// step whose attempts all expired (a lease lost on a loaded machine).
 	rec, err := flow.NewReconciler(flow.ReconcilerConfig{Store: s, WorkerID: "worker-1", Every: time.Second})
@@ -75,11 +58,7 @@ func TestFlowPageInBrowser(t *testing.T) {
 	if err := rec.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		cancel()
-		_ = rec.Stop(context.Background())
-		_ = c.Stop(context.Background())
-	})
+	t.Cleanup(func() { _ = rec.Stop(context.Background()) })
 	// Steps keep the default retries, so a lease lost under load runs
 	// the step again rather than failing the flow.
 	none := 0
@@ -96,13 +75,7 @@ func TestFlowPageInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	h, err := web.NewHandler(web.Config{Store: s, BasicUser: "ops", BasicPassword: "pw"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	bctx := browser(t, "Basic "+b64.StdEncoding.EncodeToString([]byte("ops:pw")))
+	srv, bctx := dashboard(t, s)
 
 	do(t, bctx, "open the flow", chromedp.Navigate(srv.URL+"/flow?key=provision-7"),
 		chromedp.WaitVisible(chromedp.CSS("#flow-graph svg")))

@@ -8,11 +8,8 @@ package web_test
 
 import (
 	"context"
-	b64 "encoding/base64"
 	"encoding/json"
 	"errors"
-	"net/http/httptest"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,9 +22,7 @@ import (
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/rollout"
-	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
-	"github.com/leasepool/leasepool/web"
 )
 
 // rolloutTasks counts the device tasks rollout name has published.
@@ -51,11 +46,7 @@ func rolloutTasks(t *testing.T, s task.Store, name string) (all, succeeded, fail
 func TestRolloutPageInBrowser(t *testing.T) {
 	testservers.Chromium(t) // fail first when there is no browser
 	began := time.Now()
-	s, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := tempStore(t)
 	mux := consumer.NewMux()
 	mux.RegisterFunc(mqttdev.Kind, func(ctx context.Context, job *consumer.Job) error {
 		var cmd mqttdev.Command
@@ -72,16 +63,7 @@ func TestRolloutPageInBrowser(t *testing.T) {
 		}
 		return nil
 	})
-	c, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "worker-1", Concurrency: 4,
-		RetryPolicy: consumer.NoBackoff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx := runConsumer(t, consumer.Config{Store: s, Handler: mux})
 	drv, err := rollout.NewDriver(rollout.DriverConfig{Store: s, WorkerID: "worker-1", Every: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -89,10 +71,7 @@ func TestRolloutPageInBrowser(t *testing.T) {
 	if err := drv.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = drv.Stop(context.Background())
-		_ = c.Stop(context.Background())
-	})
+	t.Cleanup(func() { _ = drv.Stop(context.Background()) })
 
 	var devices []string
 	for i := range 15 {
@@ -117,13 +96,7 @@ func TestRolloutPageInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	h, err := web.NewHandler(web.Config{Store: s, BasicUser: "ops", BasicPassword: "pw"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	bctx := browser(t, "Basic "+b64.StdEncoding.EncodeToString([]byte("ops:pw")))
+	srv, bctx := dashboard(t, s)
 
 	do(t, bctx, "open the rollouts", chromedp.Navigate(srv.URL+"/rollouts"),
 		chromedp.WaitVisible(chromedp.CSS(`#rollouts tr[data-rollout="firmware-7"]`)))

@@ -40,11 +40,7 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	s, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := tempStore(t)
 	f := &fleet{store: s, stopped: make(chan error, 8)}
 	f.failing.Store(true)
 	started := make(chan string, 8)
@@ -62,19 +58,7 @@ func newFleet(t *testing.T) *fleet {
 		}
 		return nil
 	})
-	c, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "worker-1", Concurrency: 4,
-		RetryPolicy: consumer.NoBackoff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		_ = c.Stop(context.Background())
-	})
+	runConsumer(t, consumer.Config{Store: s, Handler: mux})
 	f.publish(t, "report-1", "quick", task.Options{})
 	f.publish(t, "report-2", "quick", task.Options{})
 	f.publish(t, "upload-7", "block", task.Options{})
@@ -118,6 +102,53 @@ func (f *fleet) await(t *testing.T, key string, want task.State) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// tempStore opens an embedded store in t's temporary directory, closed
+// when t ends.
+func tempStore(t *testing.T) task.Store {
+	t.Helper()
+	s, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// runConsumer starts a consumer of cfg as worker-1, running four tasks at
+// once and retrying without backoff; its context ends, and it stops, when
+// t ends. It returns that context, for what runs beside it.
+func runConsumer(t *testing.T, cfg consumer.Config) context.Context {
+	t.Helper()
+	cfg.WorkerID, cfg.Concurrency, cfg.RetryPolicy = "worker-1", 4, consumer.NoBackoff
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := c.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = c.Stop(context.Background())
+	})
+	return ctx
+}
+
+// dashboard serves the dashboard of s behind the login ops:pw until t
+// ends, and returns the server and a browser logged in.
+func dashboard(t *testing.T, s task.Store) (*httptest.Server, context.Context) {
+	t.Helper()
+	h, err := web.NewHandler(web.Config{Store: s, BasicUser: "ops", BasicPassword: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, browser(t, "Basic "+b64.StdEncoding.EncodeToString([]byte("ops:pw")))
 }
 
 // browser starts a headless Chromium that sends auth with every request and
@@ -218,13 +249,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 func TestDashboardInBrowser(t *testing.T) {
 	testservers.Chromium(t) // fail first when there is no browser
 	f := newFleet(t)
-	h, err := web.NewHandler(web.Config{Store: f.store, BasicUser: "ops", BasicPassword: "pw"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	ctx := browser(t, "Basic "+b64.StdEncoding.EncodeToString([]byte("ops:pw")))
+	srv, ctx := dashboard(t, f.store)
 
 	// Overview: counts per state.
 	do(t, ctx, "open the overview", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#count-all")))
