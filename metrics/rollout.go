@@ -68,13 +68,8 @@ func NewRolloutCollector(cfg RolloutConfig) (*RolloutCollector, error) {
 	if cfg.Counter == nil {
 		return nil, errors.New("metrics rollout collector: Counter is required")
 	}
-	if cfg.MaxAge < 0 || cfg.Timeout < 0 {
-		return nil, errors.New("metrics rollout collector: MaxAge and Timeout must not be negative")
-	}
-	setDefault(&cfg.MaxAge, 5*time.Second)
-	setDefault(&cfg.Timeout, 5*time.Second)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if err := readSettings("rollout collector", &cfg.MaxAge, &cfg.Timeout, &cfg.Logger); err != nil {
+		return nil, err
 	}
 	return &RolloutCollector{
 		cfg: cfg,

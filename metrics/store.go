@@ -81,13 +81,8 @@ func NewStoreCollector(cfg StoreConfig) (*StoreCollector, error) {
 	if cfg.Now == nil {
 		return nil, errors.New("metrics store collector: Now is required")
 	}
-	if cfg.MaxAge < 0 || cfg.Timeout < 0 {
-		return nil, errors.New("metrics store collector: MaxAge and Timeout must not be negative")
-	}
-	setDefault(&cfg.MaxAge, 5*time.Second)
-	setDefault(&cfg.Timeout, 5*time.Second)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if err := readSettings("store collector", &cfg.MaxAge, &cfg.Timeout, &cfg.Logger); err != nil {
+		return nil, err
 	}
 	return &StoreCollector{
 		cfg: cfg,
@@ -107,10 +102,22 @@ func NewStoreCollector(cfg StoreConfig) (*StoreCollector, error) {
 	}, nil
 }
 
-func setDefault(p *time.Duration, v time.Duration) {
-	if *p == 0 {
-		*p = v
+// readSettings checks the read settings a collector's config shares
+// (MaxAge, Timeout, Logger) and fills in their defaults; what names the
+// collector in the error.
+func readSettings(what string, maxAge, timeout *time.Duration, logger **slog.Logger) error {
+	if *maxAge < 0 || *timeout < 0 {
+		return errors.New("metrics " + what + ": MaxAge and Timeout must not be negative")
 	}
+	for _, d := range []*time.Duration{maxAge, timeout} {
+		if *d == 0 {
+			*d = 5 * time.Second
+		}
+	}
+	if *logger == nil {
+		*logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
 }
 
 // Describe implements prometheus.Collector.
