@@ -6,6 +6,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -157,24 +158,12 @@ func flowKinds(spec flow.Spec) ([]kindRef, error) {
 	return refs, nil
 }
 
+// flowKeyAction runs fn on the flow its argument names and prints the
+// flow's state.
 func flowKeyAction(fn func(c *cli.Context, s task.Store, key string) (*flow.Flow, error)) cli.ActionFunc {
-	return func(c *cli.Context) error {
-		key, err := oneKey(c)
-		if err != nil {
-			return err
-		}
-		s, err := openStore(c, true)
-		if err != nil {
-			return err
-		}
-		defer s.Close()
-		f, err := fn(c, s, key)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(c.App.Writer, "%s: %s (%s)\n", f.Key, f.State, cursorText(f))
-		return nil
-	}
+	return storeAction(oneKey, fn, func(w io.Writer, f *flow.Flow) {
+		fmt.Fprintf(w, "%s: %s (%s)\n", f.Key, f.State, cursorText(f))
+	})
 }
 
 func flowList(c *cli.Context) error {

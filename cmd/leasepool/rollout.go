@@ -25,23 +25,9 @@ import (
 
 func rolloutCommand() *cli.Command {
 	nameAction := func(op func(c *cli.Context, s task.Store, name string) (*rollout.Rollout, error)) cli.ActionFunc {
-		return func(c *cli.Context) error {
-			name, err := rolloutName(c)
-			if err != nil {
-				return err
-			}
-			s, err := openStore(c, true)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			r, err := op(c, s, name)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(c.App.Writer, "rollout %s: %s%s\n", r.Name, r.State, reasonSuffix(r.Reason))
-			return nil
-		}
+		return storeAction(rolloutName, op, func(w io.Writer, r *rollout.Rollout) {
+			fmt.Fprintf(w, "rollout %s: %s%s\n", r.Name, r.State, reasonSuffix(r.Reason))
+		})
 	}
 	return &cli.Command{
 		Name:  "rollout",

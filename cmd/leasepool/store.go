@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -56,4 +57,28 @@ func openStoreURL(c *cli.Context, url string, opts store.Options) (task.Store, e
 		embeddedProcs()
 	}
 	return s, nil
+}
+
+// storeAction is the action of a command on one thing its arguments name:
+// it reads the name with arg, opens the store (which must exist), runs op
+// on it and prints what op returns with show.
+func storeAction[T any](arg func(*cli.Context) (string, error), op func(*cli.Context, task.Store, string) (T, error),
+	show func(io.Writer, T)) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		name, err := arg(c)
+		if err != nil {
+			return err
+		}
+		s, err := openStore(c, true)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		v, err := op(c, s, name)
+		if err != nil {
+			return err
+		}
+		show(c.App.Writer, v)
+		return nil
+	}
 }
