@@ -1,9 +1,6 @@
 package sqlitestore_test
 
 import (
-	"database/sql"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -16,24 +13,13 @@ import (
 // lock table (see storetest.UpgradedLocks), and checks that the upgrade
 // moves the slot and the leases to their namespaces, held as before.
 func TestUpgradeMovesLocksToNamespaces(t *testing.T) {
-	fixture, err := os.ReadFile("testdata/v10-locks.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "s.db")
-	if err := os.WriteFile(path, fixture, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := copyFixture(t, "v10-locks.db")
 	st, err := sqlitestore.Open(t.Context(), path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := rawDB(t, path)
 	var v, rows int
 	if err := db.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil || v != sqlitestore.SchemaVersion {
 		t.Fatalf("user_version after the upgrade: %d, %v; want %d", v, err, sqlitestore.SchemaVersion)

@@ -1,10 +1,7 @@
 package sqlitestore_test
 
 import (
-	"database/sql"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -23,14 +20,7 @@ import (
 // reads them as they are; a writer's open moves them into documents and
 // drops the records table; every value survives, and writes go on.
 func TestUpgradeRecordsToDocuments(t *testing.T) {
-	fixture, err := os.ReadFile("testdata/v10.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "s.db")
-	if err := os.WriteFile(path, fixture, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := copyFixture(t, "v10.db")
 	ro, err := sqlitestore.Open(t.Context(), path, &sqlitestore.Config{ReadOnly: true, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatalf("read-only open of a version 10 store: %v", err)
@@ -39,11 +29,7 @@ func TestUpgradeRecordsToDocuments(t *testing.T) {
 	ro.Close()
 
 	st := open(t, path, nil)
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := rawDB(t, path)
 	var v, records, docs int
 	for _, c := range []struct {
 		q    string

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -160,14 +159,7 @@ func TestWritesStopAfterANewerUpgrade(t *testing.T) {
 // tasks, records and counts are kept, the doorbell task is deleted with
 // its count, and documents are written and heard on the change stream.
 func TestUpgradeFromVersion9(t *testing.T) {
-	fixture, err := os.ReadFile("testdata/v9.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "s.db")
-	if err := os.WriteFile(path, fixture, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := copyFixture(t, "v9.db")
 	ro, err := sqlitestore.Open(t.Context(), path, &sqlitestore.Config{ReadOnly: true})
 	if err != nil {
 		t.Fatalf("read-only open of a version 9 store: %v", err)
@@ -185,11 +177,7 @@ func TestUpgradeFromVersion9(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := rawDB(t, path)
 	var v, bell, bellCount int
 	for _, c := range []struct {
 		q    string
