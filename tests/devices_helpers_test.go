@@ -85,6 +85,23 @@ func startSim(t *testing.T, ctx context.Context, cfg device.Config) *device.Simu
 	return sim
 }
 
+// awaitOnline waits until the device states in store, as the workers
+// record them, count n devices online.
+func awaitOnline(t *testing.T, ctx context.Context, store task.Store, n int) {
+	t.Helper()
+	states := mqttdev.StoreStates(store)
+	eventually(t, 30*time.Second, "the workers to see every device online", func() bool {
+		ss, err := states.DeviceStates(ctx)
+		online := 0
+		for _, s := range ss {
+			if s.Online {
+				online++
+			}
+		}
+		return err == nil && online == n
+	})
+}
+
 // tlogWriter writes log lines to t.Log.
 type tlogWriter struct{ t *testing.T }
 

@@ -17,7 +17,6 @@ import (
 
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/task"
-	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
 // dagChaosFlows is the size of TestFlowDAGChaos in CI, where it must stay
@@ -96,12 +95,7 @@ func TestFlowDAGChaos(t *testing.T) {
 		}
 	}
 	ctx := testContext(t, 5*time.Minute)
-	dbPath := filepath.Join(t.TempDir(), "store.db")
-	store, err := sqlitestore.Open(ctx, dbPath, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store, storeURL := openTestStore(t, ctx)
 	runLog := filepath.Join(t.TempDir(), "steps.log")
 
 	// Published before the workers start, as fast as the store takes them.
@@ -119,7 +113,7 @@ func TestFlowDAGChaos(t *testing.T) {
 	ids := []string{"w1", "w2", "w3"}
 	workers := map[string]*workerProc{}
 	start := func(id string) {
-		workers[id] = startWorker(t, "sqlite:"+dbPath, id, "--concurrency", "8", "--kinds", "exec", "--backoff", "100ms")
+		workers[id] = startWorker(t, storeURL, id, "--concurrency", "8", "--kinds", "exec", "--backoff", "100ms")
 	}
 	for _, id := range ids {
 		start(id)

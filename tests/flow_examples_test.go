@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/task"
-	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
 // TestProvisioningExample runs examples/provisioning.json on a `leasepool
@@ -20,17 +18,12 @@ import (
 // sees every result before it.
 func TestProvisioningExample(t *testing.T) {
 	ctx := testContext(t, 2*time.Minute)
-	dbPath := filepath.Join(t.TempDir(), "store.db")
-	store, err := sqlitestore.Open(ctx, dbPath, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store, storeURL := openTestStore(t, ctx)
 	cli := func(args ...string) (string, error) {
-		out, err := exec.CommandContext(ctx, leasepoolBin(t), append([]string{"--store", "sqlite:" + dbPath}, args...)...).CombinedOutput()
+		out, err := exec.CommandContext(ctx, leasepoolBin(t), append([]string{"--store", storeURL}, args...)...).CombinedOutput()
 		return string(out), err
 	}
-	startWorker(t, "sqlite:"+dbPath, "w1", "--kinds", "exec")
+	startWorker(t, storeURL, "w1", "--kinds", "exec")
 	if out, err := cli("flow", "publish", "vm-42", "--file", "../examples/provisioning.json"); err != nil {
 		t.Fatalf("publish: %v\n%s", err, out)
 	}

@@ -42,17 +42,7 @@ func TestDeviceFleetExample(t *testing.T) {
 	for i := range 2 {
 		deviceWorker(t, storeURL, fmt.Sprintf("fl%d-%s", i+1, sfx), url, prefix)
 	}
-	states := mqttdev.StoreStates(store)
-	eventually(t, 30*time.Second, "the workers to see every device online", func() bool {
-		ss, err := states.DeviceStates(ctx)
-		online := 0
-		for _, s := range ss {
-			if s.Online {
-				online++
-			}
-		}
-		return err == nil && online == 10
-	})
+	awaitOnline(t, ctx, store, 10)
 
 	devs := sim.Devices()
 	publish := func(key string, first int) {

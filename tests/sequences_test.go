@@ -32,24 +32,14 @@ func TestDeviceSequences(t *testing.T) {
 		BrokerURL: url, Prefix: prefix, IDPrefix: "sq-" + sfx + "-", Count: 10,
 		// Commands slow enough that each device's line stands: about five
 		// steps wait per device at first, and the line order check needs
-		// some waiting over its 500 ms margin (at 40 ms, once claims got
-		// faster, a run could find none and check nothing).
+		// some waiting over its 500 ms margin (with quick commands a run
+		// may find none and check nothing).
 		Latency: 120 * time.Millisecond, Heartbeat: time.Second, Seed: 9,
 	})
 	for i := range 3 {
 		deviceWorker(t, storeURL, fmt.Sprintf("sq%d-%s", i+1, sfx), url, prefix)
 	}
-	states := mqttdev.StoreStates(store)
-	eventually(t, 30*time.Second, "the workers to see every device online", func() bool {
-		ss, err := states.DeviceStates(ctx)
-		online := 0
-		for _, s := range ss {
-			if s.Online {
-				online++
-			}
-		}
-		return err == nil && online == 10
-	})
+	awaitOnline(t, ctx, store, 10)
 
 	const n = 50
 	rng := rand.New(rand.NewPCG(7, 7))
