@@ -11,10 +11,8 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/events"
-	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/task"
-	"github.com/leasepool/leasepool/task/mongostore"
 )
 
 // rolloutLine is what the rollout tests compare of an event.
@@ -147,17 +145,7 @@ func TestRolloutEventsInOrderOnceAndResumable(t *testing.T) {
 // resume by, and rollout writes break nothing. Either way, rollout events
 // that come are the rollout's own, in order, once.
 func TestRolloutEventsMongo(t *testing.T) {
-	cfg := mongostore.Config{Database: fmt.Sprintf("lp_revents_%d", time.Now().UnixNano())}
-	s, err := mongostore.Open(context.Background(), testservers.MongoURI(t), &cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Database().Drop(ctx)
-		_ = s.Close()
-	})
+	s := openMongo(t, "lp_revents")
 	live := follow(t, s, events.Params{})
 	want := runRollout(t, s)
 	all := drain(t, live)

@@ -80,6 +80,24 @@ func lifecycle(t *testing.T, s task.Store, step func(want ...string)) {
 	do("c", func(tk *task.Task) error { return tk.Release(h, s.Now()) }, "released c w2#2")
 }
 
+// openMongo opens a store on a database of its own, named db and a time,
+// on the shared test server; it is dropped and closed when t ends.
+func openMongo(t *testing.T, db string) *mongostore.Store {
+	t.Helper()
+	cfg := mongostore.Config{Database: fmt.Sprintf("%s_%d", db, time.Now().UnixNano())}
+	s, err := mongostore.Open(context.Background(), testservers.MongoURI(t), &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Database().Drop(ctx)
+		_ = s.Close()
+	})
+	return s
+}
+
 func openSQLite(t *testing.T, path string) task.Store {
 	t.Helper()
 	s, err := sqlitestore.Open(context.Background(), path, nil)
@@ -196,17 +214,7 @@ func TestFollowBadToken(t *testing.T) {
 // next write) gets them exactly; one that reads the same writes later gets
 // each event at most once, in order.
 func TestFollowMongo(t *testing.T) {
-	cfg := mongostore.Config{Database: fmt.Sprintf("lp_events_%d", time.Now().UnixNano())}
-	s, err := mongostore.Open(context.Background(), testservers.MongoURI(t), &cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Database().Drop(ctx)
-		_ = s.Close()
-	})
+	s := openMongo(t, "lp_events")
 	live := follow(t, s, events.Params{})
 	var want []string
 	var first string
