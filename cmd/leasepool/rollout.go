@@ -29,6 +29,13 @@ func rolloutCommand() *cli.Command {
 			fmt.Fprintf(w, "rollout %s: %s%s\n", r.Name, r.State, reasonSuffix(r.Reason))
 		})
 	}
+	// nameOp is nameAction of a rollout operation that needs nothing of
+	// the command line but the name.
+	nameOp := func(op func(context.Context, task.Store, string) (*rollout.Rollout, error)) cli.ActionFunc {
+		return nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
+			return op(c.Context, s, n)
+		})
+	}
 	return &cli.Command{
 		Name:  "rollout",
 		Usage: "send one device command to a fleet in waves, at a bounded rate, with abort rules and a rollback",
@@ -71,27 +78,19 @@ func rolloutCommand() *cli.Command {
 			},
 			{
 				Name: "pause", Usage: "dispatch nothing more until resumed (running commands finish)", ArgsUsage: "NAME",
-				Action: nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
-					return rollout.Pause(c.Context, s, n)
-				}),
+				Action: nameOp(rollout.Pause),
 			},
 			{
 				Name: "resume", Usage: "resume a paused rollout", ArgsUsage: "NAME",
-				Action: nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
-					return rollout.Resume(c.Context, s, n)
-				}),
+				Action: nameOp(rollout.Resume),
 			},
 			{
 				Name: "cancel", Usage: "stop for good: queued commands are withdrawn, running ones finish; no rollback", ArgsUsage: "NAME",
-				Action: nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
-					return rollout.Cancel(c.Context, s, n)
-				}),
+				Action: nameOp(rollout.Cancel),
 			},
 			{
 				Name: "approve", Usage: "open the next wave's gate", ArgsUsage: "NAME",
-				Action: nameAction(func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
-					return rollout.Approve(c.Context, s, n)
-				}),
+				Action: nameOp(rollout.Approve),
 			},
 			{
 				Name: "retry-failed", Usage: "give every failed device another attempt", ArgsUsage: "NAME",
