@@ -53,33 +53,11 @@ func BenchmarkMongoScaling(b *testing.B) {
 	bin := fastBin(b)
 	ctx := context.Background()
 
-	const tasks = 200
-	fmt.Println("| worker processes | tasks | claims | claim conflicts | conflicts per task |")
-	fmt.Println("|--:|--:|--:|--:|--:|")
-	for _, n := range []int{1, 2, 4, 8} {
-		b.Run(fmt.Sprintf("conflicts-%d", n), func(b *testing.B) {
+	printConflictFigures(b, bin, 200, 10*time.Millisecond, // 100/s
+		func(b *testing.B) (task.Store, string) {
 			uri := freshMongoURI(b)
-			st := openScalingMongo(b, uri)
-			fw := startFigureWorkers(b, bin, uri, n, 4, nil)
-			waitLive(b, st, n)
-			tick := time.NewTicker(10 * time.Millisecond) // 100/s
-			for i := range tasks {
-				<-tick.C
-				if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("c%05d", i), Kind: "noop"}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			tick.Stop()
-			waitSucceeded(b, st, tasks)
-			var claims, conflicts float64
-			for _, a := range fw.addrs {
-				claims += metricSum(b, a, "leasepool_tasks_claimed_total")
-				conflicts += metricSum(b, a, "leasepool_claim_conflicts_total")
-			}
-			fmt.Printf("| %d | %d | %.0f | %.0f | %.3f |\n", n, tasks, claims, conflicts, conflicts/tasks)
-			fw.stop()
+			return openScalingMongo(b, uri), uri
 		})
-	}
 
 	const drain = 400
 	rates := map[int][]float64{}

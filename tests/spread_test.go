@@ -158,31 +158,38 @@ func openFigureStore(t testing.TB) (task.Store, string) {
 // SpreadFigures -benchtime 1x).
 func BenchmarkSpreadFigures(t *testing.B) {
 	bin := fastBin(t)
-	ctx := context.Background()
+	printConflictFigures(t, bin, 2000, 2*time.Millisecond, // 500/s
+		func(t *testing.B) (task.Store, string) { return openFigureStore(t) })
+}
 
-	const tasks = 2000
+// printConflictFigures prints the claim conflicts per task with 1, 2, 4
+// and 8 idle worker processes of bin while tasks noop tasks are published,
+// one each interval, on a store of each run's own that open returns with
+// its --store URL.
+func printConflictFigures(b *testing.B, bin string, tasks int, interval time.Duration, open func(*testing.B) (task.Store, string)) {
+	ctx := context.Background()
 	fmt.Println("| worker processes | tasks | claims | claim conflicts | conflicts per task |")
 	fmt.Println("|--:|--:|--:|--:|--:|")
 	for _, n := range []int{1, 2, 4, 8} {
-		t.Run(fmt.Sprintf("conflicts-%d", n), func(t *testing.B) {
-			st, url := openFigureStore(t)
-			fw := startFigureWorkers(t, bin, url, n, 4, nil)
-			waitLive(t, st, n)
-			tick := time.NewTicker(2 * time.Millisecond) // 500/s
+		b.Run(fmt.Sprintf("conflicts-%d", n), func(b *testing.B) {
+			st, url := open(b)
+			fw := startFigureWorkers(b, bin, url, n, 4, nil)
+			waitLive(b, st, n)
+			tick := time.NewTicker(interval)
 			for i := range tasks {
 				<-tick.C
 				if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("c%05d", i), Kind: "noop"}); err != nil {
-					t.Fatal(err)
+					b.Fatal(err)
 				}
 			}
 			tick.Stop()
-			waitSucceeded(t, st, tasks)
+			waitSucceeded(b, st, tasks)
 			var claims, conflicts float64
 			for _, a := range fw.addrs {
-				claims += metricSum(t, a, "leasepool_tasks_claimed_total")
-				conflicts += metricSum(t, a, "leasepool_claim_conflicts_total")
+				claims += metricSum(b, a, "leasepool_tasks_claimed_total")
+				conflicts += metricSum(b, a, "leasepool_claim_conflicts_total")
 			}
-			fmt.Printf("| %d | %d | %.0f | %.0f | %.3f |\n", n, tasks, claims, conflicts, conflicts/tasks)
+			fmt.Printf("| %d | %d | %.0f | %.0f | %.3f |\n", n, tasks, claims, conflicts, conflicts/float64(tasks))
 			fw.stop()
 		})
 	}
