@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -86,7 +85,7 @@ func deviceCommand() *cli.Command {
 						return err
 					}
 					if c.Bool("json") {
-						return deviceJSON(c.App.Writer, r)
+						return writeJSON(c.App.Writer, r)
 					}
 					if len(r.Overlaps) > 0 {
 						return fmt.Errorf("%d overlapping commands: one device ran two commands at once", len(r.Overlaps))
@@ -296,7 +295,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 				infos = slices.DeleteFunc(infos, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels) })
 			}
 			if c.Bool("json") {
-				return deviceJSON(c.App.Writer, infos)
+				return writeJSON(c.App.Writer, infos)
 			}
 			return printDevices(c.App.Writer, infos, states != nil)
 		},
@@ -378,14 +377,8 @@ func deviceLabel(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		return deviceJSON(c.App.Writer, inv)
+		return writeJSON(c.App.Writer, inv)
 	}
 	fmt.Fprintf(c.App.Writer, "%s labels %s; effective %s\n", id, dash(inv.Labels.String()), dash(inv.Effective().String()))
 	return nil
-}
-
-func deviceJSON(w io.Writer, v any) error {
-	e := json.NewEncoder(w)
-	e.SetIndent("", "  ")
-	return e.Encode(v)
 }

@@ -192,7 +192,7 @@ func rolloutCreate(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		return deviceJSON(c.App.Writer, r.Progress())
+		return writeJSON(c.App.Writer, r.Progress())
 	}
 	fmt.Fprintf(c.App.Writer, "rollout %s created: %d devices in %d waves\n", r.Name, len(r.Devices), len(r.Waves))
 	return nil
@@ -213,7 +213,7 @@ func rolloutList(c *cli.Context) error {
 		for _, r := range list {
 			out = append(out, r.Progress())
 		}
-		return deviceJSON(c.App.Writer, out)
+		return writeJSON(c.App.Writer, out)
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSTATE\tWAVE\tDEVICES\tSUCCEEDED\tFAILED\tRUNNING\tCOMMAND\tCREATED")
@@ -241,9 +241,9 @@ func rolloutShow(c *cli.Context) error {
 	}
 	if c.Bool("json") {
 		if c.Bool("devices") {
-			return deviceJSON(c.App.Writer, r)
+			return writeJSON(c.App.Writer, r)
 		}
-		return deviceJSON(c.App.Writer, r.Progress())
+		return writeJSON(c.App.Writer, r.Progress())
 	}
 	return printRollout(c.App.Writer, r, c.Bool("devices"))
 }
