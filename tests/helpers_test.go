@@ -112,12 +112,19 @@ func tail(s string, n int) string {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	pollEvery(t, d, 20*time.Millisecond, what, cond)
+}
+
+// pollEvery polls cond every interval until it holds, failing t when d
+// passes first.
+func pollEvery(t testing.TB, d, interval time.Duration, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s", d, what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 

@@ -277,13 +277,7 @@ func checkRolloutAbortWave(t *testing.T, r *rollout.Rollout, rule rollout.AbortR
 // of documents, and the store is what the workers share.
 func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	pollEvery(t, d, 250*time.Millisecond, what, cond)
 }
 
 // driverHolder returns the index of the worker whose log last says it
