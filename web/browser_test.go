@@ -106,7 +106,7 @@ func (f *fleet) await(t *testing.T, key string, want task.State) {
 
 // tempStore opens an embedded store in t's temporary directory, closed
 // when t ends.
-func tempStore(t *testing.T) task.Store {
+func tempStore(t testing.TB) task.Store {
 	t.Helper()
 	s, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"), store.Options{})
 	if err != nil {

@@ -13,12 +13,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
 )
@@ -32,12 +30,7 @@ func BenchmarkDashboard(b *testing.B) {
 		}
 		n = v
 	}
-	ctx := context.Background()
-	s, err := store.Open(ctx, "sqlite:"+filepath.Join(b.TempDir(), "s.db"), store.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := tempStore(b)
 	fill(b, s, n)
 	h, err := web.NewHandler(web.Config{Store: s})
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
-	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/web"
 )
 
@@ -215,11 +213,7 @@ func TestFlowPageSignalForm(t *testing.T) {
 //	go test -run '^$' -bench FlowPage -benchtime 50x ./web/
 func BenchmarkFlowPage(b *testing.B) {
 	ctx := context.Background()
-	s, err := store.Open(ctx, "sqlite:"+filepath.Join(b.TempDir(), "s.db"), store.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := tempStore(b)
 	mux := consumer.NewMux()
 	if err := flow.Register(mux, flow.Config{Store: s}); err != nil {
 		b.Fatal(err)

@@ -6,14 +6,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/schedule"
-	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
 )
@@ -30,11 +28,7 @@ type env struct {
 
 func newEnv(t *testing.T, cfg web.Config) *env {
 	t.Helper()
-	s, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := tempStore(t)
 	sch := schedule.Schedule{Name: "nightly", Every: task.Duration(time.Hour), CatchUp: schedule.DefaultCatchUp,
 		Template: schedule.Template{Kind: "noop"}}
 	if _, err := schedule.Add(t.Context(), s, sch, false); err != nil {
