@@ -24,7 +24,6 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/testservers"
-	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
 )
@@ -102,18 +101,6 @@ func (f *fleet) await(t *testing.T, key string, want task.State) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// tempStore opens an embedded store in t's temporary directory, closed
-// when t ends.
-func tempStore(t testing.TB) task.Store {
-	t.Helper()
-	s, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 // runConsumer starts a consumer of cfg as worker-1, running four tasks at

@@ -6,12 +6,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/schedule"
+	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
 )
@@ -24,6 +26,18 @@ type env struct {
 	store task.Store
 	srv   *httptest.Server
 	token string
+}
+
+// tempStore opens an embedded store in t's temporary directory, closed
+// when t ends.
+func tempStore(t testing.TB) task.Store {
+	t.Helper()
+	s, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 func newEnv(t *testing.T, cfg web.Config) *env {
