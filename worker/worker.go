@@ -59,7 +59,9 @@ type Config struct {
 	// ID names this worker in leases, pins and the registry. Default
 	// "<host>-<pid>-<random>". A second process under a live ID refuses to
 	// start (task.ErrWorkerIDTaken). Ids under task.ReservedPrefix are
-	// leasepool's own (flow documents are pinned to one) and refused.
+	// leasepool's own (flows a store kept as tasks, before flows were
+	// documents, are pinned to one so that no worker runs them) and
+	// refused.
 	ID string
 
 	// Kinds are the kinds this worker claims. A built-in kind named here
