@@ -60,6 +60,8 @@ func TestDAGRefusedAtPublish(t *testing.T) {
 		{`{"key":"f","steps":[{"name":"a","type":"signal","timeout":"1s","default":` + deepJSON(65) + `}]}`, "invalid: steps[0].default: nested deeper than 64 levels"},
 		{`{"key":"f","steps":[{"name":"a","type":"signal","timeout":"-1s"}]}`, "invalid: steps[0].timeout: must not be negative"},
 		{`{"key":"f","steps":[{"name":"a",` + k + `,"default":1}]}`, "invalid: steps[0].default: only a signal step takes a default"},
+		{`{"key":"f","steps":[{"name":".",` + k + `}]}`, `invalid: steps[0].name: "." makes the step's task key "f/1/./do", which cannot be named in a URL path`},
+		{`{"key":"f/","steps":[{"name":"a",` + k + `}]}`, `invalid: steps[0].name: "a" makes the step's task key "f//1/a/do", which cannot be named in a URL path`},
 	} {
 		spec, err := ParseSpec(strings.NewReader(tt.file))
 		if err == nil {

@@ -176,6 +176,9 @@ func (s Spec) Validate() error {
 		if len(st.Name) > MaxNameLen {
 			return invalid(field+".name", fmt.Sprintf("is longer than %d bytes", MaxNameLen))
 		}
+		if k := StepKey(s.Key, 1, i, st.Name, false); !task.PathNameable(k) {
+			return invalid(field+".name", fmt.Sprintf("%q makes the step's task key %q, which cannot be named in a URL path", st.Name, k))
+		}
 		if seen[st.Name] {
 			return invalid(field+".name", fmt.Sprintf("%q names two steps", st.Name))
 		}

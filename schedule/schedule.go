@@ -201,7 +201,7 @@ func validateName(name string) error {
 	if err := task.ValidateName("name", name); err != nil {
 		return err
 	}
-	if name == "." || name == ".." { // no URL path can name it (/api/v1/schedules/NAME/pause)
+	if !task.PathNameable(name) { // /api/v1/schedules/NAME/pause must reach it
 		return invalid("name", fmt.Sprintf("%q cannot be named in a URL path", name))
 	}
 	// The occurrence key must be a valid task key too.

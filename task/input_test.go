@@ -14,6 +14,20 @@ func deep(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n)
 
 // TestValidateRefusesHostileInput: every check a caller's publish meets,
 // with the one-line error naming the field.
+// notInPath ends the error of a key no URL path can name.
+const notInPath = ` (no leading "/", "//", or "." or ".." between slashes)`
+
+func TestPathNameable(t *testing.T) {
+	for key, want := range map[string]bool{
+		"a": true, "a/b": true, "a/": true, "flow/1/step/do": true, "a.b": true, "...": true,
+		"/": false, "/a": false, "a//b": false, ".": false, "..": false, "a/.": false, "./a": false, "a/../b": false,
+	} {
+		if got := task.PathNameable(key); got != want {
+			t.Errorf("PathNameable(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
+
 func TestValidateRefusesHostileInput(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -25,8 +39,13 @@ func TestValidateRefusesHostileInput(t *testing.T) {
 			`invalid: key: "leasepool:control" is reserved (the leasepool: prefix is leasepool's own)`},
 		{"reserved flow key", func(p *task.PublishParams) { p.Key = "leasepool:flow:x" },
 			`invalid: key: "leasepool:flow:x" is reserved (the leasepool: prefix is leasepool's own)`},
-		{"dot key", func(p *task.PublishParams) { p.Key = "." }, `invalid: key: "." cannot be named in a URL path`},
-		{"dot-dot key", func(p *task.PublishParams) { p.Key = ".." }, `invalid: key: ".." cannot be named in a URL path`},
+		{"dot key", func(p *task.PublishParams) { p.Key = "." }, `invalid: key: "." cannot be named in a URL path` + notInPath},
+		{"dot-dot key", func(p *task.PublishParams) { p.Key = ".." }, `invalid: key: ".." cannot be named in a URL path` + notInPath},
+		{"slash key", func(p *task.PublishParams) { p.Key = "/" }, `invalid: key: "/" cannot be named in a URL path` + notInPath},
+		{"leading slash", func(p *task.PublishParams) { p.Key = "/a" }, `invalid: key: "/a" cannot be named in a URL path` + notInPath},
+		{"double slash", func(p *task.PublishParams) { p.Key = "a//b" }, `invalid: key: "a//b" cannot be named in a URL path` + notInPath},
+		{"dot segment", func(p *task.PublishParams) { p.Key = "a/./b" }, `invalid: key: "a/./b" cannot be named in a URL path` + notInPath},
+		{"dot-dot segment", func(p *task.PublishParams) { p.Key = "a/.." }, `invalid: key: "a/.." cannot be named in a URL path` + notInPath},
 		{"payload 65 deep", func(p *task.PublishParams) { p.Payload = json.RawMessage(deep(65)) },
 			"invalid: payload: nested deeper than 64 levels"},
 		{"payload 10,000 deep", func(p *task.PublishParams) { p.Payload = json.RawMessage(deep(10000)) },

@@ -67,20 +67,33 @@ func ValidateTime(field string, t time.Time) error {
 func ValidateLockKey(field, k string) error { return ValidateName(field, k) }
 
 // ValidateKey checks the key of a task a caller publishes: a valid name
-// outside ReservedPrefix, and not "." or "..", which no URL path can name
-// (an HTTP client or server cleans them away, so /api/v1/tasks/KEY could
-// never reach the task).
+// outside ReservedPrefix that a URL path can name (see PathNameable).
 func ValidateKey(field, key string) error {
 	if err := ValidateName(field, key); err != nil {
 		return err
 	}
-	if key == "." || key == ".." {
-		return invalid(field, fmt.Sprintf("%q cannot be named in a URL path", key))
+	if !PathNameable(key) {
+		return invalid(field, fmt.Sprintf("%q cannot be named in a URL path (no leading \"/\", \"//\", or \".\" or \"..\" between slashes)", key))
 	}
 	if Reserved(key) {
 		return reservedKey(field, key)
 	}
 	return nil
+}
+
+// PathNameable reports whether key, escaped into a URL path such as
+// /api/v1/tasks/KEY, still names key after the path cleaning HTTP clients
+// and servers do: no empty segment but a last one (a leading "/" or "//")
+// and no "." or ".." segment. Keys may hold "/" otherwise (flow steps'
+// keys do).
+func PathNameable(key string) bool {
+	segs := strings.Split(key, "/")
+	for i, s := range segs {
+		if s == "." || s == ".." || (s == "" && i < len(segs)-1) {
+			return false
+		}
+	}
+	return true
 }
 
 func reservedKey(field, key string) error {
