@@ -15,7 +15,7 @@ var (
 	big       = flag.Bool("sim.big", false, "run the scaling table: W = 1, 10, 100, 1,000 workers")
 	schedules = flag.Int("sim.schedules", 0, "run this many random fault schedules (small clusters, kills, faults)")
 	out       = flag.String("sim.out", "", "append the printed table to this file")
-	takeovers = flag.Int("sim.takeovers", 0, "run this many takeover schedules (half the workers killed holding 1-3 s tasks, free slots left)")
+	takeovers = flag.Int("sim.takeovers", 20, "run this many takeover schedules (half the workers killed holding 1-3 s tasks, free slots left)")
 )
 
 // run runs cfg in its own bubble and fails t on any invariant violation.
@@ -118,7 +118,7 @@ func TestSimRenewalsDoNotFanOut(t *testing.T) {
 	}
 }
 
-// TestSimTakeover, with -sim.takeovers N, runs N drains in which half the
+// TestSimTakeover runs -sim.takeovers drains (20 by default, in CI) in which half the
 // workers are cut off the store while they hold 1 to 3 s tasks and the
 // others have free slots for every task: each lease a dead worker held is
 // taken over within 250 ms of its end (a lease plus 250 ms of the
@@ -126,9 +126,6 @@ func TestSimRenewalsDoNotFanOut(t *testing.T) {
 //
 //	go test ./tests/sim -run TestSimTakeover -v -args -sim.takeovers 1000
 func TestSimTakeover(t *testing.T) {
-	if *takeovers == 0 {
-		t.Skip("on demand: -sim.takeovers N")
-	}
 	const bound = 250 * time.Millisecond
 	var count, late int
 	var longest time.Duration
