@@ -12,38 +12,24 @@ import (
 	"github.com/leasepool/leasepool/preempt"
 )
 
-// onControl puts back in the heap the tasks no pause holds any more;
-// dispatch, which runs next, starts them.
+// onControl makes the tasks waiting for a rate limit's slot due now
+// (rateGate judges them again under the new limits) and puts back in the
+// heap those no pause holds any more; dispatch, which runs next, starts
+// them.
 func (s *scheduler) onControl() {
-	now := s.store.Now()
-	for k := range s.rateWait {
-		if e, ok := s.heap.Entry(k); ok && e.At.After(now) {
-			e.At = now // rateGate judges it again under the new limits
-			s.heap.Put(e)
-		}
-	}
-	clear(s.rateWait)
-	ctl := s.ctl.Load()
-	for k, e := range s.paused {
-		if _, still := ctl.Paused(e.Task); !still {
-			delete(s.paused, k)
-			if !s.heap.Put(e) {
-				s.dropped()
-			}
-		}
-	}
+	s.tab.lift(s.ctl.Load(), s.store.Now())
 }
 
 // dispatch starts a claim attempt for each due entry while slots are free.
 func (s *scheduler) dispatch(ctx context.Context) {
 	for s.free > 0 {
-		e, ok := s.heap.Pop(s.store.Now())
+		e, ok := s.tab.pop(s.store.Now())
 		if !ok {
 			return
 		}
 		ctl := s.ctl.Load()
 		if _, paused := ctl.Paused(e.Task); paused {
-			s.paused[e.Key] = e
+			s.tab.pause(e)
 			continue
 		}
 		rate, ok := s.rateGate(e, ctl)
@@ -55,13 +41,13 @@ func (s *scheduler) dispatch(ctx context.Context) {
 			keys = e.Task.LockKeys
 		}
 		if k, busy := s.locks.busyKey(append(rate, keys...)); busy {
-			s.locks.park(e, k)
+			s.tab.park(e, k)
 			continue
 		}
 		s.locks.hold(keys)
 		s.locks.hold(rate)
 		wakes := s.locks.depart(keys)
-		s.claiming[e.Key] = nil
+		s.tab.claim(e.Key)
 		s.free--
 		s.inflight.Add(1)
 		go func() {
@@ -112,13 +98,8 @@ func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, boo
 		if at, full := s.slots.full(b, now); full {
 			// The tasks parked behind this limit's claims wait for the
 			// same slot: all go to the heap, where they start in order.
-			for _, w := range append(s.locks.unparkAll(rateQueueKey(b)), e) {
-				w.At = at
-				if !s.heap.Put(w) {
-					s.dropped()
-				}
-				s.noteRateWait(w.Key)
-			}
+			s.tab.rateFull(rateQueueKey(b), at)
+			s.tab.rateWait(e, at)
 			return nil, false
 		}
 		rate = append(rate, rateQueueKey(b))
@@ -130,13 +111,3 @@ func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, boo
 // one at a time. It starts with a NUL byte, which no task's lock key
 // holds, so a task may take any lock key, "rate:kind:K" too.
 func rateQueueKey(b control.Bucket) string { return "\x00rate:" + b.Key }
-
-// noteRateWait notes that key waits for a slot. The notes are a hint
-// (dropped at each control change, and when too many): a task not
-// noted waits for its slot even if the limit went.
-func (s *scheduler) noteRateWait(key string) {
-	if len(s.rateWait) >= s.cfg.HeapSize {
-		clear(s.rateWait)
-	}
-	s.rateWait[key] = true
-}

@@ -12,20 +12,28 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// lockQueue is owned by the scheduler goroutine, but for the parked tasks:
-// an attempt releasing a key reads them (heirs), under mu.
+// lockQueue holds the lock side of the claim path: the keys busy with an
+// attempt here, the claims in flight on each key, and two indexes the
+// claim table keeps (which task is in which state is the table's to say;
+// these say which lock key each waits on, for the wakes).
+//
+// Every method takes mu. The scheduler goroutine calls all of them, and
+// an attempt releasing its locks calls heirs from its own goroutine; one
+// lock over the whole queue means no map is ever read while another
+// goroutine writes it, whichever method a later change calls from where.
 type lockQueue struct {
+	mu sync.Mutex
 	// waiting maps a lock key held by another process to the tasks here
-	// waiting for it (still in the heap, due when that lease ends), so
-	// that the holder's finish event wakes the best of them at once.
+	// waiting for it (in the heap, due when that lease ends, in the
+	// table's lockWaiting state), so that the holder's finish event wakes
+	// the best of them at once.
 	waiting map[string]map[string]bool
 	// busy counts this worker's attempts holding (or claiming) a lock key;
 	// parked holds the tasks that wait for a busy key here, out of the
-	// heap, so that a device's queue costs no store round trips.
-	busy     map[string]int
-	mu       sync.Mutex
-	parked   map[string]map[string]preempt.Entry
-	parkedBy map[string]string // task key → the lock key it is parked on
+	// heap (the table's lockParked state), so that a device's queue costs
+	// no store round trips.
+	busy   map[string]int
+	parked map[string]map[string]preempt.Entry
 	// flights counts, per lock key, the claim attempts in flight on it and
 	// the wakes for it since the oldest began: a wake (the holder's finish
 	// event) that comes while a claim it stops is in flight finds no
@@ -40,32 +48,18 @@ type flight struct {
 
 func newLockQueue() *lockQueue {
 	return &lockQueue{
-		waiting:  map[string]map[string]bool{},
-		busy:     map[string]int{},
-		parked:   map[string]map[string]preempt.Entry{},
-		parkedBy: map[string]string{},
-		flights:  map[string]*flight{},
+		waiting: map[string]map[string]bool{},
+		busy:    map[string]int{},
+		parked:  map[string]map[string]preempt.Entry{},
+		flights: map[string]*flight{},
 	}
-}
-
-// Parked is how many tasks are parked here.
-func (q *lockQueue) Parked() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.parkedBy)
-}
-
-// isParked reports whether the task taskKey is parked here.
-func (q *lockQueue) isParked(taskKey string) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	_, ok := q.parkedBy[taskKey]
-	return ok
 }
 
 // depart notes a claim attempt on keys leaving and returns the keys' wake
 // counts, for landed.
 func (q *lockQueue) depart(keys []string) []uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	wakes := make([]uint64, len(keys))
 	for i, k := range keys {
 		f := q.flights[k]
@@ -82,6 +76,8 @@ func (q *lockQueue) depart(keys []string) []uint64 {
 // landed ends an attempt noted by depart and reports whether any of its
 // keys was woken meanwhile.
 func (q *lockQueue) landed(keys []string, wakes []uint64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	woken := false
 	for i, k := range keys {
 		f := q.flights[k]
@@ -96,6 +92,15 @@ func (q *lockQueue) landed(keys []string, wakes []uint64) bool {
 	return woken
 }
 
+// woke counts a wake of lock key k for the attempts in flight on it.
+func (q *lockQueue) woke(k string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if f := q.flights[k]; f != nil {
+		f.wakes++
+	}
+}
+
 // heirs returns, for each of keys, the best task parked here on it, as a
 // place in the key's line lasting two of its leases from now.
 func (q *lockQueue) heirs(keys []string, now time.Time) []task.LinePlace {
@@ -103,13 +108,8 @@ func (q *lockQueue) heirs(keys []string, now time.Time) []task.LinePlace {
 	defer q.mu.Unlock()
 	var out []task.LinePlace
 	for _, k := range keys {
-		var best *preempt.Entry
-		for _, e := range q.parked[k] {
-			if better(e, best) {
-				best = &e
-			}
-		}
-		if best == nil {
+		best, ok := bestOf(q.parked[k])
+		if !ok {
 			continue
 		}
 		timeout := task.DefaultWorkerTimeout
@@ -124,6 +124,8 @@ func (q *lockQueue) heirs(keys []string, now time.Time) []task.LinePlace {
 
 // busyKey returns the first of keys that an attempt here holds.
 func (q *lockQueue) busyKey(keys []string) (string, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	for _, k := range keys {
 		if q.busy[k] > 0 {
 			return k, true
@@ -134,6 +136,8 @@ func (q *lockQueue) busyKey(keys []string) (string, bool) {
 
 // hold marks keys busy for an attempt starting here.
 func (q *lockQueue) hold(keys []string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	for _, k := range keys {
 		q.busy[k]++
 	}
@@ -141,6 +145,8 @@ func (q *lockQueue) hold(keys []string) {
 
 // unhold ends an attempt's hold on keys and returns those now free here.
 func (q *lockQueue) unhold(keys []string) []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	var free []string
 	for _, k := range keys {
 		if q.busy[k]--; q.busy[k] <= 0 {
@@ -151,8 +157,10 @@ func (q *lockQueue) unhold(keys []string) []string {
 	return free
 }
 
-// wait notes that taskKey waits for keys held by another process.
+// wait indexes taskKey as waiting for keys, held by another process.
 func (q *lockQueue) wait(taskKey string, keys []string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	for _, k := range keys {
 		if q.waiting[k] == nil {
 			q.waiting[k] = map[string]bool{}
@@ -161,7 +169,30 @@ func (q *lockQueue) wait(taskKey string, keys []string) {
 	}
 }
 
-// park moves e out of the heap until its busy lock key is free here.
+// unwait drops taskKey from the waiters of keys.
+func (q *lockQueue) unwait(taskKey string, keys []string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, k := range keys {
+		delete(q.waiting[k], taskKey)
+		if len(q.waiting[k]) == 0 {
+			delete(q.waiting, k)
+		}
+	}
+}
+
+// waiters returns the tasks indexed as waiting for k.
+func (q *lockQueue) waiters(k string) []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make([]string, 0, len(q.waiting[k]))
+	for taskKey := range q.waiting[k] {
+		out = append(out, taskKey)
+	}
+	return out
+}
+
+// park indexes e as waiting for key, busy with an attempt here.
 func (q *lockQueue) park(e preempt.Entry, key string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -169,86 +200,71 @@ func (q *lockQueue) park(e preempt.Entry, key string) {
 		q.parked[key] = map[string]preempt.Entry{}
 	}
 	q.parked[key][e.Key] = e
-	q.parkedBy[e.Key] = key
 }
 
-// update keeps the newer document of a parked task; it reports whether
-// the task is parked.
-func (q *lockQueue) update(e preempt.Entry) bool {
+// setParkedTask replaces the document of a task parked on key (the
+// claim table decided it is the newer).
+func (q *lockQueue) setParkedTask(key string, t *task.Task) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	k, ok := q.parkedBy[e.Key]
-	if !ok {
-		return false
+	if e, ok := q.parked[key][t.Key]; ok {
+		e.Task = t
+		q.parked[key][t.Key] = e
 	}
-	if cur := q.parked[k][e.Key]; newer(e.Task, cur.Task) {
-		cur.Task = e.Task
-		q.parked[k][e.Key] = cur
-	}
-	return true
 }
 
-// unpark removes a parked task and returns its entry.
-func (q *lockQueue) unpark(taskKey string) (preempt.Entry, bool) {
+// unpark drops taskKey from the tasks parked on key.
+func (q *lockQueue) unpark(key, taskKey string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.unparkLocked(taskKey)
+	q.unparkLocked(key, taskKey)
 }
 
-func (q *lockQueue) unparkLocked(taskKey string) (preempt.Entry, bool) {
-	k, ok := q.parkedBy[taskKey]
-	if !ok {
-		return preempt.Entry{}, false
+func (q *lockQueue) unparkLocked(key, taskKey string) {
+	delete(q.parked[key], taskKey)
+	if len(q.parked[key]) == 0 {
+		delete(q.parked, key)
 	}
-	e := q.parked[k][taskKey]
-	delete(q.parked[k], taskKey)
-	delete(q.parkedBy, taskKey)
-	return e, true
 }
 
-// unparkAll removes and returns every task parked on key k.
-func (q *lockQueue) unparkAll(k string) []preempt.Entry {
+// parkedOn returns the entries parked on key, in no order.
+func (q *lockQueue) parkedOn(key string) []preempt.Entry {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	var out []preempt.Entry
-	for taskKey := range q.parked[k] {
-		if e, ok := q.unparkLocked(taskKey); ok {
-			out = append(out, e)
-		}
+	out := make([]preempt.Entry, 0, len(q.parked[key]))
+	for _, e := range q.parked[key] {
+		out = append(out, e)
 	}
 	return out
 }
 
-// next picks the best task waiting for lock key k: one parked here
-// (unparked), else one in heap waiting on another process's lease (no
-// longer noted as waiting). Waking one, not all, spares the store a herd
-// of failing claims.
-func (q *lockQueue) next(k string, heap *preempt.Heap) (preempt.Entry, bool) {
-	if f := q.flights[k]; f != nil {
-		f.wakes++
-	}
-	if e, ok := q.nextParked(k); ok {
-		return e, true
-	}
-	var best *preempt.Entry
-	for key := range q.waiting[k] {
-		if e, ok := heap.Entry(key); ok && better(e, best) {
-			best = &e
-		}
-	}
-	if best != nil {
-		delete(q.waiting[k], best.Key)
-		return *best, true
-	}
-	return preempt.Entry{}, false
-}
-
-// nextParked unparks and returns the best task parked here on k.
-func (q *lockQueue) nextParked(k string) (preempt.Entry, bool) {
+// nextParked returns the best task parked on key and drops it from the
+// index.
+func (q *lockQueue) nextParked(key string) (preempt.Entry, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	best, ok := bestOf(q.parked[key])
+	if ok {
+		q.unparkLocked(key, best.Key)
+	}
+	return best, ok
+}
+
+// parkedCount is how many tasks the parked index holds.
+func (q *lockQueue) parkedCount() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for _, m := range q.parked {
+		n += len(m)
+	}
+	return n
+}
+
+// bestOf returns the entry of m ranking first (better).
+func bestOf(m map[string]preempt.Entry) (preempt.Entry, bool) {
 	var best *preempt.Entry
-	for _, e := range q.parked[k] {
+	for _, e := range m {
 		if better(e, best) {
 			best = &e
 		}
@@ -256,7 +272,6 @@ func (q *lockQueue) nextParked(k string) (preempt.Entry, bool) {
 	if best == nil {
 		return preempt.Entry{}, false
 	}
-	q.unparkLocked(best.Key)
 	return *best, true
 }
 

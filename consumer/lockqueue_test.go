@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/preempt"
 )
@@ -11,14 +12,15 @@ import (
 // that the stopped claim tries again at once instead of at the lease end.
 func TestWakeDuringClaimIsKept(t *testing.T) {
 	q := newLockQueue()
-	heap := preempt.NewHeap(8)
+	tab := newClaimTable(preempt.NewHeap(8), q, func() {})
 	quiet := q.depart([]string{"dev"})
 	if q.landed([]string{"dev"}, quiet) {
 		t.Fatal("landed reports a wake that never came")
 	}
 	woken := q.depart([]string{"dev", "other"})
-	if _, ok := q.next("dev", heap); ok {
-		t.Fatal("next found a waiter in an empty queue")
+	tab.wakeOne("dev", time.Now())
+	if tab.heap.Len() != 0 {
+		t.Fatal("a wake found a waiter in an empty queue")
 	}
 	if !q.landed([]string{"dev", "other"}, woken) {
 		t.Fatal("a wake of dev during the claim was lost")

@@ -101,7 +101,7 @@ func (s *scheduler) queryFrom(ctx context.Context, resume *task.Task) {
 // fetch reads the next page of ready tasks after the resume point in its
 // own goroutine; onPage takes it.
 func (s *scheduler) fetch(ctx context.Context) {
-	s.fetching = true
+	s.tab.beginPage()
 	s.lastQuery = time.Now()
 	q := task.CandidateQuery{
 		Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: s.store.Now(), Ready: true, After: s.resume, Limit: s.cfg.PageSize,
@@ -118,11 +118,11 @@ func (s *scheduler) fetch(ctx context.Context) {
 }
 
 // onPage offers a fetched page's tasks, but not where an event or an
-// attempt brought a newer document meanwhile, and moves the resume point.
-// A short page ends the backlog: the next refill queries everything.
+// attempt brought a newer document meanwhile (the claim table refuses the
+// older), and moves the resume point. A short page ends the backlog: the
+// next refill queries everything.
 func (s *scheduler) onPage(p fetchedPage) {
-	s.fetching = false
-	defer clear(s.fetchSeen)
+	defer s.tab.endPage()
 	if s.resume != p.after {
 		return // a full query ran meanwhile and moved the cursor
 	}
@@ -136,9 +136,7 @@ func (s *scheduler) onPage(p fetchedPage) {
 	}
 	now := s.store.Now()
 	for i, t := range p.tasks {
-		if newer(t, s.fetchSeen[t.Key]) {
-			s.offer(t, now)
-		}
+		s.offer(t, now)
 		if s.full() && i < len(p.tasks)-1 {
 			s.resume = t
 			return
@@ -150,15 +148,4 @@ func (s *scheduler) onPage(p fetchedPage) {
 		return
 	}
 	s.resume = p.tasks[len(p.tasks)-1]
-}
-
-// noteFetchSeen keeps t as the newest document of its task known while a
-// page is fetched.
-func (s *scheduler) noteFetchSeen(t *task.Task) {
-	if !s.fetching || t == nil {
-		return
-	}
-	if !newer(s.fetchSeen[t.Key], t) {
-		s.fetchSeen[t.Key] = t
-	}
 }

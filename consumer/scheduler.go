@@ -3,8 +3,9 @@ package consumer
 // The scheduler owns the claim heap: it turns change events, query pages
 // and attempt results into claim times, and starts claim attempts while
 // slots are free; due tasks a pause covers wait aside until it lifts, and
-// those over a rate limit until a slot frees. It runs in one goroutine;
-// only the run table is shared.
+// those over a rate limit until a slot frees. Where each task it holds
+// stands is the claim table's (states.go). It runs in one goroutine; the
+// run table and the lock queue are shared with the attempts.
 
 import (
 	"context"
@@ -34,43 +35,33 @@ type scheduler struct {
 	done     <-chan struct{} // closed once the scheduler returned
 	queued   *atomic.Int64
 
+	// tab is every task held here and its state; heap and locks are
+	// its indexes (the scheduler reads the heap, and only tab writes it).
+	tab   *claimTable
 	heap  *preempt.Heap
 	locks *lockQueue
-	// claiming holds the tasks with an attempt in flight here, from
-	// dispatch to its result, each with the newest document a change event
-	// or query brought meanwhile (nil: none yet). Such a task stays out of
-	// the heap, so one attempt per task runs here at a time, and its
-	// result is weighed against what came meanwhile (see onResult).
-	claiming map[string]*task.Task
 	// ctl is the pauses and limits as last loaded (reload reads them
-	// again); paused holds the due tasks a pause keeps back, out of the
-	// heap, until a control change lifts it.
+	// again).
 	ctl    *atomic.Pointer[control.State]
 	reload func(context.Context)
-	paused map[string]preempt.Entry
 	// slots is what this process knows of the rate limits' slot locks;
 	// claimsDone receives the rate keys of each claim once decided.
 	slots      *slotTable
 	claimsDone chan []string
-	// rateWait notes the tasks waiting in the heap for a slot, so that a
-	// changed or removed limit lets them try again at once.
-	rateWait  map[string]bool
-	free      int
-	overflow  bool
-	resume    *task.Task // where the next overflow query continues
-	lastQuery time.Time
+	free       int
+	overflow   bool
+	resume     *task.Task // where the next overflow query continues
+	lastQuery  time.Time
 	// queryFailed: the last refill query failed, so the next one the
 	// loop wakes for waits a second (see untilQueryDue).
 	queryFailed bool
 	// A refill page of a long backlog is read in its own goroutine, so
 	// that slots freed meanwhile are refilled from the heap rather than
 	// waiting for the query (a page is a few milliseconds of reads and
-	// decoding). fetching is set while one is in flight; fetchSeen holds
-	// the newest document of each task an event or attempt brought
-	// meanwhile, which the page's, read earlier, must not replace.
-	pages     chan fetchedPage
-	fetching  bool
-	fetchSeen map[string]*task.Task
+	// decoding); the claim table keeps, while one is in flight, the
+	// newest document of each task an event or attempt brought meanwhile,
+	// which the page's, read earlier, must not replace (stateIdle).
+	pages chan fetchedPage
 	// peers is the registry's live workers (claim spreading); ranks
 	// caches this worker's rank of unpinned tasks under ranksOf.
 	peers   *atomic.Pointer[preempt.Peers]
@@ -91,15 +82,20 @@ type scheduleInputs struct {
 }
 
 func (c *Consumer) newScheduler() *scheduler {
-	return &scheduler{
+	s := &scheduler{
 		cfg: c.cfg, store: c.store, logger: c.logger, running: c.running,
 		attempt: c.attempt, inflight: &c.runs, results: c.results, handled: c.handled, done: c.scheduleDone, queued: &c.queued,
-		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, claiming: map[string]*task.Task{}, free: c.cfg.Concurrency,
-		ctl: &c.ctl, reload: c.loadControl, paused: map[string]preempt.Entry{},
-		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency), rateWait: map[string]bool{},
-		pages: make(chan fetchedPage, 1), fetchSeen: map[string]*task.Task{},
+		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, free: c.cfg.Concurrency,
+		ctl: &c.ctl, reload: c.loadControl,
+		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency),
+		pages: make(chan fetchedPage, 1),
 		peers: &c.peers, spread: preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, ranks: map[string]int{},
 	}
+	s.tab = newClaimTable(s.heap, s.locks, s.dropped)
+	s.tab.refused = func(key string, from, to taskState) {
+		s.logger.Error("claim table refused a move", slog.String("task", key), slog.String("from", from.String()), slog.String("to", to.String()))
+	}
+	return s
 }
 
 // run is the scheduler's loop, until ctx is done.
@@ -111,6 +107,11 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 	defer timer.Stop()
 	ready := false // a first query has run (after the stream opened)
 	for {
+		if strictStates {
+			if err := s.tab.check(); err != nil {
+				panic("claim table: " + err.Error())
+			}
+		}
 		refill := time.Hour // when a refill queryDue put off is due
 		if ready {
 			s.dispatch(ctx)
@@ -119,7 +120,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			// query; an empty heap also queries now and then.
 			low := s.heap.Len() == 0 || (s.overflow && (s.heap.Len() < s.cfg.HeapSize/4 || !s.anyDue()))
 			switch {
-			case s.fetching || !low || s.full():
+			case s.tab.paging || !low || s.full():
 			case s.resume != nil:
 				s.fetch(ctx) // the next page of a backlog, read aside
 			case s.free > 0 && s.queryDue():
@@ -173,7 +174,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 		case keys := <-s.claimsDone:
 			now := s.store.Now()
 			for _, k := range s.locks.unhold(keys) {
-				s.wakeOne(k, now)
+				s.tab.wakeOne(k, now)
 			}
 		case <-timer.C:
 		case <-safety.C:
@@ -198,9 +199,11 @@ func (s *scheduler) wants(t *task.Task) bool {
 	return len(s.cfg.Kinds) == 0 || slices.Contains(s.cfg.Kinds, t.Kind)
 }
 
-// offer puts t in the heap at the time this worker may claim it, or drops it.
+// offer puts t in the heap at the time this worker may claim it, or drops
+// it. A document older than the one held is refused whatever the key's
+// state (newer); one of a key being claimed is kept for the result.
 func (s *scheduler) offer(t *task.Task, now time.Time) {
-	if !s.wants(t) || s.noteClaiming(t) {
+	if !s.wants(t) || !s.tab.see(t) || s.tab.state(t.Key) == stateClaiming {
 		return
 	}
 	runningHere := s.running.get(t.Key) != nil
@@ -208,9 +211,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	at := now
 	switch {
 	case d.Verdict == preempt.Never, runningHere && d.Verdict == preempt.Later:
-		s.heap.Remove(t.Key)
-		s.locks.unpark(t.Key)
-		delete(s.paused, t.Key)
+		s.tab.forget(t.Key)
 		return
 	case d.Verdict == preempt.Later:
 		at = d.At
@@ -226,17 +227,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	if order.IsZero() {
 		order = at
 	}
-	e := preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t}
-	if _, held := s.paused[t.Key]; held {
-		s.paused[t.Key] = e // dispatch judges it again when released
-		return
-	}
-	if s.locks.update(e) {
-		return // still waiting for its lock here
-	}
-	if !s.heap.Put(e) {
-		s.dropped()
-	}
+	s.tab.place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
 }
 
 // standBy is how long this worker waits, past the moment t becomes
@@ -305,7 +296,7 @@ func (s *scheduler) noteLag(t *task.Task, now time.Time) {
 
 func (s *scheduler) onEvent(ev task.Event) {
 	t := ev.Task
-	s.noteFetchSeen(t)
+	s.tab.see(t)
 	if r := s.running.get(t.Key); r != nil && !newerVersion(r.seq, r.version, t.Seq, t.Version) {
 		if err := r.lease.Observe(t); err != nil {
 			r.cancel(err)
@@ -315,14 +306,13 @@ func (s *scheduler) onEvent(ev task.Event) {
 	s.noteLag(t, now)
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
-			s.wakeOne(k, now)
+			s.tab.wakeOne(k, now)
 		}
 	}
-	if s.noteClaiming(t) {
-		return
+	if s.tab.state(t.Key) == stateClaiming {
+		return // noted for the result: see offer
 	}
-	parked := s.locks.isParked(t.Key)
-	if _, held := s.paused[t.Key]; !held && !parked && !s.heap.Has(t.Key) && s.full() {
+	if !s.tab.state(t.Key).held() && s.full() {
 		// No room: a task of higher priority than some held takes the
 		// place of the lowest (queried again later), so an urgent task is
 		// not kept waiting behind a full heap of a long backlog.
@@ -330,31 +320,19 @@ func (s *scheduler) onEvent(ev task.Event) {
 		if t.State.Finished() || !s.wants(t) {
 			return
 		}
-		if _, ok := s.heap.EvictBelow(t.Priority); !ok {
+		if !s.tab.evictBelow(t.Priority) {
 			return
 		}
 	}
 	s.offer(t, now)
 }
 
-// noteClaiming keeps t aside, reporting true, when an attempt on it is in
-// flight here: an entry in the heap would start a second attempt, whose
-// claim only conflicts, and whose result, decided on an older document,
-// would then replace the entry of this newer one.
-func (s *scheduler) noteClaiming(t *task.Task) bool {
-	seen, ok := s.claiming[t.Key]
-	if !ok {
-		return false
-	}
-	if !newer(seen, t) {
-		s.claiming[t.Key] = t
-	}
-	return true
-}
-
 // onResult takes an attempt's result. The change events and queries that
-// came while it was in flight were kept aside (claiming): the task goes
-// back to the heap by the newest document known, the attempt's or theirs.
+// came while it was in flight were only noted (stateClaiming): the task
+// goes back to the heap by the newest document known, the attempt's or
+// theirs. A retry decided on an older document than one heard would
+// start a claim bound to conflict, and a document heard that is no newer
+// than the attempt's own is offered only when no retry was asked for.
 // Events come in order, so while one is due for a version the attempt
 // knows, it will offer the task again; but once the events went as far
 // (the outcome write's handled before this result, say), none is due,
@@ -365,9 +343,7 @@ func (s *scheduler) onResult(r attemptResult) {
 		s.free++
 	}
 	now := s.store.Now()
-	s.noteFetchSeen(r.doc)
-	seen := s.claiming[r.key]
-	delete(s.claiming, r.key)
+	seen := s.tab.heard(r.key)
 	if s.locks.landed(r.busy, r.wakes) && r.retry != nil && len(r.lockKeys) > 0 {
 		r.retry.At = now // what stopped it may be gone: see lockQueue.flights
 	}
@@ -382,16 +358,17 @@ func (s *scheduler) onResult(r attemptResult) {
 		delay := s.standBy(retry.Task, now)
 		retry.At, retry.Order = retry.At.Add(delay), retry.Task.CreatedAt.Add(delay)
 	}
-	switch {
-	case retry != nil:
-		if !s.heap.Put(*retry) {
-			s.dropped()
+	if retry != nil {
+		s.tab.queue(*retry)
+	} else {
+		s.tab.forget(r.key)
+		if seen != nil && !newer(r.doc, seen) {
+			s.offer(seen, now)
 		}
-	case seen != nil && !newer(r.doc, seen):
-		s.offer(seen, now)
 	}
+	s.tab.note(r.doc)
 	if r.limited {
-		s.noteRateWait(r.key)
+		s.tab.noteRateWait(r.key)
 	}
 	if e, ok := s.heap.Entry(r.ahead); ok && e.At.After(now) {
 		// The key is free but a place ahead in its line stopped the
@@ -399,36 +376,19 @@ func (s *scheduler) onResult(r attemptResult) {
 		// that has ended, since a holder's finish event wakes one waiter
 		// a process, and the line would stand still, the key idle, until
 		// that wait ended (up to a lease). It tries now.
-		s.wake(e, now)
+		s.tab.wake(e, now)
 	}
-	s.locks.wait(r.key, r.lockKeys)
+	s.tab.waitLocks(r.key, r.lockKeys)
 	for _, k := range s.locks.unhold(r.busy) {
 		if len(r.lockKeys) > 0 {
 			// Stopped by another process's hold (or the line): the next
 			// task parked here tries in turn, while those already waiting
 			// wait on (for that holder's finish event or lease end); waking
 			// them would only have them fail again, round and round.
-			if e, ok := s.locks.nextParked(k); ok {
-				s.wake(e, now)
-			}
+			s.tab.wakeParked(k, now)
 			continue
 		}
-		s.wakeOne(k, now)
-	}
-}
-
-// wakeOne makes the best task waiting for lock key k due now.
-func (s *scheduler) wakeOne(k string, now time.Time) {
-	if e, ok := s.locks.next(k, s.heap); ok {
-		s.wake(e, now)
-	}
-}
-
-// wake makes e due now.
-func (s *scheduler) wake(e preempt.Entry, now time.Time) {
-	e.At = now
-	if !s.heap.Put(e) {
-		s.dropped()
+		s.tab.wakeOne(k, now)
 	}
 }
 
@@ -443,5 +403,5 @@ func (s *scheduler) dropped() {
 // full reports whether the bound on tasks held here (in the heap, parked
 // or paused) is reached.
 func (s *scheduler) full() bool {
-	return s.heap.Len()+s.locks.Parked()+len(s.paused) >= s.cfg.HeapSize
+	return s.tab.held() >= s.cfg.HeapSize
 }

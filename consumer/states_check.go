@@ -1,0 +1,91 @@
+// states_check.go: the claim table's consistency with its indexes,
+// checked by the package's tests after every turn of a scheduler's loop.
+
+package consumer
+
+import (
+	"fmt"
+	"slices"
+)
+
+// check reports the first way the table disagrees with itself or with the
+// heap and the lock queue's indexes: a key in two places, an index entry
+// no state accounts for, or an index holding a newer document than the
+// table's.
+func (c *claimTable) check() error {
+	var counts [numStates]int
+	inHeap := 0
+	for key, k := range c.keys {
+		counts[k.state]++
+		switch {
+		case k.state == stateAbsent || k.state >= numStates:
+			return fmt.Errorf("%s: a row in state %s", key, k.state)
+		case k.state.inHeap() != c.heap.Has(key):
+			return fmt.Errorf("%s: %s, and in the heap: %v", key, k.state, c.heap.Has(key))
+		case k.state == stateDispatching:
+			return fmt.Errorf("%s: dispatching outside dispatch", key)
+		case k.state == stateIdle && !c.paging:
+			return fmt.Errorf("%s: idle while no page is read", key)
+		case k.state != stateClaiming && k.heard:
+			return fmt.Errorf("%s: %s with a document heard", key, k.state)
+		}
+		if k.state.inHeap() {
+			inHeap++
+			if e, _ := c.heap.Entry(key); newer(e.Task, k.doc) {
+				return fmt.Errorf("%s: the heap's document (seq %d v%d) is newer than the table's", key, e.Task.Seq, e.Task.Version)
+			}
+		}
+		if k.state == statePaused && (k.entry.Key != key || newer(k.entry.Task, k.doc)) {
+			return fmt.Errorf("%s: paused entry %q or its document out of step", key, k.entry.Key)
+		}
+		if (k.state == stateLockWaiting) != (len(k.waitKeys) > 0) {
+			return fmt.Errorf("%s: %s waiting on %v", key, k.state, k.waitKeys)
+		}
+		if (k.state == stateLockParked) != (k.lockKey != "") {
+			return fmt.Errorf("%s: %s parked on %q", key, k.state, k.lockKey)
+		}
+	}
+	if counts != c.counts {
+		return fmt.Errorf("state counts %v, rows %v", c.counts, counts)
+	}
+	if c.heap.Len() != inHeap {
+		return fmt.Errorf("the heap holds %d entries, the table %d keys in it", c.heap.Len(), inHeap)
+	}
+	q := c.locks
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	parked := 0
+	for lk, m := range q.parked {
+		for key, e := range m {
+			parked++
+			k := c.keys[key]
+			if k == nil || k.state != stateLockParked || k.lockKey != lk || e.Key != key {
+				return fmt.Errorf("%s: parked on %q, but %s in the table", key, lk, c.state(key))
+			}
+			if newer(e.Task, k.doc) {
+				return fmt.Errorf("%s: the parked document is newer than the table's", key)
+			}
+		}
+	}
+	if parked != counts[stateLockParked] {
+		return fmt.Errorf("%d tasks parked, %d lock-parked in the table", parked, counts[stateLockParked])
+	}
+	for lk, m := range q.waiting {
+		if len(m) == 0 {
+			return fmt.Errorf("an empty waiting set for %q", lk)
+		}
+		for key := range m {
+			if k := c.keys[key]; k == nil || k.state != stateLockWaiting || !slices.Contains(k.waitKeys, lk) {
+				return fmt.Errorf("%s: waiting for %q, but %s in the table", key, lk, c.state(key))
+			}
+		}
+	}
+	for key, k := range c.keys {
+		for _, lk := range k.waitKeys {
+			if !q.waiting[lk][key] {
+				return fmt.Errorf("%s: lock-waiting on %q, which the index lacks", key, lk)
+			}
+		}
+	}
+	return nil
+}
