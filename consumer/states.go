@@ -114,8 +114,10 @@ type claimTable struct {
 	counts [numStates]int
 	heap   *preempt.Heap
 	locks  *lockQueue
-	// paging: a refill page is being read (see stateIdle).
+	// paging: a refill page is being read (see stateIdle); idle lists
+	// the keys made idle meanwhile, for endPage.
 	paging bool
+	idle   []string
 	// dropped is called when a key is left out for lack of room.
 	dropped func()
 	// refused is called for a move not declared in transitions: a bug,
@@ -209,6 +211,9 @@ func (c *claimTable) move(key string, to taskState) (*keyState, bool) {
 	if to == stateAbsent {
 		delete(c.keys, key)
 		return nil, true
+	}
+	if to == stateIdle {
+		c.idle = append(c.idle, key)
 	}
 	c.counts[to]++
 	return k, true
@@ -495,12 +500,10 @@ func (c *claimTable) beginPage() { c.paging = true }
 
 func (c *claimTable) endPage() {
 	c.paging = false
-	if c.counts[stateIdle] == 0 {
-		return
-	}
-	for key, k := range c.keys {
-		if k.state == stateIdle {
+	for _, key := range c.idle {
+		if c.state(key) == stateIdle {
 			c.move(key, stateAbsent)
 		}
 	}
+	c.idle = c.idle[:0]
 }

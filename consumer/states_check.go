@@ -24,8 +24,8 @@ func (c *claimTable) check() error {
 			return fmt.Errorf("%s: %s, and in the heap: %v", key, k.state, c.heap.Has(key))
 		case k.state == stateDispatching:
 			return fmt.Errorf("%s: dispatching outside dispatch", key)
-		case k.state == stateIdle && !c.paging:
-			return fmt.Errorf("%s: idle while no page is read", key)
+		case k.state == stateIdle && (!c.paging || !slices.Contains(c.idle, key)):
+			return fmt.Errorf("%s: idle while no page is read, or not listed for endPage", key)
 		case k.state != stateClaiming && k.heard:
 			return fmt.Errorf("%s: %s with a document heard", key, k.state)
 		}
