@@ -108,9 +108,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 	ready := false // a first query has run (after the stream opened)
 	for {
 		if strictStates {
-			if err := s.tab.check(); err != nil {
-				panic("claim table: " + err.Error())
-			}
+			s.checkStates()
 		}
 		refill := time.Hour // when a refill queryDue put off is due
 		if ready {

@@ -89,3 +89,16 @@ func (c *claimTable) check() error {
 	}
 	return nil
 }
+
+// checkStates panics when the claim table disagrees with its indexes, or
+// a task runs here that the table does not show being claimed.
+func (s *scheduler) checkStates() {
+	if err := s.tab.check(); err != nil {
+		panic("claim table: " + err.Error())
+	}
+	for _, key := range s.running.keys() {
+		if st := s.tab.state(key); st != stateClaiming {
+			panic(fmt.Sprintf("claim table: %s runs here but is %s", key, st))
+		}
+	}
+}
