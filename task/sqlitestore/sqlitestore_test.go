@@ -28,6 +28,10 @@ func TestMain(m *testing.M) {
 		holdWriteLock(mode, os.Getenv(holderPathEnv))
 		return
 	}
+	if path := os.Getenv(writerEnv); path != "" {
+		serveAsWriter(path)
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
