@@ -43,10 +43,6 @@ type Options struct {
 	ReadOnly bool
 	// Logger receives the store's background errors. Default slog.Default().
 	Logger *slog.Logger
-	// ServeWrites lets an embedded store serve the writes of the other
-	// processes on its file (see sqlitestore.Config.ServeWrites), for a
-	// long-lived process such as a worker. MongoDB ignores it.
-	ServeWrites bool
 }
 
 // Open opens the store url names. Close it when done.
@@ -87,7 +83,7 @@ func openSQLite(ctx context.Context, url, path string, opts Options, logger *slo
 			return nil, fmt.Errorf("open store %s: %w", path, err)
 		}
 	}
-	s, err := sqlitestore.Open(ctx, path, &sqlitestore.Config{Logger: logger, ReadOnly: opts.ReadOnly, ServeWrites: opts.ServeWrites})
+	s, err := sqlitestore.Open(ctx, path, &sqlitestore.Config{Logger: logger, ReadOnly: opts.ReadOnly})
 	if err != nil {
 		return nil, err // it names the file already
 	}

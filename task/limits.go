@@ -116,10 +116,6 @@ func WithInternalWrite(ctx context.Context) context.Context {
 
 func isInternalWrite(ctx context.Context) bool { return ctx.Value(internalWrite{}) != nil }
 
-// IsInternalWrite reports whether ctx is from WithInternalWrite, for a
-// store that carries a write to another process to make.
-func IsInternalWrite(ctx context.Context) bool { return isInternalWrite(ctx) }
-
 // CheckInsertKey is the key check every backend's Insert makes: a valid
 // name, and under ReservedPrefix only in a context from WithInternalWrite.
 func CheckInsertKey(ctx context.Context, key string) error {

@@ -12,7 +12,6 @@ import (
 	"github.com/leasepool/leasepool/builtin"
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/worker"
 )
@@ -52,9 +51,7 @@ func runWorker(c *cli.Context) error {
 		warnSecretFlag(c, "mqtt", "LEASEPOOL_MQTT_URL", true)
 		warnSecretFlag(c, "mqtt-password", "LEASEPOOL_MQTT_PASSWORD", false)
 	}
-	// A worker is long-lived: on an embedded store it may serve the other
-	// processes' writes (sqlitestore.Config.ServeWrites).
-	if cfg.Store, err = openStoreOptions(c, store.Options{ServeWrites: true}); err != nil {
+	if cfg.Store, err = openStore(c, false); err != nil {
 		return err
 	}
 	defer cfg.Store.Close()

@@ -21,9 +21,9 @@ var (
 	deleteIfOld = `DELETE FROM tasks WHERE state = ? AND updated_at < ? AND seq IN (`
 )
 
-// deleteFinished deletes old finished tasks; see task.Store. No change
+// DeleteFinished deletes old finished tasks; see task.Store. No change
 // event is written: a deleted task was finished, so no worker waits on it.
-func (s *Store) deleteFinished(ctx context.Context, p task.DeleteParams) (int, error) {
+func (s *Store) DeleteFinished(ctx context.Context, p task.DeleteParams) (int, error) {
 	if err := p.Validate(); err != nil {
 		return 0, err
 	}

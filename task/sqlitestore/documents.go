@@ -37,8 +37,8 @@ func (s *Store) GetDocument(ctx context.Context, namespace, id string) (task.Doc
 	return d, nil
 }
 
-// putDocument writes d by compare-and-set; see task.DocumentStore.
-func (s *Store) putDocument(ctx context.Context, d task.Document) (task.Document, error) {
+// PutDocument writes d by compare-and-set; see task.DocumentStore.
+func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document, error) {
 	value, err := task.CheckDocument(ctx, d)
 	if err != nil {
 		return task.Document{}, err
@@ -99,8 +99,8 @@ func (s *Store) missedDocument(ctx context.Context, tx *sql.Tx, namespace, id st
 	return fmt.Errorf("stored version %d, not %d: %w", stored, version, task.ErrConflict)
 }
 
-// deleteDocument deletes the document; see task.DocumentStore.
-func (s *Store) deleteDocument(ctx context.Context, namespace, id string, version int64) error {
+// DeleteDocument deletes the document; see task.DocumentStore.
+func (s *Store) DeleteDocument(ctx context.Context, namespace, id string, version int64) error {
 	if err := task.CheckDocumentName(namespace, id); err != nil {
 		return err
 	}

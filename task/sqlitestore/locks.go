@@ -15,10 +15,10 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// acquireLocks takes every key for p.Holder or none; see task.Store. All
+// AcquireLocks takes every key for p.Holder or none; see task.Store. All
 // keys are checked before any is written, so that a call stopped by a key
 // can still commit its place in that key's line (p.Line).
-func (s *Store) acquireLocks(ctx context.Context, p task.LockParams) error {
+func (s *Store) AcquireLocks(ctx context.Context, p task.LockParams) error {
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("acquire locks for %s: %w", p.Holder.TaskKey, err)
 	}
@@ -119,9 +119,9 @@ func (s *Store) takeLocks(ctx context.Context, tx *sql.Tx, p task.LockParams) er
 	return nil
 }
 
-// releaseLocks enters p.Heirs' places, then frees the keys still held by
+// ReleaseLocks enters p.Heirs' places, then frees the keys still held by
 // p.Holder.
-func (s *Store) releaseLocks(ctx context.Context, p task.LockParams) error {
+func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("release locks for %s: %w", p.Holder.TaskKey, err)
 	}

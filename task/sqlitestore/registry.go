@@ -13,8 +13,8 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// registerWorker implements task.Registry in one write transaction.
-func (s *Store) registerWorker(ctx context.Context, p task.RegisterParams) error {
+// RegisterWorker implements task.Registry in one write transaction.
+func (s *Store) RegisterWorker(ctx context.Context, p task.RegisterParams) error {
 	w := p.Worker
 	if err := task.ValidateWorkerInfo(w); err != nil {
 		return err
@@ -49,8 +49,8 @@ func (s *Store) registerWorker(ctx context.Context, p task.RegisterParams) error
 	return nil
 }
 
-// unregisterWorker implements task.Registry.
-func (s *Store) unregisterWorker(ctx context.Context, id, instance string) error {
+// UnregisterWorker implements task.Registry.
+func (s *Store) UnregisterWorker(ctx context.Context, id, instance string) error {
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		_, err := tx.ExecContext(ctx, `DELETE FROM workers WHERE id = ? AND instance = ?`, id, instance)
 		return 0, mapErr(err)

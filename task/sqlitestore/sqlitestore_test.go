@@ -28,10 +28,6 @@ func TestMain(m *testing.M) {
 		holdWriteLock(mode, os.Getenv(holderPathEnv))
 		return
 	}
-	if path := os.Getenv(writerEnv); path != "" {
-		serveAsWriter(path)
-		return
-	}
 	goleak.VerifyTestMain(m)
 }
 

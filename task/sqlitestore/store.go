@@ -61,19 +61,6 @@ type Config struct {
 	// wait until the holder resumes). Linux only.
 	FrozenWriterKill time.Duration
 
-	// ServeWrites offers this Store as the file's writer: while no other
-	// process's Store is, it takes the other processes' writes over a
-	// Unix socket beside the file (mode 0600, this user's processes only)
-	// and commits them with its own, so that several processes on one
-	// file write about as fast as one (see share.go). For long-lived
-	// processes (workers). Linux only.
-	ServeWrites bool
-	// DirectWrites makes this Store write the file itself, never through
-	// the writer. By default a Store sends its writes to the writer when
-	// there is one, and writes directly when there is none or it does not
-	// answer.
-	DirectWrites bool
-
 	host             *hostClock // test hook: the host's boot clock; nil is the real one
 	walRestartFrames int        // test hook: restartFrames; 0 is the default
 }
@@ -164,8 +151,6 @@ type Store struct {
 	closeMu  sync.Mutex
 
 	clock storeClock // see clock.go
-
-	share *share // see share.go; nil when writing directly
 }
 
 // Open opens (creating if missing) the store in the SQLite file at path.
@@ -217,7 +202,6 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		registerWritable(s, false)
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	s.startShare()
 	return s, nil
 }
 
@@ -372,9 +356,6 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	// Requests taken from other processes are answered while the writer
-	// still runs.
-	s.stopShare()
 	// Order: stop the tail goroutine (it reads through rdb), wake the
 	// streams so they see the store closed, then close the databases.
 	close(s.done)

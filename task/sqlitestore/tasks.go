@@ -61,27 +61,24 @@ func scanTask(r rowScanner) (*task.Task, error) {
 	return decode(seq, version, doc)
 }
 
-// insert is Insert in this process; change is the change seq it
-// appended, 0 when it inserted nothing.
-func (s *Store) insert(ctx context.Context, t *task.Task) (*task.Task, bool, int64, error) {
+// Insert stores t unless its key exists; see task.Store.
+func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, error) {
 	if err := task.CheckInsertKey(ctx, t.Key); err != nil {
-		return nil, false, 0, err
+		return nil, false, err
 	}
 	if err := task.ValidateStoredPayload(t.Payload); err != nil {
-		return nil, false, 0, fmt.Errorf("insert %s: %w", t.Key, err)
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
 	pin, err := pinned(t)
 	if err != nil {
-		return nil, false, 0, fmt.Errorf("insert %s: %w", t.Key, err)
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
 	c := *t
 	c.Version = 1
 	changeDoc, doc, err := encode(&c)
 	if err != nil {
-		return nil, false, 0, fmt.Errorf("insert %s: %w", t.Key, err)
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
-	// stored, inserted and change are the writer goroutine's until submit
-	// returns nil; a caller that stopped waiting leaves them alone.
 	var stored *task.Task
 	var inserted bool
 	var change int64
@@ -112,9 +109,9 @@ func (s *Store) insert(ctx context.Context, t *task.Task) (*task.Task, bool, int
 		return change, err
 	}
 	if err := s.submit(req); err != nil {
-		return nil, false, 0, fmt.Errorf("insert %s: %w", t.Key, err)
+		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
-	return stored, inserted, change, nil
+	return stored, inserted, nil
 }
 
 // Get returns the task with key or task.ErrNotFound.
@@ -133,14 +130,14 @@ func (s *Store) Get(ctx context.Context, key string) (*task.Task, error) {
 	return t, nil
 }
 
-// update is Update in this process; change is the change seq it appended.
-func (s *Store) update(ctx context.Context, t *task.Task) (int64, error) {
+// Update writes t if the stored version is t.Version; see task.Store.
+func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	if err := task.ValidateStoredPayload(t.Payload); err != nil {
-		return 0, fmt.Errorf("update %s: %w", t.Key, err)
+		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	pin, err := pinned(t)
 	if err != nil {
-		return 0, fmt.Errorf("update %s: %w", t.Key, err)
+		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	next := t.Version + 1
 	// The doc carries the new version so that readers of the doc alone agree.
@@ -148,10 +145,8 @@ func (s *Store) update(ctx context.Context, t *task.Task) (int64, error) {
 	c.Version = next
 	changeDoc, doc, err := encode(&c)
 	if err != nil {
-		return 0, fmt.Errorf("update %s: %w", t.Key, err)
+		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
-	// change and bySeq are the writer goroutine's until submit returns
-	// nil; a caller that stopped waiting leaves them alone.
 	var change int64
 	var bySeq bool    // the row written is the one t.Seq names
 	kept := c.Clone() // here, not in the one writer goroutine
@@ -208,10 +203,10 @@ func (s *Store) update(ctx context.Context, t *task.Task) (int64, error) {
 		return change, err
 	}
 	if err := s.submit(req); err != nil {
-		return 0, fmt.Errorf("update %s: %w", t.Key, err)
+		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	t.Version = next
-	return change, nil
+	return nil
 }
 
 func rowsAffected(res sql.Result, err error) (int64, error) {

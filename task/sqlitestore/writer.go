@@ -39,7 +39,6 @@ func (s *Store) submit(req *writeReq) error {
 		return ErrReadOnly
 	}
 	ctx := req.ctx
-	req.deadline = fenceOf(ctx)
 	req.done = make(chan error, 1)
 	select {
 	case s.writeQ <- req:
@@ -82,10 +81,7 @@ type writeReq struct {
 	// counts are the moves in task_counts of fn's writes, applied with
 	// the batch when fn succeeded.
 	counts []countMove
-	// deadline is a forwarded request's (share.go): store-clock unix ns
-	// from which it is refused unapplied; 0 for none.
-	deadline int64
-	done     chan error
+	done   chan error
 }
 
 // clean reports whether a fn error left nothing written.
@@ -186,7 +182,7 @@ func (s *Store) commit(batch []*writeReq) []*writeReq {
 		return batch
 	}
 	clear(s.txStmts) // statements of the last transaction, closed with it
-	latest, err := runBatch(tx, batch, errs, s.clock.now())
+	latest, err := runBatch(tx, batch, errs)
 	if err == nil {
 		err = s.applyCounts(tx, batch, errs)
 	}
@@ -219,22 +215,14 @@ func (s *Store) commit(batch []*writeReq) []*writeReq {
 	return batch
 }
 
-// runBatch runs each request of batch in tx, at store-clock time now
-// (unix ns), setting errs[i] for each one
+// runBatch runs each request of batch in tx, setting errs[i] for each one
 // that failed on its own, and returns the highest change seq written. An
 // error that dooms the transaction stops it: that request's errs[i] is set
 // to it and it is returned, for the caller to roll back and fail the rest.
-func runBatch(tx *sql.Tx, batch []*writeReq, errs []error, now int64) (latest int64, err error) {
+func runBatch(tx *sql.Tx, batch []*writeReq, errs []error) (latest int64, err error) {
 	for i, r := range batch {
 		if err := r.ctx.Err(); err != nil {
 			errs[i] = err
-			continue
-		}
-		if r.deadline != 0 && now >= r.deadline {
-			// Its sender stops waiting at the deadline and resolves the
-			// write from the file once it holds the write lock, which this
-			// transaction holds until it commits.
-			errs[i] = errNotApplied
 			continue
 		}
 		change, own, fatal := runOne(tx, r)
