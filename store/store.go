@@ -18,6 +18,8 @@ import (
 	"os"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/event"
+
 	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
@@ -43,6 +45,9 @@ type Options struct {
 	ReadOnly bool
 	// Logger receives the store's background errors. Default slog.Default().
 	Logger *slog.Logger
+	// Monitor, if set, sees every command sent to a MongoDB server
+	// (metrics.StoreTraffic counts them); an embedded store ignores it.
+	Monitor *event.CommandMonitor
 }
 
 // Open opens the store url names. Close it when done.
@@ -62,7 +67,7 @@ func Open(ctx context.Context, url string, opts Options) (task.Store, error) {
 		if !strings.HasPrefix(rest, "//") {
 			return nil, fmt.Errorf("open store %q: %w: want %s://HOST/DB", shown, ErrBadURL, scheme)
 		}
-		s, err := mongostore.Open(ctx, url, &mongostore.Config{Logger: logger})
+		s, err := mongostore.Open(ctx, url, &mongostore.Config{Logger: logger, Monitor: opts.Monitor})
 		if err != nil {
 			// The driver's own errors may quote the URL or its password.
 			return nil, fmt.Errorf("open store %s: %w", shown, redact.Error(err, []string{url}))

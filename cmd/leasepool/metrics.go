@@ -100,15 +100,19 @@ func metricsHandler(c *cli.Context, reg prometheus.Gatherer) (http.Handler, erro
 	return web.Guard(cfg, mux)
 }
 
-// startWorkerMetrics serves the worker's metrics on --metrics-addr until
-// stop is called; with no address it returns a nil observer.
-func startWorkerMetrics(c *cli.Context, s task.Store) (obs *metrics.Metrics, stop func(), err error) {
+// startWorkerMetrics serves the worker's metrics, its store traffic among
+// them, on --metrics-addr until stop is called; with no address it returns
+// a nil observer.
+func startWorkerMetrics(c *cli.Context, s task.Store, traffic *metrics.StoreTraffic) (obs *metrics.Metrics, stop func(), err error) {
 	l, err := listenMetrics(c)
 	if err != nil || l == nil {
 		return nil, func() {}, err
 	}
 	warnSecretFlag(c, "metrics-token", "LEASEPOOL_METRICS_TOKEN", false)
 	reg, err := metricsRegistry(s)
+	if err == nil {
+		err = reg.Register(traffic)
+	}
 	if err == nil {
 		obs, err = metrics.New(reg)
 	}

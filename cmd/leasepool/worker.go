@@ -11,7 +11,9 @@ import (
 
 	"github.com/leasepool/leasepool/builtin"
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/worker"
 )
@@ -51,12 +53,13 @@ func runWorker(c *cli.Context) error {
 		warnSecretFlag(c, "mqtt", "LEASEPOOL_MQTT_URL", true)
 		warnSecretFlag(c, "mqtt-password", "LEASEPOOL_MQTT_PASSWORD", false)
 	}
-	if cfg.Store, err = openStore(c, false); err != nil {
+	traffic := metrics.NewStoreTraffic()
+	if cfg.Store, err = openStoreOptions(c, store.Options{Monitor: traffic.Monitor()}); err != nil {
 		return err
 	}
 	defer cfg.Store.Close()
 	var stopMetrics func()
-	if cfg.Metrics, stopMetrics, err = startWorkerMetrics(c, cfg.Store); err != nil {
+	if cfg.Metrics, stopMetrics, err = startWorkerMetrics(c, cfg.Store, traffic); err != nil {
 		return err
 	}
 	defer stopMetrics()
