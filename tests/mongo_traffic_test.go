@@ -98,6 +98,48 @@ type trafficRow struct {
 	runFor         time.Duration
 }
 
+// TestWorkerStoreTraffic: `leasepool worker --metrics-addr` on MongoDB
+// exports its store traffic: the claims and finishes of the tasks it ran
+// among its update commands, their bytes both ways, and the change events
+// of their writes.
+func TestWorkerStoreTraffic(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, time.Minute)
+	uri := sharedMongoDB(t)
+	st := openMongoStore(t, ctx, uri, nil)
+	addr := freeAddr(t)
+	startWorker(t, uri, "traffic", "--kinds", "noop", "--metrics-addr", addr)
+	// The worker opens its change stream before it first looks for tasks.
+	eventually(t, 30*time.Second, "the worker's change stream", func() bool {
+		text, _ := scrape("http://"+addr+"/metrics", "")
+		return sample(text, `leasepool_store_commands_total{command="getMore"}`) > 0
+	})
+	const tasks = 3
+	for i := range tasks {
+		if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("t%d", i), Kind: "noop"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSucceeded(t, st, tasks)
+	var s series
+	eventually(t, 20*time.Second, "the tasks' writes among the worker's change events", func() bool {
+		s = scrapeSeries(t, []string{addr}, trafficPrefixes...)
+		// Each task's publish, claim and finish.
+		return s.sum("leasepool_store_change_events_total", "") >= 3*tasks
+	})
+	if got := s.commands("update"); got < 2 {
+		t.Errorf("update commands %v after %d tasks claimed and finished, want at least 2 (claims and finishes share batches)", got, tasks)
+	}
+	for _, dir := range []string{"sent", "received"} {
+		if got := s.bytes("getMore", dir); got <= 0 {
+			t.Errorf("getMore bytes %s: %v, want some", dir, got)
+		}
+	}
+	if got := s.sum("leasepool_store_bytes_total", `direction="received"`); got < 3*tasks*200 {
+		t.Errorf("%v bytes received in all, want at least the %d events' documents", got, 3*tasks)
+	}
+}
+
 // BenchmarkMongoTraffic prints the MongoDB traffic of idle worker
 // processes per task and per worker, and their traffic while idle.
 func BenchmarkMongoTraffic(b *testing.B) {
