@@ -172,11 +172,34 @@ func TestStoreTrafficAllocations(t *testing.T) {
 	}
 }
 
-func mustMarshal(t *testing.T, d bson.D) bson.Raw {
+func mustMarshal(t testing.TB, d bson.D) bson.Raw {
 	t.Helper()
 	b, err := bson.Marshal(d)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// BenchmarkStoreTraffic: what counting costs a change stream's poll (a
+// getMore and its reply with two events).
+func BenchmarkStoreTraffic(b *testing.B) {
+	traffic := metrics.NewStoreTraffic()
+	mon := traffic.Monitor()
+	ctx := context.Background()
+	open := mustMarshal(b, bson.D{{Key: "aggregate", Value: "tasks"}, {Key: "pipeline", Value: bson.A{
+		bson.D{{Key: "$changeStream", Value: bson.D{}}}}}})
+	opened := mustMarshal(b, bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(7)}, {Key: "firstBatch", Value: bson.A{}}}}})
+	mon.Started(ctx, &event.CommandStartedEvent{CommandName: "aggregate", RequestID: 1, Command: open})
+	mon.Succeeded(ctx, &event.CommandSucceededEvent{CommandFinishedEvent: event.CommandFinishedEvent{CommandName: "aggregate", RequestID: 1}, Reply: opened})
+	started := &event.CommandStartedEvent{CommandName: "getMore", RequestID: 2,
+		Command: mustMarshal(b, bson.D{{Key: "getMore", Value: int64(7)}, {Key: "collection", Value: "tasks"}})}
+	succeeded := &event.CommandSucceededEvent{CommandFinishedEvent: event.CommandFinishedEvent{CommandName: "getMore", RequestID: 2},
+		Reply: mustMarshal(b, bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(7)},
+			{Key: "nextBatch", Value: bson.A{bson.D{{Key: "operationType", Value: "insert"}}, bson.D{{Key: "operationType", Value: "update"}}}}}}})}
+	b.ReportAllocs()
+	for b.Loop() {
+		mon.Started(ctx, started)
+		mon.Succeeded(ctx, succeeded)
+	}
 }
