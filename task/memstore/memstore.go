@@ -66,6 +66,13 @@ type Config struct {
 	// stream that fell further behind gets task.ErrHistoryLost. 0 keeps
 	// 1 << 20 changes.
 	Retention int
+	// Lanes is how many delivery schedules the handles' change streams
+	// share: a change reaches every stream of one lane at one moment, its
+	// OpNext latency after the write, drawn once for the lane (the n-th
+	// handle opened is in lane n mod Lanes). 0 gives each handle a
+	// schedule of its own. A simulation of a thousand handles sets a few,
+	// so that each write costs a few timers, not a thousand.
+	Lanes int
 }
 
 // ErrInjected is the error faults use when a test wants a plain one.
@@ -97,16 +104,28 @@ func (c *counters) snapshot() Counts {
 type DB struct {
 	cfg Config
 
-	mu      sync.Mutex
-	tasks   map[string]*task.Task // by key; the stored copies, never handed out
+	mu    sync.Mutex
+	tasks map[string]*task.Task // by key; the stored copies, never handed out
+	// open holds the unfinished tasks of tasks: a candidate page reads
+	// these, so a run that finished a hundred thousand tasks does not
+	// pass over them on every query.
+	open    map[string]*task.Task
 	nextSeq int64
 	changes []change // oldest first
 	dropped int64    // changes before changes[0], pruned
-	wake    chan struct{}
+	// lanes are the delivery schedules of the handles that watch;
+	// shared holds those of Config.Lanes by number, opened the number
+	// of handles opened.
+	lanes   []*lane
+	shared  []*lane
+	opened  int
 	locks   map[string]lockRow
 	lines   map[string]map[string]task.LockLine // lock key → task key → place
 	docs    map[string]map[string]task.Document // namespace → id → document
 	workers map[string]task.WorkerInfo
+	// workerIDs are the keys of workers in order, so that listing a
+	// thousand workers does not sort them on every heartbeat.
+	workerIDs []string
 
 	total counters
 }
@@ -115,6 +134,9 @@ type change struct {
 	seq int64
 	at  time.Time  // when it was written
 	doc *task.Task // the task the write stored; nil for a document write
+	// quiet is doc.Quiet(): streams with SkipQuiet pass the change
+	// without waking for it.
+	quiet bool
 	// document is the document a document write stored (its names alone
 	// when deleted).
 	document *task.Document
@@ -140,7 +162,7 @@ func New(cfg Config) *DB {
 	if cfg.Retention <= 0 {
 		cfg.Retention = 1 << 20
 	}
-	return &DB{cfg: cfg, tasks: map[string]*task.Task{}, wake: make(chan struct{}),
+	return &DB{cfg: cfg, tasks: map[string]*task.Task{}, open: map[string]*task.Task{},
 		locks: map[string]lockRow{}, lines: map[string]map[string]task.LockLine{},
 		docs:    map[string]map[string]task.Document{},
 		workers: map[string]task.WorkerInfo{}}
@@ -148,7 +170,10 @@ func New(cfg Config) *DB {
 
 // Open returns a new handle on db.
 func (db *DB) Open() *Store {
-	return &Store{db: db, closed: make(chan struct{})}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	db.opened++
+	return &Store{db: db, index: db.opened - 1, closed: make(chan struct{})}
 }
 
 // Counts is what every handle of db did together.
@@ -167,9 +192,30 @@ func (db *DB) Tasks() []*task.Task {
 	return out
 }
 
+// Unfinished counts the stored tasks not in a finished state: a run
+// polls it to know when it is done without copying every task.
+func (db *DB) Unfinished() int {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return len(db.open)
+}
+
+// put stores t as the task of its key, in the open index while it is
+// unfinished. db.mu held.
+func (db *DB) put(t *task.Task) {
+	db.tasks[t.Key] = t
+	if t.State.Finished() {
+		delete(db.open, t.Key)
+	} else {
+		db.open[t.Key] = t
+	}
+}
+
 // Store is one handle on a DB; it implements task.Store.
 type Store struct {
 	db        *DB
+	index     int   // the handles of db opened before it
+	lane      *lane // its streams' delivery schedule, from its first Watch
 	closeOnce sync.Once
 	closed    chan struct{}
 	cut       atomic.Bool
@@ -240,15 +286,22 @@ func (s *Store) Now() time.Time { return time.Now().UTC() }
 
 // Close ends this handle's streams; other handles go on.
 func (s *Store) Close() error {
-	s.closeOnce.Do(func() { close(s.closed) })
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.db.mu.Lock()
+		defer s.db.mu.Unlock()
+		if s.lane != nil && s.db.cfg.Lanes == 0 {
+			s.db.lanes = slices.DeleteFunc(s.db.lanes, func(l *lane) bool { return l == s.lane })
+		}
+	})
 	return nil
 }
 
-// appendChange records doc as written and wakes every stream. db.mu held.
-func (db *DB) appendChange(doc *task.Task) { db.record(change{doc: doc}) }
+// appendChange records doc as written. db.mu held.
+func (db *DB) appendChange(doc *task.Task) { db.record(change{doc: doc, quiet: doc.Quiet()}) }
 
-// record appends c to the change history and wakes every stream. db.mu
-// held.
+// record appends c to the change history and sends it down every lane.
+// db.mu held.
 func (db *DB) record(c change) {
 	seq := db.dropped + int64(len(db.changes)) + 1
 	c.seq, c.at = seq, time.Now()
@@ -257,8 +310,9 @@ func (db *DB) record(c change) {
 		db.changes = slices.Delete(db.changes, 0, over)
 		db.dropped += int64(over)
 	}
-	close(db.wake)
-	db.wake = make(chan struct{})
+	for _, l := range db.lanes {
+		db.send(l, c)
+	}
 }
 
 // Insert stores t unless its key exists; see task.Store.
@@ -282,7 +336,7 @@ func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, err
 	db.nextSeq++
 	t.Seq, t.ID, t.Version = db.nextSeq, strconv.FormatInt(db.nextSeq, 10), 1
 	stored := t.Clone()
-	db.tasks[t.Key] = stored
+	db.put(stored)
 	db.appendChange(stored)
 	s.n.writes.Add(1)
 	db.total.writes.Add(1)
@@ -332,7 +386,7 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	stored := t.Clone()
 	stored.Version = t.Version + 1
 	stored.Seq, stored.ID = old.Seq, old.ID
-	db.tasks[t.Key] = stored
+	db.put(stored)
 	db.appendChange(stored)
 	s.n.writes.Add(1)
 	db.total.writes.Add(1)
@@ -357,10 +411,9 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 	defer s.db.mu.Unlock()
 	// The best Limit matches, kept sorted: a page costs one pass.
 	var page []*task.Task
-	for _, t := range s.db.tasks {
+	for _, t := range s.db.open {
 		switch {
-		case t.State.Finished(),
-			len(q.Kinds) > 0 && !slices.Contains(q.Kinds, t.Kind),
+		case len(q.Kinds) > 0 && !slices.Contains(q.Kinds, t.Kind),
 			q.WorkerID != "" && !t.Allows(q.WorkerID),
 			q.Ready == t.NextClaimAt.After(q.Now),
 			q.After != nil && !q.Less(q.After, t):

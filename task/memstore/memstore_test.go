@@ -3,6 +3,9 @@ package memstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -84,5 +87,103 @@ func TestFaultApplied(t *testing.T) {
 	}
 	if n := st.Counts(); n.Conflicts != 1 {
 		t.Fatalf("handle counts %+v; want 1 conflict", n)
+	}
+}
+
+// TestLanes checks the delivery schedules: with one lane every handle
+// hears a change at one moment, with none each at a moment of its own,
+// and in both a change is never heard before one written ahead of it.
+func TestLanes(t *testing.T) {
+	for _, lanes := range []int{0, 1} {
+		t.Run(fmt.Sprintf("lanes=%d", lanes), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var draws atomic.Int64
+				db := memstore.New(memstore.Config{Lanes: lanes, Latency: func(op memstore.Op, key string) time.Duration {
+					if op != memstore.OpNext {
+						return 0
+					}
+					n := draws.Add(1)
+					if key == "b" {
+						return time.Millisecond // written after a, due before it
+					}
+					return time.Duration(n) * 10 * time.Millisecond
+				}})
+				const handles = 3
+				streams := make([]task.ChangeStream, handles)
+				for i := range streams {
+					h := db.Open()
+					defer h.Close()
+					s, err := h.Watch(t.Context(), task.WatchParams{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					streams[i] = s
+				}
+				producer := db.Open()
+				defer producer.Close()
+				start := time.Now()
+				for _, k := range []string{"a", "b"} {
+					tk, _ := task.NewTask(task.PublishParams{Key: k, Kind: "k"}, producer.Now())
+					if _, _, err := producer.Insert(t.Context(), tk); err != nil {
+						t.Fatal(err)
+					}
+				}
+				heard := make([][2]time.Duration, handles)
+				var wg sync.WaitGroup
+				for i, s := range streams {
+					wg.Go(func() {
+						for j, want := range []string{"a", "b"} {
+							e, err := s.Next(t.Context())
+							if err != nil || e.Key != want {
+								t.Errorf("stream %d, event %d: %q %v; want %q", i, j, e.Key, err, want)
+								return
+							}
+							heard[i][j] = time.Since(start)
+						}
+					})
+				}
+				wg.Wait()
+				for i, h := range heard {
+					if h[1] != h[0] {
+						t.Errorf("stream %d heard b at %s, a at %s; b is due first but must wait for a", i, h[1], h[0])
+					}
+					switch {
+					case lanes == 1 && h[0] != 10*time.Millisecond:
+						t.Errorf("one lane: stream %d heard a at %s; want every stream at the lane's one draw, 10ms", i, h[0])
+					case lanes == 0 && h[0] != time.Duration(i+1)*10*time.Millisecond:
+						t.Errorf("a lane each: stream %d heard a at %s; want its own draw, %s", i, h[0], time.Duration(i+1)*10*time.Millisecond)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestUnfinished checks the count a run polls and that a candidate page
+// leaves finished tasks out.
+func TestUnfinished(t *testing.T) {
+	db := memstore.New(memstore.Config{})
+	st := db.Open()
+	ctx := context.Background()
+	for _, k := range []string{"a", "b"} {
+		tk, _ := task.NewTask(task.PublishParams{Key: k, Kind: "k"}, st.Now())
+		if _, _, err := st.Insert(ctx, tk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := db.Unfinished(); n != 2 {
+		t.Fatalf("Unfinished after two publishes: %d; want 2", n)
+	}
+	a, _ := st.Get(ctx, "a")
+	a.State = task.StateSucceeded
+	if err := st.Update(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if n := db.Unfinished(); n != 1 {
+		t.Fatalf("Unfinished after a finished: %d; want 1", n)
+	}
+	page, err := st.Candidates(ctx, task.CandidateQuery{Now: st.Now(), Ready: true, Limit: 10})
+	if err != nil || len(page) != 1 || page[0].Key != "b" {
+		t.Fatalf("candidates: %v %v; want b alone", page, err)
 	}
 }

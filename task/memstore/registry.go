@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/leasepool/leasepool/task"
 )
@@ -29,6 +28,10 @@ func (s *Store) RegisterWorker(ctx context.Context, p task.RegisterParams) error
 	}
 	w := p.Worker
 	w.Kinds = slices.Clone(w.Kinds)
+	if _, ok := db.workers[w.ID]; !ok {
+		i, _ := slices.BinarySearch(db.workerIDs, w.ID)
+		db.workerIDs = slices.Insert(db.workerIDs, i, w.ID)
+	}
 	db.workers[w.ID] = w
 	if f.Err != nil {
 		return fmt.Errorf("register worker %s: %w", p.Worker.ID, f.Err)
@@ -46,6 +49,9 @@ func (s *Store) UnregisterWorker(ctx context.Context, id, instance string) error
 	defer db.mu.Unlock()
 	if w, ok := db.workers[id]; ok && w.Instance == instance {
 		delete(db.workers, id)
+		if i, ok := slices.BinarySearch(db.workerIDs, id); ok {
+			db.workerIDs = slices.Delete(db.workerIDs, i, i+1)
+		}
 	}
 	return nil
 }
@@ -58,11 +64,11 @@ func (s *Store) Workers(ctx context.Context) ([]task.WorkerInfo, error) {
 	db := s.db
 	db.mu.Lock()
 	out := make([]task.WorkerInfo, 0, len(db.workers))
-	for _, w := range db.workers {
+	for _, id := range db.workerIDs {
+		w := db.workers[id]
 		w.Kinds = slices.Clone(w.Kinds)
 		out = append(out, w)
 	}
 	db.mu.Unlock()
-	slices.SortFunc(out, func(a, b task.WorkerInfo) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
