@@ -1,9 +1,14 @@
 package schedule
 
 // The Runner: every worker runs one. Each poll it reads the schedules and
-// their cursors from the store and publishes the slots that are due. There
-// is no leader: runners race to publish the same keys, task.Publish keeps
-// one task per key, and the cursor only moves forward.
+// their cursors from the store and publishes the slots that are due. With
+// a HolderID, the runners of a cluster elect one (internal/singleton) that
+// polls, so added workers add no reads and no racing publishes; the
+// others stand by and one takes over within a lease of three polls, well
+// inside Late. A runner without one polls on its own. Either way a slot
+// published twice (a holder paused past its lease, beside the next) is
+// one task: task.Publish keeps one task per key, and the cursor only
+// moves forward.
 
 import (
 	"context"
@@ -13,6 +18,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/internal/singleton"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -27,6 +33,9 @@ const (
 	DefaultLate = 10 * time.Second
 	// DefaultMaxPerTick bounds the slots one schedule publishes per poll.
 	DefaultMaxPerTick = 100
+	// LockKey is the lease, in task.LockSingleton, of the runner that
+	// polls when runners have a HolderID.
+	LockKey = "leasepool.schedule-runner"
 )
 
 // RunnerConfig configures a Runner. Zero values take the defaults.
@@ -41,7 +50,10 @@ type RunnerConfig struct {
 	Late time.Duration
 	// MaxPerTick: see DefaultMaxPerTick.
 	MaxPerTick int
-	Logger     *slog.Logger
+	// HolderID names this process (its worker id) in the election of the
+	// one runner that polls; empty, this runner polls on its own.
+	HolderID string
+	Logger   *slog.Logger
 }
 
 // Runner publishes the due slots of every schedule. Start it once; Stop
@@ -51,6 +63,9 @@ type Runner struct {
 	log *slog.Logger
 
 	life lifecycle.Runner
+	// elected runs the polls while this process holds LockKey (HolderID
+	// set); nil when the runner polls on its own.
+	elected *singleton.Runner
 }
 
 // NewRunner checks cfg and returns a Runner that has not started.
@@ -73,13 +88,31 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Runner{cfg: cfg, log: cfg.Logger.With(slog.String("component", "schedule"))}, nil
+	r := &Runner{cfg: cfg, log: cfg.Logger.With(slog.String("component", "schedule"))}
+	if cfg.HolderID != "" {
+		elected, err := singleton.New(singleton.Config{
+			Store: cfg.Store, Key: LockKey, HolderID: cfg.HolderID,
+			Lease: max(3*cfg.Poll, singleton.MinLease), Renew: cfg.Poll,
+			Run: func(ctx context.Context) error { r.run(ctx); return nil }, Logger: r.log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("schedule runner: %w", err)
+		}
+		r.elected = elected
+	}
+	return r, nil
 }
 
 // Start starts the runner's goroutine; it runs until Stop, whatever
 // happens to ctx (its values are kept). A second Start is
 // lifecycle.ErrStarted, a Start after Stop lifecycle.ErrStopped.
 func (r *Runner) Start(ctx context.Context) error {
+	if r.elected != nil {
+		if err := r.elected.Start(ctx); err != nil {
+			return fmt.Errorf("schedule runner: %w", err)
+		}
+		return nil
+	}
 	run, err := r.life.Start(ctx)
 	if err != nil {
 		return fmt.Errorf("schedule runner: %w", err)
@@ -92,6 +125,9 @@ func (r *Runner) Start(ctx context.Context) error {
 // Nothing is left half-done that another runner would not finish: a slot
 // published without its cursor is published again as the same task.
 func (r *Runner) Stop(ctx context.Context) error {
+	if r.elected != nil {
+		return r.elected.Stop(ctx)
+	}
 	return r.life.Stop(ctx, nil)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -213,5 +214,76 @@ func TestCatchUpAfterOutage(t *testing.T) {
 	}
 	if holes(after, time.Second) < 1 {
 		t.Errorf("no slot of the outage was skipped: %v", after)
+	}
+}
+
+// countingStore counts the inserts made through it.
+type countingStore struct {
+	task.Store
+	inserts atomic.Int64
+}
+
+func (s *countingStore) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, error) {
+	s.inserts.Add(1)
+	return s.Store.Insert(ctx, t)
+}
+
+// TestOneElectedRunnerPublishes: three runners with holder ids on three
+// handles of one store (as three workers): one polls and publishes, the
+// others insert nothing; when it stops, another takes over and no slot
+// is missed.
+func TestOneElectedRunnerPublishes(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "s.db")
+	var stores [3]*countingStore
+	var runners [3]*schedule.Runner
+	for i := range stores {
+		stores[i] = &countingStore{Store: openStore(t, path)}
+	}
+	if _, err := schedule.Add(t.Context(), stores[0], schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
+		CatchUp: schedule.CatchUp{Mode: schedule.CatchUpNone}, Template: schedule.Template{Kind: "noop"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	for i := range runners {
+		r, err := schedule.NewRunner(schedule.RunnerConfig{Store: stores[i], Poll: 100 * time.Millisecond, HolderID: fmt.Sprintf("w%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Stop(context.Background()) })
+		runners[i] = r
+	}
+	time.Sleep(2500 * time.Millisecond)
+	holder := -1
+	for i, s := range stores {
+		if n := s.inserts.Load(); n > 0 {
+			if holder >= 0 {
+				t.Fatalf("runners w%d and w%d both published (%d and %d inserts)", holder, i, stores[holder].inserts.Load(), n)
+			}
+			holder = i
+		}
+	}
+	if holder < 0 {
+		t.Fatal("no runner published in 2.5 s")
+	}
+	if err := runners[holder].Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	before := len(slotsOf(t, stores[0], "tick"))
+	time.Sleep(2500 * time.Millisecond)
+	got := slotsOf(t, stores[0], "tick")
+	if len(got) < before+2 || holes(got, time.Second) != 0 {
+		t.Fatalf("after the holder stopped: slots %v (%d before; want two more, none missing)", got, before)
+	}
+	took := 0
+	for i, s := range stores {
+		if i != holder && s.inserts.Load() > 0 {
+			took++
+		}
+	}
+	if took != 1 {
+		t.Errorf("%d runners published after the holder stopped; want one", took)
 	}
 }

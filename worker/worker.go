@@ -289,7 +289,7 @@ func (w *Worker) start(ctx, run context.Context) error {
 		return err
 	}
 	w.stats.Start()
-	runner, err := schedule.NewRunner(schedule.RunnerConfig{Store: cfg.Store, Logger: cfg.Logger})
+	runner, err := schedule.NewRunner(schedule.RunnerConfig{Store: cfg.Store, HolderID: w.ID(), Logger: cfg.Logger})
 	if err == nil {
 		err = runner.Start(ctx)
 	}

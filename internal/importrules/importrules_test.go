@@ -35,8 +35,9 @@ var (
 	// under it must not import them.
 	features = []string{"builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol",
 		"flow", "retention", "rollout", "bench", "web", "metrics", "stats", "store"}
-	// basics import task (and the lifecycle contract) only. The singleton
-	// runner is one: flow, retention and mqttdev/broker are built on it.
+	// basics import task (and the lifecycle contract and the singleton
+	// runner) only. The singleton runner is one: schedule, flow, retention
+	// and mqttdev/broker are built on it.
 	basics = []string{"preempt", "ping", "control", "schedule", "events", "internal/singleton"}
 )
 
@@ -105,10 +106,10 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "preempt, ping, control, schedule, events and internal/singleton import task (and internal/lifecycle) only",
+		name:    "preempt, ping, control, schedule, events and internal/singleton import task (and internal/lifecycle, internal/singleton) only",
 		applies: is(basics...),
 		check: func(_ string, p pkg) []string {
-			return in(p.Deps, func(d string) bool { return d != "task" && d != "internal/lifecycle" })
+			return in(p.Deps, func(d string) bool { return d != "task" && d != "internal/lifecycle" && d != "internal/singleton" })
 		},
 	},
 	{
@@ -264,8 +265,8 @@ func TestRulesCatchViolations(t *testing.T) {
 	}{
 		{"task", "internal/lifecycle", "task imports nothing"},
 		{"task/mongostore", "control", "a backend imports task only"},
-		{"events", "consumer", "import task (and internal/lifecycle) only"},
-		{"internal/singleton", "flow", "import task (and internal/lifecycle) only"},
+		{"events", "consumer", "import task (and internal/lifecycle, internal/singleton) only"},
+		{"internal/singleton", "flow", "import task (and internal/lifecycle, internal/singleton) only"},
 		{"consumer", "mqttdev", "knows nothing of the features"},
 		{"control", "metrics", "never import them"},
 		{"flow", "metrics", "only what assembles a program"},

@@ -20,8 +20,8 @@
 // and may work for that instant beside the new holder: Run's writes must
 // tolerate that (compare-and-set, conditional deletes).
 //
-// The flow reconciler, the embedded MQTT broker's host and retention run
-// on it.
+// The schedule runner, the flow reconciler, the rollout driver, the
+// embedded MQTT broker's host and retention run on it.
 package singleton
 
 import (
