@@ -54,6 +54,10 @@ const maxUpdateBatch = 128
 // tokenField is the per-statement token of batched updates.
 const tokenField = "write_token"
 
+// quietField is set, to the version written, by quiet writes only
+// (task.Task.Quiet: lease renewals): see Store.watch.
+const quietField = "quiet_version"
+
 // errOutcomeUnknown: a batched update's document was rewritten before the
 // batch could be resolved, and whether this write applied cannot be told.
 var errOutcomeUnknown = errors.New("outcome unknown: the document was written again before its batch was resolved")

@@ -426,6 +426,12 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 		return fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	fields = slices.DeleteFunc(fields, func(e bson.E) bool { return slices.Contains(immutable, e.Key) })
+	if next.Quiet() {
+		// A field no other write sets, new at every quiet write, so that
+		// the change event's updatedFields names it and the server leaves
+		// the event out of SkipQuiet streams (watch.go).
+		fields = append(fields, bson.E{Key: quietField, Value: next.Version})
+	}
 	fields = versionLast(fields)
 	if err := s.submitUpdate(&updReq{ctx: ctx, key: t.Key, version: t.Version, fields: fields}); err != nil {
 		return err

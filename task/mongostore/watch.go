@@ -56,6 +56,16 @@ func (s *Store) watch(ctx context.Context, coll *mongo.Collection, ops bson.A, r
 	pipeline := mongo.Pipeline{bson.D{{Key: "$match", Value: bson.D{
 		{Key: "operationType", Value: bson.D{{Key: "$in", Value: ops}}},
 	}}}}
+	if skipQuiet {
+		// On MongoDB the server leaves quiet writes out, before it looks
+		// their documents up, by the field only they set: a worker then
+		// receives nothing for a lease renewal. A server whose events carry
+		// no updateDescription (the wire test server) passes every event,
+		// and the stream drops the quiet ones it can tell (quiet, below).
+		pipeline = append(pipeline, bson.D{{Key: "$match", Value: bson.D{
+			{Key: "updateDescription.updatedFields." + quietField, Value: bson.D{{Key: "$exists", Value: false}}},
+		}}})
+	}
 	opts := options.ChangeStream().SetFullDocument(options.UpdateLookup).SetMaxAwaitTime(maxAwait)
 	if len(resume) > 0 {
 		tok := bson.Raw(resume)
