@@ -22,6 +22,11 @@ func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStrea
 	db := s.db
 	db.mu.Lock()
 	defer db.mu.Unlock()
+	select {
+	case <-s.closed:
+		return nil, fmt.Errorf("watch: %w", task.ErrClosed) // closed while it waited: no lane for it
+	default:
+	}
 	last := db.dropped + int64(len(db.changes))
 	if p.ResumeAfter != nil {
 		if len(p.ResumeAfter) != 8 {
