@@ -13,7 +13,6 @@ package tests
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -144,7 +143,6 @@ func TestWorkerStoreTraffic(t *testing.T) {
 // processes per task and per worker, and their traffic while idle.
 func BenchmarkMongoTraffic(b *testing.B) {
 	bin := fastBin(b)
-	ctx := context.Background()
 	const tasks, interval, idleFor = 200, 10 * time.Millisecond, 3 * time.Second
 	var rows []trafficRow
 	for _, n := range []int{1, 2, 4, 8} {
@@ -157,14 +155,7 @@ func BenchmarkMongoTraffic(b *testing.B) {
 			time.Sleep(idleFor)
 			s1 := scrapeSeries(b, fw.addrs, trafficPrefixes...)
 			start := time.Now()
-			tick := time.NewTicker(interval)
-			for i := range tasks {
-				<-tick.C
-				if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("c%05d", i), Kind: "noop"}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			tick.Stop()
+			publishPaced(b, st, tasks, interval)
 			waitSucceeded(b, st, tasks)
 			// Every stream has heard every write once its count stops
 			// moving.

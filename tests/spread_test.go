@@ -167,7 +167,6 @@ func BenchmarkSpreadFigures(t *testing.B) {
 // one each interval, on a store of each run's own that open returns with
 // its --store URL.
 func printConflictFigures(b *testing.B, bin string, tasks int, interval time.Duration, open func(*testing.B) (task.Store, string)) {
-	ctx := context.Background()
 	fmt.Println("| worker processes | tasks | claims | claim conflicts | conflicts per task |")
 	fmt.Println("|--:|--:|--:|--:|--:|")
 	for _, n := range []int{1, 2, 4, 8} {
@@ -175,14 +174,7 @@ func printConflictFigures(b *testing.B, bin string, tasks int, interval time.Dur
 			st, url := open(b)
 			fw := startFigureWorkers(b, bin, url, n, 4, nil)
 			waitLive(b, st, n)
-			tick := time.NewTicker(interval)
-			for i := range tasks {
-				<-tick.C
-				if _, _, err := task.Publish(ctx, st, task.PublishParams{Key: fmt.Sprintf("c%05d", i), Kind: "noop"}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			tick.Stop()
+			publishPaced(b, st, tasks, interval)
 			waitSucceeded(b, st, tasks)
 			var claims, conflicts float64
 			for _, a := range fw.addrs {
@@ -271,5 +263,18 @@ func TestRenewalsDoNotFanOut(t *testing.T) {
 				t.Fatalf("%d change events reached the other worker for one renewing task; want at most 4", events)
 			}
 		})
+	}
+}
+
+// publishPaced publishes n noop tasks keyed c00000, c00001, … one every
+// interval.
+func publishPaced(b *testing.B, st task.Store, n int, interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for i := range n {
+		<-tick.C
+		if _, _, err := task.Publish(context.Background(), st, task.PublishParams{Key: fmt.Sprintf("c%05d", i), Kind: "noop"}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
