@@ -115,8 +115,11 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.dispatch(ctx)
 			// Refill before the heap runs dry, or holds nothing due, when
 			// the store holds more (overflow), so the slots never wait on a
-			// query; an empty heap also queries now and then.
-			low := s.heap.Len() == 0 || (s.overflow && (s.heap.Len() < s.cfg.HeapSize/4 || !s.anyDue()))
+			// query. A heap that holds everything the last query found
+			// (no overflow) is kept true by the change stream alone: an
+			// idle worker does not query, so idle workers add no reads
+			// (the safety net still queries now and then).
+			low := (s.overflow || s.queryFailed) && (s.heap.Len() < s.cfg.HeapSize/4 || !s.anyDue())
 			switch {
 			case s.tab.paging || !low || s.full():
 			case s.resume != nil:
