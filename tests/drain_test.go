@@ -37,8 +37,8 @@ func BenchmarkDrainScaling(b *testing.B) {
 	}
 	profiles := os.Getenv("LEASEPOOL_DRAIN_PROFILE")
 	rates := map[int][]float64{}
-	fmt.Println("| round | worker processes | concurrency each | tasks | tasks/s (first start to last end) | claim conflicts per task |")
-	fmt.Println("|--:|--:|--:|--:|--:|--:|")
+	fmt.Println("| round | worker processes | concurrency each | tasks | tasks/s (first start to last end) | claim conflicts per task | writes per commit | write lock held per task | write lock busy (held ÷ workers' run time) |")
+	fmt.Println("|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for round := 1; round <= rounds; round++ {
 		order := []int{1, 4}
 		if round%2 == 0 {
@@ -52,9 +52,10 @@ func BenchmarkDrainScaling(b *testing.B) {
 						return []string{"--cpuprofile", filepath.Join(profiles, fmt.Sprintf("drain-r%d-n%d-w%d.pprof", round, n, i))}
 					}
 				}
-				rate, conflicts := drainOnce(b, bin, n, global)
-				rates[n] = append(rates[n], rate)
-				fmt.Printf("| %d | %d | %d | %d | %.0f | %.3f |\n", round, n, 32/n, drainTasks, rate, conflicts)
+				d := drainOnce(b, bin, n, global)
+				rates[n] = append(rates[n], d.rate)
+				fmt.Printf("| %d | %d | %d | %d | %.0f | %.3f | %.1f | %.0f µs | %.0f %% |\n", round, n, 32/n, drainTasks, d.rate, d.conflicts,
+					d.writesPerCommit, 1e6*d.lockHeld/drainTasks, 100*d.lockHeld/d.run)
 			})
 		}
 	}
@@ -62,11 +63,19 @@ func BenchmarkDrainScaling(b *testing.B) {
 	fmt.Printf("\nmedian tasks/s: 1 process %.0f, 4 processes %.0f; 4 drain %.0f %% of 1\n", one, four, 100*four/one)
 }
 
-// drainOnce publishes drainTasks noop tasks to a fresh store, drains them
-// with n worker processes of concurrency 32/n, and returns tasks/s from
-// the first attempt's start to the last one's end, and the claim
-// conflicts per task the workers counted.
-func drainOnce(b *testing.B, bin string, n int, global func(int) []string) (rate, conflictsPerTask float64) {
+// drained is what one drain measured: tasks/s from the first attempt's
+// start to the last one's end (span, in seconds), the claim conflicts per
+// task, and the embedded store's write batches and the seconds its write
+// lock was held, summed over the worker processes, over run, the seconds
+// from their start to the end of the drain (start-up included: the busy
+// share it gives is a lower bound).
+type drained struct {
+	rate, span, run, conflicts, writesPerCommit, lockHeld float64
+}
+
+// drainOnce publishes drainTasks noop tasks to a fresh store and drains
+// them with n worker processes of concurrency 32/n.
+func drainOnce(b *testing.B, bin string, n int, global func(int) []string) drained {
 	ctx := context.Background()
 	st, url := openFigureStore(b)
 	var wg sync.WaitGroup
@@ -81,14 +90,22 @@ func drainOnce(b *testing.B, bin string, n int, global func(int) []string) (rate
 		})
 	}
 	wg.Wait()
+	start := time.Now()
 	fw := startFigureWorkers(b, bin, url, n, 32/n, global)
 	waitSucceeded(b, st, drainTasks)
-	var conflicts float64
+	var d drained
+	var commits, writes float64
 	for _, a := range fw.addrs {
-		conflicts += metricSum(b, a, "leasepool_claim_conflicts_total")
+		d.conflicts += metricSum(b, a, "leasepool_claim_conflicts_total")
+		commits += metricSum(b, a, "leasepool_store_commits_total")
+		writes += metricSum(b, a, "leasepool_store_committed_writes_total")
+		d.lockHeld += metricSum(b, a, "leasepool_store_write_lock_held_seconds_total")
 	}
+	d.run = time.Since(start).Seconds()
 	fw.stop()
-	return drainTasks / drainSpan(b, st).Seconds(), conflicts / drainTasks
+	d.span = drainSpan(b, st).Seconds()
+	d.rate, d.conflicts, d.writesPerCommit = drainTasks/d.span, d.conflicts/drainTasks, writes/commits
+	return d
 }
 
 // drainSpan is the time from the first attempt's start to the last one's

@@ -18,6 +18,7 @@ import (
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/sqlitestore"
 	"github.com/leasepool/leasepool/web"
 )
 
@@ -56,6 +57,11 @@ func metricsRegistry(s task.Store) (*prometheus.Registry, error) {
 	}
 	if err := registerRolloutMetrics(reg, s); err != nil {
 		return nil, err
+	}
+	if w, ok := s.(interface{ WriteStats() sqlitestore.WriteStats }); ok {
+		if err := reg.Register(metrics.NewStoreWrites(w.WriteStats)); err != nil {
+			return nil, err
+		}
 	}
 	return reg, nil
 }

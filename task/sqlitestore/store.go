@@ -130,6 +130,8 @@ type Store struct {
 	pruneEvery int64
 	pruned     atomic.Int64 // changes up to this seq were pruned by this Store
 	commits    atomic.Int64 // write transactions committed, for the checkpointer
+	// committed, lockWait and lockHeld are WriteStats' counts.
+	committed, lockWait, lockHeld atomic.Int64
 	cdb        *sql.DB      // the checkpointer's connection
 
 	mu     sync.Mutex
@@ -365,8 +367,10 @@ func (s *Store) Close() error {
 	return s.closeDBs()
 }
 
-// lockWrites takes the cross-process write lock (see Store.writeLock).
+// lockWrites takes the cross-process write lock (see Store.writeLock),
+// counting the time spent waiting for it and holding it (WriteStats).
 func (s *Store) lockWrites() (unlock func(), err error) {
+	from := time.Now()
 	s.wmu.Lock()
 	fd := int(s.writeLock.Fd())
 	err = syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB)
@@ -377,8 +381,11 @@ func (s *Store) lockWrites() (unlock func(), err error) {
 		s.wmu.Unlock()
 		return nil, fmt.Errorf("lock %s: %w", s.writeLock.Name(), err)
 	}
+	held := time.Now()
+	s.lockWait.Add(int64(held.Sub(from)))
 	return func() {
 		syscall.Flock(int(s.writeLock.Fd()), syscall.LOCK_UN)
+		s.lockHeld.Add(int64(time.Since(held)))
 		s.wmu.Unlock()
 	}, nil
 }

@@ -198,6 +198,7 @@ func (s *Store) commit(batch []*writeReq) []*writeReq {
 	}
 	s.clock.hwmAt = max(s.clock.hwmAt, hwm)
 	s.commits.Add(1)
+	s.committed.Add(int64(len(batch)))
 	for i, r := range batch {
 		if errs[i] == nil && r.onCommit != nil {
 			r.onCommit()
