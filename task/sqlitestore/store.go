@@ -130,9 +130,9 @@ type Store struct {
 	pruneEvery int64
 	pruned     atomic.Int64 // changes up to this seq were pruned by this Store
 	commits    atomic.Int64 // write transactions committed, for the checkpointer
+	cdb        *sql.DB      // the checkpointer's connection
 	// committed, lockWait and lockHeld are WriteStats' counts.
 	committed, lockWait, lockHeld atomic.Int64
-	cdb        *sql.DB      // the checkpointer's connection
 
 	mu     sync.Mutex
 	wake   chan struct{} // closed and replaced after each known change
