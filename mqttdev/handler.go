@@ -110,7 +110,7 @@ type Handler struct {
 	losses    int  // connections lost so far
 	down      bool // the connection is lost and not back yet
 	// live: devices whose status arrived live (not as the retained copy
-	// a subscription starts with) since the last connect.
+	// a subscription starts with) on the current connection.
 	live map[string]bool
 }
 
@@ -171,11 +171,12 @@ func (h *Handler) start(ctx context.Context) error {
 		return err
 	}
 	c, err := protocol.NewClient(h.cfg.ClientConfig, protocol.ClientOptions{
-		Role:      "worker",
-		OnMessage: h.onMessage,
-		OnConnect: h.onConnect,
-		OnLost:    h.onLost,
-		Logger:    h.logger,
+		Role:         "worker",
+		OnMessage:    h.onMessage,
+		OnConnecting: h.onConnecting,
+		OnConnect:    h.onConnect,
+		OnLost:       h.onLost,
+		Logger:       h.logger,
 	})
 	if err != nil {
 		return err
@@ -216,11 +217,20 @@ func (h *Handler) onConnect() {
 	h.mu.Lock()
 	h.connects++
 	h.down = false
-	h.live = nil // the new subscription's retained copies are current
 	if h.connects > 1 {
 		close(h.reconnect)
 		h.reconnect = make(chan struct{})
 	}
+	h.mu.Unlock()
+}
+
+// onConnecting runs before a connection's first message: the retained
+// copies the new subscriptions start with are current until a live status
+// of their device arrives. (onConnect is too late: it runs after the
+// subscribe, when those copies may have been handled already.)
+func (h *Handler) onConnecting() {
+	h.mu.Lock()
+	h.live = nil
 	h.mu.Unlock()
 }
 

@@ -562,7 +562,7 @@ func TestStaleRetainedStatusIgnored(t *testing.T) {
 	if !h.Tracker().Offline("d") {
 		t.Fatal("a stale retained online overrode the live offline")
 	}
-	h.onConnect()
+	h.onConnecting()
 	h.onMessage(Message{Topic: topic, Payload: status(true), Retained: true})
 	if h.Tracker().Offline("d") {
 		t.Fatal("after a reconnect the retained online was ignored")

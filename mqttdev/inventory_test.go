@@ -105,6 +105,66 @@ func TestAnnouncedAttributesReachTheInventory(t *testing.T) {
 	}
 }
 
+// TestDevicesDroppingRightAfterAnnouncingEndOffline: devices that announce
+// themselves and drop at once (their wills follow their online statuses
+// within a millisecond) end offline at the worker, every announcement in
+// the inventory: the worker is subscribed when Start returns and hears
+// each device's statuses in the order the broker sent them.
+func TestDevicesDroppingRightAfterAnnouncingEndOffline(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := openInventoryStore(t)
+	b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	h, err := NewHandler(HandlerConfig{ClientConfig: ClientConfig{BrokerURL: b.URL(), ClientID: "drop-worker"},
+		DeviceState: StoreStates(st), Inventory: StoreInventory(st), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Stop(context.Background()) })
+	const n = 20
+	sim, err := device.NewSimulator(device.Config{BrokerURL: b.URL(), Count: n, IDPrefix: "drop-", Logger: testLogger(t),
+		Attributes: func(i int, id string) Labels { return Labels{"serial": id} },
+		Behavior:   func(int) device.Behavior { return device.Behavior{Offline: true} },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Stop(context.Background()) })
+	// Once a device's will is in, nothing more comes from it: a status
+	// or announcement the worker got wrong stays wrong.
+	var stuck []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		invs, err := Inventories(ctx, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stuck = stuck[:0]
+		for _, d := range sim.Devices() {
+			s, ok := h.Tracker().State(d.ID())
+			if attrs := invs[d.ID()].Attributes; !ok || s.Online || attrs["serial"] != d.ID() {
+				stuck = append(stuck, fmt.Sprintf("%s (seen %v, online %v, attributes %v)", d.ID(), ok, s.Online, attrs))
+			}
+		}
+		if len(stuck) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 5s, %d of %d devices not offline with their attributes: %v", len(stuck), n, stuck)
+		}
+	}
+}
+
 func TestLabelsRefuseHostileInputNamingTheField(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -115,9 +115,11 @@ type Message struct {
 // Subscriptions are at QoS 1 and are made again after every reconnect;
 // received messages go to the function given when the transport was made.
 type Transport interface {
-	// Connect connects, retrying until it succeeds or ctx ends; after
-	// that the transport reconnects by itself whenever the connection
-	// drops, until Disconnect.
+	// Connect connects, retrying until it succeeds or ctx ends, and
+	// returns once the subscriptions are made; after that the transport
+	// reconnects by itself whenever the connection drops, until
+	// Disconnect. Received messages reach OnMessage in the order the
+	// broker sent them.
 	Connect(ctx context.Context) error
 	// Disconnect ends the connection cleanly (a device's will is not sent)
 	// and stops reconnecting; a later Connect connects again.
@@ -142,8 +144,13 @@ type ClientOptions struct {
 	// not block.
 	OnMessage func(Message)
 	// OnConnect runs (in its own goroutine) after each connection, after
-	// the subscriptions were made again.
+	// the subscriptions were made again. Messages of the new connection
+	// may reach OnMessage before it runs.
 	OnConnect func()
+	// OnConnecting runs before each connection attempt, once every
+	// message of the previous connection has been through OnMessage:
+	// whatever OnMessage gets after it came on the new connection.
+	OnConnecting func()
 	// OnLost runs when the connection is lost, and after Disconnect of an
 	// open connection.
 	OnLost func(error)
@@ -178,6 +185,9 @@ type Client struct {
 
 	mu   sync.Mutex
 	subs []string
+	// subscribed is closed once the subscriptions are made on a
+	// connection opened since the last Connect or Disconnect.
+	subscribed chan struct{}
 }
 
 var _ Transport = (*Client)(nil)
@@ -197,7 +207,7 @@ func NewClient(cfg ClientConfig, o ClientOptions) (*Client, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	t := &Client{logger: o.Logger, onLost: o.OnLost}
+	t := &Client{logger: o.Logger, onLost: o.OnLost, subscribed: make(chan struct{})}
 	if o.MaxReconnect == 0 {
 		o.MaxReconnect = defaultMaxReconnect
 	}
@@ -215,13 +225,24 @@ func NewClient(cfg ClientConfig, o ClientOptions) (*Client, error) {
 		SetKeepAlive(10 * time.Second).
 		SetPingTimeout(5 * time.Second).
 		SetConnectTimeout(5 * time.Second).
-		SetOrderMatters(false).
+		// One goroutine hands the messages over in the order the broker
+		// sent them: a device's online status and the will that follows
+		// it must not swap places (OnMessage never blocks).
+		SetOrderMatters(true).
 		SetStore(copyingStore{mqtt.NewMemoryStore()}).
 		// Messages of a resumed session arrive before any Subscribe call:
 		// the default handler routes (and so acks) them.
 		SetDefaultPublishHandler(onMessage).
 		SetOnConnectHandler(func(mqtt.Client) {
-			t.resubscribe()
+			if t.resubscribe() {
+				t.mu.Lock()
+				select {
+				case <-t.subscribed:
+				default:
+					close(t.subscribed)
+				}
+				t.mu.Unlock()
+			}
 			if o.OnConnect != nil {
 				o.OnConnect()
 			}
@@ -240,6 +261,12 @@ func NewClient(cfg ClientConfig, o ClientOptions) (*Client, error) {
 	}
 	if o.WillTopic != "" {
 		opts.SetBinaryWill(o.WillTopic, o.WillPayload(), 1, true)
+	}
+	if o.OnConnecting != nil {
+		opts.SetConnectionAttemptHandler(func(_ *url.URL, tc *tls.Config) *tls.Config {
+			o.OnConnecting()
+			return tc
+		})
 	}
 	if o.Dial != nil {
 		opts.SetCustomOpenConnectionFn(func(u *url.URL, _ mqtt.ClientOptions) (net.Conn, error) {
@@ -266,15 +293,31 @@ func (s copyingStore) Put(key string, m packets.ControlPacket) {
 	s.MemoryStore.Put(key, m)
 }
 
-// Connect connects, retrying until ctx ends.
+// Connect connects, retrying until ctx ends, and returns once the
+// subscriptions are made: a message published after it returns reaches
+// OnMessage.
 func (t *Client) Connect(ctx context.Context) error {
+	t.mu.Lock()
+	subscribed := t.subscribed
+	t.mu.Unlock()
 	tok := t.client.Connect()
 	select {
 	case <-tok.Done():
-		return tok.Error()
+		if err := tok.Error(); err != nil {
+			return err
+		}
 	case <-ctx.Done():
 		t.client.Disconnect(0)
 		return fmt.Errorf("mqtt connect: %w", context.Cause(ctx))
+	}
+	// paho completes the connect before its OnConnect handler, which
+	// subscribes, runs on a goroutine of its own.
+	select {
+	case <-subscribed:
+		return nil
+	case <-ctx.Done():
+		t.client.Disconnect(0)
+		return fmt.Errorf("mqtt connect: subscribing: %w", context.Cause(ctx))
 	}
 }
 
@@ -284,6 +327,9 @@ func (t *Client) Connect(ctx context.Context) error {
 func (t *Client) Disconnect() {
 	open := t.client.IsConnectionOpen()
 	t.client.Disconnect(250)
+	t.mu.Lock()
+	t.subscribed = make(chan struct{})
+	t.mu.Unlock()
 	if open && t.onLost != nil {
 		t.onLost(ErrDisconnected)
 	}
@@ -308,8 +354,9 @@ func (t *Client) Subscribe(ctx context.Context, filter string) error {
 }
 
 // resubscribe runs on every connection: a broker that lost its sessions
-// (restarted without persistence) no longer has them.
-func (t *Client) resubscribe() {
+// (restarted without persistence) no longer has them. It reports whether
+// the subscriptions are made.
+func (t *Client) resubscribe() bool {
 	t.mu.Lock()
 	subs := make(map[string]byte, len(t.subs))
 	for _, s := range t.subs {
@@ -317,12 +364,14 @@ func (t *Client) resubscribe() {
 	}
 	t.mu.Unlock()
 	if len(subs) == 0 {
-		return
+		return true
 	}
 	tok := t.client.SubscribeMultiple(subs, nil)
 	if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.logger.Warn("mqtt resubscribe failed", slog.Any("error", tok.Error()))
+		return false
 	}
+	return true
 }
 
 func wait(ctx context.Context, tok mqtt.Token) error {
