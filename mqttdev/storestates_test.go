@@ -44,9 +44,13 @@ func TestStoreStatesKeepTheLatest(t *testing.T) {
 		t.Fatalf("DeviceStates = %+v, %v; want pump-7 online, seen %s", got, err, want)
 	}
 
+	// The count is the process's, once per document id: ids of this run
+	// only, so that -count runs count again.
+	run := NewCorrelationID()[:8]
+	garbage, valve := "garbage-"+run, "valve-"+run
 	before := task.MalformedCounts()[StateNamespace]
 	other, _ := json.Marshal(DeviceState{ID: "pump-7", Online: true, SeenAt: base})
-	for id, v := range map[string]json.RawMessage{"garbage": json.RawMessage(`"not a state"`), "valve-2": other} {
+	for id, v := range map[string]json.RawMessage{garbage: json.RawMessage(`"not a state"`), valve: other} {
 		if _, err := st.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: StateNamespace, ID: id, Value: v}); err != nil {
 			t.Fatal(err)
 		}
@@ -59,10 +63,10 @@ func TestStoreStatesKeepTheLatest(t *testing.T) {
 	if n := task.MalformedCounts()[StateNamespace] - before; n != 2 {
 		t.Errorf("forged device states counted %d times; want 2, once each", n)
 	}
-	if err := states.PutDeviceState(ctx, DeviceState{ID: "valve-2", SeenAt: base}); err != nil {
+	if err := states.PutDeviceState(ctx, DeviceState{ID: valve, SeenAt: base}); err != nil {
 		t.Fatalf("a status message over a forged document: %v", err)
 	}
-	if got, err := states.DeviceStates(ctx); err != nil || len(got) != 2 || got[1].ID != "valve-2" {
-		t.Fatalf("DeviceStates after valve-2 reported = %+v, %v", got, err)
+	if got, err := states.DeviceStates(ctx); err != nil || len(got) != 2 || got[1].ID != valve {
+		t.Fatalf("DeviceStates after %s reported = %+v, %v", valve, got, err)
 	}
 }
