@@ -321,7 +321,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 		if t.State.Finished() || !s.wants(t) {
 			return
 		}
-		if !s.tab.evictBelow(t.Priority) {
+		if !s.tab.evictBelow(t.Priority) && !s.evictLater(t, now) {
 			return
 		}
 	}
@@ -362,9 +362,17 @@ func (s *scheduler) onResult(r attemptResult) {
 	if retry != nil {
 		s.tab.queue(*retry)
 	} else {
+		// The newest document known, the attempt's or one heard: an
+		// attempt that ended with no write (its lease lost, its outcome
+		// not written) leaves the task claimable at its lease end with no
+		// change event to come, and an idle worker runs no query.
 		s.tab.forget(r.key)
-		if seen != nil && !newer(r.doc, seen) {
-			s.offer(seen, now)
+		latest := seen
+		if latest == nil || newer(r.doc, latest) {
+			latest = r.doc
+		}
+		if latest != nil {
+			s.offer(latest, now)
 		}
 	}
 	s.tab.note(r.doc)
@@ -405,4 +413,18 @@ func (s *scheduler) dropped() {
 // or paused) is reached.
 func (s *scheduler) full() bool {
 	return s.tab.held() >= s.cfg.HeapSize
+}
+
+// evictLater makes room for t when it is claimable here before the latest
+// entry of its priority is due.
+func (s *scheduler) evictLater(t *task.Task, now time.Time) bool {
+	d := preempt.Decide(t, s.cfg.WorkerID, now)
+	at := now
+	switch d.Verdict {
+	case preempt.Never:
+		return false
+	case preempt.Later:
+		at = d.At
+	}
+	return s.tab.evictLater(t.Priority, at)
 }

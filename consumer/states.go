@@ -495,6 +495,16 @@ func (c *claimTable) lift(ctl *control.State, now time.Time) {
 	}
 }
 
+// evictLater makes room for a task of priority p claimable at at
+// (preempt.Heap.EvictLater).
+func (c *claimTable) evictLater(p int, at time.Time) bool {
+	e, ok := c.heap.EvictLater(p, at)
+	if ok {
+		c.forget(e.Key)
+	}
+	return ok
+}
+
 // beginPage and endPage bracket the reading of a refill page (stateIdle).
 func (c *claimTable) beginPage() { c.paging = true }
 

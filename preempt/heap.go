@@ -98,6 +98,25 @@ func (h *Heap) EvictBelow(p int) (Entry, bool) {
 	return worst.Entry, true
 }
 
+// EvictLater makes room for a task of priority p claimable at at, in a
+// full heap that EvictBelow found no room in: it removes the entry of
+// priority p due latest, when that is after at, and returns it. A heap
+// full of tasks due later (delayed, or leased elsewhere) must not keep a
+// task claimable now out.
+func (h *Heap) EvictLater(p int, at time.Time) (Entry, bool) {
+	var latest *item
+	for _, it := range h.timers {
+		if it.Priority <= p && it.At.After(at) && (latest == nil || it.At.After(latest.At)) {
+			latest = it
+		}
+	}
+	if latest == nil {
+		return Entry{}, false
+	}
+	h.remove(latest)
+	return latest.Entry, true
+}
+
 // Remove drops key's entry, if any.
 func (h *Heap) Remove(key string) {
 	if it, ok := h.byKey[key]; ok {

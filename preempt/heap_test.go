@@ -114,6 +114,34 @@ func TestHeapEvictBelow(t *testing.T) {
 	}
 }
 
+// TestHeapEvictLater: a full heap of entries due later makes room for a
+// task claimable sooner, by the latest entry of its priority or lower;
+// never by an entry due sooner or of a higher priority.
+func TestHeapEvictLater(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	h := preempt.NewHeap(4)
+	h.Put(entry("soon", now.Add(time.Minute), 1, 1))
+	h.Put(entry("hour", now.Add(time.Hour), 1, 2))
+	h.Put(entry("day", now.Add(24*time.Hour), 1, 3))
+	h.Put(entry("urgent-later", now.Add(48*time.Hour), 5, 4))
+	if _, ok := h.EvictLater(1, now.Add(72*time.Hour)); ok {
+		t.Fatal("evicted for a task due after every entry of its priority")
+	}
+	if e, ok := h.EvictLater(1, now); !ok || e.Key != "day" {
+		t.Fatalf("EvictLater(1, now) = %v, %v; want day (not the higher priority's urgent-later)", e.Key, ok)
+	}
+	if !h.Put(entry("ready", now, 1, 5)) {
+		t.Fatal("no room after an eviction")
+	}
+	if e, ok := h.EvictLater(1, now.Add(30*time.Minute)); !ok || e.Key != "hour" {
+		t.Fatalf("EvictLater(1, +30m) = %v, %v; want hour", e.Key, ok)
+	}
+	if _, ok := h.EvictLater(1, now.Add(2*time.Minute)); ok {
+		t.Fatal("evicted an entry due before the task")
+	}
+}
+
 func TestHeapRemoveAndEntry(t *testing.T) {
 	t.Parallel()
 	h := preempt.NewHeap(5)
