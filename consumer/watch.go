@@ -82,6 +82,9 @@ func (c *Consumer) pump(ctx context.Context, stream task.ChangeStream) error {
 				continue
 			}
 			if err != nil {
+				// The stream resumes past this event: a query (retried
+				// while it fails) finds what it carried.
+				signal(c.requery)
 				return fmt.Errorf("re-read %s: %w", ev.Key, err)
 			}
 			ev.Task = t
