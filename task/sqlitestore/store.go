@@ -384,8 +384,9 @@ func (s *Store) lockWrites() (unlock func(), err error) {
 	held := time.Now()
 	s.lockWait.Add(int64(held.Sub(from)))
 	return func() {
-		syscall.Flock(int(s.writeLock.Fd()), syscall.LOCK_UN)
+		// Timed before letting go: the waiter it wakes may run first.
 		s.lockHeld.Add(int64(time.Since(held)))
+		syscall.Flock(int(s.writeLock.Fd()), syscall.LOCK_UN)
 		s.wmu.Unlock()
 	}, nil
 }
