@@ -68,6 +68,9 @@ type Consumer struct {
 	// peers is the live workers as the registry last listed them, for
 	// claim spreading (see Config.ClaimSpread).
 	peers atomic.Pointer[preempt.Peers]
+	// seen is what the heartbeat's last registry read said of this
+	// worker's own registration (see Registration).
+	seen atomic.Pointer[Registration]
 
 	queued                                atomic.Int64
 	claimed, succeeded, failed, leaseLost atomic.Int64

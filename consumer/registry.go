@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"syscall"
@@ -70,6 +71,44 @@ func (c *Consumer) Register(ctx context.Context) error {
 	return err
 }
 
+// Registration is what the worker's last heartbeat learned of its own
+// registration: the registry is read after every heartbeat that renewed
+// it, so a program that watches the worker's hold on the store needs no
+// reads of its own.
+type Registration struct {
+	// At is when, in store time, the heartbeat renewed the registration
+	// and read the registry, or failed to.
+	At time.Time
+	// Err is why the last heartbeat did not renew the registration or read
+	// the registry; nil when both succeeded.
+	Err error
+	// Self is this process's record (its worker id and Instance) as the
+	// last successful read listed it, or nil when it was not listed. Its
+	// Until says how long the registration holds unrenewed.
+	Self *task.WorkerInfo
+}
+
+// Registration returns what the last heartbeat learned of this worker's
+// registration, and false before Register or when the consumer does not
+// read the registry (ClaimSpread negative).
+func (c *Consumer) Registration() (Registration, bool) {
+	r := c.seen.Load()
+	if r == nil || c.cfg.ClaimSpread < 0 {
+		return Registration{}, false
+	}
+	return *r, true
+}
+
+// failedHeartbeat records err as the last heartbeat's outcome, keeping
+// the record the last read listed: its Until says when it lapses.
+func (c *Consumer) failedHeartbeat(err error) {
+	r := Registration{At: c.store.Now(), Err: err}
+	if last := c.seen.Load(); last != nil {
+		r.Self = last.Self
+	}
+	c.seen.Store(&r)
+}
+
 // refreshPeers reads the registry for claim spreading. On failure the
 // last list stands: a stale list costs claim conflicts, never a claim.
 func (c *Consumer) refreshPeers(ctx context.Context) {
@@ -80,9 +119,18 @@ func (c *Consumer) refreshPeers(ctx context.Context) {
 	if err != nil {
 		if ctx.Err() == nil {
 			c.logger.Debug("read the worker registry", slog.Any("err", err))
+			c.failedHeartbeat(fmt.Errorf("read the worker registry: %w", err))
 		}
 		return
 	}
+	r := Registration{At: c.store.Now()}
+	for i := range ws {
+		if ws[i].ID == c.cfg.WorkerID && ws[i].Instance == c.self.Instance {
+			r.Self = &ws[i]
+			break
+		}
+	}
+	c.seen.Store(&r)
 	c.peers.Store(preempt.NewPeers(ws, c.info(), c.store.Now()))
 }
 
@@ -109,6 +157,9 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatTimeout)
 		err := c.store.RegisterWorker(rctx, task.RegisterParams{Worker: c.info(), Now: c.store.Now()})
 		cancel()
+		if err != nil && ctx.Err() == nil {
+			c.failedHeartbeat(fmt.Errorf("renew the registration: %w", err))
+		}
 		switch {
 		case err == nil:
 			rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatTimeout)

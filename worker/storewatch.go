@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -51,15 +52,29 @@ type storeProbe struct {
 	workerID, instance string
 	// file is the embedded store's file; "" for other stores.
 	file string
+	// registration is what the consumer's heartbeat last learned of this
+	// worker's registration; false when it does not read the registry,
+	// and the probe reads it itself.
+	registration func() (consumer.Registration, bool)
 }
 
-// check reads the registry and checks this worker's registration is live,
-// and that none of an embedded store's files this process holds open was
-// deleted or replaced: its writes then reach no other process, though
-// they succeed.
+// check checks this worker's registration is live and was renewed by the
+// last heartbeat, and that none of an embedded store's files this process
+// holds open was deleted or replaced: its writes then reach no other
+// process, though they succeed. The heartbeat reads the registry after
+// each renewal, so the probe reads it only when the consumer does not:
+// one read per worker and heartbeat, however often the probe looks.
 func (p storeProbe) check(ctx context.Context, timeout time.Duration) error {
 	if name := deletedOpenFile(p.file); name != "" {
 		return fmt.Errorf("the embedded store's file %s was deleted or replaced while open", name)
+	}
+	if p.registration != nil {
+		if reg, ok := p.registration(); ok {
+			if reg.Err != nil {
+				return reg.Err
+			}
+			return p.live(reg.Self)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -67,16 +82,24 @@ func (p storeProbe) check(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("read the worker registry: %w", err)
 	}
-	now := p.s.Now()
-	for _, w := range ws {
+	for i, w := range ws {
 		if w.ID == p.workerID && w.Instance == p.instance {
-			if !w.Live(now) {
-				return fmt.Errorf("registration of worker %s not renewed since %s", p.workerID, w.Heartbeat.Format(time.RFC3339))
-			}
-			return nil
+			return p.live(&ws[i])
 		}
 	}
-	return fmt.Errorf("worker %s (instance %s) is not in the registry", p.workerID, p.instance)
+	return p.live(nil)
+}
+
+// live checks self, this worker's record as the registry listed it (nil:
+// not listed), holds now.
+func (p storeProbe) live(self *task.WorkerInfo) error {
+	switch {
+	case self == nil:
+		return fmt.Errorf("worker %s (instance %s) is not in the registry", p.workerID, p.instance)
+	case !self.Live(p.s.Now()):
+		return fmt.Errorf("registration of worker %s not renewed since %s", p.workerID, self.Heartbeat.Format(time.RFC3339))
+	}
+	return nil
 }
 
 // procPath is file as /proc/self/fd names it once open: absolute, with its

@@ -323,7 +323,8 @@ func (w *Worker) start(ctx, run context.Context) error {
 	}
 	w.retain = retain
 	if cfg.StoreFailTimeout > 0 {
-		p := storeProbe{s: cfg.Store, workerID: w.ID(), instance: w.consumer.Instance(), file: procPath(cfg.StoreFile)}
+		p := storeProbe{s: cfg.Store, workerID: w.ID(), instance: w.consumer.Instance(), file: procPath(cfg.StoreFile),
+			registration: w.consumer.Registration}
 		w.life.Go(func() { watchStore(run, p, cfg.StoreFailTimeout, w.failed) })
 	}
 	return nil
