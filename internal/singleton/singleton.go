@@ -46,6 +46,16 @@ type Store interface {
 	Now() time.Time
 }
 
+// lockReader is a Store that reads a lease's holder in one round trip
+// (mongostore.Store). A process that last found the lease held by another
+// looks with it before it tries to take it: while the lease stays held a
+// try costs that one read, where AcquireLocks, failing, costs its take and
+// then a read saying by whom. It runs at the same times as the tries, so
+// takeovers come as soon.
+type lockReader interface {
+	LockHolder(ctx context.Context, ns task.LockNamespace, key string) (task.Holder, time.Time, error)
+}
+
 // Defaults and bounds.
 const (
 	// DefaultLease is how long the lease lasts without renewal unless
@@ -238,7 +248,11 @@ func (r *Runner) supervise(ctx context.Context) {
 	var (
 		heldUntil time.Time // store time; zero: not held
 		cur       *term
+		// othersUntil is the end of another holder's lease as this
+		// process last found it; zero when it did not.
+		othersUntil time.Time
 	)
+	reader, _ := r.cfg.Store.(lockReader)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -288,6 +302,13 @@ func (r *Runner) supervise(ctx context.Context) {
 			// work is slow to return): try to take it afresh.
 			held, heldUntil, limit = false, time.Time{}, r.cfg.Renew
 		}
+		if !held && cur == nil && !othersUntil.IsZero() && reader != nil {
+			if wait, ok := r.stillHeld(ctx, reader, now, limit); ok {
+				timer.Reset(wait)
+				continue
+			}
+			othersUntil = time.Time{}
+		}
 		until := now.Add(r.cfg.Lease)
 		actx, cancel := context.WithTimeout(ctx, max(limit, time.Millisecond))
 		err := r.cfg.Store.AcquireLocks(actx, task.LockParams{Namespace: task.LockSingleton, Keys: []string{r.cfg.Key}, Holder: r.holder, Now: now, Until: until})
@@ -320,9 +341,8 @@ func (r *Runner) supervise(ctx context.Context) {
 			cur.end(errLeaseTaken)
 			cur = nil
 			heldUntil = time.Time{}
-			// Look again when the holder's lease ends, or sooner in case
-			// it releases it.
-			timer.Reset(min(max(locked.Until.Sub(now)+10*time.Millisecond, 10*time.Millisecond), r.cfg.Renew))
+			othersUntil = locked.Until
+			timer.Reset(r.lookAgain(now, locked.Until))
 		default:
 			log.Warn("singleton lease not taken or renewed", slog.Any("error", err))
 			// Held, the term goes on until its timer says the lease is
@@ -330,6 +350,26 @@ func (r *Runner) supervise(ctx context.Context) {
 			timer.Reset(min(r.cfg.Renew, 250*time.Millisecond))
 		}
 	}
+}
+
+// lookAgain is how long a process that found the lease held by another
+// until then waits before it looks again: until the lease ends, or sooner
+// (Renew at most) in case the holder releases it.
+func (r *Runner) lookAgain(now, until time.Time) time.Duration {
+	return min(max(until.Sub(now)+10*time.Millisecond, 10*time.Millisecond), r.cfg.Renew)
+}
+
+// stillHeld reads the lease's holder and reports how long to wait before
+// looking again when another holder's lease is still running; false when
+// it is free, lapsed, this Runner's own or the read failed: then take it.
+func (r *Runner) stillHeld(ctx context.Context, reader lockReader, now time.Time, limit time.Duration) (time.Duration, bool) {
+	rctx, cancel := context.WithTimeout(ctx, max(limit, time.Millisecond))
+	defer cancel()
+	h, until, err := reader.LockHolder(rctx, task.LockSingleton, r.cfg.Key)
+	if err != nil || h == r.holder || !until.After(now) {
+		return 0, false
+	}
+	return r.lookAgain(now, until), true
 }
 
 // release gives the lease up (unless abandoned) so that a peer need not
