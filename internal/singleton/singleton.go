@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -46,14 +47,30 @@ type Store interface {
 	Now() time.Time
 }
 
-// lockReader is a Store that reads a lease's holder in one round trip
-// (mongostore.Store). A process that last found the lease held by another
-// looks with it before it tries to take it: while the lease stays held a
-// try costs that one read, where AcquireLocks, failing, costs its take and
-// then a read saying by whom. It runs at the same times as the tries, so
-// takeovers come as soon.
+// lockReader is a Store that reads a lease's holder in one round trip,
+// shared by the calls of one process that ask for a read sent at or after
+// the same instant (mongostore.Store). A process that last found the
+// lease held by another looks with it before it tries to take it: while
+// the lease stays held a look costs at most that one read, where
+// AcquireLocks, failing, costs its take and then a read saying by whom.
+// Looks come at least every Renew, as tries did, so takeovers come as
+// soon.
 type lockReader interface {
-	LockHolder(ctx context.Context, ns task.LockNamespace, key string) (task.Holder, time.Time, error)
+	LockHolder(ctx context.Context, ns task.LockNamespace, key string, since time.Time) (task.Holder, time.Time, error)
+}
+
+// gridPhase places the instants at which this process's Runners standing
+// by look at their leases: phase + k*Renew on the local clock. Runners of
+// one process whose Renew periods divide each other (1 s, 5 s) look at
+// the same instants and share one read; processes, each with a phase of
+// its own, do not look all at once.
+var gridPhase = time.Duration(mrand.Int64N(int64(time.Second)))
+
+// nextLook is the first instant on this process's grid of period renew
+// after now (local clock).
+func nextLook(now time.Time, renew time.Duration) time.Time {
+	n := now.UnixNano() - int64(gridPhase)
+	return time.Unix(0, n-n%int64(renew)+int64(renew)+int64(gridPhase))
 }
 
 // Defaults and bounds.
@@ -251,6 +268,10 @@ func (r *Runner) supervise(ctx context.Context) {
 		// othersUntil is the end of another holder's lease as this
 		// process last found it; zero when it did not.
 		othersUntil time.Time
+		// lookAt is when, on the local clock, the timer was set to wake
+		// this process to look at another's lease; a read sent since
+		// answers that look.
+		lookAt time.Time
 	)
 	reader, _ := r.cfg.Store.(lockReader)
 	timer := time.NewTimer(0)
@@ -303,15 +324,24 @@ func (r *Runner) supervise(ctx context.Context) {
 			held, heldUntil, limit = false, time.Time{}, r.cfg.Renew
 		}
 		if !held && cur == nil && !othersUntil.IsZero() && reader != nil {
-			if wait, ok := r.stillHeld(ctx, reader, now, limit); ok {
-				timer.Reset(wait)
+			since := lookAt
+			if since.IsZero() {
+				since = time.Now()
+			}
+			if until, ok := r.stillHeld(ctx, reader, now, since, limit); ok {
+				lookAt = r.lookAgain(timer, now, until)
 				continue
 			}
 			othersUntil = time.Time{}
 		}
 		until := now.Add(r.cfg.Lease)
-		actx, cancel := context.WithTimeout(ctx, max(limit, time.Millisecond))
+		// Stop lets a take or renewal in flight finish (for up to Renew):
+		// one given up may still land after the release Stop then sends,
+		// and hold the lease a whole Lease longer with no one running.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(limit, time.Millisecond))
+		stopping := context.AfterFunc(ctx, func() { time.AfterFunc(r.cfg.Renew, cancel) })
 		err := r.cfg.Store.AcquireLocks(actx, task.LockParams{Namespace: task.LockSingleton, Keys: []string{r.cfg.Key}, Holder: r.holder, Now: now, Until: until})
+		stopping()
 		cancel()
 		var locked *task.LockedError
 		switch {
@@ -342,7 +372,7 @@ func (r *Runner) supervise(ctx context.Context) {
 			cur = nil
 			heldUntil = time.Time{}
 			othersUntil = locked.Until
-			timer.Reset(r.lookAgain(now, locked.Until))
+			lookAt = r.lookAgain(timer, now, locked.Until)
 		default:
 			log.Warn("singleton lease not taken or renewed", slog.Any("error", err))
 			// Held, the term goes on until its timer says the lease is
@@ -352,24 +382,29 @@ func (r *Runner) supervise(ctx context.Context) {
 	}
 }
 
-// lookAgain is how long a process that found the lease held by another
-// until then waits before it looks again: until the lease ends, or sooner
-// (Renew at most) in case the holder releases it.
-func (r *Runner) lookAgain(now, until time.Time) time.Duration {
-	return min(max(until.Sub(now)+10*time.Millisecond, 10*time.Millisecond), r.cfg.Renew)
+// lookAgain sets timer to wake a process that found the lease held by
+// another until then (store time, now being the store's): when the lease
+// ends, or sooner, at the next instant of this process's grid (Renew at
+// most), in case the holder releases it. It returns when, on the local
+// clock, the timer fires.
+func (r *Runner) lookAgain(timer *time.Timer, now, until time.Time) time.Time {
+	local := time.Now()
+	wait := min(max(until.Sub(now)+10*time.Millisecond, 10*time.Millisecond), nextLook(local, r.cfg.Renew).Sub(local))
+	timer.Reset(wait)
+	return local.Add(wait)
 }
 
-// stillHeld reads the lease's holder and reports how long to wait before
-// looking again when another holder's lease is still running; false when
+// stillHeld reads the lease's holder, from a read sent at or after since,
+// and returns the end of another holder's lease still running; false when
 // it is free, lapsed, this Runner's own or the read failed: then take it.
-func (r *Runner) stillHeld(ctx context.Context, reader lockReader, now time.Time, limit time.Duration) (time.Duration, bool) {
+func (r *Runner) stillHeld(ctx context.Context, reader lockReader, now, since time.Time, limit time.Duration) (time.Time, bool) {
 	rctx, cancel := context.WithTimeout(ctx, max(limit, time.Millisecond))
 	defer cancel()
-	h, until, err := reader.LockHolder(rctx, task.LockSingleton, r.cfg.Key)
+	h, until, err := reader.LockHolder(rctx, task.LockSingleton, r.cfg.Key, since)
 	if err != nil || h == r.holder || !until.After(now) {
-		return 0, false
+		return time.Time{}, false
 	}
-	return r.lookAgain(now, until), true
+	return until, true
 }
 
 // release gives the lease up (unless abandoned) so that a peer need not

@@ -276,26 +276,6 @@ func (s *Store) acquire(ctx context.Context, key string, p task.LockParams) (ren
 	return false, fmt.Errorf("lock %s: %w: contended", key, task.ErrConflict)
 }
 
-// LockHolder returns who holds key in ns and until when, in one read; a
-// zero until when no one does. A lease's standby looks with it
-// before trying to take the lease, so that a try while the lease is held
-// costs one round trip instead of AcquireLocks' two (its take, then the
-// read saying by whom).
-func (s *Store) LockHolder(ctx context.Context, ns task.LockNamespace, key string) (task.Holder, time.Time, error) {
-	if err := s.check(); err != nil {
-		return task.Holder{}, time.Time{}, err
-	}
-	var cur lockDoc
-	err := s.locks.FindOne(ctx, bson.D{{Key: "_id", Value: lockName(ns, key)}}).Decode(&cur)
-	switch {
-	case errors.Is(err, mongo.ErrNoDocuments):
-		return task.Holder{}, time.Time{}, nil
-	case err != nil:
-		return task.Holder{}, time.Time{}, fmt.Errorf("lock %s: %w", key, mapErr(err))
-	}
-	return cur.holder(), cur.Until.UTC(), nil
-}
-
 // ReleaseLocks implements task.Store: it enters p.Heirs' places, then
 // deletes the keys still held by p.Holder.
 func (s *Store) ReleaseLocks(ctx context.Context, p task.LockParams) error {

@@ -143,6 +143,8 @@ type Store struct {
 	bgDone    <-chan struct{}    // closed by Close
 	wg        sync.WaitGroup
 
+	leases leaseReads // LockHolder's reads, shared (leaseread.go)
+
 	updqs      []chan *updReq // queued Updates, one queue per stream (batch.go)
 	beforeSend func(n int)    // test hook: runs in the updater before each batch
 }
