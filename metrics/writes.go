@@ -1,10 +1,18 @@
 package metrics
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
+	"time"
 
-	"github.com/leasepool/leasepool/task/sqlitestore"
+	"github.com/prometheus/client_golang/prometheus"
 )
+
+// WriteCounts are an embedded store's counts of its write transactions
+// and of its use of the file's write lock, field for field
+// sqlitestore.WriteStats (convertible to it).
+type WriteCounts struct {
+	Commits, Writes    int64
+	LockWait, LockHeld time.Duration
+}
 
 // StoreWrites exports an embedded store's write transactions and its use
 // of the file's write lock (sqlitestore.Store.WriteStats): the group
@@ -13,13 +21,13 @@ import (
 // one second per second, every write on the host waits for the lock, and
 // another process on the file adds no throughput.
 type StoreWrites struct {
-	stats                       func() sqlitestore.WriteStats
+	stats                       func() WriteCounts
 	commits, writes, wait, held *prometheus.Desc
 }
 
 // NewStoreWrites exports what stats returns (usually the Store's
-// WriteStats method) at each scrape.
-func NewStoreWrites(stats func() sqlitestore.WriteStats) *StoreWrites {
+// WriteStats, converted) at each scrape.
+func NewStoreWrites(stats func() WriteCounts) *StoreWrites {
 	return &StoreWrites{
 		stats: stats,
 		commits: prometheus.NewDesc(namespace+"_store_commits_total",

@@ -22,7 +22,7 @@ func TestStoreWritesExportsTheStoreCounts(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(metrics.NewStoreWrites(s.WriteStats))
+	reg.MustRegister(metrics.NewStoreWrites(func() metrics.WriteCounts { return metrics.WriteCounts(s.WriteStats()) }))
 	for i := range 3 {
 		if _, _, err := task.Publish(context.Background(), s, task.PublishParams{Key: fmt.Sprint(i), Kind: "noop"}); err != nil {
 			t.Fatal(err)

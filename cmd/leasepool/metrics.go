@@ -59,7 +59,8 @@ func metricsRegistry(s task.Store) (*prometheus.Registry, error) {
 		return nil, err
 	}
 	if w, ok := s.(interface{ WriteStats() sqlitestore.WriteStats }); ok {
-		if err := reg.Register(metrics.NewStoreWrites(w.WriteStats)); err != nil {
+		counts := func() metrics.WriteCounts { return metrics.WriteCounts(w.WriteStats()) }
+		if err := reg.Register(metrics.NewStoreWrites(counts)); err != nil {
 			return nil, err
 		}
 	}
