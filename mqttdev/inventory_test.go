@@ -25,20 +25,18 @@ func openInventoryStore(t *testing.T) task.Store {
 	return st
 }
 
-// TestAnnouncedAttributesReachTheInventory runs simulated devices that
-// announce attributes through a real broker to a handler keeping them in
-// the store, then selects devices by them and by an operator's label.
-func TestAnnouncedAttributesReachTheInventory(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+// startInventory starts an embedded broker and a Handler named clientID
+// keeping device states and the inventory in a store of its own, all
+// closed when t ends.
+func startInventory(t *testing.T, ctx context.Context, clientID string) (task.Store, *broker.Broker, *Handler) {
+	t.Helper()
 	st := openInventoryStore(t)
 	b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
-	h, err := NewHandler(HandlerConfig{ClientConfig: ClientConfig{BrokerURL: b.URL(), ClientID: "inv-worker"},
+	h, err := NewHandler(HandlerConfig{ClientConfig: ClientConfig{BrokerURL: b.URL(), ClientID: clientID},
 		DeviceState: StoreStates(st), Inventory: StoreInventory(st), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +45,17 @@ func TestAnnouncedAttributesReachTheInventory(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Stop(context.Background()) })
+	return st, b, h
+}
+
+// TestAnnouncedAttributesReachTheInventory runs simulated devices that
+// announce attributes through a real broker to a handler keeping them in
+// the store, then selects devices by them and by an operator's label.
+func TestAnnouncedAttributesReachTheInventory(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, b, h := startInventory(t, ctx, "inv-worker")
 	sites := []string{"berlin", "paris"}
 	sim, err := device.NewSimulator(device.Config{BrokerURL: b.URL(), Count: 3, IDPrefix: "inv-", Logger: testLogger(t),
 		Attributes: func(i int, id string) Labels {
@@ -114,21 +123,7 @@ func TestDevicesDroppingRightAfterAnnouncingEndOffline(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st := openInventoryStore(t)
-	b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	h, err := NewHandler(HandlerConfig{ClientConfig: ClientConfig{BrokerURL: b.URL(), ClientID: "drop-worker"},
-		DeviceState: StoreStates(st), Inventory: StoreInventory(st), Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Stop(context.Background()) })
+	st, b, h := startInventory(t, ctx, "drop-worker")
 	const n = 20
 	sim, err := device.NewSimulator(device.Config{BrokerURL: b.URL(), Count: n, IDPrefix: "drop-", Logger: testLogger(t),
 		Attributes: func(i int, id string) Labels { return Labels{"serial": id} },
