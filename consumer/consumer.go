@@ -68,6 +68,8 @@ type Consumer struct {
 	// peers is the live workers as the registry last listed them, for
 	// claim spreading (see Config.ClaimSpread).
 	peers atomic.Pointer[preempt.Peers]
+	// peersSteady: the last two registry reads listed the same workers.
+	peersSteady atomic.Bool
 	// seen is what the heartbeat's last registry read said of this
 	// worker's own registration (see Registration).
 	seen atomic.Pointer[Registration]

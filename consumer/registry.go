@@ -109,6 +109,41 @@ func (c *Consumer) failedHeartbeat(err error) {
 	c.seen.Store(&r)
 }
 
+// peersPerRead is how many live workers add a heartbeat between two
+// reads of the registry. A read returns every worker's record, so W
+// workers each reading it after every heartbeat would read W² records a
+// heartbeat; reading it every ⌈W/peersPerRead⌉ heartbeats keeps that
+// near peersPerRead·W. A list that many heartbeats old costs at most
+// claim conflicts and the stand-by's bounded wait for a preferred worker
+// that died meanwhile (see standBy), never a claim.
+const peersPerRead = 100
+
+// readEvery is after how many heartbeats the registry is read again:
+// after each while the workers come and go (the last read listed others
+// than the one before: a cluster starting, say, whose ranks must agree
+// soon), else by the number of live workers.
+func (c *Consumer) readEvery() int {
+	if !c.peersSteady.Load() {
+		return 1
+	}
+	return 1 + max(c.peers.Load().Len()-1, 0)/peersPerRead
+}
+
+// renewed records a heartbeat that renewed the registration as self
+// without reading the registry: the record the last read listed is live
+// until self's Until, since a renewal by another process would have
+// failed this one (task.ErrWorkerIDTaken).
+func (c *Consumer) renewed(self task.WorkerInfo) {
+	last := c.seen.Load()
+	r := Registration{At: self.Heartbeat}
+	if last != nil && last.Self != nil {
+		rec := *last.Self
+		rec.Heartbeat, rec.Until = self.Heartbeat, self.Until
+		r.Self = &rec
+	}
+	c.seen.Store(&r)
+}
+
 // refreshPeers reads the registry for claim spreading. On failure the
 // last list stands: a stale list costs claim conflicts, never a claim.
 func (c *Consumer) refreshPeers(ctx context.Context) {
@@ -131,7 +166,9 @@ func (c *Consumer) refreshPeers(ctx context.Context) {
 		}
 	}
 	c.seen.Store(&r)
-	c.peers.Store(preempt.NewPeers(ws, c.info(), c.store.Now()))
+	peers := preempt.NewPeers(ws, c.info(), c.store.Now())
+	c.peersSteady.Store(peers.SameMembers(c.peers.Load()))
+	c.peers.Store(peers)
 }
 
 // deadHere reports whether w was registered by a process of this host
@@ -148,20 +185,27 @@ func deadHere(w task.WorkerInfo) bool {
 func (c *Consumer) heartbeat(ctx context.Context) {
 	t := time.NewTicker(c.cfg.HeartbeatInterval)
 	defer t.Stop()
+	unread := 0 // heartbeats since the registry was last read
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		self := c.info()
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatTimeout)
-		err := c.store.RegisterWorker(rctx, task.RegisterParams{Worker: c.info(), Now: c.store.Now()})
+		err := c.store.RegisterWorker(rctx, task.RegisterParams{Worker: self, Now: c.store.Now()})
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			c.failedHeartbeat(fmt.Errorf("renew the registration: %w", err))
 		}
 		switch {
 		case err == nil:
+			if unread++; unread < c.readEvery() {
+				c.renewed(self)
+				break
+			}
+			unread = 0
 			rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatTimeout)
 			c.refreshPeers(rctx)
 			cancel()

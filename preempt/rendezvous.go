@@ -84,6 +84,20 @@ func newPeer(w task.WorkerInfo) Peer {
 	return Peer{ID: w.ID, Kinds: slices.Clone(w.Kinds), Weight: max(w.Concurrency, 1), hash: hashString(w.ID)}
 }
 
+// SameMembers reports whether p and q list the same workers (their
+// records may differ otherwise).
+func (p *Peers) SameMembers(q *Peers) bool {
+	if p.Len() != q.Len() {
+		return false
+	}
+	for i := range p.Len() {
+		if p.list[i].ID != q.list[i].ID {
+			return false
+		}
+	}
+	return true
+}
+
 // Len is the number of live workers.
 func (p *Peers) Len() int {
 	if p == nil {

@@ -139,3 +139,25 @@ func TestSpreadDelay(t *testing.T) {
 		t.Errorf("no peers known: rank %d; want 0", r)
 	}
 }
+
+// TestPeersSameMembers: lists of the same workers compare equal whatever
+// their records say; one worker more, fewer or other does not.
+func TestPeersSameMembers(t *testing.T) {
+	now := time.Now()
+	w := func(id string, conc int) task.WorkerInfo {
+		return task.WorkerInfo{ID: id, Concurrency: conc, Until: now.Add(time.Minute)}
+	}
+	self := w("a", 1)
+	ab := preempt.NewPeers([]task.WorkerInfo{w("b", 1)}, self, now)
+	if !ab.SameMembers(preempt.NewPeers([]task.WorkerInfo{w("b", 8)}, self, now)) {
+		t.Error("the same workers with other records compare unequal")
+	}
+	for _, other := range [][]task.WorkerInfo{nil, {w("b", 1), w("c", 1)}, {w("c", 1)}} {
+		if ab.SameMembers(preempt.NewPeers(other, self, now)) {
+			t.Errorf("a, b compares equal to a and %v", other)
+		}
+	}
+	if ab.SameMembers(nil) || !(*preempt.Peers)(nil).SameMembers(nil) {
+		t.Error("nil lists compare wrong")
+	}
+}
