@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/event"
 	"go.uber.org/goleak"
 
 	"github.com/leasepool/leasepool/internal/lifecycle"
@@ -241,25 +242,31 @@ func TestTakeoverSQLite(t *testing.T) {
 
 var dbSeq atomic.Int64
 
+// openMongo opens database db on the wire test server at uri, with
+// monitor (nil: none) watching its commands; the database is dropped when
+// t ends.
+func openMongo(t *testing.T, uri, db string, monitor *event.CommandMonitor) *mongostore.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := mongostore.Open(ctx, uri, &mongostore.Config{Database: db, Logger: slog.New(slog.DiscardHandler), Monitor: monitor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Database().Drop(ctx)
+		s.Close()
+	})
+	return s
+}
+
 func TestTakeoverMongo(t *testing.T) {
 	t.Parallel()
 	uri := testservers.MongoURI(t)
 	db := fmt.Sprintf("lp_singleton_%d_%d", time.Now().UnixNano()%1e12, dbSeq.Add(1))
-	testTakeover(t, func() task.Store {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		s, err := mongostore.Open(ctx, uri, &mongostore.Config{Database: db, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = s.Database().Drop(ctx)
-			s.Close()
-		})
-		return s
-	})
+	testTakeover(t, func() task.Store { return openMongo(t, uri, db, nil) })
 }
 
 // TestRunReturnsReleases: work that returns while holding gives the lease

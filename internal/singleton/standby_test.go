@@ -3,7 +3,6 @@ package singleton_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -55,19 +54,7 @@ func TestStandbyLooksInOneRead(t *testing.T) {
 	}
 	openStore := func() (*mongostore.Store, *commandCounts) {
 		counts := &commandCounts{n: map[string]int{}}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		s, err := mongostore.Open(ctx, uri, &mongostore.Config{Database: db, Logger: slog.New(slog.DiscardHandler), Monitor: counts.monitor()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = s.Database().Drop(ctx)
-			s.Close()
-		})
-		return s, counts
+		return openMongo(t, uri, db, counts.monitor()), counts
 	}
 	newRunner := func(id, key string, s *mongostore.Store) *singleton.Runner {
 		r, err := singleton.New(singleton.Config{Store: s, Key: key, HolderID: id, Lease: lease, Renew: renew, Run: journals[key].work(id)})
