@@ -100,9 +100,22 @@ type CandidateQuery struct {
 	Ready bool
 	// After continues a previous page after this task (in the same order).
 	After *Task
+	// Share, when not empty, keeps the pinned tasks and, of the others,
+	// those whose ShareBucket is listed: the part of a backlog a worker
+	// among many is preferred for, so that W workers reading a long
+	// queue read each task about once between them, not W times.
+	Share []int
 	// Limit is the page size; required.
 	Limit int
 }
+
+// ShareBuckets is how many share buckets tasks fall into by seq.
+const ShareBuckets = 4096
+
+// ShareBucket is the share bucket of the task of sequence number seq
+// (CandidateQuery.Share): tasks published one after another fall into
+// different buckets, so every share of a backlog is spread along it.
+func ShareBucket(seq int64) int { return int(uint64(seq) % ShareBuckets) }
 
 // Less reports whether a comes before b in q's order.
 func (q CandidateQuery) Less(a, b *Task) bool {

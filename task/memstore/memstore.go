@@ -409,12 +409,22 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 	s.db.total.reads.Add(1)
 	s.db.mu.Lock()
 	defer s.db.mu.Unlock()
+	var share *[task.ShareBuckets]bool
+	if len(q.Share) > 0 {
+		share = new([task.ShareBuckets]bool)
+		for _, b := range q.Share {
+			if b >= 0 && b < task.ShareBuckets {
+				share[b] = true
+			}
+		}
+	}
 	// The best Limit matches, kept sorted: a page costs one pass.
 	var page []*task.Task
 	for _, t := range s.db.open {
 		switch {
 		case len(q.Kinds) > 0 && !slices.Contains(q.Kinds, t.Kind),
 			q.WorkerID != "" && !t.Allows(q.WorkerID),
+			share != nil && len(t.SpecificWorkerIDs) == 0 && !share[task.ShareBucket(t.Seq)],
 			q.Ready == t.NextClaimAt.After(q.Now),
 			q.After != nil && !q.Less(q.After, t):
 			continue

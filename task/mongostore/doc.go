@@ -27,6 +27,7 @@ type taskDoc struct {
 	Priority             int64         `bson:"priority"`
 	RunAt                time.Time     `bson:"run_at"`
 	Seq                  int64         `bson:"seq"`
+	Bucket               int64         `bson:"bucket"` // task.ShareBucket(seq), for CandidateQuery.Share
 	SpecificWorkerIDs    []string      `bson:"specific_worker_ids"`
 	ConcurrentWorkerCnt  int64         `bson:"concurrent_worker_cnt"`
 	SuccessWorkerCnt     int64         `bson:"success_worker_cnt"`
@@ -110,6 +111,7 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 		Priority:             int64(t.Priority),
 		RunAt:                t.RunAt.UTC(),
 		Seq:                  t.Seq,
+		Bucket:               int64(task.ShareBucket(t.Seq)),
 		SpecificWorkerIDs:    nonNil(t.SpecificWorkerIDs),
 		ConcurrentWorkerCnt:  int64(t.ConcurrentWorkerCnt),
 		SuccessWorkerCnt:     int64(t.SuccessWorkerCnt),

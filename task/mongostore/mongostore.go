@@ -463,6 +463,12 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 			bson.D{{Key: "specific_worker_ids", Value: q.WorkerID}},
 		}}})
 	}
+	if len(q.Share) > 0 {
+		and = append(and, bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: "specific_worker_ids.0", Value: bson.D{{Key: "$exists", Value: true}}}},
+			bson.D{{Key: "bucket", Value: bson.D{{Key: "$in", Value: q.Share}}}},
+		}}})
+	}
 	sort := bson.D{{Key: "next_claim_at", Value: 1}, {Key: "seq", Value: 1}}
 	if q.Ready {
 		and = append(and, bson.D{{Key: "next_claim_at", Value: bson.D{{Key: "$lte", Value: q.Now.UTC()}}}})

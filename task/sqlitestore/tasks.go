@@ -408,6 +408,10 @@ func candidateSQL(q task.CandidateQuery, cols string, priority, limit int) (stri
 		b.WriteString(" AND (pinned = '' OR EXISTS (SELECT 1 FROM json_each(pinned) WHERE value = ?))")
 		args = append(args, q.WorkerID)
 	}
+	if len(q.Share) > 0 {
+		b.WriteString(" AND (pinned != '' OR seq % " + strconv.Itoa(task.ShareBuckets) + " IN (SELECT value FROM json_each(?)))")
+		args = append(args, shareJSON(q.Share))
+	}
 	if a := q.After; a != nil && (!q.Ready || a.Priority == priority) {
 		n := nanos(a.NextClaimAt)
 		b.WriteString(" AND (next_claim_at > ? OR (next_claim_at = ? AND seq > ?))")
@@ -416,6 +420,19 @@ func candidateSQL(q task.CandidateQuery, cols string, priority, limit int) (stri
 	b.WriteString(" ORDER BY next_claim_at ASC, seq ASC LIMIT ?")
 	args = append(args, limit)
 	return b.String(), args
+}
+
+// shareJSON is share as a JSON array, for json_each.
+func shareJSON(share []int) string {
+	b := make([]byte, 0, 5*len(share)+2)
+	b = append(b, '[')
+	for i, n := range share {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	return string(append(b, ']'))
 }
 
 // queryTasks runs a query of (seq, version, doc) rows.

@@ -85,6 +85,7 @@ func (s suite) candidates(t *testing.T) {
 			t.Run("Paging", c.paging)
 			t.Run("Kinds", c.kinds)
 			t.Run("WorkerID", c.workerID)
+			t.Run("Share", c.share)
 		})
 	}
 }
@@ -190,6 +191,49 @@ func (c candidateCheck) workerID(t *testing.T) {
 		if got := keys(c.query(t, q)); !slices.Equal(got, exp) {
 			t.Fatalf("worker %s: got  %v\nwant %v", w, got, exp)
 		}
+	}
+}
+
+// share checks that a share keeps the pinned tasks and those of its
+// buckets, alone, with a worker's pins, and across pages.
+func (c candidateCheck) share(t *testing.T) {
+	var unpinned []*task.Task
+	for _, tk := range c.want {
+		if len(tk.SpecificWorkerIDs) == 0 {
+			unpinned = append(unpinned, tk)
+		}
+	}
+	slices.SortFunc(unpinned, func(a, b *task.Task) int { return int(a.Seq - b.Seq) })
+	// Every other unpinned task's bucket, and one bucket no task is in.
+	share := []int{(task.ShareBucket(unpinned[0].Seq) + task.ShareBuckets/2) % task.ShareBuckets}
+	for i := 0; i < len(unpinned); i += 2 {
+		share = append(share, task.ShareBucket(unpinned[i].Seq))
+	}
+	in := func(tk *task.Task) bool {
+		return len(tk.SpecificWorkerIDs) > 0 || slices.Contains(share, task.ShareBucket(tk.Seq))
+	}
+	for _, w := range []string{"", "w1"} {
+		q := task.CandidateQuery{Now: c.now, Ready: c.mode, Limit: 100, WorkerID: w, Share: share}
+		exp := c.expect(q, func(tk *task.Task) bool { return in(tk) && (w == "" || tk.Allows(w)) })
+		if got := keys(c.query(t, q)); !slices.Equal(got, exp) || len(exp) == len(c.want) {
+			t.Fatalf("worker %q, share %v: got  %v\nwant %v (of %d)", w, share, got, exp, len(c.want))
+		}
+	}
+	q := task.CandidateQuery{Now: c.now, Ready: c.mode, Limit: 2, Share: share}
+	var got []string
+	for pages := 0; ; pages++ {
+		if pages > 50 {
+			t.Fatalf("paging a share does not end: %v", got)
+		}
+		page := c.query(t, q)
+		got = append(got, keys(page)...)
+		if len(page) < q.Limit {
+			break
+		}
+		q.After = page[len(page)-1]
+	}
+	if exp := c.expect(q, in); !slices.Equal(got, exp) {
+		t.Fatalf("pages of a share gave\n %v\nwant\n %v", got, exp)
 	}
 }
 
