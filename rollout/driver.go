@@ -12,8 +12,11 @@ import (
 )
 
 // Driver keeps rollouts moving. Every worker runs one; the one holding
-// the lease on LockKey steps every active rollout every period, and
+// the lease on LockKey steps every active rollout every Every, and
 // another takes over within a lease after it dies (internal/singleton).
+// While no rollout is active the holder only looks for one, every
+// IdleEvery: an idle cluster pays one read of the rollouts per IdleEvery,
+// and a rollout created starts within about that long.
 type Driver struct {
 	cfg     DriverConfig
 	stepper *Stepper
@@ -27,8 +30,9 @@ const LockKey = "leasepool.rollout-driver"
 
 // Defaults of DriverConfig.
 const (
-	DefaultEvery = 200 * time.Millisecond
-	DefaultLease = 3 * time.Second
+	DefaultEvery     = 200 * time.Millisecond
+	DefaultIdleEvery = time.Second
+	DefaultLease     = 3 * time.Second
 )
 
 // DriverConfig configures a Driver.
@@ -39,6 +43,11 @@ type DriverConfig struct {
 	// Every is how often the holder steps each active rollout
 	// (DefaultEvery).
 	Every time.Duration
+	// IdleEvery is how often the holder looks for a rollout to step
+	// while none is active (none created, or every one over):
+	// DefaultIdleEvery, and at least Every. A rollout created, resumed
+	// or retried waits up to this long for its first step.
+	IdleEvery time.Duration
 	// Lease is the singleton lease (DefaultLease): a dead driver is
 	// replaced within about this long.
 	Lease  time.Duration
@@ -55,6 +64,14 @@ func NewDriver(cfg DriverConfig) (*Driver, error) {
 	}
 	if cfg.Every <= 0 {
 		cfg.Every = DefaultEvery
+	}
+	switch {
+	case cfg.IdleEvery < 0:
+		return nil, fmt.Errorf("rollout driver: %w: idle every: %s is negative", task.ErrInvalid, cfg.IdleEvery)
+	case cfg.IdleEvery == 0:
+		cfg.IdleEvery = max(DefaultIdleEvery, cfg.Every)
+	case cfg.IdleEvery < cfg.Every:
+		return nil, fmt.Errorf("rollout driver: %w: idle every: %s is shorter than every (%s)", task.ErrInvalid, cfg.IdleEvery, cfg.Every)
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease
@@ -85,16 +102,29 @@ func (d *Driver) loop(ctx context.Context) error {
 	// A new holder starts from what the document says: keys another
 	// holder recorded are its to dispatch again, not to publish.
 	d.stepper = NewStepper(d.cfg.Store)
-	t := time.NewTicker(d.cfg.Every)
-	defer t.Stop()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	active := false
 	for {
-		if err := d.Pass(ctx); err != nil && ctx.Err() == nil {
+		start := time.Now()
+		busy, err := d.pass(ctx)
+		switch {
+		case err == nil:
+			active = busy
+		case ctx.Err() == nil:
+			// A failed listing says nothing new: keep the pace.
+			active = active || busy
 			d.cfg.Logger.Warn("rollout driver", slog.Any("error", err))
 		}
+		wait := d.cfg.IdleEvery
+		if active {
+			wait = d.cfg.Every
+		}
+		timer.Reset(time.Until(start.Add(wait)))
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-timer.C:
 		}
 	}
 }
@@ -102,9 +132,15 @@ func (d *Driver) loop(ctx context.Context) error {
 // Pass steps every rollout that is not over once. A rollout seen over
 // is not decoded again until its document changes (retry-failed).
 func (d *Driver) Pass(ctx context.Context) error {
+	_, err := d.pass(ctx)
+	return err
+}
+
+// pass is Pass, also reporting whether it stepped a rollout.
+func (d *Driver) pass(ctx context.Context) (active bool, err error) {
 	docs, err := d.cfg.Store.Documents(ctx, Namespace)
 	if err != nil {
-		return err
+		return false, err
 	}
 	var errs []error
 	for _, doc := range docs {
@@ -121,9 +157,10 @@ func (d *Driver) Pass(ctx context.Context) error {
 			continue
 		}
 		delete(d.over, doc.ID)
+		active = true
 		if err := d.stepper.Step(ctx, r.Name); err != nil && !errors.Is(err, task.ErrConflict) {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	return active, errors.Join(errs...)
 }

@@ -2,7 +2,10 @@ package rollout
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,5 +60,109 @@ func TestDriversTakeOverARollout(t *testing.T) {
 			t.Fatalf("rollout still %s: %+v", r.State, r.Progress().Total)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// listCounter counts the listings of the rollouts' namespace.
+type listCounter struct {
+	task.Store
+	lists atomic.Int64
+}
+
+func (s *listCounter) Documents(ctx context.Context, namespace string) ([]task.Document, error) {
+	if namespace == Namespace {
+		s.lists.Add(1)
+	}
+	return s.Store.Documents(ctx, namespace)
+}
+
+// While no rollout is active the holder lists the rollouts once per
+// IdleEvery, not once per Every; a rollout created meanwhile still starts
+// within about IdleEvery, is stepped every Every while it runs, and once
+// it is over the holder is back to IdleEvery.
+func TestDriverIdleListsRarelyAndStartsARolloutPromptly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := &listCounter{Store: openStore(t)}
+	newFleet(t, st.Store, 1, nil, nil, time.Millisecond)
+	const every, idleEvery = 20 * time.Millisecond, 400 * time.Millisecond
+	d, err := NewDriver(DriverConfig{Store: st, WorkerID: "d1", Every: every, IdleEvery: idleEvery, Lease: time.Second,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Stop(ctx) })
+
+	idle := func(what string) {
+		t.Helper()
+		const spell = 2 * time.Second
+		before := st.lists.Load()
+		time.Sleep(spell)
+		// At Every it would be 100; one more for a pass that began with
+		// the spell.
+		if n := st.lists.Load() - before; n > int64(spell/idleEvery)+1 {
+			t.Errorf("%s: %d listings of the rollouts in %s, want at most %d (one per IdleEvery %s)",
+				what, n, spell, int64(spell/idleEvery)+1, idleEvery)
+		}
+	}
+	// The first pass comes with the election.
+	eventuallyTrue(t, 5*time.Second, "the driver's first pass", func() bool { return st.lists.Load() > 0 })
+	idle("no rollout")
+
+	waves, _ := ParseWaves("100%")
+	created := time.Now()
+	if _, err := Create(ctx, st, "prompt", Spec{Command: "update", Devices: devices(4), Waves: waves}); err != nil {
+		t.Fatal(err)
+	}
+	var r *Rollout
+	eventuallyTrue(t, 10*time.Second, "the rollout's first wave", func() bool {
+		r, err = Get(ctx, st, "prompt")
+		return err == nil && len(r.Waves) > 0 && !r.Waves[0].StartedAt.IsZero()
+	})
+	// The idle look plus one step, with room for a loaded machine.
+	if waited := time.Since(created); waited > idleEvery+time.Second {
+		t.Errorf("first wave started %s after the rollout was created, want within IdleEvery %s and a step", waited, idleEvery)
+	}
+	eventuallyTrue(t, 30*time.Second, "the rollout completed", func() bool {
+		r, err = Get(ctx, st, "prompt")
+		return err == nil && r.State == StateCompleted
+	})
+	// The pass that saw it completed, then idle again.
+	time.Sleep(idleEvery)
+	idle("the only rollout completed")
+}
+
+func eventuallyTrue(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestDriverConfigIdleEvery(t *testing.T) {
+	st := openStore(t)
+	for _, c := range []struct {
+		every, idle time.Duration
+		wantErr     bool
+	}{
+		{0, 0, false},
+		{time.Second, 0, false}, // IdleEvery defaults to at least Every
+		{0, -time.Second, true},
+		{time.Second, 500 * time.Millisecond, true},
+	} {
+		_, err := NewDriver(DriverConfig{Store: st, WorkerID: "d1", Every: c.every, IdleEvery: c.idle})
+		if gotErr := err != nil; gotErr != c.wantErr || (gotErr && !errors.Is(err, task.ErrInvalid)) {
+			t.Errorf("Every %s IdleEvery %s: err %v, want error %v (task.ErrInvalid)", c.every, c.idle, err, c.wantErr)
+		}
+		if err != nil && !strings.Contains(err.Error(), "idle every") {
+			t.Errorf("Every %s IdleEvery %s: error %q does not name idle every", c.every, c.idle, err)
+		}
 	}
 }
