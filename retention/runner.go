@@ -74,6 +74,11 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 // Start starts the runner; ctx bounds startup only.
 func (r *Runner) Start(ctx context.Context) error { return r.runner.Start(ctx) }
 
+// Holding reports whether this process holds the lease now: one process
+// of the cluster at a time, except for the instant of a takeover across a
+// pause (internal/singleton).
+func (r *Runner) Holding() bool { return r.runner.Running() }
+
 // Stop ends a run in progress (the next holder carries on) and releases
 // the lease, so a peer takes over at once. It may be called again.
 func (r *Runner) Stop(ctx context.Context) error { return r.runner.Stop(ctx) }

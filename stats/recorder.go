@@ -28,14 +28,24 @@ type RecorderConfig struct {
 	Every time.Duration
 	// Logger gets failed flushes. Default slog.Default().
 	Logger *slog.Logger
+	// Samples, when set, says whether this recorder samples the queue
+	// now. A worker gives the holder of an elected duty, so that each
+	// minute one recorder in the cluster reads the queue and its bucket
+	// rather than every one: a recorder for which it is false reads
+	// nothing for the sample. Exactly one sample per minute holds however
+	// the duty moves, the holder checking that the minute has none yet
+	// and the sample written by compare-and-set. Nil: every recorder
+	// samples each minute it finds unsampled, one read per recorder per
+	// minute.
+	Samples func() bool
 }
 
 // Recorder is a consumer.Observer that counts the outcomes its worker
 // writes, by kind, in the minute and quarter hour (store time) they were
 // written, and adds them to the buckets every Every (Flush). Once a
 // minute one of the recorders sharing a store samples the queue into the
-// minute's bucket (the first to find it unsampled) and drops buckets
-// past their resolution's Keep.
+// minute's bucket (the first to find it unsampled, among those whose
+// Samples says so) and drops buckets past their resolution's Keep.
 //
 // Counts are exact under any number of recorders: a flush adds to a
 // bucket by compare-and-set, and a write that failed without saying
@@ -43,9 +53,10 @@ type RecorderConfig struct {
 // recorder's flushes says it did not. What a process counted but did not
 // flush yet (at most Every) is lost if it is killed; Stop flushes.
 type Recorder struct {
-	store task.Store
-	log   *slog.Logger
-	every time.Duration
+	store   task.Store
+	log     *slog.Logger
+	every   time.Duration
+	samples func() bool
 	// id names this recorder in the buckets' Flushes.
 	id string
 
@@ -56,6 +67,7 @@ type Recorder struct {
 	inflight map[docKey]written
 	seq      int64
 	sampled  string // the minute bucket known to hold a queue sample
+	pruned   string // the quarter bucket current at the last prune of quarters
 
 	stop chan struct{}
 	done chan struct{}
@@ -119,7 +131,7 @@ func NewRecorder(cfg RecorderConfig) (*Recorder, error) {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:]) // never fails
-	return &Recorder{store: cfg.Store, log: cfg.Logger, every: cfg.Every, id: hex.EncodeToString(id[:]),
+	return &Recorder{store: cfg.Store, log: cfg.Logger, every: cfg.Every, samples: cfg.Samples, id: hex.EncodeToString(id[:]),
 		fresh: map[docKey]*delta{}, inflight: map[docKey]written{}}, nil
 }
 
@@ -213,7 +225,7 @@ func (r *Recorder) flush(ctx context.Context, sample bool) error {
 	defer r.flushMu.Unlock()
 	var errs []error
 	sampledNow := ""
-	if sample {
+	if sample && (r.samples == nil || r.samples()) {
 		id, err := r.sampleQueue(ctx)
 		if err != nil {
 			errs = append(errs, err)
@@ -240,7 +252,11 @@ func (r *Recorder) flush(ctx context.Context, sample bool) error {
 		if _, failed := r.inflight[docKey{Minute, sampledNow}]; !failed {
 			r.sampled = sampledNow
 			r.prune(ctx, Minute)
-			r.prune(ctx, Quarter)
+			// Which quarters are past Keep changes once a quarter hour.
+			if q := Quarter.BucketID(r.store.Now()); q != r.pruned {
+				r.prune(ctx, Quarter)
+				r.pruned = q
+			}
 		}
 	}
 	return errors.Join(errs...)

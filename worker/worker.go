@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasepool/leasepool/builtin"
@@ -156,6 +157,8 @@ type Worker struct {
 	reconcil *flow.Reconciler
 	retain   *retention.Runner
 	rollouts *rollout.Driver
+	// retention once started, for Bookkeeper from any goroutine.
+	bookkeeping atomic.Pointer[retention.Runner]
 }
 
 // ErrStoreFailing is what Failed reports when the store kept failing for
@@ -212,8 +215,10 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Metrics != nil {
 		observer = cfg.Metrics
 	}
-	// The dashboard's charts: outcomes by kind per minute, kept in the store.
-	rec, err := stats.NewRecorder(stats.RecorderConfig{Store: cfg.Store, Logger: cfg.Logger})
+	w := &Worker{cfg: cfg, kinds: kinds, failed: make(chan error, 1)}
+	// The dashboard's charts: outcomes by kind per minute, kept in the
+	// store; the bookkeeper samples the queue for them.
+	rec, err := stats.NewRecorder(stats.RecorderConfig{Store: cfg.Store, Logger: cfg.Logger, Samples: w.Bookkeeper})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
@@ -229,7 +234,19 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	return &Worker{cfg: cfg, kinds: kinds, consumer: c, stats: rec, failed: make(chan error, 1)}, nil
+	w.consumer, w.stats = c, rec
+	return w, nil
+}
+
+// Bookkeeper reports whether this worker is the cluster's bookkeeper now:
+// the holder of retention's lease (one worker at a time, another within
+// the lease after it dies), which also samples the queue for the
+// dashboard's charts and, in `leasepool worker --metrics-addr`, reads the
+// store's gauges, so that these cost the store once per cluster rather
+// than once per worker.
+func (w *Worker) Bookkeeper() bool {
+	r := w.bookkeeping.Load()
+	return r != nil && r.Holding()
 }
 
 // ID is the worker's id.
@@ -322,6 +339,7 @@ func (w *Worker) start(ctx, run context.Context) error {
 		return err
 	}
 	w.retain = retain
+	w.bookkeeping.Store(retain)
 	if cfg.StoreFailTimeout > 0 {
 		p := storeProbe{s: cfg.Store, workerID: w.ID(), instance: w.consumer.Instance(), file: procPath(cfg.StoreFile),
 			registration: w.consumer.Registration}
