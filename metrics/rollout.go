@@ -46,13 +46,18 @@ type RolloutConfig struct {
 	Timeout time.Duration
 	// Logger gets failed reads; nil discards them.
 	Logger *slog.Logger
+	// Elected, as StoreConfig.Elected: while it returns false the
+	// collector reads nothing and exports none of the rollout gauges.
+	// Nil: always.
+	Elected func() bool
 }
 
 // RolloutCollector exports each rollout's devices by outcome
 // (leasepool_rollout_devices{rollout,outcome}) and its state
 // (leasepool_rollout_state{rollout,state} 1), read from the store at most
-// once per MaxAge, as StoreCollector reads its gauges. A failed read
-// exports none of them and leasepool_rollouts_up 0.
+// once per MaxAge, as StoreCollector reads its gauges (and with Elected
+// only while elected). A failed read exports none of them and
+// leasepool_rollouts_up 0.
 type RolloutCollector struct {
 	cfg                RolloutConfig
 	devices, state, up *prometheus.Desc
@@ -92,6 +97,10 @@ func (c *RolloutCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *RolloutCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.cfg.Elected != nil && !c.cfg.Elected() {
+		c.readAt = time.Time{}
+		return
+	}
 	if c.readAt.IsZero() || time.Since(c.readAt) >= c.cfg.MaxAge {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 		c.counts, c.err = c.cfg.Counter.RolloutCounts(ctx)

@@ -49,12 +49,21 @@ type StoreConfig struct {
 	Timeout time.Duration
 	// Logger gets failed reads; nil discards them.
 	Logger *slog.Logger
+	// Elected, when set, says whether this process reads and exports the
+	// store's gauges now. The gauges are the cluster's, the same from
+	// every process: among many workers one at a time (the bookkeeper)
+	// serves them, so that scrapes cost the store once per cluster, not
+	// once per worker. While it returns false the collector reads nothing
+	// and exports none of the store's gauges, leasepool_store_up included
+	// (the malformed documents counter, this process's own, stays). Nil:
+	// always.
+	Elected func() bool
 }
 
 // StoreCollector is a prometheus.Collector of the store's gauges. However
 // often it is scraped, it reads the store at most once per MaxAge (one
 // stats query and one registry listing), and concurrent scrapes share a
-// read.
+// read; with Elected, only while elected.
 type StoreCollector struct {
 	cfg StoreConfig
 
@@ -131,6 +140,13 @@ func (s *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 func (s *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.cfg.Elected != nil && !s.cfg.Elected() {
+		// Figures read in an earlier term are not served: the elected
+		// process's are newer.
+		s.readAt = time.Time{}
+		s.collectMalformed(ch)
+		return
+	}
 	if s.readAt.IsZero() || time.Since(s.readAt) >= s.cfg.MaxAge {
 		s.snap = s.read()
 		s.readAt = time.Now()
@@ -151,6 +167,10 @@ func (s *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(s.flows, prometheus.GaugeValue, float64(s.snap.flows[state]), state)
 		}
 	}
+	s.collectMalformed(ch)
+}
+
+func (s *StoreCollector) collectMalformed(ch chan<- prometheus.Metric) {
 	for kind, n := range task.MalformedCounts() {
 		ch <- prometheus.MustNewConstMetric(s.malformed, prometheus.CounterValue, float64(n), kind)
 	}

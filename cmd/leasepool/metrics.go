@@ -30,16 +30,42 @@ func metricsFlags() []cli.Flag {
 				"requests whose Host header is localhost, a loopback address or HOST (any IP address when HOST is empty or 0.0.0.0) are served"},
 		&cli.StringFlag{Name: "metrics-token", EnvVars: []string{"LEASEPOOL_METRICS_TOKEN"},
 			Usage: "require Authorization: Bearer TOKEN on /metrics"},
+		&cli.StringFlag{Name: "metrics-store-gauges", Value: storeGaugesBookkeeper,
+			Usage: "which workers export the store's gauges, the cluster's (leasepool_tasks, leasepool_workers_live, leasepool_flows, " +
+				"leasepool_rollout_*, leasepool_store_up): " + storeGaugesBookkeeper + ", one worker at a time (the holder of retention's " +
+				"lease; the others leave them out, so scrapes read the store once per cluster, not once per worker); or " +
+				storeGaugesEvery + ", each worker, reading the store at most every 5 s whoever scrapes it"},
+	}
+}
+
+// The values of --metrics-store-gauges.
+const (
+	storeGaugesBookkeeper = "bookkeeper"
+	storeGaugesEvery      = "every"
+)
+
+// storeGaugesElected checks --metrics-store-gauges: with bookkeeper, the
+// store's gauges are read while bookkeeper says so; with every, always
+// (nil).
+func storeGaugesElected(c *cli.Context, bookkeeper func() bool) (func() bool, error) {
+	switch v := c.String("metrics-store-gauges"); v {
+	case storeGaugesBookkeeper:
+		return bookkeeper, nil
+	case storeGaugesEvery:
+		return nil, nil
+	default:
+		return nil, badFlag(c, "metrics-store-gauges", "%q: want %s or %s", v, storeGaugesBookkeeper, storeGaugesEvery)
 	}
 }
 
 // metricsRegistry is a registry with the Go runtime's and the process's
-// collectors and the store's gauges, read from s at most every 5 s.
-func metricsRegistry(s task.Store) (*prometheus.Registry, error) {
+// collectors and the store's gauges, read from s at most every 5 s, and
+// only while elected says so (always when nil).
+func metricsRegistry(s task.Store, elected func() bool) (*prometheus.Registry, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	col, err := metrics.NewStoreCollector(metrics.StoreConfig{
-		Stats: s, Registry: s, Now: s.Now, Logger: slog.Default(),
+		Stats: s, Registry: s, Now: s.Now, Logger: slog.Default(), Elected: elected,
 		Flows: metrics.FlowCounterFunc(func(ctx context.Context) (map[string]int64, error) {
 			fs, err := flow.List(ctx, s, flow.ListQuery{})
 			n := map[string]int64{}
@@ -55,7 +81,7 @@ func metricsRegistry(s task.Store) (*prometheus.Registry, error) {
 	if err := reg.Register(col); err != nil {
 		return nil, err
 	}
-	if err := registerRolloutMetrics(reg, s); err != nil {
+	if err := registerRolloutMetrics(reg, s, elected); err != nil {
 		return nil, err
 	}
 	if w, ok := s.(interface{ WriteStats() sqlitestore.WriteStats }); ok {
@@ -76,6 +102,9 @@ func listenMetrics(c *cli.Context) (net.Listener, error) {
 		// that expose no metrics: only a typed flag is a mistake.
 		if c.IsSet("metrics-token") && os.Getenv("LEASEPOOL_METRICS_TOKEN") != c.String("metrics-token") {
 			return nil, badFlag(c, "metrics-token", "needs --metrics-addr")
+		}
+		if c.IsSet("metrics-store-gauges") {
+			return nil, badFlag(c, "metrics-store-gauges", "needs --metrics-addr")
 		}
 		return nil, nil
 	}
@@ -109,14 +138,19 @@ func metricsHandler(c *cli.Context, reg prometheus.Gatherer) (http.Handler, erro
 
 // startWorkerMetrics serves the worker's metrics, its store traffic among
 // them, on --metrics-addr until stop is called; with no address it returns
-// a nil observer.
-func startWorkerMetrics(c *cli.Context, s task.Store, traffic *metrics.StoreTraffic) (obs *metrics.Metrics, stop func(), err error) {
+// a nil observer. bookkeeper says whether the worker is the cluster's
+// bookkeeper (worker.Worker.Bookkeeper), for --metrics-store-gauges.
+func startWorkerMetrics(c *cli.Context, s task.Store, traffic *metrics.StoreTraffic, bookkeeper func() bool) (obs *metrics.Metrics, stop func(), err error) {
+	elected, err := storeGaugesElected(c, bookkeeper)
+	if err != nil {
+		return nil, nil, err
+	}
 	l, err := listenMetrics(c)
 	if err != nil || l == nil {
 		return nil, func() {}, err
 	}
 	warnSecretFlag(c, "metrics-token", "LEASEPOOL_METRICS_TOKEN", false)
-	reg, err := metricsRegistry(s)
+	reg, err := metricsRegistry(s, elected)
 	if err == nil {
 		err = reg.Register(traffic)
 	}

@@ -307,9 +307,10 @@ func printRollout(w io.Writer, r *rollout.Rollout, devices bool) error {
 }
 
 // registerRolloutMetrics adds each rollout's devices by outcome and its
-// state (metrics.RolloutCollector) to reg, read from s.
-func registerRolloutMetrics(reg *prometheus.Registry, s task.Store) error {
-	col, err := metrics.NewRolloutCollector(metrics.RolloutConfig{Logger: slog.Default(),
+// state (metrics.RolloutCollector) to reg, read from s while elected
+// says so (always when nil).
+func registerRolloutMetrics(reg *prometheus.Registry, s task.Store, elected func() bool) error {
+	col, err := metrics.NewRolloutCollector(metrics.RolloutConfig{Logger: slog.Default(), Elected: elected,
 		Counter: metrics.RolloutCounterFunc(func(ctx context.Context) ([]metrics.RolloutCount, error) {
 			list, err := rollout.List(ctx, s)
 			out := make([]metrics.RolloutCount, 0, len(list))

@@ -146,7 +146,7 @@ func runServe(c *cli.Context) error {
 	}
 	defer s.Close()
 	// The store's gauges on /metrics, behind the same guard.
-	reg, err := metricsRegistry(s)
+	reg, err := metricsRegistry(s, nil)
 	if err != nil {
 		return err
 	}

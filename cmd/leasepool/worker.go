@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -58,8 +59,15 @@ func runWorker(c *cli.Context) error {
 		return err
 	}
 	defer cfg.Store.Close()
+	// The metrics serve before the worker exists: its observer is the
+	// worker's.
+	var started atomic.Pointer[worker.Worker]
+	bookkeeper := func() bool {
+		w := started.Load()
+		return w != nil && w.Bookkeeper()
+	}
 	var stopMetrics func()
-	if cfg.Metrics, stopMetrics, err = startWorkerMetrics(c, cfg.Store, traffic); err != nil {
+	if cfg.Metrics, stopMetrics, err = startWorkerMetrics(c, cfg.Store, traffic, bookkeeper); err != nil {
 		return err
 	}
 	defer stopMetrics()
@@ -67,6 +75,7 @@ func runWorker(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	started.Store(w)
 	if err := w.Run(c.Context); errors.Is(err, worker.ErrStoreFailing) {
 		return fmt.Errorf("--store-fail-timeout: %w", err)
 	} else {
@@ -89,6 +98,9 @@ func workerConfig(c *cli.Context) (worker.Config, error) {
 		return worker.Config{}, badFlag(c, "backoff", "must not be negative, got %s", c.Duration("backoff"))
 	}
 	if _, err := positiveDuration(c, "shutdown-timeout"); err != nil {
+		return worker.Config{}, err
+	}
+	if _, err := storeGaugesElected(c, nil); err != nil {
 		return worker.Config{}, err
 	}
 	kinds, err := listFlag(c, "kinds")
