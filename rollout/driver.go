@@ -45,8 +45,8 @@ type DriverConfig struct {
 	Every time.Duration
 	// IdleEvery is how often the holder looks for a rollout to step
 	// while none is active (none created, or every one over):
-	// DefaultIdleEvery, and at least Every. A rollout created, resumed
-	// or retried waits up to this long for its first step.
+	// DefaultIdleEvery, and at least Every. A rollout created, or
+	// retried once over, waits up to this long for its first step.
 	IdleEvery time.Duration
 	// Lease is the singleton lease (DefaultLease): a dead driver is
 	// replaced within about this long.
