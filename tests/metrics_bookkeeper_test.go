@@ -16,7 +16,7 @@ import (
 // bookkeeper stops, the other takes over within retention's renewal
 // period (5 s). `--metrics-store-gauges every` exports them from a worker
 // that is not the bookkeeper; a bad value exits 2 naming the flag.
-// About 10 s.
+// About 13 s.
 func TestStoreGaugesFromOneWorker(t *testing.T) {
 	t.Parallel()
 	url := "sqlite:" + filepath.Join(t.TempDir(), "store.db")
