@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/leasepool/leasepool/task"
@@ -46,56 +47,117 @@ func (s *scheduler) untilQueryDue() time.Duration {
 	return max(time.Until(s.lastQuery.Add(gap))+time.Millisecond, 0)
 }
 
-// query loads candidates page by page: ready tasks in priority order, then
-// upcoming ones by claim time, until the heap is full.
-func (s *scheduler) query(ctx context.Context) { s.queryFrom(ctx, nil) }
+// A worker among several reads the head of the ready queue (its first
+// page, in priority order) whole, so that the most urgent tasks are known
+// to every worker able to run them, and past the head only its share: the
+// tasks it ranks first for (preempt.Peers.Share), so that W workers
+// draining a long queue read each task about once between them, not W
+// times. Once its share is drained it reads past the head unfiltered, to
+// run what the shares of busy or dead workers still hold (those tasks it
+// ranks after their preferred worker, so it stands by before claiming).
 
-// queryFrom is query continuing the ready tasks after resume (when the last
-// query filled the heap there), so that a worker draining a long queue does
-// not re-read what it already holds.
-func (s *scheduler) queryFrom(ctx context.Context, resume *task.Task) {
+// query loads candidates page by page until the heap is full: ready tasks
+// in priority order (the head, this worker's share, then the rest), then
+// upcoming ones by claim time.
+func (s *scheduler) query(ctx context.Context) {
 	s.lastQuery = time.Now()
-	s.overflow = false
-	s.resume = nil
-	s.queryFailed = false
+	s.overflow, s.resume, s.resumeShare, s.queryFailed = false, nil, nil, false
 	now := s.store.Now()
-	for _, ready := range []bool{true, false} {
-		after := resume
-		resume = nil
-		for {
-			if s.full() {
-				s.overflow = true
-				if ready {
-					s.resume = after
-				}
-				return
+	q := task.CandidateQuery{Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: true, Limit: s.cfg.PageSize}
+	share := s.share()
+	s.queriedShare = share
+	pages := 0
+	if share != nil {
+		pages = 1
+	}
+	after, end := s.readPages(ctx, q, pages, now)
+	if end == endPages {
+		head := after
+		q.After, q.Share = head, share
+		if after, end = s.readPages(ctx, q, 0, now); end == endShort {
+			q.After, q.Share = head, nil
+			after, end = s.readPages(ctx, q, 0, now)
+		}
+	}
+	switch end {
+	case endFull:
+		s.resume, s.resumeShare = after, q.Share
+		return
+	case endFailed:
+		return
+	}
+	q = task.CandidateQuery{Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Limit: s.cfg.PageSize}
+	s.readPages(ctx, q, 0, now)
+}
+
+// pagesEnd is why readPages stopped.
+type pagesEnd int
+
+const (
+	endShort  pagesEnd = iota // a short page: nothing more matches
+	endFull                   // the heap is full (overflow)
+	endPages                  // the pages asked for were read, all full
+	endFailed                 // a query failed (overflow, queryFailed)
+)
+
+// readPages offers q's pages (at most maxPages, 0 for no bound) until the
+// heap is full or a page is short, and returns the last task kept (where
+// the next page would start) and why it stopped.
+func (s *scheduler) readPages(ctx context.Context, q task.CandidateQuery, maxPages int, now time.Time) (*task.Task, pagesEnd) {
+	for n := 0; maxPages == 0 || n < maxPages; n++ {
+		if s.full() {
+			s.overflow = true
+			return q.After, endFull
+		}
+		page, err := s.store.Candidates(ctx, q)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.logger.Warn("candidate query", slog.Any("err", err))
+				s.overflow = true // try again when the heap drains
+				s.queryFailed = true
 			}
-			page, err := s.store.Candidates(ctx, task.CandidateQuery{
-				Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: ready, After: after, Limit: s.cfg.PageSize,
-			})
-			if err != nil {
-				if ctx.Err() == nil {
-					s.logger.Warn("candidate query", slog.Any("err", err))
-					s.overflow = true // try again when the heap drains
-					s.queryFailed = true
-				}
-				return
-			}
-			for i, t := range page {
-				s.offer(t, now)
-				if s.full() && i < len(page)-1 {
-					page = page[:i+1] // resume after the last one kept
-					break
-				}
-			}
-			if len(page) > 0 {
-				after = page[len(page)-1]
-			}
-			if len(page) < s.cfg.PageSize && !s.full() {
+			return q.After, endFailed
+		}
+		for i, t := range page {
+			s.offer(t, now)
+			if s.full() && i < len(page)-1 {
+				page = page[:i+1] // resume after the last one kept
 				break
 			}
 		}
+		if len(page) > 0 {
+			q.After = page[len(page)-1]
+		}
+		if len(page) < q.Limit && !s.full() {
+			return q.After, endShort
+		}
 	}
+	return q.After, endPages
+}
+
+// share is this worker's share buckets among the live workers as last
+// read from the registry, nil when it is alone (or does not spread).
+func (s *scheduler) share() []int {
+	p := s.peers.Load()
+	if p == s.shareOf {
+		return s.shareBuckets
+	}
+	if !p.SameRanking(s.shareOf) {
+		s.shareBuckets = nil
+		if p.Len() > 1 && s.spread.Step > 0 {
+			s.shareBuckets = p.Share(s.cfg.WorkerID, s.cfg.Kinds)
+		}
+	}
+	s.shareOf = p
+	return s.shareBuckets
+}
+
+// shareMoved reports whether this worker's share is no longer the one of
+// the query whose backlog it is reading (workers came or went): the tasks
+// of buckets it gained lie behind the resume point too, so the next
+// refill must start from the top.
+func (s *scheduler) shareMoved() bool {
+	return s.resume != nil && !slices.Equal(s.share(), s.queriedShare)
 }
 
 // fetch reads the next page of ready tasks after the resume point in its
@@ -104,7 +166,7 @@ func (s *scheduler) fetch(ctx context.Context) {
 	s.tab.beginPage()
 	s.lastQuery = time.Now()
 	q := task.CandidateQuery{
-		Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: s.store.Now(), Ready: true, After: s.resume, Limit: s.cfg.PageSize,
+		Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: s.store.Now(), Ready: true, After: s.resume, Share: s.resumeShare, Limit: s.cfg.PageSize,
 	}
 	s.inflight.Add(1)
 	go func() {
@@ -131,7 +193,7 @@ func (s *scheduler) onPage(p fetchedPage) {
 			s.logger.Warn("candidate query", slog.Any("err", p.err))
 			s.queryFailed = true
 		}
-		s.resume = nil // the next refill queries everything, no sooner than queryDue
+		s.resume, s.resumeShare = nil, nil // the next refill queries everything, no sooner than queryDue
 		return
 	}
 	now := s.store.Now()
@@ -144,7 +206,7 @@ func (s *scheduler) onPage(p fetchedPage) {
 	}
 	s.overflow = true
 	if len(p.tasks) < s.cfg.PageSize {
-		s.resume = nil
+		s.resume, s.resumeShare = nil, nil
 		return
 	}
 	s.resume = p.tasks[len(p.tasks)-1]

@@ -51,7 +51,13 @@ type scheduler struct {
 	free       int
 	overflow   bool
 	resume     *task.Task // where the next overflow query continues
-	lastQuery  time.Time
+	// resumeShare is the share the backlog past resume is read by (nil:
+	// all of it), queriedShare this worker's share when the last full
+	// query ran, and shareBuckets its share under shareOf.
+	resumeShare, queriedShare []int
+	shareBuckets              []int
+	shareOf                   *preempt.Peers
+	lastQuery                 time.Time
 	// queryFailed: the last refill query failed, so the next one the
 	// loop wakes for waits a second (see untilQueryDue).
 	queryFailed bool
@@ -120,12 +126,15 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			// idle worker does not query, so idle workers add no reads
 			// (the safety net still queries now and then).
 			low := (s.overflow || s.queryFailed) && (s.heap.Len() < s.cfg.HeapSize/4 || !s.anyDue())
+			if low && s.shareMoved() {
+				s.resume, s.resumeShare = nil, nil
+			}
 			switch {
 			case s.tab.paging || !low || s.full():
 			case s.resume != nil:
 				s.fetch(ctx) // the next page of a backlog, read aside
 			case s.free > 0 && s.queryDue():
-				s.queryFrom(ctx, s.resume)
+				s.query(ctx)
 				s.dispatch(ctx)
 			case s.free > 0:
 				// Put off: wake for it. A heap holding only later entries
@@ -186,8 +195,13 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 }
 
 func (s *scheduler) wait() time.Duration {
-	if s.free == 0 {
-		return time.Hour // a result will wake us
+	if s.free <= 0 {
+		// Every slot is taken: only an instant task may start (dispatch).
+		at, ok := s.heap.NextInstant()
+		if !ok || s.free <= -InstantSlots {
+			return time.Hour // a result will wake us
+		}
+		return max(time.Until(at)+time.Millisecond, 0)
 	}
 	at, ok := s.heap.Next()
 	if !ok {
@@ -246,9 +260,14 @@ func (s *scheduler) standBy(t *task.Task, now time.Time) time.Duration {
 	if peers.Len() <= 1 {
 		return 0
 	}
-	if peers != s.ranksOf || len(s.ranks) > 4*s.cfg.HeapSize {
-		clear(s.ranks)
+	if peers != s.ranksOf {
+		if !peers.SameRanking(s.ranksOf) {
+			clear(s.ranks)
+		}
 		s.ranksOf = peers
+	}
+	if len(s.ranks) > 4*s.cfg.HeapSize {
+		clear(s.ranks)
 	}
 	rank, ok := s.ranks[t.Key]
 	if !ok || len(t.SpecificWorkerIDs) > 0 {
@@ -406,7 +425,7 @@ func (s *scheduler) onResult(r attemptResult) {
 // point.
 func (s *scheduler) dropped() {
 	s.overflow = true
-	s.resume = nil
+	s.resume, s.resumeShare = nil, nil
 }
 
 // full reports whether the bound on tasks held here (in the heap, parked

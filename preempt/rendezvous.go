@@ -3,9 +3,12 @@ package preempt
 // Claim spreading: which of the live workers able to run a task tries to
 // claim it first, and how long each other one stands by before it tries
 // too. Every worker computes the same ranking on its own (rendezvous,
-// highest-random-weight hashing of the task key over the worker ids), so
-// about one claim attempt is made per task whatever the number of workers,
-// with no coordination beyond the registry every worker already reads.
+// highest-random-weight hashing of the task's share bucket over the worker
+// ids), so about one claim attempt is made per task whatever the number of
+// workers, with no coordination beyond the registry every worker already
+// reads. Ranking buckets rather than keys lets a worker ask the store for
+// the tasks it is preferred for (Share), so that W workers draining a
+// long queue read each task about once between them.
 
 import (
 	"math"
@@ -98,6 +101,21 @@ func (p *Peers) SameMembers(q *Peers) bool {
 	return true
 }
 
+// SameRanking reports whether p and q rank every task alike: the same
+// workers with the same kinds and weights.
+func (p *Peers) SameRanking(q *Peers) bool {
+	if p.Len() != q.Len() {
+		return false
+	}
+	for i := range p.Len() {
+		a, b := &p.list[i], &q.list[i]
+		if a.ID != b.ID || a.Weight != b.Weight || !slices.Equal(a.Kinds, b.Kinds) {
+			return false
+		}
+	}
+	return true
+}
+
 // Len is the number of live workers.
 func (p *Peers) Len() int {
 	if p == nil {
@@ -114,7 +132,7 @@ func (p *Peers) Rank(t *task.Task, self string, limit int) int {
 	if p == nil || len(p.list) <= 1 || len(t.SpecificWorkerIDs) == 1 {
 		return 0
 	}
-	kh := hashString(t.Key)
+	kh := bucketHash(task.ShareBucket(t.Seq))
 	i, ok := slices.BinarySearchFunc(p.list, self, func(a Peer, id string) int {
 		switch {
 		case a.ID < id:
@@ -144,6 +162,57 @@ func (p *Peers) Rank(t *task.Task, self string, limit int) int {
 	}
 	return rank
 }
+
+// Share returns the share buckets (task.ShareBucket) whose tasks self may
+// rank first for: those where it ranks first among the workers able to run
+// every one of kinds (all kinds when empty), a superset of where it ranks
+// first for any task of those kinds, since the workers able to run a given
+// task are at least those. Pinned tasks rank by their pins and are read
+// apart (task.CandidateQuery.Share). Nil when self is the only worker:
+// everything is its share.
+func (p *Peers) Share(self string, kinds []string) []int {
+	var rivals []Peer
+	me := Peer{ID: self, Weight: 1, hash: hashString(self)}
+	for _, q := range p.list {
+		switch {
+		case q.ID == self:
+			me = q
+		case len(q.Kinds) == 0 || (len(kinds) > 0 && containsAll(q.Kinds, kinds)):
+			rivals = append(rivals, q)
+		}
+	}
+	if len(rivals) == 0 {
+		return nil
+	}
+	var share []int
+	for b := range task.ShareBuckets {
+		kh := bucketHash(b)
+		mine := score(kh, me)
+		first := true
+		for _, q := range rivals {
+			if s := score(kh, q); s > mine || (s == mine && q.ID < self) {
+				first = false
+				break
+			}
+		}
+		if first {
+			share = append(share, b)
+		}
+	}
+	return share
+}
+
+func containsAll(set, xs []string) bool {
+	for _, x := range xs {
+		if !slices.Contains(set, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// bucketHash is share bucket b's rendezvous hash.
+func bucketHash(b int) uint64 { return mix(uint64(b) + 0x9e3779b97f4a7c15) }
 
 // score is the weighted rendezvous score of worker q for the key hashed
 // to kh: weight / -ln(u), u uniform in (0, 1) from the pair's hash, so

@@ -17,8 +17,12 @@ func workers(now time.Time, n int) []task.WorkerInfo {
 	return ws
 }
 
+var seq int64
+
+// tk is a task as stored: every one with a seq of its own.
 func tk(key string, pins ...string) *task.Task {
-	return &task.Task{Key: key, Kind: "k", SpecificWorkerIDs: pins}
+	seq++
+	return &task.Task{Key: key, Kind: "k", Seq: seq, SpecificWorkerIDs: pins}
 }
 
 // TestRankIsAPermutation: workers sharing one view of the registry give
@@ -128,6 +132,45 @@ func TestRankMovesOnlyTheLeaversTasks(t *testing.T) {
 	}
 }
 
+// TestShareIsWhereSelfRanksFirst: a worker's share buckets are exactly
+// those of the unpinned tasks it ranks first for, the workers' shares
+// partition the buckets, and a worker running fewer kinds than another
+// does not take buckets from it.
+func TestShareIsWhereSelfRanksFirst(t *testing.T) {
+	now := time.Now()
+	ws := workers(now, 5)
+	ws[4].Kinds = []string{"other"}
+	owner := map[int]string{}
+	for _, w := range ws[:4] {
+		peers := preempt.NewPeers(ws, w, now)
+		share := peers.Share(w.ID, []string{"k"})
+		if len(share) < task.ShareBuckets/8 {
+			t.Fatalf("%s: %d of %d buckets; want about a quarter", w.ID, len(share), task.ShareBuckets)
+		}
+		for _, b := range share {
+			if o, dup := owner[b]; dup {
+				t.Fatalf("bucket %d in the shares of %s and %s", b, o, w.ID)
+			}
+			owner[b] = w.ID
+		}
+	}
+	if len(owner) != task.ShareBuckets {
+		t.Fatalf("the shares cover %d of %d buckets", len(owner), task.ShareBuckets)
+	}
+	for s := range int64(3 * task.ShareBuckets) {
+		x := &task.Task{Key: fmt.Sprint(s), Kind: "k", Seq: s}
+		b := task.ShareBucket(s)
+		for _, w := range ws[:4] {
+			if first := preempt.NewPeers(ws, w, now).Rank(x, w.ID, 1) == 0; first != (owner[b] == w.ID) {
+				t.Fatalf("seq %d (bucket %d, share of %s): %s ranks first: %v", s, b, owner[b], w.ID, first)
+			}
+		}
+	}
+	if share := preempt.NewPeers(ws[:1], ws[0], now).Share(ws[0].ID, nil); share != nil {
+		t.Fatalf("a lone worker's share: %d buckets; want nil (everything)", len(share))
+	}
+}
+
 func TestSpreadDelay(t *testing.T) {
 	s := preempt.Spread{Step: 20 * time.Millisecond, MaxRank: 3}
 	for r, want := range []time.Duration{0, 20, 40, 60, 60, 60} {
@@ -159,5 +202,20 @@ func TestPeersSameMembers(t *testing.T) {
 	}
 	if ab.SameMembers(nil) || !(*preempt.Peers)(nil).SameMembers(nil) {
 		t.Error("nil lists compare wrong")
+	}
+}
+
+// BenchmarkShare: the cost of working out a worker's share buckets, paid
+// once each time the live workers change.
+func BenchmarkShare(b *testing.B) {
+	now := time.Now()
+	for _, n := range []int{4, 250, 1000} {
+		ws := workers(now, n)
+		p := preempt.NewPeers(ws, ws[0], now)
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for b.Loop() {
+				p.Share(ws[0].ID, nil)
+			}
+		})
 	}
 }

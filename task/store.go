@@ -109,13 +109,20 @@ type CandidateQuery struct {
 	Limit int
 }
 
-// ShareBuckets is how many share buckets tasks fall into by seq.
+// ShareBuckets is how many share buckets tasks fall into by seq (a power
+// of two: stores may take the bucket with a mask).
 const ShareBuckets = 4096
 
 // ShareBucket is the share bucket of the task of sequence number seq
 // (CandidateQuery.Share): tasks published one after another fall into
-// different buckets, so every share of a backlog is spread along it.
-func ShareBucket(seq int64) int { return int(uint64(seq) % ShareBuckets) }
+// different buckets, so every share of a backlog is spread along it. The
+// higher bits are folded in so that seqs spaced alike (store-time
+// nanoseconds of a clock that counts in microseconds, say) still fill
+// every bucket.
+func ShareBucket(seq int64) int {
+	x := uint64(seq)
+	return int((x ^ x>>12 ^ x>>24) % ShareBuckets)
+}
 
 // Less reports whether a comes before b in q's order.
 func (q CandidateQuery) Less(a, b *Task) bool {

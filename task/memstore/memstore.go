@@ -83,8 +83,9 @@ type Counts struct {
 	// Writes counts task documents written (inserts and updates that
 	// applied); Conflicts counts updates refused for a stale version.
 	Writes, Conflicts int64
-	// Reads counts Get calls and Candidates pages.
-	Reads int64
+	// Reads counts Get calls and Candidates pages; CandidateRows the
+	// tasks those pages held.
+	Reads, CandidateRows int64
 	// Events counts change events handed to this handle's streams.
 	Events int64
 	// LockCalls counts AcquireLocks and ReleaseLocks calls.
@@ -92,12 +93,12 @@ type Counts struct {
 }
 
 type counters struct {
-	writes, conflicts, reads, events, lockCalls atomic.Int64
+	writes, conflicts, reads, rows, events, lockCalls atomic.Int64
 }
 
 func (c *counters) snapshot() Counts {
 	return Counts{Writes: c.writes.Load(), Conflicts: c.conflicts.Load(), Reads: c.reads.Load(),
-		Events: c.events.Load(), LockCalls: c.lockCalls.Load()}
+		CandidateRows: c.rows.Load(), Events: c.events.Load(), LockCalls: c.lockCalls.Load()}
 }
 
 // DB is one in-memory database shared by its handles.
@@ -446,6 +447,8 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 	for i, t := range page {
 		page[i] = t.Clone()
 	}
+	s.n.rows.Add(int64(len(page)))
+	s.db.total.rows.Add(int64(len(page)))
 	return page, nil
 }
 

@@ -409,7 +409,7 @@ func candidateSQL(q task.CandidateQuery, cols string, priority, limit int) (stri
 		args = append(args, q.WorkerID)
 	}
 	if len(q.Share) > 0 {
-		b.WriteString(" AND (pinned != '' OR seq % " + strconv.Itoa(task.ShareBuckets) + " IN (SELECT value FROM json_each(?)))")
+		b.WriteString(" AND (pinned != '' OR " + shareBucketSQL + " IN (SELECT value FROM json_each(?)))")
 		args = append(args, shareJSON(q.Share))
 	}
 	if a := q.After; a != nil && (!q.Ready || a.Priority == priority) {
@@ -421,6 +421,13 @@ func candidateSQL(q task.CandidateQuery, cols string, priority, limit int) (stri
 	args = append(args, limit)
 	return b.String(), args
 }
+
+// shareBucketSQL is task.ShareBucket of a row's seq (positive, so >> is
+// the same shift as Go's; SQLite has no XOR: a ^ b = (a | b) - (a & b)).
+var shareBucketSQL = func() string {
+	xor := func(a, b string) string { return "((" + a + " | " + b + ") - (" + a + " & " + b + "))" }
+	return "(" + xor(xor("seq", "(seq >> 12)"), "(seq >> 24)") + " & " + strconv.Itoa(task.ShareBuckets-1) + ")"
+}()
 
 // shareJSON is share as a JSON array, for json_each.
 func shareJSON(share []int) string {

@@ -1,0 +1,198 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/memstore"
+)
+
+// shareRun is a backlog drained by workers that know one another: the
+// workers start on handles of their own of one in-memory store, read the
+// registry, and then tasks are published faster than the workers' heaps
+// (50) hold, so that most are read by refill queries. run is called with
+// each job; a worker whose handler blocks stays busy.
+type shareRun struct {
+	ids         []string
+	concurrency int
+	publish     func(t *testing.T, st task.Store) int // returns the tasks to wait for
+	run         func(ctx context.Context, job *consumer.Job) error
+	// filled by start
+	db      *memstore.DB
+	handles map[string]*memstore.Store
+}
+
+func (r *shareRun) start(t *testing.T) (stop func()) {
+	r.db = memstore.New(memstore.Config{Latency: func(memstore.Op, string) time.Duration { return time.Millisecond }})
+	r.handles = map[string]*memstore.Store{}
+	var cs []*consumer.Consumer
+	for _, id := range r.ids {
+		st := r.db.Open()
+		r.handles[id] = st
+		c, err := consumer.New(consumer.Config{Store: st, Handler: consumer.HandlerFunc(r.run), WorkerID: id,
+			Concurrency: r.concurrency, HeapSize: 50, PageSize: 10, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	time.Sleep(1500 * time.Millisecond) // each has read the registry with the others in it
+	return func() {
+		for _, c := range cs {
+			c.Stop(context.Background())
+		}
+	}
+}
+
+// waitSucceeded waits until n tasks succeeded, failing after limit.
+func (r *shareRun) waitSucceeded(t *testing.T, n int, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		done := 0
+		for _, tk := range r.db.Tasks() {
+			if tk.State == task.StateSucceeded {
+				done++
+			}
+		}
+		if done >= n {
+			t.Logf("%d tasks succeeded in %s", n, limit-time.Until(deadline))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d tasks succeeded after %s", done, n, limit)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// publishN publishes n tasks from 20 goroutines: a backlog in a few
+// milliseconds.
+func publishN(t *testing.T, st task.Store, prefix string, n int, opts ...publishOpt) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for g := range 20 {
+		wg.Go(func() {
+			for i := g; i < n; i += 20 {
+				if _, _, err := task.Publish(t.Context(), st, params(fmt.Sprintf("%s%04d", prefix, i), opts...)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestBacklogReadAboutOnceBetweenWorkers: three workers draining a
+// backlog far longer than their heaps read each task about once between
+// them (their refill queries read the head of the queue and then each its
+// share), not once each.
+func TestBacklogReadAboutOnceBetweenWorkers(t *testing.T) {
+	const n = 1500
+	synctest.Test(t, func(t *testing.T) {
+		r := &shareRun{ids: []string{"A", "B", "C"}, concurrency: 4,
+			run: func(ctx context.Context, job *consumer.Job) error { time.Sleep(5 * time.Millisecond); return nil }}
+		stop := r.start(t)
+		defer stop()
+		publishN(t, r.db.Open(), "b", n)
+		r.waitSucceeded(t, n, 10*time.Second)
+		var rows int64
+		for id, st := range r.handles {
+			c := st.Counts()
+			t.Logf("%s: %d candidate rows in %d reads", id, c.CandidateRows, c.Reads)
+			rows += c.CandidateRows
+		}
+		if per := float64(rows) / n; per > 1.5 {
+			t.Errorf("three workers read %.2f candidate rows per task of a backlog; want at most 1.5 (each task about once between them)", per)
+		}
+	})
+}
+
+// TestBusyWorkersShareIsRun: a worker stuck on one task leaves its share
+// of the backlog to the other, which runs it once its own share is done,
+// although those tasks lie past the head of the queue.
+func TestBusyWorkersShareIsRun(t *testing.T) {
+	const n = 300
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		r := &shareRun{ids: []string{"A", "B"}, concurrency: 1,
+			run: func(ctx context.Context, job *consumer.Job) error {
+				if job.WorkerID == "B" {
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+				}
+				return nil
+			}}
+		stop := r.start(t)
+		defer stop()
+		defer close(release)
+		publishN(t, r.db.Open(), "b", n)
+		r.waitSucceeded(t, n-1, 5*time.Second) // all but the one B holds
+	})
+}
+
+// TestHeadOfQueueIsReadWhole: tasks at the head of the queue are known to
+// every worker whatever their share: with B stuck on a task, A runs the
+// urgent tasks of B's share before going on with its own backlog.
+func TestHeadOfQueueIsReadWhole(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var order []string
+		r := &shareRun{ids: []string{"A", "B"}, concurrency: 1,
+			run: func(ctx context.Context, job *consumer.Job) error {
+				if job.WorkerID == "B" {
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+					return nil
+				}
+				mu.Lock()
+				order = append(order, job.Task.Key)
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+				return nil
+			}}
+		stop := r.start(t)
+		defer stop()
+		defer close(release)
+		st := r.db.Open()
+		publishN(t, st, "low", 300)
+		publishN(t, st, "urgent", 8, priority(5)) // heard when the heaps are full: read by queries
+		r.waitSucceeded(t, 300+8-1, 30*time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		first := order[:min(60, len(order))]
+		urgent := 0
+		for _, k := range order {
+			if len(k) > 6 && k[:6] == "urgent" {
+				urgent++
+			}
+		}
+		for i := range 8 {
+			k := fmt.Sprintf("urgent%04d", i)
+			if slices.Contains(order, k) && !slices.Contains(first, k) {
+				t.Errorf("%s ran at place %d of A's runs; want within its first 60 (the head of the queue is read whole)", k, slices.Index(order, k))
+			}
+		}
+		if urgent < 7 {
+			t.Fatalf("A ran %d urgent tasks; want at least 7 (all but the one B may hold)", urgent)
+		}
+	})
+}
