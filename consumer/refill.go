@@ -75,6 +75,11 @@ func (s *scheduler) query(ctx context.Context) {
 		head := after
 		q.After, q.Share = head, share
 		if after, end = s.readPages(ctx, q, 0, now); end == endShort {
+			if s.anyDue() {
+				// Its own work first: the rest is read when that is done.
+				s.overflow = true
+				return
+			}
 			q.After, q.Share = head, nil
 			after, end = s.readPages(ctx, q, 0, now)
 		}

@@ -89,8 +89,9 @@ type Result struct {
 	// version (consumer.Observer.ClaimConflict) per task.
 	Writes, Conflicts float64
 	// Events is change events delivered to each worker per task; Reads
-	// is task reads (Get, candidate pages) by every worker per task.
-	Events, Reads float64
+	// is task reads (Get, candidate pages) by every worker per task, and
+	// Rows the tasks those candidate pages held, per task.
+	Events, Reads, Rows float64
 	// StartP50, StartP99: publish to first start.
 	StartP50, StartP99 time.Duration
 	// Takeovers counts claims that replaced an expired lease; TakeoverMax
@@ -105,12 +106,12 @@ type Result struct {
 }
 
 // Header and Row print results as a Markdown table.
-const Header = "| W | tasks | writes/task | conflicts/task | events/task/worker | reads/task | start p50 | start p99 | takeovers | takeover max | violations | virtual time | wall time |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+const Header = "| W | tasks | writes/task | conflicts/task | events/task/worker | reads/task | rows/task | start p50 | start p99 | takeovers | takeover max | violations | virtual time | wall time |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 // Row is r as one line of the table under Header.
 func (r Result) Row() string {
-	return fmt.Sprintf("| %d | %d | %.2f | %.3f | %.2f | %.2f | %s | %s | %d | %s | %d | %s | %s |", r.Config.Workers, r.Config.Tasks,
-		r.Writes, r.Conflicts, r.Events, r.Reads, r.StartP50.Round(time.Millisecond), r.StartP99.Round(time.Millisecond),
+	return fmt.Sprintf("| %d | %d | %.2f | %.3f | %.2f | %.2f | %.2f | %s | %s | %d | %s | %d | %s | %s |", r.Config.Workers, r.Config.Tasks,
+		r.Writes, r.Conflicts, r.Events, r.Reads, r.Rows, r.StartP50.Round(time.Millisecond), r.StartP99.Round(time.Millisecond),
 		r.Takeovers, r.TakeoverMax.Round(time.Millisecond), len(r.Violations), short(r.Elapsed), short(r.Wall))
 }
 
@@ -294,7 +295,7 @@ func Run(ctx context.Context, cfg Config) Result {
 		}
 	}
 	live := cfg.Workers - len(killed)
-	writes, reads := db.Counts().Writes, db.Counts().Reads
+	total := db.Counts()
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	var stops sync.WaitGroup
 	for _, c := range workers {
@@ -307,9 +308,9 @@ func Run(ctx context.Context, cfg Config) Result {
 	}
 
 	n := float64(cfg.Tasks)
-	res.Writes = float64(writes) / n
+	res.Writes = float64(total.Writes) / n
 	res.Conflicts = float64(rec.conflicts.Load()) / n
-	res.Reads = float64(reads) / n
+	res.Reads, res.Rows = float64(total.Reads)/n, float64(total.CandidateRows)/n
 	res.Events = float64(events) / float64(max(live, 1)) / n
 	res.Takeovers = len(rec.takeovers)
 	for _, w := range rec.takeovers {

@@ -91,6 +91,27 @@ func flatErrors(rows []sim.Result) []string {
 	return errs
 }
 
+// checkBacklog fails t unless the workers draining a backlog read at
+// most 1.5 candidate rows per task between them, whatever their number.
+func checkBacklog(t *testing.T, rows []sim.Result) {
+	t.Helper()
+	for _, e := range backlogErrors(rows) {
+		t.Error(e)
+	}
+}
+
+// backlogErrors is what checkBacklog fails for.
+func backlogErrors(rows []sim.Result) []string {
+	var errs []string
+	for _, r := range rows {
+		if r.Rows > 1.5 {
+			errs = append(errs, fmt.Sprintf("W=%d, a backlog of %d tasks: %.2f candidate rows read per task; want at most 1.5",
+				r.Config.Workers, r.Config.Tasks, r.Rows))
+		}
+	}
+	return errs
+}
+
 // checkTakeovers fails t unless every row took over a lease and none later
 // than takeoverBound after the lease ended.
 func checkTakeovers(t *testing.T, rows []sim.Result) {
@@ -135,6 +156,12 @@ func TestScaleChecksFail(t *testing.T) {
 			t.Errorf("rows %+v: %q; want one error", rows, errs)
 		}
 	}
+	if errs := backlogErrors([]sim.Result{{Config: sim.Config{Workers: 10, Tasks: 100}, Rows: 1.5}}); len(errs) != 0 {
+		t.Errorf("a backlog read at the bound failed: %q", errs)
+	}
+	if errs := backlogErrors([]sim.Result{{Config: sim.Config{Workers: 10, Tasks: 100}, Rows: 1.6}}); len(errs) != 1 {
+		t.Errorf("a backlog read 1.6 times: %q; want one error", errs)
+	}
 	taken := func(n int, longest time.Duration) sim.Result {
 		return sim.Result{Config: sim.Config{Workers: 100, Kill: 10}, Takeovers: n, TakeoverMax: longest}
 	}
@@ -167,10 +194,12 @@ func counts(t *testing.T, name, list string, def []int) []int {
 }
 
 // TestSimScale checks that costs per task stay flat as workers are added
-// (W = 1, 10, 100 in CI). With -sim.big it prints the scaling table (W up
+// (W = 1, 10, 100 in CI) and that workers draining a backlog read it about
+// once between them (W = 1, 10 in CI). With -sim.big it prints the scaling table (W up
 // to 1,000, 1,000 to 100,000 tasks, tasks published at 500/s) and the
 // takeover table (a tenth of the workers killed holding 2 s tasks, the
-// others with free slots), and checks both: writes and conflicts per task
+// others with free slots) and the backlog table (W = 1, 10, 100 draining
+// 30,000 tasks), and checks them: writes and conflicts per task
 // flat in W, every lease taken over within takeoverBound of its end, no
 // invariant violated on any row; it then runs 10,000 random fault
 // schedules, each checked for the invariants. -sim.workers and -sim.tasks choose the scaling table's rows;
@@ -187,6 +216,12 @@ func TestSimScale(t *testing.T) {
 	}
 	t.Logf("\n%s", sim.Table(flat))
 	checkFlat(t, flat)
+	var backlog []sim.Result
+	for _, w := range []int{1, 10} {
+		backlog = append(backlog, run(t, sim.Config{Workers: w, Tasks: 5000, Seed: 6}))
+	}
+	t.Logf("\n%s", sim.Table(backlog))
+	checkBacklog(t, backlog)
 
 	if *big || chosen {
 		var table []sim.Result
@@ -220,6 +255,15 @@ func TestSimScale(t *testing.T) {
 			}
 			checkTakeovers(t, killed)
 			text += "\n" + sim.Table(killed)
+			// A backlog: 30,000 tasks published at once, drained.
+			var drained []sim.Result
+			for _, w := range []int{1, 10, 100} {
+				r := run(t, sim.Config{Workers: w, Tasks: 30000, Seed: 3})
+				t.Logf("backlog W=%d: %s of virtual time in %s", w, r.Elapsed.Round(time.Second), r.Wall.Round(time.Millisecond))
+				drained = append(drained, r)
+			}
+			checkBacklog(t, drained)
+			text += "\n" + sim.Table(drained)
 		}
 		fmt.Println(text)
 		if *out != "" {
