@@ -26,6 +26,13 @@ type Config struct {
 	Kinds []string
 	// Concurrency is how many handlers run at once. Default 8.
 	Concurrency int
+	// InstantKinds are kinds whose tasks only record that their time came
+	// (a flow's timers): one that falls due is claimed even while every
+	// slot runs a handler, up to InstantSlots of them beyond Concurrency,
+	// so that a busy worker does not hold it back for a handler to end.
+	// Default: the kinds registered with Mux.RegisterInstant on the
+	// Handler when it is a *Mux.
+	InstantKinds []string
 	// HeapSize bounds the claim heap. Default 1000.
 	HeapSize int
 	// PageSize is the candidate query's page size. Default 200.
@@ -115,6 +122,11 @@ func (c *Config) checkAndFillDefaults() error {
 	if len(c.Kinds) == 0 {
 		if m, ok := c.Handler.(*Mux); ok {
 			c.Kinds = m.Kinds()
+		}
+	}
+	if len(c.InstantKinds) == 0 {
+		if m, ok := c.Handler.(*Mux); ok {
+			c.InstantKinds = m.InstantKinds()
 		}
 	}
 	setDefault(&c.Concurrency, 8)

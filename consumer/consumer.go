@@ -117,8 +117,8 @@ func New(cfg Config) (*Consumer, error) {
 		events:         make(chan task.Event, 1024),
 		requery:        make(chan struct{}, 1),
 		pollNow:        make(chan struct{}, 1),
-		results:        make(chan attemptResult, cfg.Concurrency),
-		handled:        make(chan struct{}, cfg.Concurrency),
+		results:        make(chan attemptResult, cfg.Concurrency+InstantSlots),
+		handled:        make(chan struct{}, cfg.Concurrency+InstantSlots),
 		controlChanged: make(chan struct{}, 1),
 		running:        &runTable{m: map[string]*run{}},
 		locks:          newLockQueue(),
@@ -167,7 +167,9 @@ func (c *Consumer) Start(ctx context.Context) error {
 	})
 	c.life.Go(func() {
 		defer close(c.scheduleDone)
-		c.newScheduler().run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow, control: c.controlChanged})
+		s := c.newScheduler()
+		s.heap.SetInstant(c.cfg.InstantKinds)
+		s.run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow, control: c.controlChanged})
 		<-watchDone
 		<-beatDone
 	})

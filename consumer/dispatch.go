@@ -20,66 +20,90 @@ func (s *scheduler) onControl() {
 	s.tab.lift(s.ctl.Load(), s.store.Now())
 }
 
-// dispatch starts a claim attempt for each due entry while slots are free.
+// InstantSlots is how many claims of the instant kinds
+// (Config.InstantKinds) may run beyond Concurrency. Such a task holds its
+// slot for a claim and a write or two, so a few serve a burst of timers
+// due at once.
+const InstantSlots = 4
+
+// dispatch starts a claim attempt for each due entry while slots are
+// free; then, with every slot taken, for each due entry of an instant kind
+// while fewer than InstantSlots run beyond them. free counts the slots
+// left, less the claims running beyond them: each attempt's end gives one
+// back, whichever kind it was, so handlers never run more than
+// Concurrency at once.
 func (s *scheduler) dispatch(ctx context.Context) {
 	for s.free > 0 {
 		e, ok := s.tab.pop(s.store.Now())
 		if !ok {
 			return
 		}
-		ctl := s.ctl.Load()
-		if _, paused := ctl.Paused(e.Task); paused {
-			s.tab.pause(e)
-			continue
-		}
-		rate, ok := s.rateGate(e, ctl)
+		s.start(ctx, e)
+	}
+	for s.free > -InstantSlots {
+		e, ok := s.tab.popInstant(s.store.Now())
 		if !ok {
-			continue
+			return
 		}
-		var keys []string
-		if e.Task != nil {
-			keys = e.Task.LockKeys
-		}
-		if k, busy := s.locks.busyKey(append(rate, keys...)); busy {
-			s.tab.park(e, k)
-			continue
-		}
-		s.locks.hold(keys)
-		s.locks.hold(rate)
-		wakes := s.locks.depart(keys)
-		s.tab.claim(e.Key)
-		s.free--
-		s.inflight.Add(1)
-		go func() {
-			defer s.inflight.Done()
-			var once sync.Once
-			decided := func() {
-				once.Do(func() {
-					if len(rate) > 0 {
-						select {
-						case s.claimsDone <- rate:
-						case <-s.done:
-						}
+		s.start(ctx, e)
+	}
+}
+
+// start starts a claim attempt for a dispatched entry, unless a pause, a
+// rate limit or a lock key busy here holds it back.
+func (s *scheduler) start(ctx context.Context, e preempt.Entry) {
+	ctl := s.ctl.Load()
+	if _, paused := ctl.Paused(e.Task); paused {
+		s.tab.pause(e)
+		return
+	}
+	rate, ok := s.rateGate(e, ctl)
+	if !ok {
+		return
+	}
+	var keys []string
+	if e.Task != nil {
+		keys = e.Task.LockKeys
+	}
+	if k, busy := s.locks.busyKey(append(rate, keys...)); busy {
+		s.tab.park(e, k)
+		return
+	}
+	s.locks.hold(keys)
+	s.locks.hold(rate)
+	wakes := s.locks.depart(keys)
+	s.tab.claim(e.Key)
+	s.free--
+	s.inflight.Add(1)
+	go func() {
+		defer s.inflight.Done()
+		var once sync.Once
+		decided := func() {
+			once.Do(func() {
+				if len(rate) > 0 {
+					select {
+					case s.claimsDone <- rate:
+					case <-s.done:
 					}
-				})
-			}
-			var slotFreed atomic.Bool
-			handled := func() {
-				slotFreed.Store(true)
-				select {
-				case s.handled <- struct{}{}:
-				case <-s.done:
 				}
-			}
-			r := s.attempt(ctx, e, decided, handled)
-			decided()
-			r.busy, r.wakes, r.slotFreed = keys, wakes, slotFreed.Load()
+			})
+		}
+		var slotFreed atomic.Bool
+		handled := func() {
+			slotFreed.Store(true)
 			select {
-			case s.results <- r:
+			case s.handled <- struct{}{}:
 			case <-s.done:
 			}
-		}()
-	}
+		}
+		r := s.attempt(ctx, e, decided, handled)
+		decided()
+		r.busy, r.wakes, r.slotFreed = keys, wakes, slotFreed.Load()
+		select {
+		case s.results <- r:
+		case <-s.done:
+		}
+	}()
 }
 
 // rateGate keeps back a due task whose rate limits have no slot free as

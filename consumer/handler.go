@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -62,6 +63,7 @@ type Mux struct {
 	wrapped    map[string]Handler // with the middleware applied
 	middleware []Middleware
 	notFound   Handler
+	instant    []string // registered with RegisterInstant
 }
 
 // NewMux returns an empty Mux. Jobs of a kind with no handler fail with
@@ -93,6 +95,23 @@ func (m *Mux) Register(kind string, h Handler) {
 // RegisterFunc registers f for kind.
 func (m *Mux) RegisterFunc(kind string, f func(context.Context, *Job) error) {
 	m.Register(kind, HandlerFunc(f))
+}
+
+// RegisterInstant is Register for a kind whose tasks only record that
+// their time came, as a flow's timers do: a consumer claims one that falls
+// due even while every slot runs a handler (Config.InstantKinds).
+func (m *Mux) RegisterInstant(kind string, h Handler) {
+	m.Register(kind, h)
+	m.mu.Lock()
+	m.instant = append(m.instant, kind)
+	m.mu.Unlock()
+}
+
+// InstantKinds lists the kinds registered with RegisterInstant.
+func (m *Mux) InstantKinds() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Clone(m.instant)
 }
 
 // Use appends middleware; the first added is the outermost. It applies to

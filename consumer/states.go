@@ -351,6 +351,15 @@ func (c *claimTable) pop(now time.Time) (preempt.Entry, bool) {
 	return e, ok
 }
 
+// popInstant is pop for the entries of the instant kinds alone.
+func (c *claimTable) popInstant(now time.Time) (preempt.Entry, bool) {
+	e, ok := c.heap.PopInstant(now)
+	if ok {
+		c.move(e.Key, stateDispatching)
+	}
+	return e, ok
+}
+
 // pause holds a dispatched entry aside while a pause covers it.
 func (c *claimTable) pause(e preempt.Entry) {
 	if k, ok := c.move(e.Key, statePaused); ok {

@@ -2,6 +2,7 @@ package preempt
 
 import (
 	"container/heap"
+	"slices"
 	"time"
 
 	"github.com/leasepool/leasepool/task"
@@ -23,27 +24,50 @@ type Entry struct {
 
 // Heap holds the tasks a worker may claim, bounded in size. Entries wait
 // ordered by claim time; once due they move to a ready queue ordered by
-// priority (higher first), then publish order. Not safe for concurrent
-// use: the consumer's scheduler owns it.
+// priority (higher first), then publish order. Entries of the instant
+// kinds (SetInstant) wait and stand ready in a lane of their own, so that
+// PopInstant finds them without looking through the others. Not safe for
+// concurrent use: the consumer's scheduler owns it.
 type Heap struct {
-	max    int
-	byKey  map[string]*item
-	timers timerQueue
-	ready  readyQueue
+	max   int
+	byKey map[string]*item
+	// lanes[0] holds the entries of every kind but the instant ones,
+	// lanes[1] those.
+	lanes   [2]lane
+	instant []string
 	// floor is at most the lowest priority held (it may lag below it
 	// after removals), so that EvictBelow refuses most tasks unscanned.
 	floor int
+}
+
+// lane is entries waiting by claim time, then ready by priority.
+type lane struct {
+	timers timerQueue
+	ready  readyQueue
 }
 
 type item struct {
 	Entry
 	index   int
 	isReady bool
+	lane    int
 }
 
 // NewHeap returns a heap holding at most max entries.
 func NewHeap(max int) *Heap {
 	return &Heap{max: max, byKey: make(map[string]*item)}
+}
+
+// SetInstant names the kinds whose entries PopInstant takes: tasks that
+// only record that their time came (a flow's timers), which a consumer
+// claims even while every slot runs a handler. Call it before Put.
+func (h *Heap) SetInstant(kinds []string) { h.instant = kinds }
+
+func (h *Heap) laneOf(e Entry) int {
+	if e.Task != nil && slices.Contains(h.instant, e.Task.Kind) {
+		return 1
+	}
+	return 0
 }
 
 // Len is the number of entries.
@@ -66,9 +90,9 @@ func (h *Heap) Put(e Entry) bool {
 	if len(h.byKey) == 0 || e.Priority < h.floor {
 		h.floor = e.Priority
 	}
-	it := &item{Entry: e}
+	it := &item{Entry: e, lane: h.laneOf(e)}
 	h.byKey[e.Key] = it
-	heap.Push(&h.timers, it)
+	heap.Push(&h.lanes[it.lane].timers, it)
 	return true
 }
 
@@ -105,7 +129,7 @@ func (h *Heap) EvictBelow(p int) (Entry, bool) {
 // task claimable now out.
 func (h *Heap) EvictLater(p int, at time.Time) (Entry, bool) {
 	var latest *item
-	for _, it := range h.timers {
+	for _, it := range slices.Concat(h.lanes[0].timers, h.lanes[1].timers) {
 		if it.Priority <= p && it.At.After(at) && (latest == nil || it.At.After(latest.At)) {
 			latest = it
 		}
@@ -126,36 +150,77 @@ func (h *Heap) Remove(key string) {
 
 func (h *Heap) remove(it *item) {
 	delete(h.byKey, it.Key)
+	l := &h.lanes[it.lane]
 	if it.isReady {
-		heap.Remove(&h.ready, it.index)
+		heap.Remove(&l.ready, it.index)
 	} else {
-		heap.Remove(&h.timers, it.index)
+		heap.Remove(&l.timers, it.index)
 	}
 }
 
 // Pop removes and returns the best entry due at now: the highest priority,
 // then the earliest Order, then the earliest published.
 func (h *Heap) Pop(now time.Time) (Entry, bool) {
-	for len(h.timers) > 0 && !h.timers[0].At.After(now) {
-		it := heap.Pop(&h.timers).(*item)
-		it.isReady = true
-		heap.Push(&h.ready, it)
+	h.promote(now)
+	best := -1
+	for i := range h.lanes {
+		if r := h.lanes[i].ready; len(r) > 0 && (best < 0 || readyLess(r[0], h.lanes[best].ready[0])) {
+			best = i
+		}
 	}
-	if len(h.ready) == 0 {
+	if best < 0 {
 		return Entry{}, false
 	}
-	it := heap.Pop(&h.ready).(*item)
+	return h.popReady(best), true
+}
+
+// PopInstant removes and returns the best entry of an instant kind due at
+// now (SetInstant).
+func (h *Heap) PopInstant(now time.Time) (Entry, bool) {
+	h.promote(now)
+	if len(h.lanes[1].ready) == 0 {
+		return Entry{}, false
+	}
+	return h.popReady(1), true
+}
+
+// promote moves the entries due at now to their lane's ready queue.
+func (h *Heap) promote(now time.Time) {
+	for i := range h.lanes {
+		l := &h.lanes[i]
+		for len(l.timers) > 0 && !l.timers[0].At.After(now) {
+			it := heap.Pop(&l.timers).(*item)
+			it.isReady = true
+			heap.Push(&l.ready, it)
+		}
+	}
+}
+
+func (h *Heap) popReady(lane int) Entry {
+	it := heap.Pop(&h.lanes[lane].ready).(*item)
 	delete(h.byKey, it.Key)
-	return it.Entry, true
+	return it.Entry
 }
 
 // Next returns when the next entry falls due; ok is false when empty.
 func (h *Heap) Next() (at time.Time, ok bool) {
-	if len(h.ready) > 0 {
+	a, aok := h.lanes[0].next()
+	b, bok := h.lanes[1].next()
+	if !aok || (bok && b.Before(a)) {
+		return b, bok
+	}
+	return a, true
+}
+
+// NextInstant is Next for the entries of the instant kinds alone.
+func (h *Heap) NextInstant() (at time.Time, ok bool) { return h.lanes[1].next() }
+
+func (l *lane) next() (at time.Time, ok bool) {
+	if len(l.ready) > 0 {
 		return time.Time{}, true
 	}
-	if len(h.timers) > 0 {
-		return h.timers[0].At, true
+	if len(l.timers) > 0 {
+		return l.timers[0].At, true
 	}
 	return time.Time{}, false
 }
