@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -93,6 +94,60 @@ func TestSleepStepFiresOnTime(t *testing.T) {
 		if !d.Due.Equal(due) || d.EndedAt.Before(due) || d.EndedAt.Sub(due) > time.Second {
 			t.Errorf("%s due %s (want %s) ended %s: want within 1s after", f.Steps[i].Name, d.Due, due, d.EndedAt)
 		}
+	}
+}
+
+// TestTimerFiresWhileEverySlotIsBusy: a sleep step's timer that falls due
+// while every slot of the only worker runs a handler that does not end
+// still fires within 1 s of its time, beside them.
+func TestTimerFiresWhileEverySlotIsBusy(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	var busy []string
+	for i := range 8 { // the rig's Concurrency
+		busy = append(busy, fmt.Sprintf("busy-%d", i))
+		if _, _, err := task.Publish(ctx, r.store, task.PublishParams{Key: busy[i], Kind: "test.block"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, k := range busy {
+			task.Cancel(ctx, r.store, k)
+		}
+	})
+	running := func() int {
+		n := 0
+		for _, k := range busy {
+			if tk, err := r.store.Get(ctx, k); err == nil && tk.State == task.StateRunning {
+				n++
+			}
+		}
+		return n
+	}
+	for deadline := time.Now().Add(10 * time.Second); running() < len(busy); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d blocking tasks running after 10 s", running(), len(busy))
+		}
+	}
+	until := time.Now().Add(time.Second).UTC().Truncate(time.Millisecond)
+	r.publish(t, "nap", `{}`, []flow.Step{{Name: "alarm", Until: until}})
+	for deadline := until.Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		f, err := flow.Get(ctx, r.store, "nap")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.State == flow.StateSucceeded {
+			if d := f.Progress[0].Do; !d.Due.Equal(until) || d.EndedAt.Before(until) || d.EndedAt.Sub(until) > time.Second {
+				t.Fatalf("alarm due %s (want %s) ended %s: want within 1 s after", d.Due, until, d.EndedAt)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alarm due %s still %s 5 s after, every slot running a blocking task", until, f.State)
+		}
+	}
+	if n := running(); n != len(busy) {
+		t.Fatalf("%d of %d blocking tasks still running when the timer fired: want all (every slot busy)", n, len(busy))
 	}
 }
 

@@ -20,8 +20,9 @@ type Config struct {
 }
 
 // Register adds Middleware to mux and registers TimerKind, which the
-// worker's consumer must claim (worker.New adds it to the kinds). Run a
-// Reconciler beside the consumer.
+// worker's consumer must claim (worker.New adds it to the kinds), as an
+// instant kind: a timer that falls due is claimed even while every slot
+// runs a handler. Run a Reconciler beside the consumer.
 func Register(mux *consumer.Mux, cfg Config) error {
 	if cfg.Store == nil {
 		return fmt.Errorf("flow: %w: store: required", task.ErrInvalid)
@@ -29,9 +30,9 @@ func Register(mux *consumer.Mux, cfg Config) error {
 	mux.Use(Middleware(MiddlewareConfig(cfg)))
 	// Middleware runs a timer before any handler; this one only sees a
 	// task of the kind that is no timer of a flow.
-	mux.RegisterFunc(TimerKind, func(context.Context, *consumer.Job) error {
+	mux.RegisterInstant(TimerKind, consumer.HandlerFunc(func(context.Context, *consumer.Job) error {
 		return fmt.Errorf("flow: %w: a %s task that names no flow step", task.ErrInvalid, TimerKind)
-	})
+	}))
 	return nil
 }
 
