@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -195,4 +196,50 @@ func TestHeadOfQueueIsReadWhole(t *testing.T) {
 			t.Fatalf("A ran %d urgent tasks; want at least 7 (all but the one B may hold)", urgent)
 		}
 	})
+}
+
+// countedCandidates counts the candidate rows a store handle returns.
+type countedCandidates struct {
+	task.Store
+	rows atomic.Int64
+}
+
+func (c *countedCandidates) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.Task, error) {
+	page, err := c.Store.Candidates(ctx, q)
+	c.rows.Add(int64(len(page)))
+	return page, err
+}
+
+// TestBacklogReadAboutOnceOnSQLite is TestBacklogReadAboutOnceBetweenWorkers
+// on one embedded store file, each worker on a handle of its own.
+func TestBacklogReadAboutOnceOnSQLite(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 600
+	var stores []*countedCandidates
+	for _, id := range []string{"A", "B", "C"} {
+		st := &countedCandidates{Store: e.open()}
+		stores = append(stores, st)
+		e.worker(id, func(context.Context, *consumer.Job) error { time.Sleep(2 * time.Millisecond); return nil }, onStore(st),
+			func(c *consumer.Config) { c.HeapSize, c.PageSize = 50, 10 })
+	}
+	time.Sleep(1500 * time.Millisecond) // each has read the registry with the others in it
+	publishN(t, e.store, "b", n)
+	eventually(t, waitLong, func() bool {
+		st, err := e.store.Stats(t.Context())
+		if err != nil {
+			return false
+		}
+		return st.ByState()[task.StateSucceeded] == n
+	}, "the backlog drained")
+	var rows int64
+	for _, st := range stores {
+		rows += st.rows.Load()
+	}
+	t.Logf("%d candidate rows for %d tasks", rows, n)
+	// Each reading all of it would be over 1.1 a task here (the change
+	// events bring many tasks before any query).
+	if per := float64(rows) / n; per > 0.8 {
+		t.Errorf("three workers read %.2f candidate rows per task of a backlog; want at most 0.8", per)
+	}
 }
