@@ -32,11 +32,14 @@ func TestThreeWorkerProcessesOneKilled(t *testing.T) {
 		p := task.PublishParams{
 			Key: fmt.Sprintf("t%03d", i), Kind: "exec",
 			Payload: json.RawMessage(execPayload(runLog, time.Duration(20+i%5*20)*time.Millisecond)),
-			// Leases of 2 s: on a busy 2-core machine, 24 race-built exec
-			// programs and their guards on three workers slowed renewals to
-			// 0.5 s, and 1 s leases of live workers lapsed (the test checks
-			// that only the killed worker's leases are taken over).
-			Options: task.Options{PingInterval: 400 * time.Millisecond, WorkerTimeout: 2 * time.Second, Priority: i % 3},
+			// Leases of the default 4 s, renewed every 400 ms: the test
+			// checks that only the killed worker's leases are taken over,
+			// and on a busy 2-core machine 24 race-built exec programs and
+			// their guards on three workers stall every worker's writes to
+			// the store for up to 2 s at times (renewals taking over a
+			// second, a claim landing with little of its lease left), in
+			// which a shorter lease of a live worker lapses.
+			Options: task.Options{PingInterval: 400 * time.Millisecond, WorkerTimeout: task.DefaultWorkerTimeout, Priority: i % 3},
 		}
 		if i%10 == 0 {
 			p.ConcurrentWorkerCnt, p.SuccessWorkerCnt = 2, 2
