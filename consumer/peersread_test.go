@@ -42,7 +42,7 @@ func TestRegistryReadLessOftenAmongManyWorkers(t *testing.T) {
 	}
 	reg := &countedRegistry{Store: e.store}
 	c := e.worker("W", func(context.Context, *consumer.Job) error { return nil }, onStore(reg),
-		func(c *consumer.Config) { c.HeartbeatInterval, c.HeartbeatTimeout = beat, 10*beat })
+		func(c *consumer.Config) { c.HeartbeatInterval, c.HeartbeatTimeout = beat, 25*beat })
 	// The first read after a heartbeat learns the others; from then on
 	// one heartbeat in three reads.
 	eventually(t, waitLong, func() bool { r, ok := c.Registration(); return ok && r.Self != nil }, "a first registry read")
