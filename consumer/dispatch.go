@@ -30,8 +30,8 @@ const InstantSlots = 4
 // free; then, with every slot taken, for each due entry of an instant kind
 // while fewer than InstantSlots run beyond them. free counts the slots
 // left, less the claims running beyond them: each attempt's end gives one
-// back, whichever kind it was, so handlers never run more than
-// Concurrency at once.
+// back, whichever kind it was, so a task of another kind starts only
+// while fewer than Concurrency attempts run.
 func (s *scheduler) dispatch(ctx context.Context) {
 	for s.free > 0 {
 		e, ok := s.tab.pop(s.store.Now())
