@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -132,10 +133,7 @@ func TestBusyWorkersShareIsRun(t *testing.T) {
 		r := &shareRun{ids: []string{"A", "B"}, concurrency: 1,
 			run: func(ctx context.Context, job *consumer.Job) error {
 				if job.WorkerID == "B" {
-					select {
-					case <-release:
-					case <-ctx.Done():
-					}
+					return hold(ctx, t, release)
 				}
 				return nil
 			}}
@@ -158,11 +156,7 @@ func TestHeadOfQueueIsReadWhole(t *testing.T) {
 		r := &shareRun{ids: []string{"A", "B"}, concurrency: 1,
 			run: func(ctx context.Context, job *consumer.Job) error {
 				if job.WorkerID == "B" {
-					select {
-					case <-release:
-					case <-ctx.Done():
-					}
-					return nil
+					return hold(ctx, t, release)
 				}
 				mu.Lock()
 				order = append(order, job.Task.Key)
@@ -182,7 +176,7 @@ func TestHeadOfQueueIsReadWhole(t *testing.T) {
 		first := order[:min(60, len(order))]
 		urgent := 0
 		for _, k := range order {
-			if len(k) > 6 && k[:6] == "urgent" {
+			if strings.HasPrefix(k, "urgent") {
 				urgent++
 			}
 		}
