@@ -214,10 +214,10 @@ func containsAll(set, xs []string) bool {
 // bucketHash is share bucket b's rendezvous hash.
 func bucketHash(b int) uint64 { return mix(uint64(b) + 0x9e3779b97f4a7c15) }
 
-// score is the weighted rendezvous score of worker q for the key hashed
+// score is the weighted rendezvous score of worker q for the bucket hashed
 // to kh: weight / -ln(u), u uniform in (0, 1) from the pair's hash, so
-// that each worker is the highest for a share of keys proportional to its
-// weight, and a worker leaving moves only the keys it ranked first.
+// that each worker is the highest for a share of buckets proportional to
+// its weight, and a worker leaving moves only the buckets it ranked first.
 func score(kh uint64, q Peer) float64 {
 	u := (float64(mix(kh^q.hash)>>11) + 0.5) / (1 << 53)
 	return float64(q.Weight) / -math.Log(u)
