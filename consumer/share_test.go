@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/memstore"
 )
@@ -236,4 +237,45 @@ func TestBacklogReadAboutOnceOnSQLite(t *testing.T) {
 	if per := float64(rows) / n; per > 0.8 {
 		t.Errorf("three workers read %.2f candidate rows per task of a backlog; want at most 0.8", per)
 	}
+}
+
+// TestDeadWorkersShareMovesAtOnce: once the registry drops a dead worker,
+// the others' refills start again from the top with its buckets in their
+// shares, so its part of a long backlog runs beside theirs rather than
+// after them.
+func TestDeadWorkersShareMovesAtOnce(t *testing.T) {
+	const n = 1500
+	synctest.Test(t, func(t *testing.T) {
+		r := &shareRun{ids: []string{"A", "B", "C"}, concurrency: 1,
+			run: func(ctx context.Context, job *consumer.Job) error { time.Sleep(20 * time.Millisecond); return nil }}
+		stop := r.start(t)
+		defer stop()
+		ws, err := r.db.Open().Workers(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c task.WorkerInfo
+		for _, w := range ws {
+			if w.ID == "C" {
+				c = w
+			}
+		}
+		share := preempt.NewPeers(ws, c, time.Now()).Share("C", nil)
+		r.handles["C"].Cut()
+		publishN(t, r.db.Open(), "b", n)
+		// A and B each take about 10 s on their own shares; C's lapses
+		// from the registry within its heartbeat timeout (4 s).
+		time.Sleep(8 * time.Second)
+		ofC := 0
+		for _, tk := range r.db.Tasks() {
+			if tk.State == task.StateSucceeded && slices.Contains(share, task.ShareBucket(tk.Seq)) {
+				ofC++
+			}
+		}
+		t.Logf("after 8 s, %d tasks of the dead worker's share ran", ofC)
+		if ofC < 50 {
+			t.Errorf("%d tasks of the dead worker's share ran in the 4 s after its registration lapsed; want at least 50 (its share moved to the others)", ofC)
+		}
+		r.waitSucceeded(t, n, 2*time.Minute)
+	})
 }
