@@ -52,9 +52,11 @@ func (s *scheduler) untilQueryDue() time.Duration {
 // to every worker able to run them, and past the head only its share: the
 // tasks it ranks first for (preempt.Peers.Share), so that W workers
 // draining a long queue read each task about once between them, not W
-// times. Once its share is drained it reads past the head unfiltered, to
-// run what the shares of busy or dead workers still hold (those tasks it
-// ranks after their preferred worker, so it stands by before claiming).
+// times. Once its share is drained and nothing of its own is due, it
+// reads past the head unfiltered, to run what the shares of busy workers
+// still hold (tasks it ranks after their preferred worker, so it stands
+// by before claiming); when the live workers change it starts again from
+// the top (shareMoved), so a dead worker's share is taken up at once.
 
 // query loads candidates page by page until the heap is full: ready tasks
 // in priority order (the head, this worker's share, then the rest), then
