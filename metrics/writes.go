@@ -10,8 +10,9 @@ import (
 // and of its use of the file's write lock, field for field
 // sqlitestore.WriteStats (convertible to it).
 type WriteCounts struct {
-	Commits, Writes    int64
-	LockWait, LockHeld time.Duration
+	Commits, Writes           int64
+	LockWait, LockHeld        time.Duration
+	Begin, Statements, Commit time.Duration
 }
 
 // StoreWrites exports an embedded store's write transactions and its use
@@ -21,8 +22,8 @@ type WriteCounts struct {
 // one second per second, every write on the host waits for the lock, and
 // another process on the file adds no throughput.
 type StoreWrites struct {
-	stats                       func() WriteCounts
-	commits, writes, wait, held *prometheus.Desc
+	stats                              func() WriteCounts
+	commits, writes, wait, held, phase *prometheus.Desc
 }
 
 // NewStoreWrites exports what stats returns (usually the Store's
@@ -38,6 +39,8 @@ func NewStoreWrites(stats func() WriteCounts) *StoreWrites {
 			"Embedded store only: time this process waited for the file's write lock.", nil, nil),
 		held: prometheus.NewDesc(namespace+"_store_write_lock_held_seconds_total",
 			"Embedded store only: time this process held the file's write lock, which one process at a time holds.", nil, nil),
+		phase: prometheus.NewDesc(namespace+"_store_write_phase_seconds_total",
+			"Embedded store only: time this process's write transactions spent, holding the write lock, starting (begin: after another process's commit the page cache is read again), running their statements (statements), and committing (commit).", []string{"phase"}, nil),
 	}
 }
 
@@ -47,6 +50,7 @@ func (w *StoreWrites) Describe(ch chan<- *prometheus.Desc) {
 	ch <- w.writes
 	ch <- w.wait
 	ch <- w.held
+	ch <- w.phase
 }
 
 // Collect implements prometheus.Collector.
@@ -56,4 +60,7 @@ func (w *StoreWrites) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(w.writes, prometheus.CounterValue, float64(st.Writes))
 	ch <- prometheus.MustNewConstMetric(w.wait, prometheus.CounterValue, st.LockWait.Seconds())
 	ch <- prometheus.MustNewConstMetric(w.held, prometheus.CounterValue, st.LockHeld.Seconds())
+	ch <- prometheus.MustNewConstMetric(w.phase, prometheus.CounterValue, st.Begin.Seconds(), "begin")
+	ch <- prometheus.MustNewConstMetric(w.phase, prometheus.CounterValue, st.Statements.Seconds(), "statements")
+	ch <- prometheus.MustNewConstMetric(w.phase, prometheus.CounterValue, st.Commit.Seconds(), "commit")
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
-// TestStoreWritesExportsTheStoreCounts: the four series carry what the
+// TestStoreWritesExportsTheStoreCounts: the series carry what the
 // embedded store counted, read at the scrape.
 func TestStoreWritesExportsTheStoreCounts(t *testing.T) {
 	s, err := sqlitestore.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), nil)
@@ -36,7 +36,13 @@ func TestStoreWritesExportsTheStoreCounts(t *testing.T) {
 	after := s.WriteStats()
 	got := map[string]float64{}
 	for _, f := range fams {
-		got[f.GetName()] = f.GetMetric()[0].GetCounter().GetValue()
+		for _, m := range f.GetMetric() {
+			name := f.GetName()
+			for _, l := range m.GetLabel() {
+				name += "/" + l.GetValue()
+			}
+			got[name] = m.GetCounter().GetValue()
+		}
 	}
 	within := func(name string, lo, hi float64) {
 		t.Helper()
@@ -49,7 +55,11 @@ func TestStoreWritesExportsTheStoreCounts(t *testing.T) {
 	within("leasepool_store_committed_writes_total", float64(before.Writes), float64(after.Writes))
 	within("leasepool_store_write_lock_wait_seconds_total", before.LockWait.Seconds(), after.LockWait.Seconds())
 	within("leasepool_store_write_lock_held_seconds_total", before.LockHeld.Seconds(), after.LockHeld.Seconds())
-	if got["leasepool_store_committed_writes_total"] < 3 || got["leasepool_store_write_lock_held_seconds_total"] <= 0 {
+	within("leasepool_store_write_phase_seconds_total/begin", before.Begin.Seconds(), after.Begin.Seconds())
+	within("leasepool_store_write_phase_seconds_total/statements", before.Statements.Seconds(), after.Statements.Seconds())
+	within("leasepool_store_write_phase_seconds_total/commit", before.Commit.Seconds(), after.Commit.Seconds())
+	if got["leasepool_store_committed_writes_total"] < 3 || got["leasepool_store_write_lock_held_seconds_total"] <= 0 ||
+		got["leasepool_store_write_phase_seconds_total/statements"] <= 0 || got["leasepool_store_write_phase_seconds_total/commit"] <= 0 {
 		t.Errorf("after 3 publishes: %v", got)
 	}
 }

@@ -37,8 +37,8 @@ func BenchmarkDrainScaling(b *testing.B) {
 	}
 	profiles := os.Getenv("LEASEPOOL_DRAIN_PROFILE")
 	rates := map[int][]float64{}
-	fmt.Println("| round | worker processes | concurrency each | tasks | tasks/s (first start to last end) | claim conflicts per task | writes per commit | write lock held per task | write lock busy (held ÷ workers' run time) |")
-	fmt.Println("|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	fmt.Println("| round | worker processes | concurrency each | tasks | tasks/s (first start to last end) | claim conflicts per task | writes per commit | write lock held per task | write lock busy (held ÷ workers' run time) | per commit: begin, statements, commit |")
+	fmt.Println("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for round := 1; round <= rounds; round++ {
 		order := []int{1, 4}
 		if round%2 == 0 {
@@ -54,8 +54,8 @@ func BenchmarkDrainScaling(b *testing.B) {
 				}
 				d := drainOnce(b, bin, n, global)
 				rates[n] = append(rates[n], d.rate)
-				fmt.Printf("| %d | %d | %d | %d | %.0f | %.3f | %.1f | %.0f µs | %.0f %% |\n", round, n, 32/n, drainTasks, d.rate, d.conflicts,
-					d.writesPerCommit, 1e6*d.lockHeld/drainTasks, 100*d.lockHeld/d.run)
+				fmt.Printf("| %d | %d | %d | %d | %.0f | %.3f | %.1f | %.0f µs | %.0f %% | %.0f, %.0f, %.0f µs |\n", round, n, 32/n, drainTasks, d.rate, d.conflicts,
+					d.writesPerCommit, 1e6*d.lockHeld/drainTasks, 100*d.lockHeld/d.run, 1e6*d.begin/d.commits, 1e6*d.statements/d.commits, 1e6*d.commit/d.commits)
 			})
 		}
 	}
@@ -68,9 +68,11 @@ func BenchmarkDrainScaling(b *testing.B) {
 // task, and the embedded store's write batches and the seconds its write
 // lock was held, summed over the worker processes, over run, the seconds
 // from their start to the end of the drain (start-up included: the busy
-// share it gives is a lower bound).
+// share it gives is a lower bound), and what the commits' hold of the
+// lock went on (seconds, summed; see sqlitestore.WriteStats).
 type drained struct {
 	rate, span, run, conflicts, writesPerCommit, lockHeld float64
+	commits, begin, statements, commit                    float64
 }
 
 // drainOnce publishes drainTasks noop tasks to a fresh store and drains
@@ -94,17 +96,20 @@ func drainOnce(b *testing.B, bin string, n int, global func(int) []string) drain
 	fw := startFigureWorkers(b, bin, url, n, 32/n, global)
 	waitSucceeded(b, st, drainTasks)
 	var d drained
-	var commits, writes float64
+	var writes float64
 	for _, a := range fw.addrs {
 		d.conflicts += metricSum(b, a, "leasepool_claim_conflicts_total")
-		commits += metricSum(b, a, "leasepool_store_commits_total")
+		d.commits += metricSum(b, a, "leasepool_store_commits_total")
 		writes += metricSum(b, a, "leasepool_store_committed_writes_total")
 		d.lockHeld += metricSum(b, a, "leasepool_store_write_lock_held_seconds_total")
+		d.begin += metricSum(b, a, `leasepool_store_write_phase_seconds_total{phase="begin"}`)
+		d.statements += metricSum(b, a, `leasepool_store_write_phase_seconds_total{phase="statements"}`)
+		d.commit += metricSum(b, a, `leasepool_store_write_phase_seconds_total{phase="commit"}`)
 	}
 	d.run = time.Since(start).Seconds()
 	fw.stop()
 	d.span = drainSpan(b, st).Seconds()
-	d.rate, d.conflicts, d.writesPerCommit = drainTasks/d.span, d.conflicts/drainTasks, writes/commits
+	d.rate, d.conflicts, d.writesPerCommit = drainTasks/d.span, d.conflicts/drainTasks, writes/d.commits
 	return d
 }
 

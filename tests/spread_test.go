@@ -47,7 +47,8 @@ func freePort(t testing.TB) string {
 	return l.Addr().String()
 }
 
-// metricSum sums the samples of one metric on a worker's /metrics.
+// metricSum sums the samples of one metric on a worker's /metrics, or
+// reads one series when name carries its labels (`m{l="v"}`).
 func metricSum(t testing.TB, addr, name string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")

@@ -133,6 +133,9 @@ type Store struct {
 	cdb        *sql.DB      // the checkpointer's connection
 	// committed, lockWait and lockHeld are WriteStats' counts.
 	committed, lockWait, lockHeld atomic.Int64
+	// txBegin, txStatements and txCommit split the write transactions'
+	// time under the lock (WriteStats).
+	txBegin, txStatements, txCommit atomic.Int64
 
 	mu     sync.Mutex
 	wake   chan struct{} // closed and replaced after each known change

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/leasepool/leasepool/task"
 )
@@ -165,6 +166,7 @@ func (s *Store) commit(batch []*writeReq) []*writeReq {
 	defer unlock()
 	s.fill(&batch)
 	errs = make([]error, len(batch))
+	began := time.Now()
 	tx, err := s.wdb.BeginTx(context.Background(), nil)
 	if err != nil {
 		answer(mapErr(err))
@@ -182,6 +184,8 @@ func (s *Store) commit(batch []*writeReq) []*writeReq {
 		return batch
 	}
 	clear(s.txStmts) // statements of the last transaction, closed with it
+	ran := time.Now()
+	s.txBegin.Add(int64(ran.Sub(began)))
 	latest, err := runBatch(tx, batch, errs)
 	if err == nil {
 		err = s.applyCounts(tx, batch, errs)
@@ -192,7 +196,11 @@ func (s *Store) commit(batch []*writeReq) []*writeReq {
 		return batch
 	}
 	hwm := s.markHWM(tx)
-	if err := tx.Commit(); err != nil {
+	committing := time.Now()
+	s.txStatements.Add(int64(committing.Sub(ran)))
+	err = tx.Commit()
+	s.txCommit.Add(int64(time.Since(committing)))
+	if err != nil {
 		answer(mapErr(err))
 		return batch
 	}

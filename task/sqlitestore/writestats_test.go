@@ -37,6 +37,10 @@ func TestWriteStatsCountTheLock(t *testing.T) {
 	if after.LockHeld <= before.LockHeld {
 		t.Errorf("lock held %v after the publishes, %v before", after.LockHeld, before.LockHeld)
 	}
+	begin, stmts, commit := after.Begin-before.Begin, after.Statements-before.Statements, after.Commit-before.Commit
+	if begin <= 0 || stmts <= 0 || commit <= 0 || begin+stmts+commit > after.LockHeld-before.LockHeld {
+		t.Errorf("phases begin %v, statements %v, commit %v of the lock held %v", begin, stmts, commit, after.LockHeld-before.LockHeld)
+	}
 
 	// Another process's hold, as flock sees it: a second open file
 	// description of the lock file.
