@@ -81,11 +81,12 @@ func dagChaosSpec(i int, logPath string, timed bool, coolUntil time.Time) dagFlo
 // timer) on three `leasepool worker` processes sharing one embedded store,
 // SIGKILLing a random worker every 1-2 s (restarted 300 ms later), while
 // the test sends the signals, each twice. It checks every flow ended as
-// planned, no step started before all it needs had succeeded, no step ran
-// again after the flow recorded it, rollbacks ran in reverse completion
-// order along every chain of needs, each signal landed once (the second
-// refused), and the timers, whose workers were all restarted between
-// publish and due time, fired within 1 s of it.
+// planned, no step started before all it needs had succeeded, no attempt
+// claimed after the flow recorded the step ran it (told by the order of
+// the store's commits), rollbacks ran in reverse completion order along
+// every chain of needs, each signal landed once (the second refused), and
+// the timers, whose workers were all restarted between publish and due
+// time, fired within 1 s of it.
 func TestFlowDAGChaos(t *testing.T) {
 	n := dagChaosFlows
 	if v := os.Getenv("LEASEPOOL_TEST_DAG_FLOWS"); v != "" {
@@ -97,6 +98,7 @@ func TestFlowDAGChaos(t *testing.T) {
 	ctx := testContext(t, 5*time.Minute)
 	store, storeURL := openTestStore(t, ctx)
 	runLog := filepath.Join(t.TempDir(), "steps.log")
+	mark := commitMark(t, ctx, store)
 
 	// Published before the workers start, as fast as the store takes them.
 	plan := map[string]dagFlow{}
@@ -217,7 +219,7 @@ func TestFlowDAGChaos(t *testing.T) {
 		t.Fatalf("%d flows stored, %d published", len(flows), n)
 	}
 	runs := readStepLog(t, runLog)
-	reruns := checkDAGSideEffects(t, ctx, store, flows, runs, plan)
+	reruns, overtaken := checkDAGSideEffects(t, ctx, store, flows, runs, plan, commitsSince(t, ctx, store, mark))
 	signals, timers, failing, late := 0, 0, 0, time.Duration(0)
 	for _, f := range flows {
 		d := plan[f.Key]
@@ -250,8 +252,8 @@ func TestFlowDAGChaos(t *testing.T) {
 			failing++
 		}
 	}
-	t.Logf("DAG chaos: %d flows (%d failing by design, %d waiting for a signal, %d for a timer, fired at most %s late) finished in %s with %d SIGKILLs; %d step runs, %d repeated under a new attempt",
-		n, failing, signals, timers, late.Round(time.Millisecond), elapsed.Round(time.Second), len(slices.Concat(slices.Collect(maps.Values(kills))...)), len(runs), reruns)
+	t.Logf("DAG chaos: %d flows (%d failing by design, %d waiting for a signal, %d for a timer, fired at most %s late) finished in %s with %d SIGKILLs; %d step runs, %d repeated under a new attempt (%d claimed before the flow recorded an earlier one)",
+		n, failing, signals, timers, late.Round(time.Millisecond), elapsed.Round(time.Second), len(slices.Concat(slices.Collect(maps.Values(kills))...)), len(runs), reruns, overtaken)
 }
 
 // ancestors returns, for each step of f, the steps it needs directly or
@@ -277,11 +279,14 @@ func ancestors(f *flow.Flow) [][]int {
 
 // checkDAGSideEffects checks the side effects the steps appended: none
 // twice under one attempt; none of a step's work begun before the
-// recorded side effect of every step it needs was written; none begun
-// under a later attempt than the recorded one after the flow recorded it;
-// and no rollback begun before the recorded rollback of every step that
-// needs it ended. It returns how many runs repeated under a new attempt.
-func checkDAGSideEffects(t *testing.T, ctx context.Context, store task.Store, flows []*flow.Flow, runs []stepRun, plan map[string]dagFlow) (reruns int) {
+// recorded side effect of every step it needs was written; none under a
+// later attempt than the recorded one whose claim the store committed
+// after the flow's record; and no rollback begun before the recorded
+// rollback of every step that needs it ended. It returns how many runs
+// repeated under a new attempt, and how many of those ran under an
+// attempt claimed before the flow recorded an earlier one.
+func checkDAGSideEffects(t *testing.T, ctx context.Context, store task.Store, flows []*flow.Flow, runs []stepRun, plan map[string]dagFlow,
+	order commitOrder) (reruns, overtaken int) {
 	t.Helper()
 	type run struct{ flow, step, dir string }
 	byRun := map[run][]stepRun{}
@@ -322,14 +327,6 @@ func checkDAGSideEffects(t *testing.T, ctx context.Context, store task.Store, fl
 		}
 		return attempts[key]
 	}
-	claimedAt := func(key string, attempt int) time.Time {
-		for _, a := range history(key) {
-			if a.Attempt == attempt {
-				return a.StartedAt
-			}
-		}
-		return time.Time{}
-	}
 	for _, f := range flows {
 		anc := ancestors(f)
 		for i, st := range f.Steps {
@@ -340,13 +337,26 @@ func checkDAGSideEffects(t *testing.T, ctx context.Context, store task.Store, fl
 				rec, _ := recorded(f, i, dir)
 				mine := byRun[run{f.Key, st.Name, dir}]
 				for _, sr := range mine {
-					// The middleware reads the flow after its claim: an
-					// attempt claimed after the flow recorded another must
-					// not run (a process may take a while to start, so the
-					// claim's time, not the side effect's, is compared).
-					if claimed := claimedAt(rec.Task, sr.attempt); rec.Attempt > 0 && sr.attempt > rec.Attempt && claimed.After(rec.EndedAt.Add(100*time.Millisecond)) {
-						t.Errorf("%s/%s/%s ran under attempt %d claimed at %s, after the flow recorded attempt %d at %s", f.Key, st.Name, dir,
-							sr.attempt, claimed.Format("15:04:05.000"), rec.Attempt, rec.EndedAt.Format("15:04:05.000"))
+					// The middleware reads the flow after its claim has
+					// committed: an attempt claimed after the flow's record
+					// of another committed must not run. One claimed before
+					// may: the earlier attempt's worker, its lease lapsed in
+					// a stalled store, records its outcome after the next
+					// holder read the flow (at-least-once; the record's
+					// ended_at is taken before its write, so no time
+					// bounds this). Commit order, not time, tells them apart.
+					if rec.Attempt > 0 && sr.attempt > rec.Attempt {
+						claim, record := order.claim[claimAt{rec.Task, sr.attempt}], order.record[runAt{f.Key, st.Name, dir}]
+						switch {
+						case claim == 0 || record == 0:
+							t.Errorf("%s/%s/%s: the change stream lacks attempt %d's claim (write %d) or the flow's record of attempt %d (write %d)",
+								f.Key, st.Name, dir, sr.attempt, claim, rec.Attempt, record)
+						case claim > record:
+							t.Errorf("%s/%s/%s ran under attempt %d, whose claim (write %d) committed after the flow recorded attempt %d (write %d)",
+								f.Key, st.Name, dir, sr.attempt, claim, rec.Attempt, record)
+						default:
+							overtaken++
+						}
 					}
 					if sr.attempt != rec.Attempt && !(dir == "do" && st.Name == plan[f.Key].fails) {
 						reruns++
@@ -400,7 +410,7 @@ func checkDAGSideEffects(t *testing.T, ctx context.Context, store task.Store, fl
 			}
 		}
 	}
-	return reruns
+	return reruns, overtaken
 }
 
 // checkDAGFlowEnd checks a flow's end against its plan, in the flow
