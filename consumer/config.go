@@ -27,9 +27,11 @@ type Config struct {
 	// Concurrency is how many handlers run at once. Default 8.
 	Concurrency int
 	// InstantKinds are kinds whose tasks only record that their time came
-	// (a flow's timers): one that falls due is claimed even while every
-	// slot runs a handler, up to InstantSlots of them beyond Concurrency,
-	// so that a busy worker does not hold it back for a handler to end.
+	// (a flow's timers): one that falls due is claimed in a lane of
+	// InstantSlots beside the Concurrency slots (in a free slot when the
+	// lane is full), so that a busy worker does not hold it back for a
+	// handler to end. Their handlers must return promptly: one that
+	// blocks holds its lane slot as long as it runs.
 	// Default: the kinds registered with Mux.RegisterInstant on the
 	// Handler when it is a *Mux.
 	InstantKinds []string

@@ -54,7 +54,7 @@ type Consumer struct {
 	requery chan struct{}
 	pollNow chan struct{}
 	results chan attemptResult
-	handled chan struct{}
+	handled chan bool // a handler returned: true for an instant lane's slot
 
 	// ctl is the pauses and rate limits as last loaded; controlChanged
 	// tells the scheduler a load happened. slots is what this process
@@ -102,6 +102,7 @@ type attemptResult struct {
 	limited  bool     // retry waits for a rate limit's slot
 	// slotFreed: the slot was given back when the handler returned.
 	slotFreed bool
+	instant   bool // the slot was the instant lane's (dispatch)
 }
 
 // New validates cfg and returns a consumer ready to Start.
@@ -118,7 +119,7 @@ func New(cfg Config) (*Consumer, error) {
 		requery:        make(chan struct{}, 1),
 		pollNow:        make(chan struct{}, 1),
 		results:        make(chan attemptResult, cfg.Concurrency+InstantSlots),
-		handled:        make(chan struct{}, cfg.Concurrency+InstantSlots),
+		handled:        make(chan bool, cfg.Concurrency+InstantSlots),
 		controlChanged: make(chan struct{}, 1),
 		running:        &runTable{m: map[string]*run{}},
 		locks:          newLockQueue(),

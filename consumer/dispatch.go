@@ -21,37 +21,48 @@ func (s *scheduler) onControl() {
 }
 
 // InstantSlots is how many claims of the instant kinds
-// (Config.InstantKinds) may run beyond Concurrency. Such a task holds its
-// slot for a claim and a write or two, so a few serve a burst of timers
-// due at once.
+// (Config.InstantKinds) run in a lane of their own beside the Concurrency
+// slots. Such a task holds its slot for a claim and a write or two, so a
+// few serve a burst of timers due at once.
 const InstantSlots = 4
 
-// dispatch starts a claim attempt for each due entry while slots are
-// free; then, with every slot taken, for each due entry of an instant kind
-// while fewer than InstantSlots run beyond them. free counts the slots
-// left, less the claims running beyond them: each attempt's end gives one
-// back, whichever kind it was, so a task of another kind starts only
-// while fewer than Concurrency attempts run.
+// dispatch starts a claim attempt for each due entry of an instant kind
+// while the instant lane has room, then for each due entry, of any kind,
+// while slots are free. Each attempt gives back, when its handler returns,
+// the slot it took (release): a stream of instant tasks, each running
+// beside the last, keeps no slot from the other kinds, and the other
+// kinds never run more than Concurrency at once.
 func (s *scheduler) dispatch(ctx context.Context) {
+	for s.lane < InstantSlots {
+		e, ok := s.tab.popInstant(s.store.Now())
+		if !ok {
+			break
+		}
+		s.start(ctx, e, true)
+	}
 	for s.free > 0 {
 		e, ok := s.tab.pop(s.store.Now())
 		if !ok {
 			return
 		}
-		s.start(ctx, e)
-	}
-	for s.free > -InstantSlots {
-		e, ok := s.tab.popInstant(s.store.Now())
-		if !ok {
-			return
-		}
-		s.start(ctx, e)
+		s.start(ctx, e, false)
 	}
 }
 
-// start starts a claim attempt for a dispatched entry, unless a pause, a
-// rate limit or a lock key busy here holds it back.
-func (s *scheduler) start(ctx context.Context, e preempt.Entry) {
+// release gives back an attempt's slot: the instant lane's, or one of
+// the Concurrency slots.
+func (s *scheduler) release(instant bool) {
+	if instant {
+		s.lane--
+	} else {
+		s.free++
+	}
+}
+
+// start starts a claim attempt for a dispatched entry, in the instant
+// lane or a slot, unless a pause, a rate limit or a lock key busy here
+// holds it back.
+func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	ctl := s.ctl.Load()
 	if _, paused := ctl.Paused(e.Task); paused {
 		s.tab.pause(e)
@@ -73,7 +84,11 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry) {
 	s.locks.hold(rate)
 	wakes := s.locks.depart(keys)
 	s.tab.claim(e.Key)
-	s.free--
+	if instant {
+		s.lane++
+	} else {
+		s.free--
+	}
 	s.inflight.Add(1)
 	go func() {
 		defer s.inflight.Done()
@@ -92,13 +107,13 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry) {
 		handled := func() {
 			slotFreed.Store(true)
 			select {
-			case s.handled <- struct{}{}:
+			case s.handled <- instant:
 			case <-s.done:
 			}
 		}
 		r := s.attempt(ctx, e, decided, handled)
 		decided()
-		r.busy, r.wakes, r.slotFreed = keys, wakes, slotFreed.Load()
+		r.busy, r.wakes, r.slotFreed, r.instant = keys, wakes, slotFreed.Load(), instant
 		select {
 		case s.results <- r:
 		case <-s.done:

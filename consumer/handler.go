@@ -99,7 +99,9 @@ func (m *Mux) RegisterFunc(kind string, f func(context.Context, *Job) error) {
 
 // RegisterInstant is Register for a kind whose tasks only record that
 // their time came, as a flow's timers do: a consumer claims one that falls
-// due even while every slot runs a handler (Config.InstantKinds).
+// due even while every slot runs a handler (Config.InstantKinds). h must
+// return promptly: InstantSlots handlers that block fill the lane, and
+// the kind's tasks then wait for the worker's slots.
 func (m *Mux) RegisterInstant(kind string, h Handler) {
 	m.Register(kind, h)
 	m.mu.Lock()

@@ -31,7 +31,7 @@ type scheduler struct {
 	attempt  func(ctx context.Context, e preempt.Entry, decided, handled func()) attemptResult
 	inflight *sync.WaitGroup
 	results  chan attemptResult
-	handled  chan struct{}   // a claimed attempt's handler returned: its slot is free
+	handled  chan bool       // a claimed attempt's handler returned: its slot is free (true: the instant lane's)
 	done     <-chan struct{} // closed once the scheduler returned
 	queued   *atomic.Int64
 
@@ -48,7 +48,9 @@ type scheduler struct {
 	// claimsDone receives the rate keys of each claim once decided.
 	slots      *slotTable
 	claimsDone chan []string
-	free       int
+	// free is the Concurrency slots left; lane the instant lane's claims
+	// running (dispatch).
+	free, lane int
 	overflow   bool
 	resume     *task.Task // where the next overflow query continues
 	// resumeShare is the share the backlog past resume is read by (nil:
@@ -179,8 +181,8 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.onResult(r)
 		case p := <-s.pages:
 			s.onPage(p)
-		case <-s.handled:
-			s.free++
+		case instant := <-s.handled:
+			s.release(instant)
 		case keys := <-s.claimsDone:
 			now := s.store.Now()
 			for _, k := range s.locks.unhold(keys) {
@@ -198,7 +200,7 @@ func (s *scheduler) wait() time.Duration {
 	if s.free <= 0 {
 		// Every slot is taken: only an instant task may start (dispatch).
 		at, ok := s.heap.NextInstant()
-		if !ok || s.free <= -InstantSlots {
+		if !ok || s.lane >= InstantSlots {
 			return time.Hour // a result will wake us
 		}
 		return max(time.Until(at)+time.Millisecond, 0)
@@ -360,7 +362,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 // snoozed for 10 ms would wait for the lease its claim saw to end.
 func (s *scheduler) onResult(r attemptResult) {
 	if !r.slotFreed {
-		s.free++
+		s.release(r.instant)
 	}
 	now := s.store.Now()
 	seen := s.tab.heard(r.key)

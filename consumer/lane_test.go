@@ -1,0 +1,89 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/task"
+)
+
+// TestInstantStreamLeavesSlotToOtherKinds: a steady stream of instant
+// tasks, each running beside the last, does not keep a task of another
+// kind out of the worker's only slot once that slot's handler ends.
+func TestInstantStreamLeavesSlotToOtherKinds(t *testing.T) {
+	e := setup(t)
+	const tick = "test.tick"
+	release := make(chan struct{})
+	var ticksNow atomic.Int32
+	ticksAtQueued := make(chan int32, 1)
+	e.worker("w1", func(ctx context.Context, job *consumer.Job) error {
+		switch {
+		case job.Task.Kind == tick:
+			ticksNow.Add(1)
+			defer ticksNow.Add(-1)
+			time.Sleep(150 * time.Millisecond)
+			return nil
+		case job.Task.Key == "queued":
+			ticksAtQueued <- ticksNow.Load()
+			return nil
+		}
+		return hold(ctx, t, release)
+	}, concurrency(1), func(c *consumer.Config) { c.InstantKinds = []string{tick} })
+
+	e.publish("long")
+	e.waitState("long", task.StateRunning)
+	e.publish("queued")
+	// A tick falls due every 50 ms for 3 s: three run at any moment.
+	start := time.Now().Add(100 * time.Millisecond)
+	for i := range 60 {
+		p := params(fmt.Sprintf("tick-%02d", i), runAt(start.Add(time.Duration(i)*50*time.Millisecond)))
+		p.Kind = tick
+		if _, _, err := task.Publish(context.Background(), e.store, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Until(start.Add(500 * time.Millisecond)))
+	close(release)
+	if n := recv(t, ticksAtQueued, "queued to start"); n == 0 {
+		t.Errorf("queued started only once no tick ran: the ticks running beside the only slot kept it when it freed")
+	}
+	if doc := e.get("tick-59"); doc.State == task.StateSucceeded {
+		t.Errorf("queued started after the last tick ran; want it to start while the ticks go on")
+	}
+}
+
+// TestHungInstantHandlersKeepNoSlot: handlers of an instant kind that
+// never return fill the instant lane and no more: tasks of other kinds
+// still run in the worker's only slot.
+func TestHungInstantHandlersKeepNoSlot(t *testing.T) {
+	e := setup(t)
+	const tick = "test.tick"
+	release := make(chan struct{})
+	defer close(release)
+	var ticks atomic.Int32
+	e.worker("w1", func(ctx context.Context, job *consumer.Job) error {
+		if job.Task.Kind == tick {
+			ticks.Add(1)
+			return hold(ctx, t, release)
+		}
+		return nil
+	}, concurrency(1), func(c *consumer.Config) { c.InstantKinds = []string{tick} })
+	for i := range consumer.InstantSlots {
+		p := params(fmt.Sprintf("tick-%d", i))
+		p.Kind = tick
+		if _, _, err := task.Publish(context.Background(), e.store, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Second, func() bool { return ticks.Load() == consumer.InstantSlots }, "the ticks to fill the lane")
+	for i := range 3 {
+		e.publish(fmt.Sprintf("work-%d", i))
+	}
+	for i := range 3 {
+		e.waitState(fmt.Sprintf("work-%d", i), task.StateSucceeded)
+	}
+}
