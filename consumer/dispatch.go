@@ -18,6 +18,18 @@ import (
 // them.
 func (s *scheduler) onControl() {
 	s.tab.lift(s.ctl.Load(), s.store.Now())
+	if s.pausedOut {
+		s.pausedOut = false
+		s.dropped() // the tasks let go may be free now: read them again
+	}
+}
+
+// pausedFull reports whether the tasks a pause holds here fill their
+// part of the heap bound, half of it: past that a paused task is let go
+// (read again after the next reload), so that a paused backlog never
+// keeps the other tasks out.
+func (s *scheduler) pausedFull() bool {
+	return s.tab.counts[statePaused] >= s.cfg.HeapSize/2
 }
 
 // InstantSlots is how many claims of the instant kinds
@@ -65,6 +77,11 @@ func (s *scheduler) release(instant bool) {
 func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	ctl := s.ctl.Load()
 	if _, paused := ctl.Paused(e.Task); paused {
+		if s.pausedFull() {
+			s.tab.forget(e.Key)
+			s.pausedOut = true
+			return
+		}
 		s.tab.pause(e)
 		return
 	}

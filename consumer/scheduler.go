@@ -63,6 +63,9 @@ type scheduler struct {
 	// queryFailed: the last refill query failed, so the next one the
 	// loop wakes for waits a second (see untilQueryDue).
 	queryFailed bool
+	// pausedOut: a task a pause covers was let go, the paused ones held
+	// here being at their bound (pausedFull); a reload queries again.
+	pausedOut bool
 	// A refill page of a long backlog is read in its own goroutine, so
 	// that slots freed meanwhile are refilled from the heap rather than
 	// waiting for the query (a page is a few milliseconds of reads and
@@ -221,6 +224,11 @@ func (s *scheduler) wants(t *task.Task) bool {
 // state (newer); one of a key being claimed is kept for the result.
 func (s *scheduler) offer(t *task.Task, now time.Time) {
 	if !s.wants(t) || !s.tab.see(t) || s.tab.state(t.Key) == stateClaiming {
+		return
+	}
+	if _, paused := s.ctl.Load().Paused(t); paused && !s.tab.state(t.Key).held() && s.pausedFull() {
+		s.tab.forget(t.Key)
+		s.pausedOut = true
 		return
 	}
 	runningHere := s.running.get(t.Key) != nil
