@@ -72,6 +72,7 @@ func TestFlowChaos(t *testing.T) {
 	}
 	t.Cleanup(func() { store.Close() })
 	runLog := filepath.Join(t.TempDir(), "steps.log")
+	mark := commitMark(t, ctx, store)
 	failing := map[string]bool{}
 	for i := range flowChaosFlows {
 		spec, fails := chaosFlowSpec(i, runLog)
@@ -114,7 +115,7 @@ func TestFlowChaos(t *testing.T) {
 	if len(flows) != flowChaosFlows {
 		t.Fatalf("%d flows stored, %d published", len(flows), flowChaosFlows)
 	}
-	reruns, afterKill := checkFlowSideEffects(t, ctx, store, flows, readStepLog(t, runLog), kills, failing)
+	reruns, afterKill := checkFlowSideEffects(t, ctx, store, flows, readStepLog(t, runLog), kills, failing, commitsSince(t, ctx, store, mark))
 	for _, f := range flows {
 		checkChaosFlowEnd(t, f, failing[f.Key])
 	}
@@ -160,18 +161,18 @@ func readStepLog(t *testing.T, path string) []stepRun {
 }
 
 // checkFlowSideEffects checks that no (flow, run, step, direction, task
-// attempt) has two side effects, that no step started under a later
-// attempt than the one the flow recorded, after it recorded it (the
-// middleware does not run a recorded step again), and that a step ran again under a new attempt only after an
+// attempt) has two side effects, that no step ran under a later attempt
+// than the one the flow recorded whose claim the store committed after
+// the flow's record (the middleware does not run a recorded step again),
+// and that a step ran again under a new attempt only after an
 // attempt that did not succeed (its worker was killed or lost its lease
 // before the flow recorded it: at-least-once). It returns how many repeats
 // there were, and how many of those followed a SIGKILL of the worker.
 func checkFlowSideEffects(t *testing.T, ctx context.Context, store task.Store, flows []*flow.Flow, runs []stepRun,
-	kills map[string][]time.Time, failing map[string]bool) (reruns, afterKill int) {
+	kills map[string][]time.Time, failing map[string]bool, order commitOrder) (reruns, afterKill int) {
 	t.Helper()
-	recorded := map[string]int{}         // flow/step/dir -> attempt the flow recorded
-	recordedAt := map[string]time.Time{} // ... and when
-	taskKeys := map[string]string{}      // flow/step/dir -> the step task's key
+	recorded := map[string]int{}    // flow/step/dir -> attempt the flow recorded
+	taskKeys := map[string]string{} // flow/step/dir -> the step task's key
 	for _, f := range flows {
 		for i, st := range f.Steps {
 			for _, dir := range []string{"do", "undo"} {
@@ -181,7 +182,6 @@ func checkFlowSideEffects(t *testing.T, ctx context.Context, store task.Store, f
 				}
 				if r.Attempt > 0 {
 					recorded[f.Key+"/"+st.Name+"/"+dir] = r.Attempt
-					recordedAt[f.Key+"/"+st.Name+"/"+dir] = r.EndedAt
 					taskKeys[f.Key+"/"+st.Name+"/"+dir] = r.Task
 				}
 			}
@@ -200,12 +200,15 @@ func checkFlowSideEffects(t *testing.T, ctx context.Context, store task.Store, f
 		seen[id] = true
 		key := r.flow + "/" + r.step + "/" + r.dir
 		byStep[key] = append(byStep[key], r)
-		// A later attempt may have passed the middleware's check just
-		// before a lease-lost earlier one recorded its success; one that
-		// started well after the record was not checked.
-		if a, ok := recorded[key]; ok && r.attempt > a && r.began.After(recordedAt[key].Add(time.Second)) {
-			t.Errorf("%s started under attempt %d at %s, after the flow recorded attempt %d at %s", key, r.attempt,
-				r.began.Format("15:04:05.000"), a, recordedAt[key].Format("15:04:05.000"))
+		// A later attempt may have read the flow before a lease-lost
+		// earlier one's record landed (see checkDAGSideEffects); one whose
+		// claim committed after the record read it and must not run.
+		if a, ok := recorded[key]; ok && r.attempt > a {
+			claim, record := order.claim[claimAt{taskKeys[key], r.attempt}], order.record[runAt{r.flow, r.step, r.dir}]
+			if claim == 0 || record == 0 || claim > record {
+				t.Errorf("%s ran under attempt %d, claimed in write %d; the flow recorded attempt %d in write %d (0: not in the change stream)",
+					key, r.attempt, claim, a, record)
+			}
 		}
 	}
 	for key, rs := range byStep {
