@@ -233,7 +233,10 @@ func (s *countingStore) Insert(ctx context.Context, t *task.Task) (*task.Task, b
 // TestOneElectedRunnerPublishes: three runners with holder ids on three
 // handles of one store (as three workers): one polls and publishes, the
 // others insert nothing; when it stops, another takes over and no slot
-// is missed.
+// is missed. The runners poll every DefaultPoll, as workers do: their
+// lease is three polls, and a holder whose renewal the store stalls past
+// it hands over to another by design (a slot published twice is one
+// task), which a loaded machine does to a 300 ms lease.
 func TestOneElectedRunnerPublishes(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "s.db")
@@ -247,7 +250,7 @@ func TestOneElectedRunnerPublishes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range runners {
-		r, err := schedule.NewRunner(schedule.RunnerConfig{Store: stores[i], Poll: 100 * time.Millisecond, HolderID: fmt.Sprintf("w%d", i)})
+		r, err := schedule.NewRunner(schedule.RunnerConfig{Store: stores[i], Poll: schedule.DefaultPoll, HolderID: fmt.Sprintf("w%d", i)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +260,20 @@ func TestOneElectedRunnerPublishes(t *testing.T) {
 		t.Cleanup(func() { r.Stop(context.Background()) })
 		runners[i] = r
 	}
-	time.Sleep(2500 * time.Millisecond)
+	published := func() bool {
+		for _, s := range stores {
+			if s.inserts.Load() > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); !published(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no runner published in 10 s")
+		}
+	}
+	time.Sleep(2500 * time.Millisecond) // the others' polls: they must insert nothing
 	holder := -1
 	for i, s := range stores {
 		if n := s.inserts.Load(); n > 0 {
@@ -267,17 +283,24 @@ func TestOneElectedRunnerPublishes(t *testing.T) {
 			holder = i
 		}
 	}
-	if holder < 0 {
-		t.Fatal("no runner published in 2.5 s")
-	}
 	if err := runners[holder].Stop(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	before := len(slotsOf(t, stores[0], "tick"))
-	time.Sleep(2500 * time.Millisecond)
-	got := slotsOf(t, stores[0], "tick")
-	if len(got) < before+2 || holes(got, time.Second) != 0 {
-		t.Fatalf("after the holder stopped: slots %v (%d before; want two more, none missing)", got, before)
+	// A stopped holder releases the lease: another takes it within a poll
+	// and publishes a slot a poll ahead. The bound: the lease (three
+	// polls, for a release that did not land), two slots, and a second.
+	var got []time.Time
+	for deadline := time.Now().Add(3*schedule.DefaultPoll + 3*time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if got = slotsOf(t, stores[0], "tick"); len(got) >= before+2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the holder stopped: slots %v (%d before; want two more)", got, before)
+		}
+	}
+	if holes(got, time.Second) != 0 {
+		t.Fatalf("after the holder stopped: slots %v (want none missing)", got)
 	}
 	took := 0
 	for i, s := range stores {
