@@ -3,7 +3,9 @@ package schedule_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,6 +57,9 @@ func deepJSON(n int) string {
 	return string(b)
 }
 
+// forgedRuns numbers TestRunnerSkipsForgedDocuments's runs in this process.
+var forgedRuns atomic.Int64
+
 // TestRunnerSkipsForgedDocuments: schedule documents Add would refuse (a
 // built-in's name, whose occurrences would be reserved keys; a value that
 // does not decode; a schedule stored under another's name) and a corrupt
@@ -63,35 +68,39 @@ func TestRunnerSkipsForgedDocuments(t *testing.T) {
 	t.Parallel()
 	s := openStore(t, filepath.Join(t.TempDir(), "s.db"))
 	ctx := t.Context()
-	if _, err := schedule.Add(ctx, s, schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
+	// A process counts a document (kind, id, version) once: names of this
+	// run's own keep -count=N counting.
+	run := fmt.Sprint(forgedRuns.Add(1))
+	tick := "tick-" + run
+	if _, err := schedule.Add(ctx, s, schedule.Schedule{Name: tick, Every: task.Duration(time.Second),
 		CatchUp: schedule.DefaultCatchUp, Template: schedule.Template{Kind: "noop"}}, false); err != nil {
 		t.Fatal(err)
 	}
-	forged, _ := json.Marshal(schedule.Schedule{Name: "leasepool.forged", Every: task.Duration(time.Second),
+	forged, _ := json.Marshal(schedule.Schedule{Name: "leasepool.forged-" + run, Every: task.Duration(time.Second),
 		CatchUp: schedule.DefaultCatchUp, Template: schedule.Template{Kind: "exec"}, Since: s.Now().Add(-time.Hour)})
-	misnamed, _ := json.Marshal(schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
+	misnamed, _ := json.Marshal(schedule.Schedule{Name: tick, Every: task.Duration(time.Second),
 		CatchUp: schedule.DefaultCatchUp, Template: schedule.Template{Kind: "exec"}, Since: s.Now().Add(-time.Hour)})
 	before := task.MalformedCounts()
 	for _, d := range []task.Document{
-		{Namespace: schedule.Namespace, ID: "leasepool.forged", Value: forged},
-		{Namespace: schedule.Namespace, ID: "garbage", Value: json.RawMessage(`{"every":"soon"}`)},
-		{Namespace: schedule.Namespace, ID: "other", Value: misnamed},
-		{Namespace: schedule.CursorNamespace, ID: "tick", Value: json.RawMessage(`"not a cursor"`)},
+		{Namespace: schedule.Namespace, ID: "leasepool.forged-" + run, Value: forged},
+		{Namespace: schedule.Namespace, ID: "garbage-" + run, Value: json.RawMessage(`{"every":"soon"}`)},
+		{Namespace: schedule.Namespace, ID: "other-" + run, Value: misnamed},
+		{Namespace: schedule.CursorNamespace, ID: tick, Value: json.RawMessage(`"not a cursor"`)},
 	} {
 		if _, err := s.PutDocument(task.WithInternalWrite(ctx), d); err != nil {
 			t.Fatal(err)
 		}
 	}
 	l, err := schedule.List(ctx, s)
-	if err != nil || len(l) != 1 || l[0].Name != "tick" || !l[0].LastSlot.IsZero() {
+	if err != nil || len(l) != 1 || l[0].Name != tick || !l[0].LastSlot.IsZero() {
 		t.Fatalf("List over forged documents = %+v, %v; want tick only, with no last slot", l, err)
 	}
 	startRunner(t, s, time.Second)
 	deadline := time.Now().Add(5 * time.Second)
-	for len(slotsOf(t, s, "tick")) < 2 && time.Now().Before(deadline) {
+	for len(slotsOf(t, s, tick)) < 2 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if n := len(slotsOf(t, s, "tick")); n < 2 {
+	if n := len(slotsOf(t, s, tick)); n < 2 {
 		t.Fatalf("tick published %d slots over forged records; want the runner to go on", n)
 	}
 	if own, err := s.List(ctx, task.ListQuery{Reserved: true}); err != nil || len(own) != 0 {
