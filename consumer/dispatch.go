@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/task"
 )
 
 // onControl makes the tasks waiting for a rate limit's slot due now
@@ -24,12 +25,64 @@ func (s *scheduler) onControl() {
 	}
 }
 
-// pausedFull reports whether the tasks a pause holds here fill their
-// part of the heap bound, half of it: past that a paused task is let go
-// (read again after the next reload), so that a paused backlog never
-// keeps the other tasks out.
-func (s *scheduler) pausedFull() bool {
-	return s.tab.counts[statePaused] >= s.cfg.HeapSize/2
+// asideFull reports whether the tasks held aside here, paused or parked
+// behind a lock key busy here, fill their part of the heap bound, half
+// of it: past that such a task is let go (letAside), so that a paused
+// backlog, or a long line on one key, never keeps the other tasks out.
+func (s *scheduler) asideFull() bool {
+	return s.tab.counts[statePaused]+s.tab.counts[stateLockParked] >= s.cfg.HeapSize/2
+}
+
+// letAside lets t, offered and not held here, go, and reports true, when
+// the tasks held aside fill their bound and a pause covers t or a lock
+// key of its is busy here, or when tasks taking one of its keys were let
+// go already (so that the key's line keeps its order: those parked here
+// run first, then the rest as read again). It notes what reads t again:
+// the next reload, or the key's freeing (freed). The store keeps t,
+// unchanged. start lets go alike the entries it would hold aside.
+func (s *scheduler) letAside(t *task.Task) bool {
+	if t == nil {
+		return false
+	}
+	keys := append(s.rateKeys(t), t.LockKeys...)
+	for _, k := range keys {
+		if s.letGo[k] {
+			s.tab.forget(t.Key)
+			return true
+		}
+	}
+	if !s.asideFull() {
+		return false
+	}
+	if _, paused := s.ctl.Load().Paused(t); paused {
+		s.tab.forget(t.Key)
+		s.pausedOut = true
+		return true
+	}
+	if k, busy := s.locks.busyKey(keys); busy {
+		s.tab.forget(t.Key)
+		s.letGo[k] = true
+		return true
+	}
+	return false
+}
+
+// rateKeys is the lock queue keys of t's rate limits (rateQueueKey).
+func (s *scheduler) rateKeys(t *task.Task) []string {
+	var keys []string
+	for _, b := range s.ctl.Load().Buckets(t) {
+		keys = append(keys, rateQueueKey(b))
+	}
+	return keys
+}
+
+// freed notes that lock key k is free here: once no task is parked on
+// it, the tasks let go while it was busy are read again.
+func (s *scheduler) freed(k string) {
+	if s.letGo[k] && !s.locks.hasParked(k) {
+		delete(s.letGo, k)
+		s.dropped()
+	}
 }
 
 // InstantSlots is how many claims of the instant kinds
@@ -73,11 +126,11 @@ func (s *scheduler) release(instant bool) {
 
 // start starts a claim attempt for a dispatched entry, in the instant
 // lane or a slot, unless a pause, a rate limit or a lock key busy here
-// holds it back.
+// holds it back (aside, or let go: see letAside).
 func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	ctl := s.ctl.Load()
 	if _, paused := ctl.Paused(e.Task); paused {
-		if s.pausedFull() {
+		if s.asideFull() {
 			s.tab.forget(e.Key)
 			s.pausedOut = true
 			return
@@ -94,6 +147,11 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 		keys = e.Task.LockKeys
 	}
 	if k, busy := s.locks.busyKey(append(rate, keys...)); busy {
+		if s.letGo[k] || s.asideFull() {
+			s.tab.forget(e.Key)
+			s.letGo[k] = true
+			return
+		}
 		s.tab.park(e, k)
 		return
 	}

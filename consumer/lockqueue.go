@@ -250,6 +250,13 @@ func (q *lockQueue) nextParked(key string) (preempt.Entry, bool) {
 	return best, ok
 }
 
+// hasParked reports whether a task is parked on key.
+func (q *lockQueue) hasParked(key string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.parked[key]) > 0
+}
+
 // parkedCount is how many tasks the parked index holds.
 func (q *lockQueue) parkedCount() int {
 	q.mu.Lock()

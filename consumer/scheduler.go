@@ -63,9 +63,12 @@ type scheduler struct {
 	// queryFailed: the last refill query failed, so the next one the
 	// loop wakes for waits a second (see untilQueryDue).
 	queryFailed bool
-	// pausedOut: a task a pause covers was let go, the paused ones held
-	// here being at their bound (pausedFull); a reload queries again.
+	// pausedOut: a task a pause covers was let go, the tasks held aside
+	// being at their bound (asideFull): a reload queries again; letGo
+	// holds the lock keys busy here whose waiting tasks were let go: the
+	// key's freeing with none parked on it queries again (freed).
 	pausedOut bool
+	letGo     map[string]bool
 	// A refill page of a long backlog is read in its own goroutine, so
 	// that slots freed meanwhile are refilled from the heap rather than
 	// waiting for the query (a page is a few milliseconds of reads and
@@ -99,7 +102,7 @@ func (c *Consumer) newScheduler() *scheduler {
 		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl,
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency),
-		pages: make(chan fetchedPage, 1),
+		pages: make(chan fetchedPage, 1), letGo: map[string]bool{},
 		peers: &c.peers, spread: preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, ranks: map[string]int{},
 	}
 	s.tab = newClaimTable(s.heap, s.locks, s.dropped)
@@ -190,6 +193,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			now := s.store.Now()
 			for _, k := range s.locks.unhold(keys) {
 				s.tab.wakeOne(k, now)
+				s.freed(k)
 			}
 		case <-timer.C:
 		case <-safety.C:
@@ -226,9 +230,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	if !s.wants(t) || !s.tab.see(t) || s.tab.state(t.Key) == stateClaiming {
 		return
 	}
-	if _, paused := s.ctl.Load().Paused(t); paused && !s.tab.state(t.Key).held() && s.pausedFull() {
-		s.tab.forget(t.Key)
-		s.pausedOut = true
+	if !s.tab.state(t.Key).held() && s.letAside(t) {
 		return
 	}
 	runningHere := s.running.get(t.Key) != nil
@@ -424,9 +426,11 @@ func (s *scheduler) onResult(r attemptResult) {
 			// wait on (for that holder's finish event or lease end); waking
 			// them would only have them fail again, round and round.
 			s.tab.wakeParked(k, now)
+			s.freed(k)
 			continue
 		}
 		s.tab.wakeOne(k, now)
+		s.freed(k)
 	}
 }
 
