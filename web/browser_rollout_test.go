@@ -118,8 +118,26 @@ func TestRolloutPageInBrowser(t *testing.T) {
 	// Pause from the page: nothing more is dispatched.
 	do(t, bctx, "pause", chromedp.Click(chromedp.CSS("#rollout-pause")))
 	waitFor(t, bctx, "paused", `(document.querySelector("#flash") || {}).textContent === "rollout paused: running commands finish, nothing new is sent" && document.querySelector("#rollout-state").textContent === "paused"`)
-	time.Sleep(300 * time.Millisecond) // commands dispatched before the pause may still be published
-	before, _, _ := rolloutTasks(t, s, "firmware-7")
+	// A dispatch recorded before the pause is published just after the
+	// driver's write that recorded it, which a loaded machine can put
+	// after the pause: count once every recorded dispatch is stored.
+	before := 0
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		ro, err := rollout.Get(t.Context(), s, "firmware-7")
+		if err != nil {
+			t.Fatal(err)
+		}
+		recorded := 0
+		for _, e := range ro.Devices {
+			recorded += e.Attempt
+		}
+		if before, _, _ = rolloutTasks(t, s, "firmware-7"); before == recorded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("paused: %d device tasks stored, %d dispatches recorded", before, recorded)
+		}
+	}
 	time.Sleep(1200 * time.Millisecond) // more than two rate slots
 	if after, _, _ := rolloutTasks(t, s, "firmware-7"); after != before || after == len(devices) {
 		t.Errorf("paused: %d device tasks, then %d: want no new one, and some devices left", before, after)
