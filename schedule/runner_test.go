@@ -139,13 +139,29 @@ func openMongo(t *testing.T, uri, db string) *mongostore.Store {
 	return s
 }
 
+// passCounter counts the passes of the runner reading through it: each
+// begins by reading the schedules.
+type passCounter struct {
+	task.Store
+	passes atomic.Int64
+}
+
+func (s *passCounter) Documents(ctx context.Context, namespace string) ([]task.Document, error) {
+	if namespace == schedule.Namespace {
+		s.passes.Add(1)
+	}
+	return s.Store.Documents(ctx, namespace)
+}
+
 func runnersShareSlots(t *testing.T, s1, s2 task.Store) {
 	if _, err := schedule.Add(t.Context(), s1, schedule.Schedule{Name: "tick", Every: task.Duration(time.Second),
 		CatchUp: schedule.CatchUp{Mode: schedule.CatchUpNone}, Template: schedule.Template{Kind: "noop"}}, false); err != nil {
 		t.Fatal(err)
 	}
-	startRunner(t, s1, 0)
-	startRunner(t, s2, 0)
+	runners := []*passCounter{{Store: s1}, {Store: s2}}
+	for _, r := range runners {
+		startRunner(t, r, 0)
+	}
 	time.Sleep(3 * time.Second)
 	got := slotsOf(t, s1, "tick")
 	if len(got) < 3 || holes(got, time.Second) != 0 {
@@ -154,7 +170,16 @@ func runnersShareSlots(t *testing.T, s1, s2 task.Store) {
 	if _, err := schedule.Pause(t.Context(), s2, "tick"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // a pass that began before the pause may still publish
+	// A pass that read the schedules before the pause may still publish:
+	// count once each runner has begun a pass after it, so has ended those
+	// before (a runner's passes run one after another).
+	for _, r := range runners {
+		for began, deadline := r.passes.Load(), time.Now().Add(time.Minute); r.passes.Load() == began; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("a runner began no pass in a minute after the pause")
+			}
+		}
+	}
 	paused := len(slotsOf(t, s1, "tick"))
 	time.Sleep(1500 * time.Millisecond)
 	if n := len(slotsOf(t, s1, "tick")); n != paused {
