@@ -158,7 +158,12 @@ func TestSignalOnAWorker(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	approval := flow.Step{Name: "approval", Type: flow.TypeSignal, Needs: []string{"create"}}
-	r.publish(t, "sig", `{}`, []flow.Step{stepOf("create"), approval, stepOf("bill", "approval")})
+	// The step after the signal waits at the gate until the second signal
+	// is sent: the flow must not finish in between, or that signal meets a
+	// finished flow (a loaded machine ran the step and ended the flow
+	// between two calls).
+	gated := flow.Step{Name: "bill", Needs: []string{"approval"}, Action: flow.Action{Kind: "test.gate"}}
+	r.publish(t, "sig", `{}`, []flow.Step{stepOf("create"), approval, gated})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		f, err := flow.Get(ctx, r.store, "sig")
@@ -185,6 +190,7 @@ func TestSignalOnAWorker(t *testing.T) {
 	if _, err := flow.Signal(ctx, r.store, "sig", "approval", json.RawMessage(`{"by":"bob"}`)); !errors.Is(err, flow.ErrAlreadySignalled) {
 		t.Fatalf("second signal: %v", err)
 	}
+	close(r.gate)
 	f := r.wait(t, "sig")
 	if f.State != flow.StateSucceeded || string(f.Params["approval"]) != `{"by":"ann"}` {
 		t.Fatalf("flow %s, approval %s", f.State, f.Params["approval"])

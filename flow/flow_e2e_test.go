@@ -31,6 +31,8 @@ type rig struct {
 	inside, maxInside atomic.Int32
 	// flaky counts test.flaky runs: the first fails, retryably.
 	flaky atomic.Int32
+	// gate holds test.gate handlers until it is closed.
+	gate chan struct{}
 }
 
 func newRig(t *testing.T) *rig {
@@ -41,7 +43,7 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	r := &rig{store: s, logs: &testutil.SyncBuffer{}}
+	r := &rig{store: s, logs: &testutil.SyncBuffer{}, gate: make(chan struct{})}
 	log := slog.New(slog.NewTextHandler(r.logs, nil))
 	mux := consumer.NewMux()
 	if err := flow.Register(mux, flow.Config{Store: s, Logger: log}); err != nil {
@@ -58,6 +60,14 @@ func newRig(t *testing.T) *rig {
 		r.mu.Unlock()
 		<-ctx.Done()
 		return context.Cause(ctx)
+	})
+	mux.RegisterFunc("test.gate", func(ctx context.Context, job *consumer.Job) error {
+		select {
+		case <-r.gate:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
 	})
 	mux.RegisterFunc("test.flaky", func(ctx context.Context, job *consumer.Job) error {
 		if r.flaky.Add(1) == 1 {
