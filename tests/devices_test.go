@@ -348,7 +348,9 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 		t.Errorf("command for the online device is %s after %s: %+v", onTask.State, outage, onTask.Workers)
 	}
 
-	eventually(t, 20*time.Second, "the command to succeed once the device is back", func() bool {
+	// The run may start up to the bound checked below (the device notices
+	// its outage by its keepalive); then it has to finish.
+	eventually(t, 15*time.Second+mqttdev.DefaultOfflineRetry+3*time.Second+10*time.Second, "the command to succeed once the device is back", func() bool {
 		tk, err := store.Get(ctx, offKey)
 		if err != nil {
 			t.Fatal(err)
