@@ -5,6 +5,7 @@ package consumer
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -35,17 +36,16 @@ func (s *scheduler) asideFull() bool {
 
 // letAside lets t, offered and not held here, go, and reports true, when
 // the tasks held aside fill their bound and a pause covers t or a lock
-// key of its is busy here, or when tasks taking one of its keys were let
-// go already (so that the key's line keeps its order: those parked here
-// run first, then the rest as read again). It notes what reads t again:
-// the next reload, or the key's freeing (freed). The store keeps t,
-// unchanged. start lets go alike the entries it would hold aside.
+// key of its is busy here, or when tasks taking one of its lock keys were
+// let go already (so that the key's line keeps its order: those held
+// here run first, then the rest as read again). It notes what reads t
+// again: the next reload, or the key's freeing (freed); the store keeps
+// t, unchanged. start lets go alike the entries it would hold aside.
 func (s *scheduler) letAside(t *task.Task) bool {
 	if t == nil {
 		return false
 	}
-	keys := append(s.rateKeys(t), t.LockKeys...)
-	for _, k := range keys {
+	for _, k := range t.LockKeys {
 		if s.letGo[k] {
 			s.tab.forget(t.Key)
 			return true
@@ -59,7 +59,7 @@ func (s *scheduler) letAside(t *task.Task) bool {
 		s.pausedOut = true
 		return true
 	}
-	if k, busy := s.locks.busyKey(keys); busy {
+	if k, busy := s.locks.busyKey(t.LockKeys); busy {
 		s.tab.forget(t.Key)
 		s.letGo[k] = true
 		return true
@@ -67,17 +67,12 @@ func (s *scheduler) letAside(t *task.Task) bool {
 	return false
 }
 
-// rateKeys is the lock queue keys of t's rate limits (rateQueueKey).
-func (s *scheduler) rateKeys(t *task.Task) []string {
-	var keys []string
-	for _, b := range s.ctl.Load().Buckets(t) {
-		keys = append(keys, rateQueueKey(b))
-	}
-	return keys
-}
-
-// freed notes that lock key k is free here: once no task is parked on
-// it, the tasks let go while it was busy are read again.
+// freed notes that lock key k is free: released here with no task parked
+// on it, or by its holder elsewhere (its finish event). The tasks on k
+// let go meanwhile are read again. A claim refused for k's holder
+// elsewhere frees nothing: those tasks wait for that holder, or for the
+// next query of everything (letGo is cleared then), and the line does
+// not re-read itself with every refused claim.
 func (s *scheduler) freed(k string) {
 	if s.letGo[k] && !s.locks.hasParked(k) {
 		delete(s.letGo, k)
@@ -147,7 +142,7 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 		keys = e.Task.LockKeys
 	}
 	if k, busy := s.locks.busyKey(append(rate, keys...)); busy {
-		if s.letGo[k] || s.asideFull() {
+		if slices.Contains(keys, k) && s.asideFull() {
 			s.tab.forget(e.Key)
 			s.letGo[k] = true
 			return

@@ -66,7 +66,7 @@ type scheduler struct {
 	// pausedOut: a task a pause covers was let go, the tasks held aside
 	// being at their bound (asideFull): a reload queries again; letGo
 	// holds the lock keys busy here whose waiting tasks were let go: the
-	// key's freeing with none parked on it queries again (freed).
+	// key's freeing queries again (freed), and so does the safety net.
 	pausedOut bool
 	letGo     map[string]bool
 	// A refill page of a long backlog is read in its own goroutine, so
@@ -179,6 +179,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.reload(ctx)
 			s.query(ctx)
 		case <-poll:
+			clear(s.letGo)
 			s.reload(ctx)
 			s.query(ctx)
 		case <-in.control:
@@ -193,10 +194,10 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			now := s.store.Now()
 			for _, k := range s.locks.unhold(keys) {
 				s.tab.wakeOne(k, now)
-				s.freed(k)
 			}
 		case <-timer.C:
 		case <-safety.C:
+			clear(s.letGo) // a finish event missed must not hold a line for good
 			s.reload(ctx)
 			s.query(ctx)
 		}
@@ -227,6 +228,12 @@ func (s *scheduler) wants(t *task.Task) bool {
 // it. A document older than the one held is refused whatever the key's
 // state (newer); one of a key being claimed is kept for the result.
 func (s *scheduler) offer(t *task.Task, now time.Time) {
+	if st := s.tab.state(t.Key); (st == stateLockWaiting || st == stateRateWaiting) && !newer(t, s.tab.doc(t.Key)) {
+		// Its wait stands: a query's row no newer than the document it
+		// waits on says nothing freed it. Made due, it would try a claim
+		// bound to fail, and a refill finding it due would read again.
+		return
+	}
 	if !s.wants(t) || !s.tab.see(t) || s.tab.state(t.Key) == stateClaiming {
 		return
 	}
@@ -339,6 +346,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.tab.wakeOne(k, now)
+			s.freed(k)
 		}
 	}
 	if s.tab.state(t.Key) == stateClaiming {
@@ -426,7 +434,6 @@ func (s *scheduler) onResult(r attemptResult) {
 			// wait on (for that holder's finish event or lease end); waking
 			// them would only have them fail again, round and round.
 			s.tab.wakeParked(k, now)
-			s.freed(k)
 			continue
 		}
 		s.tab.wakeOne(k, now)

@@ -1,0 +1,75 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/task"
+)
+
+// TestLineHeldElsewhereLeavesRoomForOtherTasks: a line of tasks on a lock
+// key another process holds for good, five times the heap bound and ahead
+// of other tasks in the queue, keeps no task without that key waiting on
+// a worker that starts with the backlog in the store; and its store reads
+// stop while the line waits (its refused claims do not read it again).
+func TestLineHeldElsewhereLeavesRoomForOtherTasks(t *testing.T) {
+	e := setup(t)
+	const n = 20
+	release := make(chan struct{})
+	defer close(release)
+	e.worker("B", func(ctx context.Context, job *consumer.Job) error {
+		return hold(ctx, t, release)
+	}, concurrency(1))
+	e.publish("hog", pinned("B"), lockKeys("device:1"))
+	e.waitState("hog", task.StateRunning)
+	for i := range 5 * n {
+		e.publish(fmt.Sprintf("line-%03d", i), pinned("A"), lockKeys("device:1"))
+	}
+	for i := range n {
+		e.publish(fmt.Sprintf("free-%02d", i), pinned("A"))
+	}
+	var free atomic.Int32
+	a := &countedCandidates{Store: e.open()}
+	e.worker("A", func(ctx context.Context, job *consumer.Job) error {
+		free.Add(1)
+		return nil
+	}, onStore(a), func(c *consumer.Config) { c.HeapSize, c.PageSize = n, 10 })
+	eventually(t, waitLong, func() bool { return free.Load() == n }, "the tasks without a lock key to run")
+	eventually(t, waitLong, func() bool {
+		rows := a.rows.Load()
+		time.Sleep(time.Second)
+		return a.rows.Load() == rows
+	}, "A's candidate reads to stop while the line waits")
+}
+
+// TestLineHeldElsewhereCostsNoReads: a worker among several that starts
+// with a line of tasks on a lock key another process holds, more than a
+// page of them, reads the store no more once they wait: a refill's row of
+// a waiting task no newer than the one it waits on leaves its wait alone,
+// so it is never found due and read again, round and round.
+func TestLineHeldElsewhereCostsNoReads(t *testing.T) {
+	e := setup(t)
+	release := make(chan struct{})
+	defer close(release)
+	e.worker("B", func(ctx context.Context, job *consumer.Job) error {
+		return hold(ctx, t, release)
+	}, concurrency(1))
+	e.publish("hog", pinned("B"), lockKeys("device:1"))
+	e.waitState("hog", task.StateRunning)
+	for i := range 15 {
+		e.publish(fmt.Sprintf("line-%02d", i), pinned("A"), lockKeys("device:1"))
+	}
+	a := &countedCandidates{Store: e.open()}
+	e.worker("A", func(context.Context, *consumer.Job) error { return nil }, onStore(a),
+		func(c *consumer.Config) { c.HeapSize, c.PageSize = 20, 10 })
+	time.Sleep(time.Second)
+	rows := a.rows.Load()
+	time.Sleep(2 * time.Second)
+	if more := a.rows.Load() - rows; more > 0 {
+		t.Errorf("%d candidate rows read in 2 s while the line waits for the key held elsewhere; want none", more)
+	}
+}
