@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,14 +80,15 @@ func dagChaosSpec(i int, logPath string, timed bool, coolUntil time.Time) dagFlo
 // TestFlowDAGChaos runs DAG flows (fan-out of 3 to 5, then fan-in; one
 // in ten failing in a branch; some waiting for a signal, some for a
 // timer) on three `leasepool worker` processes sharing one embedded store,
-// SIGKILLing a random worker every 1-2 s (restarted 300 ms later), while
-// the test sends the signals, each twice. It checks every flow ended as
-// planned, no step started before all it needs had succeeded, no attempt
-// claimed after the flow recorded the step ran it (told by the order of
-// the store's commits), rollbacks ran in reverse completion order along
-// every chain of needs, each signal landed once (the second refused), and
-// the timers, whose workers were all restarted between publish and due
-// time, fired within 1 s of it.
+// SIGKILLing a random worker (restarted 300 ms later) or freezing one
+// past its leases every 1-2 s, while the test sends the signals, each
+// twice. It checks every flow ended as planned, no step started before
+// all it needs had succeeded, no attempt claimed after the flow recorded
+// the step ran it (told by the order of the store's commits), rollbacks
+// ran in reverse completion order along every chain of needs, each
+// signal landed once (the second refused), and the timers, whose workers
+// were all restarted between publish and due time, fired within 1 s of
+// it.
 func TestFlowDAGChaos(t *testing.T) {
 	n := dagChaosFlows
 	if v := os.Getenv("LEASEPOOL_TEST_DAG_FLOWS"); v != "" {
@@ -189,18 +191,33 @@ func TestFlowDAGChaos(t *testing.T) {
 		}
 		return n - len(active)
 	}
-	// No kill from 2.5 s before the timers' time to 2 s after: a worker
-	// killed holding a timer's task leaves it to the lease's end (4 s).
-	quiet := func(at time.Time) bool {
-		return at.After(coolUntil.Add(-2500*time.Millisecond)) && at.Before(coolUntil.Add(2*time.Second))
+	// No strike from 2.5 s before the timers' time to 2 s after: a worker
+	// killed holding a timer's task leaves it to the lease's end (4 s),
+	// and one frozen holds the timers back with the store's write lock.
+	calm := func(from, to time.Time) bool {
+		return to.Before(coolUntil.Add(-2500*time.Millisecond)) || from.After(coolUntil.Add(2*time.Second))
 	}
+	// Every other strike freezes a worker past its leases (4 s) instead:
+	// alive, its leases lapse and peers take its steps over, and, stopped
+	// inside a write, it holds the store's write lock, so the records it
+	// and its peers were writing land after the next holders read the
+	// flows, as on a starved machine: the repeats the commit-order check
+	// tells from a step run after it was recorded.
+	freezes := 0
 	chaosUntil := began.Add(40 * time.Second)
-	for (finished() < n*95/100 || time.Now().Before(coolUntil.Add(2*time.Second))) && time.Now().Before(chaosUntil) {
+	for strike := 0; (finished() < n*95/100 || time.Now().Before(coolUntil.Add(2*time.Second))) && time.Now().Before(chaosUntil); {
 		time.Sleep(time.Second + rand.N(time.Second))
-		if quiet(time.Now()) || quiet(time.Now().Add(time.Second)) {
+		id, now, frozen := ids[rand.N(len(ids))], time.Now(), 4*time.Second+rand.N(600*time.Millisecond)
+		switch {
+		case strike%2 == 0 && calm(now, now.Add(frozen+time.Second)):
+			freeze(t, workers[id], frozen)
+			freezes++
+		case calm(now, now.Add(time.Second)):
+			kill(id)
+		default:
 			continue
 		}
-		kill(ids[rand.N(len(ids))])
+		strike++
 	}
 	for deadline := time.Now().Add(2 * time.Minute); finished() < n; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -252,8 +269,11 @@ func TestFlowDAGChaos(t *testing.T) {
 			failing++
 		}
 	}
-	t.Logf("DAG chaos: %d flows (%d failing by design, %d waiting for a signal, %d for a timer, fired at most %s late) finished in %s with %d SIGKILLs; %d step runs, %d repeated under a new attempt (%d claimed before the flow recorded an earlier one)",
-		n, failing, signals, timers, late.Round(time.Millisecond), elapsed.Round(time.Second), len(slices.Concat(slices.Collect(maps.Values(kills))...)), len(runs), reruns, overtaken)
+	t.Logf("DAG chaos: %d flows (%d failing by design, %d waiting for a signal, %d for a timer, fired at most %s late) finished in %s with %d SIGKILLs and %d freezes; %d step runs, %d repeated under a new attempt (%d claimed before the flow recorded an earlier one)",
+		n, failing, signals, timers, late.Round(time.Millisecond), elapsed.Round(time.Second), len(slices.Concat(slices.Collect(maps.Values(kills))...)), freezes, len(runs), reruns, overtaken)
+	if freezes == 0 {
+		t.Errorf("no worker was frozen: the chaos was too short to test a record landing after the next holder read the flow")
+	}
 }
 
 // ancestors returns, for each step of f, the steps it needs directly or
@@ -458,6 +478,18 @@ func checkDAGFlowEnd(t *testing.T, f *flow.Flow, d dagFlow) {
 		if st.Rollback != nil && p.Do.State != flow.RunNone && (p.Undo.State != flow.RunSucceeded || p.State != flow.StepRolledBack) {
 			t.Errorf("%s: %s started but its rollback is %s (%s)", f.Key, st.Name, p.Undo.State, p.State)
 		}
+	}
+}
+
+// freeze SIGSTOPs w for d, then SIGCONTs it.
+func freeze(t *testing.T, w *workerProc, d time.Duration) {
+	t.Helper()
+	if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(d)
+	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
 	}
 }
 
