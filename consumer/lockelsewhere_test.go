@@ -12,30 +12,34 @@ import (
 )
 
 // TestLineHeldElsewhereLeavesRoomForOtherTasks: a line of tasks on a lock
-// key another process holds for good, five times the heap bound and ahead
-// of other tasks in the queue, keeps no task without that key waiting on
-// a worker that starts with the backlog in the store; and its store reads
-// stop while the line waits (its refused claims do not read it again).
+// key another process holds, three times the heap bound and ahead of
+// other tasks in the queue, keeps no task without that key waiting on a
+// worker that starts with the backlog in the store; its store reads stop
+// while the line waits (its refused claims do not read it again); and
+// the line runs whole once the holder ends.
 func TestLineHeldElsewhereLeavesRoomForOtherTasks(t *testing.T) {
 	e := setup(t)
 	const n = 20
 	release := make(chan struct{})
-	defer close(release)
 	e.worker("B", func(ctx context.Context, job *consumer.Job) error {
 		return hold(ctx, t, release)
 	}, concurrency(1))
 	e.publish("hog", pinned("B"), lockKeys("device:1"))
 	e.waitState("hog", task.StateRunning)
-	for i := range 5 * n {
+	for i := range 3 * n {
 		e.publish(fmt.Sprintf("line-%03d", i), pinned("A"), lockKeys("device:1"))
 	}
 	for i := range n {
 		e.publish(fmt.Sprintf("free-%02d", i), pinned("A"))
 	}
-	var free atomic.Int32
+	var free, line atomic.Int32
 	a := &countedCandidates{Store: e.open()}
 	e.worker("A", func(ctx context.Context, job *consumer.Job) error {
-		free.Add(1)
+		if len(job.Task.LockKeys) > 0 {
+			line.Add(1)
+		} else {
+			free.Add(1)
+		}
 		return nil
 	}, onStore(a), func(c *consumer.Config) { c.HeapSize, c.PageSize = n, 10 })
 	eventually(t, waitLong, func() bool { return free.Load() == n }, "the tasks without a lock key to run")
@@ -44,6 +48,8 @@ func TestLineHeldElsewhereLeavesRoomForOtherTasks(t *testing.T) {
 		time.Sleep(time.Second)
 		return a.rows.Load() == rows
 	}, "A's candidate reads to stop while the line waits")
+	close(release) // hog's finish frees the key
+	eventually(t, waitLong, func() bool { return line.Load() == 3*n }, "the line to run once the key is free")
 }
 
 // TestLineHeldElsewhereCostsNoReads: a worker among several that starts

@@ -346,7 +346,9 @@ func (s *scheduler) onEvent(ev task.Event) {
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.tab.wakeOne(k, now)
-			s.freed(k)
+			if len(t.Workers) > 0 {
+				s.freed(k) // an attempt ended, not a publish
+			}
 		}
 	}
 	if s.tab.state(t.Key) == stateClaiming {
