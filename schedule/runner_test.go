@@ -59,6 +59,21 @@ func slotsOf(t *testing.T, s task.Store, name string) []time.Time {
 	return out
 }
 
+// waitSlots waits until tick has at least n slots published, and returns
+// them.
+func waitSlots(t *testing.T, s task.Store, n int) []time.Time {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		got := slotsOf(t, s, "tick")
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slots %v after 30 s, want at least %d", got, n)
+		}
+	}
+}
+
 // holes counts the slots missing between consecutive published ones.
 func holes(slots []time.Time, every time.Duration) int {
 	n := 0
@@ -187,10 +202,9 @@ func runnersShareSlots(t *testing.T, s1, s2 task.Store) {
 	for _, r := range runners {
 		startRunner(t, r, 0)
 	}
-	time.Sleep(3 * time.Second)
-	got := slotsOf(t, s1, "tick")
-	if len(got) < 3 || holes(got, time.Second) != 0 {
-		t.Fatalf("after 3s: slots %v (want at least 3, none missing)", got)
+	got := waitSlots(t, s1, 3)
+	if holes(got, time.Second) != 0 {
+		t.Fatalf("slots %v (want none missing)", got)
 	}
 	if _, err := schedule.Pause(t.Context(), s2, "tick"); err != nil {
 		t.Fatal(err)
@@ -209,11 +223,7 @@ func runnersShareSlots(t *testing.T, s1, s2 task.Store) {
 	if _, err := schedule.Resume(t.Context(), s1, "tick"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
-	after := slotsOf(t, s1, "tick")
-	if len(after) <= paused {
-		t.Errorf("resumed: still %d slots", len(after))
-	}
+	after := waitSlots(t, s1, paused+1)
 	// Resume owes nothing from the pause: the hole is the paused time.
 	if h := holes(after, time.Second); h < 1 {
 		t.Errorf("resumed: no slot skipped for the pause: %v", after)
