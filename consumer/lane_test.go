@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -85,5 +86,61 @@ func TestHungInstantHandlersKeepNoSlot(t *testing.T) {
 	}
 	for i := range 3 {
 		e.waitState(fmt.Sprintf("work-%d", i), task.StateSucceeded)
+	}
+}
+
+// TestInstantLaneAcrossWorkersRunsEachOnce: three workers, each with its
+// only slot taken for good, claim a burst of instant tasks in their lanes
+// between them: each runs once, on one worker, and no worker runs more
+// than InstantSlots at once.
+func TestInstantLaneAcrossWorkersRunsEachOnce(t *testing.T) {
+	e := setup(t)
+	const tick, n = "test.tick", 30
+	release := make(chan struct{})
+	defer close(release)
+	var mu sync.Mutex
+	runs := map[string]int{}
+	now, most := map[string]int{}, map[string]int{}
+	for _, id := range []string{"A", "B", "C"} {
+		e.worker(id, func(ctx context.Context, job *consumer.Job) error {
+			if job.Task.Kind != tick {
+				return hold(ctx, t, release)
+			}
+			mu.Lock()
+			runs[job.Task.Key]++
+			now[id]++
+			most[id] = max(most[id], now[id])
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			mu.Lock()
+			now[id]--
+			mu.Unlock()
+			return nil
+		}, onStore(e.open()), concurrency(1), func(c *consumer.Config) { c.InstantKinds = []string{tick} })
+		e.publish("long-"+id, pinned(id))
+		e.waitState("long-"+id, task.StateRunning)
+	}
+	at := time.Now().Add(300 * time.Millisecond)
+	for i := range n {
+		p := params(fmt.Sprintf("tick-%02d", i), runAt(at))
+		p.Kind = tick
+		if _, _, err := task.Publish(context.Background(), e.store, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		e.waitState(fmt.Sprintf("tick-%02d", i), task.StateSucceeded)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for k, c := range runs {
+		if c != 1 {
+			t.Errorf("%s ran %d times", k, c)
+		}
+	}
+	for id, m := range most {
+		if m > consumer.InstantSlots {
+			t.Errorf("%s ran %d instant tasks at once; want at most %d", id, m, consumer.InstantSlots)
+		}
 	}
 }
