@@ -220,9 +220,9 @@ func TestBacklogReadAboutOnceOnSQLite(t *testing.T) {
 	}
 	time.Sleep(1500 * time.Millisecond) // each has read the registry with the others in it
 	publishN(t, e.store, "b", n)
-	// What is measured is the rows read, not the time: three processes'
-	// worth of writes on one file, racing the package's other tests on a
-	// loaded machine, may take well past waitLong.
+	// What is measured is the rows read, not the time: three store
+	// handles taking turns at one file's write lock, beside the package's
+	// other tests on a loaded machine, may take well past waitLong.
 	eventually(t, 3*waitLong, func() bool {
 		st, err := e.store.Stats(t.Context())
 		if err != nil {
