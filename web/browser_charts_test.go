@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +64,17 @@ func countStore(t *testing.T, s task.Store, kind string) storeCounts {
 	return c
 }
 
+// countingObserver counts the outcomes it passes on.
+type countingObserver struct {
+	consumer.Observer
+	finished atomic.Int64
+}
+
+func (o *countingObserver) Finished(e consumer.FinishEvent) {
+	o.Observer.Finished(e)
+	o.finished.Add(1)
+}
+
 func TestChartsInBrowser(t *testing.T) {
 	testservers.Chromium(t) // fail first when there is no browser
 	began := time.Now()
@@ -80,7 +92,8 @@ func TestChartsInBrowser(t *testing.T) {
 		return nil
 	})
 	mux.RegisterFunc("flaky", func(context.Context, *consumer.Job) error { return errors.New("device busy") })
-	runConsumer(t, consumer.Config{Store: s, Handler: mux, Observer: rec, Kinds: []string{"resize", hostileKind, "flaky"}})
+	obs := &countingObserver{Observer: rec}
+	runConsumer(t, consumer.Config{Store: s, Handler: mux, Observer: obs, Kinds: []string{"resize", hostileKind, "flaky"}})
 	publishJSON := func(key, kind, payload string, o task.Options) {
 		t.Helper()
 		if _, _, err := task.Publish(t.Context(), s, task.PublishParams{Key: key, Kind: kind, Payload: []byte(payload), Options: o}); err != nil {
@@ -101,6 +114,7 @@ func TestChartsInBrowser(t *testing.T) {
 		publish("flaky-"+strconv.Itoa(i), "flaky", task.Options{MaxUnexpectedRetries: 2})
 		keys = append(keys, "flaky-"+strconv.Itoa(i))
 	}
+	attempts := int64(0)
 	for _, k := range keys {
 		for {
 			tk, err := s.Get(t.Context(), k)
@@ -108,9 +122,17 @@ func TestChartsInBrowser(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tk.State.Finished() {
+				attempts += int64(len(tk.AttemptHistory()))
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// The consumer tells the recorder of an outcome just after writing it:
+	// flush once it has told every attempt's.
+	for deadline := time.Now().Add(time.Minute); obs.finished.Load() < attempts; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the recorder was told %d outcomes, the store holds %d attempts", obs.finished.Load(), attempts)
 		}
 	}
 	// Devices for the fleet view: two online, one offline, commands queued.
