@@ -93,6 +93,40 @@ func TestCtrlZStopsBetweenWrites(t *testing.T) {
 	t.Logf("%d stops; %d tasks, all succeeded", stops, n)
 }
 
+// TestCtrlZRightAfterContinueStops: a Ctrl-Z that comes just after the
+// worker is continued stops it again. Only one that comes while it pauses
+// its writes for the previous stop is the same stop.
+func TestCtrlZRightAfterContinueStops(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, time.Minute)
+	dbPath := filepath.Join(t.TempDir(), "store.db")
+	store, err := sqlitestore.Open(ctx, dbPath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	w := startWorker(t, "sqlite:"+dbPath, "w", "--kinds", "noop")
+	pid := w.cmd.Process.Pid
+	eventually(t, 30*time.Second, "the worker to register", func() bool { _, ok := registered(t, store, "w"); return ok })
+	if err := w.cmd.Process.Signal(syscall.SIGTSTP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the worker to stop on SIGTSTP", func() bool { return procState(pid) == 'T' })
+	for i := range 10 {
+		if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.cmd.Process.Signal(syscall.SIGTSTP); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, fmt.Sprintf("the worker to stop on the SIGTSTP right after continue %d", i+1),
+			func() bool { return procState(pid) == 'T' })
+	}
+	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // succeeded counts the store's succeeded tasks.
 func succeeded(t *testing.T, s task.Store) int {
 	t.Helper()

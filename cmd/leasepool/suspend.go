@@ -38,12 +38,15 @@ func suspendCleanly() (stop func()) {
 			case <-sig:
 			}
 			resume := sqlitestore.PauseAllWrites()
-			stopSelf()
-			resume()
+			// A second Ctrl-Z while pausing is this stop. Drained after the
+			// continue, it could be one sent after it, which must stop the
+			// process again.
 			select {
-			case <-sig: // a second Ctrl-Z while pausing: one stop is enough
+			case <-sig:
 			default:
 			}
+			stopSelf()
+			resume()
 		}
 	}()
 	return func() {
