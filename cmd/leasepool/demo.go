@@ -223,7 +223,8 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 	fmt.Fprintln(w, "started workers demo-w1, demo-w2, demo-w3")
 
 	start := time.Now()
-	final, err := demoWatch(ctx, w, s, workers["demo-w1"], cfg)
+	flowsEnded := func(ctx context.Context) (bool, error) { return demoFlowsEnded(ctx, s, withDevices) }
+	final, err := demoWatch(ctx, w, s, workers["demo-w1"], flowsEnded, cfg)
 	if err != nil {
 		return err
 	}
@@ -267,8 +268,9 @@ func stopDemoWorkers(workers map[string]*exec.Cmd) {
 // demoWatch shows the task counts as they change (every 250 ms on a
 // terminal, a line every few seconds elsewhere) and, when nothing runs,
 // what the pending tasks wait for; it SIGKILLs victim after cfg.killAfter,
-// and returns the tasks once every one has finished.
-func demoWatch(ctx context.Context, w io.Writer, s task.Store, victim *exec.Cmd, cfg demoConfig) ([]*task.Task, error) {
+// and returns the tasks once every one has finished and flowsEnded says
+// every flow has too.
+func demoWatch(ctx context.Context, w io.Writer, s task.Store, victim *exec.Cmd, flowsEnded func(context.Context) (bool, error), cfg demoConfig) ([]*task.Task, error) {
 	start := time.Now()
 	killed := false
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -310,10 +312,16 @@ func demoWatch(ctx context.Context, w io.Writer, s task.Store, victim *exec.Cmd,
 		}
 		prog.Status(status)
 		if done == len(all) && killed {
-			return all, nil
+			ended, err := flowsEnded(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if ended {
+				return all, nil
+			}
 		}
 		if time.Since(start) > cfg.deadline {
-			return nil, fmt.Errorf("demo: not every task finished within %s", cfg.deadline)
+			return nil, fmt.Errorf("demo: not every task and flow finished within %s", cfg.deadline)
 		}
 	}
 }

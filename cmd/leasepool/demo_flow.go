@@ -94,17 +94,48 @@ func publishDemoFlows(ctx context.Context, w io.Writer, s task.Store, devices bo
 	return nil
 }
 
-// demoFlowSummary prints each flow's end and checks it: succeeded, or for
-// the failing one, failed with charge and reserve undone in that order.
-func demoFlowSummary(ctx context.Context, w io.Writer, s task.Store, devices bool) error {
-	var problems []error
+// demoFlows are the flows the demo publishes (device sequences with
+// devices).
+func demoFlows(devices bool) ([]flow.Spec, error) {
 	specs := demoFlowSpecs()
 	if devices {
 		seqs, err := demoSequenceSpecs()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		specs = append(specs, seqs...)
+	}
+	return specs, nil
+}
+
+// demoFlowsEnded reports whether every demo flow has finished: a flow
+// moves on after its step's task ends (the step's record, the next step's
+// publish, a reconciler pass after a killed worker's), so every task
+// finished does not mean every flow has.
+func demoFlowsEnded(ctx context.Context, s task.Store, devices bool) (bool, error) {
+	specs, err := demoFlows(devices)
+	if err != nil {
+		return false, err
+	}
+	for _, spec := range specs {
+		f, err := flow.Get(ctx, s, spec.Key)
+		if err != nil {
+			return false, err
+		}
+		if !f.State.Finished() {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// demoFlowSummary prints each flow's end and checks it: succeeded, or for
+// the failing one, failed with charge and reserve undone in that order.
+func demoFlowSummary(ctx context.Context, w io.Writer, s task.Store, devices bool) error {
+	var problems []error
+	specs, err := demoFlows(devices)
+	if err != nil {
+		return err
 	}
 	for _, spec := range specs {
 		f, err := flow.Get(ctx, s, spec.Key)
