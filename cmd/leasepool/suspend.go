@@ -38,9 +38,9 @@ func suspendCleanly() (stop func()) {
 			case <-sig:
 			}
 			resume := sqlitestore.PauseAllWrites()
-			// A second Ctrl-Z while pausing is this stop. Drained after the
-			// continue, it could be one sent after it, which must stop the
-			// process again.
+			// A second Ctrl-Z while pausing is this stop, so it is drained
+			// before stopping: one that arrives after the continue is a new
+			// stop and stays queued for the next pass.
 			select {
 			case <-sig:
 			default:
