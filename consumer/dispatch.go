@@ -26,12 +26,12 @@ func (s *scheduler) onControl() {
 	}
 }
 
-// asideFull reports whether the tasks held aside here, paused or parked
-// behind a lock key busy here, fill their part of the heap bound, half
-// of it: past that such a task is let go (letAside), so that a paused
+// asideFull reports whether the tasks held aside here, paused, gated or
+// parked behind a lock key busy here, fill their part of the heap bound,
+// half of it: past that such a task is let go (letAside), so that a paused
 // backlog, or a long line on one key, never keeps the other tasks out.
 func (s *scheduler) asideFull() bool {
-	return s.tab.counts[statePaused]+s.tab.counts[stateLockParked] >= s.cfg.HeapSize/2
+	return s.tab.counts[statePaused]+s.tab.counts[stateGated]+s.tab.counts[stateLockParked] >= s.cfg.HeapSize/2
 }
 
 // letAside lets t, offered and not held here, go, and reports true, when
@@ -120,8 +120,8 @@ func (s *scheduler) release(instant bool) {
 }
 
 // start starts a claim attempt for a dispatched entry, in the instant
-// lane or a slot, unless a pause, a rate limit or a lock key busy here
-// holds it back (aside, or let go: see letAside).
+// lane or a slot, unless a pause, its kind's gate, a rate limit or a lock
+// key busy here holds it back (aside, or let go: see letAside).
 func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	ctl := s.ctl.Load()
 	if _, paused := ctl.Paused(e.Task); paused {
@@ -131,6 +131,9 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 			return
 		}
 		s.tab.pause(e)
+		return
+	}
+	if s.gated(e) {
 		return
 	}
 	rate, ok := s.rateGate(e, ctl)

@@ -69,6 +69,12 @@ type scheduler struct {
 	// key's freeing queries again (freed), and so does the safety net.
 	pausedOut bool
 	letGo     map[string]bool
+	// gate is Config.Handler's, if it is a Gate (gate.go); gateWakes
+	// receives the keys whose hold ended, and gatedOut notes a gated task
+	// let go for lack of room (the next wake reads again).
+	gate      Gate
+	gateWakes chan string
+	gatedOut  bool
 	// A refill page of a long backlog is read in its own goroutine, so
 	// that slots freed meanwhile are refilled from the heap rather than
 	// waiting for the query (a page is a few milliseconds of reads and
@@ -105,6 +111,8 @@ func (c *Consumer) newScheduler() *scheduler {
 		pages: make(chan fetchedPage, 1), letGo: map[string]bool{},
 		peers: &c.peers, spread: preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, ranks: map[string]int{},
 	}
+	s.gate, _ = c.cfg.Handler.(Gate)
+	s.gateWakes = make(chan string, 64)
 	s.tab = newClaimTable(s.heap, s.locks, s.dropped)
 	s.tab.refused = func(key string, from, to taskState) {
 		s.logger.Error("claim table refused a move", slog.String("task", key), slog.String("from", from.String()), slog.String("to", to.String()))
@@ -188,6 +196,8 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.onResult(r)
 		case p := <-s.pages:
 			s.onPage(p)
+		case key := <-s.gateWakes:
+			s.onGateWake(key)
 		case instant := <-s.handled:
 			s.release(instant)
 		case keys := <-s.claimsDone:

@@ -36,6 +36,10 @@ const (
 	stateDispatching
 	// statePaused: due, held out of the heap while a pause covers it.
 	statePaused
+	// stateGated: due, held out of the heap while its kind's Gate says it
+	// cannot run yet (its device is offline), until the gate's wake or
+	// recheck (gate.go).
+	stateGated
 	// stateLockParked: due, held out of the heap until a lock key (or a
 	// rate limit's queue) busy with an attempt here frees
 	// (lockQueue.parked indexes them by that key).
@@ -53,7 +57,7 @@ const (
 )
 
 var stateNames = [numStates]string{
-	"absent", "queued", "rate-waiting", "lock-waiting", "dispatching", "paused", "lock-parked", "claiming", "idle",
+	"absent", "queued", "rate-waiting", "lock-waiting", "dispatching", "paused", "gated", "lock-parked", "claiming", "idle",
 }
 
 func (s taskState) String() string {
@@ -69,7 +73,12 @@ func (s taskState) inHeap() bool {
 }
 
 // held reports whether keys in s count against Config.HeapSize.
-func (s taskState) held() bool { return s.inHeap() || s == statePaused || s == stateLockParked }
+func (s taskState) held() bool {
+	return s.inHeap() || s == statePaused || s == stateGated || s == stateLockParked
+}
+
+// aside reports whether s holds a due entry out of the heap (keyState.entry).
+func (s taskState) aside() bool { return s == statePaused || s == stateGated }
 
 // transitions are the only moves the table makes. Every state but absent
 // may drop its key (to absent, or idle while a page is read): a task
@@ -82,8 +91,9 @@ var transitions = map[taskState][]taskState{
 	stateQueued:      {stateRateWaiting, stateLockWaiting, stateDispatching, stateAbsent, stateIdle},
 	stateRateWaiting: {stateQueued, stateDispatching, stateAbsent, stateIdle},
 	stateLockWaiting: {stateQueued, stateDispatching, stateAbsent, stateIdle},
-	stateDispatching: {statePaused, stateRateWaiting, stateLockParked, stateClaiming, stateAbsent, stateIdle},
+	stateDispatching: {statePaused, stateGated, stateRateWaiting, stateLockParked, stateClaiming, stateAbsent, stateIdle},
 	statePaused:      {stateQueued, stateAbsent, stateIdle},
+	stateGated:       {stateQueued, stateAbsent, stateIdle},
 	stateLockParked:  {stateQueued, stateRateWaiting, stateAbsent, stateIdle},
 	// A result goes back to the heap, or drops the key; rate and lock
 	// waits are noted on the queued key after (see onResult).
@@ -135,7 +145,7 @@ type keyState struct {
 	// heard (claiming): a document came from an event, query or page
 	// since dispatch; the result is weighed against doc then.
 	heard    bool
-	entry    preempt.Entry // paused: the entry held aside
+	entry    preempt.Entry // paused, gated: the entry held aside
 	lockKey  string        // lockParked: the busy key it is parked on
 	waitKeys []string      // lockWaiting: the keys held elsewhere
 }
@@ -202,7 +212,7 @@ func (c *claimTable) move(key string, to taskState) (*keyState, bool) {
 	case stateLockParked:
 		c.locks.unpark(k.lockKey, key)
 		k.lockKey = ""
-	case statePaused:
+	case statePaused, stateGated:
 		k.entry = preempt.Entry{}
 	case stateClaiming:
 		k.heard = false
@@ -293,13 +303,13 @@ func (c *claimTable) forget(key string) {
 }
 
 // place puts an entry offer computed from its key's newest document: a
-// paused key's entry is replaced (dispatch judges it again when the pause
-// lifts), a parked key keeps its place with the new document, any other
+// paused or gated key's entry is replaced (dispatch judges it again when
+// the pause lifts or the gate wakes it), a parked key keeps its place with the new document, any other
 // goes to the heap.
 func (c *claimTable) place(e preempt.Entry) {
 	k := c.keys[e.Key]
 	switch {
-	case k != nil && k.state == statePaused:
+	case k != nil && k.state.aside():
 		k.entry = e
 	case k != nil && k.state == stateLockParked:
 		c.locks.setParkedTask(k.lockKey, e.Task)
@@ -364,6 +374,22 @@ func (c *claimTable) popInstant(now time.Time) (preempt.Entry, bool) {
 func (c *claimTable) pause(e preempt.Entry) {
 	if k, ok := c.move(e.Key, statePaused); ok {
 		k.entry = e
+	}
+}
+
+// gate holds a dispatched entry aside while its kind's Gate keeps it back.
+func (c *claimTable) gate(e preempt.Entry) {
+	if k, ok := c.move(e.Key, stateGated); ok {
+		k.entry = e
+	}
+}
+
+// ungate puts a gated key's entry back in the heap, where dispatch asks
+// the gate again; a key in any other state is left alone (its wake came
+// late).
+func (c *claimTable) ungate(key string) {
+	if k := c.keys[key]; k != nil && k.state == stateGated {
+		c.queue(k.entry)
 	}
 }
 

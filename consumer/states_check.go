@@ -35,8 +35,8 @@ func (c *claimTable) check() error {
 				return fmt.Errorf("%s: the heap's document (seq %d v%d) is newer than the table's", key, e.Task.Seq, e.Task.Version)
 			}
 		}
-		if k.state == statePaused && (k.entry.Key != key || newer(k.entry.Task, k.doc)) {
-			return fmt.Errorf("%s: paused entry %q or its document out of step", key, k.entry.Key)
+		if k.state.aside() && (k.entry.Key != key || newer(k.entry.Task, k.doc)) {
+			return fmt.Errorf("%s: %s entry %q or its document out of step", key, k.state, k.entry.Key)
 		}
 		if (k.state == stateLockWaiting) != (len(k.waitKeys) > 0) {
 			return fmt.Errorf("%s: %s waiting on %v", key, k.state, k.waitKeys)

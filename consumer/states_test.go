@@ -58,13 +58,15 @@ func putIn(t *testing.T, tab *claimTable, s taskState, doc *task.Task, now time.
 		tab.noteRateWait(stKey)
 	case stateLockWaiting:
 		tab.waitLocks(stKey, []string{stLock})
-	case stateDispatching, statePaused, stateLockParked, stateClaiming:
+	case stateDispatching, statePaused, stateGated, stateLockParked, stateClaiming:
 		if _, ok := tab.pop(now); !ok {
 			t.Fatal("nothing due to dispatch")
 		}
 		switch s {
 		case statePaused:
 			tab.pause(e)
+		case stateGated:
+			tab.gate(e)
 		case stateLockParked:
 			tab.park(e, stLock)
 		case stateClaiming:
@@ -161,6 +163,7 @@ func TestClaimTableTransitions(t *testing.T) {
 		{stateLockWaiting, stateIdle}:        paging,
 
 		{stateDispatching, statePaused}:      func(tab *claimTable) { tab.pause(stEntry(stDoc(stKey, 1), now)) },
+		{stateDispatching, stateGated}:       func(tab *claimTable) { tab.gate(stEntry(stDoc(stKey, 1), now)) },
 		{stateDispatching, stateRateWaiting}: func(tab *claimTable) { tab.rateWait(stEntry(stDoc(stKey, 1), now), now.Add(time.Hour)) },
 		{stateDispatching, stateLockParked}:  func(tab *claimTable) { tab.park(stEntry(stDoc(stKey, 1), now), stLock) },
 		{stateDispatching, stateClaiming}:    func(tab *claimTable) { tab.claim(stKey) },
@@ -170,6 +173,9 @@ func TestClaimTableTransitions(t *testing.T) {
 		{statePaused, stateQueued}:          func(tab *claimTable) { tab.lift(nil, now) },
 		{statePaused, stateAbsent}:          dropping,
 		{statePaused, stateIdle}:            paging,
+		{stateGated, stateQueued}:           func(tab *claimTable) { tab.ungate(stKey) },
+		{stateGated, stateAbsent}:           dropping,
+		{stateGated, stateIdle}:             paging,
 		{stateLockParked, stateQueued}:      func(tab *claimTable) { tab.wakeOne(stLock, now) },
 		{stateLockParked, stateRateWaiting}: func(tab *claimTable) { tab.rateFull(stLock, now.Add(time.Hour)) },
 		{stateLockParked, stateAbsent}:      dropping,
@@ -309,8 +315,8 @@ func TestOlderDocumentNeverReplacesNewer(t *testing.T) {
 			if e, ok := sc.heap.Entry(stKey); ok && e.Task != v2 {
 				t.Fatalf("the heap's entry holds version %d", e.Task.Version)
 			}
-			if k := sc.tab.keys[stKey]; s == statePaused && k.entry.Task != v2 {
-				t.Fatalf("the paused entry holds version %d", k.entry.Task.Version)
+			if k := sc.tab.keys[stKey]; s.aside() && k.entry.Task != v2 {
+				t.Fatalf("the %s entry holds version %d", s, k.entry.Task.Version)
 			}
 			for _, e := range sc.locks.parkedOn(stLock) {
 				if e.Task != v2 {

@@ -76,7 +76,9 @@ func (a *attempt) errorf(format string, args ...any) error {
 // cancelled is the attempt's end when its context ends (lease lost).
 func (a *attempt) cancelled() error { return a.errorf(": %w", context.Cause(a.ctx)) }
 
-func (a *attempt) snooze() error { return consumer.Snooze(a.h.cfg.OfflineRetry) }
+// snooze gives the attempt back, retry unspent: the device is still away,
+// and Ready holds the command, writing nothing, until it is back.
+func (a *attempt) snooze() error { return consumer.Snooze(0) }
 
 // publish sends a copy of the command, valid for one ack timeout.
 func (a *attempt) publish() error {

@@ -94,10 +94,14 @@
 //
 // Worker rules (Handler):
 //
-//   - A device whose last status is offline is not sent anything: the
-//     attempt is given back with consumer.Snooze(OfflineRetry), spending no
-//     retry. A device never heard of is sent the command (its persistent
-//     session queues it).
+//   - A device whose last status is offline is not sent anything: its
+//     commands are held in each worker before any claim (Handler.Ready, a
+//     consumer.Gate), with no store write, until the device's online
+//     status (every worker hears it) or the OfflineRecheck fallback. A
+//     claim that raced the offline status is given back with
+//     consumer.Snooze(0), spending no retry, and held from then on. A
+//     device never heard of is sent the command (its persistent session
+//     queues it).
 //   - The command is published, then the worker waits ack_timeout for the
 //     ack, publishing again up to max_publishes times in all. A result
 //     arriving first counts as the ack too; an "expired" refusal of an

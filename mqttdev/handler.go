@@ -15,6 +15,7 @@ import (
 	"github.com/leasepool/leasepool/internal/lifecycle"
 	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev/protocol"
+	"github.com/leasepool/leasepool/task"
 )
 
 // Errors of a device command attempt; callers branch with errors.Is.
@@ -40,8 +41,8 @@ var (
 // takes about one broker lease).
 const minLinkWait = 10 * time.Second
 
-// DefaultOfflineRetry is HandlerConfig.OfflineRetry's default.
-const DefaultOfflineRetry = 2 * time.Second
+// DefaultOfflineRecheck is HandlerConfig.OfflineRecheck's default.
+const DefaultOfflineRecheck = 30 * time.Second
 
 // HandlerConfig configures a Handler.
 type HandlerConfig struct {
@@ -59,9 +60,12 @@ type HandlerConfig struct {
 	// Inventory keeps the attributes devices announce (StoreInventory);
 	// nil keeps none. It is written only with DeviceState set.
 	Inventory AttributeStore
-	// OfflineRetry is the snooze of a command whose device is offline.
-	// Zero means DefaultOfflineRetry.
-	OfflineRetry time.Duration
+	// OfflineRecheck bounds how long a worker holds a command for a device
+	// known offline before it looks at the device's state again (Ready).
+	// The hold writes nothing to the store, and the device's online
+	// status ends it at once: this is the fallback for a status missed.
+	// Zero means DefaultOfflineRecheck.
+	OfflineRecheck time.Duration
 	// WrapTransport, when set, wraps the MQTT transport (fault injection in
 	// tests). Nil uses it as is.
 	WrapTransport func(Transport) Transport
@@ -79,11 +83,11 @@ func (c *HandlerConfig) validate() error {
 	if err := ValidateID("prefix", c.Prefix); err != nil {
 		return err
 	}
-	if c.OfflineRetry < 0 {
-		return errors.New("offline_retry: must not be negative")
+	if c.OfflineRecheck < 0 {
+		return errors.New("offline_recheck: must not be negative")
 	}
-	if c.OfflineRetry == 0 {
-		c.OfflineRetry = DefaultOfflineRetry
+	if c.OfflineRecheck == 0 {
+		c.OfflineRecheck = DefaultOfflineRecheck
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -309,8 +313,9 @@ func (h *Handler) onMessage(m Message) {
 }
 
 // Handle runs one attempt of a device task. It returns nil when the device
-// reports success; consumer.Snooze(OfflineRetry) when the device is known
-// to be offline before anything was sent, or stayed offline for
+// reports success; consumer.Snooze(0) when the device is known to be
+// offline before anything was sent (a claim that raced the device's
+// status: Ready holds it from then on), or stayed offline for
 // result_timeout after a copy went out unacked; an error wrapping
 // ErrRefused, ErrDeviceFailed, ErrNoAck or ErrResultTimeout otherwise; and
 // ctx's cause promptly when ctx is cancelled (lease lost). The exchange
@@ -339,8 +344,9 @@ func (h *Handler) handle(ctx context.Context, job *consumer.Job) error {
 		if err := offlineTooLong(c, job.Task.CreatedAt); err != nil {
 			return fmt.Errorf("task %s attempt %d on %s: %w", job.Task.Key, job.Attempt, c.Device, err)
 		}
-		log.Info("device offline: snooze", slog.Duration("delay", h.cfg.OfflineRetry))
-		return consumer.Snooze(h.cfg.OfflineRetry)
+		log.Info("device offline: given back until it is online")
+		job.Logf("device %s offline: waiting for it", c.Device)
+		return consumer.Snooze(0)
 	}
 	a := h.newAttempt(ctx, tr, log, job, c)
 	defer h.forget(a.msg.CorrelationID)
@@ -373,6 +379,31 @@ func (h *Handler) forget(corr string) {
 	h.mu.Lock()
 	delete(h.waiters, corr)
 	h.mu.Unlock()
+}
+
+// Ready implements consumer.Gate: a command whose device is known offline
+// is held in the worker, with no claim written, until the device's status
+// changes, the fallback recheck, or its offline_timeout (when Handle fails
+// it). A payload Ready cannot read is let through for Handle to fail.
+func (h *Handler) Ready(t *task.Task) (consumer.Hold, bool) {
+	c, err := DecodePayload(t.Payload)
+	if err != nil {
+		return consumer.Hold{}, true
+	}
+	// The wake first: a status that comes between the two reads closes it.
+	wake := h.tracker.Changed(c.Device)
+	if !h.tracker.Offline(c.Device) {
+		return consumer.Hold{}, true
+	}
+	recheck := h.cfg.OfflineRecheck
+	if limit := time.Duration(c.OfflineTimeout); limit > 0 {
+		left := limit - time.Since(t.CreatedAt)
+		if left <= 0 {
+			return consumer.Hold{}, true
+		}
+		recheck = min(recheck, left)
+	}
+	return consumer.Hold{Wake: wake, Recheck: recheck}, false
 }
 
 // offlineTooLong is the failure of a command whose device is offline past

@@ -86,11 +86,11 @@ func setup(t *testing.T, o setupOpts) *env {
 	})
 	e.sim = sim
 	h, err := NewHandler(HandlerConfig{
-		ClientConfig: ClientConfig{BrokerURL: e.url, ClientID: e.prefix + "-worker"},
-		Prefix:       e.prefix,
-		Logger:       testLogger(t).With("side", "worker"),
-		OfflineRetry: 3 * time.Second,
-		Observer:     o.observer,
+		ClientConfig:   ClientConfig{BrokerURL: e.url, ClientID: e.prefix + "-worker"},
+		Prefix:         e.prefix,
+		Logger:         testLogger(t).With("side", "worker"),
+		OfflineRecheck: 3 * time.Second,
+		Observer:       o.observer,
 		WrapTransport: func(tr Transport) Transport {
 			e.fault = NewFaultTransport(tr)
 			return e.fault
@@ -243,15 +243,27 @@ func TestLostAckResultStillCounts(t *testing.T) {
 	}
 }
 
-func TestOfflineDeviceSnoozes(t *testing.T) {
+// TestOfflineDeviceIsHeld: a command for a device known offline is held
+// before its claim (Ready: no, until the device's next status change or
+// the recheck), and one claimed anyway is given back at once, nothing
+// sent.
+func TestOfflineDeviceIsHeld(t *testing.T) {
 	t.Parallel()
 	e := setup(t, setupOpts{})
 	e.sim.Device(0).GoOffline(time.Hour)
 	eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
-	err := e.handler.Handle(ctxT(t, 5*time.Second), job("off-1", 1, Command{Device: e.dev(0), Command: "x"}))
+	off := job("off-1", 1, Command{Device: e.dev(0), Command: "x"})
+	hold, ready := e.handler.Ready(off.Task)
+	if ready || hold.Wake == nil || hold.Recheck != 3*time.Second {
+		t.Fatalf("Ready = %+v, %v; want held with a wake and the 3 s recheck", hold, ready)
+	}
+	if _, ready := e.handler.Ready(job("new-1", 1, Command{Device: "never-heard-of", Command: "x"}).Task); !ready {
+		t.Fatal("a command for a device never heard of is held; its session would queue it")
+	}
+	err := e.handler.Handle(ctxT(t, 5*time.Second), off)
 	var sn *consumer.SnoozeError
-	if !errors.As(err, &sn) || sn.Delay != 3*time.Second {
-		t.Fatalf("Handle = %v, want Snooze(3s)", err)
+	if !errors.As(err, &sn) || sn.Delay != 0 {
+		t.Fatalf("Handle = %v, want Snooze(0)", err)
 	}
 	if n := e.fault.Published(Topics{Prefix: e.prefix}.Device(e.dev(0), TopicCmd)); n != 0 {
 		t.Fatalf("published %d commands to an offline device", n)
@@ -272,8 +284,19 @@ func TestOfflineTimeout(t *testing.T) {
 	if err := e.handler.Handle(ctxT(t, 5*time.Second), fresh); !errors.As(err, &sn) {
 		t.Fatalf("Handle within offline_timeout = %v, want a snooze", err)
 	}
+	if hold, ready := e.handler.Ready(fresh.Task); ready || hold.Recheck > 3*time.Second {
+		t.Fatalf("Ready within offline_timeout = %+v, %v; want held", hold, ready)
+	}
+	near := job("off-5", 1, c)
+	near.Task.CreatedAt = time.Now().Add(-time.Minute + time.Second)
+	if hold, ready := e.handler.Ready(near.Task); ready || hold.Recheck > time.Second {
+		t.Fatalf("Ready a second before offline_timeout = %+v, %v; want held at most that second", hold, ready)
+	}
 	old := job("off-4", 1, c)
 	old.Task.CreatedAt = time.Now().Add(-2 * time.Minute)
+	if _, ready := e.handler.Ready(old.Task); !ready {
+		t.Fatal("Ready past offline_timeout holds the command; want it let through to fail")
+	}
 	err := e.handler.Handle(ctxT(t, 5*time.Second), old)
 	if err == nil || errors.As(err, &sn) || !strings.Contains(err.Error(), "offline_timeout") {
 		t.Fatalf("Handle past offline_timeout = %v, want a failure naming offline_timeout", err)
@@ -466,7 +489,7 @@ func TestHandlerConfigErrors(t *testing.T) {
 		"scheme": {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "http://x:1"}}, "scheme"},
 		"prefix": {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1"}, Prefix: "a/b"}, "prefix"},
 		"cert":   {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1", CertFile: "c"}}, "key_file"},
-		"retry":  {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1"}, OfflineRetry: -1}, "offline_retry"},
+		"retry":  {HandlerConfig{ClientConfig: ClientConfig{BrokerURL: "tcp://x:1"}, OfflineRecheck: -1}, "offline_recheck"},
 	} {
 		if _, err := NewHandler(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error naming %s", name, err, tc.want)

@@ -70,8 +70,10 @@ type StateTracker struct {
 	// not yet written to the AttributeStore.
 	attrs     map[string]Labels
 	announced map[string]DeviceState
-	watch     map[string][]chan struct{}
-	kick      chan struct{}
+	// watch holds, per device, the channel closed at its next change of
+	// online state: one for all who wait, however many commands do.
+	watch map[string]chan struct{}
+	kick  chan struct{}
 }
 
 // NewStateTracker returns an empty tracker; store and logger may be nil.
@@ -86,7 +88,7 @@ func NewStateTracker(store DeviceStateStore, logger *slog.Logger) *StateTracker 
 		dirty:     map[string]DeviceState{},
 		attrs:     map[string]Labels{},
 		announced: map[string]DeviceState{},
-		watch:     map[string][]chan struct{}{},
+		watch:     map[string]chan struct{}{},
 		kick:      make(chan struct{}, 1),
 	}
 }
@@ -185,14 +187,14 @@ func (t *StateTracker) Observe(id string, st Status, seenAt time.Time) {
 			t.announced[id] = a
 		}
 	}
-	var wake []chan struct{}
-	if !had || prev.Online != s.Online {
-		wake = t.watch[id]
+	wake := t.watch[id]
+	changed := !had || prev.Online != s.Online
+	if changed {
 		delete(t.watch, id)
 	}
 	t.mu.Unlock()
-	for _, c := range wake {
-		close(c)
+	if changed && wake != nil {
+		close(wake)
 	}
 	if t.store != nil {
 		select {
@@ -223,10 +225,13 @@ func (t *StateTracker) Offline(id string) bool {
 // Changed returns a channel closed at the next change of device id's
 // online state.
 func (t *StateTracker) Changed(id string) <-chan struct{} {
-	c := make(chan struct{})
 	t.mu.Lock()
-	t.watch[id] = append(t.watch[id], c)
-	t.mu.Unlock()
+	defer t.mu.Unlock()
+	c := t.watch[id]
+	if c == nil {
+		c = make(chan struct{})
+		t.watch[id] = c
+	}
 	return c
 }
 

@@ -308,7 +308,11 @@ func demoWatch(ctx context.Context, w io.Writer, s task.Store, victim *exec.Cmd,
 			}
 			now := s.Now()
 			ws = slices.DeleteFunc(ws, func(w task.WorkerInfo) bool { return !w.Live(now) })
-			status += "  " + waitSummary(all, ws, now)
+			offline, err := offlineDevices(ctx, s)
+			if err != nil {
+				return nil, err
+			}
+			status += "  " + waitSummary(all, ws, offline, now)
 		}
 		prog.Status(status)
 		if done == len(all) && killed {

@@ -6,6 +6,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -31,15 +32,29 @@ type waitReason struct {
 	until time.Time // zero: no set time
 }
 
-// pendingReason says what pending task t waits for at now. running are the
-// tasks running (whose locks are held), live the live workers.
-func pendingReason(t *task.Task, now time.Time, running []*task.Task, live []task.WorkerInfo) waitReason {
+// waitView is what the pending tasks' reasons are read against: the
+// tasks running (whose locks are held), the live workers, and the devices
+// whose last stored status is offline.
+type waitView struct {
+	running []*task.Task
+	live    []task.WorkerInfo
+	offline map[string]bool
+}
+
+// pendingReason says what pending task t waits for at now. A command for
+// a device stored offline waits for its return, with no set time: the
+// workers hold it, writing nothing, until its online status.
+func pendingReason(t *task.Task, now time.Time, v waitView) waitReason {
+	if t.Kind == mqttdev.Kind {
+		if c, err := mqttdev.DecodePayload(t.Payload); err == nil && v.offline[c.Device] {
+			return waitReason{why: "device offline"}
+		}
+	}
+	running, live := v.running, v.live
 	if t.RunAt.After(now) {
 		why := "delayed"
 		switch last := lastAttempt(t); {
 		case last == nil:
-		case last.State == task.WorkerSnoozed && t.Kind == mqttdev.Kind:
-			why = "device offline"
 		case last.State == task.WorkerSnoozed:
 			why = "snoozed"
 		case last.State == task.AttemptFail, last.State == task.AttemptExpired:
@@ -81,9 +96,10 @@ func lastAttempt(t *task.Task) *task.Attempt {
 }
 
 // waitSummary says what the pending tasks among all wait for, most
-// numerous reason first: "10 waiting: 9 device offline until +2s..+5s,
-// 1 retry backoff until +3s". It is empty when none is pending.
-func waitSummary(all []*task.Task, live []task.WorkerInfo, now time.Time) string {
+// numerous reason first: "10 waiting: 9 device offline, 1 retry backoff
+// until +3s". It is empty when none is pending. live are the live
+// workers, offline the devices stored offline.
+func waitSummary(all []*task.Task, live []task.WorkerInfo, offline map[string]bool, now time.Time) string {
 	var pending, running []*task.Task
 	for _, t := range all {
 		switch t.State {
@@ -103,7 +119,7 @@ func waitSummary(all []*task.Task, live []task.WorkerInfo, now time.Time) string
 	}
 	var groups []*group
 	for _, t := range pending {
-		r := pendingReason(t, now, running, live)
+		r := pendingReason(t, now, waitView{running: running, live: live, offline: offline})
 		i := slices.IndexFunc(groups, func(g *group) bool { return g.why == r.why })
 		if i < 0 {
 			groups = append(groups, &group{why: r.why, first: r.until, last: r.until})
@@ -154,4 +170,19 @@ func waitSummary(all []*task.Task, live []task.WorkerInfo, now time.Time) string
 // fromNow spells a time ahead of now as "+12s", in whole seconds rounded up.
 func fromNow(t, now time.Time) string {
 	return fmt.Sprintf("+%ds", int(math.Ceil(t.Sub(now).Seconds())))
+}
+
+// offlineDevices are the devices whose last stored status is offline.
+func offlineDevices(ctx context.Context, s task.Store) (map[string]bool, error) {
+	states, err := mqttdev.StoreStates(s).DeviceStates(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("device states: %w", err)
+	}
+	offline := map[string]bool{}
+	for _, st := range states {
+		if !st.Online {
+			offline[st.ID] = true
+		}
+	}
+	return offline, nil
 }

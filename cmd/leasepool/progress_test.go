@@ -124,25 +124,32 @@ func TestWaitSummary(t *testing.T) {
 	all = append(all, pending("sleep", 2500*time.Millisecond, task.AttemptFail),
 		&task.Task{Key: "done", Kind: "sleep", State: task.StateSucceeded})
 	live := []task.WorkerInfo{{ID: "w2", Kinds: []string{"sleep", "noop"}}}
-	if got, want := waitSummary(all, live, now), "10 waiting: 9 delayed until +2s..+10s, 1 retry backoff until +3s"; got != want {
+	if got, want := waitSummary(all, live, nil, now), "10 waiting: 9 delayed until +2s..+10s, 1 retry backoff until +3s"; got != want {
 		t.Errorf("summary %q\n want %q", got, want)
 	}
 
 	locked := &task.Task{Key: "l", Kind: "sleep", State: task.StatePending, RunAt: now, LockKeys: []string{"printer"}}
 	holder := &task.Task{Key: "h", Kind: "sleep", State: task.StateRunning, LockKeys: []string{"printer"}}
+	command := func(device string) *task.Task {
+		t := pending(mqttdev.Kind, 0, task.WorkerSnoozed)
+		t.Key, t.Payload = device, []byte(`{"device":"`+device+`","command":"reboot"}`)
+		return t
+	}
 	all = []*task.Task{
-		pending(mqttdev.Kind, 5*time.Second, task.WorkerSnoozed),
-		pending(mqttdev.Kind, 5*time.Second, task.WorkerSnoozed),
+		command("dev-1"),
+		command("dev-2"),
+		command("dev-3"), // online: due now, among the others
 		pending("resize", 0, ""),
 		{Key: "p", Kind: "sleep", State: task.StatePending, RunAt: now, SpecificWorkerIDs: []string{"w9"}},
 		locked, holder,
 		{Key: "r", Kind: "sleep", State: task.StatePending, RunAt: now.Add(-time.Second)},
 	}
-	want := `6 waiting: 2 device offline until +5s, 1 lock printer, 1 no live worker for kind "resize", 2 other`
-	if got := waitSummary(all, live, now); got != want {
+	live = append(live, task.WorkerInfo{ID: "w3", Kinds: []string{mqttdev.Kind}})
+	want := `7 waiting: 2 device offline, 2 due now, 1 lock printer, 2 other`
+	if got := waitSummary(all, live, map[string]bool{"dev-1": true, "dev-2": true}, now); got != want {
 		t.Errorf("summary %q\n want %q", got, want)
 	}
-	if got := waitSummary([]*task.Task{holder}, live, now); got != "" {
+	if got := waitSummary([]*task.Task{holder}, live, nil, now); got != "" {
 		t.Errorf("nothing pending: %q", got)
 	}
 }

@@ -1,0 +1,103 @@
+// gate.go: tasks held before their claim, with no store write, while
+// something outside the store says they cannot run yet (a device that is
+// offline). Every worker judges alone, from what it knows: the claim is
+// the store's, the hold is not.
+
+package consumer
+
+import (
+	"time"
+
+	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/task"
+)
+
+// A Gate is implemented by a Handler whose tasks may have to wait for
+// something outside the store before a claim is worth a write: a device
+// command whose device is offline would only be claimed to be given back.
+// The scheduler asks Ready before each claim of such a task; while the
+// answer is no, the task is held in this worker (the claim table's gated
+// state), no store write made, until Hold.Wake is closed or Hold.Recheck
+// has passed, and then asked again. A Mux is a Gate for the handlers
+// registered on it that are.
+//
+// Ready runs on the scheduler's goroutine: it must answer from memory, at
+// once. A gate that errs towards "ready" costs a claim; one that errs
+// towards "not ready" delays the task until its next recheck.
+type Gate interface {
+	Ready(t *task.Task) (hold Hold, ready bool)
+}
+
+// Hold is how a task a Gate keeps back waits.
+type Hold struct {
+	// Wake is closed when the task may be ready (a device's state
+	// changed); nil waits for Recheck alone.
+	Wake <-chan struct{}
+	// Recheck is the longest the task is held before Ready is asked again;
+	// zero or less means DefaultGateRecheck.
+	Recheck time.Duration
+}
+
+// DefaultGateRecheck is Hold.Recheck's default.
+const DefaultGateRecheck = 30 * time.Second
+
+// Ready asks the Gate registered for t's kind, if its handler is one.
+func (m *Mux) Ready(t *task.Task) (Hold, bool) {
+	m.mu.RLock()
+	h := m.handlers[t.Kind]
+	m.mu.RUnlock()
+	if g, ok := h.(Gate); ok {
+		return g.Ready(t)
+	}
+	return Hold{}, true
+}
+
+// gated holds e aside while the gate of its kind says its task cannot
+// run yet, and reports whether it did. With the tasks held aside at their
+// bound (asideFull) the task is let go instead, to be read again after
+// the next gate wake or reload.
+func (s *scheduler) gated(e preempt.Entry) bool {
+	if s.gate == nil || e.Task == nil {
+		return false
+	}
+	hold, ready := s.gate.Ready(e.Task)
+	if ready {
+		return false
+	}
+	if s.asideFull() {
+		s.tab.forget(e.Key)
+		s.gatedOut = true
+		return true
+	}
+	s.tab.gate(e)
+	recheck := hold.Recheck
+	if recheck <= 0 {
+		recheck = DefaultGateRecheck
+	}
+	go func() {
+		t := time.NewTimer(recheck)
+		defer t.Stop()
+		select {
+		case <-hold.Wake:
+		case <-t.C:
+		case <-s.done:
+			return
+		}
+		select {
+		case s.gateWakes <- e.Key:
+		case <-s.done:
+		}
+	}()
+	return true
+}
+
+// onGateWake puts key back in the heap, due, when it is still held by a
+// gate (dispatch asks the gate again); a wake of a key since moved on is
+// ignored. Tasks let go for lack of room are read again.
+func (s *scheduler) onGateWake(key string) {
+	s.tab.ungate(key)
+	if s.gatedOut {
+		s.gatedOut = false
+		s.dropped()
+	}
+}

@@ -1,0 +1,147 @@
+package consumer_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/memstore"
+)
+
+// gateHandler is a handler whose tasks wait for an outside switch, as a
+// device command waits for its device: Ready says no while closed is
+// set, with wake closed when it opens.
+type gateHandler struct {
+	mu      sync.Mutex
+	closed  bool
+	wake    chan struct{}
+	recheck time.Duration
+	asked   int
+	ran     chan string
+}
+
+func newGateHandler() *gateHandler {
+	return &gateHandler{closed: true, wake: make(chan struct{}), ran: make(chan string, 16)}
+}
+
+func (g *gateHandler) Handle(_ context.Context, job *consumer.Job) error {
+	g.ran <- job.Task.Key
+	return nil
+}
+
+func (g *gateHandler) Ready(*task.Task) (consumer.Hold, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.asked++
+	return consumer.Hold{Wake: g.wake, Recheck: g.recheck}, !g.closed
+}
+
+// open lets the tasks run; with signal, their holds are woken too.
+func (g *gateHandler) open(signal bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = false
+	if signal {
+		close(g.wake)
+	}
+}
+
+func startGated(t *testing.T, db *memstore.DB, g *gateHandler, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		mux := consumer.NewMux()
+		mux.Register("dev", g)
+		c, err := consumer.New(consumer.Config{Store: db.Open(), WorkerID: id, Handler: mux,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Stop(context.Background()) })
+	}
+}
+
+func publishDev(t *testing.T, db *memstore.DB, key string) *task.Task {
+	t.Helper()
+	p := params(key)
+	p.Kind = "dev"
+	tk, _, err := task.Publish(t.Context(), db.Open(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+// TestGateHoldsWithoutWrites: a task its gate keeps back is held by both
+// workers for 30 s with no write to its document (no claim, no attempt
+// recorded), and runs once, within a second, when the gate's wake fires.
+func TestGateHoldsWithoutWrites(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		db := memstore.New(memstore.Config{})
+		g := newGateHandler()
+		startGated(t, db, g, "w1", "w2")
+		published := publishDev(t, db, "cmd-1")
+		time.Sleep(30 * time.Second)
+		got, err := db.Open().Get(t.Context(), "cmd-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Version != published.Version || len(got.Workers) != 0 {
+			t.Fatalf("after 30 s held: version %d (published %d), %d attempts; want no write", got.Version, published.Version, len(got.Workers))
+		}
+		g.mu.Lock()
+		asked := g.asked
+		g.mu.Unlock()
+		if asked == 0 || asked > 2*(1+30/int(consumer.DefaultGateRecheck/time.Second)) {
+			t.Errorf("the gate was asked %d times in 30 s by two workers; want at least once, at most once a recheck", asked)
+		}
+		opened := time.Now()
+		g.open(true)
+		if key := recv(t, g.ran, "the task to run"); key != "cmd-1" {
+			t.Fatalf("%s ran", key)
+		}
+		if d := time.Since(opened); d > time.Second {
+			t.Errorf("ran %s after the gate opened; want within 1 s", d)
+		}
+		synctest.Wait()
+		select {
+		case key := <-g.ran:
+			t.Fatalf("%s ran twice", key)
+		default:
+		}
+		done, err := db.Open().Get(t.Context(), "cmd-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done.State != task.StateSucceeded || len(done.Workers) != 1 {
+			t.Fatalf("state %s with %d attempts; want succeeded with one", done.State, len(done.Workers))
+		}
+	})
+}
+
+// TestGateRecheckBoundsAMissedWake: a gate that opens without waking its
+// holds (a wake missed) lets the task run by the next recheck.
+func TestGateRecheckBoundsAMissedWake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		db := memstore.New(memstore.Config{})
+		g := newGateHandler()
+		g.recheck = 5 * time.Second
+		startGated(t, db, g, "w1")
+		publishDev(t, db, "cmd-1")
+		time.Sleep(time.Second)
+		opened := time.Now()
+		g.open(false)
+		recv(t, g.ran, "the task to run")
+		if d := time.Since(opened); d > g.recheck {
+			t.Errorf("ran %s after the gate opened unsignalled; want within the %s recheck", d, g.recheck)
+		}
+	})
+}
