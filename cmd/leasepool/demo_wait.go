@@ -186,3 +186,27 @@ func offlineDevices(ctx context.Context, s task.Store) (map[string]bool, error) 
 	}
 	return offline, nil
 }
+
+// waitingFor says what pending task t waits for, read from the store as
+// any observer could: "device offline", "retry backoff until +3s".
+func waitingFor(ctx context.Context, s task.Store, t *task.Task) (string, error) {
+	running, err := s.List(ctx, task.ListQuery{State: task.StateRunning})
+	if err != nil {
+		return "", err
+	}
+	ws, err := s.Workers(ctx)
+	if err != nil {
+		return "", err
+	}
+	offline, err := offlineDevices(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	now := s.Now()
+	ws = slices.DeleteFunc(ws, func(w task.WorkerInfo) bool { return !w.Live(now) })
+	r := pendingReason(t, now, waitView{running: running, live: ws, offline: offline})
+	if r.until.IsZero() {
+		return r.why, nil
+	}
+	return r.why + " until " + fromNow(r.until, now), nil
+}

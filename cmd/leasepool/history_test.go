@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -85,4 +88,33 @@ func writeHistory(t *testing.T, path, key string) {
 	})
 	claim("w1")
 	step(func(tk *task.Task) error { return tk.Cancel(s.Now()) })
+}
+
+// show says what a pending task waits for: a command for a device stored
+// offline waits for the device, with no made-up time; once the device is
+// stored online, the same command waits for nothing but a worker.
+func TestShowSaysWhatAPendingTaskWaitsFor(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.must("publish", "cmd-1", "--kind", "device", "--payload", `{"device":"pump-7","command":"reboot"}`)
+	putState := func(online bool) {
+		t.Helper()
+		s, err := sqlitestore.Open(t.Context(), c.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		now := time.Now().UTC()
+		if err := mqttdev.StoreStates(s).PutDeviceState(t.Context(), mqttdev.DeviceState{ID: "pump-7", Online: online, At: now, SeenAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	putState(false)
+	if out := c.must("show", "cmd-1"); !regexp.MustCompile(`(?m)^waiting +device offline$`).MatchString(out) {
+		t.Errorf("show of a command for an offline device:\n%s", out)
+	}
+	putState(true)
+	if out := c.must("show", "cmd-1"); !regexp.MustCompile(`(?m)^waiting +no live worker for kind "device"$`).MatchString(out) {
+		t.Errorf("show of a command for an online device, no worker running:\n%s", out)
+	}
 }

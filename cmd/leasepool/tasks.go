@@ -290,17 +290,28 @@ func showCommand() *cli.Command {
 			if c.Bool("json") {
 				return writeJSON(c.App.Writer, t)
 			}
-			return printTask(c.App.Writer, t)
+			var waiting string
+			if t.State == task.StatePending {
+				if waiting, err = waitingFor(c.Context, s, t); err != nil {
+					return err
+				}
+			}
+			return printTask(c.App.Writer, t, waiting)
 		}),
 	}
 }
 
-func printTask(w io.Writer, t *task.Task) error {
+// printTask prints t's fields and attempts; waiting, when not empty, is
+// what a pending t waits for (waitingFor).
+func printTask(w io.Writer, t *task.Task, waiting string) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
 	row("key", t.Key)
 	row("kind", t.Kind)
 	row("state", t.State)
+	if waiting != "" {
+		row("waiting", waiting)
+	}
 	row("payload", string(t.Payload))
 	row("priority", t.Priority)
 	row("run_at", t.RunAt.Local().Format(time.RFC3339Nano))
