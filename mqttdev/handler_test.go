@@ -513,8 +513,9 @@ func TestHandlerConfigErrors(t *testing.T) {
 // device ever running two at once.
 func TestFleetUnderFaults(t *testing.T) {
 	t.Parallel()
+	const outage = 300 * time.Millisecond
 	e := setup(t, setupOpts{sim: device.Config{Count: 3, Latency: 20 * time.Millisecond, FailRate: 0.2,
-		OfflineRate: 0.15, OfflineFor: 300 * time.Millisecond, DropAckRate: 0.2, Seed: 7}})
+		OfflineRate: 0.15, OfflineFor: outage, DropAckRate: 0.2, Seed: 7}})
 	ctx := ctxT(t, 60*time.Second)
 	errs := make(chan error, 3)
 	for i := range 3 {
@@ -530,11 +531,17 @@ func TestFleetUnderFaults(t *testing.T) {
 					case err == nil:
 						ok = true
 					case errors.As(err, &sn):
-						// wait for the device to come back, as the snooze would
+						// wait for the device to come back, as the snooze
+						// would: its outage ends when it says, and the
+						// device is online again soon after
 						changed := e.handler.Tracker().Changed(e.dev(i))
 						if e.handler.Tracker().Offline(e.dev(i)) {
+							waitStart := time.Now()
 							select {
 							case <-changed:
+								if waited := time.Since(waitStart); waited > outage+2*time.Second {
+									t.Errorf("%s: device %s back %s after the handler saw it offline, want within its %s outage + 2s", key, e.dev(i), waited.Round(time.Millisecond), outage)
+								}
 							case <-ctx.Done():
 							}
 						}

@@ -70,6 +70,24 @@ func TestDeviceSequences(t *testing.T) {
 	offAt := time.Now()
 	away.GoOffline(outage)
 	backAt := offAt.Add(outage)
+	// A real outage: the workers see the device's will, then its online
+	// status within 2 s of the outage's end.
+	states := mqttdev.StoreStates(store)
+	awayOnline := func() bool {
+		ss, err := states.DeviceStates(ctx)
+		if err != nil {
+			t.Fatalf("device states: %v", err)
+		}
+		for _, s := range ss {
+			if s.ID == away.ID() {
+				return s.Online
+			}
+		}
+		return false
+	}
+	eventually(t, 10*time.Second, "the workers to see the device offline (its will)", func() bool { return !awayOnline() })
+	eventually(t, time.Until(backAt)+2*time.Second, "the workers to see the device back online within 2 s of its outage's end", awayOnline)
+	t.Logf("%s seen back online %s after its outage's end", away.ID(), time.Since(backAt).Round(time.Millisecond))
 
 	eventually(t, 3*time.Minute, "every sequence to succeed", func() bool {
 		fs, err := flow.List(ctx, store, flow.ListQuery{})

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasepool/leasepool/mqttdev/protocol"
@@ -37,7 +38,7 @@ type Device struct {
 
 	mu           sync.Mutex
 	rng          *rand.Rand
-	conn         net.Conn
+	conn         *outageConn
 	offlineUntil time.Time
 	highest      map[string]int
 	done         map[attemptKey]protocol.Reply
@@ -64,7 +65,9 @@ func (d *Device) Running() (protocol.CommandMessage, bool) {
 }
 
 // GoOffline drops the device's connection abruptly (the broker publishes
-// its will) and keeps it away for dur.
+// its will) and keeps it away for dur: the client notices at once, its
+// reconnect attempts are refused until dur has passed, and the first one
+// after that connects again and publishes the online status.
 func (d *Device) GoOffline(dur time.Duration) {
 	d.mu.Lock()
 	d.offlineUntil = time.Now().Add(dur)
@@ -73,12 +76,46 @@ func (d *Device) GoOffline(dur time.Duration) {
 	d.mu.Unlock()
 	d.logger.Info("going offline", slog.Duration("for", dur))
 	if c != nil {
-		_ = c.Close()
+		c.cut()
 	}
 }
 
 var errSimOffline = errors.New("simulated outage")
 
+// outageConn is a device's connection to the broker, which an outage cuts.
+// paho takes "use of closed network connection" for its own close after a
+// DISCONNECT and does not report it: a connection merely closed under it
+// would look open until the keepalive failed (15 s). After a cut, reads
+// and writes fail with errSimOffline instead, as on a reset link, so paho
+// sees the connection lost at once and starts reconnecting.
+type outageConn struct {
+	net.Conn
+	isCut atomic.Bool
+}
+
+func (c *outageConn) cut() {
+	c.isCut.Store(true)
+	_ = c.Conn.Close()
+}
+
+func (c *outageConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil && c.isCut.Load() {
+		err = fmt.Errorf("read: %w", errSimOffline)
+	}
+	return n, err
+}
+
+func (c *outageConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err != nil && c.isCut.Load() {
+		err = fmt.Errorf("write: %w", errSimOffline)
+	}
+	return n, err
+}
+
+// dial is the client's dial: refused during an outage, so the device
+// stays away until it ends.
 func (d *Device) dial(u *url.URL, tc *tls.Config) (net.Conn, error) {
 	d.mu.Lock()
 	until := d.offlineUntil
@@ -86,13 +123,19 @@ func (d *Device) dial(u *url.URL, tc *tls.Config) (net.Conn, error) {
 	if time.Now().Before(until) {
 		return nil, errSimOffline
 	}
-	c, err := protocol.DialBroker(u, tc)
+	nc, err := protocol.DialBroker(u, tc)
 	if err != nil {
 		return nil, err
 	}
+	c := &outageConn{Conn: nc}
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	// An outage that began while this dial was under way cuts it too.
+	if time.Now().Before(d.offlineUntil) {
+		_ = nc.Close()
+		return nil, errSimOffline
+	}
 	d.conn = c
-	d.mu.Unlock()
 	return c, nil
 }
 
