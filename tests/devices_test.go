@@ -272,7 +272,6 @@ func TestDevicesMosquittoRestart(t *testing.T) {
 		n, retried, tot.Received, tot.Ran, tot.Duplicates, tot.Expired, len(rep.StaleAttempts), tot.Outages, time.Since(start).Round(time.Millisecond))
 }
 
-
 // TestDeviceIDInjectionRefused publishes device commands whose device id
 // would break out of its topic level, through the CLI: each is refused
 // with a one-line error naming the device field, and nothing is written.
