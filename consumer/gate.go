@@ -54,8 +54,9 @@ func (m *Mux) Ready(t *task.Task) (Hold, bool) {
 
 // gated holds e aside while the gate of its kind says its task cannot
 // run yet, and reports whether it did. With the tasks held aside at their
-// bound (asideFull) the task is let go instead, to be read again after
-// the next gate wake or reload.
+// bound (asideFull) the task is let go instead: the store keeps it, and
+// the hold's wake, watched once however many tasks wait on it, reads
+// again.
 func (s *scheduler) gated(e preempt.Entry) bool {
 	if s.gate == nil || e.Task == nil {
 		return false
@@ -66,10 +67,27 @@ func (s *scheduler) gated(e preempt.Entry) bool {
 	}
 	if s.asideFull() {
 		s.tab.forget(e.Key)
-		s.gatedOut = true
+		if !s.letGoWakes[hold.Wake] {
+			s.letGoWakes[hold.Wake] = true
+			s.await(gateWake{wake: hold.Wake}, hold)
+		}
 		return true
 	}
 	s.tab.gate(e)
+	s.await(gateWake{key: e.Key}, hold)
+	return true
+}
+
+// gateWake is a hold that ended: that of key, held here, or, with key
+// empty, the wake that tasks let go wait on.
+type gateWake struct {
+	key  string
+	wake <-chan struct{}
+}
+
+// await sends w to the scheduler when hold's wake closes or its recheck
+// passes.
+func (s *scheduler) await(w gateWake, hold Hold) {
 	recheck := hold.Recheck
 	if recheck <= 0 {
 		recheck = DefaultGateRecheck
@@ -84,20 +102,20 @@ func (s *scheduler) gated(e preempt.Entry) bool {
 			return
 		}
 		select {
-		case s.gateWakes <- e.Key:
+		case s.gateWakes <- w:
 		case <-s.done:
 		}
 	}()
-	return true
 }
 
-// onGateWake puts key back in the heap, due, when it is still held by a
-// gate (dispatch asks the gate again); a wake of a key since moved on is
-// ignored. Tasks let go for lack of room are read again.
-func (s *scheduler) onGateWake(key string) {
-	s.tab.ungate(key)
-	if s.gatedOut {
-		s.gatedOut = false
-		s.dropped()
+// onGateWake puts a held key back in the heap, due, when it is still held
+// by a gate (dispatch asks the gate again; a wake of a key since moved on
+// is ignored), and reads again the tasks let go on a wake.
+func (s *scheduler) onGateWake(w gateWake) {
+	if w.key != "" {
+		s.tab.ungate(w.key)
+		return
 	}
+	delete(s.letGoWakes, w.wake)
+	s.dropped()
 }

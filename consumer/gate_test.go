@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -52,13 +53,17 @@ func (g *gateHandler) open(signal bool) {
 	}
 }
 
-func startGated(t *testing.T, db *memstore.DB, g *gateHandler, ids ...string) {
+func startGated(t *testing.T, db *memstore.DB, g *gateHandler, ids []string, opts ...workerOpt) {
 	t.Helper()
 	for _, id := range ids {
 		mux := consumer.NewMux()
 		mux.Register("dev", g)
-		c, err := consumer.New(consumer.Config{Store: db.Open(), WorkerID: id, Handler: mux,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		cfg := consumer.Config{Store: db.Open(), WorkerID: id, Handler: mux,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		for _, o := range opts {
+			o(&cfg)
+		}
+		c, err := consumer.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +92,7 @@ func TestGateHoldsWithoutWrites(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		db := memstore.New(memstore.Config{})
 		g := newGateHandler()
-		startGated(t, db, g, "w1", "w2")
+		startGated(t, db, g, []string{"w1", "w2"})
 		published := publishDev(t, db, "cmd-1")
 		time.Sleep(30 * time.Second)
 		got, err := db.Open().Get(t.Context(), "cmd-1")
@@ -134,7 +139,7 @@ func TestGateRecheckBoundsAMissedWake(t *testing.T) {
 		db := memstore.New(memstore.Config{})
 		g := newGateHandler()
 		g.recheck = 5 * time.Second
-		startGated(t, db, g, "w1")
+		startGated(t, db, g, []string{"w1"})
 		publishDev(t, db, "cmd-1")
 		time.Sleep(time.Second)
 		opened := time.Now()
@@ -142,6 +147,41 @@ func TestGateRecheckBoundsAMissedWake(t *testing.T) {
 		recv(t, g.ran, "the task to run")
 		if d := time.Since(opened); d > g.recheck {
 			t.Errorf("ran %s after the gate opened unsignalled; want within the %s recheck", d, g.recheck)
+		}
+	})
+}
+
+// TestGateLetsGoPastItsBoundAndWakes: with more gated tasks than the
+// worker holds aside (half its heap), the rest are let go, and the gate's
+// wake brings every one of them back: all run within a second of it,
+// none written before.
+func TestGateLetsGoPastItsBoundAndWakes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 30
+		db := memstore.New(memstore.Config{})
+		g := newGateHandler()
+		g.ran = make(chan string, n)
+		startGated(t, db, g, []string{"w1"}, func(c *consumer.Config) { c.HeapSize, c.PageSize = 20, 10 })
+		for i := range n {
+			publishDev(t, db, fmt.Sprintf("cmd-%02d", i))
+		}
+		time.Sleep(10 * time.Second)
+		for _, tk := range db.Tasks() {
+			if len(tk.Workers) != 0 {
+				t.Fatalf("%s claimed while its gate was closed", tk.Key)
+			}
+		}
+		opened := time.Now()
+		g.open(true)
+		seen := map[string]bool{}
+		for range n {
+			seen[recv(t, g.ran, "every task to run")] = true
+		}
+		if d := time.Since(opened); d > time.Second {
+			t.Errorf("%d tasks ran within %s of the wake; want within 1 s", len(seen), d)
+		}
+		if len(seen) != n {
+			t.Errorf("%d distinct tasks ran; want %d", len(seen), n)
 		}
 	})
 }

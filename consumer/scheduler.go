@@ -70,11 +70,11 @@ type scheduler struct {
 	pausedOut bool
 	letGo     map[string]bool
 	// gate is Config.Handler's, if it is a Gate (gate.go); gateWakes
-	// receives the keys whose hold ended, and gatedOut notes a gated task
-	// let go for lack of room (the next wake reads again).
-	gate      Gate
-	gateWakes chan string
-	gatedOut  bool
+	// receives the holds that ended, and letGoWakes are the wakes watched
+	// for tasks a gate kept back and let go for lack of room.
+	gate       Gate
+	gateWakes  chan gateWake
+	letGoWakes map[<-chan struct{}]bool
 	// A refill page of a long backlog is read in its own goroutine, so
 	// that slots freed meanwhile are refilled from the heap rather than
 	// waiting for the query (a page is a few milliseconds of reads and
@@ -112,7 +112,7 @@ func (c *Consumer) newScheduler() *scheduler {
 		peers: &c.peers, spread: preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, ranks: map[string]int{},
 	}
 	s.gate, _ = c.cfg.Handler.(Gate)
-	s.gateWakes = make(chan string, 64)
+	s.gateWakes, s.letGoWakes = make(chan gateWake, 64), map[<-chan struct{}]bool{}
 	s.tab = newClaimTable(s.heap, s.locks, s.dropped)
 	s.tab.refused = func(key string, from, to taskState) {
 		s.logger.Error("claim table refused a move", slog.String("task", key), slog.String("from", from.String()), slog.String("to", to.String()))
@@ -196,8 +196,8 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.onResult(r)
 		case p := <-s.pages:
 			s.onPage(p)
-		case key := <-s.gateWakes:
-			s.onGateWake(key)
+		case w := <-s.gateWakes:
+			s.onGateWake(w)
 		case instant := <-s.handled:
 			s.release(instant)
 		case keys := <-s.claimsDone:
