@@ -242,5 +242,19 @@ func TestDemoOutputPiped(t *testing.T) {
 	if !strings.Contains(s, "OK: every task ended as it should") {
 		t.Errorf("demo did not end OK:\n%s", s)
 	}
+	// The demo's output is its own: the logs of its store, broker,
+	// devices and worker processes go to the file it names; on stderr
+	// there may be a warning, never an info line.
+	if l := logLines(s); len(l) > 0 {
+		t.Errorf("log lines in the demo's output:\n%s", strings.Join(l, "\n"))
+	}
+	for _, l := range logLines(stderr.String()) {
+		if !strings.Contains(l, `"level":"WARN"`) && !strings.Contains(l, `"level":"ERROR"`) {
+			t.Errorf("a log line below warn on the demo's stderr: %s", l)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^logs of the store, broker, devices and workers: \S+demo\.log`).MatchString(s) {
+		t.Errorf("the demo does not name its log file:\n%s", s)
+	}
 	t.Logf("demo output (%s):\n%s", elapsed.Round(time.Second), s)
 }

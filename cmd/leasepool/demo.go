@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,7 +34,7 @@ func demoCommand() *cli.Command {
 			&cli.IntFlag{Name: "commands", Value: 200, Usage: "device commands to publish"},
 			&cli.DurationFlag{Name: "kill-after", Value: 1500 * time.Millisecond, Usage: "when to SIGKILL the first worker"},
 			&cli.DurationFlag{Name: "deadline", Value: 2 * time.Minute, Usage: "give up after this long"},
-			&cli.BoolFlag{Name: "keep", Usage: "keep the temporary store and print its path"},
+			&cli.BoolFlag{Name: "keep", Usage: "keep the temporary store and logs (kept anyway when the demo fails) and print their paths"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.Int("tasks") < 50 {
@@ -109,8 +110,9 @@ type demoConfig struct {
 
 // demoDevices starts the embedded broker and the simulated devices: two
 // thirds reliable, a third flaky (failing, dropping acks, going offline).
-func demoDevices(ctx context.Context, n int) (url string, sims []*device.Simulator, stop func(), err error) {
-	b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
+// They log to logger.
+func demoDevices(ctx context.Context, n int, logger *slog.Logger) (url string, sims []*device.Simulator, stop func(), err error) {
+	b, err := broker.Listen(ctx, "127.0.0.1:0", logger)
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -122,8 +124,8 @@ func demoDevices(ctx context.Context, n int) (url string, sims []*device.Simulat
 	}
 	flaky := n / 3
 	for _, cfg := range []device.Config{
-		{BrokerURL: b.URL(), Count: n - flaky, IDPrefix: "dev-", Latency: 30 * time.Millisecond, Seed: 1},
-		{BrokerURL: b.URL(), Count: flaky, IDPrefix: "flaky-", Latency: 30 * time.Millisecond, Seed: 2,
+		{BrokerURL: b.URL(), Count: n - flaky, IDPrefix: "dev-", Latency: 30 * time.Millisecond, Seed: 1, Logger: logger},
+		{BrokerURL: b.URL(), Count: flaky, IDPrefix: "flaky-", Latency: 30 * time.Millisecond, Seed: 2, Logger: logger,
 			FailRate: 0.15, DropAckRate: 0.1, OfflineRate: 0.05, OfflineFor: time.Second, Heartbeat: time.Second},
 	} {
 		if cfg.Count == 0 {
@@ -165,28 +167,46 @@ func demoCommands(devices, n int) ([]demoTask, error) {
 	return out, nil
 }
 
-func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
+func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) (err error) {
 	dir, err := os.MkdirTemp("", "leasepool-demo-")
 	if err != nil {
 		return err
 	}
 	storeURL := "sqlite:" + filepath.Join(dir, "demo.db")
-	if cfg.keep {
-		fmt.Fprintf(w, "store: %s\n", storeURL)
-	} else {
-		defer os.RemoveAll(dir)
+	// The logs of every part (store, broker, devices, worker processes)
+	// go to a file, at info: the demo's output is its own, and the file
+	// is there to look into.
+	logPath := filepath.Join(dir, "demo.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
 	}
-	s, err := store.Open(ctx, storeURL, store.Options{})
+	defer func() {
+		logFile.Close()
+		// A failed demo keeps its store and logs to look into.
+		if cfg.keep || (err != nil && !errors.Is(err, context.Canceled)) {
+			fmt.Fprintf(w, "kept the store (%s) and the logs (%s)\n", storeURL, logPath)
+			return
+		}
+		os.RemoveAll(dir)
+	}()
+	logger := slog.New(slog.NewJSONHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	fmt.Fprintf(w, "logs of the store, broker, devices and workers: %s (removed at the end unless the demo fails or --keep)\n", logPath)
+	s, err := store.Open(ctx, storeURL, store.Options{Logger: logger})
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 
 	tasks := demoTasks(cfg.tasks)
-	workerArgs := []string{"--concurrency", "8"}
+	// A short retry backoff: at the default (1 s, doubling) a flaky
+	// device's command that failed three times would wait 7 s, longer
+	// than all the rest of the demo.
+	workerArgs := []string{"--concurrency", "8", "--backoff", "250ms"}
 	var sims []*device.Simulator
 	if cfg.devices > 0 && cfg.commands > 0 {
-		url, started, stop, err := demoDevices(ctx, cfg.devices)
+		url, started, stop, err := demoDevices(ctx, cfg.devices, logger)
 		if err != nil {
 			return err
 		}
@@ -215,7 +235,7 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 		return err
 	}
 
-	workers, err := startDemoWorkers(storeURL, workerArgs)
+	workers, err := startDemoWorkers(storeURL, workerArgs, logFile)
 	defer stopDemoWorkers(workers)
 	if err != nil {
 		return err
@@ -236,18 +256,18 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 	return err
 }
 
-// startDemoWorkers starts the three worker processes: this binary's
-// `worker` command.
-func startDemoWorkers(storeURL string, workerArgs []string) (map[string]*exec.Cmd, error) {
+// startDemoWorkers starts the three worker processes, this binary's
+// `worker` command, logging at info to logs.
+func startDemoWorkers(storeURL string, workerArgs []string, logs *os.File) (map[string]*exec.Cmd, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	workers := map[string]*exec.Cmd{}
 	for _, id := range []string{"demo-w1", "demo-w2", "demo-w3"} {
-		args := append([]string{"--store", storeURL, "--log-level", "error", "worker", "--id", id}, workerArgs...)
+		args := append([]string{"--store", storeURL, "--log-level", "info", "worker", "--id", id}, workerArgs...)
 		cmd := exec.Command(exe, args...)
-		cmd.Stderr = os.Stderr
+		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {
 			return workers, fmt.Errorf("start worker %s: %w", id, err)
 		}

@@ -26,14 +26,21 @@ const (
 	demoFailingFlow = "order-3"
 )
 
+// demoFlowPriority puts the flows' steps ahead of the plain tasks (priority
+// 0-6): a flow is the demo's longest chain (three steps one after another,
+// a retry, rollbacks, and the rollback of a failed step waits out that
+// step's last lease), so behind a few hundred plain tasks it would end
+// seconds after them.
+const demoFlowPriority = 10
+
 func demoFlowSpecs() []flow.Spec {
 	sleep := func(d time.Duration, fail bool) flow.Action {
 		b, _ := json.Marshal(map[string]any{"duration": d.String(), "fail": fail})
 		one, many := 1, 10
 		if fail {
-			return flow.Action{Kind: "sleep", Payload: b, Retries: &one}
+			return flow.Action{Kind: "sleep", Payload: b, Retries: &one, Priority: demoFlowPriority}
 		}
-		return flow.Action{Kind: "sleep", Payload: b, Retries: &many}
+		return flow.Action{Kind: "sleep", Payload: b, Retries: &many, Priority: demoFlowPriority}
 	}
 	var out []flow.Spec
 	for i := 1; i <= demoFlowCount; i++ {

@@ -124,13 +124,15 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "store", EnvVars: []string{"LEASEPOOL_STORE"}, Value: "sqlite:leasepool.db",
 				Usage: "task store: sqlite:PATH or mongodb://..."},
-			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", DefaultText: "info for worker, serve, device broker and device simulate; warn for the rest"},
 			&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of this command here (go tool pprof)"},
 		},
 		Before: func(c *cli.Context) error {
-			var level slog.Level
-			if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
-				return badUsage(c, "--log-level: %q is not one of debug, info, warn, error", c.String("log-level"))
+			level := defaultLogLevel(c.App, c.Args().Slice())
+			if c.IsSet("log-level") {
+				if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+					return badUsage(c, "--log-level: %q is not one of debug, info, warn, error", c.String("log-level"))
+				}
 			}
 			slog.SetDefault(newLogger(stderr, level))
 			tuneGC()
@@ -171,6 +173,33 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	setUsageErrors(app.Commands)
 	setUnknownSubcommand(app.Commands)
 	return app
+}
+
+// logsAtInfo are the commands that run until stopped: what they log at
+// info (claims, connections, a device going away) is what they show.
+var logsAtInfo = [][]string{{"worker"}, {"serve"}, {"device", "broker"}, {"device", "simulate"}}
+
+// defaultLogLevel is the log level of the command args names when
+// --log-level is not given: info for the commands of logsAtInfo, warn for
+// any other. A one-shot command's output is its answer; an info line
+// around it (a store's first open starting its clock epoch) is noise.
+func defaultLogLevel(app *cli.App, args []string) slog.Level {
+	var names []string
+	if len(args) > 0 {
+		for cmd := app.Command(args[0]); cmd != nil; {
+			names = append(names, cmd.Name)
+			if len(names) >= len(args) {
+				break
+			}
+			cmd = subcommand(cmd, args[len(names)])
+		}
+	}
+	for _, want := range logsAtInfo {
+		if slices.Equal(names, want) {
+			return slog.LevelInfo
+		}
+	}
+	return slog.LevelWarn
 }
 
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
