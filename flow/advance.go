@@ -67,7 +67,7 @@ func ensure(ctx context.Context, s task.Store, f *Flow) (*Flow, error) {
 	for i := range f.Steps {
 		for _, undo := range []bool{false, true} {
 			if r := f.run(i, undo); r.State == RunActive && r.Task != "" {
-				errs = append(errs, publishStep(ctx, s, f, i, undo))
+				errs = append(errs, publishStep(ctx, s, f, i, undo, endedAttempt{}))
 			}
 		}
 	}
@@ -79,10 +79,23 @@ func ensure(ctx context.Context, s task.Store, f *Flow) (*Flow, error) {
 // this is repaired by the reconciler (a missing task is published; a
 // stopped run's timer that fires is not current any more).
 func follow(ctx context.Context, s task.Store, f *Flow) error {
+	return followEnded(ctx, s, f, endedAttempt{})
+}
+
+// endedAttempt names the attempt whose outcome a flow write recorded,
+// from that attempt's own middleware: its handler has returned, so its
+// lease, live until the attempt's own write, guards nothing.
+type endedAttempt struct {
+	key     string
+	attempt int
+}
+
+// followEnded is follow for a write that recorded the outcome of ended.
+func followEnded(ctx context.Context, s task.Store, f *Flow, ended endedAttempt) error {
 	var errs []error
 	for _, ref := range f.started {
 		if r := f.run(ref.Step, ref.Undo); r.State == RunActive && r.Task != "" {
-			errs = append(errs, publishStep(ctx, s, f, ref.Step, ref.Undo))
+			errs = append(errs, publishStep(ctx, s, f, ref.Step, ref.Undo, ended))
 		}
 	}
 	for _, key := range f.stops {
@@ -144,7 +157,7 @@ func (f *Flow) paramsFor(i int, undo bool) map[string]json.RawMessage {
 	return out
 }
 
-func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) error {
+func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool, ended endedAttempt) error {
 	st := f.Steps[i]
 	ref := StepRef{Flow: f.Key, Gen: f.Gen, Step: i, Name: st.Name, Undo: undo}
 	if !undo && f.timer(i) {
@@ -175,7 +188,7 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) e
 			p.MaxUnexpectedRetries = task.NoRetries
 		}
 	}
-	if p.RunAt, err = afterEarlier(ctx, s, f, i, undo); err != nil {
+	if p.RunAt, err = afterEarlier(ctx, s, f, i, undo, ended); err != nil {
 		return err
 	}
 	// The envelope wraps the parameters and the payload, each checked
@@ -194,13 +207,14 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool) e
 // from outside the flow ends up here as a failure, its handler still
 // stopping), and the do of a retried run for the previous run's task of
 // that step (cancelled again too: a flow cancel's task stop may have
-// failed). Zero: at once.
-func afterEarlier(ctx context.Context, s task.Store, f *Flow, i int, undo bool) (time.Time, error) {
+// failed). The lease of ended, whose handler has returned, is not waited
+// for. Zero: at once.
+func afterEarlier(ctx context.Context, s task.Store, f *Flow, i int, undo bool, ended endedAttempt) (time.Time, error) {
 	switch {
 	case undo && f.Progress[i].Do.State == RunCancelled:
 		return afterLeases(ctx, s, f.Progress[i].Do.Task)
 	case undo:
-		return leasesEnd(ctx, s, f.Progress[i].Do.Task)
+		return leasesEnd(ctx, s, f.Progress[i].Do.Task, ended)
 	case f.Gen > 1:
 		return afterLeases(ctx, s, StepKey(f.Key, f.Gen-1, i, f.Steps[i].Name, false))
 	}
@@ -212,12 +226,12 @@ func afterLeases(ctx context.Context, s task.Store, key string) (time.Time, erro
 	if err := stopTask(ctx, s, key); err != nil {
 		return time.Time{}, err
 	}
-	return leasesEnd(ctx, s, key)
+	return leasesEnd(ctx, s, key, endedAttempt{})
 }
 
 // leasesEnd returns when the live leases of the task of key end (zero when
 // none, or no such task).
-func leasesEnd(ctx context.Context, s task.Store, key string) (time.Time, error) {
+func leasesEnd(ctx context.Context, s task.Store, key string, ended endedAttempt) (time.Time, error) {
 	if key == "" {
 		return time.Time{}, nil
 	}
@@ -233,6 +247,9 @@ func leasesEnd(ctx context.Context, s task.Store, key string) (time.Time, error)
 	var at time.Time
 	now := s.Now()
 	for _, w := range t.Workers {
+		if key == ended.key && w.Attempt == ended.attempt {
+			continue
+		}
 		if (w.State == task.AttemptRunning || w.State == task.WorkerCancelled) && w.LeaseUntil.After(now) && w.LeaseUntil.After(at) {
 			at = w.LeaseUntil
 		}
@@ -261,7 +278,7 @@ func record(ctx context.Context, s task.Store, ref StepRef, o outcome, log *slog
 	if applied && o.Undo && o.Final && !o.Success {
 		log.Error("flow rollback failed: the flow needs attention", slog.String("step", ref.Name), slog.String("error", o.Error))
 	}
-	return f, follow(ctx, s, f)
+	return f, followEnded(ctx, s, f, endedAttempt{key: ref.TaskKey(), attempt: o.Attempt})
 }
 
 // ReconcileStats says what a Reconcile pass did.
@@ -319,7 +336,7 @@ func reconcileRun(ctx context.Context, s task.Store, f *Flow, i int, undo bool, 
 	t, err := s.Get(ctx, ref.TaskKey())
 	if errors.Is(err, task.ErrNotFound) {
 		st.Published++
-		return publishStep(ctx, s, f, i, undo)
+		return publishStep(ctx, s, f, i, undo, endedAttempt{})
 	}
 	if err != nil || !t.State.Finished() {
 		return err

@@ -418,3 +418,37 @@ func TestStepKey(t *testing.T) {
 		}
 	}
 }
+
+// TestRollbackDoesNotWaitForTheFailedAttemptsLease: a failed step's undo
+// is published to run at once: the attempt whose failure started the
+// rollback has returned from its handler, so its lease, still live until
+// its own outcome's write, guards nothing (it held the rollback back by a
+// whole lease).
+func TestRollbackDoesNotWaitForTheFailedAttemptsLease(t *testing.T) {
+	r := newRig(t)
+	r.publish(t, "db-5", `{"name":"db-5","fail":"deduct"}`, dbSteps())
+	f := r.wait(t, "db-5")
+	i := slices.IndexFunc(f.Steps, func(s flow.Step) bool { return s.Name == "deduct" })
+	if i < 0 || f.Progress[i].Undo.Task == "" {
+		t.Fatalf("no rollback of deduct: %s %+v", f.State, f.Progress)
+	}
+	ctx := context.Background()
+	do, err := r.store.Get(ctx, f.Progress[i].Do.Task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	undo, err := r.store.Get(ctx, f.Progress[i].Undo.Task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last task.Attempt
+	for _, w := range append(do.History, do.Workers...) {
+		if w.Attempt > last.Attempt {
+			last = w
+		}
+	}
+	if !undo.RunAt.Before(last.LeaseUntil) {
+		t.Fatalf("the undo runs at %s, at the failed attempt's lease end %s; want at once (created %s)",
+			undo.RunAt.Format(time.StampMilli), last.LeaseUntil.Format(time.StampMilli), undo.CreatedAt.Format(time.StampMilli))
+	}
+}
