@@ -258,8 +258,9 @@ func leasesEnd(ctx context.Context, s task.Store, key string, ended endedAttempt
 }
 
 // record applies an outcome to the flow of ref and publishes what comes
-// next.
-func record(ctx context.Context, s task.Store, ref StepRef, o outcome, log *slog.Logger) (*Flow, error) {
+// next; ended is the attempt recording it from its own middleware (zero
+// from the reconciler, whose tasks' handlers may still be stopping).
+func record(ctx context.Context, s task.Store, ref StepRef, o outcome, ended endedAttempt, log *slog.Logger) (*Flow, error) {
 	o.Gen, o.Step, o.Undo = ref.Gen, ref.Step, ref.Undo
 	applied := false
 	f, err := modify(ctx, s, ref.Flow, func(f *Flow) error {
@@ -278,7 +279,7 @@ func record(ctx context.Context, s task.Store, ref StepRef, o outcome, log *slog
 	if applied && o.Undo && o.Final && !o.Success {
 		log.Error("flow rollback failed: the flow needs attention", slog.String("step", ref.Name), slog.String("error", o.Error))
 	}
-	return f, followEnded(ctx, s, f, endedAttempt{key: ref.TaskKey(), attempt: o.Attempt})
+	return f, followEnded(ctx, s, f, ended)
 }
 
 // ReconcileStats says what a Reconcile pass did.
@@ -357,7 +358,7 @@ func reconcileRun(ctx context.Context, s task.Store, f *Flow, i int, undo bool, 
 	log = log.With(slog.String("flow", f.Key))
 	log.Info("flow: step task finished without its outcome recorded; moving on",
 		slog.String("task", t.Key), slog.String("state", string(t.State)))
-	_, err = record(ctx, s, ref, o, log)
+	_, err = record(ctx, s, ref, o, endedAttempt{}, log)
 	return err
 }
 

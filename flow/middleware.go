@@ -110,7 +110,7 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 		o.Attempt = job.Attempt
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 		defer cancel()
-		if _, err := record(rctx, cfg.Store, ref, o, log); err != nil {
+		if _, err := record(rctx, cfg.Store, ref, o, endedAttempt{job.Task.Key, job.Attempt}, log); err != nil {
 			return fmt.Errorf("flow timer %s: recording: %w", job.Task.Key, err)
 		}
 		return nil
@@ -170,7 +170,7 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 	// The flow's compare-and-set, not the lease, keeps the record single.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	if _, err := record(rctx, cfg.Store, ref, o, log); err != nil {
+	if _, err := record(rctx, cfg.Store, ref, o, endedAttempt{job.Task.Key, job.Attempt}, log); err != nil {
 		// Not recorded: fail the attempt, so the task is retried (or the
 		// reconciler sees it failed) rather than the flow stalling.
 		return fmt.Errorf("flow step %s: recording the outcome: %w (step error: %v)", job.Task.Key, err, herr)
