@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,6 +62,12 @@ type Config struct {
 	// Default ExponentialBackoff(time.Second, 5*time.Minute); NoBackoff
 	// retries at once. Expired leases (crashed workers) are retried at once.
 	RetryPolicy RetryPolicy
+	// Reaped, when set, is called with a task this worker found with
+	// expired leases and no retries left, after writing it failed: no
+	// handler ran, so nothing else tells the failure to whoever waits on
+	// it (the flow engine moves the task's flow on with it). It runs on
+	// the claim's goroutine and should return promptly. Nil: nothing.
+	Reaped func(ctx context.Context, t *task.Task)
 	// HeartbeatInterval is how often the worker renews its registry
 	// record. Default 1s.
 	HeartbeatInterval time.Duration

@@ -50,6 +50,9 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 	switch {
 	case err == nil && try.reaped:
 		c.logger.Warn("task failed: workers expired and retries are exhausted", slog.String("task", e.Key))
+		if c.cfg.Reaped != nil {
+			c.cfg.Reaped(ctx, doc)
+		}
 	case err == nil:
 		c.observeClaim(doc, try)
 		res.doc = c.run(doc, try.holder, handled)

@@ -362,6 +362,28 @@ func reconcileRun(ctx context.Context, s task.Store, f *Flow, i int, undo bool, 
 	return err
 }
 
+// Reaped moves the flow of t on at once: t is a task its worker found
+// with expired leases and no retries left, and wrote failed with no
+// handler run to record the outcome, which the reconciler would find only
+// at its next pass (a lease of three periods later when its holder died
+// with the step's worker). A task of no flow, or one the flow no longer
+// waits on, is left alone; a reconciler pass at the same time records the
+// outcome once (compare-and-set).
+func Reaped(ctx context.Context, s task.Store, t *task.Task, log *slog.Logger) error {
+	var env envelope
+	if t == nil || !t.State.Finished() || json.Unmarshal(t.Payload, &env) != nil || env.Flow.TaskKey() != t.Key {
+		return nil
+	}
+	f, err := Get(ctx, s, env.Flow.Flow)
+	if errors.Is(err, task.ErrNotFound) {
+		return nil
+	}
+	if err != nil || !f.waitsOn(env.Flow) {
+		return err
+	}
+	return reconcileRun(ctx, s, f, env.Flow.Step, env.Flow.Undo, &ReconcileStats{}, log)
+}
+
 func lastError(t *task.Task) string {
 	all := t.AttemptHistory()
 	for i := len(all) - 1; i >= 0; i-- {

@@ -452,3 +452,73 @@ func TestRollbackDoesNotWaitForTheFailedAttemptsLease(t *testing.T) {
 			undo.RunAt.Format(time.StampMilli), last.LeaseUntil.Format(time.StampMilli), undo.CreatedAt.Format(time.StampMilli))
 	}
 }
+
+// TestReapedStepMovesTheFlowOnAtOnce: a step task whose worker died with
+// its last retry, reaped by the next worker's claim, moves its flow on
+// from that worker (consumer.Config.Reaped), with no reconciler running:
+// the reconciler's pass, a lease later when its holder died too, is not
+// waited for.
+func TestReapedStepMovesTheFlowOnAtOnce(t *testing.T) {
+	ctx := context.Background()
+	s, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "tasks.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	zero := 0
+	if _, _, err := flow.Publish(ctx, s, flow.Spec{Key: "r-1", Steps: []flow.Step{
+		{Name: "only", Action: flow.Action{Kind: "test.never", Retries: &zero}}}}); err != nil {
+		t.Fatal(err)
+	}
+	key := flow.StepKey("r-1", 1, 0, "only", false)
+	// A worker claims the step with a short lease and dies.
+	if _, err := task.Modify(ctx, s, key, func(tk *task.Task) error {
+		tk.WorkerTimeout = task.Duration(300 * time.Millisecond)
+		tk.Claim(task.Holder{TaskKey: key, WorkerID: "ghost", Instance: "i"}, s.Now())
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	mux := consumer.NewMux()
+	if err := flow.Register(mux, flow.Config{Store: s, Logger: log}); err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{}, 1)
+	mux.RegisterFunc("test.never", func(context.Context, *consumer.Job) error { ran <- struct{}{}; return nil })
+	w, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "w1", Logger: log,
+		Reaped: func(ctx context.Context, tk *task.Task) {
+			if err := flow.Reaped(ctx, s, tk, log); err != nil {
+				t.Errorf("reaped: %v", err)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f, err := flow.Get(ctx, s, "r-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.State.Finished() {
+			if f.State != flow.StateFailed {
+				t.Fatalf("flow ended %s; want failed", f.State)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("flow still %s 10 s after its step's last worker died", f.State)
+		}
+		time.Sleep(20 * time.Millisecond) // the poll's pace
+	}
+	select {
+	case <-ran:
+		t.Fatal("the reaped step ran; it had no retries left")
+	default:
+	}
+}

@@ -230,6 +230,11 @@ func New(cfg Config) (*Worker, error) {
 		Kinds:       append(slices.Clone(kinds), flow.TimerKind),
 		Concurrency: cfg.Concurrency, ShutdownTimeout: cfg.ShutdownTimeout, RetryPolicy: cfg.RetryPolicy,
 		Logger: cfg.Logger, Observer: observer,
+		Reaped: func(ctx context.Context, t *task.Task) {
+			if err := flow.Reaped(ctx, cfg.Store, t, cfg.Logger); err != nil {
+				cfg.Logger.Warn("flow of a failed task not moved on; the reconciler will", slog.String("task", t.Key), slog.Any("error", err))
+			}
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
