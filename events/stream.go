@@ -57,12 +57,13 @@ type Stream struct {
 // come twice (once here, once with its own change). The same holds where
 // the stream carries the current document rather than the write's own:
 // MongoDB's change streams look the document up when the event is read,
-// so there events are exact only while the follower keeps up with each
-// task's writes: a change whose looked-up document is of a later write
-// (task.Event.Version tells) yields no events, so the events of writes a
-// follower fell behind on, or resumed from an old token over, are lost,
-// and none is repeated. The embedded store records each write's own
-// document: exact.
+// so it may be a later write's (task.Event.Version tells): such a change
+// yields its claims alone (DeriveClaims), whose attempts record the
+// version of their write; its other events are lost, none is repeated.
+// So a follower gets every claim however fast the task ran on, and the
+// other events of every write not overtaken by the task's next write
+// before the follower read it. The embedded store records each write's
+// own document: exact.
 //
 // Rollout events come from the writes of rollouts' documents
 // (WatchParams.Documents), each write's own events told apart by the
@@ -185,8 +186,8 @@ func (st *Stream) derive(ctx context.Context, ch task.Event) ([]Event, error) {
 	}
 	if ch.Version != 0 && doc != nil && doc.Version != ch.Version {
 		// The document is a later write's, whose own change yields its
-		// events: this write's are lost, none repeated.
-		return nil, nil
+		// events: of this write's, only its claim can be told.
+		return DeriveClaims(doc, ch.Version), nil
 	}
 	return Derive(doc), nil
 }
