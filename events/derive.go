@@ -127,3 +127,28 @@ func Derive(t *task.Task) []Event {
 	}
 	return out
 }
+
+// DeriveClaims returns the claimed events of the write that stored
+// version v, told from t, the document after a later write (a change
+// stream that looks documents up when it reads them): each attempt keeps
+// the version of its claim's write (task.Attempt.ClaimVersion), in
+// Workers or, once it left them, in History. A claim leaves its task
+// running and its attempt starts at the claim's store time, so these
+// events equal those Derive gives from the claim's own document. The
+// write's other events cannot be told from a later document and are not
+// given.
+func DeriveClaims(t *task.Task, v int64) []Event {
+	if t == nil || v <= 1 || strings.HasPrefix(t.Key, ReservedPrefix) {
+		return nil
+	}
+	var out []Event
+	for _, ws := range [][]task.Attempt{t.History, t.Workers} {
+		for _, w := range ws {
+			if w.ClaimVersion == v {
+				out = append(out, Event{Type: Claimed, Key: t.Key, Kind: t.Kind, Attempt: w.Attempt, Worker: w.WorkerID,
+					Instance: w.Instance, State: task.StateRunning, At: w.StartedAt, Version: v})
+			}
+		}
+	}
+	return out
+}

@@ -136,3 +136,36 @@ func TestDerivePublishAndReserved(t *testing.T) {
 		t.Errorf("nil: %+v", g)
 	}
 }
+
+// A later document tells the claims of an earlier write exactly as the
+// claim's own document does, wherever the attempt has gone since (a rerun
+// moves it to History); other writes' versions yield none.
+func TestDeriveClaimsFromALaterDocument(t *testing.T) {
+	t.Parallel()
+	now := tasktest.T0.Add(time.Second)
+	tk := tasktest.New(t, nil)
+	tk.Version = 3
+	var h task.Holder
+	claimed := write(t, tk, func(tk *task.Task) error { h = tk.Claim(task.Holder{WorkerID: "b", Instance: "ib"}, now); return nil })
+	own := events.Derive(claimed)
+	if len(own) != 1 || own[0].Type != events.Claimed {
+		t.Fatalf("the claim's own document: %+v", own)
+	}
+	done := write(t, claimed, func(tk *task.Task) error { return tk.Succeed(h, now.Add(time.Millisecond)) })
+	rerun := write(t, done, func(tk *task.Task) error { return tk.Reset(now.Add(time.Second)) })
+	for _, later := range []*task.Task{done, rerun} {
+		if got := events.DeriveClaims(later, claimed.Version); !reflect.DeepEqual(got, own) {
+			t.Errorf("from version %d: %+v, want %+v", later.Version, got, own)
+		}
+		for _, v := range []int64{1, done.Version, rerun.Version, 99} {
+			if got := events.DeriveClaims(later, v); got != nil {
+				t.Errorf("from version %d, the claims of version %d: %+v, want none", later.Version, v, got)
+			}
+		}
+	}
+	reserved := done.Clone()
+	reserved.Key = events.ReservedPrefix + "x"
+	if got := events.DeriveClaims(reserved, claimed.Version); got != nil {
+		t.Errorf("reserved key: %+v", got)
+	}
+}

@@ -141,9 +141,10 @@ func TestRolloutEventsInOrderOnceAndResumable(t *testing.T) {
 // A MongoDB stream that names its position when it opens gives rollout
 // events beside task events (pair tokens); the wire test server names none
 // for its document stream before that stream's first event, so there
-// Follow follows task events alone: every event still carries a token to
-// resume by, and rollout writes break nothing. Either way, rollout events
-// that come are the rollout's own, in order, once.
+// Follow follows task events alone and TasksOnly says so: every event
+// still carries a token to resume by, and rollout writes break nothing.
+// Either way, rollout events that come are the rollout's own, in order,
+// once.
 func TestRolloutEventsMongo(t *testing.T) {
 	s := openMongo(t, "lp_revents")
 	live := follow(t, s, events.Params{})
@@ -164,8 +165,8 @@ func TestRolloutEventsMongo(t *testing.T) {
 	if tasks == 0 {
 		t.Error("no task event of the device commands")
 	}
-	if len(got) > 0 && !reflect.DeepEqual(got, want) {
-		t.Errorf("rollout events\n got %q\nwant %q", got, want)
+	if live.TasksOnly() && len(got) > 0 || !live.TasksOnly() && !reflect.DeepEqual(got, want) {
+		t.Errorf("tasks only %v: rollout events\n got %q\nwant %q", live.TasksOnly(), got, want)
 	}
 	// Resumed from its first event, it reads the rest of the same events.
 	rest := follow(t, s, events.Params{After: all[0].Token})
@@ -260,6 +261,52 @@ func TestDeriveRolloutOtherDocuments(t *testing.T) {
 		{Namespace: events.RolloutNamespace, ID: "r", Value: value}} {
 		if evs := events.DeriveRollout(d); len(evs) != 0 {
 			t.Errorf("%+v: %d events, want none", d, len(evs))
+		}
+	}
+}
+
+// Params that keep rollout events alone follow the document writes alone,
+// so MongoDB delivers them even where it names no position for them when
+// the stream opens (the wire test server): a rollout's events in order,
+// once, none of a task; a resume from any event's token reads the rest;
+// such a token does not resume a stream that keeps task events, whose
+// task writes since would be skipped.
+func TestRolloutEventsAloneMongo(t *testing.T) {
+	s := openMongo(t, "lp_revents_alone")
+	one := follow(t, s, events.Params{Rollout: "fw"})
+	every := follow(t, s, events.Params{Types: events.RolloutTypes})
+	want := runRollout(t, s)
+	all := drain(t, one)
+	if g := eventLines(all); !reflect.DeepEqual(g, want) {
+		t.Fatalf("--rollout fw:\n got %q\nwant %q", g, want)
+	}
+	var got []string
+	for _, e := range drain(t, every) {
+		if e.Rollout == "" {
+			t.Errorf("rollout types only: task event %s", line(e))
+		} else if e.Rollout == "fw" {
+			got = append(got, rolloutLine(e))
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("rollout types only:\n got %q\nwant %q", got, want)
+	}
+	if one.TasksOnly() || every.TasksOnly() {
+		t.Error("TasksOnly on a stream of rollout events alone")
+	}
+	for cut := 1; cut < len(all); cut++ {
+		rest := follow(t, s, events.Params{Rollout: "fw", After: all[cut-1].Token})
+		if g := eventLines(read(t, rest, len(all)-cut)); !reflect.DeepEqual(g, want[cut:]) {
+			t.Fatalf("resumed after event %d: got %q, want %q", cut, g, want[cut:])
+		}
+		quiet(t, rest)
+	}
+	for _, p := range []events.Params{{After: all[0].Token}, {After: all[0].Token, Kinds: []string{"mqtt"}}} {
+		if st, err := events.Follow(context.Background(), s, p); !errors.Is(err, task.ErrInvalid) {
+			if err == nil {
+				st.Close()
+			}
+			t.Errorf("%+v: a token of rollout events alone resuming task events: %v, want ErrInvalid", p, err)
 		}
 	}
 }

@@ -45,6 +45,9 @@ type Stream struct {
 	skip    int              // events of the first change already delivered before a resume
 	tok     string           // resumes after the last event returned (or change passed)
 	derived map[string]int64 // rollout document id → the last version derived
+	// tasksOnly: rollout events were asked for but the store could not
+	// carry them (see Follow).
+	tasksOnly bool
 }
 
 // Follow opens a stream of lifecycle events from s. Resuming from a token
@@ -57,12 +60,13 @@ type Stream struct {
 // come twice (once here, once with its own change). The same holds where
 // the stream carries the current document rather than the write's own:
 // MongoDB's change streams look the document up when the event is read,
-// so there events are exact only while the follower keeps up with each
-// task's writes: a change whose looked-up document is of a later write
-// (task.Event.Version tells) yields no events, so the events of writes a
-// follower fell behind on, or resumed from an old token over, are lost,
-// and none is repeated. The embedded store records each write's own
-// document: exact.
+// so it may be a later write's (task.Event.Version tells): such a change
+// yields its claims alone (DeriveClaims), whose attempts record the
+// version of their write; its other events are lost, none is repeated.
+// So a follower gets every claim however fast the task ran on, and the
+// other events of every write not overtaken by the task's next write
+// before the follower read it. The embedded store records each write's
+// own document: exact.
 //
 // Rollout events come from the writes of rollouts' documents
 // (WatchParams.Documents), each write's own events told apart by the
@@ -70,11 +74,14 @@ type Stream struct {
 // delivers document writes from a second stream, in order among themselves
 // but not with task writes, and a replace carries the document it wrote;
 // where it carries a later one (a looked-up document), a write already
-// derived is not derived again, so none is repeated on one stream. A
-// stream that cannot name its position when it opens (the MongoDB wire
-// test server names none for a document stream before its first event)
-// could hand out no token to resume by: Follow then follows task events
-// alone.
+// derived is not derived again, so none is repeated on one stream. Params
+// that keep rollout events alone (Rollout, or rollout Types only) follow
+// the document writes alone (task.WatchParams.NoTasks); their tokens
+// resume such a stream only. Params that keep both kinds need a token
+// naming both streams' positions: a store that cannot name one when the
+// stream opens (the MongoDB wire test server names none for a document
+// stream before its first event) could hand out none, so Follow then
+// follows task events alone and TasksOnly says so.
 //
 // Where the store gives no
 // position before the first change (a MongoDB stream that has seen no
@@ -85,15 +92,18 @@ func Follow(ctx context.Context, s task.Store, p Params) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	cs, err := s.Watch(ctx, task.WatchParams{ResumeAfter: after, Documents: []string{RolloutNamespace}})
-	if err == nil && len(cs.ResumeToken()) == 0 {
+	rolloutsOnly := !p.keepsTasks()
+	cs, err := s.Watch(ctx, task.WatchParams{ResumeAfter: after, Documents: []string{RolloutNamespace}, NoTasks: rolloutsOnly})
+	tasksOnly := false
+	if err == nil && !rolloutsOnly && len(cs.ResumeToken()) == 0 {
 		_ = cs.Close()
 		cs, err = s.Watch(ctx, task.WatchParams{ResumeAfter: after})
+		tasksOnly = p.keepsRollouts()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("events: follow: %w", err)
 	}
-	st := &Stream{s: s, cs: cs, p: p, prev: after, skip: skip, tok: p.After, derived: map[string]int64{}}
+	st := &Stream{s: s, cs: cs, p: p, prev: after, skip: skip, tok: p.After, derived: map[string]int64{}, tasksOnly: tasksOnly}
 	if st.prev == nil {
 		// From now: a token of the current position, where the store gives
 		// one, so the caller can resume before the first event too.
@@ -103,6 +113,12 @@ func Follow(ctx context.Context, s task.Store, p Params) (*Stream, error) {
 	}
 	return st, nil
 }
+
+// TasksOnly reports whether the stream follows task events alone although
+// its Params keep rollout events too: the store could name no position
+// for rollouts' document writes when it opened (see Follow). Following
+// with Params that keep rollout events alone delivers them there.
+func (st *Stream) TasksOnly() bool { return st.tasksOnly }
 
 // Token resumes right after the last event Next returned, or after the
 // last change passed over; it equals the last returned event's Token
@@ -185,10 +201,20 @@ func (st *Stream) derive(ctx context.Context, ch task.Event) ([]Event, error) {
 	}
 	if ch.Version != 0 && doc != nil && doc.Version != ch.Version {
 		// The document is a later write's, whose own change yields its
-		// events: this write's are lost, none repeated.
-		return nil, nil
+		// events: of this write's, only its claim can be told.
+		return DeriveClaims(doc, ch.Version), nil
 	}
 	return Derive(doc), nil
+}
+
+// keepsTasks reports whether p keeps any task event.
+func (p Params) keepsTasks() bool {
+	return p.Rollout == "" && (len(p.Types) == 0 || slices.ContainsFunc(p.Types, func(t string) bool { return !isRolloutType(t) }))
+}
+
+// keepsRollouts reports whether p keeps any rollout event.
+func (p Params) keepsRollouts() bool {
+	return len(p.Kinds) == 0 && p.Key == "" && (len(p.Types) == 0 || slices.ContainsFunc(p.Types, isRolloutType))
 }
 
 func (st *Stream) keep(e Event) bool {

@@ -366,6 +366,8 @@ func (d *jsonDecoder) worker(w *Attempt) bool {
 			return d.time(&w.LeaseUntil)
 		case "started_at":
 			return d.time(&w.StartedAt)
+		case "claim_version":
+			return d.int(&w.ClaimVersion)
 		case "ended_at":
 			return d.time(&w.EndedAt)
 		case "error":

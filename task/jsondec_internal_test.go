@@ -62,7 +62,7 @@ func randomTask(rng *rand.Rand, pieces []string) *Task {
 	}
 	worker := func() Attempt {
 		w := Attempt{WorkerID: str(), Instance: str(), State: AttemptState(str()), Attempt: rng.IntN(9),
-			LeaseUntil: when(), StartedAt: when(), EndedAt: when(), Error: str(), LogDropped: rng.IntN(2), OutputDropped: rng.IntN(2) == 0}
+			LeaseUntil: when(), StartedAt: when(), ClaimVersion: rng.Int64N(3), EndedAt: when(), Error: str(), LogDropped: rng.IntN(2), OutputDropped: rng.IntN(2) == 0}
 		if rng.IntN(2) == 0 {
 			w.Result = raw()
 			w.Log = []LogLine{{At: when(), Msg: str()}}

@@ -203,6 +203,10 @@ func (e *jsonAppender) worker(w *Attempt) {
 	e.time(w.LeaseUntil)
 	e.field(`started_at`)
 	e.time(w.StartedAt)
+	if w.ClaimVersion != 0 {
+		e.field(`claim_version`)
+		e.int(w.ClaimVersion)
+	}
 	if !w.EndedAt.IsZero() {
 		e.field(`ended_at`)
 		e.time(w.EndedAt)

@@ -50,8 +50,8 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 		PingInterval: task.Duration(1500 * time.Millisecond), WorkerTimeout: task.Duration(3 * time.Microsecond),
 		LockKeys: []string{"device:1", "rate:x#2"},
 		Workers: []task.Attempt{
-			{WorkerID: "w1", Instance: "i1", State: task.AttemptRunning, Attempt: 3, LeaseUntil: t0.Add(time.Second), StartedAt: t0},
-			{WorkerID: "w2", State: task.AttemptFail, Attempt: 2, LeaseUntil: t0.In(east), StartedAt: t0.Add(-time.Hour), EndedAt: t0.Add(-time.Minute),
+			{WorkerID: "w1", Instance: "i1", State: task.AttemptRunning, Attempt: 3, LeaseUntil: t0.Add(time.Second), StartedAt: t0, ClaimVersion: 17},
+			{WorkerID: "w2", State: task.AttemptFail, Attempt: 2, LeaseUntil: t0.In(east), StartedAt: t0.Add(-time.Hour), ClaimVersion: 9, EndedAt: t0.Add(-time.Minute),
 				Error: "boom" + awkward, Result: json.RawMessage(`{"r": true}`), Log: []task.LogLine{{At: t0, Msg: awkward}, {At: t0.Add(time.Nanosecond), Msg: ""}},
 				LogDropped: 4, OutputDropped: true},
 		},

@@ -95,6 +95,8 @@ func (t *Task) Claim(who Holder, now time.Time) Holder {
 		Attempt:    t.Attempts,
 		LeaseUntil: now.Add(time.Duration(t.WorkerTimeout)).UTC(),
 		StartedAt:  now.UTC(),
+		// The store bumps Version by one on the write (as note assumes).
+		ClaimVersion: t.Version + 1,
 	})
 	t.noteWorker(ChangeClaimed, t.Workers[len(t.Workers)-1])
 	t.touch(now)

@@ -150,6 +150,9 @@ type WatchParams struct {
 	// carries as well (Event.Document); none by default, so a stream
 	// opened for tasks sees task writes only.
 	Documents []string
+	// NoTasks leaves task writes out: the stream carries the document
+	// writes of Documents alone. Its tokens resume such a stream only.
+	NoTasks bool
 }
 
 // Event is one task write seen on a change stream, or with Document set,

@@ -62,8 +62,13 @@ type Attempt struct {
 	Attempt    int       `json:"attempt"`
 	LeaseUntil time.Time `json:"lease_until"`
 	StartedAt  time.Time `json:"started_at"`
-	EndedAt    time.Time `json:"ended_at,omitzero"`
-	Error      string    `json:"error,omitempty"`
+	// ClaimVersion is the version the claim's write stored, so that a
+	// reader holding a later document can tell which write made each
+	// attempt (package events, where a change stream looks documents up
+	// after later writes).
+	ClaimVersion int64     `json:"claim_version,omitempty"`
+	EndedAt      time.Time `json:"ended_at,omitzero"`
+	Error        string    `json:"error,omitempty"`
 	// Result and Log are what the attempt's handler recorded (see Record);
 	// they are replaced, never changed in place.
 	Result     json.RawMessage `json:"result,omitempty"`

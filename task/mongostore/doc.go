@@ -66,8 +66,10 @@ type workerDoc struct {
 	Attempt    int64     `bson:"attempt"`
 	LeaseUntil time.Time `bson:"lease_until"`
 	StartedAt  time.Time `bson:"started_at"`
-	EndedAt    time.Time `bson:"ended_at"`
-	Error      string    `bson:"error,omitempty"`
+	// ClaimVersion is task.Attempt.ClaimVersion.
+	ClaimVersion int64     `bson:"claim_version,omitempty"`
+	EndedAt      time.Time `bson:"ended_at"`
+	Error        string    `bson:"error,omitempty"`
 	// Result is stored as a BSON value, as the payload is.
 	Result        bson.RawValue `bson:"result,omitempty"`
 	Log           []logDoc      `bson:"log,omitempty"`
@@ -158,6 +160,7 @@ func toWorkerDoc(w task.Attempt) (workerDoc, error) {
 		Attempt:       int64(w.Attempt),
 		LeaseUntil:    w.LeaseUntil.UTC(),
 		StartedAt:     w.StartedAt.UTC(),
+		ClaimVersion:  w.ClaimVersion,
 		EndedAt:       w.EndedAt.UTC(),
 		Error:         w.Error,
 		LogDropped:    int64(w.LogDropped),
@@ -184,6 +187,7 @@ func fromWorkerDoc(d workerDoc) (task.Attempt, error) {
 		Attempt:       int(d.Attempt),
 		LeaseUntil:    utc(d.LeaseUntil),
 		StartedAt:     utc(d.StartedAt),
+		ClaimVersion:  d.ClaimVersion,
 		EndedAt:       utc(d.EndedAt),
 		Error:         d.Error,
 		LogDropped:    int(d.LogDropped),

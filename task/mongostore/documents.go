@@ -227,10 +227,13 @@ func decodeDocumentEvent(p task.WatchParams) func(bson.Raw) (task.Event, bool, e
 		doc := &task.Document{Namespace: de.DocumentKey.ID.Namespace, ID: de.DocumentKey.ID.ID}
 		if de.OperationType == "delete" {
 			ev.DocumentDeleted = true
+		} else if d, ok := writtenDocument(de.DocumentKey.raw); ok {
+			// The test server's replace: an update with the replacement in
+			// documentKey, the write's own document, where its fullDocument
+			// is looked up when the stream is polled (a later write's).
+			doc = d
 		} else if d, ok := writtenDocument(de.FullDocument); ok {
 			doc = d
-		} else if d, ok := writtenDocument(de.DocumentKey.raw); ok {
-			doc = d // the test server's replace: an update with the replacement in documentKey
 		}
 		if doc.Namespace == "" || !p.WantsDocuments(doc.Namespace) {
 			return task.Event{}, true, nil

@@ -77,6 +77,12 @@ type Config struct {
 	// of one document meet in one batch. Default DefaultUpdateStreams;
 	// must not be negative.
 	UpdateStreams int
+	// ConnectTimeout bounds Open's first contact with the deployment: a
+	// server that does not answer by then fails Open with one line naming
+	// it (so does a server that refuses, or a host that does not exist, at
+	// once). Default: the URI's serverSelectionTimeoutMS when it has one,
+	// else DefaultConnectTimeout; must not be negative.
+	ConnectTimeout time.Duration
 }
 
 // DefaultUpdateStreams is Config.UpdateStreams' default.
@@ -88,6 +94,9 @@ func (c Config) validate() error {
 	}
 	if c.UpdateStreams < 0 {
 		return fmt.Errorf("%w: mongostore config: UpdateStreams (%d) must not be negative", task.ErrInvalid, c.UpdateStreams)
+	}
+	if c.ConnectTimeout < 0 {
+		return fmt.Errorf("%w: mongostore config: ConnectTimeout (%s) must not be negative", task.ErrInvalid, c.ConnectTimeout)
 	}
 	if c.ClockRefresh < 0 {
 		return fmt.Errorf("%w: mongostore config: ClockRefresh (%s) must not be negative", task.ErrInvalid, c.ClockRefresh)
@@ -116,6 +125,9 @@ func (c Config) withDefaults(uriDB string) Config {
 	}
 	if c.ClockRefresh == 0 {
 		c.ClockRefresh = 30 * time.Second
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
@@ -160,14 +172,21 @@ func Open(ctx context.Context, uri string, cfg *Config) (*Store, error) {
 		return nil, err
 	}
 	cs, err := connstring.ParseAndValidate(uri)
+	if lerr := lookupError(err); lerr != nil {
+		return nil, lerr // a mongodb+srv host: not bad input, perhaps a DNS outage
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: mongostore: uri: %w", task.ErrInvalid, err)
+	}
+	if c.ConnectTimeout == 0 && cs.ServerSelectionTimeoutSet {
+		c.ConnectTimeout = cs.ServerSelectionTimeout
 	}
 	c = c.withDefaults(cs.Database)
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMonitor(c.Monitor))
+	reach := newReachWatch()
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMonitor(c.Monitor).SetServerMonitor(reach.monitor()))
 	if err != nil {
 		return nil, fmt.Errorf("mongostore: connect: %w", mapErr(err))
 	}
@@ -179,7 +198,7 @@ func Open(ctx context.Context, uri string, cfg *Config) (*Store, error) {
 	s.tasks = s.db.Collection(TasksCollection)
 	s.locks = s.db.Collection(LocksCollection)
 	s.lines = s.db.Collection(LinesCollection)
-	if err := s.init(ctx); err != nil {
+	if err := s.init(ctx, reach); err != nil {
 		_ = client.Disconnect(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -200,7 +219,10 @@ func (s *Store) start() {
 	}
 }
 
-func (s *Store) init(ctx context.Context) error {
+func (s *Store) init(ctx context.Context, reach *reachWatch) error {
+	if err := s.firstContact(ctx, reach); err != nil {
+		return err
+	}
 	// A few samples; the one with the shortest round trip is the best.
 	if err := s.syncClock(ctx, 3); err != nil {
 		return fmt.Errorf("mongostore: %w", err)

@@ -95,10 +95,11 @@ func TestCloseTwice(t *testing.T) {
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	for field, cfg := range map[string]mongostore.Config{
-		"PollInterval":  {PollInterval: -1},
-		"ClockRefresh":  {ClockRefresh: -1},
-		"UpdateStreams": {UpdateStreams: -1},
-		"Database":      {Database: "a.b"},
+		"PollInterval":   {PollInterval: -1},
+		"ClockRefresh":   {ClockRefresh: -1},
+		"UpdateStreams":  {UpdateStreams: -1},
+		"ConnectTimeout": {ConnectTimeout: -1},
+		"Database":       {Database: "a.b"},
 	} {
 		_, err := mongostore.Open(context.Background(), "mongodb://127.0.0.1:1/", &cfg)
 		if !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), field) {

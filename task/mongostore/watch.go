@@ -28,27 +28,46 @@ const maxAwait = 500 * time.Millisecond
 // Watch implements task.Store: a change stream on tasks with the full
 // document looked up for updates. A resume token is passed as startAfter,
 // which also resumes past an invalidate event. With p.Documents, a second
-// stream on documents runs beside it (see pairStream).
+// stream on documents runs beside it (see pairStream); with p.NoTasks as
+// well, that stream alone (documentsStream).
 func (s *Store) Watch(ctx context.Context, p task.WatchParams) (task.ChangeStream, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
+	tasksTok, docsTok, docsOnly := splitToken(p.ResumeAfter)
+	if p.NoTasks {
+		if len(p.Documents) == 0 {
+			return nil, fmt.Errorf("watch: %w: NoTasks and no Documents", task.ErrInvalid)
+		}
+		ds, err := s.watchDocuments(ctx, p, docsTok)
+		if err != nil {
+			return nil, err
+		}
+		return documentsStream{ds}, nil
+	}
+	if docsOnly {
+		// Starting the tasks from now would skip the task writes since.
+		return nil, fmt.Errorf("watch: %w: the resume token is of a stream of documents alone, which it alone resumes", task.ErrInvalid)
+	}
 	ops := bson.A{"insert", "update", "replace", "invalidate"}
 	if len(p.Documents) == 0 {
-		return s.watch(ctx, s.tasks, ops, p.ResumeAfter, p.SkipQuiet, decodeEvent)
+		return s.watch(ctx, s.tasks, ops, tasksTok, p.SkipQuiet, decodeEvent)
 	}
-	tasksTok, docsTok := splitToken(p.ResumeAfter)
 	ts, err := s.watch(ctx, s.tasks, ops, tasksTok, p.SkipQuiet, decodeEvent)
 	if err != nil {
 		return nil, err
 	}
-	ds, err := s.watch(ctx, s.db.Collection(DocumentsCollection), bson.A{"insert", "update", "replace", "delete", "invalidate"},
-		docsTok, false, decodeDocumentEvent(p))
+	ds, err := s.watchDocuments(ctx, p, docsTok)
 	if err != nil {
 		ts.Close()
 		return nil, err
 	}
 	return newPairStream(ts, ds), nil
+}
+
+func (s *Store) watchDocuments(ctx context.Context, p task.WatchParams, resume task.Token) (*changeStream, error) {
+	return s.watch(ctx, s.db.Collection(DocumentsCollection), bson.A{"insert", "update", "replace", "delete", "invalidate"},
+		resume, false, decodeDocumentEvent(p))
 }
 
 func (s *Store) watch(ctx context.Context, coll *mongo.Collection, ops bson.A, resume task.Token, skipQuiet bool,
@@ -93,20 +112,20 @@ const (
 	documentsTokenField = "leasepool_documents"
 )
 
-// splitToken reads a pair stream's token. Any other token is a tasks
-// stream's (a reader that asked for no documents before): the documents
-// stream then starts from now.
-func splitToken(tok task.Token) (tasks, docs task.Token) {
+// splitToken reads a pair stream's token, or a documentsStream's
+// (docsOnly). Any other token is a tasks stream's (a reader that asked for
+// no documents before): the documents stream then starts from now.
+func splitToken(tok task.Token) (tasks, docs task.Token, docsOnly bool) {
 	raw := bson.Raw(tok)
 	if len(tok) == 0 || raw.Validate() != nil {
-		return tok, nil
+		return tok, nil, false
 	}
 	t, tok1 := raw.Lookup(tasksTokenField).DocumentOK()
 	d, tok2 := raw.Lookup(documentsTokenField).DocumentOK()
 	if !tok1 && !tok2 {
-		return tok, nil
+		return tok, nil, false
 	}
-	return task.Token(t), task.Token(d)
+	return task.Token(t), task.Token(d), !tok1
 }
 
 // joinToken is splitToken's inverse. It is nil while either stream has no
@@ -119,6 +138,36 @@ func joinToken(tasks, docs task.Token) task.Token {
 	}
 	d := bson.D{{Key: tasksTokenField, Value: bson.Raw(tasks)}, {Key: documentsTokenField, Value: bson.Raw(docs)}}
 	b, err := bson.Marshal(d)
+	if err != nil {
+		return nil
+	}
+	return task.Token(b)
+}
+
+// documentsStream is a stream of document writes alone
+// (task.WatchParams.NoTasks). Its tokens hold the documents stream's
+// token as a pair's does, without the tasks', so that splitToken tells
+// them apart: a stream that carries tasks refuses them.
+type documentsStream struct{ *changeStream }
+
+// Next implements task.ChangeStream.
+func (d documentsStream) Next(ctx context.Context) (task.Event, error) {
+	ev, err := d.changeStream.Next(ctx)
+	ev.Token = documentsToken(ev.Token)
+	return ev, err
+}
+
+// ResumeToken implements task.ChangeStream: nil while the stream has no
+// position yet, as a plain stream's.
+func (d documentsStream) ResumeToken() task.Token {
+	return documentsToken(d.changeStream.ResumeToken())
+}
+
+func documentsToken(docs task.Token) task.Token {
+	if len(docs) == 0 {
+		return nil
+	}
+	b, err := bson.Marshal(bson.D{{Key: documentsTokenField, Value: bson.Raw(docs)}})
 	if err != nil {
 		return nil
 	}

@@ -298,7 +298,8 @@ func (st *stream) Next(ctx context.Context) (task.Event, error) {
 			if st.skipQuiet && ev.Task != nil && ev.Task.Quiet() {
 				continue
 			}
-			if ev.Document != nil && !st.params.WantsDocuments(ev.Document.Namespace) {
+			if ev.Document != nil && !st.params.WantsDocuments(ev.Document.Namespace) ||
+				ev.Document == nil && st.params.NoTasks {
 				continue
 			}
 			return ev, nil

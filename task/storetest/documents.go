@@ -239,6 +239,7 @@ func (s suite) documentsWatch(t *testing.T) {
 	st := o.Store
 	plain := watch(t, o, st, task.WatchParams{})
 	docs := watch(t, o, st, task.WatchParams{Documents: []string{"ns"}})
+	alone := watch(t, o, st, task.WatchParams{Documents: []string{"ns"}, NoTasks: true})
 	mustPutDocument(t, st, task.Document{Namespace: "ns", ID: "d", Value: json.RawMessage(`{"n":1}`)})
 	mustPutDocument(t, st, task.Document{Namespace: "other", ID: "d", Value: json.RawMessage(`1`)})
 	mustPutDocument(t, st, task.Document{Namespace: "ns", ID: "d", Version: 1, Value: json.RawMessage(`{"n":2}`)})
@@ -275,6 +276,24 @@ func (s suite) documentsWatch(t *testing.T) {
 	}
 	if want := []string{"ns/d@1", "ns/d@2", "deleted ns/d"}; !reflect.DeepEqual(docsOnly, want) || !slices.Contains(got, "task a") {
 		t.Fatalf("stream asking for ns saw %v; want %v in order, and task a", got, want)
+	}
+	// One that leaves tasks out sees the same writes of ns, then the next
+	// one, not task a in between.
+	mustPutDocument(t, st, task.Document{Namespace: "ns", ID: "e", Value: json.RawMessage(`{"n":1}`)})
+	got = nil
+	for len(got) < 4 {
+		ev := nextEvent(t, alone)
+		switch d := ev.Document; {
+		case d == nil:
+			got = append(got, "task "+ev.Key)
+		case ev.DocumentDeleted:
+			got = append(got, fmt.Sprintf("deleted %s/%s", d.Namespace, d.ID))
+		default:
+			got = append(got, fmt.Sprintf("%s/%s@%d", d.Namespace, d.ID, d.Version))
+		}
+	}
+	if want := []string{"ns/d@1", "ns/d@2", "deleted ns/d", "ns/e@1"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("stream asking for ns and no tasks saw %v; want %v", got, want)
 	}
 }
 
