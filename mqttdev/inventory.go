@@ -315,7 +315,9 @@ func SelectDevices(ctx context.Context, ds task.DocumentStore, sel Selector) ([]
 	}
 	var out []string
 	for id, inv := range invs {
-		if sel.Matches(inv.Effective()) {
+		// A document under an id ValidateID refuses (written around the
+		// API) is no device to command.
+		if ValidateID("device", id) == nil && sel.Matches(inv.Effective()) {
 			out = append(out, id)
 		}
 	}
