@@ -145,6 +145,9 @@ func ParseLabelArgs(args []string) (LabelChange, error) {
 			if ch.Set == nil {
 				ch.Set = Labels{}
 			}
+			if _, dup := ch.Set[k]; dup {
+				return ch, fmt.Errorf("%w: label key %q: is given twice", task.ErrInvalid, k)
+			}
 			ch.Set[k] = v
 			continue
 		}
