@@ -21,10 +21,12 @@
 //
 // Every topic is <prefix>/devices/<id>/<kind>. The prefix (default
 // "leasepool") and the device id are each exactly one topic level:
-// ValidateID refuses empty strings, "+", "#", "/", NUL and other control
-// characters, invalid UTF-8, and more than 128 bytes. All messages are
-// JSON objects of at most 1 MiB, published at QoS 1. Unknown fields are
-// ignored.
+// ValidateID refuses empty strings, "." and "..", "+", "#", "/", white
+// space, NUL and other control characters, format characters (the
+// bidirectional overrides U+202E and kin), invalid UTF-8, and more than
+// 128 bytes; a message on the topic of a refused id is ignored. All
+// messages are JSON objects of at most 1 MiB, published at QoS 1. Unknown
+// fields are ignored.
 //
 // <prefix>/devices/<id>/cmd, worker to device, not retained:
 //

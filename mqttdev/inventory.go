@@ -145,6 +145,9 @@ func ParseLabelArgs(args []string) (LabelChange, error) {
 			if ch.Set == nil {
 				ch.Set = Labels{}
 			}
+			if _, dup := ch.Set[k]; dup {
+				return ch, fmt.Errorf("%w: label key %q: is given twice", task.ErrInvalid, k)
+			}
 			ch.Set[k] = v
 			continue
 		}
@@ -315,7 +318,9 @@ func SelectDevices(ctx context.Context, ds task.DocumentStore, sel Selector) ([]
 	}
 	var out []string
 	for id, inv := range invs {
-		if sel.Matches(inv.Effective()) {
+		// A document under an id ValidateID refuses (written around the
+		// API) is no device to command.
+		if ValidateID("device", id) == nil && sel.Matches(inv.Effective()) {
 			out = append(out, id)
 		}
 	}

@@ -166,8 +166,13 @@ func (t *StateTracker) flush(ctx context.Context) {
 	}
 }
 
-// Observe records a status message of device id.
+// Observe records a status message of device id. An id ValidateID
+// refuses is no device's: the message is dropped, nothing is stored.
 func (t *StateTracker) Observe(id string, st Status, seenAt time.Time) {
+	if err := ValidateID("device", id); err != nil {
+		t.logger.Warn("device status dropped", slog.Any("error", err))
+		return
+	}
 	s := DeviceState{ID: id, Online: st.Online, At: st.At.UTC(), SeenAt: seenAt.UTC()}
 	if st.Attributes != nil {
 		if err := st.Attributes.Validate("attributes"); err != nil {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/leasepool/leasepool/events"
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/safetext"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -303,4 +304,7 @@ var funcs = template.FuncMap{
 	"rolloutURL": rolloutURL,
 	"inc":        func(i int) int { return i + 1 },
 	"join":       strings.Join,
+	// visible escapes control and format characters (U+202E and kin) in
+	// text the store holds: shown as what it is, it reorders nothing.
+	"visible": safetext.Escape,
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/safetext"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
@@ -120,11 +121,13 @@ func (d *dashboard) readFleet(ctx context.Context) (*fleetPage, error) {
 		counts := map[string]int{}
 		for _, a := range attrs {
 			if v, ok := a[name]; ok {
-				counts[v]++
+				// An SVG text has no <bdi>: what could reorder the
+				// chart's labels is escaped.
+				counts[safetext.Escape(v)]++
 			}
 		}
 		p.Attributes = append(p.Attributes, attributeChart{Name: name,
-			Chart: barList("fleet-attr-"+strconv.Itoa(i), "devices by "+name, topValues(counts))})
+			Chart: barList("fleet-attr-"+strconv.Itoa(i), "devices by "+safetext.Escape(name), topValues(counts))})
 	}
 	return p, nil
 }

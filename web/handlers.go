@@ -58,14 +58,31 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	return decodeLimit(w, r, v, maxBody)
 }
 
+// decodeUnique is decode refusing an object that holds a key twice
+// (task.CheckJSONKeys): a labels body means one value per key.
+func decodeUnique(w http.ResponseWriter, r *http.Request, v any) error {
+	return decodeChecked(w, r, v, maxBody, task.CheckJSONKeys)
+}
+
 // decodeLimit is decode of a body of at most limit bytes.
 func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
+	return decodeChecked(w, r, v, limit, nil)
+}
+
+// decodeChecked is decodeLimit with check (if any) run on the body after
+// task.CheckJSONBody.
+func decodeChecked(w http.ResponseWriter, r *http.Request, v any, limit int64, check func([]byte) error) error {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	// Invalid UTF-8 (which the decoder rewrites to U+FFFD) and nesting
 	// past task.MaxJSONDepth are refused first, naming the field.
 	if err == nil {
 		if err := task.CheckJSONBody(b); err != nil {
 			return err
+		}
+		if check != nil {
+			if err := check(b); err != nil {
+				return err
+			}
 		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))

@@ -199,7 +199,7 @@ func (a *api) putDeviceLabels(w http.ResponseWriter, r *http.Request) {
 	var b struct {
 		Labels mqttdev.Labels `json:"labels"`
 	}
-	if err := decode(w, r, &b); err != nil {
+	if err := decodeUnique(w, r, &b); err != nil {
 		a.fail(w, r, err)
 		return
 	}
@@ -210,7 +210,7 @@ func (a *api) putDeviceLabels(w http.ResponseWriter, r *http.Request) {
 // patchDeviceLabels edits them: {"set":{k:v},"remove":[k]}.
 func (a *api) patchDeviceLabels(w http.ResponseWriter, r *http.Request) {
 	var ch mqttdev.LabelChange
-	if err := decode(w, r, &ch); err != nil {
+	if err := decodeUnique(w, r, &ch); err != nil {
 		a.fail(w, r, err)
 		return
 	}

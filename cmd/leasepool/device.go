@@ -319,7 +319,10 @@ func printDevices(w io.Writer, infos []mqttdev.DeviceInfo, haveStates bool) erro
 		if holder != "" {
 			holder = fmt.Sprintf("%s#%d", d.Holder, d.Attempt)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", d.ID, state, dash(d.Current), dash(d.Command), dash(holder), d.Queued, dash(d.Labels.String()))
+		// What the store holds may have been written around the checks
+		// (by hand, by another tool): none of it reaches the terminal raw.
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", printable(d.ID), state, printable(dash(d.Current)), printable(dash(d.Command)),
+			printable(dash(holder)), d.Queued, printable(dash(d.Labels.String())))
 	}
 	return tw.Flush()
 }
@@ -379,6 +382,6 @@ func deviceLabel(c *cli.Context) error {
 	if c.Bool("json") {
 		return writeJSON(c.App.Writer, inv)
 	}
-	fmt.Fprintf(c.App.Writer, "%s labels %s; effective %s\n", id, dash(inv.Labels.String()), dash(inv.Effective().String()))
+	fmt.Fprintf(c.App.Writer, "%s labels %s; effective %s\n", id, dash(inv.Labels.String()), printable(dash(inv.Effective().String())))
 	return nil
 }

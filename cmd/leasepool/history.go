@@ -5,7 +5,6 @@ import (
 	"io"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/leasepool/leasepool/task"
 )
@@ -59,15 +58,4 @@ func printAttempts(w io.Writer, t *task.Task) {
 			fmt.Fprintf(w, "  log %s  %s\n", l.At.Local().Format(time.TimeOnly+".000"), printable(l.Msg))
 		}
 	}
-}
-
-// printable replaces control characters, so that text a handler wrote
-// cannot drive the terminal.
-func printable(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return '?'
-		}
-		return r
-	}, s)
 }

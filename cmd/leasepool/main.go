@@ -252,7 +252,9 @@ func listFlag(c *cli.Context, name string) ([]string, error) {
 	v := c.String(name)
 	var out []string
 	for _, p := range strings.Split(v, ",") {
-		p = strings.TrimSpace(p)
+		// Only the blanks around a comma go: "dev\n" stays itself, for
+		// the item's own check to refuse.
+		p = strings.Trim(p, " ")
 		if p == "" {
 			return nil, badFlag(c, name, "%q has an empty item (want ID[,ID...])", v)
 		}

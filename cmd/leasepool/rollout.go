@@ -294,7 +294,7 @@ func printRollout(w io.Writer, r *rollout.Rollout, devices bool) error {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "DEVICE\tWAVE\tOUTCOME\tATTEMPT\tROLLBACK\tERROR")
 		for _, e := range r.Devices {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\n", e.Device, e.Wave+1, dash(string(e.Outcome)), e.Attempt, dash(string(e.Rollback)), dash(e.Error))
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\n", printable(e.Device), e.Wave+1, dash(string(e.Outcome)), e.Attempt, dash(string(e.Rollback)), printable(dash(e.Error)))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

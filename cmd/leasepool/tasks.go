@@ -394,9 +394,14 @@ func withTaskStore(open func(*cli.Context) (task.Store, error), fn func(c *cli.C
 }
 
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(escapeFormatChars(b.Bytes()))
+	return err
 }
 
 // builtinKinds are the kinds the leasepool worker runs: builtin.Kinds and

@@ -30,10 +30,15 @@ const MaxIDLen = 128
 const MaxMessageSize = 1 << 20
 
 // ValidateID checks a device id or topic prefix (field names it in the
-// error): non-empty, at most MaxIDLen bytes, valid UTF-8, and free of the
-// MQTT wildcards "+" and "#", the level separator "/", NUL and other control
-// characters, so that it is exactly one topic level and cannot widen a
-// subscription or address another device. Errors wrap task.ErrInvalid.
+// error): non-empty, at most MaxIDLen bytes, valid UTF-8, not "." or "..",
+// and free of the MQTT wildcards "+" and "#", the level separator "/",
+// white space, control characters (NUL, newline...) and format characters
+// (Unicode category Cf: the bidirectional overrides and isolates U+202A to
+// U+202E and U+2066 to U+2069, the marks U+200E and U+200F, zero-width
+// characters). So an id is exactly one topic level and one path segment,
+// cannot widen a subscription or address another device, and looks in a
+// listing like what it is: no " " sorting first, no id that reorders the
+// text after it. Errors wrap task.ErrInvalid and fit on one line.
 func ValidateID(field, s string) error {
 	switch {
 	case s == "":
@@ -42,10 +47,25 @@ func ValidateID(field, s string) error {
 		return fmt.Errorf("%w: %s: is longer than %d bytes", task.ErrInvalid, field, MaxIDLen)
 	case !utf8.ValidString(s):
 		return fmt.Errorf("%w: %s: %q is not valid UTF-8", task.ErrInvalid, field, s)
+	case s == "." || s == "..":
+		return fmt.Errorf("%w: %s: %q is not an id", task.ErrInvalid, field, s)
 	case strings.ContainsAny(s, "+#/"):
 		return fmt.Errorf("%w: %s: %q must not contain '+', '#' or '/'", task.ErrInvalid, field, s)
-	case strings.IndexFunc(s, unicode.IsControl) >= 0:
-		return fmt.Errorf("%w: %s: %q has a control character", task.ErrInvalid, field, s)
+	}
+	for _, r := range s {
+		var what string
+		switch {
+		case unicode.IsControl(r):
+			what = "a control character"
+		case unicode.IsSpace(r):
+			what = "white space"
+		case unicode.Is(unicode.Cf, r):
+			what = "a format character"
+		default:
+			continue
+		}
+		// %q escapes r: the error itself prints no override.
+		return fmt.Errorf("%w: %s: %q has %s (U+%04X)", task.ErrInvalid, field, s, what, r)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package protocol
 import (
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,17 +13,59 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
+// badIDs are ids every entry must refuse: each names its reason.
+var badIDs = []struct{ id, reason string }{
+	{"", "empty"},
+	{" ", "white space"},
+	{"a b", "white space"},
+	{"dev\u00a0", "white space"},
+	{".", "not an id"},
+	{"..", "not an id"},
+	{"dev\u202e1", "format character (U+202E)"},
+	{"dev\u2066", "format character (U+2066)"},
+	{"dev\u200f", "format character (U+200F)"},
+	{"dev\u200e", "format character (U+200E)"},
+	{"dev\ufeff", "format character (U+FEFF)"},
+	{"dev\x00", "control character (U+0000)"},
+	{"dev\n", "control character (U+000A)"},
+	{"dev\x7f", "control character (U+007F)"},
+	{"a/b", "'/'"}, {"+", "'+'"}, {"#", "'#'"}, {"dev+1", "'+'"},
+	{"\xff", "UTF-8"},
+	{strings.Repeat("x", MaxIDLen+1), "longer than"},
+}
+
 func TestValidateID(t *testing.T) {
 	t.Parallel()
-	for _, ok := range []string{"dev-1", "ÄÖ", "a.b_c:d", strings.Repeat("x", MaxIDLen)} {
+	for _, ok := range []string{"dev-1", "ÄÖ", "a.b_c:d", "...", ".a", "デバイス", strings.Repeat("x", MaxIDLen)} {
 		if err := ValidateID("device", ok); err != nil {
 			t.Errorf("ValidateID(%q) = %v, want nil", ok, err)
 		}
 	}
-	for _, bad := range []string{"", "a/b", "+", "#", "x\x00", "a\nb", "dev+1", "/", "\xff", strings.Repeat("x", MaxIDLen+1)} {
-		err := ValidateID("device", bad)
-		if !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "device") {
-			t.Errorf("ValidateID(%q) = %v, want an error wrapping ErrInvalid naming device", bad, err)
+	for _, bad := range badIDs {
+		err := ValidateID("device", bad.id)
+		if !errors.Is(err, task.ErrInvalid) || !strings.HasPrefix(err.Error(), "invalid: device: ") || !strings.Contains(err.Error(), bad.reason) {
+			t.Errorf("ValidateID(%q) = %v, want an error wrapping ErrInvalid naming device and %q", bad.id, err, bad.reason)
+			continue
+		}
+		if msg := err.Error(); strings.ContainsFunc(msg, func(r rune) bool { return !strconv.IsPrint(r) }) {
+			t.Errorf("ValidateID(%q) error %q holds an unprintable character", bad.id, msg)
+		}
+	}
+}
+
+// TestTopicsParseBadID: a message on the topic of a refused id is no
+// device's.
+func TestTopicsParseBadID(t *testing.T) {
+	t.Parallel()
+	tp := Topics{}
+	for _, bad := range badIDs {
+		if bad.id == "" || strings.Contains(bad.id, "/") {
+			continue // not one topic level: TestTopics
+		}
+		for _, kind := range []string{TopicStatus, TopicAck, TopicResult, TopicCmd} {
+			if id, _, ok := tp.Parse(tp.Device(bad.id, kind)); ok {
+				t.Errorf("Parse(%q) = %q, ok; want refused", tp.Device(bad.id, kind), id)
+			}
 		}
 	}
 }
