@@ -196,8 +196,8 @@ func (s Spec) Validate() error {
 	if err := protocol.CheckArgs(s.Args); err != nil {
 		return err
 	}
-	if len(s.Args) > 64<<10 {
-		return invalid("args", "longer than 64 KiB")
+	if n := len(compactArgs(s.Args)); n > MaxArgsLen {
+		return invalid("args", "%d bytes compacted, more than %d", n, MaxArgsLen)
 	}
 	switch {
 	case (s.Select == "") == (len(s.Devices) == 0):
@@ -269,8 +269,8 @@ func (s Spec) Validate() error {
 		if err := protocol.CheckArgs(s.RollbackArgs); err != nil {
 			return fmt.Errorf("rollback_args: %w", err)
 		}
-		if len(s.RollbackArgs) > 64<<10 {
-			return invalid("rollback_args", "longer than 64 KiB")
+		if n := len(compactArgs(s.RollbackArgs)); n > MaxArgsLen {
+			return invalid("rollback_args", "%d bytes compacted, more than %d", n, MaxArgsLen)
 		}
 	}
 	if s.Priority < -1000 || s.Priority > 1000 {

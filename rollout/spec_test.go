@@ -3,7 +3,6 @@ package rollout
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -127,31 +126,4 @@ func checkRate(t *testing.T, times []time.Time, n int, per time.Duration) {
 			t.Fatalf("%d dispatches within %s: %s .. %s", n+1, per, times[i-n], times[i])
 		}
 	}
-}
-
-// The largest rollout, every device at its last retry with the longest
-// error kept, fits in one document.
-func TestLargestRolloutFitsInADocument(t *testing.T) {
-	r := Rollout{Name: strings.Repeat("n", MaxNameLen), State: StateAborted, Spec: Spec{Command: strings.Repeat("c", 128),
-		Args: json.RawMessage(`{"a":"` + strings.Repeat("x", 60<<10) + `"}`), RollbackCommand: "r", Retries: MaxRetries}}
-	now := time.Now()
-	for i := range MaxDevices {
-		e := Exec{Device: strings.Repeat("d", 24) + fmt.Sprint(i), Wave: MaxWaves - 1, Outcome: OutcomeTimedOut, Attempt: MaxRetries + 1 + MaxLost,
-			Lost: MaxLost, DispatchedAt: now, Published: true, EndedAt: now, Error: strings.Repeat("e", 120), Rollback: OutcomeCancelled}
-		for range MaxRetries + 1 + MaxLost {
-			e.Dispatched = append(e.Dispatched, now)
-		}
-		r.Devices = append(r.Devices, e)
-	}
-	for range MaxEvents {
-		r.Events = append(r.Events, Event{Type: EventRollbackStarted, At: now, Detail: strings.Repeat("x", 200)})
-	}
-	b, err := json.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(b) > task.MaxDocumentSize {
-		t.Fatalf("the largest rollout is %d bytes, over task.MaxDocumentSize (%d)", len(b), task.MaxDocumentSize)
-	}
-	t.Logf("the largest rollout: %d bytes", len(b))
 }

@@ -84,7 +84,8 @@ func put(ctx context.Context, ds task.DocumentStore, r *Rollout) error {
 			r.Events[i].Version = r.Version + 1
 		}
 	}
-	value, err := json.Marshal(r)
+	r.bound()
+	value, err := encode(r)
 	if err != nil {
 		return err
 	}
@@ -126,6 +127,7 @@ func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 		}
 	}
 	slices.Sort(devices)
+	spec.Args, spec.RollbackArgs = compactArgs(spec.Args), compactArgs(spec.RollbackArgs)
 	if len(spec.Waves) == 0 {
 		spec.Waves = []WaveTarget{{Percent: 100}}
 	}
@@ -152,6 +154,9 @@ func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 		start = end
 	}
 	r.event(now, EventCreated, fmt.Sprintf("%d devices in %d waves", len(devices), len(r.Waves)))
+	if err := r.checkSize(); err != nil {
+		return nil, err
+	}
 	if err := put(ctx, st, r); err != nil {
 		if errors.Is(err, task.ErrConflict) {
 			return nil, fmt.Errorf("%s: %w", name, ErrExists)
