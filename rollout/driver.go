@@ -161,7 +161,7 @@ func (d *Driver) pass(ctx context.Context) (active bool, err error) {
 			task.SkipMalformed(Namespace, doc.ID, err)
 			continue
 		}
-		if r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero()) {
+		if r.Over() {
 			d.over[doc.ID] = doc.Version
 			continue
 		}

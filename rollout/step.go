@@ -80,7 +80,7 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero()) {
+	if r.Over() {
 		return nil
 	}
 	now := s.st.Now().UTC()

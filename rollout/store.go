@@ -248,15 +248,13 @@ func Resume(ctx context.Context, st Store, name string) (*Rollout, error) {
 
 // Cancel stops the rollout for good: nothing more is dispatched, queued
 // commands are withdrawn, running ones finish, then the driver records it
-// cancelled. No rollback runs.
+// cancelled. No rollback runs. A rollout that dispatches nothing more
+// already (completed, aborting or aborted, cancelling or cancelled) is
+// returned as it is.
 func Cancel(ctx context.Context, st Store, name string) (*Rollout, error) {
 	return update(ctx, st, name, func(r *Rollout, now time.Time) error {
-		switch r.State {
-		case StateCancelling, StateCancelled:
+		if !r.active() {
 			return errNoChange
-		case StateRunning, StatePaused, StateWaiting:
-		default:
-			return stateError(r, "cancel")
 		}
 		r.State, r.Reason = StateCancelling, "cancelled by an operator"
 		return nil
@@ -315,4 +313,49 @@ func RetryFailed(ctx context.Context, st Store, name string) (*Rollout, int, err
 		return nil
 	})
 	return r, n, err
+}
+
+// Over reports whether nothing more happens to the rollout: it is
+// completed, cancelled, or aborted with its rollback (if any) ended.
+func (r *Rollout) Over() bool {
+	return r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero())
+}
+
+// Delete removes a rollout that is over (Over), by compare-and-set on
+// its version, and returns it as it was. Any other is refused with
+// ErrState: cancel it first, and delete it once it is cancelled (a
+// cancel waits for the commands running to end). Its device tasks stay
+// in the task store, finished, as any task's history until retention
+// deletes them.
+func Delete(ctx context.Context, st Store, name string) (*Rollout, error) {
+	for {
+		r, err := Get(ctx, st, name)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case r.active():
+			return nil, fmt.Errorf("rollout %s: %w: cannot delete a rollout that is %s: cancel it first, and delete it once it is cancelled",
+				name, ErrState, r.State)
+		case !r.Over():
+			what := string(r.State)
+			if r.State == StateAborted {
+				what = "rolling back"
+			}
+			return nil, fmt.Errorf("rollout %s: %w: cannot delete a rollout that is %s: delete it once it is over", name, ErrState, what)
+		}
+		err = st.DeleteDocument(task.WithInternalWrite(ctx), Namespace, name, r.Version)
+		switch {
+		case errors.Is(err, task.ErrConflict):
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			continue // written since: look again
+		case errors.Is(err, task.ErrNotFound):
+			return nil, fmt.Errorf("%s: %w", name, ErrNotFound)
+		case err != nil:
+			return nil, err
+		}
+		return r, nil
+	}
 }

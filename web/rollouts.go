@@ -1,8 +1,8 @@
 package web
 
-// The rollouts API (package rollout): list, create, one rollout, and the
-// operators' pause, resume, cancel, approve and retry-failed; and the
-// device labels of the inventory (PUT replaces, PATCH edits).
+// The rollouts API (package rollout): list, create, one rollout, the
+// operators' pause, resume, cancel, approve and retry-failed, and delete;
+// and the device labels of the inventory (PUT replaces, PATCH edits).
 
 import (
 	"encoding/json"
@@ -157,6 +157,22 @@ func (a *api) getRollout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ro.Progress())
+}
+
+// deleteRollout serves DELETE /api/v1/rollouts/{name}: a rollout that is
+// over is deleted (its device tasks stay); any other is 409.
+func (a *api) deleteRollout(w http.ResponseWriter, r *http.Request) {
+	ro, err := rollout.Delete(r.Context(), a.store, r.PathValue("name"))
+	if err != nil {
+		a.rolloutFail(w, r, err)
+		return
+	}
+	a.log.Info("web: rollout deleted", "name", ro.Name, "state", string(ro.State))
+	writeJSON(w, http.StatusOK, struct {
+		Name    string        `json:"name"`
+		Deleted bool          `json:"deleted"`
+		State   rollout.State `json:"state"`
+	}{ro.Name, true, ro.State})
 }
 
 // rolloutAction serves POST /api/v1/rollouts/{name}/{op}.

@@ -1,13 +1,18 @@
 package web_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/rollout"
+	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
 )
 
@@ -113,5 +118,94 @@ func TestRolloutsAPIBadInputWritesNothing(t *testing.T) {
 	}
 	if docs, err := e.store.Documents(t.Context(), mqttdev.InventoryNamespace); err != nil || len(docs) != 0 {
 		t.Errorf("refused label writes left %d documents (%v)", len(docs), err)
+	}
+}
+
+// storedRollout is rollout name's document as stored (nil when none).
+func storedRollout(t *testing.T, e *env, name string) *task.Document {
+	t.Helper()
+	d, err := e.store.GetDocument(t.Context(), rollout.Namespace, name)
+	if errors.Is(err, task.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &d
+}
+
+// The largest rollout accepted, args and rollback_args of 64 KiB all
+// '<>&' on 1,000 devices, is stored as given (no HTML escapes) and within
+// what it can grow to; DELETE takes it only once it is over, with the
+// write credential; a refused DELETE changes nothing.
+func TestRolloutHTMLArgsCancelAndDeleteAPI(t *testing.T) {
+	t.Parallel()
+	const readToken = "read-only-token"
+	e := newEnv(t, web.Config{Token: token, ReadToken: readToken})
+	args := `{"a":"` + strings.Repeat("<>&", (rollout.MaxArgsLen-8)/3) + `"}`
+	var ids []string
+	for i := range rollout.MaxDevices {
+		ids = append(ids, fmt.Sprintf("dev-%03d", i))
+	}
+	devs, _ := json.Marshal(ids)
+	body := `{"name":"html","command":"update","args":` + args + `,"devices":` + string(devs) +
+		`,"rollback_command":"update","rollback_args":` + args + `}`
+	if code, out := e.do("POST", "/api/v1/rollouts", body); code != http.StatusCreated {
+		t.Fatalf("create = %d %.300s", code, out)
+	}
+	d := storedRollout(t, e, "html")
+	if bytes.Contains(d.Value, []byte(`\u003c`)) || !bytes.Contains(d.Value, []byte(args)) {
+		t.Fatalf("stored args are not as given: %.200s", d.Value)
+	}
+	r, err := rollout.Get(t.Context(), e.store, "html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most, err := r.MaxSize(); err != nil || most > task.MaxDocumentSize {
+		t.Fatalf("MaxSize %d %v", most, err)
+	}
+
+	for _, c := range []struct {
+		auth string
+		code int
+	}{{"", http.StatusUnauthorized}, {"Bearer " + readToken, http.StatusForbidden}, {"Bearer " + token, http.StatusConflict}} {
+		before := storedRollout(t, e, "html")
+		code, out := e.doAuth("DELETE", "/api/v1/rollouts/html", "", c.auth)
+		if code != c.code || (code == http.StatusConflict && !strings.Contains(out, "cancel it first")) {
+			t.Fatalf("DELETE of a running rollout with %q = %d %s, want %d", c.auth, code, out, c.code)
+		}
+		if after := storedRollout(t, e, "html"); after == nil || after.Version != before.Version || !bytes.Equal(after.Value, before.Value) {
+			t.Fatalf("a refused DELETE changed the rollout")
+		}
+	}
+	if code, out := e.do("POST", "/api/v1/rollouts/html/cancel", ""); code != 200 || !strings.Contains(out, `"state":"cancelling"`) {
+		t.Fatalf("cancel = %d %.300s", code, out)
+	}
+	drv, err := rollout.NewDriver(rollout.DriverConfig{Store: e.store, WorkerID: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for r.State != rollout.StateCancelled {
+		if err := drv.Pass(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if r, err = rollout.Get(t.Context(), e.store, "html"); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %s", r.State)
+		}
+	}
+	if code, out := e.do("DELETE", "/api/v1/rollouts/html", ""); code != 200 || !strings.Contains(out, `"deleted":true`) {
+		t.Fatalf("DELETE of a cancelled rollout = %d %s", code, out)
+	}
+	if storedRollout(t, e, "html") != nil {
+		t.Fatal("the rollout's document is still stored")
+	}
+	for _, m := range []string{"GET", "DELETE"} {
+		if code, out := e.do(m, "/api/v1/rollouts/html", ""); code != http.StatusNotFound {
+			t.Errorf("%s after delete = %d %s, want 404", m, code, out)
+		}
 	}
 }

@@ -1,6 +1,6 @@
 package main
 
-// `leasepool rollout create|ls|show|pause|resume|cancel|approve|retry-failed`:
+// `leasepool rollout create|ls|show|pause|resume|cancel|approve|retry-failed|delete`:
 // one device command sent to a fleet in waves (package rollout); every
 // `leasepool worker` runs the driver, one at a time.
 
@@ -100,6 +100,14 @@ func rolloutCommand() *cli.Command {
 						fmt.Fprintf(c.App.Writer, "%d devices to retry\n", n2)
 					}
 					return r, err
+				}),
+			},
+			{
+				Name: "delete", Usage: "delete a rollout that is over (cancel a running one first, then delete it once cancelled); its device tasks stay", ArgsUsage: "NAME",
+				Action: storeAction(rolloutName, func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
+					return rollout.Delete(c.Context, s, n)
+				}, func(w io.Writer, r *rollout.Rollout) {
+					fmt.Fprintf(w, "rollout %s deleted (it was %s)\n", r.Name, r.State)
 				}),
 			},
 		},

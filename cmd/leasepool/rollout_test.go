@@ -6,9 +6,11 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
 func TestRolloutAndLabelCommands(t *testing.T) {
@@ -97,6 +99,8 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{[]string{"device", "label", "a/#", "k=v"}, "device"},
 		{[]string{"devices", "--select", "k"}, "--select"},
 		{[]string{"rollout", "pause", "a/b"}, "name"},
+		{[]string{"rollout", "delete", "a/b"}, "name"},
+		{[]string{"rollout", "delete"}, "NAME"},
 	} {
 		_, err := c.run(tc.args...)
 		if err == nil || exitStatus(err) != exitBadInput || !strings.Contains(err.Error(), tc.names) || strings.Contains(err.Error(), "\n") {
@@ -111,5 +115,68 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(c.path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// driveUntil opens c's store and runs a rollout driver's passes until
+// rollout name is in state want.
+func driveUntil(t *testing.T, c *harness, name string, want rollout.State) {
+	t.Helper()
+	st, err := sqlitestore.Open(t.Context(), c.path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	d, err := rollout.NewDriver(rollout.DriverConfig{Store: st, WorkerID: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := d.Pass(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		r, err := rollout.Get(t.Context(), st, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rollout %s still %s, want %s", name, r.State, want)
+		}
+	}
+}
+
+// `rollout delete` refuses a running rollout in one line naming what to
+// do, and leaves it; once cancelled, deletes it. A rollout with the
+// largest args, all '<>&', goes through it all.
+func TestRolloutDeleteCommand(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	args := `{"a":"` + strings.Repeat("<>&", (rollout.MaxArgsLen-8)/3) + `"}`
+	c.must("rollout", "create", "fw", "--command", "update", "--devices", "d1,d2", "--args", args,
+		"--rollback-command", "update", "--rollback-args", args)
+	before := c.must("rollout", "show", "fw", "--json")
+	_, err := c.run("rollout", "delete", "fw")
+	if !errors.Is(err, rollout.ErrState) || exitStatus(err) != exitFailed || !strings.Contains(err.Error(), "cancel it first") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("delete of a running rollout: %v (exit %d)", err, exitStatus(err))
+	}
+	if after := c.must("rollout", "show", "fw", "--json"); after != before {
+		t.Fatal("a refused delete changed the rollout")
+	}
+	c.must("rollout", "cancel", "fw")
+	driveUntil(t, c, "fw", rollout.StateCancelled)
+	if out := c.must("rollout", "delete", "fw"); !strings.Contains(out, "rollout fw deleted (it was cancelled)") {
+		t.Fatalf("delete: %q", out)
+	}
+	for _, args := range [][]string{{"rollout", "show", "fw"}, {"rollout", "delete", "fw"}} {
+		if _, err := c.run(args...); !errors.Is(err, task.ErrNotFound) {
+			t.Fatalf("%v after delete: %v", args, err)
+		}
+	}
+	if out := c.must("rollout", "ls"); strings.Contains(out, "fw") {
+		t.Fatalf("ls after delete:\n%s", out)
 	}
 }
