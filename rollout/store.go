@@ -157,6 +157,9 @@ func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 	if err := r.checkSize(); err != nil {
 		return nil, err
 	}
+	if err := checkKeysFree(ctx, st, name); err != nil {
+		return nil, err
+	}
 	if err := put(ctx, st, r); err != nil {
 		if errors.Is(err, task.ErrConflict) {
 			return nil, fmt.Errorf("%s: %w", name, ErrExists)
@@ -164,6 +167,27 @@ func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 		return nil, err
 	}
 	return r, nil
+}
+
+// checkKeysFree refuses name when it is taken, or when a task holds one
+// of its keys ("rollout:NAME:..."): a rollout of that name deleted (its
+// tasks stay until retention deletes them), or a task published under
+// it, would otherwise stand for one of the new rollout's executions.
+func checkKeysFree(ctx context.Context, st Store, name string) error {
+	if _, err := st.GetDocument(ctx, Namespace, name); err == nil {
+		return fmt.Errorf("%s: %w", name, ErrExists)
+	} else if !errors.Is(err, task.ErrNotFound) {
+		return err
+	}
+	held, err := st.List(ctx, task.ListQuery{KeyPrefix: "rollout:" + name + ":", Limit: 1})
+	if err != nil {
+		return err
+	}
+	if len(held) > 0 {
+		return fmt.Errorf("%s: %w: task %s holds one of its keys (a deleted rollout's of that name, or one published under it): choose another name",
+			name, ErrExists, held[0].Key)
+	}
+	return nil
 }
 
 // event appends an event, keeping the last MaxEvents.

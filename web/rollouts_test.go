@@ -209,3 +209,27 @@ func TestRolloutHTMLArgsCancelAndDeleteAPI(t *testing.T) {
 		}
 	}
 }
+
+// A device task published over the API under a key of a rollout not yet
+// created (the squat): the create is refused with 409 naming the key,
+// and nothing is written.
+func TestRolloutCreateOverASquattedKeyAPI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{Token: token})
+	sq := `{"key":"rollout:sq1:dev-2:1","kind":"device","payload":{"device":"dev-2","command":"update","args":{"version":"evil-0.0"}}}`
+	if code, out := e.do("POST", "/api/v1/tasks", sq); code != http.StatusCreated && code != http.StatusOK {
+		t.Fatalf("publish the squat = %d %s", code, out)
+	}
+	create := `{"name":"sq1","command":"update","args":{"version":"2.0"},"devices":["dev-1","dev-2"]}`
+	code, out := e.do("POST", "/api/v1/rollouts", create)
+	if code != http.StatusConflict || !strings.Contains(out, "rollout:sq1:dev-2:1") {
+		t.Fatalf("create over the squat = %d %s, want 409 naming the task", code, out)
+	}
+	if storedRollout(t, e, "sq1") != nil {
+		t.Fatal("the refused create wrote the rollout")
+	}
+	tk, err := e.store.Get(t.Context(), "rollout:sq1:dev-2:1")
+	if err != nil || tk.Version != 1 {
+		t.Fatalf("the squatting task: %+v %v", tk, err)
+	}
+}

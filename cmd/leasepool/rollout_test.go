@@ -180,3 +180,18 @@ func TestRolloutDeleteCommand(t *testing.T) {
 		t.Fatalf("ls after delete:\n%s", out)
 	}
 }
+
+// A task published under a key of a rollout not yet created: `rollout
+// create` refuses the name in one line naming the task, writes nothing.
+func TestRolloutCreateOverASquattedKey(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.must("publish", "rollout:sq1:d2:1", "--kind", "device", "--payload", `{"device":"d2","command":"update","args":{"version":"evil-0.0"}}`)
+	_, err := c.run("rollout", "create", "sq1", "--command", "update", "--args", `{"version":"2.0"}`, "--devices", "d1,d2")
+	if !errors.Is(err, rollout.ErrExists) || exitStatus(err) == 0 || !strings.Contains(err.Error(), "rollout:sq1:d2:1") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("create over a squatted key: %v (exit %d)", err, exitStatus(err))
+	}
+	if _, err := c.run("rollout", "show", "sq1"); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("show after the refused create: %v", err)
+	}
+}
