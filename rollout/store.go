@@ -134,13 +134,17 @@ func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 	now := st.Now().UTC()
 	r := &Rollout{Name: name, Spec: spec, State: StateRunning, CreatedAt: now, UpdatedAt: now}
 	start := 0
-	for _, t := range spec.Waves {
+	for i, t := range spec.Waves {
 		end := t.Count
 		if t.Percent > 0 {
 			end = int(math.Ceil(t.Percent * float64(len(devices)) / 100))
 		}
 		end = min(end, len(devices))
-		if end <= start {
+		if end < start {
+			return nil, invalid("waves", "wave %d: %s is %d of the %d devices, below the previous target's %d (targets are cumulative and must not go down)",
+				i+1, t, end, len(devices), start)
+		}
+		if end == start {
 			continue // adds no device
 		}
 		gate := GateAuto

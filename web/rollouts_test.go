@@ -82,19 +82,21 @@ func TestRolloutsAPIBadInputWritesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, web.Config{})
 	for body, want := range map[string]string{
-		`{"name":"../x","command":"u","devices":["a"]}`:               "name",
-		`{"name":"a b","command":"u","devices":["a"]}`:                "name",
-		`{"name":"x","command":"","devices":["a"]}`:                   "command",
-		`{"name":"x","command":"u"}`:                                  "select",
-		`{"name":"x","command":"u","devices":["a/#"]}`:                "devices",
-		`{"name":"x","command":"u","devices":["a"],"args":[1]}`:       "args",
-		`{"name":"x","command":"u","devices":["a"],"waves":"50%"}`:    "waves",
-		`{"name":"x","command":"u","devices":["a"],"rate":"-1/1s"}`:   "rate",
-		`{"name":"x","command":"u","devices":["a"],"abort_when":"x"}`: "abort-when",
-		`{"name":"x","command":"u","devices":["a"],"timeout":"soon"}`: "timeout",
-		`{"name":"x","command":"u","devices":["a"],"retries":99}`:     "retries",
-		`{"name":"x","command":"u","devices":["a"],"wave":"1"}`:       "wave",
-		`{"name":"x","command":"u","select":"model=none"}`:            "select",
+		`{"name":"../x","command":"u","devices":["a"]}`:                       "name",
+		`{"name":"a b","command":"u","devices":["a"]}`:                        "name",
+		`{"name":"x","command":"","devices":["a"]}`:                           "command",
+		`{"name":"x","command":"u"}`:                                          "select",
+		`{"name":"x","command":"u","devices":["a/#"]}`:                        "devices",
+		`{"name":"x","command":"u","devices":["a"],"args":[1]}`:               "args",
+		`{"name":"x","command":"u","devices":["a"],"waves":"50%"}`:            "waves",
+		`{"name":"x","command":"u","devices":["a"],"waves":"10,5,100%"}`:      "waves",
+		`{"name":"x","command":"u","devices":["a","b"],"waves":"2,10%,100%"}`: "waves",
+		`{"name":"x","command":"u","devices":["a"],"rate":"-1/1s"}`:           "rate",
+		`{"name":"x","command":"u","devices":["a"],"abort_when":"x"}`:         "abort-when",
+		`{"name":"x","command":"u","devices":["a"],"timeout":"soon"}`:         "timeout",
+		`{"name":"x","command":"u","devices":["a"],"retries":99}`:             "retries",
+		`{"name":"x","command":"u","devices":["a"],"wave":"1"}`:               "wave",
+		`{"name":"x","command":"u","select":"model=none"}`:                    "select",
 	} {
 		code, out := e.do("POST", "/api/v1/rollouts", body)
 		if code != http.StatusBadRequest || !strings.Contains(out, want) {

@@ -82,6 +82,8 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{create("--args", "[1]"), "args"},
 		{create("--args", "{"), "args"},
 		{create("--waves", "50%,10%,100%"), "--waves"},
+		{create("--waves", "10,5,100%"), "--waves"},
+		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "d1,d2,d3", "--waves", "2,10%,100%"}, "waves"},
 		{create("--waves", "1,50%"), "--waves"},
 		{create("--rate", "0/1s"), "--rate"},
 		{create("--rate", "fast"), "--rate"},
