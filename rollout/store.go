@@ -106,6 +106,23 @@ type Store = task.Store
 // into waves, and stores the rollout running; a driver starts its first
 // wave. Nothing is written on an error.
 func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, error) {
+	r, err := DryRun(ctx, st, name, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := put(ctx, st, r); err != nil {
+		if errors.Is(err, task.ErrConflict) {
+			return nil, fmt.Errorf("%s: %w", name, ErrExists)
+		}
+		return nil, err
+	}
+	return r, nil
+}
+
+// DryRun is Create but for the write: the rollout Create would store, its
+// devices resolved and split into waves (Rollout.Plan), or the error
+// Create would return. It only reads the store.
+func DryRun(ctx context.Context, st Store, name string, spec Spec) (*Rollout, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -162,12 +179,6 @@ func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 		return nil, err
 	}
 	if err := checkKeysFree(ctx, st, name); err != nil {
-		return nil, err
-	}
-	if err := put(ctx, st, r); err != nil {
-		if errors.Is(err, task.ErrConflict) {
-			return nil, fmt.Errorf("%s: %w", name, ErrExists)
-		}
 		return nil, err
 	}
 	return r, nil

@@ -112,7 +112,17 @@ func (a *api) listRollouts(w http.ResponseWriter, r *http.Request) {
 	}{out})
 }
 
+// createRollout creates a rollout; ?dry_run=true answers its plan (the
+// devices of each wave) instead, writing nothing.
 func (a *api) createRollout(w http.ResponseWriter, r *http.Request) {
+	dryRun := false
+	if v := r.URL.Query().Get("dry_run"); v != "" {
+		var err error
+		if dryRun, err = strconv.ParseBool(v); err != nil {
+			a.fail(w, r, badInput("dry_run", "%q is not true or false", v))
+			return
+		}
+	}
 	var b rolloutBody
 	if err := decodeLimit(w, r, &b, maxPublishBody); err != nil {
 		a.fail(w, r, err)
@@ -125,6 +135,15 @@ func (a *api) createRollout(w http.ResponseWriter, r *http.Request) {
 	spec, err := b.spec()
 	if err != nil {
 		a.fail(w, r, err)
+		return
+	}
+	if dryRun {
+		ro, err := rollout.DryRun(r.Context(), a.store, b.Name, spec)
+		if err != nil {
+			a.rolloutFail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, ro.Plan())
 		return
 	}
 	ro, err := rollout.Create(r.Context(), a.store, b.Name, spec)

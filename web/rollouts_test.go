@@ -235,3 +235,26 @@ func TestRolloutCreateOverASquattedKeyAPI(t *testing.T) {
 		t.Fatalf("the squatting task: %+v %v", tk, err)
 	}
 }
+
+// POST /api/v1/rollouts?dry_run=true answers the plan, each wave's
+// devices, and writes nothing.
+func TestRolloutDryRunAPI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{Token: token})
+	body := `{"name":"fw","command":"update","devices":["d3","d1","d2"],"waves":"1,100%","approve_waves":true}`
+	code, out := e.do("POST", "/api/v1/rollouts?dry_run=true", body)
+	var p rollout.Plan
+	if err := json.Unmarshal([]byte(out), &p); code != 200 || err != nil || len(p.Waves) != 2 ||
+		fmt.Sprint(p.Waves[0].Devices, p.Waves[1].Devices) != "[d1] [d2 d3]" || p.Waves[1].Gate != rollout.GateApproval {
+		t.Fatalf("dry run = %d %s", code, out)
+	}
+	for q, want := range map[string]string{"?dry_run=maybe": "dry_run", "?dry_run=1": "waves"} {
+		bad := strings.Replace(body, `"1,100%"`, `"2,1,100%"`, 1)
+		if code, out := e.do("POST", "/api/v1/rollouts"+q, bad); code != http.StatusBadRequest || !strings.Contains(out, want) {
+			t.Errorf("POST %s = %d %s, want 400 naming %s", q, code, out, want)
+		}
+	}
+	if storedRollout(t, e, "fw") != nil {
+		t.Fatal("a dry run wrote the rollout")
+	}
+}

@@ -197,3 +197,39 @@ func TestRolloutCreateOverASquattedKey(t *testing.T) {
 		t.Fatalf("show after the refused create: %v", err)
 	}
 }
+
+// `rollout create --dry-run` prints each wave's devices and writes
+// nothing; --json prints the plan.
+func TestRolloutCreateDryRun(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	for _, id := range []string{"p1", "p2", "p3", "p4"} {
+		c.must("device", "label", id, "model=pump-x")
+	}
+	before := dirState(t, strings.TrimSuffix(c.path, "x.db"))
+	out := c.must("rollout", "create", "fw", "--command", "update", "--select", "model=pump-x", "--waves", "1,50%,100%", "--approve-waves", "--dry-run")
+	want := "rollout fw (dry run, nothing written): update to 4 devices in 3 waves\n" +
+		"wave 1: target 1 (1), gate auto, 1 devices: p1\n" +
+		"wave 2: target 50% (2), gate approval, 1 devices: p2\n" +
+		"wave 3: target 100% (4), gate approval, 2 devices: p3,p4\n"
+	if out != want {
+		t.Fatalf("dry run printed\n%s\nwant\n%s", out, want)
+	}
+	var p rollout.Plan
+	if err := json.Unmarshal([]byte(c.must("rollout", "create", "fw", "--command", "update", "--devices", "p4,p1", "--dry-run", "--json")), &p); err != nil ||
+		len(p.Waves) != 1 || strings.Join(p.Waves[0].Devices, ",") != "p1,p4" {
+		t.Fatalf("dry run --json: %+v %v", p, err)
+	}
+	if _, err := c.run("rollout", "create", "fw", "--command", "update", "--devices", "p1", "--waves", "3,2,100%", "--dry-run"); exitStatus(err) != exitBadInput {
+		t.Fatalf("dry run of bad waves: %v", err)
+	}
+	after := dirState(t, strings.TrimSuffix(c.path, "x.db"))
+	for name, b := range before {
+		if strings.HasSuffix(name, ".db") && after[name] != b {
+			t.Errorf("%s changed by a dry run", name)
+		}
+	}
+	if _, err := c.run("rollout", "show", "fw"); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("show after dry runs: %v", err)
+	}
+}
