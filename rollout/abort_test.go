@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -254,35 +253,6 @@ func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
 		got, err := st.Get(ctx, TaskKey("crash", e.Device, e.Attempt))
 		if err != nil || got.State != task.StateCancelled || len(got.Workers) != 0 {
 			t.Fatalf("%s: the late publish left %+v %v, want the withdrawn, cancelled, never claimed task", e.Device, got, err)
-		}
-	}
-}
-
-func TestHostileKeyHolderIsNotSentTo(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	st := openStore(t)
-	f := newFleet(t, st, 1, nil, nil, time.Millisecond)
-	// Someone published a task under the key the rollout will use for
-	// dev-001, with another command and device.
-	p, err := mqttdev.PublishParams(TaskKey("squat", "dev-001", 1), mqttdev.Command{Device: "dev-009", Command: "wipe"}, task.Options{RunAt: st.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := task.Publish(ctx, st, p); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Create(ctx, st, "squat", Spec{Command: "update", Devices: devices(3)}); err != nil {
-		t.Fatal(err)
-	}
-	r := drive(t, NewStepper(st), "squat", 30*time.Second)
-	e := r.Devices[1]
-	if e.Outcome != OutcomeFailed || e.Error == "" {
-		t.Fatalf("dev-001: %+v, want failed naming the foreign task", e)
-	}
-	for _, run := range f.ran() {
-		if run.device == "dev-009" || run.command == "wipe" {
-			t.Fatalf("the foreign task ran: %+v", run)
 		}
 	}
 }

@@ -21,8 +21,11 @@ type Driver struct {
 	cfg     DriverConfig
 	stepper *Stepper
 	runner  *singleton.Runner
-	// over are the versions of the rollouts seen over (Pass only).
-	over map[string]int64
+	// over are the versions of the rollouts seen over (Pass only);
+	// refused those of the rollouts whose step the store refused (a
+	// document it will not take): neither is stepped again until its
+	// document changes, so a refusal is logged once, not every step.
+	over, refused map[string]int64
 }
 
 // LockKey is the driver's singleton lease in the lock table.
@@ -79,7 +82,7 @@ func NewDriver(cfg DriverConfig) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	d := &Driver{cfg: cfg, stepper: NewStepper(cfg.Store), over: map[string]int64{}}
+	d := &Driver{cfg: cfg, stepper: NewStepper(cfg.Store), over: map[string]int64{}, refused: map[string]int64{}}
 	runner, err := singleton.New(singleton.Config{
 		Store: cfg.Store, Key: LockKey, HolderID: cfg.WorkerID,
 		Lease: max(cfg.Lease, singleton.MinLease),
@@ -143,23 +146,45 @@ func (d *Driver) pass(ctx context.Context) (active bool, err error) {
 		return false, err
 	}
 	var errs []error
+	seen := make(map[string]bool, len(docs))
 	for _, doc := range docs {
+		seen[doc.ID] = true
 		if v, ok := d.over[doc.ID]; ok && v == doc.Version {
 			continue
 		}
+		if v, ok := d.refused[doc.ID]; ok && v == doc.Version {
+			continue
+		}
+		delete(d.refused, doc.ID)
 		r, err := decode(doc)
 		if err != nil {
 			task.SkipMalformed(Namespace, doc.ID, err)
 			continue
 		}
-		if r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero()) {
+		if r.Over() {
 			d.over[doc.ID] = doc.Version
 			continue
 		}
 		delete(d.over, doc.ID)
 		active = true
-		if err := d.stepper.Step(ctx, r.Name); err != nil && !errors.Is(err, task.ErrConflict) {
+		err = d.stepper.Step(ctx, r.Name)
+		switch {
+		case err == nil, errors.Is(err, task.ErrConflict):
+		case errors.Is(err, task.ErrInvalid):
+			d.refused[doc.ID] = doc.Version
+			errs = append(errs, fmt.Errorf("%w (not stepped again until it changes)", err))
+		default:
 			errs = append(errs, err)
+		}
+	}
+	for id := range d.over {
+		if !seen[id] {
+			delete(d.over, id) // deleted
+		}
+	}
+	for id := range d.refused {
+		if !seen[id] {
+			delete(d.refused, id)
 		}
 	}
 	return active, errors.Join(errs...)

@@ -223,11 +223,13 @@ type Exec struct {
 	DispatchedAt time.Time `json:"dispatched_at,omitzero"`
 	// Published is set once the current attempt's task is known stored.
 	Published bool `json:"published,omitempty"`
-	// Dispatched are the store times of every dispatch of this device,
-	// one per attempt, each recorded before its task was published.
+	// Dispatched are the store times of the last MaxDispatched
+	// dispatches of this device, one per attempt, each recorded before
+	// its task was published.
 	Dispatched []time.Time `json:"dispatched,omitempty"`
 	EndedAt    time.Time   `json:"ended_at,omitzero"`
-	Error      string      `json:"error,omitempty"`
+	// Error says why the execution failed, at most MaxErrorLen bytes.
+	Error string `json:"error,omitempty"`
 	// Rollback is the outcome of the device's rollback command, if run.
 	Rollback Outcome `json:"rollback,omitempty"`
 }

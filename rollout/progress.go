@@ -49,6 +49,42 @@ func (r *Rollout) Progress() Progress {
 	return p
 }
 
+// Plan is what a rollout will send where: each wave's target, gate and
+// devices, as a dry run (DryRun) shows it before anything is written.
+type Plan struct {
+	Name    string     `json:"name"`
+	Command string     `json:"command"`
+	Devices int        `json:"devices"`
+	Waves   []PlanWave `json:"waves"`
+	// MaxSize is the largest the rollout's document can grow to, in
+	// bytes (at most task.MaxDocumentSize).
+	MaxSize int `json:"max_size"`
+}
+
+// PlanWave is one wave of a Plan. Target is the cumulative number of
+// devices once it ended.
+type PlanWave struct {
+	Index   int        `json:"index"`
+	Spec    WaveTarget `json:"spec"`
+	Target  int        `json:"target"`
+	Gate    Gate       `json:"gate"`
+	Devices []string   `json:"devices"`
+}
+
+// Plan is r's plan.
+func (r *Rollout) Plan() Plan {
+	p := Plan{Name: r.Name, Command: r.Spec.Command, Devices: len(r.Devices)}
+	p.MaxSize, _ = r.MaxSize()
+	for i, w := range r.Waves {
+		pw := PlanWave{Index: i, Spec: w.Target, Target: w.End, Gate: w.Gate, Devices: []string{}}
+		for _, e := range r.Devices[w.Start:w.End] {
+			pw.Devices = append(pw.Devices, e.Device)
+		}
+		p.Waves = append(p.Waves, pw)
+	}
+	return p
+}
+
 func percent(n, of int) float64 {
 	if of == 0 {
 		return 0

@@ -81,8 +81,10 @@ func checkWaves(ws []WaveTarget) error {
 		if (t.Count > 0) == (t.Percent > 0) || t.Count < 0 || t.Count > MaxDevices || !(t.Percent >= 0 && t.Percent <= 100) {
 			return invalid("waves", "wave %d: give a count from 1 to %d or a percentage in (0,100]", i+1, MaxDevices)
 		}
-		if i > 0 && ws[i-1].Percent > 0 && t.Percent > 0 && t.Percent < ws[i-1].Percent {
-			return invalid("waves", "wave %d: %s is below the previous target (targets are cumulative)", i+1, t)
+		// A count after a percentage, or the reverse, is compared once
+		// the devices are known (Create).
+		if i > 0 && (t.Percent > 0 && t.Percent < ws[i-1].Percent || t.Count > 0 && t.Count < ws[i-1].Count) {
+			return invalid("waves", "wave %d: %s is below the previous target %s (targets are cumulative and must not go down)", i+1, t, ws[i-1])
 		}
 	}
 	if last := ws[len(ws)-1]; last.Percent != 100 {
@@ -196,8 +198,8 @@ func (s Spec) Validate() error {
 	if err := protocol.CheckArgs(s.Args); err != nil {
 		return err
 	}
-	if len(s.Args) > 64<<10 {
-		return invalid("args", "longer than 64 KiB")
+	if n := len(compactArgs(s.Args)); n > MaxArgsLen {
+		return invalid("args", "%d bytes compacted, more than %d", n, MaxArgsLen)
 	}
 	switch {
 	case (s.Select == "") == (len(s.Devices) == 0):
@@ -269,8 +271,8 @@ func (s Spec) Validate() error {
 		if err := protocol.CheckArgs(s.RollbackArgs); err != nil {
 			return fmt.Errorf("rollback_args: %w", err)
 		}
-		if len(s.RollbackArgs) > 64<<10 {
-			return invalid("rollback_args", "longer than 64 KiB")
+		if n := len(compactArgs(s.RollbackArgs)); n > MaxArgsLen {
+			return invalid("rollback_args", "%d bytes compacted, more than %d", n, MaxArgsLen)
 		}
 	}
 	if s.Priority < -1000 || s.Priority > 1000 {

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +20,7 @@ func TestParseWaves(t *testing.T) {
 	if len(ws) != 4 || ws[0].Count != 1 || ws[1].Percent != 5 || ws[3].Percent != 100 {
 		t.Fatalf("waves %+v", ws)
 	}
-	for _, bad := range []string{"", "0", "1,50%", "50%,10%,100%", "-1,100%", "1e400%", "NaN%", "101%", "x", "1,,100%", strings.Repeat("1,", 40) + "100%"} {
+	for _, bad := range []string{"", "0", "1,50%", "50%,10%,100%", "10,5,100%", "2,1,100%", "-1,100%", "1e400%", "NaN%", "101%", "x", "1,,100%", strings.Repeat("1,", 40) + "100%"} {
 		if _, err := ParseWaves(bad); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "waves") {
 			t.Errorf("ParseWaves(%q) = %v, want an invalid waves error", bad, err)
 		}
@@ -129,29 +130,49 @@ func checkRate(t *testing.T, times []time.Time, n int, per time.Duration) {
 	}
 }
 
-// The largest rollout, every device at its last retry with the longest
-// error kept, fits in one document.
-func TestLargestRolloutFitsInADocument(t *testing.T) {
-	r := Rollout{Name: strings.Repeat("n", MaxNameLen), State: StateAborted, Spec: Spec{Command: strings.Repeat("c", 128),
-		Args: json.RawMessage(`{"a":"` + strings.Repeat("x", 60<<10) + `"}`), RollbackCommand: "r", Retries: MaxRetries}}
-	now := time.Now()
-	for i := range MaxDevices {
-		e := Exec{Device: strings.Repeat("d", 24) + fmt.Sprint(i), Wave: MaxWaves - 1, Outcome: OutcomeTimedOut, Attempt: MaxRetries + 1 + MaxLost,
-			Lost: MaxLost, DispatchedAt: now, Published: true, EndedAt: now, Error: strings.Repeat("e", 120), Rollback: OutcomeCancelled}
-		for range MaxRetries + 1 + MaxLost {
-			e.Dispatched = append(e.Dispatched, now)
-		}
-		r.Devices = append(r.Devices, e)
-	}
-	for range MaxEvents {
-		r.Events = append(r.Events, Event{Type: EventRollbackStarted, At: now, Detail: strings.Repeat("x", 200)})
-	}
-	b, err := json.Marshal(r)
+// Wave targets that go down are refused, naming waves, nothing written:
+// counts and percentages each at parse, a count against a percentage
+// once the devices are known.
+func TestWaveTargetsMustNotGoDown(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	down := []WaveTarget{{Count: 10}, {Count: 5}, {Percent: 100}}
+	mixed, err := ParseWaves("10,5%,100%")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(b) > task.MaxDocumentSize {
-		t.Fatalf("the largest rollout is %d bytes, over task.MaxDocumentSize (%d)", len(b), task.MaxDocumentSize)
+	for _, c := range []struct {
+		waves   []WaveTarget
+		devices int
+	}{{down, 100}, {mixed, 100}} {
+		_, err := Create(ctx, st, "down", Spec{Command: "update", Devices: devices(c.devices), Waves: c.waves})
+		if !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "waves") || !strings.Contains(err.Error(), "wave 2") {
+			t.Errorf("waves %v on %d devices: %v, want an invalid waves error naming wave 2", c.waves, c.devices, err)
+		}
 	}
-	t.Logf("the largest rollout: %d bytes", len(b))
+	if _, err := Get(ctx, st, "down"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a refused create wrote the rollout: %v", err)
+	}
+	// 5% of 1,000 is 50, above 10; a count past the fleet is the fleet.
+	for name, c := range map[string]struct {
+		waves   string
+		devices int
+		ends    string
+	}{"mixed": {"10,5%,100%", 1000, "[10 50 1000]"}, "small": {"10,20,100%", 5, "[5]"}} {
+		ws, err := ParseWaves(c.waves)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Create(ctx, st, name, Spec{Command: "update", Devices: devices(c.devices), Waves: ws})
+		if err != nil {
+			t.Fatalf("%s on %d devices: %v", c.waves, c.devices, err)
+		}
+		var ends []int
+		for _, w := range r.Waves {
+			ends = append(ends, w.End)
+		}
+		if fmt.Sprint(ends) != c.ends {
+			t.Errorf("%s on %d devices: waves end at %v, want %s", c.waves, c.devices, ends, c.ends)
+		}
+	}
 }

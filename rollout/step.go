@@ -80,7 +80,7 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero()) {
+	if r.Over() {
 		return nil
 	}
 	now := s.st.Now().UTC()
@@ -177,8 +177,9 @@ func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time) (bool,
 			e.Published, changed = true, true
 			s.record(key, false)
 		}
-		if !ours(t, e.Device, r.Spec.Command) {
-			e.Outcome, e.EndedAt, e.Error = OutcomeFailed, now, "task key "+key+" is held by a task that is not this rollout's"
+		if why := foreign(t, r.Spec.command(e.Device, false)); why != "" {
+			// Never counted as this rollout's, nor retried under its key.
+			e.Outcome, e.EndedAt, e.Error = OutcomeFailed, now, foreignError(key, why)
 			changed = true
 			continue
 		}
@@ -201,16 +202,6 @@ func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time) (bool,
 		e.Outcome, e.EndedAt, e.Error = outcome, now, msg
 	}
 	return changed, nil
-}
-
-// ours reports whether t is the device task a rollout would publish for
-// device with command.
-func ours(t *task.Task, device, command string) bool {
-	if t.Kind != mqttdev.Kind {
-		return false
-	}
-	c, err := mqttdev.DecodePayload(t.Payload)
-	return err == nil && c.Device == device && c.Command == command
 }
 
 // classify says how a finished device task ended: its outcome, the error

@@ -84,7 +84,8 @@ func put(ctx context.Context, ds task.DocumentStore, r *Rollout) error {
 			r.Events[i].Version = r.Version + 1
 		}
 	}
-	value, err := json.Marshal(r)
+	r.bound()
+	value, err := encode(r)
 	if err != nil {
 		return err
 	}
@@ -105,6 +106,23 @@ type Store = task.Store
 // into waves, and stores the rollout running; a driver starts its first
 // wave. Nothing is written on an error.
 func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, error) {
+	r, err := DryRun(ctx, st, name, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := put(ctx, st, r); err != nil {
+		if errors.Is(err, task.ErrConflict) {
+			return nil, fmt.Errorf("%s: %w", name, ErrExists)
+		}
+		return nil, err
+	}
+	return r, nil
+}
+
+// DryRun is Create but for the write: the rollout Create would store, its
+// devices resolved and split into waves (Rollout.Plan), or the error
+// Create would return. It only reads the store.
+func DryRun(ctx context.Context, st Store, name string, spec Spec) (*Rollout, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -126,19 +144,24 @@ func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 		}
 	}
 	slices.Sort(devices)
+	spec.Args, spec.RollbackArgs = compactArgs(spec.Args), compactArgs(spec.RollbackArgs)
 	if len(spec.Waves) == 0 {
 		spec.Waves = []WaveTarget{{Percent: 100}}
 	}
 	now := st.Now().UTC()
 	r := &Rollout{Name: name, Spec: spec, State: StateRunning, CreatedAt: now, UpdatedAt: now}
 	start := 0
-	for _, t := range spec.Waves {
+	for i, t := range spec.Waves {
 		end := t.Count
 		if t.Percent > 0 {
 			end = int(math.Ceil(t.Percent * float64(len(devices)) / 100))
 		}
 		end = min(end, len(devices))
-		if end <= start {
+		if end < start {
+			return nil, invalid("waves", "wave %d: %s is %d of the %d devices, below the previous target's %d (targets are cumulative and must not go down)",
+				i+1, t, end, len(devices), start)
+		}
+		if end == start {
 			continue // adds no device
 		}
 		gate := GateAuto
@@ -152,13 +175,34 @@ func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 		start = end
 	}
 	r.event(now, EventCreated, fmt.Sprintf("%d devices in %d waves", len(devices), len(r.Waves)))
-	if err := put(ctx, st, r); err != nil {
-		if errors.Is(err, task.ErrConflict) {
-			return nil, fmt.Errorf("%s: %w", name, ErrExists)
-		}
+	if err := r.checkSize(); err != nil {
+		return nil, err
+	}
+	if err := checkKeysFree(ctx, st, name); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// checkKeysFree refuses name when it is taken, or when a task holds one
+// of its keys ("rollout:NAME:..."): a rollout of that name deleted (its
+// tasks stay until retention deletes them), or a task published under
+// it, would otherwise stand for one of the new rollout's executions.
+func checkKeysFree(ctx context.Context, st Store, name string) error {
+	if _, err := st.GetDocument(ctx, Namespace, name); err == nil {
+		return fmt.Errorf("%s: %w", name, ErrExists)
+	} else if !errors.Is(err, task.ErrNotFound) {
+		return err
+	}
+	held, err := st.List(ctx, task.ListQuery{KeyPrefix: "rollout:" + name + ":", Limit: 1})
+	if err != nil {
+		return err
+	}
+	if len(held) > 0 {
+		return fmt.Errorf("%s: %w: task %s holds one of its keys (a deleted rollout's of that name, or one published under it): choose another name",
+			name, ErrExists, held[0].Key)
+	}
+	return nil
 }
 
 // event appends an event, keeping the last MaxEvents.
@@ -243,15 +287,13 @@ func Resume(ctx context.Context, st Store, name string) (*Rollout, error) {
 
 // Cancel stops the rollout for good: nothing more is dispatched, queued
 // commands are withdrawn, running ones finish, then the driver records it
-// cancelled. No rollback runs.
+// cancelled. No rollback runs. A rollout that dispatches nothing more
+// already (completed, aborting or aborted, cancelling or cancelled) is
+// returned as it is.
 func Cancel(ctx context.Context, st Store, name string) (*Rollout, error) {
 	return update(ctx, st, name, func(r *Rollout, now time.Time) error {
-		switch r.State {
-		case StateCancelling, StateCancelled:
+		if !r.active() {
 			return errNoChange
-		case StateRunning, StatePaused, StateWaiting:
-		default:
-			return stateError(r, "cancel")
 		}
 		r.State, r.Reason = StateCancelling, "cancelled by an operator"
 		return nil
@@ -310,4 +352,49 @@ func RetryFailed(ctx context.Context, st Store, name string) (*Rollout, int, err
 		return nil
 	})
 	return r, n, err
+}
+
+// Over reports whether nothing more happens to the rollout: it is
+// completed, cancelled, or aborted with its rollback (if any) ended.
+func (r *Rollout) Over() bool {
+	return r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero())
+}
+
+// Delete removes a rollout that is over (Over), by compare-and-set on
+// its version, and returns it as it was. Any other is refused with
+// ErrState: cancel it first, and delete it once it is cancelled (a
+// cancel waits for the commands running to end). Its device tasks stay
+// in the task store, finished, as any task's history until retention
+// deletes them.
+func Delete(ctx context.Context, st Store, name string) (*Rollout, error) {
+	for {
+		r, err := Get(ctx, st, name)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case r.active():
+			return nil, fmt.Errorf("rollout %s: %w: cannot delete a rollout that is %s: cancel it first, and delete it once it is cancelled",
+				name, ErrState, r.State)
+		case !r.Over():
+			what := string(r.State)
+			if r.State == StateAborted {
+				what = "rolling back"
+			}
+			return nil, fmt.Errorf("rollout %s: %w: cannot delete a rollout that is %s: delete it once it is over", name, ErrState, what)
+		}
+		err = st.DeleteDocument(task.WithInternalWrite(ctx), Namespace, name, r.Version)
+		switch {
+		case errors.Is(err, task.ErrConflict):
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			continue // written since: look again
+		case errors.Is(err, task.ErrNotFound):
+			return nil, fmt.Errorf("%s: %w", name, ErrNotFound)
+		case err != nil:
+			return nil, err
+		}
+		return r, nil
+	}
 }

@@ -102,3 +102,42 @@ func TestCreateBySelectorUsesTheInventory(t *testing.T) {
 		t.Fatalf("a refused create wrote something: %v", err)
 	}
 }
+
+// A dry run resolves the devices into waves as Create would, refuses
+// what Create refuses, and writes nothing.
+func TestDryRunPlansAndWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	for _, id := range devices(10) {
+		if err := mqttdev.PutAttributes(ctx, st, id, mqttdev.Labels{"model": "pump-x"}, st.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, err := st.Documents(ctx, Namespace)
+	if err != nil || len(before) != 0 {
+		t.Fatalf("%d rollouts before (%v)", len(before), err)
+	}
+	waves, _ := ParseWaves("1,50%,100%")
+	r, err := DryRun(ctx, st, "plan", Spec{Command: "update", Select: "model=pump-x", Waves: waves, ApproveWaves: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := r.Plan()
+	got := fmt.Sprint(p.Waves[0].Devices, p.Waves[1].Devices, p.Waves[2].Devices)
+	if want := "[dev-000] [dev-001 dev-002 dev-003 dev-004] [dev-005 dev-006 dev-007 dev-008 dev-009]"; got != want || p.Devices != 10 ||
+		p.Waves[1].Gate != GateApproval || p.Waves[1].Target != 5 || p.MaxSize <= 0 || p.MaxSize > task.MaxDocumentSize {
+		t.Fatalf("plan %+v\ndevices %s\nwant    %s", p, got, want)
+	}
+	if _, err := DryRun(ctx, st, "plan", Spec{Command: "update", Devices: devices(3), Waves: []WaveTarget{{Count: 2}, {Count: 1}, {Percent: 100}}}); !errors.Is(err, task.ErrInvalid) {
+		t.Fatalf("dry run of waves going down: %v", err)
+	}
+	if docs, err := st.Documents(ctx, Namespace); err != nil || len(docs) != 0 {
+		t.Fatalf("a dry run wrote %d rollouts (%v)", len(docs), err)
+	}
+	if _, err := Create(ctx, st, "plan", Spec{Command: "update", Devices: devices(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DryRun(ctx, st, "plan", Spec{Command: "update", Devices: devices(2)}); !errors.Is(err, ErrExists) {
+		t.Fatalf("dry run of a name taken: %v, want ErrExists", err)
+	}
+}

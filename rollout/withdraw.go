@@ -144,7 +144,7 @@ func (s *Stepper) rollback(ctx context.Context, r *Rollout, now time.Time) (bool
 			if err != nil {
 				return false, err
 			}
-			if !ours(t, e.Device, r.Spec.RollbackCommand) {
+			if foreign(t, r.Spec.command(e.Device, true)) != "" {
 				e.Rollback, changed = OutcomeFailed, true
 				continue
 			}

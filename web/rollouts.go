@@ -1,8 +1,8 @@
 package web
 
-// The rollouts API (package rollout): list, create, one rollout, and the
-// operators' pause, resume, cancel, approve and retry-failed; and the
-// device labels of the inventory (PUT replaces, PATCH edits).
+// The rollouts API (package rollout): list, create, one rollout, the
+// operators' pause, resume, cancel, approve and retry-failed, and delete;
+// and the device labels of the inventory (PUT replaces, PATCH edits).
 
 import (
 	"encoding/json"
@@ -112,7 +112,17 @@ func (a *api) listRollouts(w http.ResponseWriter, r *http.Request) {
 	}{out})
 }
 
+// createRollout creates a rollout; ?dry_run=true answers its plan (the
+// devices of each wave) instead, writing nothing.
 func (a *api) createRollout(w http.ResponseWriter, r *http.Request) {
+	dryRun := false
+	if v := r.URL.Query().Get("dry_run"); v != "" {
+		var err error
+		if dryRun, err = strconv.ParseBool(v); err != nil {
+			a.fail(w, r, badInput("dry_run", "%q is not true or false", v))
+			return
+		}
+	}
 	var b rolloutBody
 	if err := decodeLimit(w, r, &b, maxPublishBody); err != nil {
 		a.fail(w, r, err)
@@ -125,6 +135,15 @@ func (a *api) createRollout(w http.ResponseWriter, r *http.Request) {
 	spec, err := b.spec()
 	if err != nil {
 		a.fail(w, r, err)
+		return
+	}
+	if dryRun {
+		ro, err := rollout.DryRun(r.Context(), a.store, b.Name, spec)
+		if err != nil {
+			a.rolloutFail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, ro.Plan())
 		return
 	}
 	ro, err := rollout.Create(r.Context(), a.store, b.Name, spec)
@@ -157,6 +176,22 @@ func (a *api) getRollout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ro.Progress())
+}
+
+// deleteRollout serves DELETE /api/v1/rollouts/{name}: a rollout that is
+// over is deleted (its device tasks stay); any other is 409.
+func (a *api) deleteRollout(w http.ResponseWriter, r *http.Request) {
+	ro, err := rollout.Delete(r.Context(), a.store, r.PathValue("name"))
+	if err != nil {
+		a.rolloutFail(w, r, err)
+		return
+	}
+	a.log.Info("web: rollout deleted", "name", ro.Name, "state", string(ro.State))
+	writeJSON(w, http.StatusOK, struct {
+		Name    string        `json:"name"`
+		Deleted bool          `json:"deleted"`
+		State   rollout.State `json:"state"`
+	}{ro.Name, true, ro.State})
 }
 
 // rolloutAction serves POST /api/v1/rollouts/{name}/{op}.

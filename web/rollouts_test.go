@@ -1,13 +1,18 @@
 package web_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/rollout"
+	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
 )
 
@@ -77,19 +82,21 @@ func TestRolloutsAPIBadInputWritesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, web.Config{})
 	for body, want := range map[string]string{
-		`{"name":"../x","command":"u","devices":["a"]}`:               "name",
-		`{"name":"a b","command":"u","devices":["a"]}`:                "name",
-		`{"name":"x","command":"","devices":["a"]}`:                   "command",
-		`{"name":"x","command":"u"}`:                                  "select",
-		`{"name":"x","command":"u","devices":["a/#"]}`:                "devices",
-		`{"name":"x","command":"u","devices":["a"],"args":[1]}`:       "args",
-		`{"name":"x","command":"u","devices":["a"],"waves":"50%"}`:    "waves",
-		`{"name":"x","command":"u","devices":["a"],"rate":"-1/1s"}`:   "rate",
-		`{"name":"x","command":"u","devices":["a"],"abort_when":"x"}`: "abort-when",
-		`{"name":"x","command":"u","devices":["a"],"timeout":"soon"}`: "timeout",
-		`{"name":"x","command":"u","devices":["a"],"retries":99}`:     "retries",
-		`{"name":"x","command":"u","devices":["a"],"wave":"1"}`:       "wave",
-		`{"name":"x","command":"u","select":"model=none"}`:            "select",
+		`{"name":"../x","command":"u","devices":["a"]}`:                       "name",
+		`{"name":"a b","command":"u","devices":["a"]}`:                        "name",
+		`{"name":"x","command":"","devices":["a"]}`:                           "command",
+		`{"name":"x","command":"u"}`:                                          "select",
+		`{"name":"x","command":"u","devices":["a/#"]}`:                        "devices",
+		`{"name":"x","command":"u","devices":["a"],"args":[1]}`:               "args",
+		`{"name":"x","command":"u","devices":["a"],"waves":"50%"}`:            "waves",
+		`{"name":"x","command":"u","devices":["a"],"waves":"10,5,100%"}`:      "waves",
+		`{"name":"x","command":"u","devices":["a","b"],"waves":"2,10%,100%"}`: "waves",
+		`{"name":"x","command":"u","devices":["a"],"rate":"-1/1s"}`:           "rate",
+		`{"name":"x","command":"u","devices":["a"],"abort_when":"x"}`:         "abort-when",
+		`{"name":"x","command":"u","devices":["a"],"timeout":"soon"}`:         "timeout",
+		`{"name":"x","command":"u","devices":["a"],"retries":99}`:             "retries",
+		`{"name":"x","command":"u","devices":["a"],"wave":"1"}`:               "wave",
+		`{"name":"x","command":"u","select":"model=none"}`:                    "select",
 	} {
 		code, out := e.do("POST", "/api/v1/rollouts", body)
 		if code != http.StatusBadRequest || !strings.Contains(out, want) {
@@ -113,5 +120,141 @@ func TestRolloutsAPIBadInputWritesNothing(t *testing.T) {
 	}
 	if docs, err := e.store.Documents(t.Context(), mqttdev.InventoryNamespace); err != nil || len(docs) != 0 {
 		t.Errorf("refused label writes left %d documents (%v)", len(docs), err)
+	}
+}
+
+// storedRollout is rollout name's document as stored (nil when none).
+func storedRollout(t *testing.T, e *env, name string) *task.Document {
+	t.Helper()
+	d, err := e.store.GetDocument(t.Context(), rollout.Namespace, name)
+	if errors.Is(err, task.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &d
+}
+
+// The largest rollout accepted, args and rollback_args of 64 KiB all
+// '<>&' on 1,000 devices, is stored as given (no HTML escapes) and within
+// what it can grow to; DELETE takes it only once it is over, with the
+// write credential; a refused DELETE changes nothing.
+func TestRolloutHTMLArgsCancelAndDeleteAPI(t *testing.T) {
+	t.Parallel()
+	const readToken = "read-only-token"
+	e := newEnv(t, web.Config{Token: token, ReadToken: readToken})
+	args := `{"a":"` + strings.Repeat("<>&", (rollout.MaxArgsLen-8)/3) + `"}`
+	var ids []string
+	for i := range rollout.MaxDevices {
+		ids = append(ids, fmt.Sprintf("dev-%03d", i))
+	}
+	devs, _ := json.Marshal(ids)
+	body := `{"name":"html","command":"update","args":` + args + `,"devices":` + string(devs) +
+		`,"rollback_command":"update","rollback_args":` + args + `}`
+	if code, out := e.do("POST", "/api/v1/rollouts", body); code != http.StatusCreated {
+		t.Fatalf("create = %d %.300s", code, out)
+	}
+	d := storedRollout(t, e, "html")
+	if bytes.Contains(d.Value, []byte(`\u003c`)) || !bytes.Contains(d.Value, []byte(args)) {
+		t.Fatalf("stored args are not as given: %.200s", d.Value)
+	}
+	r, err := rollout.Get(t.Context(), e.store, "html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most, err := r.MaxSize(); err != nil || most > task.MaxDocumentSize {
+		t.Fatalf("MaxSize %d %v", most, err)
+	}
+
+	for _, c := range []struct {
+		auth string
+		code int
+	}{{"", http.StatusUnauthorized}, {"Bearer " + readToken, http.StatusForbidden}, {"Bearer " + token, http.StatusConflict}} {
+		before := storedRollout(t, e, "html")
+		code, out := e.doAuth("DELETE", "/api/v1/rollouts/html", "", c.auth)
+		if code != c.code || (code == http.StatusConflict && !strings.Contains(out, "cancel it first")) {
+			t.Fatalf("DELETE of a running rollout with %q = %d %s, want %d", c.auth, code, out, c.code)
+		}
+		if after := storedRollout(t, e, "html"); after == nil || after.Version != before.Version || !bytes.Equal(after.Value, before.Value) {
+			t.Fatalf("a refused DELETE changed the rollout")
+		}
+	}
+	if code, out := e.do("POST", "/api/v1/rollouts/html/cancel", ""); code != 200 || !strings.Contains(out, `"state":"cancelling"`) {
+		t.Fatalf("cancel = %d %.300s", code, out)
+	}
+	drv, err := rollout.NewDriver(rollout.DriverConfig{Store: e.store, WorkerID: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for r.State != rollout.StateCancelled {
+		if err := drv.Pass(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if r, err = rollout.Get(t.Context(), e.store, "html"); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %s", r.State)
+		}
+	}
+	if code, out := e.do("DELETE", "/api/v1/rollouts/html", ""); code != 200 || !strings.Contains(out, `"deleted":true`) {
+		t.Fatalf("DELETE of a cancelled rollout = %d %s", code, out)
+	}
+	if storedRollout(t, e, "html") != nil {
+		t.Fatal("the rollout's document is still stored")
+	}
+	for _, m := range []string{"GET", "DELETE"} {
+		if code, out := e.do(m, "/api/v1/rollouts/html", ""); code != http.StatusNotFound {
+			t.Errorf("%s after delete = %d %s, want 404", m, code, out)
+		}
+	}
+}
+
+// A device task published over the API under a key of a rollout not yet
+// created (the squat): the create is refused with 409 naming the key,
+// and nothing is written.
+func TestRolloutCreateOverASquattedKeyAPI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{Token: token})
+	sq := `{"key":"rollout:sq1:dev-2:1","kind":"device","payload":{"device":"dev-2","command":"update","args":{"version":"evil-0.0"}}}`
+	if code, out := e.do("POST", "/api/v1/tasks", sq); code != http.StatusCreated && code != http.StatusOK {
+		t.Fatalf("publish the squat = %d %s", code, out)
+	}
+	create := `{"name":"sq1","command":"update","args":{"version":"2.0"},"devices":["dev-1","dev-2"]}`
+	code, out := e.do("POST", "/api/v1/rollouts", create)
+	if code != http.StatusConflict || !strings.Contains(out, "rollout:sq1:dev-2:1") {
+		t.Fatalf("create over the squat = %d %s, want 409 naming the task", code, out)
+	}
+	if storedRollout(t, e, "sq1") != nil {
+		t.Fatal("the refused create wrote the rollout")
+	}
+	tk, err := e.store.Get(t.Context(), "rollout:sq1:dev-2:1")
+	if err != nil || tk.Version != 1 {
+		t.Fatalf("the squatting task: %+v %v", tk, err)
+	}
+}
+
+// POST /api/v1/rollouts?dry_run=true answers the plan, each wave's
+// devices, and writes nothing.
+func TestRolloutDryRunAPI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{Token: token})
+	body := `{"name":"fw","command":"update","devices":["d3","d1","d2"],"waves":"1,100%","approve_waves":true}`
+	code, out := e.do("POST", "/api/v1/rollouts?dry_run=true", body)
+	var p rollout.Plan
+	if err := json.Unmarshal([]byte(out), &p); code != 200 || err != nil || len(p.Waves) != 2 ||
+		fmt.Sprint(p.Waves[0].Devices, p.Waves[1].Devices) != "[d1] [d2 d3]" || p.Waves[1].Gate != rollout.GateApproval {
+		t.Fatalf("dry run = %d %s", code, out)
+	}
+	for q, want := range map[string]string{"?dry_run=maybe": "dry_run", "?dry_run=1": "waves"} {
+		bad := strings.Replace(body, `"1,100%"`, `"2,1,100%"`, 1)
+		if code, out := e.do("POST", "/api/v1/rollouts"+q, bad); code != http.StatusBadRequest || !strings.Contains(out, want) {
+			t.Errorf("POST %s = %d %s, want 400 naming %s", q, code, out, want)
+		}
+	}
+	if storedRollout(t, e, "fw") != nil {
+		t.Fatal("a dry run wrote the rollout")
 	}
 }

@@ -1,6 +1,6 @@
 package main
 
-// `leasepool rollout create|ls|show|pause|resume|cancel|approve|retry-failed`:
+// `leasepool rollout create|ls|show|pause|resume|cancel|approve|retry-failed|delete`:
 // one device command sent to a fleet in waves (package rollout); every
 // `leasepool worker` runs the driver, one at a time.
 
@@ -59,7 +59,8 @@ func rolloutCommand() *cli.Command {
 					&cli.StringFlag{Name: "rollback-command", Usage: "run on every device that succeeded when the rollout aborts"},
 					&cli.StringFlag{Name: "rollback-args", Usage: "the rollback command's arguments, a JSON object"},
 					&cli.IntFlag{Name: "priority", Usage: "priority of the device tasks"},
-					&cli.BoolFlag{Name: "json", Usage: "print the rollout's progress as JSON"},
+					&cli.BoolFlag{Name: "dry-run", Usage: "print the devices of each wave and write nothing"},
+					&cli.BoolFlag{Name: "json", Usage: "print the rollout's progress (with --dry-run its plan) as JSON"},
 				},
 				Action: rolloutCreate,
 			},
@@ -100,6 +101,14 @@ func rolloutCommand() *cli.Command {
 						fmt.Fprintf(c.App.Writer, "%d devices to retry\n", n2)
 					}
 					return r, err
+				}),
+			},
+			{
+				Name: "delete", Usage: "delete a rollout that is over (cancel a running one first, then delete it once cancelled); its device tasks stay", ArgsUsage: "NAME",
+				Action: storeAction(rolloutName, func(c *cli.Context, s task.Store, n string) (*rollout.Rollout, error) {
+					return rollout.Delete(c.Context, s, n)
+				}, func(w io.Writer, r *rollout.Rollout) {
+					fmt.Fprintf(w, "rollout %s deleted (it was %s)\n", r.Name, r.State)
 				}),
 			},
 		},
@@ -182,6 +191,9 @@ func rolloutCreate(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.Bool("dry-run") {
+		return rolloutDryRun(c, name, spec)
+	}
 	s, err := openStore(c, false)
 	if err != nil {
 		return err
@@ -195,6 +207,31 @@ func rolloutCreate(c *cli.Context) error {
 		return writeJSON(c.App.Writer, r.Progress())
 	}
 	fmt.Fprintf(c.App.Writer, "rollout %s created: %d devices in %d waves\n", r.Name, len(r.Devices), len(r.Waves))
+	return nil
+}
+
+// rolloutDryRun prints what create would do, the devices of each wave,
+// from a store opened read-only.
+func rolloutDryRun(c *cli.Context, name string, spec rollout.Spec) error {
+	s, err := openStoreReadOnly(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	r, err := rollout.DryRun(c.Context, s, name, spec)
+	if err != nil {
+		return err
+	}
+	p := r.Plan()
+	if c.Bool("json") {
+		return writeJSON(c.App.Writer, p)
+	}
+	w := c.App.Writer
+	fmt.Fprintf(w, "rollout %s (dry run, nothing written): %s to %d devices in %d waves\n", p.Name, p.Command, p.Devices, len(p.Waves))
+	for _, wv := range p.Waves {
+		fmt.Fprintf(w, "wave %d: target %s (%d), gate %s, %d devices: %s\n", wv.Index+1, wv.Spec, wv.Target, wv.Gate, len(wv.Devices),
+			strings.Join(wv.Devices, ","))
+	}
 	return nil
 }
 

@@ -6,9 +6,11 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
 func TestRolloutAndLabelCommands(t *testing.T) {
@@ -80,6 +82,8 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{create("--args", "[1]"), "args"},
 		{create("--args", "{"), "args"},
 		{create("--waves", "50%,10%,100%"), "--waves"},
+		{create("--waves", "10,5,100%"), "--waves"},
+		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "d1,d2,d3", "--waves", "2,10%,100%"}, "waves"},
 		{create("--waves", "1,50%"), "--waves"},
 		{create("--rate", "0/1s"), "--rate"},
 		{create("--rate", "fast"), "--rate"},
@@ -97,6 +101,8 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{[]string{"device", "label", "a/#", "k=v"}, "device"},
 		{[]string{"devices", "--select", "k"}, "--select"},
 		{[]string{"rollout", "pause", "a/b"}, "name"},
+		{[]string{"rollout", "delete", "a/b"}, "name"},
+		{[]string{"rollout", "delete"}, "NAME"},
 	} {
 		_, err := c.run(tc.args...)
 		if err == nil || exitStatus(err) != exitBadInput || !strings.Contains(err.Error(), tc.names) || strings.Contains(err.Error(), "\n") {
@@ -111,5 +117,119 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(c.path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// driveUntil opens c's store and runs a rollout driver's passes until
+// rollout name is in state want.
+func driveUntil(t *testing.T, c *harness, name string, want rollout.State) {
+	t.Helper()
+	st, err := sqlitestore.Open(t.Context(), c.path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	d, err := rollout.NewDriver(rollout.DriverConfig{Store: st, WorkerID: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := d.Pass(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		r, err := rollout.Get(t.Context(), st, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rollout %s still %s, want %s", name, r.State, want)
+		}
+	}
+}
+
+// `rollout delete` refuses a running rollout in one line naming what to
+// do, and leaves it; once cancelled, deletes it. A rollout with the
+// largest args, all '<>&', goes through it all.
+func TestRolloutDeleteCommand(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	args := `{"a":"` + strings.Repeat("<>&", (rollout.MaxArgsLen-8)/3) + `"}`
+	c.must("rollout", "create", "fw", "--command", "update", "--devices", "d1,d2", "--args", args,
+		"--rollback-command", "update", "--rollback-args", args)
+	before := c.must("rollout", "show", "fw", "--json")
+	_, err := c.run("rollout", "delete", "fw")
+	if !errors.Is(err, rollout.ErrState) || exitStatus(err) != exitFailed || !strings.Contains(err.Error(), "cancel it first") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("delete of a running rollout: %v (exit %d)", err, exitStatus(err))
+	}
+	if after := c.must("rollout", "show", "fw", "--json"); after != before {
+		t.Fatal("a refused delete changed the rollout")
+	}
+	c.must("rollout", "cancel", "fw")
+	driveUntil(t, c, "fw", rollout.StateCancelled)
+	if out := c.must("rollout", "delete", "fw"); !strings.Contains(out, "rollout fw deleted (it was cancelled)") {
+		t.Fatalf("delete: %q", out)
+	}
+	for _, args := range [][]string{{"rollout", "show", "fw"}, {"rollout", "delete", "fw"}} {
+		if _, err := c.run(args...); !errors.Is(err, task.ErrNotFound) {
+			t.Fatalf("%v after delete: %v", args, err)
+		}
+	}
+	if out := c.must("rollout", "ls"); strings.Contains(out, "fw") {
+		t.Fatalf("ls after delete:\n%s", out)
+	}
+}
+
+// A task published under a key of a rollout not yet created: `rollout
+// create` refuses the name in one line naming the task, writes nothing.
+func TestRolloutCreateOverASquattedKey(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.must("publish", "rollout:sq1:d2:1", "--kind", "device", "--payload", `{"device":"d2","command":"update","args":{"version":"evil-0.0"}}`)
+	_, err := c.run("rollout", "create", "sq1", "--command", "update", "--args", `{"version":"2.0"}`, "--devices", "d1,d2")
+	if !errors.Is(err, rollout.ErrExists) || exitStatus(err) == 0 || !strings.Contains(err.Error(), "rollout:sq1:d2:1") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("create over a squatted key: %v (exit %d)", err, exitStatus(err))
+	}
+	if _, err := c.run("rollout", "show", "sq1"); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("show after the refused create: %v", err)
+	}
+}
+
+// `rollout create --dry-run` prints each wave's devices and writes
+// nothing; --json prints the plan.
+func TestRolloutCreateDryRun(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	for _, id := range []string{"p1", "p2", "p3", "p4"} {
+		c.must("device", "label", id, "model=pump-x")
+	}
+	before := dirState(t, strings.TrimSuffix(c.path, "x.db"))
+	out := c.must("rollout", "create", "fw", "--command", "update", "--select", "model=pump-x", "--waves", "1,50%,100%", "--approve-waves", "--dry-run")
+	want := "rollout fw (dry run, nothing written): update to 4 devices in 3 waves\n" +
+		"wave 1: target 1 (1), gate auto, 1 devices: p1\n" +
+		"wave 2: target 50% (2), gate approval, 1 devices: p2\n" +
+		"wave 3: target 100% (4), gate approval, 2 devices: p3,p4\n"
+	if out != want {
+		t.Fatalf("dry run printed\n%s\nwant\n%s", out, want)
+	}
+	var p rollout.Plan
+	if err := json.Unmarshal([]byte(c.must("rollout", "create", "fw", "--command", "update", "--devices", "p4,p1", "--dry-run", "--json")), &p); err != nil ||
+		len(p.Waves) != 1 || strings.Join(p.Waves[0].Devices, ",") != "p1,p4" {
+		t.Fatalf("dry run --json: %+v %v", p, err)
+	}
+	if _, err := c.run("rollout", "create", "fw", "--command", "update", "--devices", "p1", "--waves", "3,2,100%", "--dry-run"); exitStatus(err) != exitBadInput {
+		t.Fatalf("dry run of bad waves: %v", err)
+	}
+	after := dirState(t, strings.TrimSuffix(c.path, "x.db"))
+	for name, b := range before {
+		if strings.HasSuffix(name, ".db") && after[name] != b {
+			t.Errorf("%s changed by a dry run", name)
+		}
+	}
+	if _, err := c.run("rollout", "show", "fw"); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("show after dry runs: %v", err)
 	}
 }
