@@ -1,6 +1,5 @@
-// The device inventory: what each device announces of itself and the
-// labels an operator sets, one document per device, and the selectors
-// that pick devices by them.
+// The device inventory: what each device announces of itself and what
+// an operator decided of it, one document per device.
 
 package mqttdev
 
@@ -10,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -22,27 +20,19 @@ import (
 // document per device id.
 const InventoryNamespace = "leasepool.device-inventory"
 
-// Inventory is one device's entry.
+// Inventory is one device's entry. What the device announced and what an
+// operator decided are kept apart: whoever can publish a device's status
+// sets its attributes, only an operator sets its labels.
 type Inventory struct {
 	ID string `json:"id"`
 	// Attributes are what the device announced in its last status that
 	// carried any, as a worker received it at AnnouncedAt.
 	Attributes  Labels    `json:"attributes,omitempty"`
 	AnnouncedAt time.Time `json:"announced_at,omitzero"`
-	// Labels are set by an operator (SetLabels); a label overrides an
-	// announced attribute of the same key.
+	// Labels are set by an operator (SetLabels).
 	Labels Labels `json:"labels,omitempty"`
 	// Version is the document's version (compare-and-set).
 	Version int64 `json:"version"`
-}
-
-// Effective returns the attributes with the operator's labels over them:
-// what selectors match.
-func (inv Inventory) Effective() Labels {
-	out := make(Labels, len(inv.Attributes)+len(inv.Labels))
-	maps.Copy(out, inv.Attributes)
-	maps.Copy(out, inv.Labels)
-	return out
 }
 
 // ValidateLabelKey, ValidateLabelValue: see package protocol.
@@ -233,94 +223,6 @@ func PutAttributes(ctx context.Context, ds task.DocumentStore, id string, attrs 
 		return true, nil
 	})
 	return err
-}
-
-// Selector picks devices by their effective labels: every requirement
-// must hold.
-type Selector []Requirement
-
-// Requirement is one term of a selector: key=value, or key!=value (true
-// also for a device without the key).
-type Requirement struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
-	Not   bool   `json:"not,omitempty"`
-}
-
-// MaxSelectorTerms bounds a selector.
-const MaxSelectorTerms = 32
-
-// ParseSelector reads "k=v,k!=v,...". Errors wrap task.ErrInvalid and
-// name the term.
-func ParseSelector(s string) (Selector, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, fmt.Errorf("%w: select: must not be empty", task.ErrInvalid)
-	}
-	terms := strings.Split(s, ",")
-	if len(terms) > MaxSelectorTerms {
-		return nil, fmt.Errorf("%w: select: %d terms, more than %d", task.ErrInvalid, len(terms), MaxSelectorTerms)
-	}
-	var sel Selector
-	for _, term := range terms {
-		term = strings.TrimSpace(term)
-		k, v, ok := strings.Cut(term, "=")
-		if !ok {
-			return nil, fmt.Errorf("%w: select: term %q: want key=value or key!=value", task.ErrInvalid, term)
-		}
-		r := Requirement{Key: k, Value: v}
-		if key, isNot := strings.CutSuffix(k, "!"); isNot {
-			r.Key, r.Not = key, true
-		}
-		if err := ValidateLabelKey(r.Key); err != nil {
-			return nil, fmt.Errorf("select: term %q: %w", term, err)
-		}
-		if err := ValidateLabelValue(r.Key, r.Value); err != nil {
-			return nil, fmt.Errorf("select: term %q: %w", term, err)
-		}
-		sel = append(sel, r)
-	}
-	return sel, nil
-}
-
-// Matches reports whether labels meet every requirement.
-func (s Selector) Matches(labels Labels) bool {
-	for _, r := range s {
-		v, ok := labels[r.Key]
-		if (ok && v == r.Value) == r.Not {
-			return false
-		}
-	}
-	return true
-}
-
-// String is the selector as ParseSelector reads it.
-func (s Selector) String() string {
-	parts := make([]string, len(s))
-	for i, r := range s {
-		op := "="
-		if r.Not {
-			op = "!="
-		}
-		parts[i] = r.Key + op + r.Value
-	}
-	return strings.Join(parts, ",")
-}
-
-// SelectDevices returns the ids, sorted, of the devices in the inventory
-// whose effective labels match sel.
-func SelectDevices(ctx context.Context, ds task.DocumentStore, sel Selector) ([]string, error) {
-	invs, err := Inventories(ctx, ds)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for id, inv := range invs {
-		if sel.Matches(inv.Effective()) {
-			out = append(out, id)
-		}
-	}
-	slices.Sort(out)
-	return out, nil
 }
 
 // ReplaceLabels sets device id's operator labels to labels exactly (none

@@ -262,13 +262,15 @@ type DeviceInfo struct {
 	Attempt int    `json:"attempt,omitempty"`
 	// Queued is how many pending device tasks name this device.
 	Queued int `json:"queued"`
-	// Labels are the device's inventory attributes with the operator's
-	// labels over them (Inventory.Effective).
-	Labels Labels `json:"labels,omitempty"`
+	// Attributes are what the device announced of itself, Labels what an
+	// operator set (Inventory): selectors tell them apart.
+	Attributes Labels `json:"attributes,omitempty"`
+	Labels     Labels `json:"labels,omitempty"`
 }
 
-// ListDevices joins device states with the device tasks in store: each
-// device's online state, its running command and holder, and how many
+// ListDevices joins device states, the inventory and the device tasks in
+// store: each device's online state, its announced attributes and operator
+// labels, its running command and holder, and how many
 // commands wait for it. states may be nil.
 func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]DeviceInfo, error) {
 	infos := map[string]*DeviceInfo{}
@@ -291,9 +293,8 @@ func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]
 		return nil, err
 	}
 	for id, inv := range invs {
-		if l := inv.Effective(); len(l) > 0 {
-			get(id).Labels = l
-		}
+		d := get(id)
+		d.Attributes, d.Labels = inv.Attributes, inv.Labels
 	}
 	now := store.Now()
 	for _, st := range []task.State{task.StateRunning, task.StatePending} {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/leasepool/leasepool/mqttdev"
@@ -69,6 +70,8 @@ func TestCreateSplitsWavesAndProgressCountsThem(t *testing.T) {
 	}
 }
 
+// TestCreateBySelectorUsesTheInventory: a rollout's selector reads the
+// operator's labels, never what the devices announced.
 func TestCreateBySelectorUsesTheInventory(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
@@ -77,12 +80,19 @@ func TestCreateBySelectorUsesTheInventory(t *testing.T) {
 		if i%2 == 1 {
 			site = "paris"
 		}
-		if err := mqttdev.PutAttributes(ctx, st, id, mqttdev.Labels{"model": "pump-x", "site": site}, st.Now()); err != nil {
+		// Every device announces site=berlin; the operator labels the
+		// first five, dev-000 at paris.
+		if err := mqttdev.PutAttributes(ctx, st, id, mqttdev.Labels{"model": "pump-x", "site": "berlin"}, st.Now()); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if _, err := mqttdev.SetLabels(ctx, st, "dev-000", mqttdev.LabelChange{Set: mqttdev.Labels{"site": "paris"}}); err != nil {
-		t.Fatal(err)
+		if i == 0 {
+			site = "paris"
+		}
+		if i < 5 {
+			if _, err := mqttdev.SetLabels(ctx, st, id, mqttdev.LabelChange{Set: mqttdev.Labels{"model": "pump-x", "site": site}}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	r, err := Create(ctx, st, "berlin", Spec{Command: "update", Select: "model=pump-x,site=berlin"})
 	if err != nil {
@@ -93,10 +103,12 @@ func TestCreateBySelectorUsesTheInventory(t *testing.T) {
 		ids = append(ids, e.Device)
 	}
 	if fmt.Sprint(ids) != "[dev-002 dev-004]" {
-		t.Fatalf("selected %v (the operator's label moves dev-000 to paris)", ids)
+		t.Fatalf("selected %v: want the devices labelled berlin, not those announcing it", ids)
 	}
-	if _, err := Create(ctx, st, "none", Spec{Command: "update", Select: "model=none"}); !errors.Is(err, task.ErrInvalid) {
-		t.Fatalf("empty selection: %v", err)
+	for _, sel := range []string{"model=none", "attr:site=berlin", "model=pump-x,attr:site=berlin"} {
+		if _, err := Create(ctx, st, "none", Spec{Command: "update", Select: sel}); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "select") {
+			t.Fatalf("select %s: %v, want invalid naming select", sel, err)
+		}
 	}
 	if _, err := Get(ctx, st, "none"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a refused create wrote something: %v", err)

@@ -27,6 +27,9 @@ func TestRolloutsAPI(t *testing.T) {
 	if code, body := e.do("GET", "/api/v1/devices?select=site=paris", ""); code != 200 || !strings.Contains(body, "pump-3") || strings.Contains(body, "pump-1") {
 		t.Fatalf("devices?select = %d %s", code, body)
 	}
+	if code, body := e.do("GET", "/api/v1/devices?select=attr:site=paris", ""); code != 200 || strings.Contains(body, "pump-") {
+		t.Fatalf("devices?select=attr:site=paris = %d %s: no device announced a site", code, body)
+	}
 	if code, body := e.do("GET", "/api/v1/devices?select=site", ""); code != http.StatusBadRequest || !strings.Contains(body, "select") {
 		t.Fatalf("devices?select=site = %d %s, want 400 naming select", code, body)
 	}
@@ -90,6 +93,7 @@ func TestRolloutsAPIBadInputWritesNothing(t *testing.T) {
 		`{"name":"x","command":"u","devices":["a"],"retries":99}`:     "retries",
 		`{"name":"x","command":"u","devices":["a"],"wave":"1"}`:       "wave",
 		`{"name":"x","command":"u","select":"model=none"}`:            "select",
+		`{"name":"x","command":"u","select":"attr:model=pump-x"}`:     "select",
 	} {
 		code, out := e.do("POST", "/api/v1/rollouts", body)
 		if code != http.StatusBadRequest || !strings.Contains(out, want) {

@@ -37,7 +37,7 @@ func deviceCommand() *cli.Command {
 		Subcommands: []*cli.Command{
 			{
 				Name:      "label",
-				Usage:     "set (k=v) or remove (k-) a device's labels in the inventory; they override what the device announces",
+				Usage:     "set (k=v) or remove (k-) a device's operator labels in the inventory, kept apart from what the device announces",
 				ArgsUsage: "ID k=v|k- ...",
 				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the inventory entry as JSON"}},
 				Action:    deviceLabel,
@@ -244,7 +244,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 		Usage: "list devices: online state (as the workers recorded it in the store), running command and holder, queue length",
 		Flags: append(mqttFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
-			&cli.StringFlag{Name: "select", Usage: "only devices whose labels match k=v,k!=v,..."},
+			&cli.StringFlag{Name: "select", Usage: "only devices that match k=v,k!=v (operator labels), attr:k=v,attr:k!=v (announced attributes), ..."},
 			&cli.BoolFlag{Name: "from-broker", Usage: "read online states from the broker's retained status messages instead of the store"},
 			&cli.DurationFlag{Name: "wait", Value: time.Second, Usage: "how long to collect status messages from the broker"},
 		),
@@ -292,7 +292,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 				return err
 			}
 			if sel != nil {
-				infos = slices.DeleteFunc(infos, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels) })
+				infos = slices.DeleteFunc(infos, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels, d.Attributes) })
 			}
 			if c.Bool("json") {
 				return writeJSON(c.App.Writer, infos)
@@ -304,7 +304,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 
 func printDevices(w io.Writer, infos []mqttdev.DeviceInfo, haveStates bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tSTATE\tCURRENT\tCOMMAND\tHOLDER\tQUEUED\tLABELS")
+	fmt.Fprintln(tw, "DEVICE\tSTATE\tCURRENT\tCOMMAND\tHOLDER\tQUEUED\tLABELS\tATTRIBUTES")
 	for _, d := range infos {
 		state := "unknown"
 		switch {
@@ -319,7 +319,8 @@ func printDevices(w io.Writer, infos []mqttdev.DeviceInfo, haveStates bool) erro
 		if holder != "" {
 			holder = fmt.Sprintf("%s#%d", d.Holder, d.Attempt)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", d.ID, state, dash(d.Current), dash(d.Command), dash(holder), d.Queued, dash(d.Labels.String()))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, state, dash(d.Current), dash(d.Command), dash(holder), d.Queued,
+			dash(d.Labels.String()), dash(d.Attributes.String()))
 	}
 	return tw.Flush()
 }
@@ -379,6 +380,6 @@ func deviceLabel(c *cli.Context) error {
 	if c.Bool("json") {
 		return writeJSON(c.App.Writer, inv)
 	}
-	fmt.Fprintf(c.App.Writer, "%s labels %s; effective %s\n", id, dash(inv.Labels.String()), dash(inv.Effective().String()))
+	fmt.Fprintf(c.App.Writer, "%s labels %s; announced attributes %s\n", id, dash(inv.Labels.String()), dash(inv.Attributes.String()))
 	return nil
 }

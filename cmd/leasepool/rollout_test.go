@@ -75,6 +75,7 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "d1", "--select", "model=x"}, "select"},
 		{[]string{"rollout", "create", "r1", "--command", "u", "--select", "model"}, "select"},
 		{[]string{"rollout", "create", "r1", "--command", "u", "--select", "model=a b"}, "select"},
+		{[]string{"rollout", "create", "r1", "--command", "u", "--select", "attr:model=x"}, "select"},
 		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "d1,,d2"}, "--devices"},
 		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "a/#"}, "devices"},
 		{create("--args", "[1]"), "args"},
@@ -96,6 +97,7 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{[]string{"device", "label", "d1", "k=v w"}, "label"},
 		{[]string{"device", "label", "a/#", "k=v"}, "device"},
 		{[]string{"devices", "--select", "k"}, "--select"},
+		{[]string{"devices", "--select", "attribute:k=v"}, "--select"},
 		{[]string{"rollout", "pause", "a/b"}, "name"},
 	} {
 		_, err := c.run(tc.args...)
