@@ -22,7 +22,7 @@ const InventoryNamespace = "leasepool.device-inventory"
 
 // Inventory is one device's entry. What the device announced and what an
 // operator decided are kept apart: whoever can publish a device's status
-// sets its attributes, only an operator sets its labels.
+// sets its attributes, only an operator sets its labels or vouches for it.
 type Inventory struct {
 	ID string `json:"id"`
 	// Attributes are what the device announced in its last status that
@@ -31,9 +31,21 @@ type Inventory struct {
 	AnnouncedAt time.Time `json:"announced_at,omitzero"`
 	// Labels are set by an operator (SetLabels).
 	Labels Labels `json:"labels,omitempty"`
+	// Vouched says who vouched for the device (Vouch); until someone
+	// does, the device is new and no selection of a rollout takes it.
+	Vouched *Vouching `json:"vouched,omitempty"`
 	// Version is the document's version (compare-and-set).
 	Version int64 `json:"version"`
 }
+
+// Vouching is who vouched for a device, and when.
+type Vouching struct {
+	By string    `json:"by"`
+	At time.Time `json:"at"`
+}
+
+// New reports whether nobody vouched for the device.
+func (inv Inventory) New() bool { return inv.Vouched == nil }
 
 // ValidateLabelKey, ValidateLabelValue: see package protocol.
 func ValidateLabelKey(key string) error { return protocol.ValidateLabelKey(key) }
@@ -242,4 +254,69 @@ func ReplaceLabels(ctx context.Context, ds task.DocumentStore, id string, labels
 		inv.Labels = maps.Clone(labels)
 		return true, nil
 	})
+}
+
+// MaxVouchedByLen bounds who a vouching names.
+const MaxVouchedByLen = 128
+
+// Vouch records that by (an operator, "credential" for a device given an
+// MQTT credential) vouches for device id: from now on selections take it
+// (Select). A device with no entry yet gets one, so that a device
+// provisioned ahead of its first status is vouched when it comes; one
+// already vouched for keeps its first vouching. Errors wrap task.ErrInvalid
+// and name the field; nothing is written on one.
+func Vouch(ctx context.Context, ds task.DocumentStore, id, by string) error {
+	_, err := VouchAt(ctx, ds, id, by, time.Now())
+	return err
+}
+
+// VouchAt is Vouch at a given time, returning the entry as stored.
+func VouchAt(ctx context.Context, ds task.DocumentStore, id, by string, at time.Time) (Inventory, error) {
+	if err := ValidateID("device", id); err != nil {
+		return Inventory{}, err
+	}
+	if err := ValidateVouchedBy(by); err != nil {
+		return Inventory{}, err
+	}
+	return updateInventory(ctx, ds, id, func(inv *Inventory) (bool, error) {
+		if inv.Vouched != nil {
+			return false, nil
+		}
+		inv.Vouched = &Vouching{By: by, At: at.UTC()}
+		return true, nil
+	})
+}
+
+// ValidateVouchedBy checks who a vouching names: 1 to MaxVouchedByLen
+// bytes, no control character. Errors wrap task.ErrInvalid and name by.
+func ValidateVouchedBy(by string) error {
+	switch {
+	case by == "":
+		return fmt.Errorf("%w: by: must not be empty", task.ErrInvalid)
+	case len(by) > MaxVouchedByLen:
+		return fmt.Errorf("%w: by: longer than %d bytes", task.ErrInvalid, MaxVouchedByLen)
+	}
+	for _, c := range by {
+		if c < ' ' || c == 0x7f {
+			return fmt.Errorf("%w: by: control character %U", task.ErrInvalid, c)
+		}
+	}
+	return nil
+}
+
+// Unvouch makes device id new again, as when its credential is revoked:
+// selections leave it out until someone vouches for it again. A device
+// not vouched for is left as it is.
+func Unvouch(ctx context.Context, ds task.DocumentStore, id string) error {
+	if err := ValidateID("device", id); err != nil {
+		return err
+	}
+	_, err := updateInventory(ctx, ds, id, func(inv *Inventory) (bool, error) {
+		if inv.Vouched == nil {
+			return false, nil
+		}
+		inv.Vouched = nil
+		return true, nil
+	})
+	return err
 }

@@ -129,19 +129,40 @@ func (r Requirement) String() string {
 	return prefix + r.Key + op + r.Value
 }
 
-// SelectDevices returns the ids, sorted, of the devices in the inventory
-// that match sel.
-func SelectDevices(ctx context.Context, ds task.DocumentStore, sel Selector) ([]string, error) {
+// Selection is what a selector picks from the inventory.
+type Selection struct {
+	// Devices are the vouched devices that match, sorted.
+	Devices []string `json:"devices"`
+	// New are the devices that match but nobody vouched for (Vouch),
+	// sorted: left out.
+	New []string `json:"new,omitempty"`
+}
+
+// Select returns the devices of the inventory that match sel, the
+// vouched apart from the new.
+func Select(ctx context.Context, ds task.DocumentStore, sel Selector) (Selection, error) {
 	invs, err := Inventories(ctx, ds)
 	if err != nil {
-		return nil, err
+		return Selection{}, err
 	}
-	var out []string
+	var out Selection
 	for id, inv := range invs {
-		if sel.Matches(inv.Labels, inv.Attributes) {
-			out = append(out, id)
+		switch {
+		case !sel.Matches(inv.Labels, inv.Attributes):
+		case inv.New():
+			out.New = append(out.New, id)
+		default:
+			out.Devices = append(out.Devices, id)
 		}
 	}
-	slices.Sort(out)
+	slices.Sort(out.Devices)
+	slices.Sort(out.New)
 	return out, nil
+}
+
+// SelectDevices returns the ids, sorted, of the vouched devices in the
+// inventory that match sel; a new device is never among them.
+func SelectDevices(ctx context.Context, ds task.DocumentStore, sel Selector) ([]string, error) {
+	s, err := Select(ctx, ds, sel)
+	return s.Devices, err
 }

@@ -266,11 +266,15 @@ type DeviceInfo struct {
 	// operator set (Inventory): selectors tell them apart.
 	Attributes Labels `json:"attributes,omitempty"`
 	Labels     Labels `json:"labels,omitempty"`
+	// New is true until someone vouches for the device (Vouch); Vouched
+	// says who did.
+	New     bool      `json:"new"`
+	Vouched *Vouching `json:"vouched,omitempty"`
 }
 
 // ListDevices joins device states, the inventory and the device tasks in
-// store: each device's online state, its announced attributes and operator
-// labels, its running command and holder, and how many
+// store: each device's online state, its announced attributes, operator
+// labels and vouching, its running command and holder, and how many
 // commands wait for it. states may be nil.
 func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]DeviceInfo, error) {
 	infos := map[string]*DeviceInfo{}
@@ -294,7 +298,7 @@ func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]
 	}
 	for id, inv := range invs {
 		d := get(id)
-		d.Attributes, d.Labels = inv.Attributes, inv.Labels
+		d.Attributes, d.Labels, d.Vouched = inv.Attributes, inv.Labels, inv.Vouched
 	}
 	now := store.Now()
 	for _, st := range []task.State{task.StateRunning, task.StatePending} {
@@ -328,6 +332,7 @@ func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]
 	}
 	out := make([]DeviceInfo, 0, len(infos))
 	for _, d := range infos {
+		d.New = d.Vouched == nil
 		out = append(out, *d)
 	}
 	slices.SortFunc(out, func(a, b DeviceInfo) int { return cmp.Compare(a.ID, b.ID) })

@@ -76,7 +76,8 @@ func TestRolloutsOnAFleet(t *testing.T) {
 	})
 	t.Logf("%s: inventory complete", time.Since(start).Round(time.Millisecond))
 	// Rollouts select by the operator's labels, not by what the devices
-	// announce: the operator labels each fleet.
+	// announce, and only devices vouched for: the operator labels each
+	// fleet and approves it.
 	invs, err := mqttdev.Inventories(ctx, store)
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +88,9 @@ func TestRolloutsOnAFleet(t *testing.T) {
 			labels["fleet"] = "b"
 		}
 		if _, err := mqttdev.SetLabels(ctx, store, id, mqttdev.LabelChange{Set: labels}); err != nil {
+			t.Fatal(err)
+		}
+		if err := mqttdev.Vouch(ctx, store, id, "operator"); err != nil {
 			t.Fatal(err)
 		}
 	}

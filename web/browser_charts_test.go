@@ -238,6 +238,10 @@ func TestChartsInBrowser(t *testing.T) {
 	if got := strings.TrimSpace(text(t, bctx, `#devices tr[data-device="pump-2"] .labels`)) + " / " + strings.TrimSpace(text(t, bctx, `#devices tr[data-device="pump-2"] .attrs`)); got != "model=pump-x site=paris / firmware=1.2 site=berlin" {
 		t.Errorf("pump-2's labels / attributes: %q", got)
 	}
+	// Labelled, but nobody vouched for them: all three marked new.
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("#devices .badge.new").length`)); err != nil || n != 3 {
+		t.Errorf("%d devices marked new (%v), want 3", n, err)
+	}
 	screenshot(t, bctx, "devices")
 	if got := text(t, bctx, `#devices tr[data-device="pump-1"] .cmds`); !strings.HasPrefix(got, "flush pending") {
 		t.Errorf("pump-1's last commands: %q, want flush pending", got)

@@ -18,6 +18,9 @@ func TestRolloutsAPI(t *testing.T) {
 		if code, body := e.do("PUT", "/api/v1/devices/"+id+"/labels", `{"labels":{"model":"pump-x","site":"berlin"}}`); code != 200 {
 			t.Fatalf("PUT labels %s = %d %s", id, code, body)
 		}
+		if code, body := e.do("POST", "/api/v1/devices/"+id+"/approve", ""); code != 200 {
+			t.Fatalf("approve %s = %d %s", id, code, body)
+		}
 	}
 	code, body := e.do("PATCH", "/api/v1/devices/pump-3/labels", `{"set":{"site":"paris"},"remove":["model"]}`)
 	var inv mqttdev.Inventory

@@ -42,6 +42,7 @@ func deviceCommand() *cli.Command {
 				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the inventory entry as JSON"}},
 				Action:    deviceLabel,
 			},
+			approveCommand(),
 			{
 				Name:  "simulate",
 				Usage: "run simulated devices until interrupted (or --duration), then print what they saw",
@@ -241,10 +242,11 @@ func simConfig(c *cli.Context) (device.Config, error) {
 func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Command {
 	return &cli.Command{
 		Name:  "devices",
-		Usage: "list devices: online state (as the workers recorded it in the store), running command and holder, queue length",
+		Usage: "list devices: online state (as the workers recorded it in the store), new or vouched for, running command and holder, queue length, operator labels, announced attributes",
 		Flags: append(mqttFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 			&cli.StringFlag{Name: "select", Usage: "only devices that match k=v,k!=v (operator labels), attr:k=v,attr:k!=v (announced attributes), ..."},
+			&cli.BoolFlag{Name: "new", Usage: "only new devices: those nobody vouched for (leasepool device approve)"},
 			&cli.BoolFlag{Name: "from-broker", Usage: "read online states from the broker's retained status messages instead of the store"},
 			&cli.DurationFlag{Name: "wait", Value: time.Second, Usage: "how long to collect status messages from the broker"},
 		),
@@ -294,6 +296,9 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 			if sel != nil {
 				infos = slices.DeleteFunc(infos, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels, d.Attributes) })
 			}
+			if c.Bool("new") {
+				infos = slices.DeleteFunc(infos, func(d mqttdev.DeviceInfo) bool { return !d.New })
+			}
 			if c.Bool("json") {
 				return writeJSON(c.App.Writer, infos)
 			}
@@ -304,7 +309,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 
 func printDevices(w io.Writer, infos []mqttdev.DeviceInfo, haveStates bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tSTATE\tCURRENT\tCOMMAND\tHOLDER\tQUEUED\tLABELS\tATTRIBUTES")
+	fmt.Fprintln(tw, "DEVICE\tSTATE\tTRUST\tCURRENT\tCOMMAND\tHOLDER\tQUEUED\tLABELS\tATTRIBUTES")
 	for _, d := range infos {
 		state := "unknown"
 		switch {
@@ -319,7 +324,11 @@ func printDevices(w io.Writer, infos []mqttdev.DeviceInfo, haveStates bool) erro
 		if holder != "" {
 			holder = fmt.Sprintf("%s#%d", d.Holder, d.Attempt)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, state, dash(d.Current), dash(d.Command), dash(holder), d.Queued,
+		trust := "vouched"
+		if d.New {
+			trust = "new"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, state, trust, dash(d.Current), dash(d.Command), dash(holder), d.Queued,
 			dash(d.Labels.String()), dash(d.Attributes.String()))
 	}
 	return tw.Flush()

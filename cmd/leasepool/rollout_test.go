@@ -24,6 +24,7 @@ func TestRolloutAndLabelCommands(t *testing.T) {
 	if !strings.Contains(out, "pump-1") || strings.Contains(out, "pump-2") || !strings.Contains(out, "site=berlin") {
 		t.Fatalf("devices --select:\n%s", out)
 	}
+	c.must("device", "approve", "pump-1", "pump-2")
 	c.must("rollout", "create", "fw-2", "--command", "update", "--args", `{"version":"2.0"}`, "--select", "model=pump-x",
 		"--waves", "1,100%", "--approve-waves", "--rate", "20/1m", "--abort-when", "failed>10% after 20; any>50%",
 		"--retries", "2", "--retry-on", "timed_out,offline", "--rollback-command", "update", "--rollback-args", `{"version":"1.0"}`)
@@ -98,6 +99,13 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{[]string{"device", "label", "a/#", "k=v"}, "device"},
 		{[]string{"devices", "--select", "k"}, "--select"},
 		{[]string{"devices", "--select", "attribute:k=v"}, "--select"},
+		{[]string{"device", "approve"}, "ID"},
+		{[]string{"device", "approve", "a/#"}, "device"},
+		{[]string{"device", "approve", "d1", "--by", ""}, "--by"},
+		{[]string{"device", "approve", "d1", "--by", "a\tb"}, "--by"},
+		{[]string{"device", "approve", "--select", "attr:k=v"}, "--select"},
+		{[]string{"device", "approve", "--select", "k"}, "--select"},
+		{[]string{"device", "approve", "d1", "--select", "k=v"}, "select"},
 		{[]string{"rollout", "pause", "a/b"}, "name"},
 	} {
 		_, err := c.run(tc.args...)
