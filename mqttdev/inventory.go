@@ -320,3 +320,32 @@ func Unvouch(ctx context.Context, ds task.DocumentStore, id string) error {
 	})
 	return err
 }
+
+// Forget removes device id's inventory entry (attributes, labels,
+// vouching) and its stored online state. Its tasks stay. A device that
+// announces itself again later comes back as new: the worker that stores
+// its next status finds no state and writes its attributes again. It
+// returns an error wrapping task.ErrNotFound when neither was stored.
+func Forget(ctx context.Context, ds task.DocumentStore, id string) error {
+	if err := ValidateID("device", id); err != nil {
+		return err
+	}
+	// The entry goes first: a worker storing the device's status in
+	// between finds its state, and the next status it stores, finding
+	// none, writes the attributes again. The other order could let that
+	// worker see the state gone while the entry was still there, and
+	// never write the attributes again.
+	found := false
+	for _, ns := range []string{InventoryNamespace, StateNamespace} {
+		switch err := ds.DeleteDocument(ctx, ns, id, 0); {
+		case err == nil:
+			found = true
+		case !errors.Is(err, task.ErrNotFound):
+			return fmt.Errorf("forget device %s: %w", id, err)
+		}
+	}
+	if !found {
+		return fmt.Errorf("device %s: %w: not in the inventory and no state stored", id, task.ErrNotFound)
+	}
+	return nil
+}

@@ -152,7 +152,7 @@ func (t *StateTracker) flush(ctx context.Context) {
 	t.announced = map[string]DeviceState{}
 	t.mu.Unlock()
 	for _, s := range batch {
-		if err := t.store.PutDeviceState(ctx, s); err != nil {
+		if err := t.putState(ctx, s, announced); err != nil {
 			t.logger.Warn("device state not stored", slog.String("device", s.ID), slog.Any("error", err))
 		}
 	}
@@ -164,6 +164,33 @@ func (t *StateTracker) flush(ctx context.Context) {
 			t.mu.Unlock()
 		}
 	}
+}
+
+// putState stores s. When that creates the device's record, as after the
+// device was forgotten (Forget), its entry went too: the attributes last
+// seen, which an unchanged announcement would not write, are added to
+// announced to be written again.
+func (t *StateTracker) putState(ctx context.Context, s DeviceState, announced map[string]DeviceState) error {
+	sc, ok := t.store.(stateCreator)
+	if !ok {
+		return t.store.PutDeviceState(ctx, s)
+	}
+	created, err := sc.putDeviceState(ctx, s)
+	if err != nil || !created || t.inv == nil {
+		return err
+	}
+	if _, queued := announced[s.ID]; queued {
+		return nil
+	}
+	t.mu.Lock()
+	attrs, seen := t.attrs[s.ID]
+	t.mu.Unlock()
+	if seen {
+		a := s
+		a.Attributes = attrs
+		announced[s.ID] = a
+	}
+	return nil
 }
 
 // Observe records a status message of device id.

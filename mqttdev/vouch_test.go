@@ -19,8 +19,9 @@ import (
 // for five devices ring=prod; a device nobody vouched for announces
 // ring=prod itself through the broker. A selector of the label takes the
 // five only; the impostor is listed new, its announcement among its
-// attributes and not its labels; vouching for it and labelling it makes
-// it one of the selected. On the embedded broker and on Mosquitto.
+// attributes and not its labels; forgetting it removes it until it
+// announces again, new; vouching for it and labelling it makes it one of
+// the selected. On the embedded broker and on Mosquitto.
 func TestUnvouchedImpostorIsNotSelected(t *testing.T) {
 	t.Parallel()
 	t.Run("embedded", func(t *testing.T) {
@@ -48,10 +49,13 @@ func TestUnvouchedImpostorIsNotSelected(t *testing.T) {
 
 func testImpostor(t *testing.T, ctx context.Context, url string) {
 	prefix := "v" + NewCorrelationID()[:12]
-	st, _ := startInventoryAt(t, ctx, prefix+"-worker", url, prefix)
+	st, h := startInventoryAt(t, ctx, prefix+"-worker", url, prefix)
 	startSim := func(cfg device.Config) *device.Simulator {
 		t.Helper()
 		cfg.BrokerURL, cfg.Prefix, cfg.Logger = url, prefix, testLogger(t)
+		// Statuses only when connecting: what the test does decides
+		// when the impostor announces itself again.
+		cfg.Heartbeat = time.Hour
 		sim, err := device.NewSimulator(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -72,7 +76,7 @@ func testImpostor(t *testing.T, ctx context.Context, url string) {
 			t.Fatal(err)
 		}
 	}
-	startSim(device.Config{Count: 1, IDPrefix: "dev-x", Attributes: func(int, string) Labels { return Labels{"ring": "prod"} }})
+	impostor := startSim(device.Config{Count: 1, IDPrefix: "dev-x", Attributes: func(int, string) Labels { return Labels{"ring": "prod"} }})
 	const id = "dev-x0"
 	eventually(t, 10*time.Second, "the impostor's announcement in the inventory", func() bool {
 		inv, err := GetInventory(ctx, st, id)
@@ -95,6 +99,35 @@ func testImpostor(t *testing.T, ctx context.Context, url string) {
 		t.Fatalf("dev-0 listed as %+v", d)
 	}
 
+	// Forget: gone from the inventory and the states, until it announces
+	// itself again, new.
+	if err := Forget(ctx, st, id); err != nil {
+		t.Fatal(err)
+	}
+	if invs, err := Inventories(ctx, st); err != nil || len(invs) != 5 {
+		t.Fatalf("after forget the inventory holds %d entries (%v), want 5", len(invs), err)
+	}
+	if states, err := StoreStates(st).DeviceStates(ctx); err != nil || slices.ContainsFunc(states, func(s DeviceState) bool { return s.ID == id }) {
+		t.Fatalf("after forget the impostor's state is still stored (%v)", err)
+	}
+	if err := Forget(ctx, st, id); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("forget again: %v, want not found", err)
+	}
+	if err := Forget(ctx, st, "a/#"); !errors.Is(err, task.ErrInvalid) {
+		t.Fatalf("forget a/#: %v", err)
+	}
+	// The worker heard this announcement before and holds it: still the
+	// entry comes back.
+	reconnects := impostorOnline(h, id)
+	impostor.Device(0).GoOffline(50 * time.Millisecond)
+	eventually(t, 10*time.Second, "the impostor back in the inventory after reconnecting", func() bool {
+		inv, err := GetInventory(ctx, st, id)
+		return err == nil && inv.Attributes["ring"] == "prod" && impostorOnline(h, id) > reconnects
+	})
+	if d := storedDevice(t, ctx, st, id); !d.New || d.Attributes.String() != "ring=prod" {
+		t.Fatalf("the impostor came back as %+v, want new with its attributes", d)
+	}
+
 	// An operator vouches for it and labels it: now it is selected.
 	if _, err := VouchAt(ctx, st, id, "operator", time.Now()); err != nil {
 		t.Fatal(err)
@@ -115,6 +148,16 @@ func testImpostor(t *testing.T, ctx context.Context, url string) {
 	if got, _ := Select(ctx, st, prod); slices.Contains(got.Devices, id) || !slices.Contains(got.New, id) {
 		t.Fatalf("unvouched, select ring=prod = %+v", got)
 	}
+}
+
+// impostorOnline counts the tracker's online states of id seen so far by
+// their SeenAt: a later one means a new status.
+func impostorOnline(h *Handler, id string) int64 {
+	s, ok := h.Tracker().State(id)
+	if !ok || !s.Online {
+		return 0
+	}
+	return s.SeenAt.UnixNano()
 }
 
 func storedDevice(t *testing.T, ctx context.Context, st task.Store, id string) DeviceInfo {

@@ -1,12 +1,14 @@
 package web
 
 // Operators' writes to the device inventory beside its labels, over the
-// API and from the dashboard: vouching for a device.
+// API and from the dashboard: vouching for a device, forgetting one.
 
 import (
+	"errors"
 	"net/http"
 
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/task"
 )
 
 // approveDevice vouches for the device: {"by":"..."} names who, by
@@ -39,4 +41,21 @@ func (d *dashboard) approveDevice(r *http.Request) (string, string, error) {
 	}
 	d.log.Info("web: dashboard vouched for a device", "device", inv.ID, "by", inv.Vouched.By)
 	return "/devices", "device-approved", nil
+}
+
+// forgetDevice removes the device's inventory entry and stored state
+// (mqttdev.Forget): {"forgotten":"ID"}, or 404 when neither was stored.
+func (a *api) forgetDevice(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	err := mqttdev.Forget(r.Context(), a.store, id)
+	if errors.Is(err, task.ErrNotFound) {
+		writeError(w, http.StatusNotFound, err.Error())
+		return
+	}
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	a.log.Info("web: device forgotten", "device", id)
+	writeJSON(w, http.StatusOK, map[string]string{"forgotten": id})
 }

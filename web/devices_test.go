@@ -16,7 +16,7 @@ import (
 // ring=prod and approved; pump-9, approved by nobody, announces ring=prod.
 // The listing shows pump-9 new with ring=prod among its attributes, not
 // its labels; a label selector and a rollout of ring=prod leave it out;
-// approving it from the dashboard makes it vouched for.
+// DELETE forgets it; approving it from the dashboard makes it vouched for.
 func TestDevicesAPIKeepsWhatDevicesSayApart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, web.Config{})
@@ -90,6 +90,32 @@ func TestDevicesAPIKeepsWhatDevicesSayApart(t *testing.T) {
 	}
 	if after := devices(""); !after["pump-9"].New || len(after) != len(before) {
 		t.Fatalf("refused approvals changed pump-9: %+v", after["pump-9"])
+	}
+
+	// Forget: gone, labels and all, until it announces itself again.
+	if code, body := e.do("DELETE", "/api/v1/devices/pump-9", ""); code != 200 || body != `{"forgotten":"pump-9"}`+"\n" {
+		t.Fatalf("DELETE pump-9 = %d %s", code, body)
+	}
+	if _, ok := devices("")["pump-9"]; ok {
+		t.Fatal("pump-9 still listed after DELETE")
+	}
+	if code, body := e.do("DELETE", "/api/v1/devices/pump-9", ""); code != http.StatusNotFound || !strings.Contains(body, "pump-9") {
+		t.Errorf("DELETE pump-9 again = %d %s, want 404 naming it", code, body)
+	}
+	if code, body := e.do("DELETE", "/api/v1/devices/a%2F%23", ""); code != http.StatusBadRequest || !strings.Contains(body, "device") {
+		t.Errorf("DELETE a/# = %d %s, want 400 naming device", code, body)
+	}
+	if code, _ := newEnv(t, web.Config{Token: token}).doAuth("DELETE", "/api/v1/devices/pump-9", "", ""); code != http.StatusUnauthorized {
+		t.Errorf("DELETE without a token = %d, want 401", code)
+	}
+	if err := mqttdev.PutAttributes(ctx, e.store, "pump-9", mqttdev.Labels{"ring": "prod"}, e.store.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if d := devices("")["pump-9"]; !d.New || len(d.Labels) != 0 {
+		t.Fatalf("pump-9 back as %+v, want new without its label", d)
+	}
+	if code, body := e.do("PATCH", "/api/v1/devices/pump-9/labels", `{"set":{"ring":"prod"}}`); code != 200 {
+		t.Fatalf("label pump-9 = %d %s", code, body)
 	}
 
 	// The dashboard marks it new, with an Approve button that works.

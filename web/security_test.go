@@ -239,7 +239,7 @@ func TestReadCredential(t *testing.T) {
 		{"POST", "/api/v1/pauses", `{"scope":"all"}`}, {"DELETE", "/api/v1/pauses?scope=all", ""},
 		{"PUT", "/api/v1/limits", `{"scope":"kind","name":"mail","rate":"1/1s"}`}, {"DELETE", "/api/v1/limits?scope=kind&name=mail", ""},
 		{"POST", "/api/v1/schedules/nightly/pause", ""}, {"POST", "/api/v1/schedules/nightly/resume", ""},
-		{"POST", "/api/v1/devices/d1/approve", ""},
+		{"POST", "/api/v1/devices/d1/approve", ""}, {"DELETE", "/api/v1/devices/d1", ""},
 		{"PATCH", "/api/v1/tasks/a", "{}"}, {"OPTIONS", "/api/v1/tasks", ""}, {"POST", "/nope", ""},
 	}
 	for _, auth := range []string{"Bearer " + readToken, "bearer " + readToken, readBasic} {

@@ -42,7 +42,7 @@ func deviceCommand() *cli.Command {
 				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the inventory entry as JSON"}},
 				Action:    deviceLabel,
 			},
-			approveCommand(),
+			approveCommand(), forgetCommand(),
 			{
 				Name:  "simulate",
 				Usage: "run simulated devices until interrupted (or --duration), then print what they saw",

@@ -1,7 +1,7 @@
 package main
 
 // The inventory's operator commands beside `device label`: vouching for
-// devices.
+// devices, forgetting them.
 
 import (
 	"fmt"
@@ -25,6 +25,41 @@ func approveCommand() *cli.Command {
 		},
 		Action: deviceApprove,
 	}
+}
+
+// forgetCommand is `device forget`.
+func forgetCommand() *cli.Command {
+	return &cli.Command{
+		Name: "forget",
+		Usage: "remove devices' inventory entries (attributes, labels, vouching) and stored states; " +
+			"a device that announces itself again comes back as new",
+		ArgsUsage: "ID ...",
+		Action:    deviceForget,
+	}
+}
+
+func deviceForget(c *cli.Context) error {
+	ids := c.Args().Slice()
+	if len(ids) == 0 {
+		return badUsage(c, "want at least one device ID")
+	}
+	for _, id := range ids {
+		if err := mqttdev.ValidateID("device", id); err != nil {
+			return err
+		}
+	}
+	s, err := openStore(c, true)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	for _, id := range ids {
+		if err := mqttdev.Forget(c.Context, s, id); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.App.Writer, "%s forgotten: it comes back as new if it announces itself again\n", id)
+	}
+	return nil
 }
 
 func deviceApprove(c *cli.Context) error {

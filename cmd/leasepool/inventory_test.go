@@ -17,7 +17,8 @@ import (
 // labelled ring=prod and approved by the operator, dev-9 announcing
 // ring=prod with nobody vouching for it. `devices` shows dev-9 new, its
 // ring an attribute and not a label; a rollout of ring=prod never takes
-// it; approving and labelling it makes it a target.
+// it; forgetting it removes it until it announces itself again, new;
+// approving and labelling it makes it a target.
 func TestImpostorIsNewAndLeftOut(t *testing.T) {
 	t.Parallel()
 	c := setup(t)
@@ -94,6 +95,24 @@ func TestImpostorIsNewAndLeftOut(t *testing.T) {
 	if out := c.must("rollout", "show", "canary2"); !strings.Contains(out, "1 new device left out, not vouched for (leasepool device approve): dev-9") {
 		t.Fatalf("rollout show does not name the device left out:\n%s", out)
 	}
+	// Forget: dev-9 goes, labels and all, until it announces itself
+	// again, new.
+	if out := c.must("device", "forget", "dev-9"); !strings.Contains(out, "dev-9 forgotten") {
+		t.Fatalf("forget: %q", out)
+	}
+	if out := c.must("devices"); deviceRow(out, "dev-9") != nil {
+		t.Fatalf("devices after forget:\n%s", out)
+	}
+	if _, err := c.run("device", "forget", "dev-9"); !errors.Is(err, task.ErrNotFound) || exitStatus(err) != exitFailed || !strings.Contains(err.Error(), "dev-9") {
+		t.Fatalf("forget again: %v (exit %d), want not found naming dev-9", err, exitStatus(err))
+	}
+	if err := mqttdev.PutAttributes(t.Context(), st, "dev-9", mqttdev.Labels{"ring": "prod"}, st.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if row := deviceRow(c.must("devices"), "dev-9"); !slices.Equal(row, []string{"dev-9", "unknown", "new", "-", "-", "-", "0", "-", "ring=prod"}) {
+		t.Fatalf("dev-9 back as %q, want new without the label it had", row)
+	}
+	c.must("device", "label", "dev-9", "ring=prod")
 	if out := c.must("device", "approve", "dev-9", "--by", "alice"); !strings.Contains(out, "dev-9 vouched for by alice") {
 		t.Fatalf("approve dev-9: %q", out)
 	}

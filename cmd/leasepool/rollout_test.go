@@ -100,6 +100,8 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{[]string{"devices", "--select", "k"}, "--select"},
 		{[]string{"devices", "--select", "attribute:k=v"}, "--select"},
 		{[]string{"device", "approve"}, "ID"},
+		{[]string{"device", "forget"}, "ID"},
+		{[]string{"device", "forget", "d1", "a/#"}, "device"},
 		{[]string{"device", "approve", "a/#"}, "device"},
 		{[]string{"device", "approve", "d1", "--by", ""}, "--by"},
 		{[]string{"device", "approve", "d1", "--by", "a\tb"}, "--by"},
