@@ -70,9 +70,12 @@
 // attributes (optional, in online statuses) are what the device announces
 // of itself: at most 32 keys of letters, digits, '.', '_', '-' (63 bytes),
 // values of letters, digits and ". _ - : / @ +" (128 bytes). Workers keep
-// them in the device inventory (InventoryNamespace), beside the labels an
-// operator sets; a status whose attributes break these rules keeps its
-// online state and its attributes are dropped, with a warning.
+// them in the device inventory (InventoryNamespace), apart from the labels
+// an operator sets: whoever can publish a device's status sets its
+// attributes, so a selector reads them only in attr: terms, and a device
+// is new, taken by no rollout, until someone vouches for it (Vouch). A
+// status whose attributes break these rules keeps its online state and
+// its attributes are dropped, with a warning.
 //
 // A device connects with a persistent session (clean session off, a stable
 // client id) and sets the offline message as its MQTT last will; on every

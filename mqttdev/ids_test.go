@@ -100,12 +100,12 @@ func testBadIDStatus(t *testing.T, ctx context.Context, url string) {
 	wantOnly("worker's tracker", tracked)
 	wantOnly("stored states", docIDs(t, st, StateNamespace))
 	wantOnly("inventory", docIDs(t, st, InventoryNamespace))
-	sel, _ := ParseSelector("ring=canary")
-	canary, err := SelectDevices(ctx, st, sel)
+	sel, _ := ParseSelector("attr:ring=canary")
+	canary, err := Select(ctx, st, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantOnly("rollout selection ring=canary", canary)
+	wantOnly("selection attr:ring=canary", append(canary.Devices, canary.New...))
 
 	// An admin tool subscribing now gets every retained status at once.
 	states, err := ReadStates(ctx, ClientConfig{BrokerURL: url}, prefix, time.Second)

@@ -1,6 +1,5 @@
-// The device inventory: what each device announces of itself and the
-// labels an operator sets, one document per device, and the selectors
-// that pick devices by them.
+// The device inventory: what each device announces of itself and what
+// an operator decided of it, one document per device.
 
 package mqttdev
 
@@ -10,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -22,28 +20,32 @@ import (
 // document per device id.
 const InventoryNamespace = "leasepool.device-inventory"
 
-// Inventory is one device's entry.
+// Inventory is one device's entry. What the device announced and what an
+// operator decided are kept apart: whoever can publish a device's status
+// sets its attributes, only an operator sets its labels or vouches for it.
 type Inventory struct {
 	ID string `json:"id"`
 	// Attributes are what the device announced in its last status that
 	// carried any, as a worker received it at AnnouncedAt.
 	Attributes  Labels    `json:"attributes,omitempty"`
 	AnnouncedAt time.Time `json:"announced_at,omitzero"`
-	// Labels are set by an operator (SetLabels); a label overrides an
-	// announced attribute of the same key.
+	// Labels are set by an operator (SetLabels).
 	Labels Labels `json:"labels,omitempty"`
+	// Vouched says who vouched for the device (Vouch); until someone
+	// does, the device is new and no selection of a rollout takes it.
+	Vouched *Vouching `json:"vouched,omitempty"`
 	// Version is the document's version (compare-and-set).
 	Version int64 `json:"version"`
 }
 
-// Effective returns the attributes with the operator's labels over them:
-// what selectors match.
-func (inv Inventory) Effective() Labels {
-	out := make(Labels, len(inv.Attributes)+len(inv.Labels))
-	maps.Copy(out, inv.Attributes)
-	maps.Copy(out, inv.Labels)
-	return out
+// Vouching is who vouched for a device, and when.
+type Vouching struct {
+	By string    `json:"by"`
+	At time.Time `json:"at"`
 }
+
+// New reports whether nobody vouched for the device.
+func (inv Inventory) New() bool { return inv.Vouched == nil }
 
 // ValidateLabelKey, ValidateLabelValue: see package protocol.
 func ValidateLabelKey(key string) error { return protocol.ValidateLabelKey(key) }
@@ -238,96 +240,6 @@ func PutAttributes(ctx context.Context, ds task.DocumentStore, id string, attrs 
 	return err
 }
 
-// Selector picks devices by their effective labels: every requirement
-// must hold.
-type Selector []Requirement
-
-// Requirement is one term of a selector: key=value, or key!=value (true
-// also for a device without the key).
-type Requirement struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
-	Not   bool   `json:"not,omitempty"`
-}
-
-// MaxSelectorTerms bounds a selector.
-const MaxSelectorTerms = 32
-
-// ParseSelector reads "k=v,k!=v,...". Errors wrap task.ErrInvalid and
-// name the term.
-func ParseSelector(s string) (Selector, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, fmt.Errorf("%w: select: must not be empty", task.ErrInvalid)
-	}
-	terms := strings.Split(s, ",")
-	if len(terms) > MaxSelectorTerms {
-		return nil, fmt.Errorf("%w: select: %d terms, more than %d", task.ErrInvalid, len(terms), MaxSelectorTerms)
-	}
-	var sel Selector
-	for _, term := range terms {
-		term = strings.TrimSpace(term)
-		k, v, ok := strings.Cut(term, "=")
-		if !ok {
-			return nil, fmt.Errorf("%w: select: term %q: want key=value or key!=value", task.ErrInvalid, term)
-		}
-		r := Requirement{Key: k, Value: v}
-		if key, isNot := strings.CutSuffix(k, "!"); isNot {
-			r.Key, r.Not = key, true
-		}
-		if err := ValidateLabelKey(r.Key); err != nil {
-			return nil, fmt.Errorf("select: term %q: %w", term, err)
-		}
-		if err := ValidateLabelValue(r.Key, r.Value); err != nil {
-			return nil, fmt.Errorf("select: term %q: %w", term, err)
-		}
-		sel = append(sel, r)
-	}
-	return sel, nil
-}
-
-// Matches reports whether labels meet every requirement.
-func (s Selector) Matches(labels Labels) bool {
-	for _, r := range s {
-		v, ok := labels[r.Key]
-		if (ok && v == r.Value) == r.Not {
-			return false
-		}
-	}
-	return true
-}
-
-// String is the selector as ParseSelector reads it.
-func (s Selector) String() string {
-	parts := make([]string, len(s))
-	for i, r := range s {
-		op := "="
-		if r.Not {
-			op = "!="
-		}
-		parts[i] = r.Key + op + r.Value
-	}
-	return strings.Join(parts, ",")
-}
-
-// SelectDevices returns the ids, sorted, of the devices in the inventory
-// whose effective labels match sel.
-func SelectDevices(ctx context.Context, ds task.DocumentStore, sel Selector) ([]string, error) {
-	invs, err := Inventories(ctx, ds)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for id, inv := range invs {
-		// A document under an id ValidateID refuses (written around the
-		// API) is no device to command.
-		if ValidateID("device", id) == nil && sel.Matches(inv.Effective()) {
-			out = append(out, id)
-		}
-	}
-	slices.Sort(out)
-	return out, nil
-}
-
 // ReplaceLabels sets device id's operator labels to labels exactly (none
 // for an empty map), and returns the entry as stored. Nothing is written
 // on an error, which wraps task.ErrInvalid and names the field.
@@ -345,4 +257,98 @@ func ReplaceLabels(ctx context.Context, ds task.DocumentStore, id string, labels
 		inv.Labels = maps.Clone(labels)
 		return true, nil
 	})
+}
+
+// MaxVouchedByLen bounds who a vouching names.
+const MaxVouchedByLen = 128
+
+// Vouch records that by (an operator, "credential" for a device given an
+// MQTT credential) vouches for device id: from now on selections take it
+// (Select). A device with no entry yet gets one, so that a device
+// provisioned ahead of its first status is vouched when it comes; one
+// already vouched for keeps its first vouching. Errors wrap task.ErrInvalid
+// and name the field; nothing is written on one.
+func Vouch(ctx context.Context, ds task.DocumentStore, id, by string) error {
+	_, err := VouchAt(ctx, ds, id, by, time.Now())
+	return err
+}
+
+// VouchAt is Vouch at a given time, returning the entry as stored.
+func VouchAt(ctx context.Context, ds task.DocumentStore, id, by string, at time.Time) (Inventory, error) {
+	if err := ValidateID("device", id); err != nil {
+		return Inventory{}, err
+	}
+	if err := ValidateVouchedBy(by); err != nil {
+		return Inventory{}, err
+	}
+	return updateInventory(ctx, ds, id, func(inv *Inventory) (bool, error) {
+		if inv.Vouched != nil {
+			return false, nil
+		}
+		inv.Vouched = &Vouching{By: by, At: at.UTC()}
+		return true, nil
+	})
+}
+
+// ValidateVouchedBy checks who a vouching names: 1 to MaxVouchedByLen
+// bytes, no control character. Errors wrap task.ErrInvalid and name by.
+func ValidateVouchedBy(by string) error {
+	switch {
+	case by == "":
+		return fmt.Errorf("%w: by: must not be empty", task.ErrInvalid)
+	case len(by) > MaxVouchedByLen:
+		return fmt.Errorf("%w: by: longer than %d bytes", task.ErrInvalid, MaxVouchedByLen)
+	}
+	for _, c := range by {
+		if c < ' ' || c == 0x7f {
+			return fmt.Errorf("%w: by: control character %U", task.ErrInvalid, c)
+		}
+	}
+	return nil
+}
+
+// Unvouch makes device id new again, as when its credential is revoked:
+// selections leave it out until someone vouches for it again. A device
+// not vouched for is left as it is.
+func Unvouch(ctx context.Context, ds task.DocumentStore, id string) error {
+	if err := ValidateID("device", id); err != nil {
+		return err
+	}
+	_, err := updateInventory(ctx, ds, id, func(inv *Inventory) (bool, error) {
+		if inv.Vouched == nil {
+			return false, nil
+		}
+		inv.Vouched = nil
+		return true, nil
+	})
+	return err
+}
+
+// Forget removes device id's inventory entry (attributes, labels,
+// vouching) and its stored online state. Its tasks stay. A device that
+// announces itself again later comes back as new: the worker that stores
+// its next status finds no state and writes its attributes again. It
+// returns an error wrapping task.ErrNotFound when neither was stored.
+func Forget(ctx context.Context, ds task.DocumentStore, id string) error {
+	if err := ValidateID("device", id); err != nil {
+		return err
+	}
+	// The entry goes first: a worker storing the device's status in
+	// between finds its state, and the next status it stores, finding
+	// none, writes the attributes again. The other order could let that
+	// worker see the state gone while the entry was still there, and
+	// never write the attributes again.
+	found := false
+	for _, ns := range []string{InventoryNamespace, StateNamespace} {
+		switch err := ds.DeleteDocument(ctx, ns, id, 0); {
+		case err == nil:
+			found = true
+		case !errors.Is(err, task.ErrNotFound):
+			return fmt.Errorf("forget device %s: %w", id, err)
+		}
+	}
+	if !found {
+		return fmt.Errorf("device %s: %w: not in the inventory and no state stored", id, task.ErrNotFound)
+	}
+	return nil
 }

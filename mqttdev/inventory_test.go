@@ -30,13 +30,21 @@ func openInventoryStore(t *testing.T) task.Store {
 // closed when t ends.
 func startInventory(t *testing.T, ctx context.Context, clientID string) (task.Store, *broker.Broker, *Handler) {
 	t.Helper()
-	st := openInventoryStore(t)
 	b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
-	h, err := NewHandler(HandlerConfig{ClientConfig: ClientConfig{BrokerURL: b.URL(), ClientID: clientID},
+	st, h := startInventoryAt(t, ctx, clientID, b.URL(), "")
+	return st, b, h
+}
+
+// startInventoryAt is startInventory on the broker at url, under topic
+// prefix (empty for DefaultPrefix).
+func startInventoryAt(t *testing.T, ctx context.Context, clientID, url, prefix string) (task.Store, *Handler) {
+	t.Helper()
+	st := openInventoryStore(t)
+	h, err := NewHandler(HandlerConfig{ClientConfig: ClientConfig{BrokerURL: url, ClientID: clientID}, Prefix: prefix,
 		DeviceState: StoreStates(st), Inventory: StoreInventory(st), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +53,7 @@ func startInventory(t *testing.T, ctx context.Context, clientID string) (task.St
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Stop(context.Background()) })
-	return st, b, h
+	return st, h
 }
 
 // TestAnnouncedAttributesReachTheInventory runs simulated devices that
@@ -81,25 +89,32 @@ func TestAnnouncedAttributesReachTheInventory(t *testing.T) {
 	if _, err := SetLabels(ctx, st, "inv-0", LabelChange{Set: Labels{"site": "paris", "ring": "canary"}}); err != nil {
 		t.Fatal(err)
 	}
-	sel, err := ParseSelector("model=pump-x,site=paris")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := SelectDevices(ctx, st, sel)
-	if err != nil || fmt.Sprint(got) != "[inv-0 inv-1]" {
-		t.Fatalf("select %s = %v %v", sel, got, err)
-	}
-	sel, _ = ParseSelector("ring!=canary")
-	if got, _ := SelectDevices(ctx, st, sel); fmt.Sprint(got) != "[inv-1 inv-2]" {
-		t.Fatalf("select ring!=canary = %v", got)
+	// Attributes and labels are apart: inv-0 announced site=berlin, its
+	// operator labelled it site=paris.
+	for _, tc := range []struct{ sel, want string }{
+		{"attr:model=pump-x,attr:site=paris", "[inv-1]"},
+		{"site=paris", "[inv-0]"},
+		{"label:site=paris,attr:site=berlin", "[inv-0]"},
+		{"ring!=canary", "[inv-1 inv-2]"},
+		{"attr:site!=berlin", "[inv-1]"},
+	} {
+		sel, err := ParseSelector(tc.sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Select(ctx, st, sel)
+		// Nobody vouched for any: all new, none selected.
+		if err != nil || len(got.Devices) != 0 || fmt.Sprint(got.New) != tc.want {
+			t.Fatalf("select %s = %+v %v, want new %s", sel, got, err, tc.want)
+		}
 	}
 	infos, err := StoredDevices(ctx, st)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range infos {
-		if d.ID == "inv-0" && (d.Labels["ring"] != "canary" || d.Labels["firmware"] != "1.0.0") {
-			t.Fatalf("devices listing %+v: want the announced firmware and the operator's ring", d)
+		if d.ID == "inv-0" && (d.Labels.String() != "ring=canary,site=paris" || d.Attributes.String() != "firmware=1.0.0,model=pump-x,site=berlin" || !d.New) {
+			t.Fatalf("devices listing %+v: want the announced attributes apart from the operator's labels, new", d)
 		}
 	}
 	// A status whose attributes break the rules keeps its online state;
@@ -197,9 +212,17 @@ func TestLabelsRefuseHostileInputNamingTheField(t *testing.T) {
 	if err != nil || inv.Labels.String() != "site=berlin" || inv.Version != 2 {
 		t.Fatalf("%+v %v", inv, err)
 	}
-	for _, bad := range []string{"", "k", "k=", "=v", "k==v", "k=v,,j=w", "k=v w", strings.Repeat("k=v,", 33) + "k=v"} {
+	for _, bad := range []string{"", "k", "k=", "=v", "k==v", "k=v,,j=w", "k=v w", strings.Repeat("k=v,", 33) + "k=v",
+		"attr:", "attr:=v", "lable:k=v", "x:k=v", "attr:label:k=v", ":k=v", "attr:k!!=v"} {
 		if _, err := ParseSelector(bad); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "select") {
 			t.Errorf("ParseSelector(%q) = %v", bad, err)
 		}
+	}
+	sel, err := ParseSelector(" label:ring=prod , attr:fw!=1:2,site=x")
+	if err != nil || sel.String() != "ring=prod,attr:fw!=1:2,site=x" || len(sel.Attributes()) != 1 || sel.Attributes()[0].Key != "fw" {
+		t.Fatalf("selector %+v %v", sel, err)
+	}
+	if !sel.Matches(Labels{"ring": "prod", "site": "x", "fw": "1:2"}, Labels{"fw": "1:3"}) || sel.Matches(Labels{"ring": "prod", "site": "x"}, Labels{"fw": "1:2"}) {
+		t.Fatal("label and attribute terms read the wrong side")
 	}
 }

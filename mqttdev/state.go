@@ -152,7 +152,7 @@ func (t *StateTracker) flush(ctx context.Context) {
 	t.announced = map[string]DeviceState{}
 	t.mu.Unlock()
 	for _, s := range batch {
-		if err := t.store.PutDeviceState(ctx, s); err != nil {
+		if err := t.putState(ctx, s, announced); err != nil {
 			t.logger.Warn("device state not stored", slog.String("device", s.ID), slog.Any("error", err))
 		}
 	}
@@ -164,6 +164,33 @@ func (t *StateTracker) flush(ctx context.Context) {
 			t.mu.Unlock()
 		}
 	}
+}
+
+// putState stores s. When that creates the device's record, as after the
+// device was forgotten (Forget), its entry went too: the attributes last
+// seen, which an unchanged announcement would not write, are added to
+// announced to be written again.
+func (t *StateTracker) putState(ctx context.Context, s DeviceState, announced map[string]DeviceState) error {
+	sc, ok := t.store.(stateCreator)
+	if !ok {
+		return t.store.PutDeviceState(ctx, s)
+	}
+	created, err := sc.putDeviceState(ctx, s)
+	if err != nil || !created || t.inv == nil {
+		return err
+	}
+	if _, queued := announced[s.ID]; queued {
+		return nil
+	}
+	t.mu.Lock()
+	attrs, seen := t.attrs[s.ID]
+	t.mu.Unlock()
+	if seen {
+		a := s
+		a.Attributes = attrs
+		announced[s.ID] = a
+	}
+	return nil
 }
 
 // Observe records a status message of device id. An id ValidateID
@@ -267,13 +294,19 @@ type DeviceInfo struct {
 	Attempt int    `json:"attempt,omitempty"`
 	// Queued is how many pending device tasks name this device.
 	Queued int `json:"queued"`
-	// Labels are the device's inventory attributes with the operator's
-	// labels over them (Inventory.Effective).
-	Labels Labels `json:"labels,omitempty"`
+	// Attributes are what the device announced of itself, Labels what an
+	// operator set (Inventory): selectors tell them apart.
+	Attributes Labels `json:"attributes,omitempty"`
+	Labels     Labels `json:"labels,omitempty"`
+	// New is true until someone vouches for the device (Vouch); Vouched
+	// says who did.
+	New     bool      `json:"new"`
+	Vouched *Vouching `json:"vouched,omitempty"`
 }
 
-// ListDevices joins device states with the device tasks in store: each
-// device's online state, its running command and holder, and how many
+// ListDevices joins device states, the inventory and the device tasks in
+// store: each device's online state, its announced attributes, operator
+// labels and vouching, its running command and holder, and how many
 // commands wait for it. states may be nil.
 func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]DeviceInfo, error) {
 	infos := map[string]*DeviceInfo{}
@@ -296,9 +329,8 @@ func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]
 		return nil, err
 	}
 	for id, inv := range invs {
-		if l := inv.Effective(); len(l) > 0 {
-			get(id).Labels = l
-		}
+		d := get(id)
+		d.Attributes, d.Labels, d.Vouched = inv.Attributes, inv.Labels, inv.Vouched
 	}
 	now := store.Now()
 	for _, st := range []task.State{task.StateRunning, task.StatePending} {
@@ -332,6 +364,7 @@ func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]
 	}
 	out := make([]DeviceInfo, 0, len(infos))
 	for _, d := range infos {
+		d.New = d.Vouched == nil
 		out = append(out, *d)
 	}
 	slices.SortFunc(out, func(a, b DeviceInfo) int { return cmp.Compare(a.ID, b.ID) })

@@ -83,9 +83,9 @@ func TestListDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []DeviceInfo{
-		{ID: "d1", Known: true, Online: true, At: now, Current: "a", Command: "cmd-a", Holder: "w1", Attempt: 2, Queued: 2},
-		{ID: "d2", Queued: 1},
-		{ID: "d4", Known: true, At: now},
+		{ID: "d1", Known: true, Online: true, At: now, Current: "a", Command: "cmd-a", Holder: "w1", Attempt: 2, Queued: 2, New: true},
+		{ID: "d2", Queued: 1, New: true},
+		{ID: "d4", Known: true, At: now, New: true},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("ListDevices:\n got %+v\nwant %+v", got, want)

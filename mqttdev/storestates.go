@@ -30,9 +30,17 @@ type storeStates struct{ ds task.DocumentStore }
 // older one must not overwrite a newer one. It writes by compare-and-set,
 // again on the newer document when another write came first.
 func (r storeStates) PutDeviceState(ctx context.Context, s DeviceState) error {
+	_, err := r.putDeviceState(ctx, s)
+	return err
+}
+
+// putDeviceState is PutDeviceState telling whether it created the
+// device's document: none was stored, as for a device never seen or one
+// forgotten (Forget).
+func (r storeStates) putDeviceState(ctx context.Context, s DeviceState) (created bool, err error) {
 	value, err := json.Marshal(s)
 	if err != nil {
-		return err
+		return false, err
 	}
 	for {
 		d, err := r.ds.GetDocument(ctx, StateNamespace, s.ID)
@@ -40,23 +48,29 @@ func (r storeStates) PutDeviceState(ctx context.Context, s DeviceState) error {
 		case errors.Is(err, task.ErrNotFound):
 			d = task.Document{Namespace: StateNamespace, ID: s.ID}
 		case err != nil:
-			return fmt.Errorf("device state %s: %w", s.ID, err)
+			return false, fmt.Errorf("device state %s: %w", s.ID, err)
 		default:
 			if old, err := decodeState(d); err == nil && old.SeenAt.After(s.SeenAt) {
-				return nil
+				return false, nil
 			}
 		}
 		d.Value = value
 		if _, err = r.ds.PutDocument(task.WithInternalWrite(ctx), d); !errors.Is(err, task.ErrConflict) {
 			if err != nil {
-				return fmt.Errorf("device state %s: %w", s.ID, err)
+				return false, fmt.Errorf("device state %s: %w", s.ID, err)
 			}
-			return nil
+			return d.Version == 0, nil
 		}
 		if err := ctx.Err(); err != nil {
-			return err
+			return false, err
 		}
 	}
+}
+
+// stateCreator is a DeviceStateStore that tells when a put created the
+// device's record (StoreStates).
+type stateCreator interface {
+	putDeviceState(ctx context.Context, s DeviceState) (created bool, err error)
 }
 
 // DeviceStates returns every stored state, by device id. A document that

@@ -205,8 +205,14 @@ func (s Spec) Validate() error {
 	case (s.Select == "") == (len(s.Devices) == 0):
 		return invalid("select", "give exactly one of select and devices")
 	case s.Select != "":
-		if _, err := mqttdev.ParseSelector(s.Select); err != nil {
+		sel, err := mqttdev.ParseSelector(s.Select)
+		if err != nil {
 			return err
+		}
+		// Whoever can publish a device's status sets its attributes:
+		// the devices a rollout commands are the operator's choice.
+		if attrs := sel.Attributes(); len(attrs) > 0 {
+			return invalid("select", "term %q reads an attribute the device announced; a rollout selects by operator labels only (leasepool device label)", attrs[0].String())
 		}
 	default:
 		if len(s.Devices) > MaxDevices {

@@ -76,6 +76,8 @@ func TestSpecValidateNamesTheField(t *testing.T) {
 		{"select", func(s *Spec) { s.Select = "model=x" }},
 		{"select", func(s *Spec) { s.Devices = nil }},
 		{"select", func(s *Spec) { s.Devices, s.Select = nil, "model=a b" }},
+		{"select", func(s *Spec) { s.Devices, s.Select = nil, "ring=prod,attr:model=x" }},
+		{"select", func(s *Spec) { s.Devices, s.Select = nil, "attr:ring!=canary" }},
 		{"devices", func(s *Spec) { s.Devices = []string{"a", "a"} }},
 		{"devices", func(s *Spec) { s.Devices = []string{"a/#"} }},
 		{"rate", func(s *Spec) { s.Rate = Rate{N: 0, Per: task.Duration(time.Second)} }},

@@ -130,14 +130,17 @@ func DryRun(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 		return nil, err
 	}
 	devices := slices.Clone(spec.Devices)
+	var excluded []string
 	if spec.Select != "" {
 		sel, _ := mqttdev.ParseSelector(spec.Select)
-		var err error
-		if devices, err = mqttdev.SelectDevices(ctx, st, sel); err != nil {
+		picked, err := mqttdev.Select(ctx, st, sel)
+		if err != nil {
 			return nil, err
 		}
+		// A device nobody vouched for is never a target.
+		devices, excluded = picked.Devices, picked.New
 		if len(devices) == 0 {
-			return nil, invalid("select", "%q matches no device in the inventory", spec.Select)
+			return nil, invalid("select", "%q matches no vouched device in the inventory%s", spec.Select, newDevices(excluded))
 		}
 		if len(devices) > MaxDevices {
 			return nil, invalid("select", "%q matches %d devices, more than %d", spec.Select, len(devices), MaxDevices)
@@ -174,7 +177,7 @@ func DryRun(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 		}
 		start = end
 	}
-	r.event(now, EventCreated, fmt.Sprintf("%d devices in %d waves", len(devices), len(r.Waves)))
+	r.event(now, EventCreated, fmt.Sprintf("%d devices in %d waves%s", len(devices), len(r.Waves), newDevices(excluded)))
 	if err := r.checkSize(); err != nil {
 		return nil, err
 	}
@@ -203,6 +206,24 @@ func checkKeysFree(ctx context.Context, st Store, name string) error {
 			name, ErrExists, held[0].Key)
 	}
 	return nil
+}
+
+// newDevices says which devices a selection left out as new, the first
+// ten by name.
+func newDevices(ids []string) string {
+	if len(ids) == 0 {
+		return ""
+	}
+	const shown = 10
+	names := strings.Join(ids[:min(len(ids), shown)], ", ")
+	if len(ids) > shown {
+		names += fmt.Sprintf(" and %d more", len(ids)-shown)
+	}
+	what := "new devices"
+	if len(ids) == 1 {
+		what = "new device"
+	}
+	return fmt.Sprintf("; %d %s left out, not vouched for (leasepool device approve): %s", len(ids), what, names)
 }
 
 // event appends an event, keeping the last MaxEvents.

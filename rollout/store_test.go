@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/leasepool/leasepool/mqttdev"
@@ -69,6 +70,8 @@ func TestCreateSplitsWavesAndProgressCountsThem(t *testing.T) {
 	}
 }
 
+// TestCreateBySelectorUsesTheInventory: a rollout's selector reads the
+// operator's labels, never what the devices announced.
 func TestCreateBySelectorUsesTheInventory(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
@@ -77,12 +80,24 @@ func TestCreateBySelectorUsesTheInventory(t *testing.T) {
 		if i%2 == 1 {
 			site = "paris"
 		}
-		if err := mqttdev.PutAttributes(ctx, st, id, mqttdev.Labels{"model": "pump-x", "site": site}, st.Now()); err != nil {
+		// Every device announces site=berlin; the operator labels the
+		// first five, dev-000 at paris.
+		if err := mqttdev.PutAttributes(ctx, st, id, mqttdev.Labels{"model": "pump-x", "site": "berlin"}, st.Now()); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if _, err := mqttdev.SetLabels(ctx, st, "dev-000", mqttdev.LabelChange{Set: mqttdev.Labels{"site": "paris"}}); err != nil {
-		t.Fatal(err)
+		if i == 0 {
+			site = "paris"
+		}
+		if i < 5 {
+			if _, err := mqttdev.SetLabels(ctx, st, id, mqttdev.LabelChange{Set: mqttdev.Labels{"model": "pump-x", "site": site}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i < 3 {
+			if err := mqttdev.Vouch(ctx, st, id, "operator"); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	r, err := Create(ctx, st, "berlin", Spec{Command: "update", Select: "model=pump-x,site=berlin"})
 	if err != nil {
@@ -92,11 +107,20 @@ func TestCreateBySelectorUsesTheInventory(t *testing.T) {
 	for _, e := range r.Devices {
 		ids = append(ids, e.Device)
 	}
-	if fmt.Sprint(ids) != "[dev-002 dev-004]" {
-		t.Fatalf("selected %v (the operator's label moves dev-000 to paris)", ids)
+	if fmt.Sprint(ids) != "[dev-002]" {
+		t.Fatalf("selected %v: want the vouched devices labelled berlin, not those announcing it", ids)
 	}
-	if _, err := Create(ctx, st, "none", Spec{Command: "update", Select: "model=none"}); !errors.Is(err, task.ErrInvalid) {
-		t.Fatalf("empty selection: %v", err)
+	if ev := r.Events[0]; ev.Type != EventCreated || ev.Detail != "1 devices in 1 waves; 1 new device left out, not vouched for (leasepool device approve): dev-004" {
+		t.Fatalf("created event %+v: want dev-004 listed as left out", ev)
+	}
+	// dev-003 and dev-004 are paris and berlin, dev-004 unvouched.
+	if _, err := mqttdev.SetLabels(ctx, st, "dev-004", mqttdev.LabelChange{Set: mqttdev.Labels{"ring": "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sel := range []string{"model=none", "ring=x", "attr:site=berlin", "model=pump-x,attr:site=berlin"} {
+		if _, err := Create(ctx, st, "none", Spec{Command: "update", Select: sel}); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "select") {
+			t.Fatalf("select %s: %v, want invalid naming select", sel, err)
+		}
 	}
 	if _, err := Get(ctx, st, "none"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a refused create wrote something: %v", err)
@@ -109,7 +133,10 @@ func TestDryRunPlansAndWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
 	for _, id := range devices(10) {
-		if err := mqttdev.PutAttributes(ctx, st, id, mqttdev.Labels{"model": "pump-x"}, st.Now()); err != nil {
+		if _, err := mqttdev.SetLabels(ctx, st, id, mqttdev.LabelChange{Set: mqttdev.Labels{"model": "pump-x"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := mqttdev.Vouch(ctx, st, id, "operator"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -139,5 +166,54 @@ func TestDryRunPlansAndWritesNothing(t *testing.T) {
 	}
 	if _, err := DryRun(ctx, st, "plan", Spec{Command: "update", Devices: devices(2)}); !errors.Is(err, ErrExists) {
 		t.Fatalf("dry run of a name taken: %v, want ErrExists", err)
+	}
+}
+
+// TestRolloutLeavesOutAnImpostor: the operator labelled and vouched for
+// dev-0..dev-4 ring=prod; dev-9, vouched for by nobody, announces
+// ring=prod and is even labelled so by mistake. A rollout of ring=prod
+// takes the five, dev-0 its first wave, and says it left dev-9 out; once
+// an operator vouches for dev-9, the next rollout takes it.
+func TestRolloutLeavesOutAnImpostor(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	for i := range 5 {
+		id := fmt.Sprintf("dev-%d", i)
+		if _, err := mqttdev.SetLabels(ctx, st, id, mqttdev.LabelChange{Set: mqttdev.Labels{"ring": "prod"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := mqttdev.Vouch(ctx, st, id, "operator"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := mqttdev.PutAttributes(ctx, st, "dev-9", mqttdev.Labels{"ring": "prod"}, st.Now()); err != nil {
+		t.Fatal(err)
+	}
+	targets := func(r *Rollout) string {
+		var ids []string
+		for _, e := range r.Devices {
+			ids = append(ids, fmt.Sprintf("%s@%d", e.Device, e.Wave))
+		}
+		return fmt.Sprint(ids)
+	}
+	spec := Spec{Command: "update", Select: "ring=prod", Waves: []WaveTarget{{Count: 1}, {Percent: 100}}}
+	r, err := Create(ctx, st, "canary1", spec)
+	if err != nil || targets(r) != "[dev-0@0 dev-1@1 dev-2@1 dev-3@1 dev-4@1]" {
+		t.Fatalf("canary1: %v %v: want the five labelled devices, dev-0 first", r, err)
+	}
+	// Labelled too, still new: left out, and said so.
+	if _, err := mqttdev.SetLabels(ctx, st, "dev-9", mqttdev.LabelChange{Set: mqttdev.Labels{"ring": "prod"}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Create(ctx, st, "canary2", spec)
+	if err != nil || targets(r) != "[dev-0@0 dev-1@1 dev-2@1 dev-3@1 dev-4@1]" || !strings.HasSuffix(r.Events[0].Detail, "left out, not vouched for (leasepool device approve): dev-9") {
+		t.Fatalf("canary2: %v %v: want dev-9 left out and named", r, err)
+	}
+	if err := mqttdev.Vouch(ctx, st, "dev-9", "operator"); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Create(ctx, st, "canary3", spec)
+	if err != nil || targets(r) != "[dev-0@0 dev-1@1 dev-2@1 dev-3@1 dev-4@1 dev-9@1]" || strings.Contains(r.Events[0].Detail, "left out") {
+		t.Fatalf("canary3: %v %v: want dev-9 among the targets once vouched for", r, err)
 	}
 }

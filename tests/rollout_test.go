@@ -75,6 +75,25 @@ func TestRolloutsOnAFleet(t *testing.T) {
 		return err == nil && len(invs) == 200+healthyCount
 	})
 	t.Logf("%s: inventory complete", time.Since(start).Round(time.Millisecond))
+	// Rollouts select by the operator's labels, not by what the devices
+	// announce, and only devices vouched for: the operator labels each
+	// fleet and approves it.
+	invs, err := mqttdev.Inventories(ctx, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := range invs {
+		labels := mqttdev.Labels{"model": "pump-x", "fleet": "a"}
+		if strings.HasPrefix(id, "valve-") {
+			labels["fleet"] = "b"
+		}
+		if _, err := mqttdev.SetLabels(ctx, store, id, mqttdev.LabelChange{Set: labels}); err != nil {
+			t.Fatal(err)
+		}
+		if err := mqttdev.Vouch(ctx, store, id, "operator"); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	common := []string{"--store", storeURL, "rollout", "create", "--command", "update", "--args", `{"version":"2.0"}`,
 		"--waves", "1,10%,50%,100%", "--abort-when", "failed>8% after 20", "--timeout", "5s", "--offline-limit", "2s"}

@@ -149,6 +149,10 @@ func TestChartsInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// pump-2 announces a site of its own, shown apart from its label.
+	if err := mqttdev.PutAttributes(t.Context(), s, "pump-2", mqttdev.Labels{"site": "berlin", "firmware": "1.2"}, now); err != nil {
+		t.Fatal(err)
+	}
 	publishJSON("cmd-1", mqttdev.Kind, `{"device":"pump-1","command":"flush"}`, task.Options{})
 	if err := rec.Flush(t.Context()); err != nil {
 		t.Fatal(err)
@@ -219,15 +223,24 @@ func TestChartsInBrowser(t *testing.T) {
 			t.Errorf("devices %s = %q, want %q", sel, got, want)
 		}
 	}
-	// By attribute: model (the first name) and site.
+	// By label: model (the first name) and site; by announced attribute:
+	// firmware and site.
 	for attr, want := range map[string]string{
-		`#fleet-attr-0 g.item[data-label="pump-x"]`: "2", `#fleet-attr-0 g.item[data-label="valve-2"]`: "1",
-		`#fleet-attr-1 g.item[data-label="berlin"]`: "2", `#fleet-attr-1 g.item[data-label="paris"]`: "1",
+		`#fleet-label-0 g.item[data-label="pump-x"]`: "2", `#fleet-label-0 g.item[data-label="valve-2"]`: "1",
+		`#fleet-label-1 g.item[data-label="berlin"]`: "2", `#fleet-label-1 g.item[data-label="paris"]`: "1",
+		`#fleet-attr-0 g.item[data-label="1.2"]`: "1", `#fleet-attr-1 g.item[data-label="berlin"]`: "1",
 	} {
 		got, err := chromedp.Run(bctx, chromedp.Evaluate[string](`(document.querySelector(`+strconv.Quote(attr)+`) || {getAttribute: () => "missing"}).getAttribute("data-n")`))
 		if err != nil || got != want {
 			t.Errorf("fleet %s: %q (%v), want %s", attr, got, err, want)
 		}
+	}
+	if got := strings.TrimSpace(text(t, bctx, `#devices tr[data-device="pump-2"] .labels`)) + " / " + strings.TrimSpace(text(t, bctx, `#devices tr[data-device="pump-2"] .attrs`)); got != "model=pump-x site=paris / firmware=1.2 site=berlin" {
+		t.Errorf("pump-2's labels / attributes: %q", got)
+	}
+	// Labelled, but nobody vouched for them: all three marked new.
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("#devices .badge.new").length`)); err != nil || n != 3 {
+		t.Errorf("%d devices marked new (%v), want 3", n, err)
 	}
 	screenshot(t, bctx, "devices")
 	if got := text(t, bctx, `#devices tr[data-device="pump-1"] .cmds`); !strings.HasPrefix(got, "flush pending") {

@@ -77,6 +77,7 @@ func (d *dashboard) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /flow/signal", d.action(d.signalFlow))
 	mux.HandleFunc("GET /workers", d.workers)
 	mux.HandleFunc("GET /devices", d.devices)
+	mux.HandleFunc("POST /device/approve", d.action(d.approveDevice))
 	mux.HandleFunc("GET /rollouts", d.rollouts)
 	mux.HandleFunc("GET /rollout", d.rollout)
 	mux.HandleFunc("POST /rollout/pause", d.action(d.rolloutAction("pause")))
@@ -223,6 +224,7 @@ var flashes = map[string]string{
 	"rollout-pause-refused":   "not paused: the rollout is not running",
 	"rollout-resume-refused":  "not resumed: the rollout is not paused",
 	"rollout-approve-refused": "not approved: no wave waits for an approval",
+	"device-approved":         "device approved: rollouts may select it",
 }
 
 // bulkFlash is a bulk action's code: "cancelled-DONE-SKIPPED" or

@@ -1,8 +1,8 @@
 package web
 
 // The Devices page as a fleet view: how many devices are online, offline
-// or never seen, the fleet counted by each inventory attribute, and each
-// device's last commands.
+// or never seen, the fleet counted by each operator label and each
+// announced attribute, and each device's last commands.
 
 import (
 	"cmp"
@@ -34,9 +34,10 @@ const maxAttributeValues = 12
 type fleetPage struct {
 	Online, Offline, Unknown int
 	States                   template.HTML
-	// Attributes are the fleet counted by each attribute's values.
-	Attributes []attributeChart
-	Devices    []fleetDevice
+	// Labels and Attributes are the fleet counted by the values of each
+	// operator label and each announced attribute.
+	Labels, Attributes []attributeChart
+	Devices            []fleetDevice
 	// CommandsCapped says more device tasks exist than were read for the
 	// last commands.
 	CommandsCapped bool
@@ -50,8 +51,7 @@ type attributeChart struct {
 // fleetDevice is one device's row.
 type fleetDevice struct {
 	mqttdev.DeviceInfo
-	Attributes map[string]string
-	Last       []lastCommand
+	Last []lastCommand
 }
 
 // lastCommand is one of a device's newest commands.
@@ -84,25 +84,13 @@ func (d *dashboard) readFleet(ctx context.Context) (*fleetPage, error) {
 	if err != nil {
 		return nil, err
 	}
-	attrs, err := d.deviceAttributes(ctx)
-	if err != nil {
-		return nil, err
-	}
 	last, capped, err := d.lastCommands(ctx)
 	if err != nil {
 		return nil, err
 	}
 	p := &fleetPage{CommandsCapped: capped}
-	listed := make(map[string]bool, len(infos))
-	for _, in := range infos {
-		listed[in.ID] = true
-	}
-	for id := range attrs { // in the inventory only: labelled, never seen
-		if !listed[id] {
-			infos = append(infos, mqttdev.DeviceInfo{ID: id})
-		}
-	}
-	slices.SortFunc(infos, func(a, b mqttdev.DeviceInfo) int { return cmp.Compare(a.ID, b.ID) })
+	labels := map[string]mqttdev.Labels{}
+	attrs := map[string]mqttdev.Labels{}
 	for _, in := range infos {
 		switch {
 		case !in.Known:
@@ -112,44 +100,43 @@ func (d *dashboard) readFleet(ctx context.Context) (*fleetPage, error) {
 		default:
 			p.Offline++
 		}
-		p.Devices = append(p.Devices, fleetDevice{DeviceInfo: in, Attributes: attrs[in.ID], Last: last[in.ID]})
+		if len(in.Labels) > 0 {
+			labels[in.ID] = in.Labels
+		}
+		if len(in.Attributes) > 0 {
+			attrs[in.ID] = in.Attributes
+		}
+		p.Devices = append(p.Devices, fleetDevice{DeviceInfo: in, Last: last[in.ID]})
 	}
 	p.States = barList("fleet-states", "devices by state", []barItem{
 		{Label: "online", N: p.Online, Class: "online"}, {Label: "offline", N: p.Offline, Class: "offline"},
 		{Label: "never seen", N: p.Unknown, Class: "offline"}})
-	for i, name := range attributeNames(attrs) {
+	p.Labels = valueCharts("fleet-label-", "label", labels)
+	p.Attributes = valueCharts("fleet-attr-", "announced", attrs)
+	return p, nil
+}
+
+// valueCharts counts the devices by the values of each key of sets, one
+// chart per key, with ids idPrefix and the key's index.
+func valueCharts(idPrefix, what string, sets map[string]mqttdev.Labels) []attributeChart {
+	var out []attributeChart
+	for i, name := range attributeNames(sets) {
 		counts := map[string]int{}
-		for _, a := range attrs {
+		for _, a := range sets {
 			if v, ok := a[name]; ok {
 				// An SVG text has no <bdi>: what could reorder the
 				// chart's labels is escaped.
 				counts[safetext.Escape(v)]++
 			}
 		}
-		p.Attributes = append(p.Attributes, attributeChart{Name: name,
-			Chart: barList("fleet-attr-"+strconv.Itoa(i), "devices by "+safetext.Escape(name), topValues(counts))})
+		out = append(out, attributeChart{Name: name,
+			Chart: barList(idPrefix+strconv.Itoa(i), "devices by "+what+" "+safetext.Escape(name), topValues(counts))})
 	}
-	return p, nil
-}
-
-// deviceAttributes are each inventoried device's attributes, the
-// operator's labels over what it announced.
-func (d *dashboard) deviceAttributes(ctx context.Context) (map[string]map[string]string, error) {
-	inv, err := mqttdev.Inventories(ctx, d.store)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]map[string]string, len(inv))
-	for id, in := range inv {
-		if eff := in.Effective(); len(eff) > 0 {
-			out[id] = eff
-		}
-	}
-	return out, nil
+	return out
 }
 
 // attributeNames are the attribute names any device has, sorted.
-func attributeNames(attrs map[string]map[string]string) []string {
+func attributeNames(attrs map[string]mqttdev.Labels) []string {
 	seen := map[string]bool{}
 	for _, a := range attrs {
 		for k := range a {

@@ -33,9 +33,9 @@ func (a *api) listWorkers(w http.ResponseWriter, r *http.Request) {
 }
 
 // listDevices answers what `leasepool devices --json` prints: each
-// device's recorded online state, running command and holder, queue.
-// listDevices answers every device; ?select=k=v,k!=v keeps those whose
-// inventory labels match.
+// device's recorded online state, running command and holder, queue, its
+// announced attributes and operator labels apart; ?select= (ParseSelector:
+// k=v for a label, attr:k=v for an attribute) keeps those that match.
 func (a *api) listDevices(w http.ResponseWriter, r *http.Request) {
 	v := r.URL.Query().Get("select")
 	if v == "" {
@@ -49,7 +49,7 @@ func (a *api) listDevices(w http.ResponseWriter, r *http.Request) {
 	}
 	list(a, w, r, func(ctx context.Context, s task.Store) ([]mqttdev.DeviceInfo, error) {
 		all, err := mqttdev.StoredDevices(ctx, s)
-		return slices.DeleteFunc(all, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels) }), err
+		return slices.DeleteFunc(all, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels, d.Attributes) }), err
 	})
 }
 

@@ -23,6 +23,9 @@ func TestRolloutsAPI(t *testing.T) {
 		if code, body := e.do("PUT", "/api/v1/devices/"+id+"/labels", `{"labels":{"model":"pump-x","site":"berlin"}}`); code != 200 {
 			t.Fatalf("PUT labels %s = %d %s", id, code, body)
 		}
+		if code, body := e.do("POST", "/api/v1/devices/"+id+"/approve", ""); code != 200 {
+			t.Fatalf("approve %s = %d %s", id, code, body)
+		}
 	}
 	code, body := e.do("PATCH", "/api/v1/devices/pump-3/labels", `{"set":{"site":"paris"},"remove":["model"]}`)
 	var inv mqttdev.Inventory
@@ -31,6 +34,9 @@ func TestRolloutsAPI(t *testing.T) {
 	}
 	if code, body := e.do("GET", "/api/v1/devices?select=site=paris", ""); code != 200 || !strings.Contains(body, "pump-3") || strings.Contains(body, "pump-1") {
 		t.Fatalf("devices?select = %d %s", code, body)
+	}
+	if code, body := e.do("GET", "/api/v1/devices?select=attr:site=paris", ""); code != 200 || strings.Contains(body, "pump-") {
+		t.Fatalf("devices?select=attr:site=paris = %d %s: no device announced a site", code, body)
 	}
 	if code, body := e.do("GET", "/api/v1/devices?select=site", ""); code != http.StatusBadRequest || !strings.Contains(body, "select") {
 		t.Fatalf("devices?select=site = %d %s, want 400 naming select", code, body)
@@ -97,6 +103,7 @@ func TestRolloutsAPIBadInputWritesNothing(t *testing.T) {
 		`{"name":"x","command":"u","devices":["a"],"retries":99}`:             "retries",
 		`{"name":"x","command":"u","devices":["a"],"wave":"1"}`:               "wave",
 		`{"name":"x","command":"u","select":"model=none"}`:                    "select",
+		`{"name":"x","command":"u","select":"attr:model=pump-x"}`:             "select",
 	} {
 		code, out := e.do("POST", "/api/v1/rollouts", body)
 		if code != http.StatusBadRequest || !strings.Contains(out, want) {

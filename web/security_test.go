@@ -239,6 +239,7 @@ func TestReadCredential(t *testing.T) {
 		{"POST", "/api/v1/pauses", `{"scope":"all"}`}, {"DELETE", "/api/v1/pauses?scope=all", ""},
 		{"PUT", "/api/v1/limits", `{"scope":"kind","name":"mail","rate":"1/1s"}`}, {"DELETE", "/api/v1/limits?scope=kind&name=mail", ""},
 		{"POST", "/api/v1/schedules/nightly/pause", ""}, {"POST", "/api/v1/schedules/nightly/resume", ""},
+		{"POST", "/api/v1/devices/d1/approve", ""}, {"DELETE", "/api/v1/devices/d1", ""},
 		{"PATCH", "/api/v1/tasks/a", "{}"}, {"OPTIONS", "/api/v1/tasks", ""}, {"POST", "/nope", ""},
 	}
 	for _, auth := range []string{"Bearer " + readToken, "bearer " + readToken, readBasic} {
@@ -247,8 +248,8 @@ func TestReadCredential(t *testing.T) {
 				t.Errorf("%s %s %s: %d %s, want 403 this credential is read-only", auth[:6], w.method, w.path, code, out)
 			}
 		}
-		for _, path := range []string{"/task/cancel", "/task/retry", "/tasks/bulk", "/controls/pause", "/controls/resume", "/controls/schedule", "/flow/cancel", "/flow/signal"} {
-			f := url.Values{"csrf": {csrf[1]}, "key": {"a"}, "action": {"cancel"}, "scope": {"all"}, "name": {"nightly"}, "op": {"pause"}}
+		for _, path := range []string{"/task/cancel", "/task/retry", "/tasks/bulk", "/controls/pause", "/controls/resume", "/controls/schedule", "/flow/cancel", "/flow/signal", "/device/approve"} {
+			f := url.Values{"csrf": {csrf[1]}, "key": {"a"}, "action": {"cancel"}, "scope": {"all"}, "name": {"nightly"}, "op": {"pause"}, "device": {"d1"}}
 			code, out := e.send("POST", path, f, func(r *http.Request) {
 				r.Header.Set("Authorization", auth)
 				r.Header.Set("Sec-Fetch-Site", "same-origin")

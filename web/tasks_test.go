@@ -369,7 +369,7 @@ func TestWorkersDevicesStats(t *testing.T) {
 		t.Errorf("workers = %+v, %v", ws, err)
 	}
 	e.want("GET", "/api/v1/devices", "", 200, `[{"id":"pump-7","known":true,"online":true,`)
-	e.want("GET", "/api/v1/devices", "", 200, `"current":"d1","command":"flush","holder":"w1","attempt":1,"queued":1}]`)
+	e.want("GET", "/api/v1/devices", "", 200, `"current":"d1","command":"flush","holder":"w1","attempt":1,"queued":1,"new":true}]`)
 	var st struct {
 		ByState     map[string]int64 `json:"by_state"`
 		Workers     int              `json:"workers"`

@@ -37,11 +37,12 @@ func deviceCommand() *cli.Command {
 		Subcommands: []*cli.Command{
 			{
 				Name:      "label",
-				Usage:     "set (k=v) or remove (k-) a device's labels in the inventory; they override what the device announces",
+				Usage:     "set (k=v) or remove (k-) a device's operator labels in the inventory, kept apart from what the device announces",
 				ArgsUsage: "ID k=v|k- ...",
 				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the inventory entry as JSON"}},
 				Action:    deviceLabel,
 			},
+			approveCommand(), forgetCommand(),
 			{
 				Name:  "simulate",
 				Usage: "run simulated devices until interrupted (or --duration), then print what they saw",
@@ -241,10 +242,11 @@ func simConfig(c *cli.Context) (device.Config, error) {
 func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Command {
 	return &cli.Command{
 		Name:  "devices",
-		Usage: "list devices: online state (as the workers recorded it in the store), running command and holder, queue length",
+		Usage: "list devices: online state (as the workers recorded it in the store), new or vouched for, running command and holder, queue length, operator labels, announced attributes",
 		Flags: append(mqttFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
-			&cli.StringFlag{Name: "select", Usage: "only devices whose labels match k=v,k!=v,..."},
+			&cli.StringFlag{Name: "select", Usage: "only devices that match k=v,k!=v (operator labels), attr:k=v,attr:k!=v (announced attributes), ..."},
+			&cli.BoolFlag{Name: "new", Usage: "only new devices: those nobody vouched for (leasepool device approve)"},
 			&cli.BoolFlag{Name: "from-broker", Usage: "read online states from the broker's retained status messages instead of the store"},
 			&cli.DurationFlag{Name: "wait", Value: time.Second, Usage: "how long to collect status messages from the broker"},
 		),
@@ -292,7 +294,10 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 				return err
 			}
 			if sel != nil {
-				infos = slices.DeleteFunc(infos, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels) })
+				infos = slices.DeleteFunc(infos, func(d mqttdev.DeviceInfo) bool { return !sel.Matches(d.Labels, d.Attributes) })
+			}
+			if c.Bool("new") {
+				infos = slices.DeleteFunc(infos, func(d mqttdev.DeviceInfo) bool { return !d.New })
 			}
 			if c.Bool("json") {
 				return writeJSON(c.App.Writer, infos)
@@ -304,7 +309,7 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 
 func printDevices(w io.Writer, infos []mqttdev.DeviceInfo, haveStates bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tSTATE\tCURRENT\tCOMMAND\tHOLDER\tQUEUED\tLABELS")
+	fmt.Fprintln(tw, "DEVICE\tSTATE\tTRUST\tCURRENT\tCOMMAND\tHOLDER\tQUEUED\tLABELS\tATTRIBUTES")
 	for _, d := range infos {
 		state := "unknown"
 		switch {
@@ -319,10 +324,14 @@ func printDevices(w io.Writer, infos []mqttdev.DeviceInfo, haveStates bool) erro
 		if holder != "" {
 			holder = fmt.Sprintf("%s#%d", d.Holder, d.Attempt)
 		}
+		trust := "vouched"
+		if d.New {
+			trust = "new"
+		}
 		// What the store holds may have been written around the checks
 		// (by hand, by another tool): none of it reaches the terminal raw.
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", printable(d.ID), state, printable(dash(d.Current)), printable(dash(d.Command)),
-			printable(dash(holder)), d.Queued, printable(dash(d.Labels.String())))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", printable(d.ID), state, trust, printable(dash(d.Current)), printable(dash(d.Command)),
+			printable(dash(holder)), d.Queued, printable(dash(d.Labels.String())), printable(dash(d.Attributes.String())))
 	}
 	return tw.Flush()
 }
@@ -382,6 +391,6 @@ func deviceLabel(c *cli.Context) error {
 	if c.Bool("json") {
 		return writeJSON(c.App.Writer, inv)
 	}
-	fmt.Fprintf(c.App.Writer, "%s labels %s; effective %s\n", id, dash(inv.Labels.String()), printable(dash(inv.Effective().String())))
+	fmt.Fprintf(c.App.Writer, "%s labels %s; announced attributes %s\n", id, printable(dash(inv.Labels.String())), printable(dash(inv.Attributes.String())))
 	return nil
 }

@@ -48,7 +48,7 @@ func TestDevicesListingEscapes(t *testing.T) {
 		t.Errorf("devices --json prints a control or format character raw:\n%q", js)
 	}
 	var infos []mqttdev.DeviceInfo
-	if err := json.Unmarshal([]byte(js), &infos); err != nil || len(infos) != 3 || infos[2].ID != "evil\u202e1" || infos[1].Labels["firmware"] != "1.0\u202egnp.exe" {
+	if err := json.Unmarshal([]byte(js), &infos); err != nil || len(infos) != 3 || infos[2].ID != "evil\u202e1" || infos[1].Attributes["firmware"] != "1.0\u202egnp.exe" {
 		t.Fatalf("devices --json: %v %+v", err, infos)
 	}
 }

@@ -26,6 +26,7 @@ func TestRolloutAndLabelCommands(t *testing.T) {
 	if !strings.Contains(out, "pump-1") || strings.Contains(out, "pump-2") || !strings.Contains(out, "site=berlin") {
 		t.Fatalf("devices --select:\n%s", out)
 	}
+	c.must("device", "approve", "pump-1", "pump-2")
 	c.must("rollout", "create", "fw-2", "--command", "update", "--args", `{"version":"2.0"}`, "--select", "model=pump-x",
 		"--waves", "1,100%", "--approve-waves", "--rate", "20/1m", "--abort-when", "failed>10% after 20; any>50%",
 		"--retries", "2", "--retry-on", "timed_out,offline", "--rollback-command", "update", "--rollback-args", `{"version":"1.0"}`)
@@ -77,6 +78,7 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "d1", "--select", "model=x"}, "select"},
 		{[]string{"rollout", "create", "r1", "--command", "u", "--select", "model"}, "select"},
 		{[]string{"rollout", "create", "r1", "--command", "u", "--select", "model=a b"}, "select"},
+		{[]string{"rollout", "create", "r1", "--command", "u", "--select", "attr:model=x"}, "select"},
 		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "d1,,d2"}, "--devices"},
 		{[]string{"rollout", "create", "r1", "--command", "u", "--devices", "a/#"}, "devices"},
 		{create("--args", "[1]"), "args"},
@@ -100,6 +102,16 @@ func TestRolloutBadInputWritesNothing(t *testing.T) {
 		{[]string{"device", "label", "d1", "k=v w"}, "label"},
 		{[]string{"device", "label", "a/#", "k=v"}, "device"},
 		{[]string{"devices", "--select", "k"}, "--select"},
+		{[]string{"devices", "--select", "attribute:k=v"}, "--select"},
+		{[]string{"device", "approve"}, "ID"},
+		{[]string{"device", "forget"}, "ID"},
+		{[]string{"device", "forget", "d1", "a/#"}, "device"},
+		{[]string{"device", "approve", "a/#"}, "device"},
+		{[]string{"device", "approve", "d1", "--by", ""}, "--by"},
+		{[]string{"device", "approve", "d1", "--by", "a\tb"}, "--by"},
+		{[]string{"device", "approve", "--select", "attr:k=v"}, "--select"},
+		{[]string{"device", "approve", "--select", "k"}, "--select"},
+		{[]string{"device", "approve", "d1", "--select", "k=v"}, "select"},
 		{[]string{"rollout", "pause", "a/b"}, "name"},
 		{[]string{"rollout", "delete", "a/b"}, "name"},
 		{[]string{"rollout", "delete"}, "NAME"},
@@ -205,6 +217,7 @@ func TestRolloutCreateDryRun(t *testing.T) {
 	c := setup(t)
 	for _, id := range []string{"p1", "p2", "p3", "p4"} {
 		c.must("device", "label", id, "model=pump-x")
+		c.must("device", "approve", id)
 	}
 	before := dirState(t, strings.TrimSuffix(c.path, "x.db"))
 	out := c.must("rollout", "create", "fw", "--command", "update", "--select", "model=pump-x", "--waves", "1,50%,100%", "--approve-waves", "--dry-run")
