@@ -148,12 +148,12 @@ func startHost(ctx context.Context, cfg WireConfig) (*broker.Host, error) {
 }
 
 // LoopbackBroker reports whether url is a plain tcp:// (or mqtt://)
-// broker on a loopback address: the embedded broker, or one on this
-// machine, where a worker logs in with the cluster's worker secret unless
-// told otherwise.
+// broker on a loopback address with no user in the URL: the embedded
+// broker, or one on this machine, where a worker logs in with the
+// cluster's worker secret unless told otherwise.
 func LoopbackBroker(url string) bool {
 	u, err := neturl.Parse(url)
-	if err != nil || (u.Scheme != "tcp" && u.Scheme != "mqtt") {
+	if err != nil || (u.Scheme != "tcp" && u.Scheme != "mqtt") || u.User != nil {
 		return false
 	}
 	host := u.Hostname()

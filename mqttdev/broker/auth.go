@@ -193,8 +193,9 @@ func hashSecret(password []byte) [32]byte { return sha256.Sum256(password) }
 
 // refreshLoop reads the credentials every period and closes the
 // connections whose credential was revoked or rotated since they logged
-// in, their wills dropped. A failed read keeps the connections: they were
-// checked at login, and the next read decides.
+// in. Their wills are sent: a will's topic was checked at login, and it
+// tells the workers the device is gone. A failed read keeps the
+// connections: they were checked at login, and the next read decides.
 func (h *authHook) refreshLoop(ctx context.Context, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
@@ -242,8 +243,6 @@ func (h *authHook) refresh(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 	for _, cl := range gone {
-		// The will would speak for a credential that no longer holds.
-		atomic.StoreUint32(&cl.Properties.Will.Flag, 0)
 		err := h.srv.DisconnectClient(cl, packets.ErrNotAuthorized)
 		h.log.Warn("MQTT client disconnected: its credential was revoked or replaced",
 			slog.String("user", string(cl.Properties.Username)), slog.String("client_id", cl.ID),
