@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
@@ -109,8 +111,10 @@ type demoConfig struct {
 
 // demoDevices starts the embedded broker and the simulated devices: two
 // thirds reliable, a third flaky (failing, dropping acks, going offline).
-func demoDevices(ctx context.Context, n int) (url string, sims []*device.Simulator, stop func(), err error) {
-	b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
+// The broker checks the credentials in s: each device gets its own there,
+// and the workers log in with the store's worker secret.
+func demoDevices(ctx context.Context, s task.Store, n int) (url string, sims []*device.Simulator, stop func(), err error) {
+	b, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Credentials: credential.Source(s)})
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -128,6 +132,14 @@ func demoDevices(ctx context.Context, n int) (url string, sims []*device.Simulat
 	} {
 		if cfg.Count == 0 {
 			continue
+		}
+		cfg.Secrets = map[string]string{}
+		for i := range cfg.Count {
+			id := cfg.IDPrefix + strconv.Itoa(i)
+			if cfg.Secrets[id], err = credential.Add(ctx, s, id, true); err != nil {
+				stop()
+				return "", nil, nil, fmt.Errorf("simulated device %s: %w", id, err)
+			}
 		}
 		sim, err := device.NewSimulator(cfg)
 		if err == nil {
@@ -186,7 +198,7 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) error {
 	workerArgs := []string{"--concurrency", "8"}
 	var sims []*device.Simulator
 	if cfg.devices > 0 && cfg.commands > 0 {
-		url, started, stop, err := demoDevices(ctx, cfg.devices)
+		url, started, stop, err := demoDevices(ctx, s, cfg.devices)
 		if err != nil {
 			return err
 		}
