@@ -123,9 +123,10 @@ func deviceCommand() *cli.Command {
 func deviceBroker(c *cli.Context) error {
 	cfg := broker.Config{Addr: c.String("listen"), Logger: slog.Default(), Anonymous: c.Bool("mqtt-anonymous")}
 	if !cfg.Anonymous {
-		s, err := openStore(c, false)
+		// A store made here would hold no credential: it must exist.
+		s, err := openStore(c, true)
 		if err != nil {
-			return err
+			return fmt.Errorf("%w (the broker checks the device credentials in the store: `leasepool device add` makes them; --mqtt-anonymous lets everyone in)", err)
 		}
 		defer s.Close()
 		cfg.Credentials = credential.Source(s)
