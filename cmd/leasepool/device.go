@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -111,6 +113,9 @@ func deviceCommand() *cli.Command {
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "listen", Value: "127.0.0.1:1883", Usage: "loopback address to listen on"},
 					&cli.BoolFlag{Name: "mqtt-anonymous", Usage: "let every client in, with every right, with no credential (a lab only: anyone who reaches the broker can pose as any device)"},
+					&cli.StringFlag{Name: "tls-cert", Usage: "serve TLS with this certificate (PEM)"},
+					&cli.StringFlag{Name: "tls-key", Usage: "the key of --tls-cert (PEM)"},
+					&cli.StringFlag{Name: "client-ca", Usage: "require client certificates signed by this CA (PEM): the common name is the device id (which must have a credential) or worker:<id>, in place of a password"},
 				},
 				Action: deviceBroker,
 			},
@@ -122,6 +127,11 @@ func deviceCommand() *cli.Command {
 // or letting everyone in with --mqtt-anonymous.
 func deviceBroker(c *cli.Context) error {
 	cfg := broker.Config{Addr: c.String("listen"), Logger: slog.Default(), Anonymous: c.Bool("mqtt-anonymous")}
+	tc, err := brokerTLS(c)
+	if err != nil {
+		return err
+	}
+	cfg.TLS = tc
 	if !cfg.Anonymous {
 		// A store made here would hold no credential: it must exist.
 		s, err := openStore(c, true)
@@ -139,6 +149,38 @@ func deviceBroker(c *cli.Context) error {
 	fmt.Fprintf(c.App.Writer, "broker listening on %s\n", b.URL())
 	<-c.Context.Done()
 	return nil
+}
+
+// brokerTLS reads --tls-cert, --tls-key and --client-ca: nil for plain
+// TCP.
+func brokerTLS(c *cli.Context) (*tls.Config, error) {
+	cert, key, ca := c.String("tls-cert"), c.String("tls-key"), c.String("client-ca")
+	if cert == "" && key == "" {
+		if ca != "" {
+			return nil, badFlag(c, "client-ca", "needs --tls-cert and --tls-key")
+		}
+		return nil, nil
+	}
+	if cert == "" || key == "" {
+		return nil, badFlag(c, "tls-cert", "--tls-cert and --tls-key go together")
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert: %w", err)
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, fmt.Errorf("--client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--client-ca: %s holds no PEM certificate", ca)
+		}
+		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
 }
 
 // deviceFlags are the worker's flags for device tasks: how to reach the

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"strings"
@@ -44,9 +45,12 @@ const lookupTimeout = 5 * time.Second
 // session is what a connected client logged in as.
 type session struct {
 	worker bool
-	id     string // device id, or worker id
-	hash   [32]byte
-	at     time.Time
+	// cert: logged in by a verified client certificate; its device
+	// credential need only exist, not match.
+	cert bool
+	id   string // device id, or worker id
+	hash [32]byte
+	at   time.Time
 	// revoked is set when the credential stopped matching: every ACL
 	// check fails from then on, before the connection is closed.
 	revoked atomic.Bool
@@ -85,6 +89,13 @@ func (h *authHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) boo
 			slog.String("client_id", cl.ID), slog.String("remote", cl.Net.Remote)}, attrs...)...)
 		return false
 	}
+	cn, byCert := peerName(cl)
+	if byCert {
+		if user != "" && user != cn {
+			return refuse("user name differs from the certificate's common name", slog.String("common_name", cn))
+		}
+		user = cn
+	}
 	if user == "" {
 		return refuse("no user name (anonymous clients are not allowed)")
 	}
@@ -93,14 +104,18 @@ func (h *authHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) boo
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
 	defer cancel()
-	s := &session{at: time.Now()}
+	s := &session{at: time.Now(), cert: byCert}
 	var (
 		found bool
 		err   error
 	)
 	if id, ok := strings.CutPrefix(user, WorkerUserPrefix); ok {
 		s.worker, s.id = true, id
-		s.hash, found, err = h.creds.WorkerHash(ctx)
+		if byCert {
+			found = true // the certificate is the credential
+		} else {
+			s.hash, found, err = h.creds.WorkerHash(ctx)
+		}
 	} else {
 		s.id = user
 		s.hash, found, err = h.creds.DeviceHash(ctx, user)
@@ -111,9 +126,11 @@ func (h *authHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) boo
 	case !found:
 		return refuse("no credential for this user")
 	}
-	got := hashSecret(pk.Connect.Password)
-	if subtle.ConstantTimeCompare(got[:], s.hash[:]) != 1 {
-		return refuse("wrong password")
+	if !byCert {
+		got := hashSecret(pk.Connect.Password)
+		if subtle.ConstantTimeCompare(got[:], s.hash[:]) != 1 {
+			return refuse("wrong password")
+		}
 	}
 	if pk.Connect.WillFlag && !s.may(pk.Connect.WillTopic, true) {
 		return refuse("will on a topic this client may not publish", slog.String("topic", pk.Connect.WillTopic))
@@ -191,6 +208,20 @@ func validUser(user string) bool {
 
 func hashSecret(password []byte) [32]byte { return sha256.Sum256(password) }
 
+// peerName returns the common name of the client's certificate, when it
+// connected over TLS with one the listener verified.
+func peerName(cl *mqtt.Client) (string, bool) {
+	tc, ok := cl.Net.Conn.(*tls.Conn)
+	if !ok {
+		return "", false
+	}
+	st := tc.ConnectionState()
+	if len(st.VerifiedChains) == 0 || len(st.PeerCertificates) == 0 {
+		return "", false
+	}
+	return st.PeerCertificates[0].Subject.CommonName, true
+}
+
 // refreshLoop reads the credentials every period and closes the
 // connections whose credential was revoked or rotated since they logged
 // in. Their wills are sent: a will's topic was checked at login, and it
@@ -235,7 +266,8 @@ func (h *authHook) refresh(ctx context.Context) error {
 		if s.worker {
 			current, ok = worker, workerFound
 		}
-		if ok && current == s.hash {
+		switch {
+		case s.worker && s.cert, s.cert && ok, ok && current == s.hash:
 			continue
 		}
 		s.revoked.Store(true)

@@ -7,6 +7,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +44,13 @@ type Config struct {
 	// whose credential was revoked or rotated is closed within it. Zero
 	// means DefaultRefresh.
 	Refresh time.Duration
+	// TLS, when set, makes the listener speak TLS with its certificate.
+	// With ClientAuth tls.RequireAndVerifyClientCert (and ClientCAs), a
+	// client logs in by its certificate instead of a password: the
+	// certificate's common name is the device id (a device must still
+	// have a credential in the store, which revoking removes) or
+	// WorkerUserPrefix and a worker id.
+	TLS *tls.Config
 }
 
 // DefaultRefresh is Config.Refresh's default.
@@ -54,6 +62,9 @@ func (c *Config) validate() error {
 	}
 	if c.Credentials == nil && !c.Anonymous {
 		return errors.New("credentials: required unless anonymous clients are allowed")
+	}
+	if c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil {
+		return errors.New("tls: no certificate")
 	}
 	if c.Refresh < 0 {
 		return fmt.Errorf("refresh: %s is negative", c.Refresh)
@@ -151,7 +162,7 @@ func (b *Broker) Start(ctx context.Context) error {
 			return fmt.Errorf("broker: %w", err)
 		}
 	}
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.cfg.Addr})
+	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.cfg.Addr, TLSConfig: b.cfg.TLS})
 	if err := srv.AddListener(tcp); err != nil {
 		return fmt.Errorf("broker listen %s: %w", b.cfg.Addr, err)
 	}
@@ -194,8 +205,14 @@ func (b *Broker) Addr() string {
 	return b.bound
 }
 
-// URL is the broker URL for clients, e.g. tcp://127.0.0.1:41234.
-func (b *Broker) URL() string { return "tcp://" + b.Addr() }
+// URL is the broker URL for clients, e.g. tcp://127.0.0.1:41234, or
+// ssl://... with TLS.
+func (b *Broker) URL() string {
+	if b.cfg.TLS != nil {
+		return "ssl://" + b.Addr()
+	}
+	return "tcp://" + b.Addr()
+}
 
 // Server is the mochi server, for inline clients (tests that play a
 // device without a network client); nil before a successful Start.
