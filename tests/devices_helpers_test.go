@@ -98,7 +98,7 @@ func provisioned(t *testing.T, ctx context.Context, store task.Store, cfg device
 	cfg.Secrets = map[string]string{}
 	for i := range cfg.Count {
 		id := prefix + strconv.Itoa(i)
-		secret, err := credential.Add(ctx, store, id, true)
+		secret, err := credential.AddSimulated(ctx, store, id)
 		if err != nil {
 			t.Fatalf("credential of %s: %v", id, err)
 		}

@@ -136,7 +136,7 @@ func demoDevices(ctx context.Context, s task.Store, n int) (url string, sims []*
 		cfg.Secrets = map[string]string{}
 		for i := range cfg.Count {
 			id := cfg.IDPrefix + strconv.Itoa(i)
-			if cfg.Secrets[id], err = credential.Add(ctx, s, id, true); err != nil {
+			if cfg.Secrets[id], err = credential.AddSimulated(ctx, s, id); err != nil {
 				stop()
 				return "", nil, nil, fmt.Errorf("simulated device %s: %w", id, err)
 			}

@@ -146,8 +146,8 @@ func provisionCommand(c *cli.Context, make func(context.Context, task.Store, str
 
 // simSecrets are the simulated devices' credentials: read from --credentials
 // (lines ID:SECRET), or, when --store is given, made in the store for each
-// device (replacing any it had). Neither: none, the devices log in with
-// --mqtt-user, if any.
+// device (replacing one made for a simulated device; refusing to replace
+// any other). Neither: none, the devices log in with --mqtt-user, if any.
 func simSecrets(c *cli.Context, ids []string) (map[string]string, error) {
 	if path := c.String("credentials"); path != "" {
 		return readSecretsFile(path, ids)
@@ -162,7 +162,10 @@ func simSecrets(c *cli.Context, ids []string) (map[string]string, error) {
 	defer s.Close()
 	out := make(map[string]string, len(ids))
 	for _, id := range ids {
-		secret, err := credential.Add(c.Context, s, id, true)
+		secret, err := credential.AddSimulated(c.Context, s, id)
+		if errors.Is(err, credential.ErrNotSimulated) {
+			return nil, fmt.Errorf("--id-prefix: %w: it may be a real device's; give another --id-prefix, or --credentials", err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("--store: credential of simulated device %s: %w", id, err)
 		}

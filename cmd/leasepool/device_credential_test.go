@@ -59,6 +59,13 @@ func TestDeviceAddRotateRevoke(t *testing.T) {
 	if matches("pump-1", rotated) {
 		t.Fatal("the revoked credential still matches")
 	}
+	// A simulator with --store replaces no credential but a simulated
+	// device's: its ids may be real devices'.
+	real := strings.TrimSpace(c.must("device", "add", "sim-0"))
+	if _, err := c.run("device", "simulate", "--mqtt", "tcp://127.0.0.1:1", "--id-prefix", "sim-", "--duration", "1s"); err == nil ||
+		!strings.Contains(err.Error(), "--id-prefix") || !matches("sim-0", real) {
+		t.Fatalf("simulate over a real device's id = %v; want refused naming --id-prefix, the credential kept", err)
+	}
 	for _, args := range [][]string{
 		{"device", "revoke", "pump-1"},       // none left
 		{"device", "rotate", "pump-2"},       // none to rotate

@@ -63,6 +63,9 @@ type Credential struct {
 	// SHA256 is the hex SHA-256 of the secret.
 	SHA256    string    `json:"sha256"`
 	CreatedAt time.Time `json:"created_at"`
+	// Simulated marks a credential made for a simulated device
+	// (AddSimulated): a simulator replaces only those.
+	Simulated bool `json:"simulated,omitempty"`
 	// Version is the document's version (compare-and-set).
 	Version int64 `json:"-"`
 }
@@ -151,6 +154,33 @@ func List(ctx context.Context, ds task.DocumentStore) ([]Credential, error) {
 // already gets ErrExists; with replace true its old secret stops working
 // (brokers see the change within their refresh interval).
 func Add(ctx context.Context, ds task.DocumentStore, id string, replace bool) (string, error) {
+	return put(ctx, ds, id, false, func(old *Credential) error {
+		if old != nil && !replace {
+			return fmt.Errorf("device %s: %w", id, ErrExists)
+		}
+		return nil
+	})
+}
+
+// ErrNotSimulated is returned by AddSimulated for a device whose
+// credential was not made for a simulated device.
+var ErrNotSimulated = errors.New("device credential not made for a simulated device")
+
+// AddSimulated is Add with replace for a simulated device: the credential
+// is marked simulated, and only one so marked (or none) is replaced, so
+// that a simulator given ids of real devices cannot cut them off.
+func AddSimulated(ctx context.Context, ds task.DocumentStore, id string) (string, error) {
+	return put(ctx, ds, id, true, func(old *Credential) error {
+		if old != nil && !old.Simulated {
+			return fmt.Errorf("device %s: %w", id, ErrNotSimulated)
+		}
+		return nil
+	})
+}
+
+// put stores a new credential for id once check accepts the stored one
+// (nil: none), by compare-and-set, reading again on a conflict.
+func put(ctx context.Context, ds task.DocumentStore, id string, simulated bool, check func(old *Credential) error) (string, error) {
 	if err := ValidateDeviceID(id); err != nil {
 		return "", err
 	}
@@ -159,29 +189,32 @@ func Add(ctx context.Context, ds task.DocumentStore, id string, replace bool) (s
 		return "", err
 	}
 	h := Hash(secret)
-	value, err := json.Marshal(Credential{ID: id, SHA256: hex.EncodeToString(h[:]), CreatedAt: time.Now().UTC()})
+	value, err := json.Marshal(Credential{ID: id, SHA256: hex.EncodeToString(h[:]), CreatedAt: time.Now().UTC(), Simulated: simulated})
 	if err != nil {
 		return "", err
 	}
 	for {
-		var version int64
-		if replace {
-			old, err := Get(ctx, ds, id)
-			switch {
-			case err == nil:
-				version = old.Version
-			case !errors.Is(err, task.ErrNotFound):
-				return "", err
-			}
-		}
-		_, err := ds.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: id, Version: version, Value: value})
+		var old *Credential
+		c, err := Get(ctx, ds, id)
 		switch {
 		case err == nil:
+			old = &c
+		case !errors.Is(err, task.ErrNotFound):
+			return "", err
+		}
+		if err := check(old); err != nil {
+			return "", err
+		}
+		var version int64
+		if old != nil {
+			version = old.Version
+		}
+		_, err = ds.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: id, Version: version, Value: value})
+		if err == nil {
 			return secret, nil
-		case !errors.Is(err, task.ErrConflict):
+		}
+		if !errors.Is(err, task.ErrConflict) {
 			return "", fmt.Errorf("device credential %s: %w", id, err)
-		case !replace:
-			return "", fmt.Errorf("device %s: %w", id, ErrExists)
 		}
 		if err := ctx.Err(); err != nil {
 			return "", err

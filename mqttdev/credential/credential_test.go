@@ -72,6 +72,32 @@ func TestStoredAsHashOnly(t *testing.T) {
 	}
 }
 
+// TestAddSimulatedReplacesOnlySimulated: a simulator's credential
+// replaces its own kind, never one an operator made.
+func TestAddSimulatedReplacesOnlySimulated(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	st := openStore(t)
+	first, err := AddSimulated(ctx, st, "sim-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := AddSimulated(ctx, st, "sim-0")
+	if c, gerr := Get(ctx, st, "sim-0"); err != nil || gerr != nil || !c.Matches(second) || c.Matches(first) || !c.Simulated {
+		t.Fatalf("second AddSimulated = %v, %v: want the simulated credential replaced", err, gerr)
+	}
+	real, err := Add(ctx, st, "pump-0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := AddSimulated(ctx, st, "pump-0"); !errors.Is(err, ErrNotSimulated) {
+		t.Fatalf("AddSimulated over an operator's credential = %v, want ErrNotSimulated", err)
+	}
+	if c, err := Get(ctx, st, "pump-0"); err != nil || !c.Matches(real) {
+		t.Fatalf("the operator's credential changed: %v", err)
+	}
+}
+
 // TestWorkerSecretMadeOnce: processes asking at once for the worker
 // secret of one store all get the same one.
 func TestWorkerSecretMadeOnce(t *testing.T) {
