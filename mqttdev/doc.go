@@ -135,7 +135,11 @@
 // # Embedded broker and its takeover
 //
 // broker.Listen runs an embedded broker (mochi-mqtt, loopback only, sessions
-// and retained messages in memory). For a group of worker processes on one
+// and retained messages in memory). It lets in only devices and workers
+// with a credential (broker.Config.Credentials; package mqttdev/credential
+// keeps them in the store: a secret's hash per device, and the cluster's
+// worker secret that Wire logs workers in with), each kept to its own
+// topics, unless told to allow anonymous clients. For a group of worker processes on one
 // host sharing a store, broker.Host keeps one running on a fixed address
 // even when the process running it dies: hosting is a singleton
 // (internal/singleton, as the flow reconciler and retention are), a lease

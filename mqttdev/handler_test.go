@@ -57,7 +57,7 @@ func setup(t *testing.T, o setupOpts) *env {
 	defer cancel()
 	e := &env{url: o.url, prefix: "t" + NewCorrelationID()[:12]}
 	if e.url == "" {
-		b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
+		b, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Anonymous: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -389,7 +389,7 @@ func TestBrokerRestartMidCommand(t *testing.T) {
 	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	addr := e.broker.Addr()
 	_ = e.broker.Close()
-	b2, err := broker.Listen(context.Background(), addr, nil)
+	b2, err := broker.Listen(context.Background(), broker.Config{Addr: addr, Anonymous: true})
 	if err != nil {
 		t.Fatalf("restart on %s: %v", addr, err)
 	}

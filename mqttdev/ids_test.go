@@ -21,7 +21,7 @@ func TestBadIDStatusNeverReachesTheInventory(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
+	b, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Anonymous: true})
 	if err != nil {
 		t.Fatal(err)
 	}

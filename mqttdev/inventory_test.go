@@ -30,7 +30,7 @@ func openInventoryStore(t *testing.T) task.Store {
 // closed when t ends.
 func startInventory(t *testing.T, ctx context.Context, clientID string) (task.Store, *broker.Broker, *Handler) {
 	t.Helper()
-	b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
+	b, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Anonymous: true})
 	if err != nil {
 		t.Fatal(err)
 	}

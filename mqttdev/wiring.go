@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	neturl "net/url"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -34,6 +37,12 @@ type WireConfig struct {
 	// embedded broker at EmbeddedBroker, hosted by one of the processes
 	// sharing Store at a time (broker.Host): every process runs the
 	// hosting supervisor, and another takes over when the host dies.
+	//
+	// With no Username nor client certificate, a worker logs in to the
+	// embedded broker, or any broker on a loopback tcp:// address, as
+	// credential.WorkerUser(WorkerID) with the cluster's worker secret
+	// from Store (made on first use): no setup between processes
+	// sharing the store. A broker elsewhere gets what Client says.
 	Client ClientConfig
 	// EmbeddedBroker is the loopback address of the embedded broker; empty
 	// means DefaultEmbeddedBroker.
@@ -41,6 +50,11 @@ type WireConfig struct {
 	// EmbeddedBrokerLease is the hosting lease; zero means
 	// broker.DefaultLease.
 	EmbeddedBrokerLease time.Duration
+	// EmbeddedBrokerAnonymous makes the embedded broker, when hosted
+	// here, let in every client with every right (broker.Config.Anonymous):
+	// for a lab only. Otherwise it checks the device credentials and the
+	// worker secret in Store.
+	EmbeddedBrokerAnonymous bool
 	// Prefix is the first topic level; empty means DefaultPrefix.
 	Prefix string
 	// Logger gets the handler's and the host's logs; nil discards them.
@@ -86,6 +100,14 @@ func Wire(ctx context.Context, cfg WireConfig) (*Wiring, error) {
 	if client.ClientID == "" {
 		client.ClientID = "leasepool-worker-" + cfg.WorkerID
 	}
+	if client.Username == "" && client.CertFile == "" && (w.Host != nil || LoopbackBroker(client.BrokerURL)) {
+		secret, err := credential.WorkerSecret(ctx, cfg.Store)
+		if err != nil {
+			_ = w.Stop(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("mqtt worker credential: %w", err)
+		}
+		client.Username, client.Password = credential.WorkerUser(cfg.WorkerID), secret
+	}
 	h, err := NewHandler(HandlerConfig{
 		ClientConfig: client,
 		Prefix:       cfg.Prefix,
@@ -114,6 +136,7 @@ func startHost(ctx context.Context, cfg WireConfig) (*broker.Host, error) {
 	host, err := broker.NewHost(broker.HostConfig{
 		Store: cfg.Store, Addr: addr, WorkerID: cfg.WorkerID,
 		Lease: cfg.EmbeddedBrokerLease, Logger: cfg.Logger, BrokerLogger: cfg.BrokerLogger,
+		Credentials: credential.Source(cfg.Store), Anonymous: cfg.EmbeddedBrokerAnonymous,
 	})
 	if err == nil {
 		err = host.Start(ctx)
@@ -122,6 +145,20 @@ func startHost(ctx context.Context, cfg WireConfig) (*broker.Host, error) {
 		return nil, fmt.Errorf("embedded broker %s: %w", addr, err)
 	}
 	return host, nil
+}
+
+// LoopbackBroker reports whether url is a plain tcp:// (or mqtt://)
+// broker on a loopback address with no user in the URL: the embedded
+// broker, or one on this machine, where a worker logs in with the
+// cluster's worker secret unless told otherwise.
+func LoopbackBroker(url string) bool {
+	u, err := neturl.Parse(url)
+	if err != nil || (u.Scheme != "tcp" && u.Scheme != "mqtt") || u.User != nil {
+		return false
+	}
+	host := u.Hostname()
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
 // Stop stops the handler, then the broker host: that closes the broker if

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -44,7 +45,12 @@ func TestWireEmbeddedBroker(t *testing.T) {
 		t.Fatalf("host %v, mux kinds %v: want a broker host and the device kind registered", w.Host, mux.Kinds())
 	}
 	eventually(t, 10*time.Second, "the broker hosted here", w.Host.Hosting)
-	sim, err := device.NewSimulator(device.Config{BrokerURL: w.Host.URL(), Prefix: prefix, IDPrefix: prefix + "-dev-", Count: 1})
+	secret, err := credential.Add(ctx, store, prefix+"-dev-0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim, err := device.NewSimulator(device.Config{BrokerURL: w.Host.URL(), Prefix: prefix, IDPrefix: prefix + "-dev-", Count: 1,
+		Secrets: map[string]string{prefix + "-dev-0": secret}})
 	if err != nil {
 		t.Fatal(err)
 	}

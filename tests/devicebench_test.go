@@ -12,6 +12,7 @@ import (
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -26,13 +27,29 @@ import (
 //	go test -run XXX -bench DeviceCommands -benchtime 2000x ./tests/
 func BenchmarkDeviceCommands(b *testing.B) {
 	ctx := context.Background()
-	brk, err := broker.Listen(ctx, "127.0.0.1:0", nil)
+	store, err := sqlitestore.Open(ctx, filepath.Join(b.TempDir(), "bench.db"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	brk, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Credentials: credential.Source(store)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer brk.Close()
 	const devices = 20
-	sim, err := device.NewSimulator(device.Config{BrokerURL: brk.URL(), Count: devices, IDPrefix: "bench-", Seed: 1})
+	secrets := map[string]string{}
+	for i := range devices {
+		id := fmt.Sprintf("bench-%d", i)
+		if secrets[id], err = credential.Add(ctx, store, id, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	workerSecret, err := credential.WorkerSecret(ctx, store)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sim, err := device.NewSimulator(device.Config{BrokerURL: brk.URL(), Count: devices, IDPrefix: "bench-", Seed: 1, Secrets: secrets})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -40,7 +57,8 @@ func BenchmarkDeviceCommands(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer sim.Stop(ctx)
-	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{ClientConfig: mqttdev.ClientConfig{BrokerURL: brk.URL(), ClientID: "bench-worker"}})
+	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{ClientConfig: mqttdev.ClientConfig{BrokerURL: brk.URL(), ClientID: "bench-worker",
+		Username: credential.WorkerUser("bench"), Password: workerSecret}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -78,11 +96,6 @@ func BenchmarkDeviceCommands(b *testing.B) {
 	}
 	roundTrip := time.Since(start) / bare
 
-	store, err := sqlitestore.Open(ctx, filepath.Join(b.TempDir(), "bench.db"), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
 	b.ResetTimer()
 	for i := range b.N {
 		p, err := command(fmt.Sprintf("cmd-%d", i), i)

@@ -12,12 +12,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -83,6 +85,26 @@ func startSim(t *testing.T, ctx context.Context, cfg device.Config) *device.Simu
 		_ = sim.Stop(c)
 	})
 	return sim
+}
+
+// provisioned returns cfg with a credential of its own, made in store, for
+// each of its devices: the embedded broker checks them.
+func provisioned(t *testing.T, ctx context.Context, store task.Store, cfg device.Config) device.Config {
+	t.Helper()
+	prefix := cfg.IDPrefix
+	if prefix == "" {
+		prefix = "dev-"
+	}
+	cfg.Secrets = map[string]string{}
+	for i := range cfg.Count {
+		id := prefix + strconv.Itoa(i)
+		secret, err := credential.AddSimulated(ctx, store, id)
+		if err != nil {
+			t.Fatalf("credential of %s: %v", id, err)
+		}
+		cfg.Secrets[id] = secret
+	}
+	return cfg
 }
 
 // awaitOnline waits until the device states in store, as the workers

@@ -12,6 +12,7 @@ import (
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -41,7 +42,7 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 	leasepoolBin(t) // build before the clock matters
 	store, storeURL := openTestStore(t, ctx)
 
-	brk, err := broker.Listen(ctx, "127.0.0.1:0", nil)
+	brk, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Credentials: credential.Source(store)})
 	if err != nil {
 		t.Fatalf("embedded broker did not start: %v", err)
 	}
@@ -63,7 +64,13 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 	flaky.FailRate, flaky.DropAckRate = 0.15, 0.2
 	broken.IDPrefix, broken.Count, broken.Seed = "broken-", 1, 3
 	broken.FailRate, broken.Latency = 1, 10*time.Millisecond
-	sims := []*device.Simulator{startSim(t, ctx, clean), startSim(t, ctx, flaky), startSim(t, ctx, broken)}
+	// Each device logs in with its own credential; the workers, given a
+	// loopback --mqtt, with the store's worker secret.
+	sims := []*device.Simulator{
+		startSim(t, ctx, provisioned(t, ctx, store, clean)),
+		startSim(t, ctx, provisioned(t, ctx, store, flaky)),
+		startSim(t, ctx, provisioned(t, ctx, store, broken)),
+	}
 	var devices []string
 	kindOf := map[string]string{}
 	for _, s := range sims {

@@ -143,6 +143,8 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("PATCH /api/v1/devices/{id}/labels", a.write(a.patchDeviceLabels))
 	mux.HandleFunc("POST /api/v1/devices/{id}/approve", a.write(a.approveDevice))
 	mux.HandleFunc("DELETE /api/v1/devices/{id}", a.write(a.forgetDevice))
+	mux.HandleFunc("POST /api/v1/devices/{id}/credential", a.write(a.postDeviceCredential))
+	mux.HandleFunc("DELETE /api/v1/devices/{id}/credential", a.write(a.deleteDeviceCredential))
 	mux.HandleFunc("GET /api/v1/rollouts", a.listRollouts)
 	mux.HandleFunc("POST /api/v1/rollouts", a.write(a.createRollout))
 	mux.HandleFunc("GET /api/v1/rollouts/{name}", a.getRollout)

@@ -134,6 +134,11 @@ type Devices struct {
 	// takes it over within about this long after its host dies. Default
 	// broker.DefaultLease.
 	EmbeddedBrokerLease time.Duration
+	// EmbeddedBrokerAnonymous lets every client into the embedded broker
+	// when this worker hosts it, with every right: for a lab only. By
+	// default it checks the device credentials and the worker secret in
+	// the store.
+	EmbeddedBrokerAnonymous bool
 	// Prefix is the first MQTT topic level. Default mqttdev.DefaultPrefix.
 	Prefix string
 	// BrokerLogger gets the embedded broker's own logs. Default: Logger.
@@ -293,7 +298,8 @@ func (w *Worker) start(ctx, run context.Context) error {
 		}
 		wc := mqttdev.WireConfig{
 			Mux: cfg.Mux, Store: cfg.Store, WorkerID: w.ID(), Client: d.Client,
-			EmbeddedBroker: d.EmbeddedBroker, EmbeddedBrokerLease: d.EmbeddedBrokerLease, Prefix: d.Prefix,
+			EmbeddedBroker: d.EmbeddedBroker, EmbeddedBrokerLease: d.EmbeddedBrokerLease,
+			EmbeddedBrokerAnonymous: d.EmbeddedBrokerAnonymous, Prefix: d.Prefix,
 			Logger: cfg.Logger, BrokerLogger: d.BrokerLogger,
 		}
 		if cfg.Metrics != nil {

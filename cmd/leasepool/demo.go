@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
@@ -110,9 +112,11 @@ type demoConfig struct {
 
 // demoDevices starts the embedded broker and the simulated devices: two
 // thirds reliable, a third flaky (failing, dropping acks, going offline).
-// They log to logger.
-func demoDevices(ctx context.Context, n int, logger *slog.Logger) (url string, sims []*device.Simulator, stop func(), err error) {
-	b, err := broker.Listen(ctx, "127.0.0.1:0", logger)
+// The broker checks the credentials in s: each device gets its own there,
+// and the workers log in with the store's worker secret. They log to
+// logger.
+func demoDevices(ctx context.Context, s task.Store, n int, logger *slog.Logger) (url string, sims []*device.Simulator, stop func(), err error) {
+	b, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Credentials: credential.Source(s), Logger: logger})
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -130,6 +134,14 @@ func demoDevices(ctx context.Context, n int, logger *slog.Logger) (url string, s
 	} {
 		if cfg.Count == 0 {
 			continue
+		}
+		cfg.Secrets = map[string]string{}
+		for i := range cfg.Count {
+			id := cfg.IDPrefix + strconv.Itoa(i)
+			if cfg.Secrets[id], err = credential.AddSimulated(ctx, s, id); err != nil {
+				stop()
+				return "", nil, nil, fmt.Errorf("simulated device %s: %w", id, err)
+			}
 		}
 		sim, err := device.NewSimulator(cfg)
 		if err == nil {
@@ -206,7 +218,7 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) (err error) {
 	workerArgs := []string{"--concurrency", "8", "--backoff", "250ms"}
 	var sims []*device.Simulator
 	if cfg.devices > 0 && cfg.commands > 0 {
-		url, started, stop, err := demoDevices(ctx, cfg.devices, logger)
+		url, started, stop, err := demoDevices(ctx, s, cfg.devices, logger)
 		if err != nil {
 			return err
 		}

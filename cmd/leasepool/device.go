@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,6 +19,7 @@ import (
 	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
+	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/worker"
@@ -33,9 +38,9 @@ func mqttFlags() []cli.Flag {
 func deviceCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "device",
-		Usage: "MQTT device tools: labels, a device simulator and an embedded broker",
-		Subcommands: []*cli.Command{
-			{
+		Usage: "MQTT device tools: credentials, labels, a device simulator and an embedded broker",
+		Subcommands: append(deviceCredentialCommands(),
+			&cli.Command{
 				Name:      "label",
 				Usage:     "set (k=v) or remove (k-) a device's operator labels in the inventory, kept apart from what the device announces",
 				ArgsUsage: "ID k=v|k- ...",
@@ -43,7 +48,7 @@ func deviceCommand() *cli.Command {
 				Action:    deviceLabel,
 			},
 			approveCommand(), forgetCommand(),
-			{
+			&cli.Command{
 				Name:  "simulate",
 				Usage: "run simulated devices until interrupted (or --duration), then print what they saw",
 				Flags: append(mqttFlags(),
@@ -63,12 +68,20 @@ func deviceCommand() *cli.Command {
 					&cli.DurationFlag{Name: "slow-latency", Value: 2 * time.Second, Usage: "how long a slow device's commands run"},
 					&cli.DurationFlag{Name: "duration", Usage: "stop after this long", DefaultText: "until interrupted"},
 					&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
+					&cli.StringFlag{Name: "credentials", Usage: "file of ID:SECRET lines, the devices' own credentials; without it, --store (when given) gets a new credential for each device"},
 				),
 				Action: func(c *cli.Context) error {
 					warnSecretFlag(c, "mqtt", "LEASEPOOL_MQTT_URL", true)
 					warnSecretFlag(c, "mqtt-password", "LEASEPOOL_MQTT_PASSWORD", false)
 					cfg, err := simConfig(c)
 					if err != nil {
+						return err
+					}
+					ids := make([]string, cfg.Count)
+					for i := range ids {
+						ids[i] = cfg.IDPrefix + strconv.Itoa(i)
+					}
+					if cfg.Secrets, err = simSecrets(c, ids); err != nil {
 						return err
 					}
 					ctx := c.Context
@@ -94,25 +107,81 @@ func deviceCommand() *cli.Command {
 					return nil
 				},
 			},
-			{
-				Name:  "broker",
-				Usage: "run an embedded MQTT broker on a loopback address until interrupted",
+			&cli.Command{
+				Name: "broker",
+				Usage: "run an embedded MQTT broker on a loopback address until interrupted; " +
+					"it lets in the devices and workers with a credential in --store",
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "listen", Value: "127.0.0.1:1883", Usage: "loopback address to listen on"},
+					&cli.BoolFlag{Name: "mqtt-anonymous", Usage: "let every client in, with every right, with no credential (a lab only: anyone who reaches the broker can pose as any device)"},
+					&cli.StringFlag{Name: "tls-cert", Usage: "serve TLS with this certificate (PEM)"},
+					&cli.StringFlag{Name: "tls-key", Usage: "the key of --tls-cert (PEM)"},
+					&cli.StringFlag{Name: "client-ca", Usage: "require client certificates signed by this CA (PEM): the common name is the device id (which must have a credential) or worker:<id>, in place of a password"},
 				},
-				Action: func(c *cli.Context) error {
-					b, err := broker.Listen(c.Context, c.String("listen"), slog.Default())
-					if err != nil {
-						return fmt.Errorf("--listen: %w", err)
-					}
-					defer b.Close()
-					fmt.Fprintf(c.App.Writer, "broker listening on %s\n", b.URL())
-					<-c.Context.Done()
-					return nil
-				},
+				Action: deviceBroker,
 			},
-		},
+		),
 	}
+}
+
+// deviceBroker runs `device broker`: checking the credentials of --store,
+// or letting everyone in with --mqtt-anonymous.
+func deviceBroker(c *cli.Context) error {
+	cfg := broker.Config{Addr: c.String("listen"), Logger: slog.Default(), Anonymous: c.Bool("mqtt-anonymous")}
+	tc, err := brokerTLS(c)
+	if err != nil {
+		return err
+	}
+	cfg.TLS = tc
+	if !cfg.Anonymous {
+		// A store made here would hold no credential: it must exist.
+		s, err := openStore(c, true)
+		if err != nil {
+			return fmt.Errorf("%w (the broker checks the device credentials in the store: `leasepool device add` makes them; --mqtt-anonymous lets everyone in)", err)
+		}
+		defer s.Close()
+		cfg.Credentials = credential.Source(s)
+	}
+	b, err := broker.Listen(c.Context, cfg)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	defer b.Close()
+	fmt.Fprintf(c.App.Writer, "broker listening on %s\n", b.URL())
+	<-c.Context.Done()
+	return nil
+}
+
+// brokerTLS reads --tls-cert, --tls-key and --client-ca: nil for plain
+// TCP.
+func brokerTLS(c *cli.Context) (*tls.Config, error) {
+	cert, key, ca := c.String("tls-cert"), c.String("tls-key"), c.String("client-ca")
+	if cert == "" && key == "" {
+		if ca != "" {
+			return nil, badFlag(c, "client-ca", "needs --tls-cert and --tls-key")
+		}
+		return nil, nil
+	}
+	if cert == "" || key == "" {
+		return nil, badFlag(c, "tls-cert", "--tls-cert and --tls-key go together")
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert: %w", err)
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, fmt.Errorf("--client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--client-ca: %s holds no PEM certificate", ca)
+		}
+		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
 }
 
 // deviceFlags are the worker's flags for device tasks: how to reach the
@@ -124,6 +193,7 @@ func deviceFlags() []cli.Flag {
 		&cli.StringFlag{Name: "embedded-broker", Value: mqttdev.DefaultEmbeddedBroker, Usage: "loopback address of the embedded MQTT broker"},
 		&cli.DurationFlag{Name: "embedded-broker-lease", Value: broker.DefaultLease,
 			Usage: "hosting lease of the embedded broker: when its host dies, another worker on the host takes it over within about this long"},
+		&cli.BoolFlag{Name: "mqtt-anonymous", Usage: "the embedded broker, when hosted here, lets every client in with every right and no credential (a lab only)"},
 		&cli.StringFlag{Name: "mqtt-user", EnvVars: []string{"LEASEPOOL_MQTT_USER"}, Usage: "MQTT user name"},
 		&cli.StringFlag{Name: "mqtt-password", EnvVars: []string{"LEASEPOOL_MQTT_PASSWORD"}, Usage: "MQTT password"},
 		&cli.StringFlag{Name: "mqtt-ca", Usage: "CA certificate (PEM) that signs the broker's"},
@@ -143,10 +213,11 @@ func deviceConfig(c *cli.Context) worker.Devices {
 			Username:  c.String("mqtt-user"), Password: c.String("mqtt-password"),
 			CAFile: c.String("mqtt-ca"), CertFile: c.String("mqtt-cert"), KeyFile: c.String("mqtt-key"),
 		},
-		EmbeddedBroker:      c.String("embedded-broker"),
-		EmbeddedBrokerLease: c.Duration("embedded-broker-lease"),
-		Prefix:              c.String("prefix"),
-		BrokerLogger:        slog.New(minLevel{slog.Default().Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker")),
+		EmbeddedBroker:          c.String("embedded-broker"),
+		EmbeddedBrokerLease:     c.Duration("embedded-broker-lease"),
+		EmbeddedBrokerAnonymous: c.Bool("mqtt-anonymous"),
+		Prefix:                  c.String("prefix"),
+		BrokerLogger:            slog.New(minLevel{slog.Default().Handler(), slog.LevelError}).With(slog.String("component", "mqtt-broker")),
 	}
 }
 
@@ -275,9 +346,16 @@ func devicesCommand(openStore func(*cli.Context) (task.Store, error)) *cli.Comma
 			var states mqttdev.DeviceStates
 			switch {
 			case c.Bool("from-broker"):
-				t, err := mqttdev.ReadStates(c.Context, mqttdev.ClientConfig{
-					BrokerURL: c.String("mqtt"), Username: c.String("mqtt-user"), Password: c.String("mqtt-password"),
-				}, c.String("prefix"), wait)
+				cc := mqttdev.ClientConfig{BrokerURL: c.String("mqtt"), Username: c.String("mqtt-user"), Password: c.String("mqtt-password")}
+				if cc.Username == "" && mqttdev.LoopbackBroker(cc.BrokerURL) {
+					// A broker on this machine: the embedded one lets in
+					// the workers of the store, this tool among them.
+					if cc.Password, err = credential.WorkerSecret(c.Context, s); err != nil {
+						return err
+					}
+					cc.Username = credential.WorkerUser("devices-" + strconv.Itoa(os.Getpid()))
+				}
+				t, err := mqttdev.ReadStates(c.Context, cc, c.String("prefix"), wait)
 				if err != nil {
 					return fmt.Errorf("--mqtt %s: %w", redact.URL(c.String("mqtt")), redact.Error(err, []string{c.String("mqtt")}, c.String("mqtt-password")))
 				}

@@ -131,6 +131,14 @@ func StartMongo(t testing.TB, h2File string) (uri string, stop func(), restart f
 // returns its URL, stop and restart, as StartMongo does.
 func StartMosquitto(t testing.TB) (url string, stop func(), restart func()) {
 	t.Helper()
+	return StartMosquittoAuth(t, "allow_anonymous true\n")
+}
+
+// StartMosquittoAuth is StartMosquitto with auth, the configuration lines
+// that say who may connect and what they may do (allow_anonymous,
+// password_file, acl_file...), in place of allow_anonymous true.
+func StartMosquittoAuth(t testing.TB, auth string) (url string, stop func(), restart func()) {
+	t.Helper()
 	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
 		if _, serr := os.Stat("/usr/sbin/mosquitto"); serr == nil {
@@ -142,7 +150,7 @@ func StartMosquitto(t testing.TB) (url string, stop func(), restart func()) {
 	}
 	dir := t.TempDir()
 	port := freePort(t)
-	conf := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nautosave_interval 1\nlog_dest stdout\nlog_type error\nlog_type warning\nlog_type notice\n", port, dir)
+	conf := fmt.Sprintf("listener %d 127.0.0.1\n%spersistence true\npersistence_location %s/\nautosave_interval 1\nlog_dest stdout\nlog_type error\nlog_type warning\nlog_type notice\n", port, auth, dir)
 	if u, err := user.Current(); err == nil && u.Username != "" {
 		// As root, mosquitto would otherwise switch to user mosquitto,
 		// which cannot write the temporary directory.

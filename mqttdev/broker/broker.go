@@ -7,10 +7,13 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
@@ -19,34 +22,104 @@ import (
 	"github.com/leasepool/leasepool/internal/lifecycle"
 )
 
-// Broker is an embedded MQTT broker (mochi-mqtt): anonymous, loopback TCP,
+// Config configures a Broker.
+type Config struct {
+	// Addr is the loopback address to listen on ("127.0.0.1:0" picks a
+	// free port). Required.
+	Addr string
+	// Logger gets the broker's logs; nil discards them.
+	Logger *slog.Logger
+	// AuthLogger gets the refused logins and topics, the connections
+	// closed for a revoked credential, and the warning of an anonymous
+	// broker; nil means Logger.
+	AuthLogger *slog.Logger
+	// Credentials decide who may connect (see Broker). Required unless
+	// Anonymous.
+	Credentials Credentials
+	// Anonymous lets every client in, with every right: anyone who can
+	// reach Addr may pose as any device or worker. For a lab only; the
+	// broker logs a warning when it starts.
+	Anonymous bool
+	// Refresh is how often the credentials are read again: a connection
+	// whose credential was revoked or rotated is closed within it. Zero
+	// means DefaultRefresh.
+	Refresh time.Duration
+	// TLS, when set, makes the listener speak TLS with its certificate.
+	// With ClientAuth tls.RequireAndVerifyClientCert (and ClientCAs), a
+	// client logs in by its certificate instead of a password: the
+	// certificate's common name is the device id (a device must still
+	// have a credential in the store, which revoking removes) or
+	// WorkerUserPrefix and a worker id.
+	TLS *tls.Config
+}
+
+// DefaultRefresh is Config.Refresh's default.
+const DefaultRefresh = 2 * time.Second
+
+func (c *Config) validate() error {
+	if err := checkLoopback(c.Addr); err != nil {
+		return fmt.Errorf("addr: %w", err)
+	}
+	if c.Credentials == nil && !c.Anonymous {
+		return errors.New("credentials: required unless anonymous clients are allowed")
+	}
+	if c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil {
+		return errors.New("tls: no certificate")
+	}
+	if c.Refresh < 0 {
+		return fmt.Errorf("refresh: %s is negative", c.Refresh)
+	}
+	if c.Refresh == 0 {
+		c.Refresh = DefaultRefresh
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.AuthLogger == nil {
+		c.AuthLogger = c.Logger
+	}
+	return nil
+}
+
+// Broker is an embedded MQTT broker (mochi-mqtt) on loopback TCP, with
 // sessions and retained messages in memory only (a restart loses them;
 // clients of leasepool subscribe again and republish on reconnect).
+//
+// Unless Config.Anonymous, a client logs in with a user name and password
+// checked against Config.Credentials, and may use only the topics of its
+// role (the first topic level, the prefix, is free):
+//
+//   - a device (user name = device id, password = its secret) publishes
+//     <prefix>/devices/<its id>/status, ack and result (its will too),
+//     and subscribes to <prefix>/devices/<its id>/cmd;
+//   - a worker (user name WorkerUserPrefix + worker id, password = the
+//     cluster's worker secret) publishes <prefix>/devices/<id>/cmd and
+//     subscribes to <prefix>/devices/<id or +>/status, ack and result.
+//
+// Anything else is refused: a connection without a known credential, a
+// will on another topic, a client id that another user's session holds,
+// a publish or subscribe outside the rights.
 type Broker struct {
-	addr   string
-	logger *slog.Logger
-	life   lifecycle.Runner
+	cfg  Config
+	life lifecycle.Runner
 
 	mu    sync.Mutex
 	srv   *mqtt.Server
+	auth  *authHook
 	bound string
 }
 
-// New checks addr, which must be a loopback address ("127.0.0.1:0" picks a
-// free port), and returns a broker; Start serves. logger may be nil.
-func New(addr string, logger *slog.Logger) (*Broker, error) {
-	if err := checkLoopback(addr); err != nil {
-		return nil, fmt.Errorf("broker addr: %w", err)
+// New checks cfg and returns a broker; Start serves.
+func New(cfg Config) (*Broker, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
 	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	return &Broker{addr: addr, logger: logger}, nil
+	return &Broker{cfg: cfg}, nil
 }
 
 // Listen is New and Start in one call; ctx bounds the start only.
-func Listen(ctx context.Context, addr string, logger *slog.Logger) (*Broker, error) {
-	b, err := New(addr, logger)
+func Listen(ctx context.Context, cfg Config) (*Broker, error) {
+	b, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -73,24 +146,40 @@ func (b *Broker) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if _, err := b.life.Start(ctx); err != nil {
+	run, err := b.life.Start(ctx)
+	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
-	srv := mqtt.New(&mqtt.Options{InlineClient: true, Logger: b.logger})
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
-		return fmt.Errorf("broker: %w", err)
+	srv := mqtt.New(&mqtt.Options{InlineClient: true, Logger: b.cfg.Logger})
+	var hook *authHook
+	if b.cfg.Anonymous {
+		if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+	} else {
+		hook = newAuthHook(srv, b.cfg.Credentials, b.cfg.AuthLogger)
+		if err := srv.AddHook(hook, nil); err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
 	}
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.addr})
+	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.cfg.Addr, TLSConfig: b.cfg.TLS})
 	if err := srv.AddListener(tcp); err != nil {
-		return fmt.Errorf("broker listen %s: %w", b.addr, err)
+		return fmt.Errorf("broker listen %s: %w", b.cfg.Addr, err)
 	}
 	if err := srv.Serve(); err != nil {
 		_ = srv.Close()
 		return fmt.Errorf("broker: %w", err)
 	}
+	if b.cfg.Anonymous {
+		b.cfg.AuthLogger.Warn("MQTT broker allows anonymous clients: anyone who reaches it can pose as any device or worker",
+			slog.String("addr", tcp.Address()))
+	}
 	b.mu.Lock()
-	b.srv, b.bound = srv, tcp.Address()
+	b.srv, b.auth, b.bound = srv, hook, tcp.Address()
 	b.mu.Unlock()
+	if hook != nil {
+		b.life.Go(func() { hook.refreshLoop(run, b.cfg.Refresh) })
+	}
 	return nil
 }
 
@@ -116,8 +205,14 @@ func (b *Broker) Addr() string {
 	return b.bound
 }
 
-// URL is the broker URL for clients, e.g. tcp://127.0.0.1:41234.
-func (b *Broker) URL() string { return "tcp://" + b.Addr() }
+// URL is the broker URL for clients, e.g. tcp://127.0.0.1:41234, or
+// ssl://... with TLS.
+func (b *Broker) URL() string {
+	if b.cfg.TLS != nil {
+		return "ssl://" + b.Addr()
+	}
+	return "tcp://" + b.Addr()
+}
 
 // Server is the mochi server, for inline clients (tests that play a
 // device without a network client); nil before a successful Start.

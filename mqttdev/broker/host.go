@@ -45,11 +45,19 @@ type HostConfig struct {
 	Logger *slog.Logger
 	// BrokerLogger is given to the broker itself; nil discards.
 	BrokerLogger *slog.Logger
+	// Credentials, Anonymous and Refresh are the broker's (see Config):
+	// Credentials are required unless Anonymous.
+	Credentials Credentials
+	Anonymous   bool
+	Refresh     time.Duration
 }
 
 func (c *HostConfig) validate() error {
 	if c.Store == nil {
 		return errors.New("store: required")
+	}
+	if c.Credentials == nil && !c.Anonymous {
+		return errors.New("credentials: required unless anonymous clients are allowed")
 	}
 	host, port, err := net.SplitHostPort(c.Addr)
 	if err != nil {
@@ -170,7 +178,8 @@ func (h *Host) host(ctx context.Context) error {
 	defer h.closeBroker(log)
 	var bindFailedSince time.Time // spaces the warnings out
 	for {
-		b, err := Listen(ctx, h.cfg.Addr, h.cfg.BrokerLogger)
+		b, err := Listen(ctx, Config{Addr: h.cfg.Addr, Logger: h.cfg.BrokerLogger, AuthLogger: h.cfg.Logger,
+			Credentials: h.cfg.Credentials, Anonymous: h.cfg.Anonymous, Refresh: h.cfg.Refresh})
 		if err == nil {
 			h.mu.Lock()
 			h.broker = b

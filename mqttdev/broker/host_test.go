@@ -60,7 +60,7 @@ func accepting(addr string) bool {
 	if _, err := io.ReadFull(c, ack); err != nil {
 		return false
 	}
-	return ack[0] == 0x20 && ack[3] == 0
+	return ack[0] == 0x20
 }
 
 // brokerHostSetup opens one SQLite store file twice (as two processes
@@ -81,7 +81,7 @@ func brokerHostSetup(t *testing.T, lease time.Duration) (addr string, newHost fu
 	addr = freeAddr(t)
 	newHost = func(id string) *Host {
 		h, err := NewHost(HostConfig{
-			Store: open(), Addr: addr, WorkerID: id, Lease: lease,
+			Store: open(), Addr: addr, WorkerID: id, Lease: lease, Anonymous: true,
 			Logger: slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})).With(slog.String("host", id)),
 		})
 		if err != nil {
@@ -207,10 +207,11 @@ func TestHostConfig(t *testing.T) {
 	t.Parallel()
 	s := &sqlitestore.Store{}
 	for _, c := range []HostConfig{
-		{Addr: "127.0.0.1:1883"},
-		{Store: s, Addr: "127.0.0.1:0"},
-		{Store: s, Addr: "10.1.2.3:1883"},
-		{Store: s, Addr: "127.0.0.1:1883", Lease: 100 * time.Millisecond},
+		{Addr: "127.0.0.1:1883", Anonymous: true},
+		{Store: s, Addr: "127.0.0.1:0", Anonymous: true},
+		{Store: s, Addr: "10.1.2.3:1883", Anonymous: true},
+		{Store: s, Addr: "127.0.0.1:1883", Lease: 100 * time.Millisecond, Anonymous: true},
+		{Store: s, Addr: "127.0.0.1:1883"}, // neither credentials nor anonymous
 	} {
 		if _, err := NewHost(c); err == nil {
 			t.Errorf("NewHost(%+v): no error", c)

@@ -24,7 +24,7 @@ func (w tlogWriter) Write(b []byte) (int, error) {
 
 func TestStartBrokerRefusesNonLoopback(t *testing.T) {
 	t.Parallel()
-	if _, err := Listen(context.Background(), "0.0.0.0:0", nil); err == nil {
+	if _, err := Listen(context.Background(), Config{Addr: "0.0.0.0:0", Anonymous: true}); err == nil {
 		t.Fatal("listening on every interface was accepted")
 	}
 }
@@ -34,7 +34,7 @@ func TestStartBrokerRefusesNonLoopback(t *testing.T) {
 func TestBrokerStartStopContract(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b, err := Listen(ctx, "127.0.0.1:0", nil)
+	b, err := Listen(ctx, Config{Addr: "127.0.0.1:0", Anonymous: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,10 @@ type Config struct {
 	BrokerURL string
 	// Username and Password authenticate every device; empty means none.
 	Username, Password string
+	// Secrets are the devices' own credentials, by device id: a device
+	// listed logs in with its id as user name and its secret as password,
+	// in place of Username and Password.
+	Secrets map[string]string
 	// Prefix is the first topic level; empty means protocol.DefaultPrefix.
 	Prefix string
 	// Count is how many devices to run; at least 1.

@@ -28,7 +28,7 @@ func TestOutagesEndWhenTheySay(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		b, err := broker.Listen(ctx, "127.0.0.1:0", nil)
+		b, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Anonymous: true})
 		if err != nil {
 			t.Fatal(err)
 		}

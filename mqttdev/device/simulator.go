@@ -55,12 +55,16 @@ func NewSimulator(cfg Config) (*Simulator, error) {
 		if cfg.Behavior != nil {
 			d.behave = cfg.Behavior(i)
 		}
-		tr, err := protocol.NewClient(protocol.ClientConfig{
+		cc := protocol.ClientConfig{
 			BrokerURL: cfg.BrokerURL,
 			ClientID:  "leasepool-sim-" + id,
 			Username:  cfg.Username,
 			Password:  cfg.Password,
-		}, protocol.ClientOptions{
+		}
+		if secret, ok := cfg.Secrets[id]; ok {
+			cc.Username, cc.Password = id, secret
+		}
+		tr, err := protocol.NewClient(cc, protocol.ClientOptions{
 			Role:        "sim",
 			OnMessage:   d.onMessage,
 			OnConnect:   d.onConnect,

@@ -13,7 +13,7 @@ import (
 
 func startBroker(t *testing.T) string {
 	t.Helper()
-	b, err := broker.Listen(t.Context(), "127.0.0.1:0", nil)
+	b, err := broker.Listen(t.Context(), broker.Config{Addr: "127.0.0.1:0", Anonymous: true})
 	if err != nil {
 		t.Fatal(err)
 	}
