@@ -19,7 +19,7 @@ func FromFlow(f *flow.Flow, now time.Time) *Graph {
 		explicit = explicit || len(st.Needs) > 0
 	}
 	for i, st := range f.Steps {
-		nd := Node{Name: st.Name, Type: string(st.StepType()), HasRollback: st.Rollback != nil}
+		nd := Node{Name: st.Name, Type: string(st.StepType()), HasRollback: st.Rollback != nil, MaxFailedNeeds: st.MaxFailedNeeds}
 		if nd.Type == string(flow.TypeTask) {
 			nd.Kind = st.Action.Kind
 		}

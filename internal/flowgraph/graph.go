@@ -81,8 +81,11 @@ type Node struct {
 	Type  string
 	Kind  string
 	Needs []string
-	State State
-	Do    Run
+	// MaxFailedNeeds is how many of Needs may fail with the step still
+	// starting (the flow step's max_failed_needs; 0: none may).
+	MaxFailedNeeds int
+	State          State
+	Do             Run
 	// Undo is the rollback's run; HasRollback says whether the step has
 	// one at all.
 	Undo        Run
