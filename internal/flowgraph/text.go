@@ -47,6 +47,12 @@ func (g *Graph) Text(w io.Writer, colour bool) error {
 	}
 	for _, i := range g.Order() {
 		nd := g.Nodes[i]
+		if nd.State == Skipped && nd.Reason != "" {
+			// A step skipped as a step it needs failed has that reason as
+			// its work's error too: it is said once.
+			fmt.Fprintf(w, "%s skipped: %s\n", Clean(nd.Name), Clean(nd.Reason))
+			continue
+		}
 		for _, r := range []struct{ what, err string }{{"do", nd.Do.Error}, {"rollback", nd.Undo.Error}} {
 			if r.err != "" {
 				fmt.Fprintf(w, "%s %s error: %s\n", Clean(nd.Name), r.what, Clean(strings.ReplaceAll(r.err, "\n", " ")))
