@@ -47,6 +47,13 @@ func (s *Stepper) withdraw(ctx context.Context, r *Rollout, now time.Time) (bool
 	if running > 0 {
 		return changed, nil
 	}
+	// Every execution of the waves that ran has ended now, and no wave
+	// starts any more: they end with the rollout.
+	for w := range r.Waves {
+		if wave := &r.Waves[w]; !wave.StartedAt.IsZero() && wave.EndedAt.IsZero() {
+			wave.EndedAt, wave.Stopped = now, true
+		}
+	}
 	typ := EventCancelled
 	if r.State == StateAborting {
 		r.State, typ = StateAborted, EventAborted
