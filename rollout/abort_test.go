@@ -359,3 +359,60 @@ func TestStoppedRolloutEndsItsWaves(t *testing.T) {
 		t.Errorf("%s: waves %s, want cancelled, %s", r.State, got, want)
 	}
 }
+
+// A command that ends on its own after the step aborting the rollout
+// looked at it (claimed and run meanwhile) keeps its outcome: one that
+// succeeded is rolled back, not taken for withdrawn; and the abort is
+// recorded at a time after every command it saw over.
+func TestCommandEndingDuringTheAbortKeepsItsOutcome(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := openStore(t)
+	if _, err := Create(ctx, st, "late", Spec{Command: "update", Devices: devices(2), RollbackCommand: "rollback"}); err != nil {
+		t.Fatal(err)
+	}
+	s := NewStepper(st)
+	if err := s.Step(ctx, "late"); err != nil {
+		t.Fatal(err)
+	}
+	// The step that aborts: it read the rollout with both commands
+	// running, and withdraws only after they ran.
+	r, err := Get(ctx, st, "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := r.Progress(); p.Total.Running != 2 {
+		t.Fatalf("%d commands running, want 2", p.Total.Running)
+	}
+	stepStart := st.Now().UTC()
+	newFleet(t, st, 1, map[string]bool{"dev-001": true}, nil, time.Millisecond)
+	var ended time.Time // when the later of the two ended
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		done := 0
+		for _, d := range devices(2) {
+			if tk, err := st.Get(ctx, TaskKey("late", d, 1)); err == nil && tk.State.Finished() {
+				done++
+				if tk.UpdatedAt.After(ended) {
+					ended = tk.UpdatedAt
+				}
+			}
+		}
+		if done == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the commands did not end")
+		}
+	}
+	r.State, r.Reason = StateAborting, "test"
+	if _, err := s.withdraw(ctx, r, stepStart); err != nil {
+		t.Fatal(err)
+	}
+	if r.State != StateAborted || r.Devices[0].Outcome != OutcomeSucceeded || r.Devices[0].Rollback != OutcomeQueued ||
+		r.Devices[1].Outcome != OutcomeFailed {
+		t.Fatalf("%s, executions %+v; want aborted, dev-000 succeeded and to roll back, dev-001 failed", r.State, r.Devices)
+	}
+	if r.EndedAt.Before(ended) || !r.Waves[0].EndedAt.Equal(r.EndedAt) {
+		t.Fatalf("abort recorded at %s (wave ended %s), before the commands it saw over ended at %s", r.EndedAt, r.Waves[0].EndedAt, ended)
+	}
+}
