@@ -42,12 +42,12 @@ const (
 	StepWaiting        StepState = "waiting"         // not started: a step it needs has not succeeded yet
 	StepRunning        StepState = "running"         // started: its task is queued or running, its signal or timer awaited
 	StepSucceeded      StepState = "succeeded"       // done; its result is params[name]
-	StepFailed         StepState = "failed"          // failed after its retries (or its signal timed out), or never started as a step it needs failed under a max_failed_needs step
+	StepFailed         StepState = "failed"          // failed after its retries (or its signal timed out)
 	StepRollingBack    StepState = "rolling_back"    // its rollback is queued or running
 	StepRolledBack     StepState = "rolled_back"     // its rollback succeeded
 	StepRollbackFailed StepState = "rollback_failed" // its rollback failed after its retries
 	StepCancelled      StepState = "cancelled"       // stopped while started: a cancel, or a wait ended by the flow's failure
-	StepSkipped        StepState = "skipped"         // never started: the flow stopped first
+	StepSkipped        StepState = "skipped"         // never started: a step it needs failed, or the flow stopped first (Progress.Reason says which)
 )
 
 // Limits of the DAG's fields.

@@ -215,3 +215,41 @@ func TestSignalOnAWorker(t *testing.T) {
 		t.Fatalf("timeout due %s ended %s: want within 1s", d.Due, d.EndedAt)
 	}
 }
+
+// TestSkippedStepsSayWhy: on a real worker, a step that never started
+// because a step it needs failed is skipped, not failed, and says why,
+// whether a max_failed_needs step tolerated the failure or the flow
+// rolled back.
+func TestSkippedStepsSayWhy(t *testing.T) {
+	r := newRig(t)
+	zero := 0
+	failing := func(st flow.Step) flow.Step {
+		st.Payload, st.Retries = json.RawMessage(`"fail"`), &zero
+		return st
+	}
+	r.publish(t, "chain", `{}`, []flow.Step{stepOf("a"), failing(stepOf("b", "a")), stepOf("c", "b"), stepOf("d", "c")})
+	all := stepOf("all", "v1", "v2")
+	all.MaxFailedNeeds = 1
+	r.publish(t, "fleet", `{}`, []flow.Step{failing(stepOf("u1")), stepOf("u2"), stepOf("v1", "u1"), stepOf("v2", "u2"), all})
+	for key, want := range map[string]struct {
+		state flow.State
+		steps string
+	}{
+		"chain": {flow.StateFailed, "a:rolled_back: b:rolled_back: c:skipped:needs b, which failed d:skipped:needs c, which was skipped"},
+		"fleet": {flow.StateSucceeded, "u1:failed: u2:succeeded: v1:skipped:needs u1, which failed v2:succeeded: all:succeeded:"},
+	} {
+		r.wait(t, key)
+		// Read back from the store, as the API and the CLI read it.
+		f, err := flow.Get(context.Background(), r.store, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for i, p := range f.Progress {
+			got = append(got, f.Steps[i].Name+":"+string(p.State)+":"+p.Reason)
+		}
+		if f.State != want.state || strings.Join(got, " ") != want.steps {
+			t.Errorf("%s: %s, steps\n %s\nwant %s\n %s", key, f.State, strings.Join(got, " "), want.state, want.steps)
+		}
+	}
+}

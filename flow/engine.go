@@ -405,10 +405,13 @@ func (f *Flow) retry(at time.Time) error {
 	return nil
 }
 
-// summarise sets each step's State from its runs.
+// summarise sets each step's State from its runs, and a skipped step's
+// Reason.
 func (f *Flow) summarise() {
+	needs := Needs(f.Steps)
 	for i := range f.Progress {
 		p := &f.Progress[i]
+		p.Reason = ""
 		switch {
 		case p.Undo.State == RunActive:
 			p.State = StepRollingBack
@@ -422,14 +425,50 @@ func (f *Flow) summarise() {
 			p.State = StepRunning
 		case p.Do.State == RunSucceeded:
 			p.State = StepSucceeded
+		case p.Do.State == RunFailed && p.Do.StartedAt.IsZero():
+			// Never started: tolerate recorded its work failed with the
+			// step it needs, for the steps counting failures to count.
+			p.State, p.Reason = StepSkipped, p.Do.Error
 		case p.Do.State == RunFailed:
 			p.State = StepFailed
 		case f.State == StatePending || f.State == StateRunning:
 			p.State = StepWaiting
 		default:
-			p.State = StepSkipped
+			p.State, p.Reason = StepSkipped, f.skipReason(i, needs[i])
 		}
 	}
+}
+
+// skipReason says why step i, which never started in a flow that starts
+// no more steps, never will: a max_failed_needs passed, else the step it
+// needs that failed (or was cancelled, or never started itself), else the
+// flow stopped before its needs were met.
+func (f *Flow) skipReason(i int, needs []int) string {
+	st := f.Steps[i]
+	if st.MaxFailedNeeds > 0 {
+		n := 0
+		for _, k := range needs {
+			if f.Progress[k].Do.State == RunFailed {
+				n++
+			}
+		}
+		if n > st.MaxFailedNeeds {
+			return fmt.Sprintf("%d of the %d steps it needs failed, more than its max_failed_needs (%d)", n, len(needs), st.MaxFailedNeeds)
+		}
+	}
+	why, rank := "the flow stopped first", 0
+	for _, k := range needs {
+		r, name := f.Progress[k].Do, f.Steps[k].Name
+		switch {
+		case r.State == RunFailed && !r.StartedAt.IsZero():
+			return fmt.Sprintf("needs %s, which failed", name)
+		case r.State == RunCancelled && rank < 2:
+			why, rank = fmt.Sprintf("needs %s, which was cancelled", name), 2
+		case (r.State == RunNone || r.State == RunFailed) && rank < 1:
+			why, rank = fmt.Sprintf("needs %s, which was skipped", name), 1
+		}
+	}
+	return why
 }
 
 // MaxParamsSize bounds a flow's shared parameters (request and results),

@@ -253,8 +253,11 @@ type Run struct {
 type Progress struct {
 	// State sums the step up (see StepState); kept with every write.
 	State StepState `json:"state,omitempty"`
-	Do    Run       `json:"do"`
-	Undo  Run       `json:"undo"`
+	// Reason says why a skipped step never started ("needs b, which
+	// failed"); kept with State.
+	Reason string `json:"reason,omitempty"`
+	Do     Run    `json:"do"`
+	Undo   Run    `json:"undo"`
 	// Order is the step's place among the run's steps whose work ended
 	// (1 the first); rollbacks follow it backwards.
 	Order int `json:"order,omitempty"`

@@ -44,6 +44,9 @@ func decode(d task.Document) (*Flow, error) {
 		return nil, fmt.Errorf("flow document %s: %d steps but %d progress entries", d.ID, len(f.Steps), len(f.Progress))
 	}
 	f.Version = d.Version
+	// Each step's summary as this version reads its runs, whenever the
+	// document was written.
+	f.summarise()
 	return &f, nil
 }
 

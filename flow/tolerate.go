@@ -12,8 +12,9 @@ import (
 //   - Such a step starts once every step it needs has ended, succeeded or
 //     failed after its retries, provided at most MaxFailedNeeds failed.
 //   - A step that needs a failed step and has no MaxFailedNeeds never
-//     starts: it fails with it ("needs update-3, which failed"), and the
-//     steps that need it see one more failure.
+//     starts: its work is recorded failed with it ("needs update-3,
+//     which failed"), and the steps that need it see one more failure.
+//     Readers see it skipped, with that reason (summarise).
 //   - A failure is contained when every chain of needs leading from the
 //     failed step reaches a step with MaxFailedNeeds (a step nothing needs
 //     ends no chain there). A contained failure stops nothing while each

@@ -85,8 +85,10 @@ func TestFleetBelowAndAtLimit(t *testing.T) {
 		done(t, f, fails[0], false, false)
 		// The failure in one branch stops nothing in the others.
 		wantActive(t, f, "u1", "u2", "u4", "u5")
-		if f.State != StateRunning || f.Progress[index(f, "v3")].State != StepFailed ||
-			f.Progress[index(f, "v3")].Do.Error != "needs u3, which failed" {
+		// v3 never starts: skipped, its work recorded failed for "all"
+		// to count.
+		if v3 := f.Progress[index(f, "v3")]; f.State != StateRunning || v3.State != StepSkipped ||
+			v3.Reason != "needs u3, which failed" || v3.Do.State != RunFailed {
 			t.Fatalf("flow %s %q; %s", f.State, f.Error, stepStates(f))
 		}
 		for _, u := range []string{"u1", "u2", "u4", "u5"} {
@@ -103,7 +105,7 @@ func TestFleetBelowAndAtLimit(t *testing.T) {
 		if f.State != StateSucceeded || f.Error != "" || undos(f) != nil {
 			t.Fatalf("%v failed: flow %s %q, rollbacks %v; want succeeded with none", fails, f.State, f.Error, undos(f))
 		}
-		want := "u1:succeeded u2:succeeded u3:failed u4:succeeded u5:succeeded v1:succeeded v2:succeeded v3:failed v4:succeeded v5:succeeded all:succeeded"
+		want := "u1:succeeded u2:succeeded u3:failed u4:succeeded u5:succeeded v1:succeeded v2:succeeded v3:skipped v4:succeeded v5:succeeded all:succeeded"
 		if len(fails) == 2 {
 			want = strings.Replace(want, "v5:succeeded", "v5:failed", 1)
 		}
@@ -140,9 +142,16 @@ func TestFleetAboveLimit(t *testing.T) {
 	if f.State != StateFailed || !slices.Equal(undos(f), []string{"u2", "u4", "u5"}) {
 		t.Fatalf("flow %s, rolled back %v; want failed, u2 u4 u5", f.State, undos(f))
 	}
-	want := "u1:failed u2:rolled_back u3:failed u4:rolled_back u5:rolled_back v1:failed v2:failed v3:skipped v4:skipped v5:skipped all:skipped"
+	want := "u1:failed u2:rolled_back u3:failed u4:rolled_back u5:rolled_back v1:skipped v2:failed v3:skipped v4:skipped v5:skipped all:skipped"
 	if got := stepStates(f); got != want {
 		t.Fatalf("%s\nwant %s", got, want)
+	}
+	// Each skipped step says why.
+	for step, why := range map[string]string{"v1": "needs u1, which failed", "v3": "needs u3, which failed",
+		"v4": "the flow stopped first", "all": "needs v2, which failed"} {
+		if got := f.Progress[index(f, step)].Reason; got != why {
+			t.Errorf("%s skipped because %q, want %q", step, got, why)
+		}
 	}
 	// A retry runs again every step that does not stand.
 	if err := f.retry(t0); err != nil {
@@ -249,7 +258,8 @@ func TestCancelWithToleratedFailure(t *testing.T) {
 		t.Fatalf("cancel without rollback: %v, %s", err, g.State)
 	}
 	g.summarise()
-	if g.Progress[0].State != StepFailed || g.Progress[5].State != StepFailed || g.Progress[1].State != StepCancelled {
+	if g.Progress[0].State != StepFailed || g.Progress[5].State != StepSkipped || g.Progress[1].State != StepCancelled ||
+		g.Progress[5].Reason != "needs u1, which failed" || g.Progress[6].Reason != "needs u2, which was cancelled" {
 		t.Fatalf("%s", stepStates(g))
 	}
 }

@@ -256,3 +256,133 @@ func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
 		}
 	}
 }
+
+// waveStates lists each wave's state and whether it has an end time.
+func waveStates(p Progress) string {
+	var out []string
+	for _, w := range p.Waves {
+		end := "-"
+		if !w.EndedAt.IsZero() {
+			end = "end"
+		}
+		out = append(out, fmt.Sprintf("%s/%s", w.State, end))
+	}
+	return fmt.Sprint(out)
+}
+
+// After an abort, the wave it aborted in ends with the rollout (aborted,
+// at its ended_at) and the waves after it are skipped, never started; a
+// cancel while a wave runs ends that wave likewise.
+func TestStoppedRolloutEndsItsWaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := openStore(t)
+	fail := map[string]bool{}
+	for _, d := range devices(20)[2:] {
+		fail[d] = true
+	}
+	newFleet(t, st, 2, fail, nil, time.Millisecond)
+	waves, _ := ParseWaves("2,10,15,100%")
+	rules, _ := ParseAbortRules("failed>20% after 5")
+	if _, err := Create(ctx, st, "abort", Spec{Command: "update", Devices: devices(20), Waves: waves, AbortWhen: rules}); err != nil {
+		t.Fatal(err)
+	}
+	r := drive(t, NewStepper(st), "abort", 30*time.Second)
+	p := r.Progress()
+	if r.State != StateAborted || r.Wave != 1 {
+		t.Fatalf("state %s in wave %d (%s), want aborted in wave 2", r.State, r.Wave+1, r.Reason)
+	}
+	if got, want := waveStates(p), "[ended/end aborted/end skipped/- skipped/-]"; got != want {
+		t.Errorf("waves %s, want %s", got, want)
+	}
+	if w := p.Waves[1]; !w.Ended || !w.EndedAt.Equal(r.EndedAt) || !r.Waves[1].Stopped {
+		t.Errorf("the aborted wave: %+v; want ended at the rollout's end %s", w, r.EndedAt)
+	}
+
+	// A cancel while the first wave's command runs.
+	st = openStore(t)
+	newFleet(t, st, 1, nil, nil, time.Hour)
+	if _, err := Create(ctx, st, "cancel", Spec{Command: "update", Devices: []string{"slow-1", "slow-2", "slow-3"},
+		Waves: []WaveTarget{{Count: 1}, {Percent: 100}}}); err != nil {
+		t.Fatal(err)
+	}
+	s := NewStepper(st)
+	key := TaskKey("cancel", "slow-1", 1)
+	stepUntil(t, s, "cancel", "a command claimed", func(*Rollout) bool {
+		got, err := st.Get(ctx, key)
+		return err == nil && len(got.Workers) == 1 && got.Workers[0].Live(st.Now())
+	})
+	if _, err := Cancel(ctx, st, "cancel"); err != nil {
+		t.Fatal(err)
+	}
+	r = stepUntil(t, s, "cancel", "cancelling", func(r *Rollout) bool { return r.State == StateCancelling })
+	if got, want := waveStates(r.Progress()), "[running/- skipped/-]"; got != want {
+		t.Errorf("cancelling: waves %s, want %s", got, want)
+	}
+	// The running command ends once its handler stops: the fleet's
+	// consumer holds it an hour, so the test cancels its task itself.
+	if _, err := task.Modify(ctx, st, key, func(t *task.Task) error { return t.Cancel(st.Now()) }); err != nil {
+		t.Fatal(err)
+	}
+	r = drive(t, s, "cancel", 30*time.Second)
+	if got, want := waveStates(r.Progress()), "[cancelled/end skipped/-]"; r.State != StateCancelled || got != want {
+		t.Errorf("%s: waves %s, want cancelled, %s", r.State, got, want)
+	}
+}
+
+// A command that ends on its own after the step aborting the rollout
+// looked at it (claimed and run meanwhile) keeps its outcome: one that
+// succeeded is rolled back, not taken for withdrawn; and the abort is
+// recorded at a time after every command it saw over.
+func TestCommandEndingDuringTheAbortKeepsItsOutcome(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := openStore(t)
+	if _, err := Create(ctx, st, "late", Spec{Command: "update", Devices: devices(2), RollbackCommand: "rollback"}); err != nil {
+		t.Fatal(err)
+	}
+	s := NewStepper(st)
+	if err := s.Step(ctx, "late"); err != nil {
+		t.Fatal(err)
+	}
+	// The step that aborts: it read the rollout with both commands
+	// running, and withdraws only after they ran.
+	r, err := Get(ctx, st, "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := r.Progress(); p.Total.Running != 2 {
+		t.Fatalf("%d commands running, want 2", p.Total.Running)
+	}
+	stepStart := st.Now().UTC()
+	newFleet(t, st, 1, map[string]bool{"dev-001": true}, nil, time.Millisecond)
+	var ended time.Time // when the later of the two ended
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		done := 0
+		for _, d := range devices(2) {
+			if tk, err := st.Get(ctx, TaskKey("late", d, 1)); err == nil && tk.State.Finished() {
+				done++
+				if tk.UpdatedAt.After(ended) {
+					ended = tk.UpdatedAt
+				}
+			}
+		}
+		if done == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the commands did not end")
+		}
+	}
+	r.State, r.Reason = StateAborting, "test"
+	if _, err := s.withdraw(ctx, r, stepStart); err != nil {
+		t.Fatal(err)
+	}
+	if r.State != StateAborted || r.Devices[0].Outcome != OutcomeSucceeded || r.Devices[0].Rollback != OutcomeQueued ||
+		r.Devices[1].Outcome != OutcomeFailed {
+		t.Fatalf("%s, executions %+v; want aborted, dev-000 succeeded and to roll back, dev-001 failed", r.State, r.Devices)
+	}
+	if r.EndedAt.Before(ended) || !r.Waves[0].EndedAt.Equal(r.EndedAt) {
+		t.Fatalf("abort recorded at %s (wave ended %s), before the commands it saw over ended at %s", r.EndedAt, r.Waves[0].EndedAt, ended)
+	}
+}

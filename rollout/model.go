@@ -198,6 +198,10 @@ type Wave struct {
 	Approved  bool      `json:"approved,omitempty"`
 	StartedAt time.Time `json:"started_at,omitzero"`
 	EndedAt   time.Time `json:"ended_at,omitzero"`
+	// Stopped says the rollout's abort or cancel ended the wave while it
+	// ran (EndedAt is then the rollout's ended_at): its queued commands
+	// were withdrawn.
+	Stopped bool `json:"stopped,omitempty"`
 }
 
 // Gate is what a wave waits for before it starts.
@@ -385,9 +389,24 @@ type Progress struct {
 	Version    int64     `json:"version"`
 }
 
+// WaveState is where a wave stands, in Progress.
+type WaveState string
+
+// The states of a wave.
+const (
+	WavePending   WaveState = "pending"   // not started yet
+	WaveRunning   WaveState = "running"   // started; some of its executions have not ended
+	WaveEnded     WaveState = "ended"     // every execution of it ended
+	WaveAborted   WaveState = "aborted"   // running when the rollout aborted: ended then, its queued commands withdrawn
+	WaveCancelled WaveState = "cancelled" // running when the rollout was cancelled: ended then, likewise
+	WaveSkipped   WaveState = "skipped"   // never started: the rollout aborted or was cancelled first
+)
+
 // WaveProgress is one wave of Progress.
 type WaveProgress struct {
 	Index int `json:"index"`
+	// State is where the wave stands (see WaveState).
+	State WaveState `json:"state"`
 	// Target is the cumulative number of devices once the wave ended;
 	// Size the devices in this wave alone.
 	Target    int        `json:"target"`

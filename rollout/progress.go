@@ -19,8 +19,13 @@ func (r *Rollout) Progress() Progress {
 	}
 	for i, w := range r.Waves {
 		wp := WaveProgress{
-			Index: i, Target: w.End, Size: w.End - w.Start, Spec: w.Target, Gate: w.Gate,
+			Index: i, State: r.waveState(i), Target: w.End, Size: w.End - w.Start, Spec: w.Target, Gate: w.Gate,
 			Started: !w.StartedAt.IsZero(), Ended: !w.EndedAt.IsZero(), StartedAt: w.StartedAt, EndedAt: w.EndedAt,
+		}
+		if (wp.State == WaveAborted || wp.State == WaveCancelled) && !wp.Ended {
+			// Stored before stopping a wave ended it: it ended with the
+			// rollout.
+			wp.Ended, wp.EndedAt = true, r.EndedAt
 		}
 		for _, e := range r.Devices[w.Start:w.End] {
 			wp.Counts.add(e.Outcome)
@@ -83,6 +88,31 @@ func (r *Rollout) Plan() Plan {
 		p.Waves = append(p.Waves, pw)
 	}
 	return p
+}
+
+// waveState is where wave i stands. A wave that never started in a
+// rollout aborting or cancelling never will; one that ran when it was
+// aborted or cancelled ended with it.
+func (r *Rollout) waveState(i int) WaveState {
+	w := r.Waves[i]
+	var stop WaveState // how the rollout stops, if it does
+	switch r.State {
+	case StateAborting, StateAborted:
+		stop = WaveAborted
+	case StateCancelling, StateCancelled:
+		stop = WaveCancelled
+	}
+	switch {
+	case w.StartedAt.IsZero() && stop != "":
+		return WaveSkipped
+	case w.StartedAt.IsZero():
+		return WavePending
+	case w.Stopped, w.EndedAt.IsZero() && stop != "" && r.State.Final():
+		return stop
+	case w.EndedAt.IsZero():
+		return WaveRunning
+	}
+	return WaveEnded
 }
 
 func percent(n, of int) float64 {

@@ -20,7 +20,9 @@ var errLive = errors.New("a live attempt runs")
 // withdraw cancels the commands not yet running (and makes sure a
 // command recorded but never published can no longer be), waits for the
 // running ones to end, and then records the rollout aborted or cancelled:
-// no command is sent after that moment.
+// no command is sent after that moment, which is read after every
+// command was seen over (now, the step's start, may be earlier: a
+// command claimed since may have run and ended).
 func (s *Stepper) withdraw(ctx context.Context, r *Rollout, now time.Time) (bool, error) {
 	changed, running := false, 0
 	for i := range r.Devices {
@@ -32,20 +34,33 @@ func (s *Stepper) withdraw(ctx context.Context, r *Rollout, now time.Time) (bool
 			e.Outcome, e.EndedAt, changed = OutcomeCancelled, now, true
 		case OutcomeRunning:
 			key := TaskKey(r.Name, e.Device, e.Attempt)
-			done, err := s.withdrawTask(ctx, r, e, key)
+			t, err := s.withdrawTask(ctx, r, e, key)
 			if err != nil {
 				return false, err
 			}
-			if !done {
+			if t == nil {
 				running++
 				continue
 			}
-			e.Outcome, e.EndedAt, e.Published, changed = OutcomeCancelled, now, true, true
+			// Cancelled here, or ended on its own since refresh looked:
+			// a command that succeeded is rolled back like the others.
+			e.Outcome, e.Error = settled(t, r.Spec.command(e.Device, false), key)
+			e.EndedAt, e.Published, changed = now, true, true
 			s.record(key, false)
 		}
 	}
 	if running > 0 {
 		return changed, nil
+	}
+	if at := s.st.Now().UTC(); at.After(now) {
+		now = at
+	}
+	// Every execution of the waves that ran has ended now, and no wave
+	// starts any more: they end with the rollout.
+	for w := range r.Waves {
+		if wave := &r.Waves[w]; !wave.StartedAt.IsZero() && wave.EndedAt.IsZero() {
+			wave.EndedAt, wave.Stopped = now, true
+		}
 	}
 	typ := EventCancelled
 	if r.State == StateAborting {
@@ -73,9 +88,9 @@ func (s *Stepper) withdraw(ctx context.Context, r *Rollout, now time.Time) (bool
 }
 
 // withdrawTask cancels the task of a running execution unless an attempt
-// of it is live; it reports whether the execution is over (cancelled, or
-// never to be published). A finished task was classified by refresh.
-func (s *Stepper) withdrawTask(ctx context.Context, r *Rollout, e *Exec, key string) (bool, error) {
+// of it is live; once the execution is over (cancelled, never to be
+// published, or ended on its own) it returns the task, else nil.
+func (s *Stepper) withdrawTask(ctx context.Context, r *Rollout, e *Exec, key string) (*task.Task, error) {
 	t, err := s.st.Get(ctx, key)
 	if errors.Is(err, task.ErrNotFound) {
 		// Recorded, not published (or not yet): take the key with a
@@ -83,19 +98,19 @@ func (s *Stepper) withdrawTask(ctx context.Context, r *Rollout, e *Exec, key str
 		// nothing.
 		p, err := publishParams(r, e.Device, key, false)
 		if err != nil {
-			return false, err
+			return nil, err
 		}
 		p.RunAt = s.st.Now().Add(24 * time.Hour)
 		if t, _, err = task.Publish(ctx, s.st, p); err != nil {
-			return false, err
+			return nil, err
 		}
 	} else if err != nil {
-		return false, err
+		return nil, err
 	}
 	if t.State.Finished() {
-		return true, nil
+		return t, nil
 	}
-	_, err = task.ModifyFrom(ctx, s.st, key, t, func(t *task.Task) error {
+	t, err = task.ModifyFrom(ctx, s.st, key, t, func(t *task.Task) error {
 		if t.State.Finished() {
 			return nil
 		}
@@ -109,11 +124,26 @@ func (s *Stepper) withdrawTask(ctx context.Context, r *Rollout, e *Exec, key str
 	})
 	switch {
 	case errors.Is(err, errLive):
-		return false, nil
+		return nil, nil
 	case err != nil:
-		return false, err
+		return nil, err
 	}
-	return true, nil
+	return t, nil
+}
+
+// settled is how the finished task t of an execution ended, in a rollout
+// that retries and resends nothing any more: a lost worker counts as
+// timed out, and a task at key that would not send want (not the
+// rollout's) as failed.
+func settled(t *task.Task, want mqttdev.Command, key string) (Outcome, string) {
+	if why := foreign(t, want); why != "" {
+		return OutcomeFailed, foreignError(key, why)
+	}
+	o, msg, lost := classify(t)
+	if lost {
+		o = OutcomeTimedOut
+	}
+	return o, msg
 }
 
 // rollback publishes the rollback command to each device that succeeded

@@ -28,6 +28,7 @@ import (
 	"github.com/leasepool/leasepool/events"
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/internal/safetext"
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -309,4 +310,8 @@ var funcs = template.FuncMap{
 	// visible escapes control and format characters (U+202E and kin) in
 	// text the store holds: shown as what it is, it reorders nothing.
 	"visible": safetext.Escape,
+	// deviceID reports whether id is one a device may have: a form that
+	// names a device (Approve) is offered for those only, so no id written
+	// around the checks reaches the page raw.
+	"deviceID": func(id string) bool { return mqttdev.ValidateID("device", id) == nil },
 }

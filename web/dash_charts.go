@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/stats"
 	"github.com/leasepool/leasepool/task"
 )
@@ -399,6 +400,9 @@ type waveBar struct {
 	// stand (Failed: every failure kind; Other: cancelled or skipped).
 	Size, Succeeded, Failed, Running, Queued, Other int
 	Started, Ended                                  bool
+	// State is the wave's (rollout.WaveState); empty: from Started and
+	// Ended.
+	State string
 	// Gate is how the wave may start ("auto", "approval").
 	Gate string
 }
@@ -442,6 +446,8 @@ func rolloutChart(id string, r rolloutBars) template.HTML {
 		y := padTop + i*rowH
 		state := "waiting"
 		switch {
+		case w.State != "" && w.State != string(rollout.WavePending):
+			state = w.State // aborted, cancelled or skipped besides
 		case w.Ended:
 			state = "ended"
 		case w.Started:

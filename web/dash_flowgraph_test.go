@@ -124,6 +124,25 @@ func TestFlowPagePicture(t *testing.T) {
 	e.wantPage("/flows", 200, `<td>0 of 5 done; running <bdi>&lt;script&gt;alert(1)&lt;/script&gt;</bdi></td>`)
 }
 
+// The flow page names a fan-in step's max_failed_needs in the steps
+// table and in its box's hover text.
+func TestFlowPageShowsMaxFailedNeeds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	spec := flow.Spec{Key: "fleet", Steps: []flow.Step{
+		{Name: "u1", Action: flow.Action{Kind: "noop"}},
+		{Name: "u2", Action: flow.Action{Kind: "noop"}},
+		{Name: "all", Needs: []string{"u1", "u2"}, MaxFailedNeeds: 1, Action: flow.Action{Kind: "noop"}},
+	}}
+	if _, _, err := flow.Publish(t.Context(), e.store, spec); err != nil {
+		t.Fatal(err)
+	}
+	body := e.wantPage("/flow?key=fleet", 200, `<div class="note">needs <bdi>u1, u2</bdi>; max_failed_needs 1</div>`)
+	if !strings.Contains(body, "needs u1, u2 (max_failed_needs 1)</title>") {
+		t.Errorf("the fan-in step's box does not name its max_failed_needs")
+	}
+}
+
 func TestFlowPageSignalForm(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, web.Config{})

@@ -86,7 +86,7 @@ func rolloutBarsOf(p rollout.Progress) rolloutBars {
 	for _, w := range p.Waves {
 		b.Waves = append(b.Waves, waveBar{Index: w.Index, Size: w.Size, Succeeded: w.Counts.Succeeded,
 			Failed: w.Counts.Failures(), Running: w.Counts.Running, Queued: w.Counts.Queued,
-			Other: w.Counts.Cancelled + w.Counts.Skipped, Started: w.Started, Ended: w.Ended, Gate: string(w.Gate)})
+			Other: w.Counts.Cancelled + w.Counts.Skipped, Started: w.Started, Ended: w.Ended, State: string(w.State), Gate: string(w.Gate)})
 	}
 	if n := p.Next; n != nil {
 		b.NextWave, b.NextGate, b.GateState = n.Wave, string(n.Gate), n.State

@@ -26,7 +26,7 @@ func TestDevicesPageNeutralisesBidi(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := e.wantPage("/devices", 200, `<bdi class="device-id">evil\u202e1</bdi>`, `<bdi>firmware=1.0\u202egnp.exe</bdi>`,
-		`data-label="1.0\u202egnp.exe"`, `by <bdi>site\x1b</bdi>`)
+		`data-label="1.0\u202egnp.exe"`, `by announced <bdi>site\x1b</bdi>`)
 	if strings.ContainsFunc(body, func(r rune) bool { return r != '\n' && r != '\t' && safetext.Unsafe(r) }) {
 		t.Errorf("the devices page holds a control or format character raw:\n%q", body)
 	}

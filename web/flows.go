@@ -7,6 +7,7 @@ package web
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -22,12 +23,22 @@ const maxFlowsListed = 1000
 type flowResponse struct {
 	Result task.PublishResult `json:"result"`
 	Flow   *flow.Flow         `json:"flow"`
+	// Warnings are as a task publish's: a step's (or rollback's) kind no
+	// live worker runs. Absent when there are none.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // publishFlow reads a flow spec strictly (an unknown field is a 400 naming
 // it), checks device steps as device commands (adding their lock keys) and
-// publishes it, idempotently by key.
+// publishes it, idempotently by key, with a warning for each kind of its
+// task steps and rollbacks that no live worker runs; ?strict=true refuses
+// such a kind instead (400 naming the step's field, nothing written).
 func (a *api) publishFlow(w http.ResponseWriter, r *http.Request) {
+	strict, err := strictParam(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxPublishBody)
 	spec, err := flow.ParseSpec(r.Body)
 	if err == nil {
@@ -36,6 +47,11 @@ func (a *api) publishFlow(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = mqttdev.PrepareFlow(&spec)
 	}
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	warnings, err := a.kindWarnings(r, strict, flowKinds(spec)...)
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -50,7 +66,25 @@ func (a *api) publishFlow(w http.ResponseWriter, r *http.Request) {
 		code = http.StatusCreated
 	}
 	a.log.Info("web: flow published", "key", f.Key, "result", string(res))
-	writeJSON(w, code, flowResponse{Result: res, Flow: f})
+	writeJSON(w, code, flowResponse{Result: res, Flow: f, Warnings: warnings})
+}
+
+// flowKinds are the kinds of the tasks a flow's steps publish: each task
+// step's and its rollback's, in step order, as `leasepool flow publish`
+// checks them. A signal or sleep step's timer is a kind every worker runs.
+func flowKinds(spec flow.Spec) []kindRef {
+	var refs []kindRef
+	for i, st := range spec.Steps {
+		if st.StepType() != flow.TypeTask {
+			continue
+		}
+		field := fmt.Sprintf("steps[%d]", i)
+		refs = append(refs, kindRef{field + ".kind", st.Kind})
+		if st.Rollback != nil {
+			refs = append(refs, kindRef{field + ".rollback.kind", st.Rollback.Kind})
+		}
+	}
+	return refs
 }
 
 func (a *api) getFlow(w http.ResponseWriter, r *http.Request) {

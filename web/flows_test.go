@@ -1,12 +1,16 @@
 package web_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/web"
 )
@@ -141,5 +145,49 @@ func TestFlowSignalAPI(t *testing.T) {
 	ro := newEnv(t, web.Config{ReadOnly: true})
 	if code, _ := ro.do("POST", "/api/v1/flows/vm-1/signal/ack", ""); code != http.StatusForbidden {
 		t.Errorf("read-only signal = %d, want 403", code)
+	}
+}
+
+// A step that never started as a step it needs failed is skipped, with
+// why, in the API's progress, the flow page's steps table and its box in
+// the picture.
+func TestFlowSkippedStepSaysWhy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	mux := consumer.NewMux()
+	if err := flow.Register(mux, flow.Config{Store: e.store}); err != nil {
+		t.Fatal(err)
+	}
+	mux.RegisterFunc("ok", func(context.Context, *consumer.Job) error { return nil })
+	mux.RegisterFunc("bad", func(context.Context, *consumer.Job) error { return errors.New("broke") })
+	c, err := consumer.New(consumer.Config{Store: e.store, Handler: mux, WorkerID: "w", RetryPolicy: consumer.NoBackoff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(context.Background())
+	e.want("POST", "/api/v1/flows", `{"key":"fleet","steps":[
+ {"name":"u1","kind":"bad","retries":0},{"name":"u2","kind":"ok"},
+ {"name":"v1","kind":"ok","needs":["u1"]},{"name":"v2","kind":"ok","needs":["u2"]},
+ {"name":"all","kind":"ok","needs":["v1","v2"],"max_failed_needs":1}]}`, http.StatusCreated, `"result":"inserted"`)
+	var f flow.Flow
+	for deadline := time.Now().Add(time.Minute); !f.State.Finished(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("flow still %s", f.State)
+		}
+		_, body := e.do("GET", "/api/v1/flows/fleet", "")
+		if err := json.Unmarshal([]byte(body), &f); err != nil {
+			t.Fatalf("%v: %s", err, body)
+		}
+	}
+	if v1 := f.Progress[2]; f.State != flow.StateSucceeded || v1.State != flow.StepSkipped || v1.Reason != "needs u1, which failed" {
+		t.Fatalf("flow %s, v1 %s because %q; want succeeded, v1 skipped because u1 failed", f.State, v1.State, v1.Reason)
+	}
+	body := e.wantPage("/flow?key=fleet", 200, `<td><span class="r-skipped">skipped</span><div class="note">needs u1, which failed</div></td>`,
+		`data-step="v1" data-state="skipped"`, "skipped: needs u1, which failed</title>")
+	if strings.Contains(body, `<span class="r-failed">failed</span><div class="err">needs u1`) {
+		t.Errorf("the steps table shows the skipped step failed")
 	}
 }

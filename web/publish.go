@@ -112,13 +112,10 @@ type publishResponse struct {
 // a warning when no live worker runs the task's kind; ?strict=true refuses
 // such a kind instead (400 naming kind, nothing written).
 func (a *api) publish(w http.ResponseWriter, r *http.Request) {
-	strict := false
-	if v := r.URL.Query().Get("strict"); v != "" {
-		var err error
-		if strict, err = strconv.ParseBool(v); err != nil {
-			a.fail(w, r, badInput("strict", "%q is not true or false", v))
-			return
-		}
+	strict, err := strictParam(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
 	}
 	var body publishBody
 	if err := decodeLimit(w, r, &body, maxPublishBody); err != nil {
@@ -130,18 +127,10 @@ func (a *api) publish(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	missing, err := task.KindsWithoutWorker(r.Context(), a.store, a.store.Now(), p.Kind)
+	warnings, err := a.kindWarnings(r, strict, kindRef{"kind", p.Kind})
 	if err != nil {
 		a.fail(w, r, err)
 		return
-	}
-	if strict && len(missing) > 0 {
-		a.fail(w, r, missing[0].Refusal("kind"))
-		return
-	}
-	var warnings []string
-	for _, n := range missing {
-		warnings = append(warnings, n.Warning())
 	}
 	t, res, err := task.Publish(r.Context(), a.store, p)
 	if err != nil {
@@ -154,4 +143,45 @@ func (a *api) publish(w http.ResponseWriter, r *http.Request) {
 	}
 	a.log.Info("web: published", "key", t.Key, "result", string(res))
 	writeJSON(w, code, publishResponse{Result: res, Task: t, Warnings: warnings})
+}
+
+// strictParam reads ?strict: refuse a kind no live worker runs rather
+// than warn of it.
+func strictParam(r *http.Request) (bool, error) {
+	v := r.URL.Query().Get("strict")
+	if v == "" {
+		return false, nil
+	}
+	strict, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badInput("strict", "%q is not true or false", v)
+	}
+	return strict, nil
+}
+
+// kindRef is a kind a publish would store a task of, and the body's field
+// that names it.
+type kindRef struct{ field, kind string }
+
+// kindWarnings returns a warning for each kind of refs (each once) that no
+// live worker runs; strict refuses the first such kind instead, naming its
+// field.
+func (a *api) kindWarnings(r *http.Request, strict bool, refs ...kindRef) ([]string, error) {
+	kinds := make([]string, len(refs))
+	for i, ref := range refs {
+		kinds[i] = ref.kind
+	}
+	missing, err := task.KindsWithoutWorker(r.Context(), a.store, a.store.Now(), kinds...)
+	if err != nil {
+		return nil, err
+	}
+	if strict && len(missing) > 0 {
+		i := slices.IndexFunc(refs, func(ref kindRef) bool { return ref.kind == missing[0].Kind })
+		return nil, missing[0].Refusal(refs[i].field)
+	}
+	var warnings []string
+	for _, n := range missing {
+		warnings = append(warnings, n.Warning())
+	}
+	return warnings, nil
 }

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/task"
@@ -263,5 +265,48 @@ func TestRolloutDryRunAPI(t *testing.T) {
 	}
 	if storedRollout(t, e, "fw") != nil {
 		t.Fatal("a dry run wrote the rollout")
+	}
+}
+
+// After an abort, the API and the dashboard agree on the waves: the one
+// it aborted in ended with the rollout, the later ones were skipped.
+func TestRolloutWavesAfterAbort(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{})
+	mux := consumer.NewMux()
+	mux.RegisterFunc(mqttdev.Kind, func(context.Context, *consumer.Job) error {
+		return fmt.Errorf("%w: simulated", mqttdev.ErrDeviceFailed)
+	})
+	c, err := consumer.New(consumer.Config{Store: e.store, Handler: mux, WorkerID: "fleet", RetryPolicy: consumer.NoBackoff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(context.Background())
+	e.want("POST", "/api/v1/rollouts", `{"name":"bad","command":"update","devices":["d1","d2","d3","d4"],"waves":"2,3,100%",
+		"abort_when":"failed>50% after 1"}`, http.StatusCreated, `"state":"running"`)
+	s := rollout.NewStepper(e.store)
+	var p rollout.Progress
+	for deadline := time.Now().Add(30 * time.Second); !p.State.Final(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("rollout still %s", p.State)
+		}
+		if err := s.Step(t.Context(), "bad"); err != nil && !errors.Is(err, task.ErrConflict) {
+			t.Fatal(err)
+		}
+		_, body := e.do("GET", "/api/v1/rollouts/bad", "")
+		if err := json.Unmarshal([]byte(body), &p); err != nil {
+			t.Fatalf("%v: %s", err, body)
+		}
+	}
+	if w := p.Waves; p.State != rollout.StateAborted || w[0].State != rollout.WaveAborted || !w[0].Ended ||
+		!w[0].EndedAt.Equal(p.EndedAt) || w[1].State != rollout.WaveSkipped || w[2].State != rollout.WaveSkipped || w[2].Started {
+		t.Fatalf("%s, waves %+v", p.State, w)
+	}
+	body := e.wantPage("/rollout?name=bad", 200, `<td class="wave-state">aborted</td>`, `<td class="wave-state">skipped</td>`)
+	if !strings.Contains(body, `data-wave="1" data-state="aborted"`) || !strings.Contains(body, `data-wave="3" data-state="skipped"`) {
+		t.Errorf("the waves chart does not show wave 1 aborted, wave 3 skipped")
 	}
 }

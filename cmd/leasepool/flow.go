@@ -190,22 +190,68 @@ func flowList(c *cli.Context) error {
 	return tw.Flush()
 }
 
-// cursorText names the steps running (or rolling back), or where the
-// flow stopped.
+// cursorText names the steps running (or rolling back); in a flow that
+// stopped, the steps that stopped it and how: whose work failed, whose
+// rollback failed, or that a cancel stopped ("step 2/5 b failed"). The
+// flow's cursor (the step started last) is no such step once a rollback
+// ran, so it names none but in a flow still moving.
 func cursorText(f *flow.Flow) string {
 	if len(f.Steps) == 0 {
 		return "-"
 	}
-	var running []string
-	for i, p := range f.Progress {
-		if p.Do.State == flow.RunActive || p.Undo.State == flow.RunActive {
-			running = append(running, f.Steps[i].Name)
+	steps := func(match func(p flow.Progress) bool) []int {
+		var out []int
+		for i, p := range f.Progress {
+			if i < len(f.Steps) && match(p) {
+				out = append(out, i)
+			}
+		}
+		return out
+	}
+	cancelled := func(p flow.Progress) bool {
+		return p.Do.State == flow.RunCancelled || p.Undo.State == flow.RunCancelled
+	}
+	var at []int
+	how := ""
+	switch f.State {
+	case flow.StateRollbackFailed:
+		at, how = steps(func(p flow.Progress) bool { return p.Undo.State == flow.RunFailed }), "rollback failed"
+	case flow.StateFailed:
+		// A step that never started has its work recorded failed when a
+		// step it needs failed: only those that ran failed.
+		at, how = steps(func(p flow.Progress) bool { return p.Do.State == flow.RunFailed && !p.Do.StartedAt.IsZero() }), "failed"
+		if len(at) == 0 { // a cancel with rollback
+			at, how = steps(cancelled), "cancelled"
+		}
+	case flow.StateCancelled:
+		at, how = steps(cancelled), "cancelled"
+	default:
+		at = steps(func(p flow.Progress) bool { return p.Do.State == flow.RunActive || p.Undo.State == flow.RunActive })
+		if len(at) < 2 && f.Cursor >= 0 && f.Cursor < len(f.Steps) {
+			at = []int{f.Cursor}
 		}
 	}
-	if len(running) > 1 {
-		return fmt.Sprintf("steps %s of %d", strings.Join(running, ", "), len(f.Steps))
+	var s string
+	switch len(at) {
+	case 0:
+		return "-"
+	case 1:
+		s = fmt.Sprintf("step %d/%d %s", at[0]+1, len(f.Steps), f.Steps[at[0]].Name)
+	default:
+		const named = 3 // a fleet's hundred failures would not fit a column
+		var names []string
+		for _, i := range at[:min(len(at), named)] {
+			names = append(names, f.Steps[i].Name)
+		}
+		if n := len(at) - named; n > 0 {
+			names[named-1] += fmt.Sprintf(" and %d more", n)
+		}
+		s = fmt.Sprintf("steps %s of %d", strings.Join(names, ", "), len(f.Steps))
 	}
-	return fmt.Sprintf("step %d/%d %s", f.Cursor+1, len(f.Steps), f.Steps[f.Cursor].Name)
+	if how != "" {
+		s += " " + how
+	}
+	return s
 }
 
 func sortedKeys(f *flow.Flow) []string {

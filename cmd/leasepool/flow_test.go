@@ -111,3 +111,38 @@ func TestFlowCommands(t *testing.T) {
 		t.Errorf("ls --active --json printed %q", out)
 	}
 }
+
+// TestFlowShowMaxFailedNeeds: show names a fan-in step's max_failed_needs
+// beside its needs, in the text and in --json's graph.
+func TestFlowShowMaxFailedNeeds(t *testing.T) {
+	c := setup(t)
+	file := writeFile(t, `{"steps": [
+  {"name": "u1", "kind": "noop"}, {"name": "u2", "kind": "noop"},
+  {"name": "all", "kind": "noop", "needs": ["u1", "u2"], "max_failed_needs": 1}
+]}`)
+	c.must("flow", "publish", "fleet", "--file", file)
+	out := c.must("flow", "show", "fleet")
+	var row string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "all" {
+			row = strings.Join(f, " ")
+		}
+	}
+	if row != "2 all noop waiting 0 - u1,u2 (max_failed_needs 1) none" {
+		t.Errorf("show's row of the fan-in step: %q\n%s", row, out)
+	}
+	var doc struct {
+		Graph struct {
+			Steps []struct {
+				Name           string `json:"name"`
+				MaxFailedNeeds int    `json:"max_failed_needs"`
+			} `json:"steps"`
+		} `json:"graph"`
+	}
+	if err := json.Unmarshal([]byte(c.must("flow", "show", "fleet", "--json")), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if s := doc.Graph.Steps; len(s) != 3 || s[2].Name != "all" || s[2].MaxFailedNeeds != 1 || s[0].MaxFailedNeeds != 0 {
+		t.Errorf("show --json graph steps: %+v", s)
+	}
+}

@@ -307,14 +307,7 @@ func printRollout(w io.Writer, r *rollout.Rollout, devices bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "WAVE\tTARGET\tSIZE\tGATE\tSTATE\tSUCCEEDED\tFAILED\tRUNNING\tQUEUED\tFAILURE%")
 	for _, wp := range p.Waves {
-		state := "pending"
-		switch {
-		case wp.Ended:
-			state = "ended"
-		case wp.Started:
-			state = "running"
-		}
-		fmt.Fprintf(tw, "%d\t%s (%d)\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%.1f\n", wp.Index+1, wp.Spec, wp.Target, wp.Size, wp.Gate, state,
+		fmt.Fprintf(tw, "%d\t%s (%d)\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%.1f\n", wp.Index+1, wp.Spec, wp.Target, wp.Size, wp.Gate, wp.State,
 			wp.Counts.Succeeded, wp.Counts.Failures(), wp.Counts.Running, wp.Counts.Queued, wp.FailureRate)
 	}
 	if err := tw.Flush(); err != nil {

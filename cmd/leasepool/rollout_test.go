@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/mqttdev"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -244,5 +249,70 @@ func TestRolloutCreateDryRun(t *testing.T) {
 	}
 	if _, err := c.run("rollout", "show", "fw"); !errors.Is(err, task.ErrNotFound) {
 		t.Fatalf("show after dry runs: %v", err)
+	}
+}
+
+func driveAborting(t *testing.T, path, name string) {
+	t.Helper()
+	ctx := t.Context()
+	s, err := sqlitestore.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mux := consumer.NewMux()
+	mux.RegisterFunc(mqttdev.Kind, func(context.Context, *consumer.Job) error {
+		return fmt.Errorf("%w: simulated", mqttdev.ErrDeviceFailed)
+	})
+	w, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "fleet", Logger: slog.New(slog.DiscardHandler),
+		RetryPolicy: consumer.NoBackoff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(context.Background())
+	stepper := rollout.NewStepper(s)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err := stepper.Step(ctx, name); err != nil && !errors.Is(err, task.ErrConflict) {
+			t.Fatal(err)
+		}
+		r, err := rollout.Get(ctx, s, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State.Final() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rollout %s still %s", name, r.State)
+		}
+	}
+}
+
+func TestRolloutShowAfterAbort(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.must("rollout", "create", "bad", "--command", "update", "--devices", "d1,d2,d3,d4",
+		"--waves", "2,3,100%", "--abort-when", "failed>50% after 1")
+	driveAborting(t, c.path, "bad")
+	var states []string
+	out := c.must("rollout", "show", "bad")
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 5 && f[4] == "auto" {
+			states = append(states, f[5])
+		}
+	}
+	if fmt.Sprint(states) != "[aborted skipped skipped]" || !strings.HasPrefix(out, "rollout bad: aborted") {
+		t.Errorf("wave states %v, want [aborted skipped skipped]:\n%s", states, out)
+	}
+	var p rollout.Progress
+	if err := json.Unmarshal([]byte(c.must("rollout", "show", "bad", "--json")), &p); err != nil {
+		t.Fatal(err)
+	}
+	if w := p.Waves; w[0].State != rollout.WaveAborted || !w[0].EndedAt.Equal(p.EndedAt) || p.EndedAt.IsZero() ||
+		w[1].State != rollout.WaveSkipped || w[1].Started || !w[1].EndedAt.IsZero() {
+		t.Errorf("show --json waves %+v, ended %s", w, p.EndedAt)
 	}
 }

@@ -19,7 +19,7 @@ func FromFlow(f *flow.Flow, now time.Time) *Graph {
 		explicit = explicit || len(st.Needs) > 0
 	}
 	for i, st := range f.Steps {
-		nd := Node{Name: st.Name, Type: string(st.StepType()), HasRollback: st.Rollback != nil}
+		nd := Node{Name: st.Name, Type: string(st.StepType()), HasRollback: st.Rollback != nil, MaxFailedNeeds: st.MaxFailedNeeds}
 		if nd.Type == string(flow.TypeTask) {
 			nd.Kind = st.Action.Kind
 		}
@@ -32,7 +32,7 @@ func FromFlow(f *flow.Flow, now time.Time) *Graph {
 		var recorded flow.StepState
 		if i < len(f.Progress) {
 			p := f.Progress[i]
-			nd.Do, nd.Undo, recorded = runOf(p.Do), runOf(p.Undo), p.State
+			nd.Do, nd.Undo, recorded, nd.Reason = runOf(p.Do), runOf(p.Undo), p.State, p.Reason
 			nd.Signalled = p.Signal != nil
 		}
 		nd.State = stateOf(nd, recorded)

@@ -27,7 +27,7 @@ const (
 	Succeeded      State = "succeeded"       // done
 	Failed         State = "failed"          // failed after its retries
 	Cancelled      State = "cancelled"       // stopped while started
-	Skipped        State = "skipped"         // never started: the flow stopped first
+	Skipped        State = "skipped"         // never started: a step it needs failed, or the flow stopped first
 	RollingBack    State = "rolling_back"    // its rollback is queued or running
 	RolledBack     State = "rolled_back"     // its rollback succeeded
 	RollbackFailed State = "rollback_failed" // its rollback failed after its retries
@@ -81,8 +81,13 @@ type Node struct {
 	Type  string
 	Kind  string
 	Needs []string
-	State State
-	Do    Run
+	// MaxFailedNeeds is how many of Needs may fail with the step still
+	// starting (the flow step's max_failed_needs; 0: none may).
+	MaxFailedNeeds int
+	State          State
+	// Reason says why a skipped step never started.
+	Reason string
+	Do     Run
 	// Undo is the rollback's run; HasRollback says whether the step has
 	// one at all.
 	Undo        Run

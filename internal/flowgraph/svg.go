@@ -115,6 +115,12 @@ func (nd Node) describe(now time.Time) string {
 	if len(nd.Needs) > 0 {
 		fmt.Fprintf(&b, "\nneeds %s", strings.Join(nd.Needs, ", "))
 	}
+	if nd.MaxFailedNeeds > 0 {
+		fmt.Fprintf(&b, " (max_failed_needs %d)", nd.MaxFailedNeeds)
+	}
+	if nd.State == Skipped && nd.Reason != "" {
+		fmt.Fprintf(&b, "\nskipped: %s", nd.Reason)
+	}
 	for _, r := range []struct {
 		what string
 		run  Run

@@ -32,6 +32,9 @@ func (g *Graph) Text(w io.Writer, colour bool) error {
 		if len(nd.Needs) > 0 {
 			needs = Clean(strings.Join(nd.Needs, ","))
 		}
+		if nd.MaxFailedNeeds > 0 {
+			needs += fmt.Sprintf(" (max_failed_needs %d)", nd.MaxFailedNeeds)
+		}
 		kind := nd.Kind // a task step's kind; signal, sleep
 		if nd.Type != "task" || kind == "" {
 			kind = nd.Type
@@ -44,6 +47,12 @@ func (g *Graph) Text(w io.Writer, colour bool) error {
 	}
 	for _, i := range g.Order() {
 		nd := g.Nodes[i]
+		if nd.State == Skipped && nd.Reason != "" {
+			// A step skipped as a step it needs failed has that reason as
+			// its work's error too: it is said once.
+			fmt.Fprintf(w, "%s skipped: %s\n", Clean(nd.Name), Clean(nd.Reason))
+			continue
+		}
 		for _, r := range []struct{ what, err string }{{"do", nd.Do.Error}, {"rollback", nd.Undo.Error}} {
 			if r.err != "" {
 				fmt.Fprintf(w, "%s %s error: %s\n", Clean(nd.Name), r.what, Clean(strings.ReplaceAll(r.err, "\n", " ")))
@@ -100,6 +109,8 @@ type StepSummary struct {
 	Attempts int      `json:"attempts"`
 	TookMS   int64    `json:"took_ms"`
 	Needs    []string `json:"needs"`
+	// MaxFailedNeeds is the step's max_failed_needs, 0 if none.
+	MaxFailedNeeds int `json:"max_failed_needs,omitempty"`
 	// RollbackN is the step's place in the rollback order, 0 if none.
 	RollbackN int `json:"rollback_n,omitempty"`
 }
@@ -119,7 +130,8 @@ func (g *Graph) Summary() Summary {
 			needs = []string{}
 		}
 		s.Steps = append(s.Steps, StepSummary{Name: nd.Name, Type: nd.Type, Level: nd.Level, State: nd.State,
-			Attempts: nd.Do.Attempts, TookMS: runTime(nd.Do, g.Now).Milliseconds(), Needs: needs, RollbackN: nd.RollbackN})
+			Attempts: nd.Do.Attempts, TookMS: runTime(nd.Do, g.Now).Milliseconds(), Needs: needs, MaxFailedNeeds: nd.MaxFailedNeeds,
+			RollbackN: nd.RollbackN})
 	}
 	for _, i := range g.Rollback {
 		s.Rollback = append(s.Rollback, g.Nodes[i].Name)
