@@ -119,3 +119,19 @@ func (s *scheduler) onGateWake(w gateWake) {
 	delete(s.letGoWakes, w.wake)
 	s.dropped()
 }
+
+// gate holds a dispatched entry aside while its kind's Gate keeps it back.
+func (c *claimTable) gate(e preempt.Entry) {
+	if k, ok := c.move(e.Key, stateGated); ok {
+		k.entry = e
+	}
+}
+
+// ungate puts a gated key's entry back in the heap, where dispatch asks
+// the gate again; a key in any other state is left alone (its wake came
+// late).
+func (c *claimTable) ungate(key string) {
+	if k := c.keys[key]; k != nil && k.state == stateGated {
+		c.queue(k.entry)
+	}
+}

@@ -94,7 +94,7 @@ func TestGateHoldsWithoutWrites(t *testing.T) {
 		g := newGateHandler()
 		startGated(t, db, g, []string{"w1", "w2"})
 		published := publishDev(t, db, "cmd-1")
-		time.Sleep(30 * time.Second)
+		time.Sleep(30 * time.Second) // virtual time: the hold is the point, and nothing may be written in it
 		got, err := db.Open().Get(t.Context(), "cmd-1")
 		if err != nil {
 			t.Fatal(err)
@@ -141,7 +141,7 @@ func TestGateRecheckBoundsAMissedWake(t *testing.T) {
 		g.recheck = 5 * time.Second
 		startGated(t, db, g, []string{"w1"})
 		publishDev(t, db, "cmd-1")
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // virtual time: the task is held by then
 		opened := time.Now()
 		g.open(false)
 		recv(t, g.ran, "the task to run")
@@ -165,7 +165,7 @@ func TestGateLetsGoPastItsBoundAndWakes(t *testing.T) {
 		for i := range n {
 			publishDev(t, db, fmt.Sprintf("cmd-%02d", i))
 		}
-		time.Sleep(10 * time.Second)
+		time.Sleep(10 * time.Second) // virtual time: the hold is the point
 		for _, tk := range db.Tasks() {
 			if len(tk.Workers) != 0 {
 				t.Fatalf("%s claimed while its gate was closed", tk.Key)

@@ -377,22 +377,6 @@ func (c *claimTable) pause(e preempt.Entry) {
 	}
 }
 
-// gate holds a dispatched entry aside while its kind's Gate keeps it back.
-func (c *claimTable) gate(e preempt.Entry) {
-	if k, ok := c.move(e.Key, stateGated); ok {
-		k.entry = e
-	}
-}
-
-// ungate puts a gated key's entry back in the heap, where dispatch asks
-// the gate again; a key in any other state is left alone (its wake came
-// late).
-func (c *claimTable) ungate(key string) {
-	if k := c.keys[key]; k != nil && k.state == stateGated {
-		c.queue(k.entry)
-	}
-}
-
 // park holds a dispatched entry aside until lockKey, busy here, frees.
 func (c *claimTable) park(e preempt.Entry, lockKey string) {
 	if !c.may(e.Key, stateLockParked) {
