@@ -155,7 +155,7 @@ func (c *stream) Next(ctx context.Context) (task.Event, error) {
 		}
 		if i := pos - db.dropped; i < int64(len(db.changes)) {
 			ch := db.changes[i]
-			if (ch.doc == nil && !c.p.WantsDocuments(ch.document.Namespace)) || (ch.doc != nil && c.p.SkipQuiet && ch.quiet) {
+			if (ch.doc == nil && !c.p.WantsDocuments(ch.document.Namespace)) || (ch.doc != nil && (c.p.NoTasks || c.p.SkipQuiet && ch.quiet)) {
 				db.mu.Unlock()
 				c.pos.Store(ch.seq)
 				continue
