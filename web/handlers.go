@@ -73,31 +73,34 @@ func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) err
 // task.CheckJSONBody.
 func decodeChecked(w http.ResponseWriter, r *http.Request, v any, limit int64, check func([]byte) error) error {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if me := (*http.MaxBytesError)(nil); errors.As(err, &me) {
+		return fmt.Errorf("%w: body: larger than %d bytes", errTooLarge, me.Limit)
+	}
+	if err != nil {
+		return badInput("body", "want one JSON object: %v", err)
+	}
+	return decodeBytes(b, v, check)
+}
+
+// decodeBytes decodes the one JSON object of b into v as decodeChecked
+// does, with check (if any) run on b after task.CheckJSONBody.
+func decodeBytes(b []byte, v any, check func([]byte) error) error {
 	// Invalid UTF-8 (which the decoder rewrites to U+FFFD) and nesting
 	// past task.MaxJSONDepth are refused first, naming the field.
-	if err == nil {
-		if err := task.CheckJSONBody(b); err != nil {
+	if err := task.CheckJSONBody(b); err != nil {
+		return err
+	}
+	if check != nil {
+		if err := check(b); err != nil {
 			return err
-		}
-		if check != nil {
-			if err := check(b); err != nil {
-				return err
-			}
 		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	if err == nil {
-		err = dec.Decode(v)
-	}
-	if err != nil {
+	if err := dec.Decode(v); err != nil {
 		var te *json.UnmarshalTypeError
-		var me *http.MaxBytesError
-		switch {
-		case errors.As(err, &te) && te.Field != "":
+		if errors.As(err, &te) && te.Field != "" {
 			return badInput(te.Field, "want a JSON %s, got %s", te.Type, te.Value)
-		case errors.As(err, &me):
-			return fmt.Errorf("%w: body: larger than %d bytes", errTooLarge, me.Limit)
 		}
 		return badInput("body", "want one JSON object: %v", err)
 	}

@@ -234,6 +234,7 @@ func TestReadCredential(t *testing.T) {
 	}
 	writes := []struct{ method, path, body string }{
 		{"POST", "/api/v1/tasks", execBody}, {"POST", "/api/v1/tasks/bulk", `{"action":"cancel","keys":["a"]}`},
+		{"POST", "/api/v1/tasks/batch", `{"tasks":[{"key":"rb","kind":"noop"}]}`},
 		{"POST", "/api/v1/tasks/a/cancel", ""}, {"POST", "/api/v1/tasks/a/retry", ""},
 		{"POST", "/api/v1/flows", `{}`}, {"POST", "/api/v1/flows/f/cancel", ""}, {"POST", "/api/v1/flows/f/retry", ""},
 		{"POST", "/api/v1/pauses", `{"scope":"all"}`}, {"DELETE", "/api/v1/pauses?scope=all", ""},

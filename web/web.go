@@ -117,6 +117,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("POST /api/v1/tasks", a.write(a.publish))
 	mux.HandleFunc("GET /api/v1/tasks", a.listTasks)
 	mux.HandleFunc("POST /api/v1/tasks/bulk", a.write(a.bulk))
+	mux.HandleFunc("POST /api/v1/tasks/batch", a.write(a.publishBatch))
 	mux.HandleFunc("GET /api/v1/tasks/{key}", a.getTask)
 	mux.HandleFunc("POST /api/v1/tasks/{key}/cancel", a.write(a.cancelTask))
 	mux.HandleFunc("POST /api/v1/tasks/{key}/retry", a.write(a.retryTask))

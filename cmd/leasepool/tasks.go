@@ -23,14 +23,18 @@ import (
 func publishCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "publish",
-		Usage:     "publish a task idempotently, keyed by name",
-		ArgsUsage: "KEY",
+		Usage:     "publish a task idempotently, keyed by name, or many from a file",
+		ArgsUsage: "KEY | --file F",
 		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "file", Usage: "publish every line of this file (- for stdin): JSON lines, each a task body as POST /api/v1/tasks takes it"},
 			&cli.DurationFlag{Name: "delay", Usage: "not claimable before this long from now", DefaultText: "none"},
 			&cli.BoolFlag{Name: "rerun", Usage: "run a finished task again"},
 			&cli.BoolFlag{Name: "json", Usage: "print the task as JSON"},
 		}, taskFlags()...),
 		Action: func(c *cli.Context) error {
+			if c.IsSet("file") {
+				return publishFile(c)
+			}
 			p, err := publishParams(c)
 			if err != nil {
 				if errors.Is(err, task.ErrInvalid) {
@@ -81,6 +85,15 @@ func taskFlags() []cli.Flag {
 			DefaultText: "4s, or 4×--ping (at least 100ms) when only that is given"},
 		&cli.StringFlag{Name: "lock", Usage: "comma-separated resources held exclusively while it runs"},
 	}
+}
+
+// taskFlagNames are the names of taskFlags.
+func taskFlagNames() []string {
+	var names []string
+	for _, f := range taskFlags() {
+		names = append(names, f.Names()[0])
+	}
+	return names
 }
 
 // publishParams reads and validates every publish flag before anything is
