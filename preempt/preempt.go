@@ -42,7 +42,7 @@ type Decision struct {
 // ErrNotClaimable is returned by Claim when Decide does not say Claim.
 var ErrNotClaimable = errors.New("not claimable")
 
-// Decide applies DESIGN.md's claim rule for workerID at store time now.
+// Decide applies the claim rule of docs/tasks.md for workerID at store time now.
 // Lock keys are not checked here: they live outside the document.
 //
 // A worker whose own earlier attempt failed or expired may claim again (a

@@ -125,7 +125,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Task is the task document. JSON names are those of DESIGN.md.
+// Task is the task document. JSON names are those of docs/tasks.md.
 type Task struct {
 	ID       string          `json:"_id,omitempty"`
 	Key      string          `json:"key"`

@@ -3,5 +3,6 @@
 // leasepool's, features sit on the consumer and never the reverse, web and
 // metrics reach a store only through task.Store, the device side never
 // imports the worker side, nothing imports cmd, and packages made for
-// tests never reach production code. It has no code of its own.
+// tests never reach production code; and that the Layout lists exactly
+// the packages go list reports. It has no code of its own.
 package importrules

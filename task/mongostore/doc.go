@@ -16,7 +16,7 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// taskDoc is the stored task document. Field names are those of DESIGN.md.
+// taskDoc is the stored task document. Field names are those of docs/tasks.md.
 // Durations are int64 nanoseconds; times are BSON dates, so they keep
 // millisecond precision only.
 type taskDoc struct {

@@ -1,6 +1,6 @@
 // Package mongostore is leasepool's MongoDB backend: a task.Store on
 // go.mongodb.org/mongo-driver/v2. Tasks live one document per task in the
-// collection `tasks` (field names as in DESIGN.md), resource locks one
+// collection `tasks` (field names as in docs/tasks.md), resource locks one
 // document per lock key in `locks`. Writes are single-document operations
 // (upserts and compare-and-set updateOne on `version`), so no transactions
 // are needed and MongoDB 4.4 operators suffice; concurrent task updates

@@ -45,7 +45,7 @@ func (c *commandCounter) take() map[string]int {
 // TestRoundTripsPerTask counts the commands one task's lifecycle costs on
 // MongoDB (publish, claim, finish; with and without a lock key) and prints
 // the figures. The counts are of commands, not of time, so they hold on a
-// busy machine; the bounds are those of docs/DESIGN.md "Round trips".
+// busy machine; the bounds are those of docs/operations.md "Round trips".
 //
 //	go test -run TestRoundTripsPerTask -v ./task/mongostore
 func TestRoundTripsPerTask(t *testing.T) {
