@@ -35,8 +35,8 @@ func (s *scheduler) asideFull() bool {
 }
 
 // letAside lets t, offered and not held here, go, and reports true, when
-// the tasks held aside fill their bound and a pause covers t or a lock
-// key of its is busy here, or when tasks taking one of its lock keys were
+// the tasks held aside fill their bound and a pause covers t, a lock key
+// of its is busy here or its kind's gate keeps it back, or when tasks taking one of its lock keys were
 // let go already (so that the key's line keeps its order: those held
 // here run first, then the rest as read again). It notes what reads t
 // again: the next reload, or the key's freeing (freed); the store keeps
@@ -62,6 +62,11 @@ func (s *scheduler) letAside(t *task.Task) bool {
 	if k, busy := s.locks.busyKey(t.LockKeys); busy {
 		s.tab.forget(t.Key)
 		s.letGo[k] = true
+		return true
+	}
+	if hold, held := s.gateHolds(t); held {
+		s.tab.forget(t.Key)
+		s.watchLetGo(hold)
 		return true
 	}
 	return false

@@ -58,24 +58,36 @@ func (m *Mux) Ready(t *task.Task) (Hold, bool) {
 // the hold's wake, watched once however many tasks wait on it, reads
 // again.
 func (s *scheduler) gated(e preempt.Entry) bool {
-	if s.gate == nil || e.Task == nil {
-		return false
-	}
-	hold, ready := s.gate.Ready(e.Task)
-	if ready {
+	hold, held := s.gateHolds(e.Task)
+	if !held {
 		return false
 	}
 	if s.asideFull() {
 		s.tab.forget(e.Key)
-		if !s.letGoWakes[hold.Wake] {
-			s.letGoWakes[hold.Wake] = true
-			s.await(gateWake{wake: hold.Wake}, hold)
-		}
+		s.watchLetGo(hold)
 		return true
 	}
 	s.tab.gate(e)
 	s.await(gateWake{key: e.Key}, hold)
 	return true
+}
+
+// gateHolds asks t's gate, if any, whether it keeps t back.
+func (s *scheduler) gateHolds(t *task.Task) (Hold, bool) {
+	if s.gate == nil || t == nil {
+		return Hold{}, false
+	}
+	hold, ready := s.gate.Ready(t)
+	return hold, !ready
+}
+
+// watchLetGo watches the wake of a hold whose task was let go, once
+// however many tasks wait on it: when it fires, they are read again.
+func (s *scheduler) watchLetGo(hold Hold) {
+	if !s.letGoWakes[hold.Wake] {
+		s.letGoWakes[hold.Wake] = true
+		s.await(gateWake{wake: hold.Wake}, hold)
+	}
 }
 
 // gateWake is a hold that ended: that of key, held here, or, with key

@@ -185,3 +185,38 @@ func TestGateLetsGoPastItsBoundAndWakes(t *testing.T) {
 		}
 	})
 }
+
+// TestGateLetGoCostsNoReads: with far more gated tasks than the worker
+// holds aside, those let go stay out of the heap as the store is read
+// (letAside asks the gate), so they are not read again and again: in
+// 10 s of a settled worker, the store is read for at most one page.
+func TestGateLetGoCostsNoReads(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 300
+		db := memstore.New(memstore.Config{})
+		g := newGateHandler()
+		st := db.Open()
+		mux := consumer.NewMux()
+		mux.Register("dev", g)
+		c, err := consumer.New(consumer.Config{Store: st, WorkerID: "w1", Handler: mux, HeapSize: 20, PageSize: 10,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Stop(context.Background())
+		for i := range n {
+			publishDev(t, db, fmt.Sprintf("cmd-%03d", i))
+		}
+		time.Sleep(2 * time.Second) // virtual time: the first reads settle
+		before := st.Counts()
+		time.Sleep(10 * time.Second) // virtual time: what the held backlog costs is the point
+		rows := st.Counts().CandidateRows - before.CandidateRows
+		t.Logf("%d candidate rows read in 10 s with %d tasks held or let go", rows, n)
+		if rows > 10 {
+			t.Errorf("%d candidate rows read in 10 s; want at most a page (10): the let-go tasks are read again and again", rows)
+		}
+	})
+}

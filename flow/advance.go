@@ -384,6 +384,18 @@ func Reaped(ctx context.Context, s task.Store, t *task.Task, log *slog.Logger) e
 	return reconcileRun(ctx, s, f, env.Flow.Step, env.Flow.Undo, &ReconcileStats{}, log)
 }
 
+// StepPayload returns the payload a flow step task's handler sees (its
+// action's own, out of the envelope the flow wraps it in), and whether t
+// is a flow step task at all, so that what looks at a task before its
+// handler runs (a consumer.Gate) reads what the handler will.
+func StepPayload(t *task.Task) (json.RawMessage, bool) {
+	var env envelope
+	if t == nil || json.Unmarshal(t.Payload, &env) != nil || env.Flow.TaskKey() != t.Key {
+		return nil, false
+	}
+	return env.Payload, true
+}
+
 func lastError(t *task.Task) string {
 	all := t.AttemptHistory()
 	for i := len(all) - 1; i >= 0; i-- {

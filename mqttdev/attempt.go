@@ -78,7 +78,7 @@ func (a *attempt) cancelled() error { return a.errorf(": %w", context.Cause(a.ct
 
 // snooze gives the attempt back, retry unspent: the device is still away,
 // and Ready holds the command, writing nothing, until it is back.
-func (a *attempt) snooze() error { return consumer.Snooze(0) }
+func (a *attempt) snooze() error { return consumer.Snooze(offlineSnooze) }
 
 // publish sends a copy of the command, valid for one ack timeout.
 func (a *attempt) publish() error {

@@ -103,8 +103,11 @@
 //     commands are held in each worker before any claim (Handler.Ready, a
 //     consumer.Gate), with no store write, until the device's online
 //     status (every worker hears it) or the OfflineRecheck fallback. A
-//     claim that raced the offline status is given back with
-//     consumer.Snooze(0), spending no retry, and held from then on. A
+//     claim that raced the offline status is given back with a 1 s
+//     snooze, spending no retry, and held from then on; a flow step's
+//     command is judged by what is inside its envelope, and a task with a
+//     running attempt is let through (its dead holder's lease is taken
+//     over or its failure recorded). A
 //     device never heard of is sent the command (its persistent session
 //     queues it).
 //   - The command is published, then the worker waits ack_timeout for the

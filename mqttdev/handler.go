@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/internal/lifecycle"
 	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev/protocol"
@@ -40,6 +41,14 @@ var (
 // handler's own MQTT connection is down (a broker moving to another host
 // takes about one broker lease).
 const minLinkWait = 10 * time.Second
+
+// offlineSnooze is how long a command given back for its offline device
+// waits before any worker looks at it again: a claim that raced the
+// offline status, or one Ready let through (a dead holder's lease taken
+// over). Ready holds it from then on; the snooze only bounds how often a
+// command the gate does not hold can be claimed, so a handler answering
+// "offline" never loops on claims.
+const offlineSnooze = time.Second
 
 // DefaultOfflineRecheck is HandlerConfig.OfflineRecheck's default.
 const DefaultOfflineRecheck = 30 * time.Second
@@ -313,9 +322,9 @@ func (h *Handler) onMessage(m Message) {
 }
 
 // Handle runs one attempt of a device task. It returns nil when the device
-// reports success; consumer.Snooze(0) when the device is known to be
-// offline before anything was sent (a claim that raced the device's
-// status: Ready holds it from then on), or stayed offline for
+// reports success; consumer.Snooze(offlineSnooze) when the device is
+// known to be offline before anything was sent (a claim that raced the
+// device's status: Ready holds it from then on), or stayed offline for
 // result_timeout after a copy went out unacked; an error wrapping
 // ErrRefused, ErrDeviceFailed, ErrNoAck or ErrResultTimeout otherwise; and
 // ctx's cause promptly when ctx is cancelled (lease lost). The exchange
@@ -346,7 +355,7 @@ func (h *Handler) handle(ctx context.Context, job *consumer.Job) error {
 		}
 		log.Info("device offline: given back until it is online")
 		job.Logf("device %s offline: waiting for it", c.Device)
-		return consumer.Snooze(0)
+		return consumer.Snooze(offlineSnooze)
 	}
 	a := h.newAttempt(ctx, tr, log, job, c)
 	defer h.forget(a.msg.CorrelationID)
@@ -384,13 +393,28 @@ func (h *Handler) forget(corr string) {
 // Ready implements consumer.Gate: a command whose device is known offline
 // is held in the worker, with no claim written, until the device's status
 // changes, the fallback recheck, or its offline_timeout (when Handle fails
-// it). A payload Ready cannot read is let through for Handle to fail.
+// it). A flow step's command is read out of its envelope, as the handler
+// will see it. Let through: a payload Ready cannot read (Handle fails
+// it), and a task with a running attempt, whose lease a claim takes over
+// or whose failure it records (a gate must not keep a dead holder's task
+// from that).
 func (h *Handler) Ready(t *task.Task) (consumer.Hold, bool) {
-	c, err := DecodePayload(t.Payload)
-	if err != nil {
+	for _, a := range t.Workers {
+		if a.State == task.AttemptRunning {
+			return consumer.Hold{}, true
+		}
+	}
+	payload := t.Payload
+	if p, ok := flow.StepPayload(t); ok {
+		payload = p
+	}
+	c, err := DecodePayload(payload)
+	if err != nil || !h.tracker.Offline(c.Device) {
 		return consumer.Hold{}, true
 	}
-	// The wake first: a status that comes between the two reads closes it.
+	// The wake, then the state again: a status that came between the two
+	// reads has closed it. A wake is only made for a device seen offline,
+	// so commands naming devices never heard of make none.
 	wake := h.tracker.Changed(c.Device)
 	if !h.tracker.Offline(c.Device) {
 		return consumer.Hold{}, true

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
@@ -262,11 +263,38 @@ func TestOfflineDeviceIsHeld(t *testing.T) {
 	}
 	err := e.handler.Handle(ctxT(t, 5*time.Second), off)
 	var sn *consumer.SnoozeError
-	if !errors.As(err, &sn) || sn.Delay != 0 {
-		t.Fatalf("Handle = %v, want Snooze(0)", err)
+	if !errors.As(err, &sn) || sn.Delay != offlineSnooze {
+		t.Fatalf("Handle = %v, want Snooze(%s)", err, offlineSnooze)
 	}
 	if n := e.fault.Published(Topics{Prefix: e.prefix}.Device(e.dev(0), TopicCmd)); n != 0 {
 		t.Fatalf("published %d commands to an offline device", n)
+	}
+}
+
+// TestReadyReadsFlowStepsAndLetsTakeoversThrough: a flow step's command
+// is judged by what is inside its envelope (held while its device is
+// offline), and a command with a running attempt is let through, so that
+// a claim takes over its dead holder's lease or records its failure.
+func TestReadyReadsFlowStepsAndLetsTakeoversThrough(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{})
+	e.sim.Device(0).GoOffline(time.Hour)
+	eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
+	cmd := job("x", 1, Command{Device: e.dev(0), Command: "x"}).Task.Payload
+	ref := flow.StepRef{Flow: "f", Gen: 1, Step: 0, Name: "update"}
+	env, _ := json.Marshal(map[string]any{"flow": ref, "params": map[string]any{}, "payload": json.RawMessage(cmd)})
+	step := &task.Task{Key: ref.TaskKey(), Kind: Kind, Payload: env}
+	if _, ready := e.handler.Ready(step); ready {
+		t.Fatal("a flow step's command for an offline device is let through; want held")
+	}
+	forged := &task.Task{Key: "not-the-step", Kind: Kind, Payload: env}
+	if _, ready := e.handler.Ready(forged); !ready {
+		t.Fatal("an envelope under another key is read as a flow step")
+	}
+	taken := &task.Task{Key: "t-1", Kind: Kind, Payload: cmd,
+		Workers: []task.Attempt{{WorkerID: "dead", Attempt: 1, State: task.AttemptRunning, LeaseUntil: time.Now().Add(-time.Second)}}}
+	if _, ready := e.handler.Ready(taken); !ready {
+		t.Fatal("a command with a running attempt is held; want it let through for the takeover")
 	}
 }
 
