@@ -10,6 +10,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
@@ -48,7 +49,11 @@ func wireAuthenticated(t *testing.T, ctx context.Context, prefix string) (task.S
 func forge(t *testing.T, url, user, password, topic string, payload []byte) (connected, survived bool) {
 	t.Helper()
 	lost := make(chan struct{}, 1)
-	o := paho.NewClientOptions().AddBroker(url).SetClientID("forger-" + NewCorrelationID()[:8]).
+	clientID := "forger-" + NewCorrelationID()[:8]
+	if user != "" {
+		clientID = broker.ClientID(user, clientID) // the embedded broker's rule: refused for nothing else
+	}
+	o := paho.NewClientOptions().AddBroker(url).SetClientID(clientID).
 		SetAutoReconnect(false).SetConnectTimeout(5 * time.Second).
 		SetConnectionLostHandler(func(paho.Client, error) { lost <- struct{}{} })
 	if user != "" {

@@ -57,7 +57,9 @@ const DefaultOfflineRecheck = 30 * time.Second
 type HandlerConfig struct {
 	// ClientConfig says how to reach the broker. ClientID should be stable
 	// and unique per worker process (the worker id is a good choice);
-	// empty means "leasepool-worker-<host>-<pid>".
+	// empty means "leasepool-worker-<host>-<pid>". The embedded broker
+	// lets a user only use client ids of its own (broker.ClientIDOwner):
+	// broker.ClientID(credential.WorkerUser(workerID), "") for a worker.
 	ClientConfig
 	// Prefix is the first topic level. Empty means DefaultPrefix.
 	Prefix string

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/protocol"
 	"github.com/leasepool/leasepool/task"
 )
@@ -374,10 +375,15 @@ func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]
 // ReadStates connects with a throwaway session, collects the retained
 // status messages under prefix for wait (they arrive at once on
 // subscribe), and returns them in a tracker. It is for admin tools; workers
-// use their Handler's Tracker.
+// use their Handler's Tracker. An empty cfg.ClientID with a user name
+// means a throwaway one of that user's (broker.ClientID), as the embedded
+// broker requires.
 func ReadStates(ctx context.Context, cfg ClientConfig, prefix string, wait time.Duration) (*StateTracker, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
+	}
+	if cfg.ClientID == "" && cfg.Username != "" {
+		cfg.ClientID = broker.ClientID(cfg.Username, "states-"+NewCorrelationID()[:8])
 	}
 	if err := ValidateID("prefix", prefix); err != nil {
 		return nil, err

@@ -98,7 +98,7 @@ func Wire(ctx context.Context, cfg WireConfig) (*Wiring, error) {
 		w.Host, client.BrokerURL = host, host.URL()
 	}
 	if client.ClientID == "" {
-		client.ClientID = "leasepool-worker-" + cfg.WorkerID
+		client.ClientID = broker.ClientID(credential.WorkerUser(cfg.WorkerID), "")
 	}
 	if client.Username == "" && client.CertFile == "" && (w.Host != nil || LoopbackBroker(client.BrokerURL)) {
 		secret, err := credential.WorkerSecret(ctx, cfg.Store)

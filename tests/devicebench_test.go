@@ -57,7 +57,7 @@ func BenchmarkDeviceCommands(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer sim.Stop(ctx)
-	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{ClientConfig: mqttdev.ClientConfig{BrokerURL: brk.URL(), ClientID: "bench-worker",
+	h, err := mqttdev.NewHandler(mqttdev.HandlerConfig{ClientConfig: mqttdev.ClientConfig{BrokerURL: brk.URL(), ClientID: broker.ClientID(credential.WorkerUser("bench"), ""),
 		Username: credential.WorkerUser("bench"), Password: workerSecret}})
 	if err != nil {
 		b.Fatal(err)

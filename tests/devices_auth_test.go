@@ -23,6 +23,7 @@ import (
 
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
+	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
@@ -33,7 +34,11 @@ import (
 // it reports whether the broker let it connect.
 func forgeStatus(t *testing.T, url, user, password, topic string, attrs mqttdev.Labels) bool {
 	t.Helper()
-	o := paho.NewClientOptions().AddBroker(url).SetClientID("forger-" + randomSuffix(t)).
+	clientID := "forger-" + randomSuffix(t)
+	if user != "" {
+		clientID = broker.ClientID(user, clientID) // the embedded broker's rule: refused for nothing else
+	}
+	o := paho.NewClientOptions().AddBroker(url).SetClientID(clientID).
 		SetAutoReconnect(false).SetConnectTimeout(5 * time.Second)
 	if user != "" {
 		o.SetUsername(user).SetPassword(password)
@@ -318,7 +323,7 @@ func TestDeviceClientCertificates(t *testing.T) {
 		}
 		pool := x509.NewCertPool()
 		pool.AddCert(ca.cert)
-		o := paho.NewClientOptions().AddBroker(url).SetClientID("tls-" + cn + randomSuffix(t)).
+		o := paho.NewClientOptions().AddBroker(url).SetClientID(broker.ClientID(cn, "tls-"+randomSuffix(t))).
 			SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{cert}}).
 			SetAutoReconnect(false).SetConnectTimeout(5 * time.Second)
 		c := paho.NewClient(o)

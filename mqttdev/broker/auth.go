@@ -48,6 +48,7 @@ type session struct {
 	// cert: logged in by a verified client certificate; its device
 	// credential need only exist, not match.
 	cert bool
+	user string // resolved user name: the certificate's common name, or the login's
 	id   string // device id, or worker id
 	hash [32]byte
 	at   time.Time
@@ -66,10 +67,15 @@ type authHook struct {
 
 	mu       sync.Mutex
 	sessions map[*mqtt.Client]*session
+	// owners holds, by client id, the login of each session the server
+	// keeps, connected or persisted: a persisted session outlives its
+	// connection, and is the identity's as long as the server keeps it.
+	owners map[string]*session
 }
 
 func newAuthHook(srv *mqtt.Server, creds Credentials, log *slog.Logger) *authHook {
-	return &authHook{srv: srv, creds: creds, log: log, sessions: map[*mqtt.Client]*session{}}
+	return &authHook{srv: srv, creds: creds, log: log,
+		sessions: map[*mqtt.Client]*session{}, owners: map[string]*session{}}
 }
 
 func (h *authHook) ID() string { return "leasepool-auth" }
@@ -80,8 +86,10 @@ func (h *authHook) Provides(b byte) bool {
 
 // OnConnectAuthenticate lets a client in when its user name and password
 // match a credential, its will (if any) is on a topic it may publish, and
-// its client id is not a session of another user (which it would take
-// over, and with it that user's will).
+// its client id is one of its identity's (ClientIDOwner): it can then
+// neither take over another identity's session, live or persisted, with
+// its subscriptions, queued messages and will, nor hold another's client
+// id before its owner connects.
 func (h *authHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 	user := string(pk.Connect.Username)
 	refuse := func(why string, attrs ...any) bool {
@@ -104,7 +112,7 @@ func (h *authHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) boo
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
 	defer cancel()
-	s := &session{at: time.Now(), cert: byCert}
+	s := &session{at: time.Now(), cert: byCert, user: user}
 	var (
 		found bool
 		err   error
@@ -135,12 +143,18 @@ func (h *authHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) boo
 	if pk.Connect.WillFlag && !s.may(pk.Connect.WillTopic, true) {
 		return refuse("will on a topic this client may not publish", slog.String("topic", pk.Connect.WillTopic))
 	}
-	if old, ok := h.srv.Clients.Get(cl.ID); ok && !bytes.Equal(old.Properties.Username, pk.Connect.Username) {
-		return refuse("client id in use by another user's session")
+	if owner := ClientIDOwner(cl.ID); owner != user {
+		return refuse("client id belongs to another identity", slog.String("owner", owner))
 	}
 	h.mu.Lock()
+	defer h.mu.Unlock()
+	// The rule above already keeps each session to one identity; a
+	// session is never handed to another, whatever the rule says.
+	if old, ok := h.owners[cl.ID]; ok && old.user != user {
+		return refuse("client id in use by another identity's session", slog.String("owner", old.user))
+	}
 	h.sessions[cl] = s
-	h.mu.Unlock()
+	h.owners[cl.ID] = s
 	h.log.Debug("MQTT client logged in", slog.String("user", user), slog.String("client_id", cl.ID))
 	return true
 }
@@ -224,7 +238,7 @@ func peerName(cl *mqtt.Client) (string, bool) {
 
 // refreshLoop reads the credentials every period and closes the
 // connections whose credential was revoked or rotated since they logged
-// in. Their wills are sent: a will's topic was checked at login, and it
+// in, and removes the persisted sessions of revoked identities. Their wills are sent: a will's topic was checked at login, and it
 // tells the workers the device is gone. A failed read keeps the
 // connections: they were checked at login, and the next read decides.
 func (h *authHook) refreshLoop(ctx context.Context, period time.Duration) {
@@ -280,6 +294,7 @@ func (h *authHook) refresh(ctx context.Context) error {
 			slog.String("user", string(cl.Properties.Username)), slog.String("client_id", cl.ID),
 			slog.Any("error", ignoreCode(err)))
 	}
+	h.sweepSessions(start, devices, workerFound)
 	return nil
 }
 

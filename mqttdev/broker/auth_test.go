@@ -113,8 +113,7 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 
 // TestBrokerRefusesUnknownClients: anonymous clients, unknown devices,
 // wrong passwords, a worker without the cluster secret, a will on another
-// device's topic, and a client id held by another user's session are all
-// refused; the device with its own secret and the worker with the
+// device's topic are all refused; the device with its own secret and the worker with the
 // cluster's get in.
 func TestBrokerRefusesUnknownClients(t *testing.T) {
 	t.Parallel()
@@ -132,7 +131,7 @@ func TestBrokerRefusesUnknownClients(t *testing.T) {
 		t.Fatalf("second Add of dev-a = %v, want it refused as existing", err)
 	}
 	// Before any worker made the cluster secret, no worker gets in.
-	if _, err := dial(t, b.URL(), "w-early", credential.WorkerUser("w1"), "guess", "", nil, nil); err == nil {
+	if _, err := dial(t, b.URL(), "leasepool-worker-w1", credential.WorkerUser("w1"), "guess", "", nil, nil); err == nil {
 		t.Fatal("a worker got in before any worker secret existed")
 	}
 	workerSecret, err := credential.WorkerSecret(ctx, st)
@@ -145,29 +144,25 @@ func TestBrokerRefusesUnknownClients(t *testing.T) {
 
 	refused := []struct{ name, clientID, user, password, will string }{
 		{"anonymous", "anon", "", "", ""},
-		{"unknown device", "unknown", "dev-z", secret, ""},
-		{"impostor (wrong password)", "impostor", "dev-a", "not-the-secret", ""},
-		{"another device's secret", "swapped", "dev-a", other, ""},
-		{"empty password", "empty", "dev-a", "", ""},
-		{"worker with a device secret", "w-bad", credential.WorkerUser("w1"), secret, ""},
-		{"device posing as a worker", "w-dev", "dev-a", workerSecret, ""},
+		{"unknown device", "dev-z", "dev-z", secret, ""},
+		{"impostor (wrong password)", "dev-a/impostor", "dev-a", "not-the-secret", ""},
+		{"another device's secret", "dev-a/swapped", "dev-a", other, ""},
+		{"empty password", "dev-a/empty", "dev-a", "", ""},
+		{"worker with a device secret", "leasepool-worker-w1/bad", credential.WorkerUser("w1"), secret, ""},
+		{"device posing as a worker", "dev-a/w-dev", "dev-a", workerSecret, ""},
 		{"wildcard user name", "wild", "+", secret, ""},
-		{"will on another device's topic", "will-b", "dev-a", secret, "lp/devices/dev-b/status"},
-		{"will on a command topic", "will-cmd", "dev-a", secret, "lp/devices/dev-a/cmd"},
+		{"will on another device's topic", "dev-a/will-b", "dev-a", secret, "lp/devices/dev-b/status"},
+		{"will on a command topic", "dev-a/will-cmd", "dev-a", secret, "lp/devices/dev-a/cmd"},
 	}
 	for _, c := range refused {
 		if _, err := dial(t, b.URL(), c.clientID, c.user, c.password, c.will, nil, nil); err == nil {
 			t.Errorf("%s: connected, want refused", c.name)
 		}
 	}
-	mustDial(t, b.URL(), "sess-a", "dev-a", secret, nil)
-	if _, err := dial(t, b.URL(), "sess-a", "dev-b", other, "", nil, nil); err == nil {
-		t.Error("dev-b took over dev-a's session (client id sess-a)")
-	}
-	if _, err := dial(t, b.URL(), "will-own", "dev-a", secret, "lp/devices/dev-a/status", nil, nil); err != nil {
+	if _, err := dial(t, b.URL(), "dev-a/will-own", "dev-a", secret, "lp/devices/dev-a/status", nil, nil); err != nil {
 		t.Errorf("dev-a with a will on its own status: %v", err)
 	}
-	mustDial(t, b.URL(), "w1", credential.WorkerUser("w1"), workerSecret, nil)
+	mustDial(t, b.URL(), "leasepool-worker-w1", credential.WorkerUser("w1"), workerSecret, nil)
 }
 
 // TestBrokerTopicRights: a device reaches only its own topics, a worker
@@ -190,9 +185,9 @@ func TestBrokerTopicRights(t *testing.T) {
 		t.Fatal(err)
 	}
 	var atWorker, atA, atB received
-	w := mustDial(t, b.URL(), "w1", credential.WorkerUser("w1"), workerSecret, &atWorker)
-	a := mustDial(t, b.URL(), "a", "dev-a", secretA, &atA)
-	bc := mustDial(t, b.URL(), "b", "dev-b", secretB, &atB)
+	w := mustDial(t, b.URL(), "leasepool-worker-w1", credential.WorkerUser("w1"), workerSecret, &atWorker)
+	a := mustDial(t, b.URL(), "dev-a", "dev-a", secretA, &atA)
+	bc := mustDial(t, b.URL(), "dev-b", "dev-b", secretB, &atB)
 
 	subscribe := func(c paho.Client, filter string) byte {
 		t.Helper()
@@ -257,7 +252,7 @@ func TestBrokerTopicRights(t *testing.T) {
 		{credential.WorkerUser("w2"), workerSecret, "lp/devices/dev-a/result"},
 	} {
 		lost := make(chan error, 1)
-		c, err := dial(t, b.URL(), "pub-"+p.user+"-"+strings.ReplaceAll(p.topic, "/", "_"), p.user, p.pass, "", nil, lost)
+		c, err := dial(t, b.URL(), broker.ClientID(p.user, "pub-"+strings.ReplaceAll(p.topic, "/", "_")), p.user, p.pass, "", nil, lost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -300,12 +295,12 @@ func TestBrokerRevokeDisconnects(t *testing.T) {
 		t.Fatal(err)
 	}
 	var atWorker received
-	w := mustDial(t, b.URL(), "w1", credential.WorkerUser("w1"), workerSecret, &atWorker)
+	w := mustDial(t, b.URL(), "leasepool-worker-w1", credential.WorkerUser("w1"), workerSecret, &atWorker)
 	if tok := w.Subscribe("lp/devices/+/status", 1, nil); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
 		t.Fatal(tok.Error())
 	}
 	lost := make(chan error, 1)
-	if _, err := dial(t, b.URL(), "a", "dev-a", secret, "lp/devices/dev-a/status", nil, lost); err != nil {
+	if _, err := dial(t, b.URL(), "dev-a", "dev-a", secret, "lp/devices/dev-a/status", nil, lost); err != nil {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
@@ -318,7 +313,7 @@ func TestBrokerRevokeDisconnects(t *testing.T) {
 	case <-time.After(10 * refresh):
 		t.Fatalf("revoked device still connected after %s", 10*refresh)
 	}
-	if _, err := dial(t, b.URL(), "a", "dev-a", secret, "", nil, nil); err == nil {
+	if _, err := dial(t, b.URL(), "dev-a", "dev-a", secret, "", nil, nil); err == nil {
 		t.Fatal("revoked device logged in again")
 	}
 	if err := credential.Revoke(ctx, st, "dev-a"); err == nil {
@@ -334,7 +329,7 @@ func TestBrokerRevokeDisconnects(t *testing.T) {
 		t.Fatal(err)
 	}
 	lostC := make(chan error, 1)
-	if _, err := dial(t, b.URL(), "c", "dev-c", old, "", nil, lostC); err != nil {
+	if _, err := dial(t, b.URL(), "dev-c", "dev-c", old, "", nil, lostC); err != nil {
 		t.Fatal(err)
 	}
 	fresh, err := credential.Rotate(ctx, st, "dev-c")
@@ -346,10 +341,10 @@ func TestBrokerRevokeDisconnects(t *testing.T) {
 	case <-time.After(10 * refresh):
 		t.Fatal("device on a rotated-out secret still connected")
 	}
-	if _, err := dial(t, b.URL(), "c2", "dev-c", old, "", nil, nil); err == nil {
+	if _, err := dial(t, b.URL(), "dev-c/2", "dev-c", old, "", nil, nil); err == nil {
 		t.Error("the rotated-out secret still logs in")
 	}
-	mustDial(t, b.URL(), "c3", "dev-c", fresh, nil)
+	mustDial(t, b.URL(), "dev-c/3", "dev-c", fresh, nil)
 	if _, err := credential.Rotate(ctx, st, "dev-none"); err == nil {
 		t.Error("Rotate of a device without a credential: no error")
 	}

@@ -138,13 +138,13 @@ func TestBrokerClientCertificates(t *testing.T) {
 		{"a device without a credential", "", &devZ},
 		{"a certificate claiming another user", "dev-b", &devA},
 	} {
-		if _, err := connect("refused", c.user, c.cert, nil, nil); err == nil {
+		if _, err := connect("dev-a/refused", c.user, c.cert, nil, nil); err == nil {
 			t.Errorf("%s: connected, want refused", c.name)
 		}
 	}
 
 	var atWorker received
-	w, err := connect("w1", "", &worker, &atWorker, nil)
+	w, err := connect("leasepool-worker-w1", "", &worker, &atWorker, nil)
 	if err != nil {
 		t.Fatalf("worker by certificate: %v", err)
 	}
@@ -152,7 +152,7 @@ func TestBrokerClientCertificates(t *testing.T) {
 		t.Fatal(tok.Error())
 	}
 	lost := make(chan error, 1)
-	a, err := connect("a", "dev-a", &devA, nil, lost)
+	a, err := connect("dev-a", "dev-a", &devA, nil, lost)
 	if err != nil {
 		t.Fatalf("device by certificate: %v", err)
 	}
@@ -169,7 +169,7 @@ func TestBrokerClientCertificates(t *testing.T) {
 	case <-time.After(10 * refresh):
 		t.Fatal("device with a certificate still connected after its credential was revoked")
 	}
-	if _, err := connect("a2", "", &devA, nil, nil); err == nil {
+	if _, err := connect("dev-a/2", "", &devA, nil, nil); err == nil {
 		t.Error("device with a certificate logged in after its credential was revoked")
 	}
 }

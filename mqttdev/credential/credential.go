@@ -93,14 +93,21 @@ func NewSecret() (string, error) {
 }
 
 // ValidateDeviceID checks id as a device id that may hold a credential: a
-// valid device id that does not start with WorkerUserPrefix. Errors wrap
-// task.ErrInvalid.
+// valid device id that does not start with WorkerUserPrefix, nor with a
+// client id prefix that names another identity on the broker
+// (broker.ClientIDOwner), which would leave the device no client id of
+// its own name. Errors wrap task.ErrInvalid.
 func ValidateDeviceID(id string) error {
 	if err := protocol.ValidateID("device", id); err != nil {
 		return err
 	}
 	if strings.HasPrefix(id, WorkerUserPrefix) {
 		return fmt.Errorf("%w: device: %q starts with %q, which names workers on the broker", task.ErrInvalid, id, WorkerUserPrefix)
+	}
+	for _, p := range []string{broker.WorkerClientIDPrefix, broker.SimClientIDPrefix} {
+		if strings.HasPrefix(id, p) {
+			return fmt.Errorf("%w: device: %q starts with %q, a client id prefix the broker reserves", task.ErrInvalid, id, p)
+		}
 	}
 	return nil
 }

@@ -65,7 +65,7 @@ func TestStoredAsHashOnly(t *testing.T) {
 	if _, err := Get(ctx, st, "dev-1"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get after Revoke = %v, want ErrNotFound", err)
 	}
-	for _, id := range []string{"", "a/b", "a+", "#", WorkerUser("w1")} {
+	for _, id := range []string{"", "a/b", "a+", "#", WorkerUser("w1"), "leasepool-worker-w1", "leasepool-sim-dev-1"} {
 		if _, err := Add(ctx, st, id, false); !errors.Is(err, task.ErrInvalid) {
 			t.Errorf("Add(%q) = %v, want ErrInvalid", id, err)
 		}

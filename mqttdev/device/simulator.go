@@ -57,7 +57,7 @@ func NewSimulator(cfg Config) (*Simulator, error) {
 		}
 		cc := protocol.ClientConfig{
 			BrokerURL: cfg.BrokerURL,
-			ClientID:  "leasepool-sim-" + id,
+			ClientID:  "leasepool-sim-" + id, // device id's own: broker.SimClientIDPrefix
 			Username:  cfg.Username,
 			Password:  cfg.Password,
 		}
