@@ -12,17 +12,21 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
 
-// foreign says why t, the task under one of a rollout's keys, is not the
-// one the rollout publishes there, which sends want; "" when it is. A
-// task is adopted only when running it sends the device exactly want
-// (device, command, args, timeouts) under the device's lock, once: one
-// published first by anyone else (a squatter) is not, whatever it holds.
-func foreign(t *task.Task, want mqttdev.Command) string {
+// foreign says why t, the task under one of r's keys, is not the one r
+// publishes there, which sends want; "" when it is. A task is adopted
+// only when running it sends the device exactly want (device, command,
+// args, timeouts) under the device's lock, once, and it runs when r's
+// would: any worker may claim it, at r's priority, from its publish on.
+// One published first by anyone else (a squatter) is not, whatever it
+// holds: pinned to a worker that never comes, or to run a year on, it
+// would hold its wave open for good.
+func foreign(t *task.Task, r *Rollout, want mqttdev.Command) string {
 	if t.Kind != mqttdev.Kind {
 		return fmt.Sprintf("its kind is %q", t.Kind)
 	}
@@ -54,8 +58,27 @@ func foreign(t *task.Task, want mqttdev.Command) string {
 		return "it does not hold the device's lock"
 	case t.ConcurrentWorkerCnt != 1 || t.SuccessWorkerCnt != 1 || t.MaxUnexpectedRetries != 0:
 		return "it may run more than once"
+	case len(t.SpecificWorkerIDs) > 0:
+		return fmt.Sprintf("it is pinned to workers %q", t.SpecificWorkerIDs)
+	case t.Priority != r.Spec.Priority:
+		return fmt.Sprintf("its priority is %d, not the rollout's %d", t.Priority, r.Spec.Priority)
+	case late(t, r):
+		return fmt.Sprintf("it runs at %s, after its publish at %s", t.RunAt.UTC().Format(time.RFC3339), t.CreatedAt.UTC().Format(time.RFC3339))
 	}
 	return ""
+}
+
+// late reports whether t, never claimed yet, waits past its publish:
+// the rollout publishes its tasks to run at once. A rollout that is
+// withdrawing cancels every task under its keys not yet running (its own
+// placeholders wait a day, withdrawTask), so when one would run does not
+// matter then; and once claimed, a task's run_at moves only by its
+// workers' doing (a retry's backoff, a snooze).
+func late(t *task.Task, r *Rollout) bool {
+	if r.State == StateAborting || r.State == StateCancelling || t.State.Finished() || t.Attempts > 0 {
+		return false
+	}
+	return t.RunAt.After(t.CreatedAt)
 }
 
 // foreignError is the execution's error for a foreign task under key.

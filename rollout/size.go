@@ -32,6 +32,11 @@ const (
 	MaxErrorLen  = 160
 	MaxReasonLen = 256
 	MaxDetailLen = 256
+	// SizeMargin is what checkSize keeps free under the store's limit
+	// beyond MaxSize: room for a field a later version writes that
+	// MaxSize does not know of, rather than a rollout wedged at its next
+	// write.
+	SizeMargin = 1 << 10
 )
 
 // encode is the document as stored: JSON without HTML escaping, so that
@@ -149,9 +154,11 @@ func compactArgs(args json.RawMessage) json.RawMessage {
 
 // MaxSize is the largest document r can grow to over its life: every
 // execution at its longest (the longest outcome, error and dispatch
-// history, an attempt count no rollout reaches), every event at its
-// longest, the rate's window full, every time at its longest. Only the
-// name, spec, devices and waves, fixed at create, are r's own.
+// history, an attempt count no rollout reaches), every wave approved,
+// started, ended and stopped (an abort or a cancel after retry-failed
+// reopened every wave stops them all), every event at its longest, the
+// rate's window full, every time at its longest. Only the name, spec,
+// devices and waves, fixed at create, are r's own.
 func (r *Rollout) MaxSize() (int, error) {
 	far := time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC)
 	quotes := func(n int) string { return strings.Repeat(`"`, n/2) }
@@ -161,7 +168,7 @@ func (r *Rollout) MaxSize() (int, error) {
 	w.Wave = len(r.Waves) - 1
 	w.Waves = slices.Clone(r.Waves)
 	for i := range w.Waves {
-		w.Waves[i].Approved, w.Waves[i].StartedAt, w.Waves[i].EndedAt = true, far, far
+		w.Waves[i].Approved, w.Waves[i].StartedAt, w.Waves[i].EndedAt, w.Waves[i].Stopped = true, far, far, true
 	}
 	dispatched := make([]time.Time, MaxDispatched)
 	for i := range dispatched {
@@ -194,15 +201,15 @@ func (r *Rollout) MaxSize() (int, error) {
 }
 
 // checkSize refuses a rollout whose document could outgrow the store's
-// limit (task.MaxDocumentSize) over its life.
+// limit (task.MaxDocumentSize) less SizeMargin over its life.
 func (r *Rollout) checkSize() error {
 	n, err := r.MaxSize()
 	if err != nil {
 		return err
 	}
-	if n > task.MaxDocumentSize {
-		return invalid("args", "with %d devices and these args and rollback_args, the rollout's document could grow to %d bytes, more than the store's %d: send smaller args or fewer devices",
-			len(r.Devices), n, task.MaxDocumentSize)
+	if most := task.MaxDocumentSize - SizeMargin; n > most {
+		return invalid("args", "with %d devices and these args and rollback_args, the rollout's document could grow to %d bytes, more than %d (the store's %d less %d to spare): send smaller args or fewer devices",
+			len(r.Devices), n, most, task.MaxDocumentSize, SizeMargin)
 	}
 	return nil
 }

@@ -81,7 +81,7 @@ func TestStoredFormAndMaxSizeBoundEveryWrite(t *testing.T) {
 	}
 	r.EventSeq, r.CreatedAt, r.UpdatedAt, r.EndedAt = math.MaxInt64, far, far, far
 	for i := range r.Waves {
-		r.Waves[i].StartedAt, r.Waves[i].EndedAt, r.Waves[i].Approved = far, far, true
+		r.Waves[i].StartedAt, r.Waves[i].EndedAt, r.Waves[i].Approved, r.Waves[i].Stopped = far, far, true, true
 	}
 	if err := put(ctx, st, r); err != nil {
 		t.Fatalf("a write of the grown rollout: %v", err)
@@ -305,4 +305,98 @@ func TestUnescapeHTMLAndClip(t *testing.T) {
 			t.Errorf("clip(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
 		}
 	}
+}
+
+// A rollout Create accepts at the edge of the store's limit (32 waves,
+// args as long as the size check lets through), grown to every bound
+// with every wave reopened by retry-failed, is cancelled: the write that
+// records it cancelled, every running wave stopped, fits in the store.
+func TestCancelAtTheSizeLimitStopsEveryWave(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := openStore(t)
+	var ids []string
+	for i := range MaxDevices {
+		// Long ids, of the character JSON stores in two bytes.
+		ids = append(ids, fmt.Sprintf("%04d", i)+strings.Repeat(`"`, 70))
+	}
+	var waves []WaveTarget
+	for i := 1; i < MaxWaves; i++ {
+		waves = append(waves, WaveTarget{Count: i})
+	}
+	waves = append(waves, WaveTarget{Percent: 100})
+	spec := func(n int) Spec {
+		return Spec{Command: "update", Args: json.RawMessage(`{"a":"` + strings.Repeat("x", n) + `"}`), Devices: ids, Waves: waves,
+			Rate: Rate{N: MaxDevices, Per: task.Duration(time.Hour)}}
+	}
+	// The longest args Create accepts.
+	lo, hi := 0, MaxArgsLen-8
+	if _, err := DryRun(ctx, st, "edge", spec(lo)); err != nil {
+		t.Fatalf("the shortest args: %v", err)
+	}
+	if _, err := DryRun(ctx, st, "edge", spec(hi)); err == nil || !strings.Contains(err.Error(), "could grow") {
+		t.Fatalf("the longest args: %v, want refused for its size", err)
+	}
+	for hi-lo > 1 {
+		if mid := (lo + hi) / 2; func() bool { _, err := DryRun(ctx, st, "edge", spec(mid)); return err == nil }() {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	r, err := Create(ctx, st, "edge", spec(lo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Waves) != MaxWaves {
+		t.Fatalf("%d waves, want %d", len(r.Waves), MaxWaves)
+	}
+	// Every wave ran and was reopened by retry-failed; every execution,
+	// event and text at its longest; then an operator cancelled it.
+	far := time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC)
+	r.State, r.Reason, r.Wave = StateCancelling, strings.Repeat(`"`, MaxReasonLen/2), MaxWaves-1
+	for i := range r.Waves {
+		r.Waves[i].Approved, r.Waves[i].StartedAt = true, far
+	}
+	for i := range r.Devices {
+		e := &r.Devices[i]
+		e.Outcome, e.Attempt, e.Lost, e.Published, e.Error = OutcomeTimedOut, math.MaxInt, MaxLost, true, strings.Repeat(`"`, MaxErrorLen/2)
+		e.DispatchedAt, e.EndedAt, e.Dispatched = far, far, nil
+		for range MaxDispatched {
+			e.Dispatched = append(e.Dispatched, far)
+		}
+	}
+	for range MaxDevices {
+		r.Dispatches = append(r.Dispatches, far)
+	}
+	for range MaxEvents {
+		r.event(far, EventRollbackStarted, strings.Repeat(`"`, MaxDetailLen/2))
+	}
+	for i := range r.Events {
+		r.Events[i].Seq, r.Events[i].Version = math.MaxInt64-1, math.MaxInt64
+	}
+	r.EventSeq, r.CreatedAt, r.UpdatedAt = math.MaxInt64-1, far, far
+	if err := put(ctx, st, r); err != nil {
+		t.Fatalf("the grown rollout, cancelling: %v", err)
+	}
+	if err := NewStepper(st).Step(ctx, "edge"); err != nil {
+		t.Fatalf("the step that records the cancel: %v", err)
+	}
+	got, err := Get(ctx, st, "edge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != StateCancelled {
+		t.Fatalf("state %s, want cancelled", got.State)
+	}
+	for i, w := range got.Waves {
+		if !w.Stopped || w.EndedAt.IsZero() {
+			t.Fatalf("wave %d: %+v, want stopped", i, w)
+		}
+	}
+	most, err := got.MaxSize()
+	if n := storedSize(t, st, "edge"); err != nil || n > most {
+		t.Fatalf("cancelled: %d bytes stored, over MaxSize %d (%v)", n, most, err)
+	}
+	t.Logf("args of %d bytes accepted; cancelled: %d bytes stored, MaxSize %d, store limit %d", lo+8, storedSize(t, st, "edge"), most, task.MaxDocumentSize)
 }

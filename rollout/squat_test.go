@@ -106,6 +106,46 @@ func TestSquattingTasksAreRefusedUnlessExactlyTheRollouts(t *testing.T) {
 	}
 }
 
+// The exact command under a rollout's key, but pinned to a worker that
+// never comes, held back a year, or at another priority, would never run
+// (or run after everything else) and hold its wave open: each is refused,
+// naming why, and the rollout completes.
+func TestSquatsThatWouldNeverRunAreRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := openStore(t)
+	newFleet(t, st, 1, nil, nil, time.Millisecond)
+	spec := Spec{Command: "update", Args: json.RawMessage(`{"version":"2.0"}`), Devices: devices(4), Priority: 5}
+	if _, err := Create(ctx, st, "sq3", spec); err != nil {
+		t.Fatal(err)
+	}
+	own := task.Options{MaxUnexpectedRetries: task.NoRetries, Priority: 5}
+	pinned := own
+	pinned.SpecificWorkerIDs = []string{"nowhere"}
+	squat(t, st, TaskKey("sq3", "dev-000", 1), spec.command("dev-000", false), pinned)
+	later := own
+	later.RunAt = st.Now().Add(365 * 24 * time.Hour)
+	squat(t, st, TaskKey("sq3", "dev-001", 1), spec.command("dev-001", false), later)
+	lower := own
+	lower.Priority = -1000
+	squat(t, st, TaskKey("sq3", "dev-002", 1), spec.command("dev-002", false), lower)
+
+	r := drive(t, NewStepper(st), "sq3", 20*time.Second)
+	want := map[string]string{"dev-000": `it is pinned to workers ["nowhere"]`, "dev-001": "it runs at", "dev-002": "its priority is -1000, not the rollout's 5"}
+	for _, e := range r.Devices {
+		why, squatted := want[e.Device]
+		switch {
+		case squatted && (e.Outcome != OutcomeFailed || !strings.Contains(e.Error, why) || !strings.Contains(e.Error, "not this rollout's")):
+			t.Errorf("%s: %s %q, want failed saying %q", e.Device, e.Outcome, e.Error, why)
+		case !squatted && e.Outcome != OutcomeSucceeded:
+			t.Errorf("%s: %s %q, want succeeded", e.Device, e.Outcome, e.Error)
+		}
+	}
+	if r.State != StateCompleted {
+		t.Fatalf("state %s, want completed", r.State)
+	}
+}
+
 func TestSameJSON(t *testing.T) {
 	for _, c := range []struct {
 		a, b string

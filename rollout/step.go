@@ -177,7 +177,7 @@ func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time) (bool,
 			e.Published, changed = true, true
 			s.record(key, false)
 		}
-		if why := foreign(t, r.Spec.command(e.Device, false)); why != "" {
+		if why := foreign(t, r, r.Spec.command(e.Device, false)); why != "" {
 			// Never counted as this rollout's, nor retried under its key.
 			e.Outcome, e.EndedAt, e.Error = OutcomeFailed, now, foreignError(key, why)
 			changed = true

@@ -44,7 +44,7 @@ func (s *Stepper) withdraw(ctx context.Context, r *Rollout, now time.Time) (bool
 			}
 			// Cancelled here, or ended on its own since refresh looked:
 			// a command that succeeded is rolled back like the others.
-			e.Outcome, e.Error = settled(t, r.Spec.command(e.Device, false), key)
+			e.Outcome, e.Error = settled(t, r, r.Spec.command(e.Device, false), key)
 			e.EndedAt, e.Published, changed = now, true, true
 			s.record(key, false)
 		}
@@ -135,8 +135,8 @@ func (s *Stepper) withdrawTask(ctx context.Context, r *Rollout, e *Exec, key str
 // that retries and resends nothing any more: a lost worker counts as
 // timed out, and a task at key that would not send want (not the
 // rollout's) as failed.
-func settled(t *task.Task, want mqttdev.Command, key string) (Outcome, string) {
-	if why := foreign(t, want); why != "" {
+func settled(t *task.Task, r *Rollout, want mqttdev.Command, key string) (Outcome, string) {
+	if why := foreign(t, r, want); why != "" {
 		return OutcomeFailed, foreignError(key, why)
 	}
 	o, msg, lost := classify(t)
@@ -174,7 +174,7 @@ func (s *Stepper) rollback(ctx context.Context, r *Rollout, now time.Time) (bool
 			if err != nil {
 				return false, err
 			}
-			if foreign(t, r.Spec.command(e.Device, true)) != "" {
+			if foreign(t, r, r.Spec.command(e.Device, true)) != "" {
 				e.Rollback, changed = OutcomeFailed, true
 				continue
 			}

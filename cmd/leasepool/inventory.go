@@ -5,6 +5,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/urfave/cli/v2"
 
@@ -20,7 +21,7 @@ func approveCommand() *cli.Command {
 		ArgsUsage: "ID ... | --select k=v,...",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "by", Value: "operator", Usage: "who vouches, as the inventory records it"},
-			&cli.StringFlag{Name: "select", Usage: "approve every device whose operator labels match k=v,k!=v,... (no attr: term)"},
+			&cli.StringFlag{Name: "select", Usage: "approve every device whose operator labels match k=v,k!=v,... (at least one k=v term, no attr: term)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the inventory entries as JSON"},
 		},
 		Action: deviceApprove,
@@ -77,6 +78,12 @@ func deviceApprove(c *cli.Context) error {
 		// approve itself.
 		if attrs := sel.Attributes(); len(attrs) > 0 {
 			return badFlag(c, "select", "term %q reads an attribute the device announced; approve by operator labels only", attrs[0].String())
+		}
+		// k!=v also matches a device without k, and a new device has no
+		// labels: != terms alone would vouch for every device that ever
+		// announced itself, through whatever broker.
+		if !slices.ContainsFunc(sel, func(r mqttdev.Requirement) bool { return !r.Not }) {
+			return badFlag(c, "select", "%q has no k=v term; != terms alone match every new device (it has no labels): name a label the devices carry", sel.String())
 		}
 	case len(ids) == 0:
 		return badUsage(c, "want at least one device ID, or --select")

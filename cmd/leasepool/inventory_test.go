@@ -132,3 +132,36 @@ func deviceRow(table, id string) []string {
 	}
 	return nil
 }
+
+// A selector of != terms alone matches every device without those
+// labels, and a device that just announced itself has none: `approve
+// --select ring!=prod` would vouch for every new device. It is refused,
+// naming select, and nothing is vouched for; with a k=v term beside it,
+// it approves what that term names.
+func TestApproveSelectNeedsAPositiveTerm(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.must("device", "label", "dev-0", "ring=prod")
+	c.must("device", "label", "dev-1", "ring=canary")
+	st, err := sqlitestore.Open(t.Context(), c.path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// dev-9 announced itself, through any broker that reaches a worker.
+	if err := mqttdev.PutAttributes(t.Context(), st, "dev-9", mqttdev.Labels{"ring": "canary"}, st.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, sel := range []string{"ring!=prod", "ring!=prod,zone!=eu"} {
+		_, err := c.run("device", "approve", "--select", sel)
+		if err == nil || exitStatus(err) != exitBadInput || !strings.Contains(err.Error(), "--select") || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("approve --select %s: %v (exit %d), want a one-line bad input error naming --select", sel, err, exitStatus(err))
+		}
+	}
+	if out := c.must("devices", "--new"); deviceRow(out, "dev-9") == nil || deviceRow(out, "dev-1") == nil {
+		t.Fatalf("a refused approve vouched for devices:\n%s", out)
+	}
+	if out := c.must("device", "approve", "--select", "ring=canary,ring!=prod"); !strings.Contains(out, "dev-1 vouched for") || strings.Contains(out, "dev-9") || strings.Contains(out, "dev-0") {
+		t.Fatalf("approve --select ring=canary,ring!=prod:\n%s", out)
+	}
+}
