@@ -2,9 +2,14 @@
 // leasepool CLI's --store flag does, so that a program embedding leasepool
 // accepts the same URLs as its command line:
 //
-//	sqlite:PATH                 an embedded store file (package task/sqlitestore)
-//	mongodb://HOST/DB?...       a MongoDB deployment (package task/mongostore)
-//	mongodb+srv://HOST/DB?...   the same, with a DNS seed list
+//	sqlite:PATH                     an embedded store file (package task/sqlitestore)
+//	sqlite:PATH?synchronous=normal  the same, each commit not synced (see below)
+//	mongodb://HOST/DB?...           a MongoDB deployment (package task/mongostore)
+//	mongodb+srv://HOST/DB?...       the same, with a DNS seed list
+//
+// An embedded store syncs every commit to disk, so that a write that
+// returned survives power loss; synchronous=normal trades that for speed
+// (sqlitestore.SyncNormal).
 //
 // A plain file path is refused rather than guessed at: "x.db" could as well
 // be a mistyped URL, and the error says to write sqlite:x.db.
@@ -15,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"strings"
 
@@ -79,20 +85,63 @@ func Open(ctx context.Context, url string, opts Options) (task.Store, error) {
 	return nil, fmt.Errorf("open store %q: %w: unknown scheme %q (want sqlite:PATH or mongodb://HOST/DB)", shown, ErrBadURL, scheme)
 }
 
-func openSQLite(ctx context.Context, url, path string, opts Options, logger *slog.Logger) (task.Store, error) {
-	if path == "" {
-		return nil, fmt.Errorf("open store %q: %w: names no file (want sqlite:PATH)", url, ErrBadURL)
+func openSQLite(ctx context.Context, url, rest string, opts Options, logger *slog.Logger) (task.Store, error) {
+	path, cfg, err := sqliteConfig(rest)
+	if err != nil {
+		return nil, fmt.Errorf("open store %q: %w: %w", url, ErrBadURL, err)
 	}
 	if opts.MustExist || opts.ReadOnly {
 		if _, err := os.Stat(path); err != nil {
 			return nil, fmt.Errorf("open store %s: %w", path, err)
 		}
 	}
-	s, err := sqlitestore.Open(ctx, path, &sqlitestore.Config{Logger: logger, ReadOnly: opts.ReadOnly})
+	cfg.Logger, cfg.ReadOnly = logger, opts.ReadOnly
+	s, err := sqlitestore.Open(ctx, path, &cfg)
 	if err != nil {
 		return nil, err // it names the file already
 	}
 	return s, nil
+}
+
+// SQLiteFile returns the file an embedded store URL (sqlite:PATH, with or
+// without parameters) names; ok is false for any other URL.
+func SQLiteFile(url string) (path string, ok bool) {
+	rest, ok := strings.CutPrefix(url, "sqlite:")
+	if !ok {
+		return "", false
+	}
+	path, _, _ = strings.Cut(rest, "?")
+	return path, true
+}
+
+// sqliteConfig reads what follows "sqlite:": the file, then optionally
+// "?" and parameters. The one parameter is synchronous=full (the default)
+// or synchronous=normal (sqlitestore.Config.Synchronous). A file name
+// cannot hold a "?": SQLite's own URIs read the rest as parameters too.
+func sqliteConfig(rest string) (path string, cfg sqlitestore.Config, err error) {
+	path, query, _ := strings.Cut(rest, "?")
+	if path == "" {
+		return "", cfg, errors.New("names no file (want sqlite:PATH)")
+	}
+	params, err := neturl.ParseQuery(query)
+	if err != nil {
+		return "", cfg, fmt.Errorf("parameters: %w", err)
+	}
+	for name, values := range params {
+		if name != "synchronous" {
+			return "", cfg, fmt.Errorf("unknown parameter %q (the one known is synchronous)", name)
+		}
+		if len(values) > 1 {
+			return "", cfg, fmt.Errorf("parameter %s given %d times", name, len(values))
+		}
+		switch v := sqlitestore.Synchronous(strings.ToLower(values[0])); v {
+		case sqlitestore.SyncFull, sqlitestore.SyncNormal:
+			cfg.Synchronous = v
+		default:
+			return "", cfg, fmt.Errorf("synchronous=%s: want full or normal", values[0])
+		}
+	}
+	return path, cfg, nil
 }
 
 // shownURL is url as errors show it, which end up in logs: with its

@@ -117,20 +117,51 @@ func TestOpenMongo(t *testing.T) {
 	}
 }
 
+// TestOpenSQLiteSynchronous: an embedded store URL with the synchronous
+// parameter opens the file before the "?" and writes to it.
+func TestOpenSQLiteSynchronous(t *testing.T) {
+	dir := t.TempDir()
+	for _, v := range []string{"normal", "full"} {
+		path := filepath.Join(dir, v+".db")
+		s, err := store.Open(t.Context(), "sqlite:"+path+"?synchronous="+v, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := task.Publish(t.Context(), s, task.PublishParams{Key: "k", Kind: "noop"}); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("synchronous=%s: store file not created: %v", v, err)
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*\\?*"))
+	if len(files) != 0 {
+		t.Errorf("files named with the parameters: %v", files)
+	}
+}
+
 // TestOpenBadURL: each malformed URL is refused before anything is
 // opened, with ErrBadURL and a one-line message naming the problem.
 func TestOpenBadURL(t *testing.T) {
 	dir := t.TempDir()
 	t.Chdir(dir)
 	for url, want := range map[string]string{
-		"":                       "empty",
-		"x.db":                   "no scheme (for an embedded store file write sqlite:x.db)",
-		"./data/x:1.db":          "no scheme",
-		"sqlite:":                "names no file",
-		"foo:x":                  `unknown scheme "foo"`,
-		"postgres://h/db":        `unknown scheme "postgres"`,
-		"mongodb:h/db":           "want mongodb://HOST/DB",
-		"mongodb+srv:cluster/db": "want mongodb+srv://HOST/DB",
+		"":                            "empty",
+		"x.db":                        "no scheme (for an embedded store file write sqlite:x.db)",
+		"./data/x:1.db":               "no scheme",
+		"sqlite:":                     "names no file",
+		"foo:x":                       `unknown scheme "foo"`,
+		"postgres://h/db":             `unknown scheme "postgres"`,
+		"mongodb:h/db":                "want mongodb://HOST/DB",
+		"mongodb+srv:cluster/db":      "want mongodb+srv://HOST/DB",
+		"sqlite:?synchronous=normal":  "names no file",
+		"sqlite:x.db?synchronous=off": "synchronous=off: want full or normal",
+		"sqlite:x.db?synchronous=":    "synchronous=: want full or normal",
+		"sqlite:x.db?synchronous=full&synchronous=normal":    "parameter synchronous given 2 times",
+		"sqlite:x.db?sync=normal":                            `unknown parameter "sync"`,
+		"sqlite:x.db?synchronous=normal&journal_mode=delete": `unknown parameter "journal_mode"`,
+		"sqlite:x.db?synchronous=%zz":                        "parameters: invalid URL escape",
 	} {
 		s, err := store.Open(t.Context(), url, store.Options{})
 		if err == nil {

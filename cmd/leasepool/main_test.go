@@ -356,7 +356,7 @@ func keys(m map[string]string) []string {
 
 func TestUnknownStoreScheme(t *testing.T) {
 	t.Parallel()
-	for _, store := range []string{"foo:x", "x.db", "sqlite:", "postgres://h/db"} {
+	for _, store := range []string{"foo:x", "x.db", "sqlite:", "postgres://h/db", "sqlite:x?synchronous=off"} {
 		_, err := runArgs(t, "--store", store, "publish", "k", "--kind", "noop")
 		if err == nil || !strings.Contains(err.Error(), "--store") {
 			t.Errorf("--store %s: %v, want an error naming --store", store, err)

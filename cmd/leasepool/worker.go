@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -114,7 +113,7 @@ func workerConfig(c *cli.Context) (worker.Config, error) {
 	if err != nil {
 		return worker.Config{}, err
 	}
-	storeFile, _ := strings.CutPrefix(c.String("store"), "sqlite:")
+	storeFile, _ := store.SQLiteFile(c.String("store"))
 	cfg := worker.Config{ID: c.String("id"), Kinds: kinds, Concurrency: c.Int("concurrency"), Exec: exec,
 		RetryPolicy:     consumer.ExponentialBackoff(c.Duration("backoff"), 5*time.Minute),
 		ShutdownTimeout: c.Duration("shutdown-timeout"), Devices: deviceConfig(c), RetentionEvery: c.Duration("retention-every"),

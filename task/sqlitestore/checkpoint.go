@@ -19,7 +19,7 @@ const checkpointEvery = 100 * time.Millisecond
 // synced: the writer connection has it off, and this goroutine runs
 // passive checkpoints beside the writes instead.
 func (s *Store) startCheckpointer() error {
-	db, err := openDB(dsn(s.path, false), 1)
+	db, err := openDB(s.dsn(false), 1)
 	if err != nil {
 		return err
 	}

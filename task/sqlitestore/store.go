@@ -60,6 +60,10 @@ type Config struct {
 	// lapse. Default DefaultFrozenWriterKill; negative never kills (writers
 	// wait until the holder resumes). Linux only.
 	FrozenWriterKill time.Duration
+	// Synchronous is how long a commit waits for the disk. Default
+	// SyncFull: a write that returned survives power loss and an OS crash.
+	// SyncNormal trades that for speed.
+	Synchronous Synchronous
 
 	host             *hostClock // test hook: the host's boot clock; nil is the real one
 	walRestartFrames int        // test hook: restartFrames; 0 is the default
@@ -71,6 +75,9 @@ func (c *Config) validate() error {
 	}
 	if c.Retention < 0 {
 		return fmt.Errorf("%w: sqlitestore config: Retention (%d) must not be negative", task.ErrInvalid, c.Retention)
+	}
+	if _, ok := syncPragmas[c.Synchronous]; !ok {
+		return fmt.Errorf("%w: sqlitestore config: Synchronous (%q) must be %q or %q", task.ErrInvalid, c.Synchronous, SyncFull, SyncNormal)
 	}
 	return nil
 }
@@ -91,6 +98,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.FrozenWriterKill == 0 {
 		out.FrozenWriterKill = DefaultFrozenWriterKill
+	}
+	if out.Synchronous == "" {
+		out.Synchronous = SyncFull
 	}
 	return out
 }
@@ -279,6 +289,7 @@ func (s *Store) openReadOnly(ctx context.Context) error {
 	if _, err := os.Stat(s.path + "-wal"); errors.Is(err, os.ErrNotExist) {
 		q = "?mode=ro&immutable=1&_pragma=query_only(1)"
 	}
+	q += s.syncPragma()
 	if s.rdb, err = openDB("file:"+filepath.ToSlash(s.path)+q, readConns); err != nil {
 		return err
 	}
@@ -312,14 +323,17 @@ func openDB(dsn string, conns int) (*sql.DB, error) {
 	return db, nil
 }
 
-func dsn(path string, readOnly bool) string {
-	q := "?_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(0)&_txlock=immediate"
+// dsn is the DSN of the store's read-write (readOnly false) or read pool
+// connections. Every connection gets the synchronous setting, readers
+// too: the last connection to close checkpoints the WAL, with its own.
+func (s *Store) dsn(readOnly bool) string {
+	q := "?_pragma=busy_timeout(10000)&_pragma=foreign_keys(0)&_txlock=immediate"
 	if readOnly {
 		q = "?_pragma=busy_timeout(10000)&_pragma=query_only(1)"
 	} else {
 		q += "&_pragma=journal_mode(WAL)"
 	}
-	return "file:" + filepath.ToSlash(path) + q
+	return "file:" + filepath.ToSlash(s.path) + q + s.syncPragma()
 }
 
 func (s *Store) open(ctx context.Context) error {
@@ -328,7 +342,7 @@ func (s *Store) open(ctx context.Context) error {
 		return err
 	}
 	// The writer never checkpoints: see startCheckpointer.
-	if s.wdb, err = openDB(dsn(s.path, false)+"&_pragma=wal_autocheckpoint(0)", 1); err != nil {
+	if s.wdb, err = openDB(s.dsn(false)+"&_pragma=wal_autocheckpoint(0)", 1); err != nil {
 		return err
 	}
 	// The first connection switches a new database to WAL, which takes an
@@ -347,7 +361,7 @@ func (s *Store) open(ctx context.Context) error {
 	if err := s.migrate(ctx); err != nil {
 		return err
 	}
-	if s.rdb, err = openDB(dsn(s.path, true), readConns); err != nil {
+	if s.rdb, err = openDB(s.dsn(true), readConns); err != nil {
 		return err
 	}
 	return s.prepare(ctx)
