@@ -110,7 +110,7 @@ func (r *eventsRun) waitFor(d time.Duration, ok func([]jsonEvent) bool) ([]jsonE
 		if time.Now().After(deadline) {
 			return evs, false
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll's pace
 	}
 }
 

@@ -55,7 +55,7 @@ func runFlows(t *testing.T, path string, keys ...string) {
 			if time.Now().After(deadline) {
 				t.Fatalf("flow %s still %s\n%s", key, f.State, logs)
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // the poll's pace
 		}
 	}
 }
