@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 

@@ -16,10 +16,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/ping"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/internal/lifecycle"
-	"github.com/leasepool/leasepool/ping"
-	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/control"
-	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 )
 
 // TestWakeDuringClaimIsKept: the holder's finish event that comes while a

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
-	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/memstore"
 )

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 

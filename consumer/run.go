@@ -9,8 +9,8 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/leasepool/leasepool/ping"
-	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/ping"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 

@@ -15,8 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/control"
-	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 

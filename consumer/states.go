@@ -10,8 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/control"
-	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 

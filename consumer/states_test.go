@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/memstore"
 )

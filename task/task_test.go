@@ -13,7 +13,8 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// The fixtures shared with preempt's tests, under this file's names.
+// The fixtures shared with consumer/internal/preempt's tests, under this
+// file's names.
 var (
 	t0      = tasktest.T0
 	valid   = tasktest.Params

@@ -13,7 +13,6 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/testservers"
-	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 )
@@ -182,15 +181,16 @@ func TestMongoClockSkew(t *testing.T) {
 	if _, _, err := task.Publish(ctx, storeA, task.PublishParams{Key: "ghosted", Kind: "hold", Options: ghostOpts}); err != nil {
 		t.Fatal(err)
 	}
-	doc, err := storeA.Get(ctx, "ghosted")
+	claimed, err := task.Modify(ctx, storeA, "ghosted", func(tk *task.Task) error {
+		// Only a claim the consumer itself could make: the task is new,
+		// unheld and admits the ghost.
+		if tk.State != task.StatePending || len(tk.Workers) != 0 || !tk.Allows("ghost") {
+			return fmt.Errorf("ghosted is not claimable by the ghost: state %s, workers %+v", tk.State, tk.Workers)
+		}
+		tk.Claim(task.Holder{WorkerID: "ghost"}, storeA.Now())
+		return nil
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	claimed, _, err := preempt.ClaimTask(doc, task.Holder{WorkerID: "ghost"}, storeA.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := storeA.Update(ctx, claimed); err != nil {
 		t.Fatal(err)
 	}
 	ghostUntil := claimed.Workers[0].LeaseUntil

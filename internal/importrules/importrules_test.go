@@ -37,8 +37,15 @@ var (
 		"flow", "retention", "rollout", "bench", "web", "metrics", "stats", "store"}
 	// basics import task (and the lifecycle contract and the singleton
 	// runner) only. The singleton runner is one: schedule, flow, retention
-	// and mqttdev/broker are built on it.
-	basics = []string{"preempt", "ping", "control", "schedule", "events", "internal/singleton"}
+	// and mqttdev/broker are built on it. The engine packages (claim
+	// decisions, lease renewal) are internal to consumer.
+	basics = []string{preemptPkg, pingPkg, "control", "schedule", "events", "internal/singleton"}
+)
+
+// The engine packages consumer ties together.
+const (
+	preemptPkg = "consumer/internal/preempt"
+	pingPkg    = "consumer/internal/ping"
 )
 
 // rule is one sentence of docs/DESIGN.md in code. check returns the
@@ -106,14 +113,14 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "preempt, ping, control, schedule, events and internal/singleton import task (and internal/lifecycle, internal/singleton) only",
+		name:    "consumer/internal/preempt, consumer/internal/ping, control, schedule, events and internal/singleton import task (and internal/lifecycle, internal/singleton) only",
 		applies: is(basics...),
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, func(d string) bool { return d != "task" && d != "internal/lifecycle" && d != "internal/singleton" })
 		},
 	},
 	{
-		name:    "consumer ties task, preempt, ping and control together and knows nothing of the features built on it",
+		name:    "consumer ties task, its internal preempt and ping, and control together and knows nothing of the features built on it",
 		applies: is("consumer"),
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, oneOf(features, backends))
@@ -222,7 +229,7 @@ func TestImportRules(t *testing.T) {
 	}
 	// The graph must be the real one: a go list that answered nothing
 	// would pass every rule.
-	for _, want := range []string{"task", "consumer", "web", "metrics", "cmd/leasepool", "task/sqlitestore", "mqttdev/device"} {
+	for _, want := range []string{"task", "consumer", preemptPkg, pingPkg, "web", "metrics", "cmd/leasepool", "task/sqlitestore", "mqttdev/device"} {
 		if _, ok := graph[want]; !ok {
 			t.Fatalf("go list did not report package %s; the graph read is incomplete", want)
 		}
@@ -242,10 +249,11 @@ func TestRulesCatchViolations(t *testing.T) {
 	good := map[string]pkg{
 		"task":             {},
 		"task/sqlitestore": {Imports: []string{"task"}, Deps: []string{"task"}},
-		"preempt":          {Imports: []string{"task"}, Deps: []string{"task"}},
+		preemptPkg:         {Imports: []string{"task"}, Deps: []string{"task"}},
+		pingPkg:            {Imports: []string{"task"}, Deps: []string{"task"}},
 		"schedule":         {Imports: []string{"task", "internal/lifecycle"}, Deps: []string{"task", "internal/lifecycle"}},
-		"consumer":         {Imports: []string{"task", "preempt", "ping", "control"}, Deps: []string{"task", "preempt", "ping", "control", "internal/lifecycle"}},
-		"flow":             {Imports: []string{"consumer", "task"}, Deps: []string{"consumer", "task", "preempt"}},
+		"consumer":         {Imports: []string{"task", preemptPkg, pingPkg, "control"}, Deps: []string{"task", preemptPkg, pingPkg, "control", "internal/lifecycle"}},
+		"flow":             {Imports: []string{"consumer", "task"}, Deps: []string{"consumer", "task", preemptPkg}},
 		"mqttdev":          {Imports: []string{"flow", "mqttdev/broker"}, Deps: []string{"flow", "mqttdev/broker", "mqttdev/protocol", "task"}},
 		"mqttdev/device":   {Imports: []string{"mqttdev/protocol"}, Deps: []string{"mqttdev/protocol", "task"}},
 		"web":              {Imports: []string{"task", "flow", "mqttdev"}, Deps: []string{"task", "flow", "mqttdev"}},
@@ -266,6 +274,9 @@ func TestRulesCatchViolations(t *testing.T) {
 		{"task", "internal/lifecycle", "task imports nothing"},
 		{"task/mongostore", "control", "a backend imports task only"},
 		{"events", "consumer", "import task (and internal/lifecycle, internal/singleton) only"},
+		{preemptPkg, "control", "import task (and internal/lifecycle, internal/singleton) only"},
+		{pingPkg, "consumer", "import task (and internal/lifecycle, internal/singleton) only"},
+		{preemptPkg, "web", "never import them"},
 		{"internal/singleton", "flow", "import task (and internal/lifecycle, internal/singleton) only"},
 		{"consumer", "mqttdev", "knows nothing of the features"},
 		{"control", "metrics", "never import them"},

@@ -1,6 +1,7 @@
 // Package tasktest holds the task fixtures that the tests of task and
-// preempt share: a fixed instant and builders of validated tasks and of
-// their workers, so that both judge the same documents.
+// consumer/internal/preempt share: a fixed instant and builders of
+// validated tasks and of their workers, so that both judge the same
+// documents.
 package tasktest
 
 import (

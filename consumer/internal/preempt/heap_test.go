@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 )
 
 func entry(key string, at time.Time, prio int, seq int64) preempt.Entry {

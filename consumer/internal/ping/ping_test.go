@@ -11,8 +11,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/leasepool/leasepool/ping"
-	"github.com/leasepool/leasepool/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/ping"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/internal/tasktest"
-	"github.com/leasepool/leasepool/preempt"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -189,5 +189,30 @@ func TestReapTask(t *testing.T) {
 	}
 	if d := preempt.Decide(got, "w", t0); d.Verdict != preempt.Never {
 		t.Errorf("after reap: %s", d.Verdict)
+	}
+}
+
+// An entry a release or a snooze moved to History does not block a claim,
+// not even by the worker it belonged to.
+func TestHistoryDoesNotBlockClaim(t *testing.T) {
+	t.Parallel()
+	h := task.Holder{WorkerID: "a", Attempt: 1}
+	now := t0.Add(time.Second)
+	for name, do := range map[string]func(tk *task.Task) error{
+		"release": func(tk *task.Task) error { return tk.Release(h, now) },
+		"snooze":  func(tk *task.Task) error { return tk.Snooze(h, now.Add(time.Minute), now) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			tk := newTask(t, nil, running("a", 1, t0.Add(4*time.Second)))
+			if err := do(tk); err != nil {
+				t.Fatal(err)
+			}
+			if len(tk.Workers) != 0 || len(tk.History) != 1 {
+				t.Fatalf("workers %+v history %+v; want the entry moved to history", tk.Workers, tk.History)
+			}
+			if d := preempt.Decide(tk, "a", t0.Add(2*time.Hour)); d.Verdict != preempt.Claim {
+				t.Errorf("Decide after %s: %s (%s); want claim (history does not block)", name, d.Verdict, d.Reason)
+			}
+		})
 	}
 }
