@@ -37,6 +37,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/jsoncheck"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -359,7 +360,7 @@ func ParseSpec(r io.Reader) (Spec, error) {
 	}
 	// encoding/json would rewrite invalid UTF-8 to U+FFFD and recurse
 	// 10,000 levels deep: both are refused first, naming the field.
-	if err := task.CheckJSONBody(b); err != nil {
+	if err := jsoncheck.Body(b); err != nil {
 		return s, err
 	}
 	raw := bytes.NewBuffer(b)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/jsoncheck"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -32,7 +33,7 @@ var (
 // read learns whether its first one landed (Get shows the payload kept).
 func Signal(ctx context.Context, s task.Store, key, step string, payload json.RawMessage) (*Flow, error) {
 	if len(payload) > 0 {
-		if err := task.CheckJSONBody(payload); err != nil {
+		if err := jsoncheck.Body(payload); err != nil {
 			return nil, err
 		}
 		if err := task.ValidateJSON("payload", payload, task.MaxJSONDepth); err != nil {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 
 	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/internal/jsoncheck"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -59,9 +60,9 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 // decodeUnique is decode refusing an object that holds a key twice
-// (task.CheckJSONKeys): a labels body means one value per key.
+// (jsoncheck.Keys): a labels body means one value per key.
 func decodeUnique(w http.ResponseWriter, r *http.Request, v any) error {
-	return decodeChecked(w, r, v, maxBody, task.CheckJSONKeys)
+	return decodeChecked(w, r, v, maxBody, jsoncheck.Keys)
 }
 
 // decodeLimit is decode of a body of at most limit bytes.
@@ -70,7 +71,7 @@ func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) err
 }
 
 // decodeChecked is decodeLimit with check (if any) run on the body after
-// task.CheckJSONBody.
+// jsoncheck.Body.
 func decodeChecked(w http.ResponseWriter, r *http.Request, v any, limit int64, check func([]byte) error) error {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if me := (*http.MaxBytesError)(nil); errors.As(err, &me) {
@@ -83,11 +84,11 @@ func decodeChecked(w http.ResponseWriter, r *http.Request, v any, limit int64, c
 }
 
 // decodeBytes decodes the one JSON object of b into v as decodeChecked
-// does, with check (if any) run on b after task.CheckJSONBody.
+// does, with check (if any) run on b after jsoncheck.Body.
 func decodeBytes(b []byte, v any, check func([]byte) error) error {
 	// Invalid UTF-8 (which the decoder rewrites to U+FFFD) and nesting
 	// past task.MaxJSONDepth are refused first, naming the field.
-	if err := task.CheckJSONBody(b); err != nil {
+	if err := jsoncheck.Body(b); err != nil {
 		return err
 	}
 	if check != nil {

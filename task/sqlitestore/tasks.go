@@ -40,7 +40,7 @@ func pinned(t *task.Task) (string, error) {
 // decode reads a stored row: the doc plus the columns that own ID, Seq and
 // Version.
 func decode(seq, version int64, doc string) (*task.Task, error) {
-	t, err := task.ParseJSON([]byte(doc))
+	t, err := parseJSON([]byte(doc))
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: decode task seq %d: %w", seq, err)
 	}
@@ -223,7 +223,7 @@ func rowsAffected(res sql.Result, err error) (int64, error) {
 func encode(t *task.Task) (change, doc string, err error) {
 	c := *t
 	c.Payload = nil
-	b, err := c.AppendJSON(make([]byte, 0, 1024))
+	b, err := appendJSON(make([]byte, 0, 1024), &c)
 	if err != nil {
 		return "", "", err
 	}
@@ -498,12 +498,12 @@ func (s *Store) recalled(seq int64) *task.Task {
 // decodeChange decodes the document a change recorded (everything but the
 // payload, as it was after that write) and gives it the current payload.
 func decodeChange(seq int64, after string, current sql.NullString) (*task.Task, error) {
-	t, err := task.ParseJSON([]byte(after))
+	t, err := parseJSON([]byte(after))
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: decode change of task seq %d: %w", seq, err)
 	}
 	if current.Valid {
-		cur, err := task.ParseJSON([]byte(current.String))
+		cur, err := parseJSON([]byte(current.String))
 		if err != nil {
 			return nil, fmt.Errorf("sqlitestore: decode task seq %d: %w", seq, err)
 		}

@@ -1,4 +1,4 @@
-package task
+package sqlitestore
 
 import (
 	"bytes"
@@ -8,30 +8,32 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leasepool/leasepool/task"
 )
 
-// checkParseJSON fails unless ParseJSON(doc) is what json.Unmarshal
+// checkParseJSON fails unless parseJSON(doc) is what json.Unmarshal
 // decodes into a new Task, or fails where it fails.
 func checkParseJSON(t *testing.T, doc []byte) {
 	t.Helper()
-	want := new(Task)
+	want := new(task.Task)
 	wantErr := json.Unmarshal(doc, want)
-	got, err := ParseJSON(doc)
+	got, err := parseJSON(doc)
 	switch {
 	case (err != nil) != (wantErr != nil):
-		t.Fatalf("ParseJSON(%s): error %v, json.Unmarshal's %v", doc, err, wantErr)
+		t.Fatalf("parseJSON(%s): error %v, json.Unmarshal's %v", doc, err, wantErr)
 	case err == nil && !reflect.DeepEqual(got, want):
-		t.Fatalf("ParseJSON(%s)\n got %+v\nwant %+v", doc, got, want)
+		t.Fatalf("parseJSON(%s)\n got %+v\nwant %+v", doc, got, want)
 	}
 }
 
 // fast reports whether doc decodes without falling back to json.Unmarshal.
 func fast(doc []byte) bool {
 	d := jsonDecoder{b: doc}
-	return d.task(new(Task)) && d.end()
+	return d.task(new(task.Task)) && d.end()
 }
 
-func randomTask(rng *rand.Rand, pieces []string) *Task {
+func randomTask(rng *rand.Rand, pieces []string) *task.Task {
 	str := func() string {
 		var b strings.Builder
 		for range rng.IntN(8) {
@@ -52,20 +54,20 @@ func randomTask(rng *rand.Rand, pieces []string) *Task {
 	raw := func() json.RawMessage {
 		return json.RawMessage([]string{`{}`, `{"a":[1,2.5e3,"x\"y",null,true]}`, `"s"`, `-0.5`, `[]`, `null`, `{"k":{"n":{}}}`}[rng.IntN(7)])
 	}
-	tk := &Task{ID: str(), Key: str(), Kind: str(), Priority: rng.IntN(100) - 50, RunAt: when(), Seq: rng.Int64() - rng.Int64(),
+	tk := &task.Task{ID: str(), Key: str(), Kind: str(), Priority: rng.IntN(100) - 50, RunAt: when(), Seq: rng.Int64() - rng.Int64(),
 		ConcurrentWorkerCnt: rng.IntN(3), SuccessWorkerCnt: rng.IntN(3), MaxUnexpectedRetries: rng.IntN(5) - 1,
-		PingInterval: Duration(rng.Int64N(1e12)), WorkerTimeout: Duration(-rng.Int64N(1e6)), Attempts: rng.IntN(9),
-		State: State(str()), NextClaimAt: when(), Version: rng.Int64N(1000), CreatedAt: when(), UpdatedAt: when(),
+		PingInterval: task.Duration(rng.Int64N(1e12)), WorkerTimeout: task.Duration(-rng.Int64N(1e6)), Attempts: rng.IntN(9),
+		State: task.State(str()), NextClaimAt: when(), Version: rng.Int64N(1000), CreatedAt: when(), UpdatedAt: when(),
 		Cancelled: rng.IntN(2) == 0, HistoryDropped: rng.IntN(3), ChangesVersion: rng.Int64N(3)}
 	if rng.IntN(2) == 0 {
 		tk.Payload = raw()
 	}
-	worker := func() Attempt {
-		w := Attempt{WorkerID: str(), Instance: str(), State: AttemptState(str()), Attempt: rng.IntN(9),
+	worker := func() task.Attempt {
+		w := task.Attempt{WorkerID: str(), Instance: str(), State: task.AttemptState(str()), Attempt: rng.IntN(9),
 			LeaseUntil: when(), StartedAt: when(), ClaimVersion: rng.Int64N(3), EndedAt: when(), Error: str(), LogDropped: rng.IntN(2), OutputDropped: rng.IntN(2) == 0}
 		if rng.IntN(2) == 0 {
 			w.Result = raw()
-			w.Log = []LogLine{{At: when(), Msg: str()}}
+			w.Log = []task.LogLine{{At: when(), Msg: str()}}
 		}
 		return w
 	}
@@ -76,9 +78,9 @@ func randomTask(rng *rand.Rand, pieces []string) *Task {
 		tk.History = append(tk.History, worker())
 	}
 	for range rng.IntN(3) {
-		c := Change{Op: str(), WorkerID: str(), Instance: str(), Attempt: rng.IntN(3), Error: str(), Until: when()}
+		c := task.Change{Op: str(), WorkerID: str(), Instance: str(), Attempt: rng.IntN(3), Error: str(), Until: when()}
 		if rng.IntN(3) == 0 {
-			c.Log = []LogLine{{At: when(), Msg: str()}}
+			c.Log = []task.LogLine{{At: when(), Msg: str()}}
 		}
 		tk.Changes = append(tk.Changes, c)
 	}
@@ -105,7 +107,7 @@ func TestParseJSONMatchesUnmarshal(t *testing.T) {
 			pieces = awkward
 		}
 		tk := randomTask(rng, pieces)
-		doc, err := tk.AppendJSON(nil)
+		doc, err := appendJSON(nil, tk)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +164,7 @@ func mutate(rng *rand.Rand, doc []byte) []byte {
 func FuzzParseJSON(f *testing.F) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for range 20 {
-		doc, _ := randomTask(rng, []string{"a", "é", "\"", "\\u0041"}).AppendJSON(nil)
+		doc, _ := appendJSON(nil, randomTask(rng, []string{"a", "é", "\"", "\\u0041"}))
 		f.Add(doc)
 	}
 	f.Add([]byte(`{"workers":[],"lock_keys":[],"changes":[]}`))
@@ -174,26 +176,26 @@ func FuzzParseJSON(f *testing.F) {
 
 func BenchmarkParseJSON(b *testing.B) {
 	t0 := time.Date(2026, 11, 25, 2, 4, 35, 814478741, time.UTC)
-	tk, err := NewTask(PublishParams{Key: "t101", Kind: "noop", Payload: json.RawMessage(`{}`)}, t0)
+	tk, err := task.NewTask(task.PublishParams{Key: "t101", Kind: "noop", Payload: json.RawMessage(`{}`)}, t0)
 	if err != nil {
 		b.Fatal(err)
 	}
 	tk.Seq = 101
-	tk.Claim(Holder{WorkerID: "w1", Instance: "0606a007d74551b5"}, t0)
-	doc, err := tk.AppendJSON(nil)
+	tk.Claim(task.Holder{WorkerID: "w1", Instance: "0606a007d74551b5"}, t0)
+	doc, err := appendJSON(nil, tk)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Run("ParseJSON", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := ParseJSON(doc); err != nil {
+			if _, err := parseJSON(doc); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("json.Unmarshal", func(b *testing.B) {
 		for b.Loop() {
-			if err := json.Unmarshal(doc, new(Task)); err != nil {
+			if err := json.Unmarshal(doc, new(task.Task)); err != nil {
 				b.Fatal(err)
 			}
 		}

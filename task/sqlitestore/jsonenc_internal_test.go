@@ -1,4 +1,4 @@
-package task_test
+package sqlitestore
 
 import (
 	"bytes"
@@ -12,7 +12,7 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// marshalStd is what AppendJSON must write: json.Marshal without HTML
+// marshalStd is what appendJSON must write: json.Marshal without HTML
 // escaping.
 func marshalStd(t *testing.T, v any) []byte {
 	t.Helper()
@@ -28,12 +28,12 @@ func marshalStd(t *testing.T, v any) []byte {
 func checkAppendJSON(t *testing.T, tk *task.Task) {
 	t.Helper()
 	want := marshalStd(t, tk)
-	got, err := tk.AppendJSON([]byte("prefix"))
+	got, err := appendJSON([]byte("prefix"), tk)
 	if err != nil {
-		t.Fatalf("AppendJSON: %v", err)
+		t.Fatalf("appendJSON: %v", err)
 	}
 	if !bytes.HasPrefix(got, []byte("prefix")) || !bytes.Equal(got[len("prefix"):], want) {
-		t.Fatalf("AppendJSON wrote\n%s\njson.Marshal writes\n%s", got, want)
+		t.Fatalf("appendJSON wrote\n%s\njson.Marshal writes\n%s", got, want)
 	}
 }
 
@@ -63,7 +63,7 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 		Changes:        []task.Change{{Op: "claimed", WorkerID: "w1", Instance: "i1", Attempt: 3, Until: t0}, {Op: "logged", Log: []task.LogLine{{At: t0, Msg: "m"}}, Error: "e"}},
 	}
 	// A field added to these types must be set here, so that the
-	// comparison shows whether AppendJSON writes it.
+	// comparison shows whether appendJSON writes it.
 	everyFieldSet(t, full)
 	everyFieldSet(t, full.Workers[0], full.Workers[1])
 	everyFieldSet(t, full.Changes[0], full.Changes[1])
@@ -88,7 +88,7 @@ func everyFieldSet(t *testing.T, vs ...any) {
 			set = set || !reflect.Indirect(reflect.ValueOf(v)).Field(i).IsZero()
 		}
 		if !set && typ.Field(i).Name != "CreatedAt" { // the zero time is a case of its own
-			t.Errorf("the fixture leaves %s.%s unset: set it, so AppendJSON is checked on it", typ.Name(), typ.Field(i).Name)
+			t.Errorf("the fixture leaves %s.%s unset: set it, so appendJSON is checked on it", typ.Name(), typ.Field(i).Name)
 		}
 	}
 }
@@ -141,8 +141,8 @@ func TestAppendJSONRefusesWhatMarshalRefuses(t *testing.T) {
 		if _, err := json.Marshal(tk); err == nil {
 			t.Fatalf("%s: json.Marshal accepts it; the case is wrong", name)
 		}
-		if b, err := tk.AppendJSON(nil); err == nil {
-			t.Errorf("%s: AppendJSON wrote %s; want an error as json.Marshal gives", name, b)
+		if b, err := appendJSON(nil, tk); err == nil {
+			t.Errorf("%s: appendJSON wrote %s; want an error as json.Marshal gives", name, b)
 		}
 	}
 }

@@ -1,7 +1,7 @@
-// jsonenc.go writes a task document as JSON without reflection: the
-// embedded store writes one for every claim, renewal and finish.
+// jsonenc.go writes a task document as JSON without reflection: the store
+// writes one for every claim, renewal and finish.
 
-package task
+package sqlitestore
 
 import (
 	"bytes"
@@ -10,9 +10,11 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/leasepool/leasepool/task"
 )
 
-// AppendJSON appends t as JSON to b: the document json.Marshal writes, byte
+// appendJSON appends t as JSON to b: the document json.Marshal writes, byte
 // for byte, except that '<', '>' and '&' are not escaped (as with
 // json.Encoder.SetEscapeHTML(false)). It fails where json.Marshal fails: a
 // time outside years 0-9999, or a result or payload that is not JSON.
@@ -20,7 +22,7 @@ import (
 // document: through reflection, with time and duration marshalers whose
 // output the encoder validates again, that is a large share of a busy
 // worker's CPU.
-func (t *Task) AppendJSON(b []byte) ([]byte, error) {
+func appendJSON(b []byte, t *task.Task) ([]byte, error) {
 	e := jsonAppender{b: b}
 	e.raw('{')
 	if t.ID != "" {
@@ -128,7 +130,7 @@ func (e *jsonAppender) field(name string) {
 
 func (e *jsonAppender) int(n int64) { e.b = strconv.AppendInt(e.b, n, 10) }
 
-func (e *jsonAppender) duration(d Duration) {
+func (e *jsonAppender) duration(d task.Duration) {
 	e.raw('"')
 	e.b = append(e.b, time.Duration(d).String()...)
 	e.raw('"')
@@ -172,7 +174,7 @@ func (e *jsonAppender) strs(ss []string) {
 	e.raw(']')
 }
 
-func (e *jsonAppender) workers(ws []Attempt) {
+func (e *jsonAppender) workers(ws []task.Attempt) {
 	if ws == nil {
 		e.b = append(e.b, "null"...)
 		return
@@ -187,7 +189,7 @@ func (e *jsonAppender) workers(ws []Attempt) {
 	e.raw(']')
 }
 
-func (e *jsonAppender) worker(w *Attempt) {
+func (e *jsonAppender) worker(w *task.Attempt) {
 	e.raw('{')
 	e.key(`worker_id`)
 	e.str(w.WorkerID)
@@ -234,7 +236,7 @@ func (e *jsonAppender) worker(w *Attempt) {
 	e.raw('}')
 }
 
-func (e *jsonAppender) change(c Change) {
+func (e *jsonAppender) change(c task.Change) {
 	e.raw('{')
 	e.key(`op`)
 	e.str(c.Op)
@@ -265,7 +267,7 @@ func (e *jsonAppender) change(c Change) {
 	e.raw('}')
 }
 
-func (e *jsonAppender) log(lines []LogLine) {
+func (e *jsonAppender) log(lines []task.LogLine) {
 	e.raw('[')
 	for i, l := range lines {
 		if i > 0 {

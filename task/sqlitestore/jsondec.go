@@ -1,8 +1,8 @@
-// jsondec.go reads a task document without reflection: the embedded store
-// decodes one for every candidate a worker reads and every change event
+// jsondec.go reads a task document without reflection: the store decodes
+// one for every candidate a worker reads and every change event
 // another process wrote.
 
-package task
+package sqlitestore
 
 import (
 	"encoding/json"
@@ -10,21 +10,23 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/leasepool/leasepool/task"
 )
 
-// ParseJSON decodes a task document: the Task json.Unmarshal decodes into
-// a new Task, or its error. Documents as AppendJSON writes them take a
+// parseJSON decodes a task document: the task.Task json.Unmarshal decodes
+// into a new one, or its error. Documents as appendJSON writes them take a
 // path without reflection; anything else that path does not expect (an
 // unknown or differently cased field, an escaped string, a number that is
-// not an integer, a null where AppendJSON writes a value, white space) is
+// not an integer, a null where appendJSON writes a value, white space) is
 // handed to json.Unmarshal, so the result and the errors are its own.
-func ParseJSON(data []byte) (*Task, error) {
+func parseJSON(data []byte) (*task.Task, error) {
 	d := jsonDecoder{b: data}
-	t := new(Task)
+	t := new(task.Task)
 	if d.task(t) && d.end() {
 		return t, nil
 	}
-	t = new(Task)
+	t = new(task.Task)
 	if err := json.Unmarshal(data, t); err != nil {
 		return nil, err
 	}
@@ -32,9 +34,9 @@ func ParseJSON(data []byte) (*Task, error) {
 }
 
 // errFallback stops the fast path: json.Unmarshal decides.
-var errFallback = errors.New("task: fall back to encoding/json")
+var errFallback = errors.New("sqlitestore: fall back to encoding/json")
 
-// jsonDecoder reads the JSON AppendJSON writes. Each method reports false
+// jsonDecoder reads the JSON appendJSON writes. Each method reports false
 // (with err set) when the input is not what it expects.
 type jsonDecoder struct {
 	b   []byte
@@ -213,7 +215,7 @@ func (d *jsonDecoder) time(dst *time.Time) bool {
 	return true
 }
 
-func (d *jsonDecoder) duration(dst *Duration) bool {
+func (d *jsonDecoder) duration(dst *task.Duration) bool {
 	s, ok := d.rawString()
 	if !ok {
 		return false
@@ -222,7 +224,7 @@ func (d *jsonDecoder) duration(dst *Duration) bool {
 	if err != nil {
 		return d.fail()
 	}
-	*dst = Duration(v)
+	*dst = task.Duration(v)
 	return true
 }
 
@@ -289,7 +291,7 @@ func (d *jsonDecoder) reflect(dst any) bool {
 	return true
 }
 
-func (d *jsonDecoder) task(t *Task) bool {
+func (d *jsonDecoder) task(t *task.Task) bool {
 	return d.object(func(key []byte) bool {
 		switch string(key) {
 		case "_id":
@@ -349,9 +351,9 @@ func (d *jsonDecoder) task(t *Task) bool {
 	})
 }
 
-func (d *jsonDecoder) workers(dst *[]Attempt) bool { return slice(d, dst, d.worker) }
+func (d *jsonDecoder) workers(dst *[]task.Attempt) bool { return slice(d, dst, d.worker) }
 
-func (d *jsonDecoder) worker(w *Attempt) bool {
+func (d *jsonDecoder) worker(w *task.Attempt) bool {
 	return d.object(func(key []byte) bool {
 		switch string(key) {
 		case "worker_id":
@@ -385,9 +387,9 @@ func (d *jsonDecoder) worker(w *Attempt) bool {
 	})
 }
 
-func (d *jsonDecoder) changes(dst *[]Change) bool { return slice(d, dst, d.change) }
+func (d *jsonDecoder) changes(dst *[]task.Change) bool { return slice(d, dst, d.change) }
 
-func (d *jsonDecoder) change(c *Change) bool {
+func (d *jsonDecoder) change(c *task.Change) bool {
 	return d.object(func(key []byte) bool {
 		switch string(key) {
 		case "op":

@@ -1,12 +1,15 @@
-package task
+package jsoncheck_test
 
 import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/leasepool/leasepool/internal/jsoncheck"
+	"github.com/leasepool/leasepool/task"
 )
 
-func TestCheckJSONKeys(t *testing.T) {
+func TestKeys(t *testing.T) {
 	t.Parallel()
 	for _, ok := range []string{
 		`{}`, `[]`, `1`, `"s"`, `null`,
@@ -15,10 +18,10 @@ func TestCheckJSONKeys(t *testing.T) {
 		`[{"a":1},{"a":1}]`,
 		`{"a":[{"k":1},{"k":2}]}`,
 		`{"a":1,"b":`,               // not JSON: the decoder after it says so
-		strings.Repeat(`[`, 100000), // CheckJSONBody's to refuse
+		strings.Repeat(`[`, 100000), // jsoncheck.Body's to refuse
 	} {
-		if err := CheckJSONKeys([]byte(ok)); err != nil {
-			t.Errorf("CheckJSONKeys(%s) = %v, want nil", ok, err)
+		if err := jsoncheck.Keys([]byte(ok)); err != nil {
+			t.Errorf("Keys(%s) = %v, want nil", ok, err)
 		}
 	}
 	for body, want := range map[string]string{
@@ -31,12 +34,12 @@ func TestCheckJSONKeys(t *testing.T) {
 		"{\"labels\":{\"x\\u202e\":\"1\",\"x\u202e\":\"2\"}}": `invalid: labels: key "x\u202e" is given twice`,
 		`[{"k":1,"k":2}]`:                                     `invalid: [0]: key "k" is given twice`,
 	} {
-		err := CheckJSONKeys([]byte(body))
-		if !errors.Is(err, ErrInvalid) || err.Error() != want {
-			t.Errorf("CheckJSONKeys(%s) = %v, want %s", body, err, want)
+		err := jsoncheck.Keys([]byte(body))
+		if !errors.Is(err, task.ErrInvalid) || err.Error() != want {
+			t.Errorf("Keys(%s) = %v, want %s", body, err, want)
 		}
 		if err != nil && strings.ContainsRune(err.Error(), '\u202e') {
-			t.Errorf("CheckJSONKeys(%s): the error prints U+202E raw", body)
+			t.Errorf("Keys(%s): the error prints U+202E raw", body)
 		}
 	}
 }

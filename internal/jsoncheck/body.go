@@ -1,30 +1,37 @@
-package task
+// Package jsoncheck checks a JSON document a caller sends (an API request
+// body, a flow file, a signal's payload) before encoding/json decodes it:
+// the checks the decoder does not make, with errors that wrap
+// task.ErrInvalid and name the field, as task's own validation does. It
+// is shared by the packages that read callers' JSON (web, flow), not a
+// part of the task model.
+package jsoncheck
 
 import (
 	"fmt"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/leasepool/leasepool/task"
 )
 
-// bodySlack is how much deeper than MaxJSONDepth a top-level field of a
-// request body may nest before CheckJSONBody refuses it: a flow file's
-// rollback payload sits in three containers of its "steps" field (the
-// array, the step, its rollback), so a payload one level too deep there
-// still reaches its own check (such as ValidatePayload), which names it
+// bodySlack is how much deeper than task.MaxJSONDepth a top-level field of
+// a request body may nest before Body refuses it: a flow file's rollback
+// payload sits in three containers of its "steps" field (the array, the
+// step, its rollback), so a payload one level too deep there still
+// reaches its own check (such as task.ValidatePayload), which names it
 // exactly.
 const bodySlack = 4
 
-// CheckJSONBody checks a JSON document a caller sends (an API request
-// body, a flow file) before encoding/json decodes it, which would rewrite
-// invalid UTF-8 in a string to U+FFFD and follow nesting 10,000 levels
-// deep: every string must be valid UTF-8 (an escaped UTF-16 surrogate
-// without its pair, "\ud800", is not: it decodes to U+FFFD too), and no
-// top-level field nest
-// much deeper than MaxJSONDepth. Its errors wrap ErrInvalid and name the
-// top-level field ("body" when there is none). It does not check that b
-// is JSON: the decoder that follows does.
-func CheckJSONBody(b []byte) error {
+// Body checks a JSON document a caller sends (an API request body, a flow
+// file) before encoding/json decodes it, which would rewrite invalid
+// UTF-8 in a string to U+FFFD and follow nesting 10,000 levels deep:
+// every string must be valid UTF-8 (an escaped UTF-16 surrogate without
+// its pair, "\ud800", is not: it decodes to U+FFFD too), and no top-level
+// field nest much deeper than task.MaxJSONDepth. Its errors wrap
+// task.ErrInvalid and name the top-level field ("body" when there is
+// none). It does not check that b is JSON: the decoder that follows does.
+func Body(b []byte) error {
 	var (
 		depth    int
 		top      byte   // the outermost container: '{' or '['
@@ -68,8 +75,8 @@ func CheckJSONBody(b []byte) error {
 			if depth == 1 {
 				top, expect = c, c == '{'
 			}
-			if depth-1 > MaxJSONDepth+bodySlack {
-				return invalid(name(), fmt.Sprintf("nested deeper than %d levels", MaxJSONDepth))
+			if depth-1 > task.MaxJSONDepth+bodySlack {
+				return invalid(name(), fmt.Sprintf("nested deeper than %d levels", task.MaxJSONDepth))
 			}
 		case c == '}' || c == ']':
 			depth--
@@ -116,4 +123,10 @@ func loneSurrogate(s []byte) bool {
 		i += 5
 	}
 	return false
+}
+
+// invalid is task's error for a field: "invalid: field: msg", wrapping
+// task.ErrInvalid, so a body refused here reads as one task refuses.
+func invalid(field, msg string) error {
+	return fmt.Errorf("%w: %s: %s", task.ErrInvalid, field, msg)
 }

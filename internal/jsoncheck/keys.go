@@ -1,4 +1,4 @@
-package task
+package jsoncheck
 
 import (
 	"bytes"
@@ -9,19 +9,21 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/leasepool/leasepool/task"
 )
 
-// CheckJSONKeys refuses a JSON document in which one object holds a key
-// twice. encoding/json keeps the last of them without a word, so a reader
-// of the document (a reviewer, a proxy, a log) and the decoder could
-// disagree about what it says. Keys are compared as decoded ("\u0061" is
-// "a"); the keys of the top-level object are also compared without regard
-// to case, since they are a request's field names, which encoding/json
-// matches that way. The error wraps ErrInvalid and names the object (its
+// Keys refuses a JSON document in which one object holds a key twice.
+// encoding/json keeps the last of them without a word, so a reader of the
+// document (a reviewer, a proxy, a log) and the decoder could disagree
+// about what it says. Keys are compared as decoded ("\u0061" is "a"); the
+// keys of the top-level object are also compared without regard to case,
+// since they are a request's field names, which encoding/json matches
+// that way. The error wraps task.ErrInvalid and names the object (its
 // path, "body" for the top level) and the key. It looks no deeper than
-// CheckJSONBody lets a document nest: run it after that check. Like it,
-// it does not check that b is JSON: the decoder that follows does.
-func CheckJSONKeys(b []byte) error {
+// Body lets a document nest: run it after that check. Like it, it does
+// not check that b is JSON: the decoder that follows does.
+func Keys(b []byte) error {
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.UseNumber()
 	var dup dupKeyError
@@ -35,13 +37,13 @@ type dupKeyError struct{ path, key string }
 
 func (e dupKeyError) Error() string { return fmt.Sprintf("key %q is given twice", e.key) }
 
-// errTooDeep ends a walk past the nesting CheckJSONBody allows.
+// errTooDeep ends a walk past the nesting Body allows.
 var errTooDeep = errors.New("nested too deep")
 
 // checkKeys reads one value from d, at depth containers deep; path is
 // where it sits ("" for the whole document).
 func checkKeys(d *json.Decoder, path string, depth int) error {
-	if depth > MaxStoredDepth+bodySlack {
+	if depth > task.MaxStoredDepth+bodySlack {
 		return errTooDeep
 	}
 	tok, err := d.Token()
