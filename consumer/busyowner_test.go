@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -64,11 +65,11 @@ func TestBusyOwnersPinnedAndLockedTasksRun(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	eventually(t, waitLong, func() bool {
+	testutil.Eventually(t, waitLong, "every task to run", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(ranOn) == n
-	}, "every task to run")
+	})
 	t.Logf("%d tasks in %s; A read %d candidate rows", n, time.Since(start), a.rows.Load())
 	mu.Lock()
 	defer mu.Unlock()

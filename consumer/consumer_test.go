@@ -15,6 +15,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -188,7 +189,7 @@ func TestPriorityThenPublishOrder(t *testing.T) {
 	e.publish("high", priority(10))
 	e.publish("mid-b", priority(5))
 	e.publish("mid-c", priority(5))
-	eventually(t, waitLong, func() bool { return c.Stats().Queued == 5 }, "5 tasks queued behind the gate")
+	testutil.Eventually(t, waitLong, "5 tasks queued behind the gate", func() bool { return c.Stats().Queued == 5 })
 	close(releaseGate)
 
 	var got []string
@@ -354,10 +355,10 @@ func TestSuccessWorkerCnt(t *testing.T) {
 	}
 	close(releaseThird)
 	var doc *task.Task
-	eventually(t, waitLong, func() bool {
+	testutil.Eventually(t, waitLong, "the stopped worker to step out", func() bool {
 		doc = e.get("two-of-three")
 		return len(doc.Workers) == 2
-	}, "the stopped worker to step out")
+	})
 	for _, w := range doc.Workers {
 		if w.State != task.AttemptSuccess || w.WorkerID == slow {
 			t.Fatalf("task ended with workers %+v; want two SUCCESS entries, none of %s", doc.Workers, slow)
@@ -701,7 +702,7 @@ func TestDiscoveryByQueryAndStream(t *testing.T) {
 	for i := range 5 {
 		e.waitState(fmt.Sprintf("before-%d", i), task.StateSucceeded)
 	}
-	eventually(t, waitLong, func() bool { return c.Stats().Queued == 1 }, "the far-future task queued")
+	testutil.Eventually(t, waitLong, "the far-future task queued", func() bool { return c.Stats().Queued == 1 })
 	for i := range 5 {
 		e.publish(fmt.Sprintf("after-%d", i))
 	}
@@ -728,10 +729,10 @@ func TestHeapOverflowRequeries(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}, func(c *consumer.Config) { c.HeapSize, c.PageSize, c.Concurrency = 10, 7, 4 })
-	eventually(t, 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("all %d tasks to succeed", n), func() bool {
 		done, err := e.store.List(context.Background(), task.ListQuery{State: task.StateSucceeded})
 		return err == nil && len(done) == n
-	}, fmt.Sprintf("all %d tasks to succeed", n))
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	for i := range n {
@@ -762,11 +763,11 @@ func TestUrgentTaskPassesFullHeap(t *testing.T) {
 		}
 		return nil
 	}, func(c *consumer.Config) { c.HeapSize, c.PageSize, c.Concurrency = 10, 10, 1 })
-	eventually(t, waitLong, func() bool { return e.get("b-000").State == task.StateRunning }, "the first backlog task to run")
+	testutil.Eventually(t, waitLong, "the first backlog task to run", func() bool { return e.get("b-000").State == task.StateRunning })
 	for i := range 5 { // the heap full again
 		e.publish(fmt.Sprintf("c-%03d", i))
 	}
-	eventually(t, waitLong, func() bool { return c.Stats().Queued == 10 }, "a full heap")
+	testutil.Eventually(t, waitLong, "a full heap", func() bool { return c.Stats().Queued == 10 })
 	e.publish("urgent", priority(10))
 	time.Sleep(200 * time.Millisecond) // the urgent task's event reaches the full heap
 	close(release)
@@ -792,7 +793,7 @@ func TestWorkerOnAnotherStoreHandle(t *testing.T) {
 	if k := recv(t, ran, "task published before start"); k != "before" {
 		t.Fatalf("ran %s, want before", k)
 	}
-	eventually(t, waitLong, func() bool { return c.Stats().Queued == 1 }, "the far-future task queued")
+	testutil.Eventually(t, waitLong, "the far-future task queued", func() bool { return c.Stats().Queued == 1 })
 	for i := range 3 {
 		e.publish(fmt.Sprintf("after-%d", i))
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -133,7 +134,7 @@ func TestStaleClaimResultKeepsNewerOutcome(t *testing.T) {
 			far := e.store.Now().Add(time.Hour)
 			e.publish("M1", runAt(far))
 			e.publish("M2", runAt(far))
-			eventually(t, waitLong, func() bool { return a.Stats().Queued >= 2 }, "A to queue M1 and M2")
+			testutil.Eventually(t, waitLong, "A to queue M1 and M2", func() bool { return a.Stats().Queued >= 2 })
 
 			close(held.result) // A's attempt decides on B's claim, now stale
 			recv(t, started["T"], "A's claim of T after B's "+tc.name+" (not at B's lease end, 20 s)")
@@ -206,7 +207,7 @@ func TestRefillPageKeepsNewerEvents(t *testing.T) {
 	}
 	// Events come in order: once A queues the marker, it has B's claim.
 	e.publish("marker", runAt(e.store.Now().Add(time.Hour)))
-	eventually(t, waitLong, func() bool { return a.Stats().Queued >= 2 }, "A to queue t-04 (B's lease) and the marker")
+	testutil.Eventually(t, waitLong, "A to queue t-04 (B's lease) and the marker", func() bool { return a.Stats().Queued >= 2 })
 
 	close(held.release)
 	for _, k := range []string{"t-05", "t-06", "t-07", "t-08", "t-09"} {
@@ -274,7 +275,7 @@ func TestRefillPutOffWakes(t *testing.T) {
 	recv(t, started, "A's run of t-00")
 	// The heap holds t-01 and, once this event is in, a task due in an hour.
 	e.publish("marker", runAt(e.store.Now().Add(time.Hour)))
-	eventually(t, waitLong, func() bool { return a.Stats().Queued >= 2 }, "A to queue t-01 and the marker")
+	testutil.Eventually(t, waitLong, "A to queue t-01 and the marker", func() bool { return a.Stats().Queued >= 2 })
 
 	// A dispatches t-01 and reads the next page aside, which fails: the
 	// query from the top is put off (a second after a failure), and only

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -177,27 +178,11 @@ func (e *env) get(key string) *task.Task {
 func (e *env) waitState(key string, state task.State) *task.Task {
 	e.t.Helper()
 	var doc *task.Task
-	eventually(e.t, waitLong, func() bool {
+	testutil.Eventually(e.t, waitLong, fmt.Sprintf("task %s to be %s", key, state), func() bool {
 		doc = e.get(key)
 		return doc.State == state
-	}, fmt.Sprintf("task %s to be %s", key, state))
+	})
 	return doc
-}
-
-// eventually polls cond until it holds or d has passed.
-func eventually(t *testing.T, d time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		case <-tick.C:
-		}
-	}
 }
 
 // recv waits for one value from ch.

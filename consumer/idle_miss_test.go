@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -67,11 +68,11 @@ func TestIdleOwnLeaseLost(t *testing.T) {
 				t.Fatalf("handler cancelled with %v, want a lost lease", cause)
 			}
 			want := map[string]consumer.Outcome{"renewals-fail": consumer.OutcomeLeaseLost, "outcome-not-written": consumer.OutcomeNotWritten}[how]
-			eventually(t, waitLong, func() bool {
+			testutil.Eventually(t, waitLong, "stranded's first attempt to give up", func() bool {
 				rec.mu.Lock()
 				defer rec.mu.Unlock()
 				return len(rec.finishes[testKind]) >= 2 // the warm task's and stranded's first
-			}, "stranded's first attempt to give up")
+			})
 			rec.mu.Lock()
 			got := rec.finishes[testKind][1].Outcome
 			rec.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -51,10 +52,10 @@ func testTakeover(t *testing.T, e *env, st task.Store, another func() task.Store
 	}
 	kill := startDoomed(t, spec)
 	publishTo(t, st, "orphan", lease(200*time.Millisecond, time.Second))
-	eventually(t, waitLong, func() bool {
+	testutil.Eventually(t, waitLong, "the doomed worker to claim orphan", func() bool {
 		doc := getFrom(t, st, "orphan")
 		return doc.State == task.StateRunning && doc.Workers[0].WorkerID == "doomed"
-	}, "the doomed worker to claim orphan")
+	})
 	if heard {
 		close(release)
 	} else {

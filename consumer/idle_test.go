@@ -20,6 +20,7 @@ import (
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 )
@@ -453,8 +454,7 @@ func TestIdleSnoozeAndRetry(t *testing.T) {
 		for _, key := range []string{"snoozed", "retried"} {
 			publishTo(t, st, key, lease(100*time.Millisecond, time.Second))
 			starts.await(t, key, 1, time.Now().Add(idleSlack))
-			eventually(t, waitLong, func() bool { return len(starts.of(key)) > 1 || getFrom(t, st, key).State == task.StatePending },
-				key+" to be pending again")
+			testutil.Eventually(t, waitLong, key+" to be pending again", func() bool { return len(starts.of(key)) > 1 || getFrom(t, st, key).State == task.StatePending })
 			mu.Lock()
 			end := ended[key]
 			mu.Unlock()

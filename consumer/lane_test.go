@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -80,7 +81,7 @@ func TestHungInstantHandlersKeepNoSlot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 5*time.Second, func() bool { return ticks.Load() == consumer.InstantSlots }, "the ticks to fill the lane")
+	testutil.Eventually(t, 5*time.Second, "the ticks to fill the lane", func() bool { return ticks.Load() == consumer.InstantSlots })
 	for i := range 3 {
 		e.publish(fmt.Sprintf("work-%d", i))
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -42,14 +43,14 @@ func TestLineHeldElsewhereLeavesRoomForOtherTasks(t *testing.T) {
 		}
 		return nil
 	}, onStore(a), func(c *consumer.Config) { c.HeapSize, c.PageSize = n, 10 })
-	eventually(t, waitLong, func() bool { return free.Load() == n }, "the tasks without a lock key to run")
-	eventually(t, waitLong, func() bool {
+	testutil.Eventually(t, waitLong, "the tasks without a lock key to run", func() bool { return free.Load() == n })
+	testutil.Eventually(t, waitLong, "A's candidate reads to stop while the line waits", func() bool {
 		rows := a.rows.Load()
 		time.Sleep(time.Second)
 		return a.rows.Load() == rows
-	}, "A's candidate reads to stop while the line waits")
+	})
 	close(release) // hog's finish frees the key
-	eventually(t, waitLong, func() bool { return line.Load() == 3*n }, "the line to run once the key is free")
+	testutil.Eventually(t, waitLong, "the line to run once the key is free", func() bool { return line.Load() == 3*n })
 }
 
 // TestLineHeldElsewhereCostsNoReads: a worker among several that starts

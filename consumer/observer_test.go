@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -68,11 +69,11 @@ func TestObserverClaimWait(t *testing.T) {
 		case "orphan":
 			ready, takenOver = doc.Workers[0].LeaseUntil, 1
 		}
-		eventually(t, waitLong, func() bool {
+		testutil.Eventually(t, waitLong, k+" finished", func() bool {
 			rec.mu.Lock()
 			defer rec.mu.Unlock()
 			return len(rec.finishes[k]) == 1
-		}, k+" finished")
+		})
 		rec.mu.Lock()
 		cs, fs := rec.claims[k], rec.finishes[k]
 		rec.mu.Unlock()

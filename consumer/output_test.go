@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -134,10 +135,10 @@ func TestCancelLeavesNoRunningEntry(t *testing.T) {
 	if len(doc.Workers) != 1 || doc.Workers[0].State != task.WorkerCancelled || doc.Workers[0].EndedAt.IsZero() {
 		t.Fatalf("workers %+v; want the one attempt CANCELLED", doc.Workers)
 	}
-	eventually(t, waitLong, func() bool {
+	testutil.Eventually(t, waitLong, "the cancelled handler's log lines", func() bool {
 		doc = e.get("cx")
 		return len(doc.Workers[0].Log) == 2
-	}, "the cancelled handler's log lines")
+	})
 	if w := doc.Workers[0]; w.State != task.WorkerCancelled || w.Log[0].Msg != "started" || !strings.Contains(w.Log[1].Msg, "cancelled") || doc.State != task.StateCancelled {
 		t.Errorf("task %s, entry %+v; want CANCELLED with both lines", doc.State, w)
 	}
@@ -154,10 +155,10 @@ func TestLogShowsWhileRunning(t *testing.T) {
 		return hold(ctx, t, release)
 	})
 	e.publish("live", lease(50*time.Millisecond, 20*time.Second))
-	eventually(t, waitLong, func() bool {
+	testutil.Eventually(t, waitLong, "the running attempt's log line in the store", func() bool {
 		doc := e.get("live")
 		return len(doc.Workers) == 1 && len(doc.Workers[0].Log) == 1
-	}, "the running attempt's log line in the store")
+	})
 	if doc := e.get("live"); doc.Workers[0].State != task.AttemptRunning || doc.Workers[0].Log[0].Msg != "halfway" {
 		t.Errorf("entry %+v; want RUNNING with the line", doc.Workers[0])
 	}

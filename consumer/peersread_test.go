@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -45,7 +46,7 @@ func TestRegistryReadLessOftenAmongManyWorkers(t *testing.T) {
 		func(c *consumer.Config) { c.HeartbeatInterval, c.HeartbeatTimeout = beat, 25*beat })
 	// The first read after a heartbeat learns the others; from then on
 	// one heartbeat in three reads.
-	eventually(t, waitLong, func() bool { r, ok := c.Registration(); return ok && r.Self != nil }, "a first registry read")
+	testutil.Eventually(t, waitLong, "a first registry read", func() bool { r, ok := c.Registration(); return ok && r.Self != nil })
 	from := reg.reads.Load()
 	start := time.Now()
 	for time.Since(start) < 60*beat {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -109,12 +110,12 @@ func TestIdleRereadFails(t *testing.T) {
 	}
 	e.waitState(key, task.StateSucceeded)
 	var reopens []task.Token
-	eventually(t, waitLong, func() bool {
+	testutil.Eventually(t, waitLong, "the stream to reopen after the failed re-read", func() bool {
 		rs.mu.Lock()
 		defer rs.mu.Unlock()
 		reopens = rs.opens[opened:]
 		return len(reopens) > 0
-	}, "the stream to reopen after the failed re-read")
+	})
 	for i, tok := range reopens {
 		if tok == nil {
 			t.Fatalf("reopen %d after a failed re-read started over (no resume token), which queries anyway", i)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/memstore"
 )
@@ -223,13 +224,13 @@ func TestBacklogReadAboutOnceOnSQLite(t *testing.T) {
 	// What is measured is the rows read, not the time: three store
 	// handles taking turns at one file's write lock, beside the package's
 	// other tests on a loaded machine, may take well past waitLong.
-	eventually(t, 3*waitLong, func() bool {
+	testutil.Eventually(t, 3*waitLong, "the backlog drained", func() bool {
 		st, err := e.store.Stats(t.Context())
 		if err != nil {
 			return false
 		}
 		return st.ByState()[task.StateSucceeded] == n
-	}, "the backlog drained")
+	})
 	var rows int64
 	for _, st := range stores {
 		rows += st.rows.Load()

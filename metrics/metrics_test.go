@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/leasepool/leasepool/consumer"
+	lptestutil "github.com/leasepool/leasepool/internal/testutil" // testutil is prometheus's here
 	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
@@ -96,17 +97,6 @@ func matches(m *dto.Metric, want map[string]string) bool {
 		}
 	}
 	return n == len(want)
-}
-
-func eventually(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", waitLong, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // conflictOnce is the real store, except that just before the first
@@ -192,9 +182,9 @@ func TestWorkerMetrics(t *testing.T) {
 	finished := func(outcome string) float64 {
 		return value(t, reg, "leasepool_tasks_finished_total", "kind", kind, "outcome", outcome)
 	}
-	eventually(t, func() bool {
+	lptestutil.Eventually(t, waitLong, "5 succeeded (ok-1, ok-2, flaky, orphan, contested), 1 retried, 1 failed, 1 lease lost", func() bool {
 		return finished("succeeded") == 5 && finished("retried") == 1 && finished("failed") == 1 && finished("lease_lost") == 1
-	}, "5 succeeded (ok-1, ok-2, flaky, orphan, contested), 1 retried, 1 failed, 1 lease lost")
+	})
 	if err := c.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
@@ -39,7 +40,7 @@ func wireAuthenticated(t *testing.T, ctx context.Context, prefix string) (task.S
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
-	eventually(t, 10*time.Second, "the broker hosted here", w.Host.Hosting)
+	testutil.Eventually(t, 10*time.Second, "the broker hosted here", w.Host.Hosting)
 	return store, mux, w
 }
 
@@ -102,7 +103,7 @@ func TestWireRefusesImpostors(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sim.Stop(context.Background()) })
-	eventually(t, 10*time.Second, "the device online at the worker", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the device online at the worker", func() bool {
 		s, ok := w.Handler.Tracker().State(dev)
 		return ok && s.Online
 	})
@@ -134,7 +135,7 @@ func TestWireRefusesImpostors(t *testing.T) {
 	if connected, survived := forge(t, w.Host.URL(), other, otherSecret, topics.Device(other, TopicStatus), own); !connected || !survived {
 		t.Fatalf("the other device publishing its own status: connected %v, survived %v", connected, survived)
 	}
-	eventually(t, 10*time.Second, "the other device's own status in the inventory", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the other device's own status in the inventory", func() bool {
 		invs, err := Inventories(ctx, store)
 		return err == nil && invs[other].Attributes["ring"] == "lab"
 	})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
@@ -114,7 +115,7 @@ func setup(t *testing.T, o setupOpts) *env {
 	// The handler must be subscribed before commands go out: wait until it
 	// has seen every simulated device's retained online status.
 	for _, d := range sim.Devices() {
-		eventually(t, 10*time.Second, "device "+d.ID()+" online at the worker", func() bool {
+		testutil.Eventually(t, 10*time.Second, "device "+d.ID()+" online at the worker", func() bool {
 			s, ok := h.Tracker().State(d.ID())
 			return ok && s.Online
 		})
@@ -130,18 +131,6 @@ func job(key string, attempt int, c Command) *consumer.Job {
 		panic(err)
 	}
 	return &consumer.Job{Task: &task.Task{Key: p.Key, Kind: p.Kind, Payload: p.Payload}, Attempt: attempt, WorkerID: "w1"}
-}
-
-// eventually polls cond until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval, not a wait for an event
-	}
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
@@ -226,7 +215,7 @@ func TestDroppedAcksDeviceRunsOnce(t *testing.T) {
 	if !errors.Is(err, ErrNoAck) {
 		t.Fatalf("Handle = %v, want ErrNoAck", err)
 	}
-	eventually(t, 10*time.Second, "the run to end", func() bool { return len(e.sim.Report().Runs) == 1 })
+	testutil.Eventually(t, 10*time.Second, "the run to end", func() bool { return len(e.sim.Report().Runs) == 1 })
 	r := e.sim.Report()
 	if tot := r.Totals(); tot.Ran != 1 || tot.Duplicates != 3 || tot.DroppedAcks != 4 || len(r.Overlaps) != 0 {
 		t.Fatalf("report: %+v overlaps %v", tot, r.Overlaps)
@@ -252,7 +241,7 @@ func TestOfflineDeviceIsHeld(t *testing.T) {
 	t.Parallel()
 	e := setup(t, setupOpts{})
 	e.sim.Device(0).GoOffline(time.Hour)
-	eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
+	testutil.Eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
 	off := job("off-1", 1, Command{Device: e.dev(0), Command: "x"})
 	hold, ready := e.handler.Ready(off.Task)
 	if ready || hold.Wake == nil || hold.Recheck != 3*time.Second {
@@ -279,7 +268,7 @@ func TestReadyReadsFlowStepsAndLetsTakeoversThrough(t *testing.T) {
 	t.Parallel()
 	e := setup(t, setupOpts{})
 	e.sim.Device(0).GoOffline(time.Hour)
-	eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
+	testutil.Eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
 	cmd := job("x", 1, Command{Device: e.dev(0), Command: "x"}).Task.Payload
 	ref := flow.StepRef{Flow: "f", Gen: 1, Step: 0, Name: "update"}
 	env, _ := json.Marshal(map[string]any{"flow": ref, "params": map[string]any{}, "payload": json.RawMessage(cmd)})
@@ -304,7 +293,7 @@ func TestOfflineTimeout(t *testing.T) {
 	t.Parallel()
 	e := setup(t, setupOpts{})
 	e.sim.Device(0).GoOffline(time.Hour)
-	eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
+	testutil.Eventually(t, 10*time.Second, "the will to arrive", func() bool { return e.handler.Tracker().Offline(e.dev(0)) })
 	c := Command{Device: e.dev(0), Command: "x", OfflineTimeout: task.Duration(time.Minute)}
 	fresh := job("off-3", 1, c)
 	fresh.Task.CreatedAt = time.Now()
@@ -339,7 +328,7 @@ func TestOfflineBeforeAckSnoozes(t *testing.T) {
 		done <- e.handler.Handle(ctxT(t, 20*time.Second), job("off-2", 1, Command{Device: e.dev(0), Command: "x",
 			AckTimeout: task.Duration(time.Second), ResultTimeout: task.Duration(2 * time.Second)}))
 	}()
-	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	testutil.Eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	e.sim.Device(0).GoOffline(time.Hour)
 	var sn *consumer.SnoozeError
 	if err := <-done; !errors.As(err, &sn) {
@@ -372,7 +361,7 @@ func TestLeaseLostReturnsPromptly(t *testing.T) {
 	lost := errors.New("lease lost in test")
 	done := make(chan error, 1)
 	go func() { done <- e.handler.Handle(ctx, job("lease-1", 1, Command{Device: e.dev(0), Command: "x"})) }()
-	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	testutil.Eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	cancel(lost)
 	select {
 	case err := <-done:
@@ -414,7 +403,7 @@ func TestBrokerRestartMidCommand(t *testing.T) {
 	go func() {
 		done <- e.handler.Handle(ctxT(t, 30*time.Second), job("restart-1", 1, Command{Device: e.dev(0), Command: "x"}))
 	}()
-	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	testutil.Eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	addr := e.broker.Addr()
 	_ = e.broker.Close()
 	b2, err := broker.Listen(context.Background(), broker.Config{Addr: addr, Anonymous: true})
@@ -479,7 +468,7 @@ func TestInjectedDisconnectMidCommand(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	done := make(chan error, 1)
 	go func() { done <- e.handler.Handle(ctx, job("disc-1", 1, Command{Device: e.dev(0), Command: "x"})) }()
-	eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	testutil.Eventually(t, 10*time.Second, "the command to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	if err := e.fault.InjectDisconnect(ctx, 200*time.Millisecond); err != nil {
 		t.Fatalf("inject disconnect: %v", err)
 	}

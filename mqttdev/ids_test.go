@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/protocol"
 	"github.com/leasepool/leasepool/task"
@@ -79,11 +80,11 @@ func testBadIDStatus(t *testing.T, ctx context.Context, url string) {
 
 	// One publisher's messages reach the worker in order: once the good
 	// device is in the inventory, every hostile status was handled before.
-	eventually(t, 10*time.Second, good+" in the inventory", func() bool {
+	testutil.Eventually(t, 10*time.Second, good+" in the inventory", func() bool {
 		inv, err := GetInventory(ctx, st, good)
 		return err == nil && inv.Attributes["ring"] == "canary"
 	})
-	eventually(t, 10*time.Second, good+" state stored", func() bool {
+	testutil.Eventually(t, 10*time.Second, good+" state stored", func() bool {
 		docs, err := st.Documents(ctx, StateNamespace)
 		return err == nil && len(docs) > 0
 	})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
@@ -78,11 +79,11 @@ func TestAnnouncedAttributesReachTheInventory(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sim.Stop(context.Background()) })
-	eventually(t, 10*time.Second, "three devices in the inventory", func() bool {
+	testutil.Eventually(t, 10*time.Second, "three devices in the inventory", func() bool {
 		invs, err := Inventories(ctx, st)
 		return err == nil && len(invs) == 3 && invs["inv-2"].Attributes["site"] == "berlin"
 	})
-	eventually(t, 10*time.Second, "inv-2 offline", func() bool {
+	testutil.Eventually(t, 10*time.Second, "inv-2 offline", func() bool {
 		s, ok := h.Tracker().State("inv-2")
 		return ok && !s.Online
 	})

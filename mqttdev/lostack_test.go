@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 )
@@ -28,7 +29,7 @@ func TestOutageWithLostAckKeepsDevice(t *testing.T) {
 		ResultTimeout: task.Duration(5 * time.Second), MaxPublishes: 3}
 	done := make(chan error, 1)
 	go func() { done <- e.handler.Handle(ctx, job("A", 1, cmd)) }()
-	eventually(t, 10*time.Second, "A to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	testutil.Eventually(t, 10*time.Second, "A to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	// The worker sees the device drop and come back (its will, then its
 	// online status), as across a broker restart.
 	e.handler.Tracker().Observe(e.dev(0), Status{Online: false, At: time.Now()}, time.Now())
@@ -66,7 +67,7 @@ func TestOutageWithLostAckDeviceStaysAway(t *testing.T) {
 	done := make(chan error, 1)
 	began := time.Now()
 	go func() { done <- e.handler.Handle(ctx, job("A", 1, cmd)) }()
-	eventually(t, 10*time.Second, "A to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
+	testutil.Eventually(t, 10*time.Second, "A to run", func() bool { _, ok := e.sim.Device(0).Running(); return ok })
 	e.handler.Tracker().Observe(e.dev(0), Status{Online: false, At: time.Now()}, time.Now())
 	err := <-done
 	var sn *consumer.SnoozeError

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 )
@@ -107,7 +108,7 @@ func TestStateTrackerMirrorsToStore(t *testing.T) {
 	if !tr.Offline("d1") || tr.Offline("unknown") {
 		t.Fatal("Offline wrong")
 	}
-	eventually(t, 5*time.Second, "the store write", func() bool {
+	testutil.Eventually(t, 5*time.Second, "the store write", func() bool {
 		st, _ := store.DeviceStates(ctx)
 		return len(st) > 0 && !st[len(st)-1].Online
 	})
@@ -128,7 +129,7 @@ func TestReadStates(t *testing.T) {
 	t.Parallel()
 	e := setup(t, setupOpts{sim: device.Config{Count: 2}})
 	e.sim.Device(1).GoOffline(time.Hour)
-	eventually(t, 10*time.Second, "the will", func() bool { return e.handler.Tracker().Offline(e.dev(1)) })
+	testutil.Eventually(t, 10*time.Second, "the will", func() bool { return e.handler.Tracker().Offline(e.dev(1)) })
 	tr, err := ReadStates(ctxT(t, 10*time.Second), ClientConfig{BrokerURL: e.url}, e.prefix, 500*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
@@ -78,7 +79,7 @@ func testImpostor(t *testing.T, ctx context.Context, url string) {
 	}
 	impostor := startSim(device.Config{Count: 1, IDPrefix: "dev-x", Attributes: func(int, string) Labels { return Labels{"ring": "prod"} }})
 	const id = "dev-x0"
-	eventually(t, 10*time.Second, "the impostor's announcement in the inventory", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the impostor's announcement in the inventory", func() bool {
 		inv, err := GetInventory(ctx, st, id)
 		return err == nil && inv.Attributes["ring"] == "prod"
 	})
@@ -120,7 +121,7 @@ func testImpostor(t *testing.T, ctx context.Context, url string) {
 	// entry comes back.
 	reconnects := impostorOnline(h, id)
 	impostor.Device(0).GoOffline(50 * time.Millisecond)
-	eventually(t, 10*time.Second, "the impostor back in the inventory after reconnecting", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the impostor back in the inventory after reconnecting", func() bool {
 		inv, err := GetInventory(ctx, st, id)
 		return err == nil && inv.Attributes["ring"] == "prod" && impostorOnline(h, id) > reconnects
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -44,7 +45,7 @@ func TestWireEmbeddedBroker(t *testing.T) {
 	if w.Host == nil || !slices.Contains(mux.Kinds(), Kind) {
 		t.Fatalf("host %v, mux kinds %v: want a broker host and the device kind registered", w.Host, mux.Kinds())
 	}
-	eventually(t, 10*time.Second, "the broker hosted here", w.Host.Hosting)
+	testutil.Eventually(t, 10*time.Second, "the broker hosted here", w.Host.Hosting)
 	secret, err := credential.Add(ctx, store, prefix+"-dev-0", false)
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +60,7 @@ func TestWireEmbeddedBroker(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sim.Stop(context.Background()) })
 	dev := sim.Device(0).ID()
-	eventually(t, 10*time.Second, "the device online at the worker", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the device online at the worker", func() bool {
 		s, ok := w.Handler.Tracker().State(dev)
 		return ok && s.Online
 	})

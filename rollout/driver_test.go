@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -109,7 +110,7 @@ func TestDriverIdleListsRarelyAndStartsARolloutPromptly(t *testing.T) {
 		}
 	}
 	// The first pass comes with the election.
-	eventuallyTrue(t, 5*time.Second, "the driver's first pass", func() bool { return st.lists.Load() > 0 })
+	testutil.Eventually(t, 5*time.Second, "the driver's first pass", func() bool { return st.lists.Load() > 0 })
 	idle("no rollout")
 
 	waves, _ := ParseWaves("100%")
@@ -118,7 +119,7 @@ func TestDriverIdleListsRarelyAndStartsARolloutPromptly(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r *Rollout
-	eventuallyTrue(t, 10*time.Second, "the rollout's first wave", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the rollout's first wave", func() bool {
 		r, err = Get(ctx, st, "prompt")
 		return err == nil && len(r.Waves) > 0 && !r.Waves[0].StartedAt.IsZero()
 	})
@@ -126,24 +127,13 @@ func TestDriverIdleListsRarelyAndStartsARolloutPromptly(t *testing.T) {
 	if waited := time.Since(created); waited > idleEvery+time.Second {
 		t.Errorf("first wave started %s after the rollout was created, want within IdleEvery %s and a step", waited, idleEvery)
 	}
-	eventuallyTrue(t, 30*time.Second, "the rollout completed", func() bool {
+	testutil.Eventually(t, 30*time.Second, "the rollout completed", func() bool {
 		r, err = Get(ctx, st, "prompt")
 		return err == nil && r.State == StateCompleted
 	})
 	// The pass that saw it completed, then idle again.
 	time.Sleep(idleEvery)
 	idle("the only rollout completed")
-}
-
-func eventuallyTrue(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func TestDriverConfigIdleEvery(t *testing.T) {

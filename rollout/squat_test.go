@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
@@ -79,7 +80,7 @@ func TestSquattingTasksAreRefusedUnlessExactlyTheRollouts(t *testing.T) {
 	squat(t, st, TaskKey("sq2", "dev-004", 1), same, own)
 	squat(t, st, TaskKey("sq2", "dev-005", 1), spec.command("dev-005", false), task.Options{RunAt: later.RunAt})
 	// The evil one runs, and succeeds, before the rollout's first step.
-	eventuallyTrue(t, 10*time.Second, "the evil squat ran", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the evil squat ran", func() bool {
 		tk, err := st.Get(ctx, TaskKey("sq2", "dev-001", 1))
 		return err == nil && tk.State == task.StateSucceeded
 	})

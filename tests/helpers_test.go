@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/leasepool/leasepool/internal/testutil"
 )
 
 // built holds one build of a package per test binary, by package path.
@@ -123,23 +125,13 @@ func tail(s string, n int) string {
 	return s
 }
 
-// eventually polls cond until it holds or the deadline passes.
+// eventually is testutil.Eventually at 20ms rather than testutil.Pace:
+// the conditions here mostly read the store the worker processes share,
+// or start a CLI process, so each check takes from the processes under
+// test more than a read of memory would.
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	pollEvery(t, d, 20*time.Millisecond, what, cond)
-}
-
-// pollEvery polls cond every interval until it holds, failing t when d
-// passes first.
-func pollEvery(t testing.TB, d, interval time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(interval)
-	}
+	testutil.EventuallyEvery(t, d, 20*time.Millisecond, what, cond)
 }
 
 // logLine is one line the exec tasks append: key attempt worker event

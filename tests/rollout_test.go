@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/rollout"
@@ -296,7 +297,7 @@ func checkRolloutAbortWave(t *testing.T, r *rollout.Rollout, rule rollout.AbortR
 // of documents, and the store is what the workers share.
 func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	pollEvery(t, d, 250*time.Millisecond, what, cond)
+	testutil.EventuallyEvery(t, d, 250*time.Millisecond, what, cond)
 }
 
 // driverHolder returns the index of the worker whose log last says it

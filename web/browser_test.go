@@ -182,6 +182,8 @@ func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action
 // waitFor waits until the JavaScript expression is true on the page. It
 // evaluates again and again rather than with chromedp.Poll, which fails
 // when the page navigates meanwhile (after a click on a link or button).
+// It is not testutil.Eventually: its failure shows the last evaluation
+// error and the page's text, which say why the page is not as expected.
 func waitFor(t *testing.T, ctx context.Context, what, expr string) {
 	t.Helper()
 	t.Logf("wait for %s", what)

@@ -18,6 +18,7 @@ import (
 	"github.com/leasepool/leasepool/internal/lifecycle"
 	"github.com/leasepool/leasepool/internal/singleton"
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -134,15 +135,12 @@ func (j *journal) lastEnd(who string) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// waitFor is testutil.Eventually that returns how long cond took to hold:
+// the takeover tests measure it.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, d, what, cond)
 	return time.Since(start)
 }
 

@@ -11,6 +11,7 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/task"
@@ -100,15 +101,6 @@ func mustDial(t *testing.T, url, clientID, user, password string, r *received) p
 		t.Fatalf("%s as %q: %v", clientID, user, err)
 	}
 	return c
-}
-
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-	}
 }
 
 // TestBrokerRefusesUnknownClients: anonymous clients, unknown devices,
@@ -235,7 +227,7 @@ func TestBrokerTopicRights(t *testing.T) {
 	if err := publish(w, "lp/devices/dev-a/cmd", "run"); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 5*time.Second, "dev-a's status at the worker and the command at dev-a", func() bool {
+	testutil.Eventually(t, 5*time.Second, "dev-a's status at the worker and the command at dev-a", func() bool {
 		return atWorker.has("lp/devices/dev-a/status=a-online") && atA.has("lp/devices/dev-a/cmd=run")
 	})
 
@@ -267,7 +259,7 @@ func TestBrokerTopicRights(t *testing.T) {
 	if err := publish(bc, "lp/devices/dev-b/result", "b-done"); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 5*time.Second, "dev-b's result at the worker", func() bool { return atWorker.has("lp/devices/dev-b/result=b-done") })
+	testutil.Eventually(t, 5*time.Second, "dev-b's result at the worker", func() bool { return atWorker.has("lp/devices/dev-b/result=b-done") })
 	for _, r := range []*received{&atWorker, &atA, &atB} {
 		for _, m := range r.all() {
 			if strings.HasSuffix(m, "=forged") {
@@ -319,7 +311,7 @@ func TestBrokerRevokeDisconnects(t *testing.T) {
 	if err := credential.Revoke(ctx, st, "dev-a"); err == nil {
 		t.Fatal("second Revoke: no error")
 	}
-	waitUntil(t, 5*time.Second, "the revoked device's will at the worker", func() bool {
+	testutil.Eventually(t, 5*time.Second, "the revoked device's will at the worker", func() bool {
 		return atWorker.has("lp/devices/dev-a/status=offline")
 	})
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -26,17 +27,12 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-// waitFor polls cond every 10ms until it holds, failing t after d; it
-// returns how long it took.
+// waitFor is testutil.Eventually that returns how long cond took to hold:
+// the takeover tests measure it.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, d, what, cond)
 	return time.Since(start)
 }
 

@@ -15,6 +15,7 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -159,7 +160,7 @@ func TestBrokerClientCertificates(t *testing.T) {
 	if tok := a.Publish("lp/devices/dev-a/status", 1, false, "a-online"); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
 		t.Fatal(tok.Error())
 	}
-	waitUntil(t, 5*time.Second, "dev-a's status at the worker", func() bool { return atWorker.has("lp/devices/dev-a/status=a-online") })
+	testutil.Eventually(t, 5*time.Second, "dev-a's status at the worker", func() bool { return atWorker.has("lp/devices/dev-a/status=a-online") })
 
 	if err := credential.Revoke(ctx, st, "dev-a"); err != nil {
 		t.Fatal(err)

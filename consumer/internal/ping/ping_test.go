@@ -13,6 +13,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer/internal/ping"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -171,18 +172,6 @@ func leaseUntil(t *testing.T, doc *task.Task) time.Time {
 		t.Fatalf("no entry for w/1 in %+v", doc.Workers)
 	}
 	return doc.Workers[i].LeaseUntil
-}
-
-// waitFor polls cond until it holds or a deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func TestRenewExtendsInStoreTime(t *testing.T) {
@@ -354,7 +343,7 @@ func TestKeepRenewsUntilCtxDone(t *testing.T) {
 	lost, done := keep(t, ctx, l)
 	s.advance(10 * time.Second)
 	want := t0.Add(10*time.Second + time.Minute)
-	waitFor(t, "a renewal in store time", func() bool { return leaseUntil(t, s.stored("k")).Equal(want) })
+	testutil.Eventually(t, 5*time.Second, "a renewal in store time", func() bool { return leaseUntil(t, s.stored("k")).Equal(want) })
 	cancel()
 	wait(t, done)
 	select {
@@ -379,7 +368,7 @@ func TestStartRenewsUntilStopped(t *testing.T) {
 	stop := l.Start(func(cause error) { lost <- cause })
 	s.advance(10 * time.Second)
 	want := t0.Add(10*time.Second + time.Minute)
-	waitFor(t, "a renewal in store time", func() bool { return leaseUntil(t, s.stored("k")).Equal(want) })
+	testutil.Eventually(t, 5*time.Second, "a renewal in store time", func() bool { return leaseUntil(t, s.stored("k")).Equal(want) })
 	stop()
 	n := s.updateCount()
 	time.Sleep(50 * time.Millisecond) // five ping intervals
@@ -453,9 +442,9 @@ func TestKeepRidesOutStoreErrorsWithinLease(t *testing.T) {
 	defer cancel()
 	lost, done := keep(t, ctx, l)
 	s.setDown(true)
-	waitFor(t, "several failed renewals", func() bool { _, failed, _ := s.counts(); return failed >= 4 })
+	testutil.Eventually(t, 5*time.Second, "several failed renewals", func() bool { _, failed, _ := s.counts(); return failed >= 4 })
 	s.advance(50 * time.Second) // still inside the one-minute lease
-	waitFor(t, "more failed renewals", func() bool { _, failed, _ := s.counts(); return failed >= 6 })
+	testutil.Eventually(t, 5*time.Second, "more failed renewals", func() bool { _, failed, _ := s.counts(); return failed >= 6 })
 	select {
 	case err := <-lost:
 		t.Fatalf("lost(%v) while the lease was still ours", err)
@@ -463,7 +452,7 @@ func TestKeepRidesOutStoreErrorsWithinLease(t *testing.T) {
 	}
 	s.setDown(false)
 	want := t0.Add(50*time.Second + time.Minute)
-	waitFor(t, "renewal after recovery", func() bool { return leaseUntil(t, s.stored("k")).Equal(want) })
+	testutil.Eventually(t, 5*time.Second, "renewal after recovery", func() bool { return leaseUntil(t, s.stored("k")).Equal(want) })
 	cancel()
 	wait(t, done)
 	if len(lost) != 0 {
@@ -476,7 +465,7 @@ func TestKeepLostWhenStoreDownPastLease(t *testing.T) {
 	s, l := setup(t, nil)
 	lost, done := keep(t, t.Context(), l)
 	s.setDown(true)
-	waitFor(t, "a failed renewal", func() bool { _, failed, _ := s.counts(); return failed >= 2 })
+	testutil.Eventually(t, 5*time.Second, "a failed renewal", func() bool { _, failed, _ := s.counts(); return failed >= 2 })
 	s.advance(time.Minute) // the lease (t0+1m) has now passed
 	var cause error
 	select {

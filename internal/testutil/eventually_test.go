@@ -1,0 +1,52 @@
+package testutil
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// TestEventuallyWaitsForTheFact: cond is checked until it holds, and
+// Eventually returns then without failing.
+func TestEventuallyWaitsForTheFact(t *testing.T) {
+	n := 0
+	Eventually(t, 5*time.Second, "the third check", func() bool { n++; return n == 3 })
+	if n != 3 {
+		t.Errorf("cond checked %d times, want 3", n)
+	}
+}
+
+// fatalTB records a Fatalf and ends its goroutine, as testing.T does.
+type fatalTB struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalTB) Helper() {}
+
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// TestEventuallyTimesOut: a fact that never holds fails the test after
+// within, naming the wait and the time waited; cond was checked past the
+// deadline.
+func TestEventuallyTimesOut(t *testing.T) {
+	f := &fatalTB{TB: t}
+	var last time.Time
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		EventuallyEvery(f, 50*time.Millisecond, 5*time.Millisecond, "the impossible", func() bool { last = time.Now(); return false })
+	}()
+	<-done
+	if want := "timed out after 50ms waiting for the impossible"; f.msg != want {
+		t.Errorf("failed with %q, want %q", f.msg, want)
+	}
+	if last.Sub(start) < 50*time.Millisecond {
+		t.Errorf("last check %s after the start, before the deadline", last.Sub(start))
+	}
+}
