@@ -356,8 +356,8 @@ func TestCommandEndingDuringTheAbortKeepsItsOutcome(t *testing.T) {
 	}
 	stepStart := st.Now().UTC()
 	newFleet(t, st, 1, map[string]bool{"dev-001": true}, nil, time.Millisecond)
-	var ended time.Time // when the later of the two ended
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	var ended time.Time                                                                     // when the later of the two ended
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // a step each pace, as a driver does
 		done := 0
 		for _, d := range devices(2) {
 			if tk, err := st.Get(ctx, TaskKey("late", d, 1)); err == nil && tk.State.Finished() {

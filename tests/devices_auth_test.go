@@ -2,15 +2,9 @@ package tests
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -22,6 +16,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/credential"
@@ -303,10 +298,10 @@ func TestDeviceClientCertificates(t *testing.T) {
 	store, storeURL := openTestStore(t, ctx)
 	prefix := "tl" + randomSuffix(t)
 	dir := t.TempDir()
-	ca, other := newTestCA(t), newTestCA(t)
-	caFile := ca.writeCA(t, dir, "ca")
-	serverCert, serverKey := ca.writePair(t, dir, "broker", true)
-	workerCert, workerKey := ca.writePair(t, dir, credential.WorkerUser("tls-w1"), false)
+	ca, other := testutil.NewCA(t), testutil.NewCA(t)
+	caFile := ca.WriteCA(t, dir, "ca")
+	serverCert, serverKey := ca.WritePair(t, dir, "broker", true)
+	workerCert, workerKey := ca.WritePair(t, dir, credential.WorkerUser("tls-w1"), false)
 	if _, err := credential.Add(ctx, store, "tls-dev", false); err != nil {
 		t.Fatal(err)
 	}
@@ -316,13 +311,13 @@ func TestDeviceClientCertificates(t *testing.T) {
 		"--tls-cert", serverCert, "--tls-key", serverKey, "--client-ca", caFile)
 	startDeviceWorker(t, storeURL, "tls-w1", prefix, "--mqtt", url, "--mqtt-ca", caFile, "--mqtt-cert", workerCert, "--mqtt-key", workerKey)
 
-	status := func(signer testCertCA, cn string) error {
-		cert, err := tls.LoadX509KeyPair(signer.writePair(t, dir, cn, false))
+	status := func(signer testutil.CA, cn string) error {
+		cert, err := tls.LoadX509KeyPair(signer.WritePair(t, dir, cn, false))
 		if err != nil {
 			t.Fatal(err)
 		}
 		pool := x509.NewCertPool()
-		pool.AddCert(ca.cert)
+		pool.AddCert(ca.Cert)
 		o := paho.NewClientOptions().AddBroker(url).SetClientID(broker.ClientID(cn, "tls-"+randomSuffix(t))).
 			SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{cert}}).
 			SetAutoReconnect(false).SetConnectTimeout(5 * time.Second)
@@ -341,75 +336,4 @@ func TestDeviceClientCertificates(t *testing.T) {
 	}
 	eventually(t, 20*time.Second, "the broker to let the device in by its certificate", func() bool { return status(ca, "tls-dev") == nil })
 	awaitAttr(t, ctx, store, "tls-dev", "ring", "tls")
-}
-
-// testCertCA is a certificate authority made for one test.
-type testCertCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-}
-
-func newTestCA(t *testing.T) testCertCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return testCertCA{cert, key}
-}
-
-// writeCA writes the CA's certificate as PEM and returns its path.
-func (ca testCertCA) writeCA(t *testing.T, dir, name string) string {
-	t.Helper()
-	p := filepath.Join(dir, name+".pem")
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// writePair issues a certificate for cn (a server's for 127.0.0.1, or a
-// client's) and writes it and its key as PEM; it returns their paths.
-func (ca testCertCA) writePair(t *testing.T, dir, cn string, server bool) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := filepath.Join(dir, strings.NewReplacer(":", "_", "/", "_").Replace(cn)+"-"+serial.String())
-	certFile, keyFile = base+".crt", base+".key"
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
 }

@@ -173,7 +173,7 @@ func TestFlowSkippedStepSaysWhy(t *testing.T) {
  {"name":"v1","kind":"ok","needs":["u1"]},{"name":"v2","kind":"ok","needs":["u2"]},
  {"name":"all","kind":"ok","needs":["v1","v2"],"max_failed_needs":1}]}`, http.StatusCreated, `"result":"inserted"`)
 	var f flow.Flow
-	for deadline := time.Now().Add(time.Minute); !f.State.Finished(); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); !f.State.Finished(); time.Sleep(10 * time.Millisecond) { // the poll's pace
 		if time.Now().After(deadline) {
 			t.Fatalf("flow still %s", f.State)
 		}

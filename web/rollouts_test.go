@@ -289,7 +289,7 @@ func TestRolloutWavesAfterAbort(t *testing.T) {
 		"abort_when":"failed>50% after 1"}`, http.StatusCreated, `"state":"running"`)
 	s := rollout.NewStepper(e.store)
 	var p rollout.Progress
-	for deadline := time.Now().Add(30 * time.Second); !p.State.Final(); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); !p.State.Final(); time.Sleep(10 * time.Millisecond) { // the poll's pace
 		if time.Now().After(deadline) {
 			t.Fatalf("rollout still %s", p.State)
 		}

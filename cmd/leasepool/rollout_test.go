@@ -274,7 +274,7 @@ func driveAborting(t *testing.T, path, name string) {
 	}
 	defer w.Stop(context.Background())
 	stepper := rollout.NewStepper(s)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // a step each pace, as a driver does
 		if err := stepper.Step(ctx, name); err != nil && !errors.Is(err, task.ErrConflict) {
 			t.Fatal(err)
 		}

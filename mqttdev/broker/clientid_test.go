@@ -9,6 +9,7 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -35,7 +36,7 @@ func TestClientIDOwner(t *testing.T) {
 
 // session connects once with a persistent session (clean off) and
 // reports whether the broker had one for clientID already.
-func session(t *testing.T, url, clientID, user, password string, cert *tls.Certificate, ca *testCA, lost chan<- error) (c paho.Client, present bool, err error) {
+func session(t *testing.T, url, clientID, user, password string, cert *tls.Certificate, ca *testutil.CA, lost chan<- error) (c paho.Client, present bool, err error) {
 	t.Helper()
 	o := paho.NewClientOptions().AddBroker(url).SetClientID(clientID).SetCleanSession(false).
 		SetAutoReconnect(false).SetConnectRetry(false).SetConnectTimeout(5 * time.Second)
@@ -43,7 +44,7 @@ func session(t *testing.T, url, clientID, user, password string, cert *tls.Certi
 		o.SetUsername(user).SetPassword(password)
 	}
 	if cert != nil {
-		o.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: ca.pool(), Certificates: []tls.Certificate{*cert}})
+		o.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: ca.Pool(), Certificates: []tls.Certificate{*cert}})
 	}
 	if lost != nil {
 		o.SetConnectionLostHandler(func(_ paho.Client, err error) { lost <- err })
@@ -79,10 +80,10 @@ func TestBrokerCertTakeoverRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	ca := newCA(t)
+	ca := testutil.NewCA(t)
 	b, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Credentials: credential.Source(st), Refresh: time.Second,
-		TLS: &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{ca.issue(t, "broker", true)},
-			ClientCAs: ca.pool(), ClientAuth: tls.RequireAndVerifyClientCert}})
+		TLS: &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{ca.Issue(t, "broker", true)},
+			ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,8 +93,8 @@ func TestBrokerCertTakeoverRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	devA, devB, w1 := ca.issue(t, "dev-a", false), ca.issue(t, "dev-b", false), ca.issue(t, credential.WorkerUser("w1"), false)
-	w2 := ca.issue(t, credential.WorkerUser("w2"), false)
+	devA, devB, w1 := ca.Issue(t, "dev-a", false), ca.Issue(t, "dev-b", false), ca.Issue(t, credential.WorkerUser("w1"), false)
+	w2 := ca.Issue(t, credential.WorkerUser("w2"), false)
 
 	a, _, err := session(t, b.URL(), "dev-a", "", "", &devA, &ca, nil)
 	if err != nil {

@@ -1,14 +1,7 @@
 package broker_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
-	"net"
 	"path/filepath"
 	"testing"
 	"time"
@@ -20,61 +13,6 @@ import (
 	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
-
-// testCA is a certificate authority made for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-}
-
-func newCA(t *testing.T) testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return testCA{cert, key}
-}
-
-// issue makes a certificate for cn signed by ca: a server's for
-// 127.0.0.1, or a client's.
-func (ca testCA) issue(t *testing.T, cn string, server bool) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
-func (ca testCA) pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(ca.cert)
-	return p
-}
 
 // TestBrokerClientCertificates: with a client CA, a client logs in by its
 // certificate's common name, no password: a device needs a credential in
@@ -90,11 +28,11 @@ func TestBrokerClientCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	ca, other := newCA(t), newCA(t)
+	ca, other := testutil.NewCA(t), testutil.NewCA(t)
 	const refresh = 200 * time.Millisecond
 	b, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Credentials: credential.Source(st), Refresh: refresh,
-		TLS: &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{ca.issue(t, "broker", true)},
-			ClientCAs: ca.pool(), ClientAuth: tls.RequireAndVerifyClientCert}})
+		TLS: &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{ca.Issue(t, "broker", true)},
+			ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +42,7 @@ func TestBrokerClientCertificates(t *testing.T) {
 	}
 
 	connect := func(clientID, user string, cert *tls.Certificate, r *received, lost chan<- error) (paho.Client, error) {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: ca.pool()}
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: ca.Pool()}
 		if cert != nil {
 			tc.Certificates = []tls.Certificate{*cert}
 		}
@@ -127,7 +65,7 @@ func TestBrokerClientCertificates(t *testing.T) {
 		t.Cleanup(func() { c.Disconnect(50) })
 		return c, nil
 	}
-	devA, devZ, worker, foreign := ca.issue(t, "dev-a", false), ca.issue(t, "dev-z", false), ca.issue(t, credential.WorkerUser("w1"), false), other.issue(t, "dev-a", false)
+	devA, devZ, worker, foreign := ca.Issue(t, "dev-a", false), ca.Issue(t, "dev-z", false), ca.Issue(t, credential.WorkerUser("w1"), false), other.Issue(t, "dev-a", false)
 	for _, c := range []struct {
 		name string
 		user string
