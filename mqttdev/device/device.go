@@ -36,6 +36,13 @@ type Device struct {
 	inbox  chan protocol.CommandMessage
 	work   chan struct{}
 
+	// life ends when the simulator stops: a status publish paho started
+	// on its own goroutine (onConnect) gives up then instead of outliving
+	// Stop, and Stop waits for it through handlers.
+	life     context.Context
+	endLife  context.CancelFunc
+	handlers sync.WaitGroup
+
 	mu           sync.Mutex
 	rng          *rand.Rand
 	conn         *outageConn
@@ -140,6 +147,14 @@ func (d *Device) dial(u *url.URL, tc *tls.Config) (net.Conn, error) {
 }
 
 func (d *Device) onConnect() {
+	d.mu.Lock()
+	if d.life.Err() != nil {
+		d.mu.Unlock()
+		return
+	}
+	d.handlers.Add(1)
+	d.mu.Unlock()
+	defer d.handlers.Done()
 	d.publishStatus(true)
 	if d.behave.Offline {
 		d.mu.Lock()
@@ -151,13 +166,22 @@ func (d *Device) onConnect() {
 	}
 }
 
+// stop ends the device's life and waits for the status publishes under
+// way on paho's goroutines.
+func (d *Device) stop() {
+	d.mu.Lock()
+	d.endLife()
+	d.mu.Unlock()
+	d.handlers.Wait()
+}
+
 func (d *Device) publishStatus(online bool) {
 	st := protocol.Status{Online: online, At: time.Now().UTC()}
 	if online {
 		st.Attributes = d.attrs
 	}
 	b, _ := protocol.Encode(st)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(d.life, 5*time.Second)
 	defer cancel()
 	if err := d.tr.Publish(ctx, d.topics.Device(d.id, protocol.TopicStatus), true, b); err != nil {
 		d.logger.Debug("status not published", slog.Any("error", err))

@@ -46,6 +46,7 @@ func NewSimulator(cfg Config) (*Simulator, error) {
 			counts:  Counts{ID: id},
 			logger:  cfg.Logger.With(slog.String("device", id)),
 		}
+		d.life, d.endLife = context.WithCancel(context.Background())
 		if cfg.Attributes != nil {
 			d.attrs = cfg.Attributes(i, id)
 			if err := d.attrs.Validate("attributes"); err != nil {
@@ -137,6 +138,7 @@ const connectParallel = 32
 func (s *Simulator) Stop(ctx context.Context) error {
 	return s.life.Stop(ctx, func() {
 		for _, d := range s.devices {
+			d.stop()
 			if d.tr.Connected() {
 				b, _ := protocol.Encode(protocol.Status{Online: false, At: time.Now().UTC()})
 				pctx, c := context.WithTimeout(context.Background(), 2*time.Second)
