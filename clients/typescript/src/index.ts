@@ -1,0 +1,5 @@
+export { Client, MAX_BATCH_TASKS, MAX_BATCH_BYTES } from "./client.js";
+export type { ClientOptions, PublishOptions, PublishManyOptions } from "./client.js";
+export { LeasepoolError, SnoozeError, RetryableError } from "./errors.js";
+export type { ConnectionOptions } from "./transport.js";
+export * from "./types.js";
