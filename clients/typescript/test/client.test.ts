@@ -66,7 +66,10 @@ test("publish maps every option onto the stored document", async () => {
   const delayed = await client.publish({ key: unique("delay"), kind: "ts-opts", delay: 60_000, maxUnexpectedRetries: 0 });
   const runsIn = new Date(delayed.task.run_at).getTime() - Date.now();
   assert.ok(runsIn > 50_000 && runsIn <= 60_000, `delay 60 s runs in ${runsIn} ms`);
-  assert.equal(delayed.task.max_unexpected_retries, -1, "0 retries is stored as none (-1)");
+  assert.equal(delayed.task.max_unexpected_retries, 0, "0 retries is stored as none");
+  assert.equal(res.task.max_unexpected_retries, 5);
+  const dflt = await client.publish({ key: unique("dflt"), kind: "ts-opts" });
+  assert.equal(dflt.task.max_unexpected_retries, 3, "absent takes the default");
 });
 
 test("publish: strict refuses a kind no worker runs; bad input names the field", async () => {
@@ -101,7 +104,8 @@ test("publishMany answers each item's outcome in order, across chunks", async ()
 test("list pages with cursors; listAll walks every page once", async () => {
   const prefix = unique("list");
   const keys = Array.from({ length: 7 }, (_, i) => `${prefix}-${i}`);
-  await client.publishMany(keys.map((key) => ({ key, kind: "ts-list" })));
+  // One by one: a batch's items may take their publish sequence in any order.
+  for (const key of keys) await client.publish({ key, kind: "ts-list" });
   await client.publish({ key: `${unique("other")}`, kind: "ts-list" });
 
   const first = await client.list({ keyPrefix: prefix, limit: 3 });
@@ -154,7 +158,7 @@ test("keys are escaped as one path segment", async () => {
  * Reads it in the background into got, and publishes markers of kind until
  * one arrives: then the stream is surely followed (it starts from now).
  */
-async function following(it: AsyncIterator<LeasepoolEvent>, kind: string, got: LeasepoolEvent[]): Promise<Promise<void>> {
+async function following(it: AsyncIterator<LeasepoolEvent>, kind: string, got: LeasepoolEvent[]): Promise<{ reading: Promise<void> }> {
   const reading = (async () => {
     for (;;) {
       const r = await it.next();
@@ -170,14 +174,15 @@ async function following(it: AsyncIterator<LeasepoolEvent>, kind: string, got: L
     await client.publish({ key: `${marker}-${n++}`, kind });
     return undefined;
   });
-  return reading;
+  // Wrapped: an async function's returned promise would be awaited.
+  return { reading };
 }
 
 test("events follows the stream with filters, from since", async () => {
   const kind = unique("ev");
   const ctl = new AbortController();
   const got: LeasepoolEvent[] = [];
-  const reading = await following(client.events({ kind, signal: ctl.signal }), kind, got);
+  const { reading } = await following(client.events({ kind, signal: ctl.signal }), kind, got);
   const k1 = unique("e1");
   await client.publish({ key: k1, kind });
   await client.publish({ key: unique("noise"), kind: unique("other-kind") });
@@ -220,7 +225,7 @@ test("events resumes from the last id on another serve when its serve dies", asy
     let reconnects = 0;
     const ctl = new AbortController();
     const got: LeasepoolEvent[] = [];
-    const reading = await following(c.events({ kind, signal: ctl.signal, onReconnect: () => reconnects++ }), kind, got);
+    const { reading } = await following(c.events({ kind, signal: ctl.signal, onReconnect: () => reconnects++ }), kind, got);
     await dying.stop("SIGKILL");
     const k2 = unique("r2");
     const k3 = unique("r3");
