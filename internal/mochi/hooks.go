@@ -11,9 +11,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/mochi-mqtt/server/v2/hooks/storage"
-	"github.com/mochi-mqtt/server/v2/packets"
-	"github.com/mochi-mqtt/server/v2/system"
+	"github.com/leasepool/leasepool/internal/mochi/hooks/storage"
+	"github.com/leasepool/leasepool/internal/mochi/packets"
+	"github.com/leasepool/leasepool/internal/mochi/system"
 )
 
 const (

@@ -18,10 +18,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mochi-mqtt/server/v2/hooks/storage"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
-	"github.com/mochi-mqtt/server/v2/system"
+	"github.com/leasepool/leasepool/internal/mochi/hooks/storage"
+	"github.com/leasepool/leasepool/internal/mochi/listeners"
+	"github.com/leasepool/leasepool/internal/mochi/packets"
+	"github.com/leasepool/leasepool/internal/mochi/system"
 
 	"log/slog"
 )

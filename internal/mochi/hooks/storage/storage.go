@@ -8,8 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 
-	"github.com/mochi-mqtt/server/v2/packets"
-	"github.com/mochi-mqtt/server/v2/system"
+	"github.com/leasepool/leasepool/internal/mochi/packets"
+	"github.com/leasepool/leasepool/internal/mochi/system"
 )
 
 const (

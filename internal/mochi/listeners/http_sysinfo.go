@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mochi-mqtt/server/v2/system"
+	"github.com/leasepool/leasepool/internal/mochi/system"
 )
 
 const TypeSysInfo = "sysinfo"

@@ -1,11 +1,10 @@
-package broker
+package mqtt
 
 import (
 	"sync"
 	"testing"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/leasepool/leasepool/internal/mochi/packets"
 )
 
 // TestRetainedMessagesReadWhileSet: the broker's topic index serves a
@@ -15,7 +14,7 @@ import (
 // lock fails the test.
 func TestRetainedMessagesReadWhileSet(t *testing.T) {
 	t.Parallel()
-	x := mqtt.NewTopicsIndex()
+	x := NewTopicsIndex()
 	x.RetainMessage(packets.Packet{TopicName: "leasepool/dev/d0/status", Payload: []byte("x"), FixedHeader: packets.FixedHeader{Retain: true}})
 	var wg sync.WaitGroup
 	wg.Go(func() {

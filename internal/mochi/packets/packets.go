@@ -13,7 +13,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/mochi-mqtt/server/v2/mempool"
+	"github.com/leasepool/leasepool/internal/mochi/mempool"
 )
 
 // All valid packet types and their packet identifiers.
