@@ -322,15 +322,35 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 		if err != nil {
 			return jobs, next, err
 		}
-		for _, t := range cands {
-			if len(jobs) == c.Max {
-				break
+		// As many claims at once as tasks are wanted: the store commits
+		// concurrent writes together (one sync for the lot on the
+		// embedded store), where one after another each waits for its own.
+		for rest := cands; len(rest) > 0 && len(jobs) < c.Max; {
+			var batch []*task.Task
+			batch, rest = claimBatch(rest, c.Max-len(jobs))
+			n := len(batch)
+			type result struct {
+				job RemoteJob
+				at  time.Time
+				ok  bool
 			}
-			job, at, ok := r.claimTask(ctx, rules, t)
-			if ok {
-				jobs = append(jobs, job)
+			results := make([]result, n)
+			var wg sync.WaitGroup
+			for i, t := range batch {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res := &results[i]
+					res.job, res.at, res.ok = r.claimTask(ctx, rules, t)
+				}()
 			}
-			later(at)
+			wg.Wait()
+			for _, res := range results {
+				if res.ok {
+					jobs = append(jobs, res.job)
+				}
+				later(res.at)
+			}
 		}
 		if len(cands) < q.Limit {
 			break
@@ -345,6 +365,29 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 		}
 	}
 	return jobs, next, nil
+}
+
+// claimBatch takes up to n of cands, in order, to claim at once, leaving
+// for a later batch each task that shares a lock key with one taken: the
+// line of a key serves the earlier (higher priority) first, which a
+// concurrent claim of the later one could overtake.
+func claimBatch(cands []*task.Task, n int) (batch, rest []*task.Task) {
+	keys := map[string]bool{}
+	for _, t := range cands {
+		shares := len(batch) == n
+		for _, k := range t.LockKeys {
+			shares = shares || keys[k]
+		}
+		if shares {
+			rest = append(rest, t)
+			continue
+		}
+		for _, k := range t.LockKeys {
+			keys[k] = true
+		}
+		batch = append(batch, t)
+	}
+	return batch, rest
 }
 
 // claimTask tries to claim t. When it cannot, at is when it may (zero:
