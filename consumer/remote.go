@@ -33,6 +33,10 @@ const (
 	RemoteMaxHeld = 4096
 	// RemoteMaxLogLines is the most log lines one renew or finish carries.
 	RemoteMaxLogLines = task.MaxLogLines
+	// RemoteMaxClaimBytes bounds the payloads one claim call hands out
+	// (at least one task's, whatever its size): 256 tasks of 1 MiB would
+	// otherwise make one answer of 256 MiB.
+	RemoteMaxClaimBytes = 8 << 20
 )
 
 // RemoteConfig configures RemoteWorkers.
@@ -317,7 +321,8 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 		}
 	}
 	q := task.CandidateQuery{Kinds: kinds, WorkerID: c.ID, Now: store.Now(), Ready: true, Limit: max(2*c.Max, 16)}
-	for page := 0; page < claimPages && len(jobs) < c.Max; page++ {
+	bytes := 0 // of the payloads claimed
+	for page := 0; page < claimPages && len(jobs) < c.Max && bytes < RemoteMaxClaimBytes; page++ {
 		cands, err := store.Candidates(ctx, q)
 		if err != nil {
 			return jobs, next, err
@@ -325,10 +330,13 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 		// As many claims at once as tasks are wanted: the store commits
 		// concurrent writes together (one sync for the lot on the
 		// embedded store), where one after another each waits for its own.
-		for rest := cands; len(rest) > 0 && len(jobs) < c.Max; {
+		for rest := cands; len(rest) > 0 && len(jobs) < c.Max && bytes < RemoteMaxClaimBytes; {
 			var batch []*task.Task
-			batch, rest = claimBatch(rest, c.Max-len(jobs))
+			batch, rest = claimBatch(rest, c.Max-len(jobs), RemoteMaxClaimBytes-bytes, len(jobs) == 0)
 			n := len(batch)
+			if n == 0 {
+				break // the next task's payload is over what is left of the bytes
+			}
 			type result struct {
 				job RemoteJob
 				at  time.Time
@@ -348,6 +356,7 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 			for _, res := range results {
 				if res.ok {
 					jobs = append(jobs, res.job)
+					bytes += len(res.job.Task.Payload)
 				}
 				later(res.at)
 			}
@@ -367,14 +376,19 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 	return jobs, next, nil
 }
 
-// claimBatch takes up to n of cands, in order, to claim at once, leaving
-// for a later batch each task that shares a lock key with one taken: the
-// line of a key serves the earlier (higher priority) first, which a
-// concurrent claim of the later one could overtake.
-func claimBatch(cands []*task.Task, n int) (batch, rest []*task.Task) {
+// claimBatch takes up to n of cands, in order, with payloads of at most
+// budget bytes between them (but one, when first is set), to claim at
+// once. It leaves for a later batch each task that shares a lock key with
+// one taken: the line of a key serves the earlier (higher priority)
+// first, which a concurrent claim of the later one could overtake.
+func claimBatch(cands []*task.Task, n, budget int, first bool) (batch, rest []*task.Task) {
 	keys := map[string]bool{}
-	for _, t := range cands {
-		shares := len(batch) == n
+	for i, t := range cands {
+		if len(batch) == n || (len(t.Payload) > budget && !(first && len(batch) == 0)) {
+			// Full: the rest waits for the next call.
+			return batch, append(rest, cands[i:]...)
+		}
+		shares := false
 		for _, k := range t.LockKeys {
 			shares = shares || keys[k]
 		}
@@ -382,6 +396,7 @@ func claimBatch(cands []*task.Task, n int) (batch, rest []*task.Task) {
 			rest = append(rest, t)
 			continue
 		}
+		budget -= len(t.Payload)
 		for _, k := range t.LockKeys {
 			keys[k] = true
 		}

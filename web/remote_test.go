@@ -338,3 +338,26 @@ func TestRemoteWorkerToken(t *testing.T) {
 		t.Error("worker kinds without a worker token were accepted")
 	}
 }
+
+// One claim's answer is bounded in bytes: tasks of large payloads come a
+// few per call, never hundreds of MiB in one answer.
+func TestRemoteClaimBoundsBytes(t *testing.T) {
+	e := newEnv(t, web.Config{})
+	e.register("w1", "i1", "k")
+	big := strings.Repeat("x", 1000<<10)
+	var ps []task.PublishParams
+	for i := range 12 {
+		ps = append(ps, task.PublishParams{Key: fmt.Sprintf("big%02d", i), Kind: "k", Payload: []byte(`"` + big + `"`)})
+	}
+	if _, err := task.PublishMany(t.Context(), e.store, ps); err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for _, want := range []int{8, 4} {
+		jobs := e.claim("w1", "i1", 12, 0)
+		if len(jobs) != want {
+			t.Fatalf("claim %d: %d tasks of 1 MB, want %d (8 MiB a call)", got, len(jobs), want)
+		}
+		got += len(jobs)
+	}
+}
