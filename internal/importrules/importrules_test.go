@@ -34,7 +34,7 @@ var (
 	// features are built on the consumer, so the consumer and the layers
 	// under it must not import them.
 	features = []string{"builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol",
-		"flow", "retention", "rollout", "bench", "web", "metrics", "stats", "store"}
+		"flow", "internal/retention", "rollout", "bench", "web", "metrics", "internal/stats", "store"}
 	// basics import task (and the lifecycle contract and the singleton
 	// runner) only. The singleton runner is one: schedule, flow, retention
 	// and mqttdev/broker are built on it. The engine packages (claim
@@ -139,7 +139,7 @@ var rules = []rule{
 	},
 	{
 		name:    "only what assembles a program imports metrics or web",
-		applies: is("builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol", "flow", "retention", "bench", "store", "web", "metrics"),
+		applies: is("builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol", "flow", "internal/retention", "bench", "store", "web", "metrics"),
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, is("metrics", "web"))
 		},

@@ -13,7 +13,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/testservers"
-	"github.com/leasepool/leasepool/stats"
+	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/retention"
+	"github.com/leasepool/leasepool/internal/retention"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 	"github.com/leasepool/leasepool/task/storetest"
