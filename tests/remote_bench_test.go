@@ -116,10 +116,10 @@ func benchRemoteWorker(b *testing.B, bin, lang string) {
 	b.ReportMetric(tasks/drain.Seconds(), lang+"-tasks/s")
 }
 
-// startBenchWorker starts lang's record-worker with no record file: its
+// startBenchWorker starts lang's record-worker recording to /dev/null: its
 // handler returns at once.
 func startBenchWorker(b *testing.B, lang, url string, concurrency int) *exec.Cmd {
-	args := []string{"--url", url, "--id", "bench-" + lang, "--kinds", "noop", "--concurrency", fmt.Sprint(concurrency)}
+	args := []string{"--url", url, "--id", "bench-" + lang, "--kinds", "noop", "--concurrency", fmt.Sprint(concurrency), "--record", os.DevNull}
 	var cmd *exec.Cmd
 	if lang == "ts" {
 		cmd = exec.Command("node", append([]string{filepath.Join(clientDir("typescript"), "examples", "record-worker.js")}, args...)...)
