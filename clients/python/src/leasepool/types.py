@@ -12,7 +12,7 @@ from typing import Any, Dict, List, TypedDict
 
 class LogLine(TypedDict, total=False):
     at: str
-    line: str
+    msg: str
 
 
 class Attempt(TypedDict, total=False):
