@@ -2,7 +2,7 @@
 """A worker that records what it does, for end-to-end tests.
 
     python3 record_worker.py --url URL[,URL2] --id ID --kinds k1,k2 \
-        --concurrency N --record FILE [--token T]
+        --concurrency N --record FILE [--token T] [--grace SECONDS]
 
 For every job it appends one JSON line per event to FILE, each with one
 write to a file opened O_APPEND so that processes sharing FILE never
@@ -33,6 +33,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--record", required=True, help="file to append the events to")
     p.add_argument("--token", default=None)
+    p.add_argument("--grace", type=float, default=None,
+                   help="seconds handlers may run on after SIGTERM before they are cancelled (default: the worker's)")
     args = p.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds:
@@ -57,7 +59,8 @@ def main() -> int:
         record("end", job)
         return {"worker": args.id}
 
-    worker = Worker(args.url, args.id, {k: handle for k in kinds}, concurrency=args.concurrency, token=args.token)
+    options = {} if args.grace is None else {"grace": args.grace}
+    worker = Worker(args.url, args.id, {k: handle for k in kinds}, concurrency=args.concurrency, token=args.token, **options)
 
     def announce() -> None:
         if worker.wait_ready():

@@ -23,6 +23,7 @@ def setUpModule() -> None:
 
 
 def tearDownModule() -> None:
+    client.close()
     store.close()
 
 

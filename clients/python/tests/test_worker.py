@@ -26,6 +26,7 @@ def setUpModule() -> None:
 
 
 def tearDownModule() -> None:
+    client.close()
     store.close()
 
 
@@ -303,6 +304,26 @@ class ProtocolTest(unittest.TestCase):
         with self.assertRaises(LeasepoolError) as cm:
             client.request("POST", f"/api/v1/workers/{unique('ghost')}/claim", {"instance": "x", "kinds": ["k"], "wait_ms": 0})
         self.assertEqual((cm.exception.status, cm.exception.code), (409, "not_registered"))
+
+
+class CredentialTest(unittest.TestCase):
+    def test_a_worker_token_runs_tasks_and_reads_nothing(self) -> None:
+        s = TempStore()
+        self.addCleanup(s.close)
+        srv = s.serve("--token", "full-secret", "--worker-token", "worker-secret")
+        kind, key = unique("auth"), unique("auth")
+        with self.assertRaises(LeasepoolError) as cm:
+            Client(srv.url).publish(key, kind)
+        self.assertEqual(cm.exception.status, 401)
+        admin = Client(srv.url, token="full-secret")
+        admin.publish(key, kind)
+        w = Worker(srv.url, unique("w"), {kind: lambda job: "authorized"}, token="worker-secret")
+        w.start()
+        self.addCleanup(w.stop, 0)
+        wait_for(lambda: admin.get(key)["state"] == "succeeded", "the task run with the worker token")
+        with self.assertRaises(LeasepoolError) as cm:
+            Client(srv.url, token="worker-secret").get(key)
+        self.assertEqual(cm.exception.status, 403)
 
 
 class FailoverTest(unittest.TestCase):

@@ -145,6 +145,9 @@ class Worker:
     is not written, unless the worker stops (``shutdown``), when a handler
     that raises gives the attempt back (``released``).
 
+    On SIGTERM handlers may run on for ``grace`` seconds (4, as a Go
+    worker's default) before they are cancelled.
+
     ``url`` is one server or several (a list, or comma-separated): a
     connection error moves on to the next. ``run()`` blocks until SIGTERM
     or SIGINT; ``start()`` and ``stop()`` embed the worker in a program.
@@ -157,7 +160,7 @@ class Worker:
         handlers: Mapping[str, Handler],
         concurrency: int = 10,
         token: Optional[str] = None,
-        grace: float = 30.0,
+        grace: float = 4.0,
         *,
         claim_wait: float = 20.0,
         retries: int = 3,
