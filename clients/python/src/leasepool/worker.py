@@ -35,6 +35,8 @@ LEASE_EXPIRED = "lease_expired"  # no renew succeeded for lease_ms
 # Bounds of the protocol: a claim's max and its wait.
 MAX_CLAIM = 256
 MAX_CLAIM_WAIT_MS = 60_000
+# How long a claim waits for more of the busy slots to free up, once one has.
+CLAIM_GATHER = 0.005
 # Log lines a job keeps for its next renew; past this the oldest go.
 MAX_PENDING_LOG = 1000
 
@@ -398,6 +400,14 @@ class Worker:
             with self._slots:
                 while len(self._active) >= self.concurrency and not self._stop_claiming.is_set():
                     self._slots.wait(0.5)
+                # Short handlers free their slots one by one: gather a few
+                # before claiming rather than make a call per slot.
+                gather = time.monotonic() + CLAIM_GATHER
+                while 0 < len(self._active) > self.concurrency // 2 and not self._stop_claiming.is_set():
+                    left = gather - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._slots.wait(left)
                 free = self.concurrency - len(self._active)
             if self._stop_claiming.is_set():
                 break
