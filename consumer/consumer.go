@@ -62,6 +62,7 @@ type Consumer struct {
 	ctl            atomic.Pointer[control.State]
 	controlChanged chan struct{}
 	slots          slotTable
+	rules          *claimRules // this worker's claims: see claim.go
 
 	running *runTable
 	locks   *lockQueue // the scheduler's, but for heirs read by attempts
@@ -110,7 +111,7 @@ func New(cfg Config) (*Consumer, error) {
 	if err := cfg.checkAndFillDefaults(); err != nil {
 		return nil, err
 	}
-	return &Consumer{
+	c := &Consumer{
 		cfg:            cfg,
 		store:          cfg.Store,
 		self:           task.Holder{WorkerID: cfg.WorkerID, Instance: newInstance()},
@@ -123,7 +124,12 @@ func New(cfg Config) (*Consumer, error) {
 		controlChanged: make(chan struct{}, 1),
 		running:        &runTable{m: map[string]*run{}},
 		locks:          newLockQueue(),
-	}, nil
+	}
+	c.rules = &claimRules{
+		store: c.store, self: c.self, controls: c.ctl.Load, slots: &c.slots,
+		conflict: cfg.Observer.ClaimConflict, logger: c.logger,
+	}
+	return c, nil
 }
 
 // WorkerID is this worker's id.

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/control"
-	"github.com/leasepool/leasepool/task"
 )
 
 // loadControl reloads the pauses and limits and tells the scheduler. On a
@@ -66,48 +65,6 @@ type rateLimited struct {
 
 func (r *rateLimited) Error() string {
 	return "rate limit " + r.bucket + " reached until " + r.until.Format(time.RFC3339Nano)
-}
-
-// takeSlots takes one slot lock of each bucket for holder's start at now,
-// each until now + its period, never released early (unless the claim is
-// not written): so no window of that period holds more than N starts,
-// cluster-wide. When a bucket has no free slot it takes nothing and
-// returns *rateLimited with the time the earliest slot frees.
-func (c *Consumer) takeSlots(ctx context.Context, buckets []control.Bucket, holder task.Holder, now time.Time) ([]task.LockParams, error) {
-	var held []task.LockParams
-	giveBack := func() {
-		for _, p := range held {
-			c.releaseLocks(p)
-			c.slots.forget(p.Keys)
-		}
-	}
-	for _, b := range buckets {
-		p, err := c.takeSlot(ctx, b, holder, now)
-		if err != nil {
-			giveBack()
-			return nil, err
-		}
-		held = append(held, p)
-	}
-	return held, nil
-}
-
-func (c *Consumer) takeSlot(ctx context.Context, b control.Bucket, holder task.Holder, now time.Time) (task.LockParams, error) {
-	for _, i := range c.slots.free(b, now) {
-		p := task.LockParams{Namespace: task.LockRate, Keys: []string{b.SlotKey(i)}, Holder: holder, Now: now, Until: now.Add(b.Per)}
-		err := c.store.AcquireLocks(ctx, p)
-		var locked *task.LockedError
-		switch {
-		case err == nil:
-			c.slots.note(p.Keys[0], p.Until, now)
-			return p, nil
-		case errors.As(err, &locked):
-			c.slots.note(p.Keys[0], locked.Until, now)
-		default:
-			return task.LockParams{}, err
-		}
-	}
-	return task.LockParams{}, &rateLimited{bucket: b.Key, until: c.slots.earliest(b, now)}
 }
 
 // slotTable is what this process last saw of each slot lock: when it

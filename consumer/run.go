@@ -23,7 +23,7 @@ import (
 // a claimed attempt's handler has returned (see run).
 func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handled func()) attemptResult {
 	res := attemptResult{key: e.Key}
-	try := &claimTry{c: c, ctx: ctx}
+	try := &claimTry{r: c.rules, ctx: ctx}
 	// A claim that lands after its own lease would have ended is no claim:
 	// bound the tries by a lease (run checks what is left of it).
 	timeout := task.DefaultWorkerTimeout
@@ -130,92 +130,6 @@ func takesOver(t *task.Task, self string, now time.Time) bool {
 		}
 	}
 	return false
-}
-
-// claimTry is one claim attempt's state across its compare-and-set tries.
-type claimTry struct {
-	c      *Consumer
-	ctx    context.Context
-	holder task.Holder
-	reaped bool
-	held   []task.LockParams // the locks and slots the latest try took
-
-	tries     int       // calls of claim: each after the first follows a conflict
-	readyAt   time.Time // since when the task was claimable: see ClaimEvent.Wait
-	claimedAt time.Time // the claim's store time
-	takenOver int       // expired entries the claim replaced
-}
-
-// free gives back what the latest try took: the claim was not written.
-func (ct *claimTry) free() {
-	for _, p := range ct.held {
-		ct.c.releaseLocks(p)
-		ct.c.slots.forget(p.Keys)
-	}
-	ct.held = nil
-}
-
-// claim is one try: decide on t, then take its locks and slots and
-// write the claim into t.
-func (ct *claimTry) claim(t *task.Task) error {
-	c := ct.c
-	ct.free()
-	ct.reaped = false
-	if ct.tries++; ct.tries > 1 {
-		c.cfg.Observer.ClaimConflict(t.Kind)
-	}
-	now := c.store.Now()
-	d := preempt.Decide(t, c.cfg.WorkerID, now)
-	switch d.Verdict {
-	case preempt.Reap:
-		t.Reap(now)
-		ct.reaped = true
-		return nil
-	case preempt.Claim:
-	default:
-		return &notNow{d}
-	}
-	ctl := c.ctl.Load()
-	if _, paused := ctl.Paused(t); paused {
-		return errPaused
-	}
-	ct.readyAt, ct.claimedAt, ct.takenOver = t.CreatedAt, now, 0
-	if t.RunAt.After(ct.readyAt) {
-		ct.readyAt = t.RunAt
-	}
-	for _, w := range t.Workers {
-		// An expired lease's end is when its task became claimable again.
-		if w.Expired(now) {
-			ct.takenOver++
-			if w.LeaseUntil.After(ct.readyAt) {
-				ct.readyAt = w.LeaseUntil
-			}
-		}
-	}
-	ct.holder = t.Claim(c.self, now)
-	// Slots before locks: a lock taken and given back (no slot) would tell
-	// a peer that tried it meanwhile to wait for this claim's whole lease.
-	if buckets := ctl.Buckets(t); len(buckets) > 0 {
-		slots, err := c.takeSlots(ct.ctx, buckets, ct.holder, now)
-		if err != nil {
-			return err
-		}
-		ct.held = append(ct.held, slots...)
-	}
-	if len(t.LockKeys) > 0 {
-		// In line: across workers the keys go to waiting tasks by
-		// priority, then publish order. The place outlasts the retry at
-		// the holder's lease end by a lease, and lapses if this worker
-		// stops trying.
-		line := &task.LockLine{Priority: t.Priority, Seq: t.Seq, Until: now.Add(2 * time.Duration(t.WorkerTimeout))}
-		p := task.LockParams{Keys: t.LockKeys, Holder: ct.holder, Now: now, Until: t.Workers[len(t.Workers)-1].LeaseUntil, Line: line}
-		if err := c.store.AcquireLocks(ct.ctx, p); err != nil {
-			ct.free()
-			return err
-		}
-		ct.held = append(ct.held, p)
-	}
-	return nil
 }
 
 // notNow is a claim's decision not to claim now (Never or Later).
@@ -410,13 +324,7 @@ func (c *Consumer) writeOutcome(lease *ping.Renewer, fn func(*task.Task) error) 
 	}
 }
 
-func (c *Consumer) releaseLocks(p task.LockParams) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.store.ReleaseLocks(ctx, p); err != nil {
-		c.logger.Warn("release locks; they expire with the lease", slog.Any("keys", p.Keys), slog.Any("err", err))
-	}
-}
+func (c *Consumer) releaseLocks(p task.LockParams) { c.rules.releaseLocks(p) }
 
 // invoke calls the handler, turning panics into errors with the stack and
 // retrying Retryable errors with backoff while the context lives.

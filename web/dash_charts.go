@@ -17,7 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/leasepool/leasepool/rollout"
-	"github.com/leasepool/leasepool/stats"
+	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/task"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/mqttdev/credential"
+	"github.com/leasepool/leasepool/internal/credential"
 )
 
 // credentialAnswer is a new credential: the secret appears in this answer

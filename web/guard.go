@@ -13,6 +13,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+
+	"github.com/leasepool/leasepool/task"
 )
 
 // check validates cfg's credentials and hosts, naming the field at fault.
@@ -34,6 +36,17 @@ func (cfg Config) check() error {
 	if cfg.ReadToken != "" && cfg.ReadToken == cfg.Token {
 		return errors.New("web: Config.ReadToken must differ from Config.Token")
 	}
+	if cfg.WorkerToken != "" && (cfg.WorkerToken == cfg.Token || cfg.WorkerToken == cfg.ReadToken) {
+		return errors.New("web: Config.WorkerToken must differ from Config.Token and Config.ReadToken")
+	}
+	if len(cfg.WorkerKinds) > 0 && cfg.WorkerToken == "" {
+		return errors.New("web: Config.WorkerKinds needs Config.WorkerToken")
+	}
+	for i, k := range cfg.WorkerKinds {
+		if err := task.ValidateName(fmt.Sprintf("web: Config.WorkerKinds[%d]", i), k); err != nil {
+			return err
+		}
+	}
 	if cfg.ReadBasicUser != "" && cfg.ReadBasicUser == cfg.BasicUser && cfg.ReadBasicPassword == cfg.BasicPassword {
 		return errors.New("web: Config.ReadBasicUser and ReadBasicPassword must differ from BasicUser and BasicPassword")
 	}
@@ -47,7 +60,7 @@ func (cfg Config) check() error {
 
 // hasCredentials reports whether cfg requires a login.
 func (cfg Config) hasCredentials() bool {
-	return cfg.Token != "" || cfg.BasicUser != "" || cfg.ReadToken != "" || cfg.ReadBasicUser != ""
+	return cfg.Token != "" || cfg.BasicUser != "" || cfg.ReadToken != "" || cfg.ReadBasicUser != "" || cfg.WorkerToken != ""
 }
 
 // Guard puts next behind cfg's guard, exactly as NewHandler guards its own
@@ -147,6 +160,23 @@ func containsFold(list []string, s string) bool {
 // readOnlyKey marks a request made with a read-only credential.
 type readOnlyKey struct{}
 
+// workerKey marks a request made with the worker credential; its value is
+// the kinds the credential covers (none: every kind).
+type workerKey struct{}
+
+// workerKinds reports whether r came with the worker credential, and the
+// kinds it covers.
+func workerKinds(r *http.Request) ([]string, bool) {
+	kinds, ok := r.Context().Value(workerKey{}).([]string)
+	return kinds, ok
+}
+
+// workerRoute reports whether r is a call of the remote worker protocol,
+// the only calls a worker credential may make.
+func workerRoute(r *http.Request) bool {
+	return r.Method != http.MethodGet && r.Method != http.MethodHead && strings.HasPrefix(r.URL.Path, "/api/v1/workers/")
+}
+
 // readOnlyRequest reports whether r came with a read-only credential.
 func readOnlyRequest(r *http.Request) bool {
 	ro, _ := r.Context().Value(readOnlyKey{}).(bool)
@@ -163,7 +193,7 @@ func safeMethod(method string) bool {
 // hashed first so the constant-time compare also hides their length.
 func authenticate(cfg Config, next http.Handler) http.Handler {
 	hash := func(s string) [32]byte { return sha256.Sum256([]byte(s)) }
-	wantToken, wantReadToken := hash(cfg.Token), hash(cfg.ReadToken)
+	wantToken, wantReadToken, wantWorkerToken := hash(cfg.Token), hash(cfg.ReadToken), hash(cfg.WorkerToken)
 	wantBasic := hash(cfg.BasicUser + ":" + cfg.BasicPassword)
 	wantReadBasic := hash(cfg.ReadBasicUser + ":" + cfg.ReadBasicPassword)
 	same := func(given string, want [32]byte) bool {
@@ -171,7 +201,7 @@ func authenticate(cfg Config, next http.Handler) http.Handler {
 		return subtle.ConstantTimeCompare(got[:], want[:]) == 1
 	}
 	// scope is 0 for no valid credential, 1 for a read-only one, 2 for the
-	// full one.
+	// full one, 3 for the worker one.
 	scope := func(r *http.Request) int {
 		if given, ok := bearer(r); ok {
 			switch {
@@ -179,6 +209,8 @@ func authenticate(cfg Config, next http.Handler) http.Handler {
 				return 2
 			case cfg.ReadToken != "" && same(given, wantReadToken):
 				return 1
+			case cfg.WorkerToken != "" && same(given, wantWorkerToken):
+				return 3
 			}
 		}
 		if user, pass, ok := r.BasicAuth(); ok {
@@ -196,6 +228,17 @@ func authenticate(cfg Config, next http.Handler) http.Handler {
 		switch scope(r) {
 		case 2:
 			next.ServeHTTP(w, r)
+			return
+		case 3:
+			if !workerRoute(r) {
+				writeError(w, http.StatusForbidden, "this credential is a worker's: it may only register, claim, renew and finish (/api/v1/workers/{id}...)")
+				return
+			}
+			kinds := cfg.WorkerKinds
+			if kinds == nil {
+				kinds = []string{}
+			}
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), workerKey{}, kinds)))
 			return
 		case 1:
 			if !safeMethod(r.Method) {

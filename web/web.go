@@ -12,6 +12,7 @@
 package web
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
@@ -57,6 +59,16 @@ type Config struct {
 	// DNS rebinding (a page whose name resolves to 127.0.0.1). With
 	// credentials and no AllowedHosts, any Host is served.
 	AllowedHosts []string
+	// WorkerToken, when set, is a third credential, for remote workers
+	// (docs/http-api.md#remote-workers): a request carrying it may only
+	// register, claim, renew and finish, and only tasks of WorkerKinds
+	// (every kind when empty); anything else gets 403. It must differ
+	// from Token and ReadToken.
+	WorkerToken string
+	WorkerKinds []string
+	// Remote serves the remote worker protocol; nil: NewHandler makes one
+	// over Store with the defaults, closed when Stop is.
+	Remote *consumer.RemoteWorkers
 	// AllowAddressHosts also serves, when the Host check runs, any Host
 	// that is an IP address literal: DNS rebinding needs a name, and a
 	// page can only send an address as its Host from that address
@@ -107,7 +119,22 @@ func NewHandler(cfg Config) (http.Handler, error) {
 		cfg.Heartbeat = DefaultHeartbeat
 	}
 	a := &api{store: cfg.Store, log: cfg.Logger, readOnly: cfg.ReadOnly, heartbeat: cfg.Heartbeat, stop: cfg.Stop,
-		writeTimeout: cfg.Limits.withDefaults().WriteTimeout}
+		writeTimeout: cfg.Limits.withDefaults().WriteTimeout, remote: cfg.Remote}
+	if a.remote == nil {
+		reaped := func(ctx context.Context, t *task.Task) {
+			if err := flow.Reaped(ctx, cfg.Store, t, cfg.Logger); err != nil {
+				cfg.Logger.Warn("flow of a failed task not moved on; the reconciler will", slog.String("task", t.Key), slog.Any("error", err))
+			}
+		}
+		rw, err := consumer.NewRemoteWorkers(consumer.RemoteConfig{Store: cfg.Store, Logger: cfg.Logger, Reaped: reaped})
+		if err != nil {
+			return nil, err
+		}
+		a.remote = rw
+		if cfg.Stop != nil {
+			go func() { <-cfg.Stop; rw.Close() }()
+		}
+	}
 	mux := http.NewServeMux()
 	d, err := newDashboard(cfg)
 	if err != nil {
@@ -155,6 +182,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("POST /api/v1/rollouts/{name}/cancel", a.write(a.rolloutAction("cancelled", a.cancelRollout)))
 	mux.HandleFunc("POST /api/v1/rollouts/{name}/approve", a.write(a.rolloutAction("approved", a.approveRollout)))
 	mux.HandleFunc("POST /api/v1/rollouts/{name}/retry-failed", a.write(a.rolloutAction("retried", a.retryFailedRollout)))
+	a.remoteRoutes(mux)
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}
@@ -178,6 +206,7 @@ type api struct {
 	stop      <-chan struct{}
 	// writeTimeout bounds each write of an event stream.
 	writeTimeout time.Duration
+	remote       *consumer.RemoteWorkers
 }
 
 // write guards a handler that changes the store: 403 when the server or

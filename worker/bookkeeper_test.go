@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/stats"
+	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/worker"
 )

@@ -40,10 +40,10 @@ import (
 	"github.com/leasepool/leasepool/internal/lifecycle"
 	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/retention"
+	"github.com/leasepool/leasepool/internal/retention"
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/schedule"
-	"github.com/leasepool/leasepool/stats"
+	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/task"
 )
 

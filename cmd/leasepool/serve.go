@@ -31,6 +31,8 @@ func serveCommand() *cli.Command {
 			&cli.StringFlag{Name: "basic-auth", EnvVars: []string{"LEASEPOOL_BASIC_AUTH"}, Usage: "USER:PASSWORD a browser logs in with (HTTP basic auth; use HTTPS in front off loopback)"},
 			&cli.StringFlag{Name: "read-token", EnvVars: []string{"LEASEPOOL_READ_TOKEN"}, Usage: "a second bearer token that may only read: every GET (API, dashboard, events, /metrics); writes get 403"},
 			&cli.StringFlag{Name: "read-basic-auth", EnvVars: []string{"LEASEPOOL_READ_BASIC_AUTH"}, Usage: "USER:PASSWORD of a basic-auth login that may only read"},
+			&cli.StringFlag{Name: "worker-token", EnvVars: []string{"LEASEPOOL_WORKER_TOKEN"}, Usage: "a bearer token for remote workers: it may only register, claim, renew and finish (docs/http-api.md#remote-workers)"},
+			&cli.StringFlag{Name: "worker-kinds", EnvVars: []string{"LEASEPOOL_WORKER_KINDS"}, Usage: "KIND,KIND: the only kinds --worker-token may claim, renew and finish (default: every kind)"},
 			&cli.StringFlag{Name: "public-url", EnvVars: []string{"LEASEPOOL_PUBLIC_URL"}, Usage: "URL clients reach this server by (behind a proxy or a DNS name); its host is served besides localhost, and any other Host header gets 421"},
 			&cli.BoolFlag{Name: "read-only", Usage: "refuse every write (403); the store is opened read-only"},
 		},
@@ -119,6 +121,20 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	workerToken := c.String("worker-token")
+	var workerKinds []string
+	if k := c.String("worker-kinds"); k != "" {
+		if workerToken == "" {
+			return badFlag(c, "worker-kinds", "needs --worker-token")
+		}
+		for i, kind := range strings.Split(k, ",") {
+			kind = strings.TrimSpace(kind)
+			if err := task.ValidateName(fmt.Sprintf("kind %d", i+1), kind); err != nil {
+				return badFlag(c, "worker-kinds", "%v", err)
+			}
+			workerKinds = append(workerKinds, kind)
+		}
+	}
 	if err := checkListen(c, addr, token != "" || user != "" || readToken != "" || readUser != ""); err != nil {
 		return err
 	}
@@ -129,6 +145,8 @@ func runServe(c *cli.Context) error {
 	switch {
 	case readToken != "" && readToken == token:
 		return badFlag(c, "read-token", "must differ from --token")
+	case workerToken != "" && (workerToken == token || workerToken == readToken):
+		return badFlag(c, "worker-token", "must differ from --token and --read-token")
 	case readUser != "" && readUser == user && readPassword == password:
 		return badFlag(c, "read-basic-auth", "must differ from --basic-auth")
 	}
@@ -136,6 +154,7 @@ func runServe(c *cli.Context) error {
 	warnSecretFlag(c, "basic-auth", "LEASEPOOL_BASIC_AUTH", false)
 	warnSecretFlag(c, "read-token", "LEASEPOOL_READ_TOKEN", false)
 	warnSecretFlag(c, "read-basic-auth", "LEASEPOOL_READ_BASIC_AUTH", false)
+	warnSecretFlag(c, "worker-token", "LEASEPOOL_WORKER_TOKEN", false)
 	open := func() (task.Store, error) { return openStore(c, false) }
 	if c.Bool("read-only") {
 		open = func() (task.Store, error) { return openStoreReadOnly(c) }
@@ -153,6 +172,7 @@ func runServe(c *cli.Context) error {
 	stop := make(chan struct{})
 	cfg := web.Config{Store: s, Token: token, BasicUser: user, BasicPassword: password,
 		ReadToken: readToken, ReadBasicUser: readUser, ReadBasicPassword: readPassword, AllowedHosts: hosts,
+		WorkerToken: workerToken, WorkerKinds: workerKinds,
 		ReadOnly: c.Bool("read-only"), Metrics: metrics.Handler(reg, ""), Logger: slog.Default(), Stop: stop}
 	h, err := web.NewHandler(cfg)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
-	"github.com/leasepool/leasepool/mqttdev/credential"
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )

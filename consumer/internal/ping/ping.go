@@ -108,7 +108,11 @@ func (l *Renewer) Observe(t *task.Task) error {
 // Renew extends the lease once, with the task's lock keys. A worker that
 // is no longer pinned removes its own entry, so a permitted worker can
 // claim at once, and reports ErrUnpinned.
-func (l *Renewer) Renew(ctx context.Context) error {
+func (l *Renewer) Renew(ctx context.Context) error { return l.RenewAnd(ctx, nil) }
+
+// RenewAnd is Renew with also applied in the renewal's write (a remote
+// worker's log lines), after the lease is extended.
+func (l *Renewer) RenewAnd(ctx context.Context, also func(t *task.Task, now time.Time)) error {
 	now := l.store.Now()
 	// Locks first, to the same end as the lease: the document's lease is
 	// then never ahead of the locks', and Remaining, which reads the
@@ -129,6 +133,9 @@ func (l *Renewer) Renew(ctx context.Context) error {
 		}
 		if l.out != nil {
 			t.Record(l.holder, l.Output())
+		}
+		if also != nil {
+			also(t, now)
 		}
 		return nil
 	})
