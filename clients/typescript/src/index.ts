@@ -3,3 +3,5 @@ export type { ClientOptions, PublishOptions, PublishManyOptions } from "./client
 export { LeasepoolError, SnoozeError, RetryableError } from "./errors.js";
 export type { ConnectionOptions } from "./transport.js";
 export * from "./types.js";
+export { Worker } from "./worker.js";
+export type { Job, Handler, WorkerOptions, WorkerLogger, StartOptions, AbortReason } from "./worker.js";
