@@ -551,14 +551,20 @@ export class Worker {
     job.controller.abort(reason);
   }
 
+  /** No renew succeeded for lease_ms: another worker may run the task already. */
+  private expire(job: ActiveJob): void {
+    if (job.lost || job.finishing) return;
+    this.logger.warn(`${job.key} attempt ${job.attempt}: no renew succeeded for ${job.leaseMs} ms: lease lost`);
+    this.lose(job, "lease_expired");
+  }
+
   private armLease(job: ActiveJob): void {
     if (job.leaseTimer !== undefined) clearTimeout(job.leaseTimer);
     const left = job.lastOk + job.leaseMs - performance.now();
     job.leaseTimer = setTimeout(() => {
       job.leaseTimer = undefined;
       if (job.leaseAhead()) return this.armLease(job);
-      this.logger.warn(`${job.key} attempt ${job.attempt}: no renew succeeded for ${job.leaseMs} ms: lease lost`);
-      this.lose(job, "lease_expired");
+      this.expire(job);
     }, Math.max(0, left));
   }
 
@@ -575,7 +581,7 @@ export class Worker {
     const sentAt = performance.now();
     // A process frozen past its lease learns it here, before any write.
     if (!job.leaseAhead(sentAt)) {
-      this.lose(job, "lease_expired");
+      this.expire(job);
       return;
     }
     const lines = job.takeLog();

@@ -379,7 +379,7 @@ test("a serve that dies costs a reconnect to the next URL, no attempt", async ()
     assert.equal(w.url, dying.url);
     const long = unique("long");
     // Renewed every 100 ms, through the kill.
-    await client.publish({ key: long, kind, payload: { ms: 1200 }, pingInterval: 100, workerTimeout: 1000 });
+    await client.publish({ key: long, kind, payload: { ms: 1200 }, pingInterval: 100, workerTimeout: 3000 });
     await stateOf(long, "running");
     await dying.stop("SIGKILL");
     const keys = Array.from({ length: 10 }, (_, i) => `${kind}-${i}`);
