@@ -327,7 +327,7 @@ export class Worker {
     if (this.started) {
       const deadline = performance.now() + this.graceMs;
       while (this.active.size > 0 && performance.now() < deadline) {
-        await Promise.race([...[...this.active.values()].map((j) => j.settled), sleep(deadline - performance.now())]);
+        await settledOrTimeout([...this.active.values()].map((j) => j.settled), deadline - performance.now(), "any");
       }
       const left = [...this.active.values()];
       for (const job of left) {
@@ -337,25 +337,26 @@ export class Worker {
       }
       if (left.length > 0) {
         this.logger.info(`${left.length} handlers still running after ${this.graceMs} ms: aborted, their attempts released`);
-        await Promise.race([Promise.all(left.map((j) => j.settled)), sleep(this.abortWaitMs)]);
+        await settledOrTimeout(left.map((j) => j.settled), this.abortWaitMs, "all");
         // Handlers that ignore their abort: give the attempts back anyway.
         await Promise.all(
           left.filter((j) => !j.lost && !j.finishing).map((j) => this.finish(j, { outcome: "released" })),
         );
       }
-      if (this.registered) {
-        try {
-          await this.transport.json("DELETE", this.path, { query: { instance: this.instance }, timeoutMs: 5000 });
-        } catch (err) {
-          this.logger.warn(`unregister: ${errorText(err)}`);
-        }
-      }
     }
+    // No heartbeat may register the worker again after it unregisters.
     this.closed = true;
     this.background.abort();
     this.wakeHeartbeat?.();
     for (const job of this.active.values()) job.clearTimers();
     await Promise.allSettled(this.loops);
+    if (this.started && this.registered) {
+      try {
+        await this.transport.json("DELETE", this.path, { query: { instance: this.instance }, timeoutMs: 5000 });
+      } catch (err) {
+        this.logger.warn(`unregister: ${errorText(err)}`);
+      }
+    }
     if (this.signalHandler) {
       process.off("SIGTERM", this.signalHandler);
       process.off("SIGINT", this.signalHandler);
@@ -658,6 +659,17 @@ export class Worker {
       }
       await sleep(backoff.next());
     }
+  }
+}
+
+/** Waits for any (or all) of ps to settle, or ms, whichever comes first; leaves no timer behind. */
+async function settledOrTimeout(ps: Promise<unknown>[], ms: number, mode: "any" | "all"): Promise<void> {
+  const ctl = new AbortController();
+  const settled = mode === "any" ? Promise.race(ps) : Promise.allSettled(ps);
+  try {
+    await Promise.race([settled.then(() => {}, () => {}), sleep(Math.max(0, ms), ctl.signal)]);
+  } finally {
+    ctl.abort();
   }
 }
 

@@ -111,6 +111,26 @@ test("record-worker records each job's start and end, and stops on SIGTERM", asy
   assert.equal((t.workers ?? []).concat(t.history ?? []).find((a) => a.attempt === 1)?.state, "RELEASED");
 });
 
+test("on SIGTERM a running handler finishes within the grace, and the process exits then", async () => {
+  const file = join(tempDir(), "records.jsonl");
+  const id = unique("graceful");
+  const kind = unique("graceful-kind");
+  const key = unique("graceful-task");
+  const rw = await startRecordWorker(["--url", serve.url, "--id", id, "--kinds", kind, "--record", file]);
+  assert.ok((await client.workers()).some((r) => r.id === id && r.live));
+  await client.publish({ key, kind, payload: { ms: 300 } });
+  await waitFor("the start", () => (records(file).some((r) => r.key === key && r.event === "start") ? true : undefined));
+  const t0 = Date.now();
+  rw.proc.kill("SIGTERM");
+  assert.equal(await rw.exited, 0, rw.stderr());
+  const took = Date.now() - t0;
+  // The default grace is 10 s: a timer of it left behind would hold the process.
+  assert.ok(took < 5000, `exited ${took} ms after SIGTERM`);
+  assert.deepEqual(records(file).map((r) => r.event), ["start", "end"]);
+  assert.equal((await client.get(key)).state, "succeeded");
+  assert.ok(!(await client.workers()).some((r) => r.id === id && r.live), "unregistered");
+});
+
 test("record-worker refuses a bad command line naming the flag", async () => {
   const proc = spawn(process.execPath, [program, "--url", serve.url, "--id", "x", "--kinds", "k", "--concurrency", "0", "--record", "/dev/null"], {
     stdio: ["ignore", "pipe", "pipe"],
