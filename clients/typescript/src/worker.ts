@@ -225,6 +225,8 @@ export class Worker {
   private readonly background = new AbortController();
   private wakeHeartbeat?: () => void;
   private registeredWaiters: (() => void)[] = [];
+  /** Why the first registration was refused for good (bad input, credentials). */
+  private refusal?: LeasepoolError;
   private slotWaiters: (() => void)[] = [];
   private loops: Promise<void>[] = [];
   private stopPromise?: Promise<void>;
@@ -305,6 +307,10 @@ export class Worker {
     }
     this.loops.push(this.heartbeatLoop());
     await this.whenRegistered();
+    if (this.refusal) {
+      await this.stop();
+      throw this.refusal;
+    }
     if (this.stopping) return;
     this.loops.push(this.claimLoop());
   }
@@ -414,6 +420,12 @@ export class Worker {
         wait = this.heartbeatMs;
       } catch (err) {
         if (this.closed) return;
+        if (!this.registered && err instanceof LeasepoolError && [400, 401, 403].includes(err.status)) {
+          // Asking again will not mend it: start() rejects with it.
+          this.refusal = new LeasepoolError(err.status, `register ${this.id}: ${err.message}`, err.code, err.body);
+          for (const w of this.registeredWaiters.splice(0)) w();
+          return;
+        }
         if (err instanceof LeasepoolError && err.code === "worker_id_taken") {
           this.logger.warn(`${err.message}; waiting for its registration to lapse`);
           wait = Math.max(backoff.next(), 500);

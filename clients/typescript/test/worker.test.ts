@@ -401,3 +401,34 @@ test("bad options are refused naming the field", () => {
   assert.throws(() => new Worker({ url: "", id: "x", handlers: { a: async () => 1 } }), /url: /);
   assert.ok(new LeasepoolError(409, "m", "lease_lost").code === "lease_lost");
 });
+
+test("a worker token runs its kinds and reads nothing", async () => {
+  const secured = await startServe({ env: { LEASEPOOL_TOKEN: "full", LEASEPOOL_WORKER_TOKEN: "wt", LEASEPOOL_WORKER_KINDS: "allowed" } });
+  try {
+    const admin = new Client({ url: secured.url, token: "full" });
+    const w = new Worker({ url: secured.url, token: "wt", id: unique("w-token"), logger: {}, handlers: { allowed: async () => ({ ok: true }) } });
+    workers.push(w);
+    await w.start();
+    const key = unique("token-task");
+    await admin.publish({ key, kind: "allowed" });
+    const t = await waitFor("the worker token's task to succeed", async () => {
+      const doc = await admin.get(key);
+      return doc.state === "succeeded" ? doc : undefined;
+    });
+    assert.deepEqual((t.workers ?? [])[0].result, { ok: true });
+    const asWorker = new Client({ url: secured.url, token: "wt" });
+    await assert.rejects(asWorker.list(), (err: unknown) => err instanceof LeasepoolError && err.status === 403);
+    const outside = new Worker({ url: secured.url, token: "wt", id: unique("w-outside"), logger: {}, handlers: { other: async () => 1 } });
+    await assert.rejects(outside.start(), (err: unknown) => {
+      assert.ok(err instanceof LeasepoolError);
+      assert.equal(err.status, 403);
+      assert.match(err.message, /^register w-outside-.*: kinds\[0\]: "other" is not among this credential's kinds/);
+      return true;
+    });
+    const unauthorized = new Worker({ url: secured.url, token: "wrong", id: unique("w-wrong"), logger: {}, handlers: { allowed: async () => 1 } });
+    await assert.rejects(unauthorized.start(), (err: unknown) => err instanceof LeasepoolError && err.status === 401);
+    await w.stop();
+  } finally {
+    await secured.stop();
+  }
+});
