@@ -101,6 +101,24 @@ test("publishMany answers each item's outcome in order, across chunks", async ()
   await rejectsWith(client.get(`${prefix}-17`), 404, "not_found", /not found/);
 });
 
+test("publishMany splits past the server's 10,000 tasks per request", async () => {
+  const prefix = unique("big");
+  const tasks = Array.from({ length: 10001 }, (_, i) => ({ key: `${prefix}-${i}`, kind: "ts-big" }));
+  // One request that large is refused whole: the split is needed.
+  const raw = await fetch(`${serve.url}/api/v1/tasks/batch`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ tasks: tasks.map((t) => ({ key: `raw-${t.key}`, kind: t.kind })) }),
+  });
+  assert.equal(raw.status, 413);
+  await rejectsWith(client.get(`raw-${prefix}-0`), 404, "not_found", /not found/);
+  const res = await client.publishMany(tasks);
+  assert.equal(res.inserted, 10001);
+  assert.equal(res.results.length, 10001);
+  assert.deepEqual(res.results[10000], { key: `${prefix}-10000`, result: "inserted", state: "pending" });
+  assert.equal((await client.get(`${prefix}-10000`)).state, "pending");
+});
+
 test("list pages with cursors; listAll walks every page once", async () => {
   const prefix = unique("list");
   const keys = Array.from({ length: 7 }, (_, i) => `${prefix}-${i}`);
