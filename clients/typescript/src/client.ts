@@ -206,14 +206,10 @@ export class Client {
           timeoutMs: 0,
           failover: "any",
         });
-        if (!res.body) throw new LeasepoolError(res.status, "events: the answer has no body", "bad_answer");
         const parser = new SseParser(since);
         const decoder = new TextDecoder();
-        const reader = res.body.getReader();
         try {
-          for (;;) {
-            const { done, value } = await reader.read();
-            if (done) break;
+          for await (const value of res.chunks()) {
             arm();
             backoff = 100;
             for (const msg of parser.push(decoder.decode(value, { stream: true }))) {
@@ -233,7 +229,7 @@ export class Client {
             }
           }
         } finally {
-          reader.cancel().catch(() => {});
+          res.cancel();
         }
         dropped = new LeasepoolError(0, "events: the server closed the stream", "unreachable");
       } catch (err) {

@@ -1,4 +1,27 @@
+import * as http from "node:http";
+import * as https from "node:https";
 import { LeasepoolError } from "./errors.js";
+
+/**
+ * An answer whose status is known and whose body is still to read: text()
+ * for a JSON answer, or chunks() for a stream.
+ */
+export interface HttpAnswer {
+  status: number;
+  ok: boolean;
+  text(): Promise<string>;
+  chunks(): AsyncIterable<Uint8Array>;
+  /** Drops the rest of the body and the connection under it. */
+  cancel(): void;
+}
+
+// Keep-alive connections shared by every client and worker of the process:
+// node:http costs a third of fetch's time per call, which a worker that
+// finishes each job with a call feels. Free sockets are closed well before
+// serve's idle timeout (120 s), so that a call never meets one the server is
+// closing.
+const httpAgent = new http.Agent({ keepAlive: true, timeout: 30000 });
+const httpsAgent = new https.Agent({ keepAlive: true, timeout: 30000 });
 
 /** Where a client or worker reaches `leasepool serve`, and how. */
 export interface ConnectionOptions {
@@ -79,8 +102,14 @@ export class Transport {
 
   /** Makes one call and answers its decoded JSON body; errors are LeasepoolErrors. */
   async json<T>(method: string, path: string, opts: RequestOptions = {}): Promise<{ status: number; body: T }> {
+    opts = { ...opts };
     const res = await this.send(method, path, opts);
-    const text = await res.text();
+    let text: string;
+    try {
+      text = await res.text();
+    } catch (err) {
+      throw this.failure(err, this.url, method, path, opts);
+    }
     let body: unknown = undefined;
     if (text !== "") {
       try {
@@ -97,7 +126,8 @@ export class Transport {
    * Sends one call and answers the response, unread, when its status is a
    * success; an error status becomes a LeasepoolError.
    */
-  async stream(method: string, path: string, opts: RequestOptions = {}): Promise<Response> {
+  async stream(method: string, path: string, opts: RequestOptions = {}): Promise<HttpAnswer> {
+    opts = { ...opts };
     const res = await this.send(method, path, opts);
     if (!res.ok) {
       const text = await res.text().catch(() => "");
@@ -112,7 +142,7 @@ export class Transport {
     return res;
   }
 
-  private async send(method: string, path: string, opts: RequestOptions): Promise<Response> {
+  private async send(method: string, path: string, opts: RequestOptions): Promise<HttpAnswer> {
     const failover = opts.failover ?? "none";
     let tries = failover === "none" ? 1 : this.urls.length;
     for (;;) {
@@ -130,35 +160,73 @@ export class Transport {
     }
   }
 
-  private async sendOnce(base: string, method: string, path: string, opts: RequestOptions): Promise<Response> {
+  private sendOnce(base: string, method: string, path: string, opts: RequestOptions): Promise<HttpAnswer> {
     const url = new URL(base + path);
     for (const [k, v] of Object.entries(opts.query ?? {})) {
       if (v !== undefined && v !== "") url.searchParams.set(k, String(v));
     }
-    const headers: Record<string, string> = { Accept: "application/json", ...opts.headers };
+    const headers: Record<string, string | number> = { Accept: "application/json", ...opts.headers };
     if (this.token) headers.Authorization = `Bearer ${this.token}`;
     let body: string | undefined;
     if (opts.body !== undefined) {
       body = JSON.stringify(opts.body);
       headers["Content-Type"] = "application/json";
+      headers["Content-Length"] = new TextEncoder().encode(body).length;
     }
+    const signal = this.signalFor(opts);
+    return new Promise<HttpAnswer>((resolve, reject) => {
+      const onAnswer = (res: http.IncomingMessage) => {
+        const status = res.statusCode ?? 0;
+        resolve({
+          status,
+          ok: status >= 200 && status < 300,
+          text: async () => {
+            const decoder = new TextDecoder();
+            let out = "";
+            for await (const chunk of res) out += decoder.decode(chunk, { stream: true });
+            return out + decoder.decode();
+          },
+          chunks: () => res,
+          cancel: () => res.destroy(),
+        });
+      };
+      let req: http.ClientRequest;
+      try {
+        req =
+          url.protocol === "https:"
+            ? https.request(url, { method, headers, agent: httpsAgent, signal }, onAnswer)
+            : http.request(url, { method, headers, agent: httpAgent, signal }, onAnswer);
+      } catch (err) {
+        reject(this.failure(err, base, method, url.pathname, opts));
+        return;
+      }
+      req.on("error", (err) => reject(this.failure(err, base, method, url.pathname, opts)));
+      req.end(body);
+    });
+  }
+
+  /** The caller's signal and the call's timeout as one signal; the timeout's kept for failure(). */
+  private signalFor(opts: RequestOptions & { timeoutSignal?: AbortSignal }): AbortSignal | undefined {
     const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
     const signals: AbortSignal[] = [];
-    const timeout = timeoutMs > 0 ? AbortSignal.timeout(timeoutMs) : undefined;
-    if (timeout) signals.push(timeout);
-    if (opts.signal) signals.push(opts.signal);
-    const signal = signals.length === 0 ? undefined : signals.length === 1 ? signals[0] : AbortSignal.any(signals);
-    try {
-      return await fetch(url, { method, headers, body, signal });
-    } catch (err) {
-      if (opts.signal?.aborted) throw opts.signal.reason ?? err;
-      if (timeout?.aborted) {
-        throw new LeasepoolError(0, `${method} ${url.pathname} on ${base}: no answer within ${timeoutMs} ms`, "timeout", undefined, { cause: err });
-      }
-      const cause = (err as { cause?: unknown }).cause;
-      const detail = cause instanceof Error ? cause.message : err instanceof Error ? err.message : String(err);
-      throw new LeasepoolError(0, `${method} ${url.pathname}: cannot reach ${base}: ${detail}`, "unreachable", undefined, { cause: err });
+    if (timeoutMs > 0) {
+      opts.timeoutSignal = AbortSignal.timeout(timeoutMs);
+      signals.push(opts.timeoutSignal);
     }
+    if (opts.signal) signals.push(opts.signal);
+    return signals.length === 0 ? undefined : signals.length === 1 ? signals[0] : AbortSignal.any(signals);
+  }
+
+  /** A transport error as the caller should see it: the caller's abort as it is, else a LeasepoolError with status 0. */
+  private failure(err: unknown, base: string, method: string, path: string, opts: RequestOptions & { timeoutSignal?: AbortSignal }): unknown {
+    if (err instanceof LeasepoolError) return err;
+    if (opts.signal?.aborted) return opts.signal.reason ?? err;
+    if (opts.timeoutSignal?.aborted) {
+      const ms = opts.timeoutMs ?? this.timeoutMs;
+      return new LeasepoolError(0, `${method} ${path} on ${base}: no answer within ${ms} ms`, "timeout", undefined, { cause: err });
+    }
+    const detail = err instanceof Error ? err.message : String(err);
+    return new LeasepoolError(0, `${method} ${path}: cannot reach ${base}: ${detail}`, "unreachable", undefined, { cause: err });
   }
 }
 
