@@ -283,6 +283,10 @@ func (a *api) remoteFail(w http.ResponseWriter, r *http.Request, err error) {
 		code = "worker_id_taken"
 	case errors.Is(err, consumer.ErrKindNotAllowed):
 		code, status = "kind_not_allowed", http.StatusForbidden
+	case r.Context().Err() != nil:
+		// The worker went away (killed, or its request timed out) while
+		// its claim waited: nobody reads an answer, and it is no error.
+		return
 	default:
 		a.fail(w, r, err)
 		return
