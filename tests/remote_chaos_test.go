@@ -197,6 +197,7 @@ func readRecords(t *testing.T, path string) []record {
 // resumed and their outcomes never recorded, and a cancelled task's
 // handler gets its abort.
 func TestRemoteWorkersChaos(t *testing.T) {
+	needClients(t)
 	dir := t.TempDir()
 	storeURL := "sqlite:" + filepath.Join(dir, "s.db")
 	serves := []*serveProc{startServeProc(t, storeURL), startServeProc(t, storeURL)}
@@ -222,7 +223,7 @@ func TestRemoteWorkersChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishWithClients(t, urls[0], kind, perWay, func() map[string]int { return payload() })
-	const total = 2*perWay + 2
+	const total = 3*perWay + 2
 	// Tasks to cancel while their handlers run.
 	var cancelKeys []string
 	for i := range 4 {
@@ -247,7 +248,7 @@ func TestRemoteWorkersChaos(t *testing.T) {
 		workers[id] = p
 		mu.Unlock()
 	}
-	for _, lang := range []string{"py", "py", "py", "py"} {
+	for _, lang := range []string{"ts", "ts", "py", "py"} {
 		start(lang)
 	}
 
@@ -486,7 +487,7 @@ func TestRemoteWorkersChaos(t *testing.T) {
 			}
 		}
 	}
-	if langs["py"] == 0 {
+	if langs["ts"] == 0 || langs["py"] == 0 {
 		t.Errorf("ends by language %v: want both to have run tasks", langs)
 	}
 	t.Logf("%d tasks, %d records, runs by language %v, %d kills, %d stops, serve %s killed", total, len(recs), langs, len(killedAt), len(frozen), serves[0].addr)
@@ -523,8 +524,7 @@ r = Client(sys.argv[2]).publish_many(json.load(sys.stdin))
 print(json.dumps({"inserted": r["inserted"] if isinstance(r, dict) else r.inserted}))
 `, filepath.Join(clientDir("python"), "src"), url)
 	py.Stdin = strings.NewReader(string(tasks("py")))
-	_ = ts
-	for _, cmd := range []*exec.Cmd{py} {
+	for _, cmd := range []*exec.Cmd{ts, py} {
 		out, err := cmd.CombinedOutput()
 		var got struct{ Inserted int }
 		if err != nil || json.Unmarshal(out, &got) != nil || got.Inserted != n {
