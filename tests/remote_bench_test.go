@@ -136,7 +136,7 @@ n = int(sys.argv[3])
 tasks = [{"key": "d%05d" % i, "kind": "noop"} for i in range(n)]
 began = time.monotonic()
 r = Client(sys.argv[2]).publish_many(tasks)
-assert r.inserted == n, r.inserted
+assert r["inserted"] == n, r["inserted"]
 print(int((time.monotonic() - began) * 1000))
 `, filepath.Join(clientDir("python"), "src"), url, fmt.Sprint(n))
 	}

@@ -521,7 +521,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from leasepool import Client
 r = Client(sys.argv[2]).publish_many(json.load(sys.stdin))
-print(json.dumps({"inserted": r["inserted"] if isinstance(r, dict) else r.inserted}))
+print(json.dumps({"inserted": r["inserted"]}))
 `, filepath.Join(clientDir("python"), "src"), url)
 	py.Stdin = strings.NewReader(string(tasks("py")))
 	for _, cmd := range []*exec.Cmd{ts, py} {
