@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/internal/retention"
+	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 	"github.com/leasepool/leasepool/task/storetest"

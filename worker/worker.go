@@ -38,12 +38,12 @@ import (
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/internal/retention"
+	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/internal/retention"
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/schedule"
-	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/task"
 )
 
