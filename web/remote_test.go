@@ -255,6 +255,8 @@ func TestRemoteBadInput(t *testing.T) {
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","max":1000}`, 400, `max`)
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","wait_ms":-1}`, 400, `wait_ms`)
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","bogus":1}`, 400, `bogus`)
+	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","kinds":["leasepool.flow-timer"]}`, 400, `kinds[0]`)
+	e.want("PUT", "/api/v1/workers/w1", `{"instance":"i1","kinds":["k","leasepool.x"]}`, 400, `kinds[1]`)
 	if jobs := e.claim("w1", "i1", 1, 0); len(jobs) != 1 {
 		t.Fatalf("claimed %d, want 1", len(jobs))
 	}
