@@ -113,6 +113,12 @@ func (r *Reconciler) Start(ctx context.Context) error { return r.runner.Start(ct
 // Stop ends the loop and gives the lease up, so a peer takes over at once.
 func (r *Reconciler) Stop(ctx context.Context) error { return r.runner.Stop(ctx) }
 
+// Duty reconciles every Every until ctx ends, with no lease of its own:
+// the duty an elector runs while its process is elected (package worker
+// registers it on the worker's one elector). Run a Reconciler by Start or
+// by Duty, not both.
+func (r *Reconciler) Duty(ctx context.Context) error { return r.loop(ctx) }
+
 // loop reconciles every period while this process holds the lease.
 func (r *Reconciler) loop(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Every)

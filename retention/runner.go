@@ -83,6 +83,12 @@ func (r *Runner) Holding() bool { return r.runner.Running() }
 // the lease, so a peer takes over at once. It may be called again.
 func (r *Runner) Stop(ctx context.Context) error { return r.runner.Stop(ctx) }
 
+// Duty runs retention every Every until ctx ends, with no lease of its
+// own: the duty an elector runs while its process is elected (package
+// worker registers it on the worker's one elector). Run a Runner by
+// Start or by Duty, not both.
+func (r *Runner) Duty(ctx context.Context) error { return r.loop(ctx) }
+
 // loop runs retention every period while this process holds the lease.
 func (r *Runner) loop(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Every)

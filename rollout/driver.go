@@ -101,6 +101,12 @@ func (d *Driver) Start(ctx context.Context) error { return d.runner.Start(ctx) }
 // Stop ends the loop and gives the lease up.
 func (d *Driver) Stop(ctx context.Context) error { return d.runner.Stop(ctx) }
 
+// Duty steps the rollouts until ctx ends, with no lease of its own: the
+// duty an elector runs while its process is elected (package worker
+// registers it on the worker's one elector). Run a Driver by Start or by
+// Duty, not both.
+func (d *Driver) Duty(ctx context.Context) error { return d.loop(ctx) }
+
 func (d *Driver) loop(ctx context.Context) error {
 	// A new holder starts from what the document says: keys another
 	// holder recorded are its to dispatch again, not to publish.

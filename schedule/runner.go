@@ -131,6 +131,15 @@ func (r *Runner) Stop(ctx context.Context) error {
 	return r.life.Stop(ctx, nil)
 }
 
+// Duty polls until ctx ends, with no election of its own: the duty an
+// elector runs while its process is elected (package worker registers it
+// on the worker's one elector). Run a Runner by Start or by Duty, not
+// both.
+func (r *Runner) Duty(ctx context.Context) error {
+	r.run(ctx)
+	return nil
+}
+
 func (r *Runner) run(ctx context.Context) {
 	t := time.NewTicker(r.cfg.Poll)
 	defer t.Stop()
