@@ -36,10 +36,12 @@ func Register(mux *consumer.Mux, cfg Config) error {
 	return nil
 }
 
-// The reconciler is a singleton (internal/singleton), as the embedded
-// broker's host is: every worker runs a Reconciler, the one holding the
-// lease on the lock key ReconcileLockKey reconciles every period, and
-// another takes over within a lease (three periods) after it dies. A lease
+// The reconciler runs in one process at a time: in package worker, as a
+// duty of the elected worker (Reconciler.Duty on the worker's elector);
+// alone, by Start, as a singleton (internal/singleton) on the lock key
+// ReconcileLockKey, where every process runs a Reconciler, the one
+// holding the lease reconciles every period, and another takes over
+// within a lease (three periods) after it dies. A lease
 // rather than a repeatable task: a task every few seconds would add
 // thousands of tasks a day to the tasks table. Two passes at once are
 // harmless anyway (every change Reconcile makes is a compare-and-set that

@@ -26,11 +26,12 @@ type RunnerConfig struct {
 	Lease time.Duration
 }
 
-// Runner runs retention in one process of the cluster at a time: a
-// singleton (internal/singleton) on the lock key LockKey; every process
-// runs one and the holder of the lease deletes every Every. A run cut
-// short (the lease lost, a stop, MaxPerRun reached) is carried on by the
-// next.
+// Runner runs retention in one process of the cluster at a time: in
+// package worker as a duty of the elected worker (Duty); started alone,
+// as a singleton (internal/singleton) on the lock key LockKey, where every
+// process runs one and the holder of the lease deletes every Every. A run
+// cut short (the lease lost, a stop, MaxPerRun reached) is carried on by
+// the next.
 type Runner struct {
 	cfg    RunnerConfig
 	runner *singleton.Runner

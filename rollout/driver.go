@@ -11,9 +11,11 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// Driver keeps rollouts moving. Every worker runs one; the one holding
-// the lease on LockKey steps every active rollout every Every, and
-// another takes over within a lease after it dies (internal/singleton).
+// Driver keeps rollouts moving, in one process at a time: in package
+// worker as a duty of the elected worker (Duty); started alone, every
+// process runs one and the one holding the lease on LockKey steps every
+// active rollout every Every, another taking over within a lease after
+// it dies (internal/singleton).
 // While no rollout is active the holder only looks for one, every
 // IdleEvery: an idle cluster pays one read of the rollouts per IdleEvery,
 // and a rollout created starts within about that long.
