@@ -154,6 +154,9 @@ func (e *Elector) run(ctx context.Context) error {
 	for _, d := range duties {
 		wg.Go(func() { e.keep(ctx, d) })
 	}
+	// Elected until the lease is lost or given up, duties or none: a
+	// return would give the lease up.
+	<-ctx.Done()
 	wg.Wait()
 	e.log.Info("duties stopped", slog.Any("cause", context.Cause(ctx)))
 	return nil

@@ -385,3 +385,36 @@ func TestElectorRegister(t *testing.T) {
 		testutil.Eventually(t, time.Minute, "elected alone", func() bool { return e.Elected() && e.Running("d") })
 	})
 }
+
+// TestElectorWithoutDuties: an elector with no duty stays elected while it
+// renews (being elected means something of its own: Elected), rather than
+// give the lease up at once.
+func TestElectorWithoutDuties(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memstore.New(memstore.Config{}).Open()
+		defer st.Close()
+		var logs testutil.SyncBuffer
+		e, err := singleton.NewElector(singleton.ElectorConfig{Store: st, Key: "k", HolderID: "a", Lease: electorLease,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, electorLease, "elected", e.Elected)
+		since := time.Now()
+		testutil.Eventually(t, 10*electorLease, "five renewal periods", func() bool {
+			if !e.Elected() {
+				t.Fatalf("no longer elected %s after the election", time.Since(since))
+			}
+			return time.Since(since) >= 5*electorRenew
+		})
+		if err := e.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Count(logs.String(), "singleton lease taken") != 1 || strings.Contains(logs.String(), "returned") {
+			t.Errorf("want one election and no work returned:\n%s", logs.String())
+		}
+	})
+}
