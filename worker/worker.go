@@ -179,10 +179,11 @@ const (
 	// ElectionLease is how long the lease lasts unrenewed: another worker
 	// is elected within about this long after the elected one dies or
 	// freezes. Short, since the schedule runner must publish within
-	// schedule.DefaultLate of a slot and a rollout must not stall; the
-	// elected worker renews every ElectionRenew, and the others look as
-	// often.
+	// schedule.DefaultLate of a slot and a rollout must not stall.
 	ElectionLease = 3 * time.Second
+	// ElectionRenew is how often the elected worker renews the lease, and
+	// how often the others look whether it still does: a worker that
+	// stops gives the lease up, and another is elected within this long.
 	ElectionRenew = time.Second
 )
 
@@ -344,10 +345,10 @@ func (w *Worker) start(ctx, run context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	w.elector.Store(elector) // for Stop, should Start fail
 	if err := elector.Start(ctx); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.elector.Store(elector)
 	if cfg.StoreFailTimeout > 0 {
 		p := storeProbe{s: cfg.Store, workerID: w.ID(), instance: w.consumer.Instance(), file: procPath(cfg.StoreFile),
 			registration: w.consumer.Registration}
