@@ -32,3 +32,23 @@ func EventuallyEvery(t testing.TB, within, every time.Duration, what string, con
 		time.Sleep(every)
 	}
 }
+
+// Consistently checks cond every Pace for d, failing t with "WHAT stopped
+// holding after ELAPSED" the first time it does not hold. It is for a
+// fact that must not change: nothing runs while paused, nothing more is
+// written while idle. It spends all of d when the fact holds, so d is the
+// window the test is about, not a guess at how long something takes.
+func Consistently(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	start := time.Now()
+	end := start.Add(d)
+	for {
+		if !cond() {
+			t.Fatalf("%s stopped holding after %s", what, time.Since(start).Round(time.Millisecond))
+		}
+		if !time.Now().Before(end) {
+			return
+		}
+		time.Sleep(min(Pace, time.Until(end)))
+	}
+}

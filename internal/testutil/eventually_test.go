@@ -3,6 +3,7 @@ package testutil
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -48,5 +49,36 @@ func TestEventuallyTimesOut(t *testing.T) {
 	}
 	if last.Sub(start) < 50*time.Millisecond {
 		t.Errorf("last check %s after the start, before the deadline", last.Sub(start))
+	}
+}
+
+// TestConsistentlyHoldsForTheWindow: a fact that holds is checked until
+// the window ends, the last check at or after its end.
+func TestConsistentlyHoldsForTheWindow(t *testing.T) {
+	var last time.Time
+	start := time.Now()
+	Consistently(t, 50*time.Millisecond, "the fact", func() bool { last = time.Now(); return true })
+	if last.Sub(start) < 50*time.Millisecond {
+		t.Errorf("last check %s after the start, before the window ended", last.Sub(start))
+	}
+}
+
+// TestConsistentlyFailsAtTheChange: a fact that stops holding fails the
+// test at once, naming it, without waiting out the window.
+func TestConsistentlyFailsAtTheChange(t *testing.T) {
+	f := &fatalTB{TB: t}
+	n := 0
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Consistently(f, time.Minute, "the fact", func() bool { n++; return n < 3 })
+	}()
+	<-done
+	if !strings.HasPrefix(f.msg, "the fact stopped holding after ") {
+		t.Errorf("failed with %q, want it to name the fact", f.msg)
+	}
+	if n != 3 || time.Since(start) > 10*time.Second {
+		t.Errorf("checked %d times over %s; want a failure at the third check", n, time.Since(start))
 	}
 }
