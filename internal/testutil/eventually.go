@@ -52,3 +52,18 @@ func Consistently(t testing.TB, d time.Duration, what string, cond func() bool) 
 		time.Sleep(min(Pace, time.Until(end)))
 	}
 }
+
+// Settles waits until value has stayed the same for still, failing t if
+// that has not happened within within. It is for activity that should
+// come to rest (reads that stop once a backlog is known) where no one
+// fact says it has: the test then checks it stays at rest.
+func Settles(t testing.TB, within, still time.Duration, what string, value func() int64) {
+	t.Helper()
+	last, since := value(), time.Now()
+	Eventually(t, within, what, func() bool {
+		if v := value(); v != last {
+			last, since = v, time.Now()
+		}
+		return time.Since(since) >= still
+	})
+}

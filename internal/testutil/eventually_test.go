@@ -82,3 +82,15 @@ func TestConsistentlyFailsAtTheChange(t *testing.T) {
 		t.Errorf("checked %d times over %s; want a failure at the third check", n, time.Since(start))
 	}
 }
+
+// TestSettlesWaitsForRest: a value that changes for a while, then stays,
+// settles once it has stayed for the still period.
+func TestSettlesWaitsForRest(t *testing.T) {
+	start := time.Now()
+	Settles(t, 5*time.Second, 50*time.Millisecond, "the value", func() int64 {
+		return min(int64(time.Since(start)/(10*time.Millisecond)), 10) // changes for 100 ms
+	})
+	if took := time.Since(start); took < 150*time.Millisecond {
+		t.Errorf("settled after %s, before 100 ms of changes and 50 ms still", took)
+	}
+}
