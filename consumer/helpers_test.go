@@ -217,6 +217,21 @@ func (e *env) pending(d time.Duration, why string, keys ...string) {
 	})
 }
 
+// awaitPeersKnown waits until each of cs has read the registry since
+// registered (store time, after every one of them started): each then
+// knows the others, and takes its share of claims.
+func awaitPeersKnown(t *testing.T, registered time.Time, cs ...*consumer.Consumer) {
+	t.Helper()
+	testutil.Eventually(t, waitLong, "each worker to read the registry with the others in it", func() bool {
+		for _, c := range cs {
+			if r, ok := c.Registration(); !ok || r.Err != nil || !r.At.After(registered) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // recv waits for one value from ch.
 func recv[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
