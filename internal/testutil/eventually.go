@@ -67,3 +67,18 @@ func Settles(t testing.TB, within, still time.Duration, what string, value func(
 		return time.Since(since) >= still
 	})
 }
+
+// Within checks cond every Pace until it holds or within passes, and
+// reports whether it held: for a test that says more than Eventually
+// would when the wait fails (a process's output, say), or for which a
+// wait that ends without the fact is an answer, not a failure.
+func Within(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return cond()
+		}
+		time.Sleep(Pace)
+	}
+	return true
+}

@@ -94,3 +94,14 @@ func TestSettlesWaitsForRest(t *testing.T) {
 		t.Errorf("settled after %s, before 100 ms of changes and 50 ms still", took)
 	}
 }
+
+// TestWithinReports: Within says whether the fact came in time.
+func TestWithinReports(t *testing.T) {
+	n := 0
+	if !Within(5*time.Second, func() bool { n++; return n == 3 }) {
+		t.Error("Within reported false for a fact that held at the third check")
+	}
+	if Within(30*time.Millisecond, func() bool { return false }) {
+		t.Error("Within reported true for a fact that never held")
+	}
+}
