@@ -174,11 +174,7 @@ func testTakeover(t *testing.T, open func() task.Store) {
 	a := newRunner("a", sa)
 	waitFor(t, 5*time.Second, "a runs", a.Running)
 	b := newRunner("b", open())
-	for end := time.Now().Add(lease + renew); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if b.Running() || !a.Running() {
-			t.Fatalf("a running %v, b running %v: want a only while a renews", a.Running(), b.Running())
-		}
-	}
+	testutil.Consistently(t, lease+renew, "a running alone while a renews", func() bool { return !b.Running() && a.Running() })
 
 	frozen := time.Now()
 	sa.freeze()
@@ -197,11 +193,7 @@ func testTakeover(t *testing.T, open func() task.Store) {
 
 	// a's stuck renewal lands late and fails: a waits, b keeps running.
 	sa.unfreeze()
-	for end := time.Now().Add(lease); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if a.Running() || !b.Running() {
-			t.Fatalf("after a's late renewal: a running %v, b running %v: want b only", a.Running(), b.Running())
-		}
-	}
+	testutil.Consistently(t, lease, "b running alone after a's late renewal", func() bool { return !a.Running() && b.Running() })
 
 	// A graceful stop releases: a takes over within a renewal period.
 	if err := b.Stop(context.Background()); err != nil {
@@ -295,10 +287,7 @@ func TestRunReturnsReleases(t *testing.T) {
 		return err == nil
 	})
 	n := calls.Load()
-	time.Sleep(time.Second)
-	if got := calls.Load(); got > n+1 {
-		t.Errorf("%d more runs while a peer holds the lease", got-n)
-	}
+	testutil.Consistently(t, time.Second, "at most one more run while a peer holds the lease", func() bool { return calls.Load() <= n+1 })
 }
 
 func TestConfig(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasepool/leasepool/internal/singleton"
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task/mongostore"
 )
 
@@ -72,14 +73,14 @@ func TestStandbyLooksInOneRead(t *testing.T) {
 	waitFor(t, 5*time.Second, "a runs both", func() bool { return a1.Running() && a2.Running() })
 	sb, bCounts := openStore()
 	b1, b2 := newRunner("b", "one", sb), newRunner("b", "two", sb)
-	time.Sleep(2 * renew) // b's first tries find a holding
+	// b's first tries find a holding.
+	testutil.Eventually(t, 5*time.Second, "b's first tries", func() bool { return bCounts.snapshot()["findAndModify"] >= 2 })
 
 	before, start := bCounts.snapshot(), time.Now()
-	time.Sleep(2 * time.Second)
+	testutil.Consistently(t, 2*time.Second, "a running alone", func() bool {
+		return !b1.Running() && !b2.Running() && a1.Running() && a2.Running()
+	})
 	after, took := bCounts.snapshot(), time.Since(start)
-	if b1.Running() || b2.Running() || !a1.Running() || !a2.Running() {
-		t.Fatalf("a running %v %v, b running %v %v: want a only", a1.Running(), a2.Running(), b1.Running(), b2.Running())
-	}
 	looks := int(took/renew) + 2
 	if n := after["findAndModify"] - before["findAndModify"]; n > 0 {
 		t.Errorf("the standby tried to take a held lease %d times in %s, want none: a read says it is held", n, took.Round(time.Millisecond))
