@@ -104,14 +104,7 @@ func TestBrokerHostTakeover(t *testing.T) {
 	waitFor(t, 2*time.Second, "w1 hosts the broker", func() bool { return h1.Hosting() && accepting(addr) })
 	h2 := newHost("w2")
 	// Over two leases w2 never hosts while w1 renews.
-	for end := time.Now().Add(2 * lease); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if h2.Hosting() {
-			t.Fatal("w2 hosts while w1 holds the lease")
-		}
-		if !h1.Hosting() {
-			t.Fatal("w1 stopped hosting while alive")
-		}
-	}
+	testutil.Consistently(t, 2*lease, "w1 hosting alone while it holds the lease", func() bool { return h1.Hosting() && !h2.Hosting() })
 
 	// Measured from before the stop: closing w1's broker takes a while on
 	// a loaded machine, and w1's lease runs from its last renewal.
@@ -189,11 +182,7 @@ func TestBrokerHostBindRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newHost("w1")
-	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if h.Hosting() {
-			t.Fatal("hosting while another listener holds the address")
-		}
-	}
+	testutil.Consistently(t, 300*time.Millisecond, "no hosting while another listener holds the address", func() bool { return !h.Hosting() })
 	squatter.Close()
 	took := waitFor(t, time.Second, "w1 hosts once the address is free", func() bool { return h.Hosting() && accepting(addr) })
 	t.Logf("bound %s after the address was freed", took.Round(time.Millisecond))
