@@ -59,8 +59,14 @@ func Consistently(t testing.TB, d time.Duration, what string, cond func() bool) 
 // fact says it has: the test then checks it stays at rest.
 func Settles(t testing.TB, within, still time.Duration, what string, value func() int64) {
 	t.Helper()
+	SettlesEvery(t, within, still, Pace, what, value)
+}
+
+// SettlesEvery is Settles at another pace, for a costly value.
+func SettlesEvery(t testing.TB, within, still, every time.Duration, what string, value func() int64) {
+	t.Helper()
 	last, since := value(), time.Now()
-	Eventually(t, within, what, func() bool {
+	EventuallyEvery(t, within, every, what, func() bool {
 		if v := value(); v != last {
 			last, since = v, time.Now()
 		}
@@ -73,12 +79,17 @@ func Settles(t testing.TB, within, still time.Duration, what string, value func(
 // would when the wait fails (a process's output, say), or for which a
 // wait that ends without the fact is an answer, not a failure.
 func Within(within time.Duration, cond func() bool) bool {
+	return WithinEvery(within, Pace, cond)
+}
+
+// WithinEvery is Within at another pace, for a costly condition.
+func WithinEvery(within, every time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
 			return cond()
 		}
-		time.Sleep(Pace)
+		time.Sleep(every)
 	}
 	return true
 }
