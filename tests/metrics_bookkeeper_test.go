@@ -1,6 +1,9 @@
 package tests
 
 import (
+	"fmt"
+	"github.com/leasepool/leasepool/internal/testutil"
+
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -60,13 +63,8 @@ func TestStoreGaugesFromOneWorker(t *testing.T) {
 		k = keeper(addrs, both)
 		return k >= 0
 	})
-	// It stays so.
-	for range 5 {
-		if got := keeper(addrs, both); got != k {
-			t.Fatalf("store's gauges from worker %d, then %d", k, got)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testutil.Consistently(t, 500*time.Millisecond, fmt.Sprintf("the store's gauges from worker %d alone", k),
+		func() bool { return keeper(addrs, both) == k })
 
 	if err := procs[k].cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

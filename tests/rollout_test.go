@@ -46,8 +46,11 @@ func TestRolloutsOnAFleet(t *testing.T) {
 	for i := range 3 {
 		w, log := startDeviceWorker(t, storeURL, fmt.Sprintf("ro-w%d", i), prefix, "--mqtt", url)
 		workers, logs = append(workers, w), append(logs, log)
-		if i == 0 {
-			time.Sleep(300 * time.Millisecond) // the first takes the driver's lease
+		if i == 0 { // the first takes the driver's lease
+			eventually(t, 30*time.Second, "ro-w0 to take the rollout driver's lease", func() bool {
+				holder, err := leaseHolder(t, store, rollout.LockKey)
+				return err == nil && holder == "ro-w0"
+			})
 		}
 	}
 	sites := []string{"berlin", "paris"}
