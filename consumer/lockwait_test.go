@@ -105,7 +105,7 @@ type slowLocks struct {
 
 func (s *slowLocks) AcquireLocks(ctx context.Context, p task.LockParams) error {
 	if p.Holder.TaskKey == s.taskKey {
-		time.Sleep(s.delay)
+		time.Sleep(s.delay) // a busy process's slow try: what this store stands for
 	}
 	return s.Store.AcquireLocks(ctx, p)
 }
@@ -134,9 +134,9 @@ func TestParkedTaskKeepsItsRank(t *testing.T) {
 	recv(t, order, "the blocker to start")
 	e.publish("hi", lockKeys("dev"), pinned("w1"), priority(5))
 	e.publish("lo", lockKeys("dev"), pinned("w2"))
-	// lo tries, is stopped and waits in line; hi parks on w1, which
-	// neither Stats nor a store write shows: give it the time it takes.
-	w2locks.awaitTried(t, "lo")
+	w2locks.awaitTried(t, "lo") // lo tries, is stopped and waits in line
+	// hi parks on w1, which neither Stats nor a store write shows: give it
+	// the time it takes.
 	time.Sleep(300 * time.Millisecond)
 	close(release)
 	if first := recv(t, order, "a waiting task to start"); first != "hi" {
