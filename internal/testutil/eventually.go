@@ -93,3 +93,12 @@ func WithinEvery(within, every time.Duration, cond func() bool) bool {
 	}
 	return true
 }
+
+// EventuallyTook is Eventually that returns how long cond took to hold,
+// for tests that measure it (a takeover within a lease, say).
+func EventuallyTook(t testing.TB, within time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	Eventually(t, within, what, cond)
+	return time.Since(start)
+}
