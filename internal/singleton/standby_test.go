@@ -70,7 +70,7 @@ func TestStandbyLooksInOneRead(t *testing.T) {
 	}
 	sa, _ := openStore()
 	a1, a2 := newRunner("a", "one", sa), newRunner("a", "two", sa)
-	waitFor(t, 5*time.Second, "a runs both", func() bool { return a1.Running() && a2.Running() })
+	testutil.Eventually(t, 5*time.Second, "a runs both", func() bool { return a1.Running() && a2.Running() })
 	sb, bCounts := openStore()
 	b1, b2 := newRunner("b", "one", sb), newRunner("b", "two", sb)
 	// b's first tries find a holding.
@@ -99,7 +99,7 @@ func TestStandbyLooksInOneRead(t *testing.T) {
 	if err := a1.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, lease, "b runs one after a stopped it", b1.Running)
+	took = testutil.EventuallyTook(t, lease, "b runs one after a stopped it", b1.Running)
 	if took > renew+300*time.Millisecond {
 		t.Errorf("takeover after a release took %s, want within %s", took, renew)
 	}
@@ -108,7 +108,7 @@ func TestStandbyLooksInOneRead(t *testing.T) {
 	if err := a2.Abandon(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, lease+time.Second, "b runs two after a crashed", b2.Running)
+	took = testutil.EventuallyTook(t, lease+time.Second, "b runs two after a crashed", b2.Running)
 	if took > lease+renew/2+300*time.Millisecond {
 		t.Errorf("takeover after a crash took %s, want within about a lease (%s)", took, lease)
 	}
