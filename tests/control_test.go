@@ -98,7 +98,7 @@ func TestPauseAllStopsStartsAcrossProcesses(t *testing.T) {
 	}
 	pauseAt := bell.UpdatedAt
 	// Claims in flight at the pause land: the starts come to rest.
-	testutil.Settles(t, 30*time.Second, time.Second, "the claims in flight at the pause to land", func() int64 {
+	testutil.SettlesEvery(t, 30*time.Second, time.Second, 20*time.Millisecond, "the claims in flight at the pause to land", func() int64 {
 		all, _ := starts(t, ctx, st)
 		return int64(len(all))
 	})
@@ -128,7 +128,7 @@ func TestPauseAllStopsStartsAcrossProcesses(t *testing.T) {
 	if pending == 0 {
 		t.Fatal("nothing left pending: the test proves nothing about resume")
 	}
-	testutil.Consistently(t, 500*time.Millisecond, "no task started while everything is paused", func() bool {
+	consistently(t, 500*time.Millisecond, "no task started while everything is paused", func() bool {
 		again, _ := starts(t, ctx, st)
 		return len(again) == len(all)
 	})
@@ -228,7 +228,7 @@ func TestMongoPauseAndLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testutil.Consistently(t, 1500*time.Millisecond, fmt.Sprintf("all %d tasks pending while their kind is paused", n),
+	consistently(t, 1500*time.Millisecond, fmt.Sprintf("all %d tasks pending while their kind is paused", n),
 		func() bool { return countTasks(t, ctx, st, task.StatePending) == n })
 	if out, _, code := runCLI(t, "--store", uri, "limit", "set", "--kind", "noop", "--rate", "2/1s"); code != 0 || !strings.Contains(out, "2/1s") {
 		t.Fatalf("limit set: exit %d, %s", code, out)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -56,7 +55,7 @@ func TestWorkerRunsExecOnlyWhenNamed(t *testing.T) {
 		return err == nil && d.State == task.StateSucceeded
 	})
 	// Time enough to have claimed the exec task too: the window is the point.
-	testutil.Consistently(t, time.Second, "no exec program run by a worker started without --kinds", func() bool {
+	consistently(t, time.Second, "no exec program run by a worker started without --kinds", func() bool {
 		_, err := os.Stat(marker)
 		return err != nil
 	})

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"fmt"
-	"github.com/leasepool/leasepool/internal/testutil"
 
 	"os/exec"
 	"path/filepath"
@@ -63,7 +62,7 @@ func TestStoreGaugesFromOneWorker(t *testing.T) {
 		k = keeper(addrs, both)
 		return k >= 0
 	})
-	testutil.Consistently(t, 500*time.Millisecond, fmt.Sprintf("the store's gauges from worker %d alone", k),
+	consistently(t, 500*time.Millisecond, fmt.Sprintf("the store's gauges from worker %d alone", k),
 		func() bool { return keeper(addrs, both) == k })
 
 	if err := procs[k].cmd.Process.Signal(syscall.SIGTERM); err != nil {

@@ -103,7 +103,7 @@ func TestDuplicateWorkerIDProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Resumed, A must not take the id back: B's registration stays.
-	testutil.Consistently(t, 3*time.Second, fmt.Sprintf("B (pid %d) registered under the id after the frozen holder resumed", b.cmd.Process.Pid), func() bool {
+	consistently(t, 3*time.Second, fmt.Sprintf("B (pid %d) registered under the id after the frozen holder resumed", b.cmd.Process.Pid), func() bool {
 		w, ok := registered(t, store, "dup")
 		return ok && w.PID == b.cmd.Process.Pid
 	})

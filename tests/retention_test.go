@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/task"
@@ -83,7 +82,7 @@ func TestRetentionOnWorkers(t *testing.T) {
 	})
 	// Over two more runs they must delete nothing more.
 	if settled() {
-		testutil.Consistently(t, 2*time.Second, "the first runs' deletions, and no more", settled)
+		consistently(t, 2*time.Second, "the first runs' deletions, and no more", settled)
 	}
 	check("first runs")
 
@@ -108,7 +107,7 @@ func TestRetentionOnWorkers(t *testing.T) {
 		return len(ts) == 1 // ok-23h
 	})
 	if settled() {
-		testutil.Consistently(t, 2*time.Second, "the backlog's deletions, and no more", settled)
+		consistently(t, 2*time.Second, "the backlog's deletions, and no more", settled)
 	}
 	check("after the backlog")
 	checkRetentionHolder(t, store, survivor)

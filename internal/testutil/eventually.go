@@ -40,6 +40,13 @@ func EventuallyEvery(t testing.TB, within, every time.Duration, what string, con
 // window the test is about, not a guess at how long something takes.
 func Consistently(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	ConsistentlyEvery(t, d, Pace, what, cond)
+}
+
+// ConsistentlyEvery is Consistently at another pace, for a costly
+// condition.
+func ConsistentlyEvery(t testing.TB, d, every time.Duration, what string, cond func() bool) {
+	t.Helper()
 	start := time.Now()
 	end := start.Add(d)
 	for {
@@ -49,7 +56,7 @@ func Consistently(t testing.TB, d time.Duration, what string, cond func() bool) 
 		if !time.Now().Before(end) {
 			return
 		}
-		time.Sleep(min(Pace, time.Until(end)))
+		time.Sleep(min(every, time.Until(end)))
 	}
 }
 
