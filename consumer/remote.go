@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -147,10 +148,8 @@ func (r *RemoteWorkers) Heartbeat(ctx context.Context, w RemoteWorker) (task.Wor
 	if w.Concurrency < 0 || w.Running < 0 {
 		return task.WorkerInfo{}, nil, fmt.Errorf("concurrency and running must not be negative: %w", task.ErrInvalid)
 	}
-	for i, k := range w.Kinds {
-		if err := task.ValidateName(fmt.Sprintf("kinds[%d]", i), k); err != nil {
-			return task.WorkerInfo{}, nil, err
-		}
+	if err := validateRemoteKinds(w.Kinds); err != nil {
+		return task.WorkerInfo{}, nil, err
 	}
 	now := r.cfg.Store.Now()
 	info := task.WorkerInfo{
@@ -187,6 +186,22 @@ func (r *RemoteWorkers) Heartbeat(ctx context.Context, w RemoteWorker) (task.Wor
 		}
 	}
 	return info, lost, nil
+}
+
+// validateRemoteKinds refuses a kind that is no name, and leasepool's own
+// kinds (flow timers and the like, task.DocumentPrefix): a remote worker
+// running them would take them from the Go workers that must.
+func validateRemoteKinds(kinds []string) error {
+	for i, k := range kinds {
+		field := fmt.Sprintf("kinds[%d]", i)
+		if err := task.ValidateName(field, k); err != nil {
+			return err
+		}
+		if strings.HasPrefix(k, task.DocumentPrefix) {
+			return fmt.Errorf("%s: %q is leasepool's own kind: %w", field, k, task.ErrInvalid)
+		}
+	}
+	return nil
 }
 
 // Unregister deletes id's registration if instance still holds it.
@@ -248,10 +263,8 @@ func (r *RemoteWorkers) Claim(ctx context.Context, c RemoteClaim) ([]RemoteJob, 
 	case c.Wait < 0 || c.Wait > RemoteMaxWait:
 		return nil, fmt.Errorf("wait_ms: must be 0 to %d: %w", RemoteMaxWait.Milliseconds(), task.ErrInvalid)
 	}
-	for i, k := range c.Kinds {
-		if err := task.ValidateName(fmt.Sprintf("kinds[%d]", i), k); err != nil {
-			return nil, err
-		}
+	if err := validateRemoteKinds(c.Kinds); err != nil {
+		return nil, err
 	}
 	deadline := time.Now().Add(c.Wait)
 	for {

@@ -65,13 +65,8 @@ func benchRemoteWorker(b *testing.B, bin, lang string) {
 			b.Fatalf("POST %s: %d", path, resp.StatusCode)
 		}
 	}
-	for n := 0; n < tasks; n += 10000 {
-		var ts []map[string]any
-		for i := n; i < n+10000 && i < tasks; i++ {
-			ts = append(ts, map[string]any{"key": fmt.Sprintf("d%05d", i), "kind": "noop"})
-		}
-		post("/api/v1/tasks/batch", map[string]any{"tasks": ts})
-	}
+	// The backlog, published by the language's own client.
+	publishMS := clientPublishMany(b, lang, url, tasks)
 	st, err := store.Open(b.Context(), storeURL, store.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -111,9 +106,46 @@ func benchRemoteWorker(b *testing.B, bin, lang string) {
 	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))].Round(100 * time.Microsecond) }
 	// The start counted from the worker process's start: it includes
 	// Node's or Python's start-up, a few hundred ms at most.
-	fmt.Printf("remote worker %s, concurrency %d: %d noop tasks drained in %s, %.0f tasks/s; publish→claim p50 %s, p99 %s (%d tasks at 200/s)\n",
-		lang, concurrency, tasks, drain.Round(time.Millisecond), tasks/drain.Seconds(), p(0.50), p(0.99), latencyTasks)
+	fmt.Printf("%s client: publish-many %d tasks in %d ms, %.0f tasks/s; one remote worker, concurrency %d: drained in %s, %.0f tasks/s; publish→claim p50 %s, p99 %s (%d tasks at 200/s)\n",
+		lang, tasks, publishMS, float64(tasks)/(float64(publishMS)/1000), concurrency,
+		drain.Round(time.Millisecond), tasks/drain.Seconds(), p(0.50), p(0.99), latencyTasks)
 	b.ReportMetric(tasks/drain.Seconds(), lang+"-tasks/s")
+}
+
+// clientPublishMany publishes n noop tasks (keys d00000...) with lang's
+// client package's publish-many through the serve at url, and returns
+// the milliseconds the call took, as the client program measured it.
+func clientPublishMany(b *testing.B, lang, url string, n int) int64 {
+	var cmd *exec.Cmd
+	if lang == "ts" {
+		cmd = exec.Command("node", "-e", `
+const { Client } = require(process.argv[1]);
+const n = Number(process.argv[3]);
+const tasks = Array.from({ length: n }, (_, i) => ({ key: "d" + String(i).padStart(5, "0"), kind: "noop" }));
+const began = Date.now();
+new Client({ url: process.argv[2] }).publishMany(tasks).then((r) => {
+  if (r.inserted !== n) throw new Error("inserted " + r.inserted);
+  console.log(Date.now() - began);
+});`, clientDir("typescript"), url, fmt.Sprint(n))
+	} else {
+		cmd = exec.Command("python3", "-c", `
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from leasepool import Client
+n = int(sys.argv[3])
+tasks = [{"key": "d%05d" % i, "kind": "noop"} for i in range(n)]
+began = time.monotonic()
+r = Client(sys.argv[2]).publish_many(tasks)
+assert r["inserted"] == n, r["inserted"]
+print(int((time.monotonic() - began) * 1000))
+`, filepath.Join(clientDir("python"), "src"), url, fmt.Sprint(n))
+	}
+	out, err := cmd.CombinedOutput()
+	var ms int64
+	if _, scanErr := fmt.Sscan(string(out), &ms); err != nil || scanErr != nil {
+		b.Fatalf("%s publish-many: %v: %s", lang, err, out)
+	}
+	return ms
 }
 
 // startBenchWorker starts lang's record-worker recording to /dev/null: its
@@ -131,4 +163,37 @@ func startBenchWorker(b *testing.B, lang, url string, concurrency int) *exec.Cmd
 		b.Fatal(err)
 	}
 	return cmd
+}
+
+// BenchmarkPublishFile publishes 100,000 JSON lines with `leasepool
+// publish --file` (built without the race detector) into an embedded
+// store on disk, and prints tasks/s:
+//
+//	go test ./tests -run '^$' -bench PublishFile -benchtime 1x
+func BenchmarkPublishFile(b *testing.B) {
+	const lines = 100000
+	dir := b.TempDir()
+	bin := filepath.Join(dir, "leasepool")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/leasepool").CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	var buf bytes.Buffer
+	for i := range lines {
+		fmt.Fprintf(&buf, `{"key":"f%06d","kind":"noop","payload":{"i":%d}}`+"\n", i, i)
+	}
+	file := filepath.Join(dir, "tasks.jsonl")
+	if err := os.WriteFile(file, buf.Bytes(), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	for n := range b.N {
+		storeURL := "sqlite:" + filepath.Join(dir, fmt.Sprintf("p%d.db", n))
+		began := time.Now()
+		if out, err := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "publish", "--file", file).CombinedOutput(); err != nil {
+			b.Fatalf("publish --file: %v\n%s", err, out)
+		}
+		elapsed := time.Since(began)
+		fmt.Printf("leasepool publish --file: %d lines in %s, %.0f tasks/s (process start and store open included)\n",
+			lines, elapsed.Round(time.Millisecond), lines/elapsed.Seconds())
+		b.ReportMetric(lines/elapsed.Seconds(), "tasks/s")
+	}
 }

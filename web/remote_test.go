@@ -255,6 +255,8 @@ func TestRemoteBadInput(t *testing.T) {
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","max":1000}`, 400, `max`)
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","wait_ms":-1}`, 400, `wait_ms`)
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","bogus":1}`, 400, `bogus`)
+	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","kinds":["leasepool.flow-timer"]}`, 400, `kinds[0]`)
+	e.want("PUT", "/api/v1/workers/w1", `{"instance":"i1","kinds":["k","leasepool.x"]}`, 400, `kinds[1]`)
 	if jobs := e.claim("w1", "i1", 1, 0); len(jobs) != 1 {
 		t.Fatalf("claimed %d, want 1", len(jobs))
 	}
@@ -343,7 +345,6 @@ func TestRemoteWorkerToken(t *testing.T) {
 // few per call, never hundreds of MiB in one answer.
 func TestRemoteClaimBoundsBytes(t *testing.T) {
 	e := newEnv(t, web.Config{})
-	e.register("w1", "i1", "k")
 	big := strings.Repeat("x", 1000<<10)
 	var ps []task.PublishParams
 	for i := range 12 {
@@ -354,10 +355,56 @@ func TestRemoteClaimBoundsBytes(t *testing.T) {
 	}
 	got := 0
 	for _, want := range []int{8, 4} {
+		e.register("w1", "i1", "k") // a heartbeat: publishing 12 MB may take long on a busy machine
 		jobs := e.claim("w1", "i1", 12, 0)
 		if len(jobs) != want {
 			t.Fatalf("claim %d: %d tasks of 1 MB, want %d (8 MiB a call)", got, len(jobs), want)
 		}
 		got += len(jobs)
 	}
+}
+
+// Many outcomes in one call, then a claim in the same round trip; each
+// outcome answered as its own finish would be.
+func TestRemoteFinishMany(t *testing.T) {
+	e := newEnv(t, web.Config{})
+	e.register("w1", "i1", "k")
+	for i := range 4 {
+		e.post(fmt.Sprintf(`{"key":"t%d","kind":"k"}`, i))
+	}
+	if jobs := e.claim("w1", "i1", 3, 0); len(jobs) != 3 {
+		t.Fatalf("claimed %d, want 3", len(jobs))
+	}
+	out := e.want("POST", "/api/v1/workers/w1/finish", `{"instance":"i1","outcomes":[
+		{"key":"t0","attempt":1,"outcome":"succeeded","result":{"n":0}},
+		{"key":"t1","attempt":1,"outcome":"failed","error":"boom"},
+		{"key":"t2","attempt":7,"outcome":"succeeded"},
+		{"key":"t2","attempt":1,"outcome":"bogus"},
+		{"key":"","attempt":1,"outcome":"succeeded"}],
+		"claim":{"max":5,"wait_ms":0}}`, 200, `"results"`)
+	var b struct {
+		Results []struct {
+			Key, State, Outcome, Code, Error string
+			Status                           int
+		}
+		Jobs []claimedJob
+	}
+	if err := json.Unmarshal([]byte(out), &b); err != nil {
+		t.Fatal(err)
+	}
+	r := b.Results
+	if len(r) != 5 || r[0].Outcome != "succeeded" || r[1].Outcome != "retried" || r[2].Code != "lease_lost" ||
+		r[3].Status != 400 || !strings.Contains(r[3].Error, "outcome") || r[4].Status != 400 || !strings.Contains(r[4].Error, "key") {
+		t.Fatalf("results %+v", r)
+	}
+	// t3 was never claimed, t1 waits for its retry backoff, t2 is still held.
+	if len(b.Jobs) != 1 || b.Jobs[0].Key != "t3" {
+		t.Fatalf("claimed in the same call %+v, want t3", b.Jobs)
+	}
+	if s := e.task("t0"); s.State != task.StateSucceeded || string(s.Workers[0].Result) != `{"n":0}` {
+		t.Fatalf("t0 %s %s", s.State, s.Workers[0].Result)
+	}
+	e.want("POST", "/api/v1/workers/w1/finish", `{"instance":"i1","outcomes":[]}`, 200, `"results":[]`)
+	big := strings.Repeat(`{"key":"x","attempt":1,"outcome":"released"},`, 257)
+	e.want("POST", "/api/v1/workers/w1/finish", `{"instance":"i1","outcomes":[`+big[:len(big)-1]+`]}`, 400, `outcomes`)
 }

@@ -26,11 +26,12 @@ type RunnerConfig struct {
 	Lease time.Duration
 }
 
-// Runner runs retention in one process of the cluster at a time: a
-// singleton (internal/singleton) on the lock key LockKey; every process
-// runs one and the holder of the lease deletes every Every. A run cut
-// short (the lease lost, a stop, MaxPerRun reached) is carried on by the
-// next.
+// Runner runs retention in one process of the cluster at a time: in
+// package worker as a duty of the elected worker (Duty); started alone,
+// as a singleton (internal/singleton) on the lock key LockKey, where every
+// process runs one and the holder of the lease deletes every Every. A run
+// cut short (the lease lost, a stop, MaxPerRun reached) is carried on by
+// the next.
 type Runner struct {
 	cfg    RunnerConfig
 	runner *singleton.Runner
@@ -82,6 +83,12 @@ func (r *Runner) Holding() bool { return r.runner.Running() }
 // Stop ends a run in progress (the next holder carries on) and releases
 // the lease, so a peer takes over at once. It may be called again.
 func (r *Runner) Stop(ctx context.Context) error { return r.runner.Stop(ctx) }
+
+// Duty runs retention every Every until ctx ends, with no lease of its
+// own: the duty an elector runs while its process is elected (package
+// worker registers it on the worker's one elector). Run a Runner by
+// Start or by Duty, not both.
+func (r *Runner) Duty(ctx context.Context) error { return r.loop(ctx) }
 
 // loop runs retention every period while this process holds the lease.
 func (r *Runner) loop(ctx context.Context) error {

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
-	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/internal/stats"
+	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
