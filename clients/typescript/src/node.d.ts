@@ -8,6 +8,7 @@ declare const process: {
   exitCode: number | undefined;
   env: Record<string, string | undefined>;
   on(event: "SIGTERM" | "SIGINT", listener: (signal: string) => void): unknown;
+  on(event: "exit", listener: (code: number) => void): unknown;
   off(event: "SIGTERM" | "SIGINT", listener: (signal: string) => void): unknown;
   exit(code?: number): never;
   emitWarning(warning: string): void;

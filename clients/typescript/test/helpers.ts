@@ -30,6 +30,12 @@ export function cleanup(): void {
   for (const c of cleanups.splice(0)) c();
 }
 
+// A test file that fails or times out must leave no serve behind.
+const live = new Set<ChildProcess>();
+process.on("exit", () => {
+  for (const p of live) p.kill("SIGKILL");
+});
+
 /**
  * Starts `leasepool serve` on a port the kernel picks and answers once it
  * says where it listens. db defaults to a new SQLite file.
@@ -40,8 +46,14 @@ export async function startServe(opts: { db?: string; args?: string[]; env?: Rec
     env: { ...process.env, LEASEPOOL_TOKEN: undefined, ...opts.env },
     stdio: ["ignore", "pipe", "pipe"],
   });
+  live.add(proc);
   let stderr = "";
-  const exited = new Promise<void>((resolve) => proc.once("exit", () => resolve()));
+  const exited = new Promise<void>((resolve) =>
+    proc.once("exit", () => {
+      live.delete(proc);
+      resolve();
+    }),
+  );
   const url = await new Promise<string>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`serve did not say where it listens within 15 s:\n${stderr}`)), 15000);
     proc.stderr.on("data", (chunk) => {
