@@ -76,6 +76,9 @@ type Attempt interface {
 // unknown: look before doing it again, or make fn idempotent (the tasks it
 // publishes are, by key).
 func (s *Store) InTx(ctx context.Context, fn func(tx *Tx) error) error {
+	if fn == nil {
+		return fmt.Errorf("%w: InTx: fn is nil", task.ErrInvalid)
+	}
 	var panicked any
 	var stack []byte
 	tx := &Tx{s: s}

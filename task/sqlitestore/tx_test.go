@@ -312,6 +312,9 @@ func TestInTxStoreWriteInsideFails(t *testing.T) {
 	if !errors.Is(inner, sqlitestore.ErrWriteInTx) {
 		t.Errorf("Publish on the store inside InTx: %v; want ErrWriteInTx", inner)
 	}
+	if err := s.InTx(ctx, nil); !errors.Is(err, task.ErrInvalid) {
+		t.Errorf("InTx(nil): %v; want ErrInvalid", err)
+	}
 	// Other goroutines' writes wait for the function rather than fail.
 	started, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
