@@ -188,12 +188,20 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task
 	// write, whose change event is what wakes the workers waiting for them.
 	// Not after a lost lease, though: the handler's last side effect (an
 	// MQTT command in flight) may still land, so the locks run out on their
-	// own, at the lease's end.
-	if keys := lease.Doc().LockKeys; len(keys) > 0 && !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
+	// own, at the lease's end. A handler that finished its attempt in its
+	// own transaction (Job.Succeeded) is done, whatever its renewals saw since.
+	settled := job.settled()
+	if keys := lease.Doc().LockKeys; len(keys) > 0 && (settled != nil || !errors.Is(context.Cause(hctx), task.ErrLeaseLost)) {
 		now := c.store.Now()
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.heirs(keys, now)})
 	}
-	outcome := c.settle(hctx, lease, err, ended, log)
+	outcome := OutcomeSucceeded
+	if settled != nil {
+		_ = lease.Observe(settled) // the newest document; it shows the attempt over
+		c.succeeded.Add(1)
+	} else {
+		outcome = c.settle(hctx, lease, err, ended, log)
+	}
 	c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Attempt: attempt, Outcome: outcome, Started: true, Duration: took})
 	return lease.Doc()
 }

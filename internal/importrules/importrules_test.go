@@ -70,6 +70,10 @@ func under(prefix string) func(string) bool {
 
 func every(string) bool { return true }
 
+// program reports whether path is a program: the CLI, or an example of
+// a program of your own.
+func program(path string) bool { return under("cmd")(path) || under("examples")(path) }
+
 func production(path string) bool {
 	for _, t := range testOnly {
 		if under(t)(path) {
@@ -173,24 +177,24 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "a backend is imported directly only by store and cmd",
-		applies: func(path string) bool { return production(path) && path != "store" && !under("cmd")(path) },
+		name:    "a backend is imported directly only by store and programs (cmd, examples)",
+		applies: func(path string) bool { return production(path) && path != "store" && !program(path) },
 		check: func(_ string, p pkg) []string {
 			return in(p.Imports, is(backends...))
 		},
 	},
 	{
 		name:    "worker assembles a worker process: only programs import it",
-		applies: func(path string) bool { return production(path) && path != "worker" && !under("cmd")(path) },
+		applies: func(path string) bool { return production(path) && path != "worker" && !program(path) },
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, is("worker"))
 		},
 	},
 	{
-		name:    "no package imports cmd",
+		name:    "no package imports cmd or examples",
 		applies: every,
 		check: func(_ string, p pkg) []string {
-			return in(p.Deps, under("cmd"))
+			return in(p.Deps, program)
 		},
 	},
 	{
@@ -308,7 +312,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{"flow", "mqttdev", "flow knows nothing of devices"},
 		{"mqttdev/device", "mqttdev", "the device side never imports the worker side"},
 		{"mqttdev/protocol", "mqttdev/device", "imports neither"},
-		{"newfeature", "task/mongostore", "imported directly only by store and cmd"},
+		{"newfeature", "task/mongostore", "imported directly only by store and programs"},
 		{"web", "cmd/leasepool", "no package imports cmd"},
 		{"flow", "worker", "only programs import it"},
 		{"consumer", "internal/testutil", "never imported by production code"},
