@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import time
+from typing import Dict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
@@ -48,7 +49,7 @@ def main() -> int:
                 "pid": pid, "t": int(time.time() * 1000)}
         os.write(fd, (json.dumps(line) + "\n").encode())
 
-    def handle(job: Job) -> dict:
+    def handle(job: Job) -> Dict[str, str]:
         record("start", job)
         ms = 0
         if isinstance(job.payload, dict):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import unittest
 from datetime import datetime, timedelta, timezone
 from typing import Iterator, List, Optional
@@ -211,7 +210,7 @@ class Follower:
                 return self.events[0]["key"]
             client.publish(unique("prime"), kind)
             return None
-        return wait_for(seen, "the event stream to open", every=0.1)
+        return str(wait_for(seen, "the event stream to open", every=0.1))
 
 
 class EventsTest(unittest.TestCase):

@@ -34,7 +34,7 @@ class RecordWorkerTest(unittest.TestCase):
              "--concurrency", "4", "--record", self.record, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
         )
-        self.addCleanup(lambda: p.poll() is None and p.kill())
+        self.addCleanup(p.kill)  # a no-op once it has exited
         assert p.stdout is not None
         line = p.stdout.readline()
         self.assertEqual(line, "ready\n", p.stderr.read() if p.poll() is not None and p.stderr else "")

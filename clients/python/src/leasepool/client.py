@@ -10,7 +10,7 @@ import threading
 import time
 import urllib.parse
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 from ._http import Transport
 from .errors import LeasepoolError, UnavailableError
@@ -229,7 +229,7 @@ class Client:
                 item["error"] = _ITEM_INDEX.sub(lambda m: f"tasks[{int(m.group(1)) + offset}]", err, count=1)
             total["results"].append(item)
         for n in ("inserted", "existing", "rerun", "refused", "failed"):
-            total[n] += int(res.get(n, 0))  # type: ignore[literal-required]
+            total[n] += int(res.get(n, 0))
         for w in res.get("warnings") or []:
             if w not in total["warnings"]:
                 total["warnings"].append(w)
@@ -273,7 +273,7 @@ class Client:
         page: TaskPage = self._http.request("GET", "/api/v1/tasks", query=q)
         return page
 
-    def iter_tasks(self, *, page_size: int = 1000, **filters: Any) -> Iterator[Task]:
+    def iter_tasks(self, *, page_size: int = 1000, **filters: Any) -> Generator[Task, None, None]:
         """Every task matching ``filters`` (``list``'s), page after page.
 
         A walk sees every task that existed when it started exactly once,
@@ -328,7 +328,7 @@ class Client:
         rollout: Optional[str] = None,
         reconnect: bool = True,
         read_timeout: float = 45.0,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Follow the event stream: each event once, in order, from ``since`` (a token) or from now.
 
         A dropped connection (or a server gone quiet past ``read_timeout``;

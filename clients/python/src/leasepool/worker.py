@@ -260,8 +260,8 @@ class Worker:
                 pass
             self.stop()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self._stop_requested.is_set():
