@@ -105,6 +105,52 @@ class WorkerTest(unittest.TestCase):
         wait_for(lambda: state(key) == "succeeded", "the task to succeed")
         self.assertEqual(client.get(key)["attempts"], 1)
 
+    def test_many_long_log_lines_keep_the_lease(self) -> None:
+        # The server takes at most 20 lines of 256 bytes per call: the
+        # worker sends the latest 20, cut, and its renews still succeed.
+        kind, key = unique("logs"), unique("logs")
+        renewed = threading.Event()
+
+        def chatty(job: Job) -> str:
+            for i in range(50):
+                job.log(f"{i:02d} " + "é" * 1000)
+            renewed.wait(20)
+            job.log("last")
+            return "said"
+
+        w = self.worker({kind: chatty})
+        calls = self.record_calls(w)
+        client.publish(key, kind, ping_interval=0.05, worker_timeout=0.5, max_unexpected_retries=0)
+        wait_for(lambda: len([c for c in calls if c.endswith(f"/jobs/{key}/renew")]) >= 5, f"several renews {calls[-5:]} {client.get(key)}")
+        self.assertEqual(state(key), "running", "the renews succeed")
+        renewed.set()
+        wait_for(lambda: state(key) == "succeeded", "the task to succeed")
+        a = attempt_of(client.get(key), w.id)
+        assert a is not None
+        lines = [line["msg"] for line in a.get("log", [])]
+        self.assertEqual(len(lines), 20)
+        self.assertEqual(lines[-1], "last")
+        self.assertTrue(lines[0].startswith("31 "), lines[0][:10])
+        self.assertTrue(all(len(x.encode()) <= 256 for x in lines))
+
+    def test_outcomes_the_server_refuses_fail_the_attempt(self) -> None:
+        kind = unique("big")
+        big_result, big_error = unique("big-result"), unique("big-error")
+
+        def big(job: Job) -> str:
+            if job.key == big_error:
+                raise ValueError("e" * 100_000)
+            return "r" * 20_000  # over the 16 KiB a result may hold
+
+        w = self.worker({kind: big})
+        client.publish(big_result, kind, max_unexpected_retries=0)
+        client.publish(big_error, kind, max_unexpected_retries=0)
+        wait_for(lambda: state(big_result) == "failed" and state(big_error) == "failed", "both to fail")
+        err = (attempt_of(client.get(big_result), w.id) or {}).get("error", "")
+        self.assertTrue(err.startswith("succeeded: refused: result:"), err)
+        err = (attempt_of(client.get(big_error), w.id) or {}).get("error", "")
+        self.assertTrue(err.startswith("eeee") and len(err.encode()) <= 8 << 10, len(err))
+
     def test_cancel_sets_the_cancel_event_and_nothing_is_finished(self) -> None:
         kind, key = unique("cx"), unique("cx")
         started, returned = threading.Event(), threading.Event()

@@ -136,7 +136,7 @@ class Transport:
         if body is None or isinstance(body, bytes):
             payload = body
         else:
-            payload = json.dumps(body, separators=(",", ":")).encode()
+            payload = encode_json(body)
         t = self.timeout if timeout is None else timeout
         errors: List[str] = []
         start = self._index
@@ -213,6 +213,16 @@ class Transport:
         for conn in self._conns().values():
             conn.close()
         self._conns().clear()
+
+
+def encode_json(v: Any) -> bytes:
+    """``v`` as compact JSON in UTF-8 rather than \\u escapes, since the
+    server bounds sizes in bytes; escaped after all if it holds a lone
+    surrogate, which UTF-8 cannot carry."""
+    try:
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(v, separators=(",", ":")).encode()
 
 
 def _query_value(v: Union[str, int, float, bool]) -> str:

@@ -12,7 +12,7 @@ import urllib.parse
 from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ._http import Transport
+from ._http import Transport, encode_json
 from .errors import LeasepoolError, UnavailableError
 from .types import BatchItem, BatchResult, Event, JSONObject, PublishResult, Task, TaskPage
 
@@ -207,7 +207,7 @@ class Client:
         size = 0
         offset = 0
         for i, item in enumerate(tasks):
-            enc = json.dumps(_item_body(i, item), separators=(",", ":")).encode()
+            enc = encode_json(_item_body(i, item))
             if chunk and (len(chunk) >= MAX_BATCH_TASKS or size + len(enc) + 1 > _BATCH_BODY_BUDGET):
                 self._send_batch(chunk, offset, strict, total)
                 offset += len(chunk)

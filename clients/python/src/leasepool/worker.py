@@ -37,8 +37,13 @@ MAX_CLAIM = 256
 MAX_CLAIM_WAIT_MS = 60_000
 # How long a claim waits for more of the busy slots to free up, once one has.
 CLAIM_GATHER = 0.005
-# Log lines a job keeps for its next renew; past this the oldest go.
-MAX_PENDING_LOG = 1000
+# The server keeps an attempt's latest 20 log lines, of at most 256 bytes,
+# and takes at most 20 per renew or finish, in a body of at most 64 KiB:
+# a job keeps its latest 20 unsent lines, cut as the server cuts them.
+MAX_LOG_LINES = 20
+MAX_LOG_LINE_BYTES = 256
+# A failed attempt keeps at most 8 KiB of error.
+MAX_ERROR_BYTES = 8 << 10
 
 
 class Snooze(Exception):
@@ -95,9 +100,10 @@ class Job:
 
     def log(self, line: str) -> None:
         """Append a line to the attempt's log; it is sent with the next renew (or the finish)."""
+        line = _cut(str(line), MAX_LOG_LINE_BYTES)
         with self._lock:
-            self._log.append(str(line))
-            if len(self._log) > MAX_PENDING_LOG:
+            self._log.append(line)
+            if len(self._log) > MAX_LOG_LINES:
                 del self._log[0]
 
     def _take_log(self) -> List[str]:
@@ -108,7 +114,7 @@ class Job:
     def _return_log(self, lines: List[str]) -> None:
         with self._lock:
             self._log[:0] = lines
-            del self._log[:-MAX_PENDING_LOG]
+            del self._log[:-MAX_LOG_LINES]
 
     def _cancel(self, reason: str, abandon: bool) -> None:
         with self._lock:
@@ -359,6 +365,7 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         backoff = _Backoff(first=0.1, most=2.0)
         while not self._stop_background.is_set():
+            self._register_now.clear()  # before the call: a later request is kept
             try:
                 res = self._http.request("PUT", self._path, self._heartbeat_body(), timeout=10.0)
                 self._heartbeat_s = max(0.05, int(res.get("heartbeat_ms") or 5000) / 1000)
@@ -376,7 +383,6 @@ class Worker:
                     log.error("leasepool worker %s: heartbeat: %s", self.id, e)
                 wait = backoff.delay() if self._registered.is_set() or isinstance(e, UnavailableError) else max(backoff.delay(), 0.5)
             self._register_now.wait(wait)
-            self._register_now.clear()
         self._http.close()
 
     def _reregister(self) -> None:
@@ -450,6 +456,9 @@ class Worker:
 
     def _renew_loop(self) -> None:
         while not self._stop_background.is_set():
+            # Cleared before looking, so that a claim's wake-up that comes
+            # while this pass runs is kept for the wait below.
+            self._renew_wake.clear()
             now = time.monotonic()
             wake = now + 1.0
             for job in self.running():
@@ -465,7 +474,6 @@ class Worker:
                     self._renew(job)
                 wake = min(wake, job._next_renew, job._last_ok + job.lease_ms / 1000)
             self._renew_wake.wait(max(0.005, wake - time.monotonic()))
-            self._renew_wake.clear()
         self._http.close()
 
     def _renew(self, job: Job) -> None:
@@ -575,10 +583,12 @@ class Worker:
                     log.warning("leasepool worker %s: %s attempt %d: %s not recorded: %s",
                                 self.id, job.key, job.attempt, body["outcome"], e)
                     return
-                elif e.status == 400 and body["outcome"] == "succeeded":
-                    # A result the server refuses (too large): fail the
-                    # attempt with the reason rather than hold the task.
-                    body = {"instance": self.instance, "attempt": job.attempt, "outcome": "failed", "error": e.message}
+                elif e.status == 400 and body["outcome"] != "failed":
+                    # An outcome the server refuses (a result too large, a
+                    # snooze too long): fail the attempt with the reason
+                    # rather than hold the task until its lease ends.
+                    body = {"instance": self.instance, "attempt": job.attempt, "outcome": "failed",
+                            "error": _cut(f"{body['outcome']}: refused: {e.message}", MAX_ERROR_BYTES)}
                     continue
                 elif e.status and e.status < 500:
                     log.error("leasepool worker %s: finish %s: %s", self.id, job.key, e)
@@ -591,4 +601,12 @@ class Worker:
 
 
 def _message(e: BaseException) -> str:
-    return str(e) or type(e).__name__
+    return _cut(str(e) or type(e).__name__, MAX_ERROR_BYTES)
+
+
+def _cut(s: str, limit: int) -> str:
+    """``s`` in at most ``limit`` bytes of UTF-8, ending with "…" when cut."""
+    b = s.encode("utf-8", "replace")
+    if len(b) <= limit:
+        return s
+    return b[: limit - 3].decode("utf-8", "ignore") + "\u2026"
