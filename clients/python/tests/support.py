@@ -153,6 +153,7 @@ class Proxy:
         self._conns: List[socket.socket] = []
         self._listener: Optional[socket.socket] = None
         self.accepted = 0
+        self.frozen = False
         self.open()
 
     def open(self) -> None:
@@ -181,14 +182,19 @@ class Proxy:
             threading.Thread(target=self._pipe, args=(c, u), daemon=True).start()
             threading.Thread(target=self._pipe, args=(u, c), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def freeze(self, frozen: bool = True) -> None:
+        """Swallow all traffic, as a server that is stopped (SIGSTOP) would:
+        connections open, requests get no answer."""
+        self.frozen = frozen
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                dst.sendall(data)
+                if not self.frozen:
+                    dst.sendall(data)
         except OSError:
             pass
         for s in (src, dst):

@@ -7,6 +7,7 @@ import threading
 import time
 import unittest
 import urllib.parse
+from datetime import datetime, timezone
 from typing import Any, Dict, List
 
 from support import Proxy, TempStore, attempt_of, unique, wait_for
@@ -28,6 +29,11 @@ def setUpModule() -> None:
 def tearDownModule() -> None:
     client.close()
     store.close()
+
+
+def parse_time(s: str) -> datetime:
+    head, _, frac = s.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + ("." + frac[:6] if frac else "")).replace(tzinfo=timezone.utc)
 
 
 def state(key: str) -> str:
@@ -315,6 +321,36 @@ class WorkerTest(unittest.TestCase):
         self.assertNotIn("from A", results)
         self.assertFalse([c for c in calls if c.endswith("/finish")], "A never sends its outcome")
         self.assertEqual(attempt_of(t, b.id)["state"], "SUCCESS")  # type: ignore[index]
+
+
+    def test_a_frozen_server_cancels_the_job_before_its_lease_ends(self) -> None:
+        # Renews hang on a server that answers nothing. The handler must be
+        # told to stop before the lease the server recorded ends, when
+        # another worker may take the task.
+        kind, key = unique("fz"), unique("fz")
+        proxy = Proxy(store.servers[0].port)
+        self.addCleanup(proxy.close)
+        started, cancelled_at = threading.Event(), []
+
+        def held(job: Job) -> None:
+            started.set()
+            job.cancelled.wait(30)
+            cancelled_at.append(datetime.now(timezone.utc))
+            raise RuntimeError(str(job.cancel_reason))
+
+        w = self.worker({kind: held}, url=proxy.url)
+        calls = self.record_calls(w)
+        client.publish(key, kind, ping_interval=0.1, worker_timeout=3, max_unexpected_retries=5)
+        self.assertTrue(started.wait(10))
+        wait_for(lambda: len([c for c in calls if c.endswith("/renew")]) >= 3, "a few renews")
+        proxy.freeze()
+        wait_for(lambda: cancelled_at, "the cancel event", timeout=10)
+        a = attempt_of(client.get(key), w.id)
+        assert a is not None
+        lease_until = parse_time(a["lease_until"])
+        self.assertLess(cancelled_at[0], lease_until, "told to stop before the recorded lease ends")
+        self.assertEqual(a["state"], "RUNNING", "and nothing was written for it")
+        proxy.freeze(False)
 
 
 class ProtocolTest(unittest.TestCase):

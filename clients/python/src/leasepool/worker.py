@@ -2,8 +2,8 @@
 
 Threads, each with its own keep-alive connection: one registers and
 heartbeats, one claims with the long poll while slots are free, one
-renews the running attempts' leases, and ``concurrency`` run the handlers
-and finish their attempts.
+renews the running attempts' leases, one cancels those whose lease may be
+ending, and ``concurrency`` run the handlers and finish their attempts.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ log = logging.getLogger("leasepool.worker")
 
 # Cancel reasons that are not a server's 409 code.
 SHUTDOWN = "shutdown"  # the worker stops: the attempt is released
-LEASE_EXPIRED = "lease_expired"  # no renew succeeded for lease_ms
+LEASE_EXPIRED = "lease_expired"  # no renew succeeded for 9/10 of lease_ms
 
 # Bounds of the protocol: a claim's max and its wait.
 MAX_CLAIM = 256
 MAX_CLAIM_WAIT_MS = 60_000
+# The share of a lease a job counts on without a successful renew.
+LEASE_SHARE = 0.9
 # How long a claim waits for more of the busy slots to free up, once one has.
 CLAIM_GATHER = 0.005
 # The server keeps an attempt's latest 20 log lines, of at most 256 bytes,
@@ -211,8 +213,11 @@ class Worker:
         self._heartbeat_s = 5.0
         self._stop_claiming = threading.Event()
         self._claim_abort = threading.Event()
-        self._claim_conn: Any = None
+        self._background_abort = threading.Event()
+        # The connection each background thread's call in flight uses.
+        self._conns: Dict[str, Any] = {}
         self._renew_wake = threading.Event()
+        self._watch_wake = threading.Event()
         self._stop_background = threading.Event()
         self._stop_requested = threading.Event()
         self._hurry = threading.Event()
@@ -244,6 +249,7 @@ class Worker:
             self._started = True
         self._spawn("heartbeat", self._heartbeat_loop)
         self._spawn("renew", self._renew_loop)
+        self._spawn("watch", self._watch_loop)
         for i in range(self.concurrency):
             self._spawn(f"handler-{i}", self._handler_loop)
         self._spawn("claim", self._claim_loop)
@@ -314,12 +320,13 @@ class Worker:
 
         self._stop_background.set()
         self._renew_wake.set()
+        self._watch_wake.set()
         self._register_now.set()
         for _ in range(self.concurrency):
             self._queue.put(None)
-        for t in self._threads:
-            if t.name.endswith(("-heartbeat", "-renew", "-claim")):
-                t.join(5.0)
+        self._background_abort.set()
+        for role in ("heartbeat", "renew", "watch"):
+            self._interrupt(role)
         try:
             self._http.request("DELETE", self._path, query={"instance": self.instance}, timeout=5.0)
         except LeasepoolError as e:
@@ -340,17 +347,27 @@ class Worker:
         """Stop claiming and end a long poll in flight."""
         self._stop_claiming.set()
         self._claim_abort.set()
-        claim = next((t for t in self._threads if t.name.endswith("-claim")), None)
+        self._interrupt("claim")
+
+    def _interrupt(self, role: str) -> None:
+        """Wait for the thread of ``role`` to end, closing its connection
+        under it so that a call it waits on (a long poll, or any call to a
+        frozen server) ends now."""
+        thread = next((t for t in self._threads if t.name.endswith("-" + role)), None)
         deadline = time.monotonic() + 5.0
-        while claim is not None and claim.is_alive() and time.monotonic() < deadline:
-            conn = self._claim_conn
-            sock = getattr(conn, "sock", None)
+        while thread is not None and thread.is_alive() and time.monotonic() < deadline:
+            sock = getattr(self._conns.get(role), "sock", None)
             if sock is not None:
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            claim.join(0.05)
+            thread.join(0.05)
+
+    def _remember(self, role: str) -> Callable[[Any], None]:
+        def remember(conn: Any) -> None:
+            self._conns[role] = conn
+        return remember
 
     # Registration.
 
@@ -367,7 +384,8 @@ class Worker:
         while not self._stop_background.is_set():
             self._register_now.clear()  # before the call: a later request is kept
             try:
-                res = self._http.request("PUT", self._path, self._heartbeat_body(), timeout=10.0)
+                res = self._http.request("PUT", self._path, self._heartbeat_body(), timeout=10.0,
+                                         on_connection=self._remember("heartbeat"), abort=self._background_abort)
                 self._heartbeat_s = max(0.05, int(res.get("heartbeat_ms") or 5000) / 1000)
                 if not self._registered.is_set():
                     log.info("leasepool worker %s: registered at %s as instance %s", self.id, self._http.url, self.instance)
@@ -422,7 +440,7 @@ class Worker:
             try:
                 res = self._http.request(
                     "POST", self._path + "/claim", body, timeout=self.claim_wait + 15.0,
-                    on_connection=self._set_claim_conn, abort=self._claim_abort,
+                    on_connection=self._remember("claim"), abort=self._claim_abort,
                 )
             except LeasepoolError as e:
                 if self._stop_claiming.is_set():
@@ -447,10 +465,8 @@ class Worker:
                     job._cancel(SHUTDOWN, abandon=False)
                 self._queue.put(job)
             self._renew_wake.set()
+            self._watch_wake.set()
         self._http.close()
-
-    def _set_claim_conn(self, conn: Any) -> None:
-        self._claim_conn = conn
 
     # Renewing.
 
@@ -459,22 +475,39 @@ class Worker:
             # Cleared before looking, so that a claim's wake-up that comes
             # while this pass runs is kept for the wait below.
             self._renew_wake.clear()
+            wake = time.monotonic() + 1.0
+            for job in self.running():
+                with job._lock:
+                    if job._abandoned or job._finishing:
+                        continue
+                if time.monotonic() >= job._next_renew:
+                    self._renew(job)
+                wake = min(wake, job._next_renew)
+            self._renew_wake.wait(max(0.005, wake - time.monotonic()))
+        self._http.close()
+
+    def _watch_loop(self) -> None:
+        """Cancel each job whose lease may be ending: no renew succeeded for
+        9/10 of lease_ms. A thread of its own, so that a renew stuck on a
+        frozen server never delays it."""
+        while not self._stop_background.is_set():
+            self._watch_wake.clear()
             now = time.monotonic()
             wake = now + 1.0
             for job in self.running():
                 with job._lock:
                     if job._abandoned or job._finishing:
                         continue
-                if now - job._last_ok > job.lease_ms / 1000:
+                # A tenth of the lease early, as a Go worker: the handler
+                # stops before another worker can start.
+                deadline = job._last_ok + LEASE_SHARE * job.lease_ms / 1000
+                if now >= deadline:
                     log.warning("leasepool worker %s: %s attempt %d: no renew succeeded for %d ms: lease lost",
-                                self.id, job.key, job.attempt, job.lease_ms)
+                                self.id, job.key, job.attempt, round(LEASE_SHARE * job.lease_ms))
                     job._cancel(LEASE_EXPIRED, abandon=True)
                     continue
-                if now >= job._next_renew:
-                    self._renew(job)
-                wake = min(wake, job._next_renew, job._last_ok + job.lease_ms / 1000)
-            self._renew_wake.wait(max(0.005, wake - time.monotonic()))
-        self._http.close()
+                wake = min(wake, deadline)
+            self._watch_wake.wait(max(0.001, wake - time.monotonic()))
 
     def _renew(self, job: Job) -> None:
         lines = job._take_log()
@@ -484,7 +517,8 @@ class Worker:
         sent = time.monotonic()
         try:
             res = self._http.request("POST", self._path + "/jobs/" + urllib.parse.quote(job.key, safe="") + "/renew",
-                                     body, timeout=max(1.0, min(10.0, job.lease_ms / 2000)))
+                                     body, timeout=max(1.0, min(10.0, job.lease_ms / 2000)),
+                                     on_connection=self._remember("renew"), abort=self._background_abort)
         except LeasepoolError as e:
             if e.code == "not_registered":
                 job._return_log(lines)
