@@ -430,5 +430,39 @@ class FailoverTest(unittest.TestCase):
         self.assertEqual(t["attempts"], 1)
 
 
+    def test_a_restarted_serve_keeps_the_running_job(self) -> None:
+        # The only server goes away and comes back on the same address: the
+        # worker reconnects, renews the lease it still holds and finishes.
+        s = TempStore()
+        self.addCleanup(s.close)
+        srv = s.serve()
+        admin = Client(srv.url)
+        kind, key, later = unique("rs"), unique("rs"), unique("rs-later")
+        started, go = threading.Event(), threading.Event()
+
+        def handler(job: Job) -> str:
+            if job.key == key:
+                started.set()
+                go.wait(30)
+                if job.cancelled.is_set():
+                    raise RuntimeError(str(job.cancel_reason))
+            return f"attempt {job.attempt}"
+
+        w = Worker(srv.url, unique("w"), {kind: handler})
+        w.start()
+        self.addCleanup(w.stop, 0)
+        admin.publish(key, kind, ping_interval=0.1, worker_timeout=15)
+        self.assertTrue(started.wait(10))
+        srv.stop()
+        srv.start()
+        admin.publish(later, kind)
+        wait_for(lambda: admin.get(later)["state"] == "succeeded", "a task published after the restart", timeout=20)
+        go.set()
+        wait_for(lambda: admin.get(key)["state"] == "succeeded", "the job that ran across the restart")
+        t = admin.get(key)
+        self.assertEqual(t["attempts"], 1, "no second attempt: the lease was kept")
+        self.assertEqual(attempt_of(t, w.id)["result"], "attempt 1")  # type: ignore[index]
+
+
 if __name__ == "__main__":
     unittest.main()
