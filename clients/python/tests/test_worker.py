@@ -157,6 +157,28 @@ class WorkerTest(unittest.TestCase):
         err = (attempt_of(client.get(big_error), w.id) or {}).get("error", "")
         self.assertTrue(err.startswith("eeee") and len(err.encode()) <= 8 << 10, len(err))
 
+    def test_a_job_from_a_long_poll_keeps_its_lease(self) -> None:
+        # The claim waits well past the lease length before the task comes:
+        # the lease starts when the task is claimed, not when the poll began.
+        kind, key = unique("lp"), unique("lp")
+        reasons: List[str] = []
+
+        def holds(job: Job) -> str:
+            if job.cancelled.wait(1.0):  # two lease lengths, renewed
+                reasons.append(str(job.cancel_reason))
+            return "kept"
+
+        w = self.worker({kind: holds})
+        calls = self.record_calls(w)
+        wait_for(lambda: w._conns.get("claim") is not None, "the long poll to start")
+        started = time.monotonic()
+        wait_for(lambda: time.monotonic() - started > 1.5, "a poll longer than the lease", every=0.1)
+        client.publish(key, kind, worker_timeout=0.5, ping_interval=0.1)
+        wait_for(lambda: state(key) == "succeeded", "the task to succeed")
+        self.assertEqual(reasons, [])
+        self.assertEqual(client.get(key)["attempts"], 1)
+        self.assertTrue([c for c in calls if c.endswith(f"/jobs/{key}/renew")])
+
     def test_cancel_sets_the_cancel_event_and_nothing_is_finished(self) -> None:
         kind, key = unique("cx"), unique("cx")
         started, returned = threading.Event(), threading.Event()

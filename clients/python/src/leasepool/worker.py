@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from datetime import datetime
 from types import FrameType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -316,6 +317,9 @@ class Worker:
             if job._begin_finish():
                 self._finish(job, {"outcome": "released"})
                 self._forget(job)
+            elif not job._held:
+                self._forget(job)  # lost already: nothing to write
+        # What remains is outcomes on their way to the server.
         self._wait_idle(time.monotonic() + 10.0)
 
         self._stop_background.set()
@@ -456,8 +460,13 @@ class Worker:
                 backoff.sleep(self._stop_claiming)
                 continue
             backoff.reset()
+            received, now_wall = time.monotonic(), time.time()
             for doc in res.get("jobs") or []:
-                job = Job(self.id, doc, sent)
+                job = Job(self.id, doc, _lease_start(doc, sent, received, now_wall))
+                if received - sent > job.lease_ms / 10_000:
+                    # The start is an estimate within a long call: a renew
+                    # now makes it exact.
+                    job._next_renew = received
                 with self._lock:
                     self._active[(job.key, job.attempt)] = job
                 if self._stop_claiming.is_set():
@@ -632,6 +641,39 @@ class Worker:
                                 self.id, job.key, job.attempt, body["outcome"], e)
                     return
             backoff.sleep()
+
+
+def _lease_start(doc: Mapping[str, Any], sent: float, received: float, now_wall: float) -> float:
+    """When a claimed lease started, in monotonic time: between the claim's
+    sending and its answer, which a long poll keeps far apart. The server's
+    lease_until read on the local clock places it; a clock that disagrees
+    is bounded by that window."""
+    lease_until = _epoch(doc.get("lease_until"))
+    if lease_until is None:
+        return sent
+    lease_s = int(doc.get("lease_ms") or 15_000) / 1000
+    estimate = received - (lease_s - (lease_until - now_wall))
+    return min(max(estimate, sent), received)
+
+
+def _epoch(s: Any) -> Optional[float]:
+    """An RFC 3339 time (nanoseconds allowed) as seconds since the epoch."""
+    if not isinstance(s, str) or not s:
+        return None
+    head, _, rest = s.partition(".")
+    frac, zone = rest, ""
+    for i, c in enumerate(rest):
+        if not c.isdigit():
+            frac, zone = rest[:i], rest[i:]
+            break
+    if not rest:  # no fraction: the zone follows the seconds
+        head, zone = s[:19], s[19:]
+    zone = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        t = datetime.fromisoformat(head + zone)
+    except ValueError:
+        return None
+    return t.timestamp() + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
 def _message(e: BaseException) -> str:
