@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import threading
 import unittest
 from datetime import datetime, timedelta, timezone
@@ -264,6 +265,39 @@ class EventsTest(unittest.TestCase):
         with self.assertRaises(LeasepoolError) as cm:
             next(client.events(since="!!"))
         self.assertEqual(cm.exception.status, 400)
+
+
+class StreamWireTest(unittest.TestCase):
+    """The end of a stream that only a store losing its history sends, as
+    docs/http-api.md gives it on the wire, from a plain HTTP server."""
+
+    def test_history_lost_ends_the_stream(self) -> None:
+        body = (b"id: MA\n\n: heartbeat\n\nid: MQ\ndata: {\"event\":\"published\",\"key\":\"n1\",\n"
+                b"data: \"kind\":\"noop\",\"token\":\"MQ\"}\n\n"
+                b"event: error\ndata: {\"error\":\"history_lost\"}\n\n")
+        asked: List[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                asked.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.shutdown)
+        it = Client(f"http://127.0.0.1:{srv.server_address[1]}").events(kind="noop")
+        ev = next(it)
+        self.assertEqual((ev["event"], ev["key"], ev["kind"]), ("published", "n1", "noop"), "data lines joined")
+        with self.assertRaises(LeasepoolError) as cm:
+            next(it)
+        self.assertEqual((cm.exception.status, cm.exception.code), (410, "history_lost"))
+        self.assertEqual(asked, ["/api/v1/events?kind=noop"], "no reconnect after history_lost")
 
 
 if __name__ == "__main__":
