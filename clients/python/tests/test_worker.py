@@ -77,6 +77,7 @@ class WorkerTest(unittest.TestCase):
         keys = [unique("t") for _ in range(300)]
         res = client.publish_many([{"key": k, "kind": kind, "payload": {"n": i}} for i, k in enumerate(keys)])
         self.assertEqual(res["inserted"], 300)
+        self.assertEqual(res["warnings"], [], "the registered remote worker runs the kind")
         wait_for(lambda: client.stats()["by_state"].get("succeeded", 0) >= 300 and states(keys, "succeeded"),
                  "300 tasks succeeded", timeout=30, every=0.2)
         for i in (0, 150, 299):
