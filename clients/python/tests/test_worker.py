@@ -101,12 +101,12 @@ class WorkerTest(unittest.TestCase):
             return "ok"
 
         w = self.worker({kind: slow})
-        client.publish(key, kind, ping_interval=0.05, worker_timeout=0.5)
+        client.publish(key, kind, ping_interval=0.1, worker_timeout=1)
         # Renewed past several lease lengths, and its log line arrived by a renew.
         wait_for(lambda: [line["msg"] for line in (attempt_of(client.get(key), w.id) or {}).get("log", [])] == ["first"],
                  "the log line to ride on a renew")
         started = time.monotonic()
-        wait_for(lambda: time.monotonic() - started > 1.2, "three lease lengths", every=0.1)
+        wait_for(lambda: time.monotonic() - started > 2.5, "two and a half lease lengths", every=0.1)
         self.assertEqual(state(key), "running", "renews keep the lease")
         release.set()
         wait_for(lambda: state(key) == "succeeded", "the task to succeed")
@@ -127,7 +127,7 @@ class WorkerTest(unittest.TestCase):
 
         w = self.worker({kind: chatty})
         calls = self.record_calls(w)
-        client.publish(key, kind, ping_interval=0.05, worker_timeout=0.5, max_unexpected_retries=0)
+        client.publish(key, kind, ping_interval=0.1, worker_timeout=2, max_unexpected_retries=0)
         wait_for(lambda: len([c for c in calls if c.endswith(f"/jobs/{key}/renew")]) >= 5, f"several renews {calls[-5:]} {client.get(key)}")
         self.assertEqual(state(key), "running", "the renews succeed")
         renewed.set()
@@ -165,7 +165,7 @@ class WorkerTest(unittest.TestCase):
         reasons: List[str] = []
 
         def holds(job: Job) -> str:
-            if job.cancelled.wait(1.0):  # two lease lengths, renewed
+            if job.cancelled.wait(2.0):  # two lease lengths, renewed
                 reasons.append(str(job.cancel_reason))
             return "kept"
 
@@ -174,7 +174,7 @@ class WorkerTest(unittest.TestCase):
         wait_for(lambda: w._conns.get("claim") is not None, "the long poll to start")
         started = time.monotonic()
         wait_for(lambda: time.monotonic() - started > 1.5, "a poll longer than the lease", every=0.1)
-        client.publish(key, kind, worker_timeout=0.5, ping_interval=0.1)
+        client.publish(key, kind, worker_timeout=1, ping_interval=0.2)
         wait_for(lambda: state(key) == "succeeded", "the task to succeed")
         self.assertEqual(reasons, [])
         self.assertEqual(client.get(key)["attempts"], 1)
@@ -194,7 +194,7 @@ class WorkerTest(unittest.TestCase):
 
         w = self.worker({kind: waits})
         calls = self.record_calls(w)
-        client.publish(key, kind, ping_interval=0.05, worker_timeout=1)
+        client.publish(key, kind, ping_interval=0.05, worker_timeout=5)
         self.assertTrue(started.wait(10))
         client.cancel(key)
         self.assertTrue(returned.wait(10), "the handler's cancel event fires")
@@ -363,7 +363,7 @@ class WorkerTest(unittest.TestCase):
 
         w = self.worker({kind: held}, url=proxy.url)
         calls = self.record_calls(w)
-        client.publish(key, kind, ping_interval=0.1, worker_timeout=3, max_unexpected_retries=5)
+        client.publish(key, kind, ping_interval=0.1, worker_timeout=5, max_unexpected_retries=5)
         self.assertTrue(started.wait(10))
         wait_for(lambda: len([c for c in calls if c.endswith("/renew")]) >= 3, "a few renews")
         proxy.freeze()
