@@ -1,6 +1,6 @@
 package consumer
 
-// Flow control: the stored pauses and rate limits (package control), loaded
+// The controls: the stored pauses and rate limits (package control), loaded
 // when the change stream opens, whenever the control doorbell rings, and
 // with every safety-net or poll query; and the rate limits' slot locks,
 // taken at each start.
@@ -27,7 +27,7 @@ func (c *Consumer) loadControl(ctx context.Context) {
 		return
 	}
 	if old := c.ctl.Swap(st); !sameControls(old, st) {
-		c.logger.Info("flow controls", slog.Int("pauses", len(st.Pauses)), slog.Int("limits", len(st.Limits)))
+		c.logger.Info("controls", slog.Int("pauses", len(st.Pauses)), slog.Int("limits", len(st.Limits)))
 	}
 	signal(c.controlChanged)
 }

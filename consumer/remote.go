@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,6 +34,10 @@ const (
 	RemoteMaxHeld = 4096
 	// RemoteMaxLogLines is the most log lines one renew or finish carries.
 	RemoteMaxLogLines = task.MaxLogLines
+	// RemoteMaxClaimBytes bounds the payloads one claim call hands out
+	// (at least one task's, whatever its size): 256 tasks of 1 MiB would
+	// otherwise make one answer of 256 MiB.
+	RemoteMaxClaimBytes = 8 << 20
 )
 
 // RemoteConfig configures RemoteWorkers.
@@ -143,10 +148,8 @@ func (r *RemoteWorkers) Heartbeat(ctx context.Context, w RemoteWorker) (task.Wor
 	if w.Concurrency < 0 || w.Running < 0 {
 		return task.WorkerInfo{}, nil, fmt.Errorf("concurrency and running must not be negative: %w", task.ErrInvalid)
 	}
-	for i, k := range w.Kinds {
-		if err := task.ValidateName(fmt.Sprintf("kinds[%d]", i), k); err != nil {
-			return task.WorkerInfo{}, nil, err
-		}
+	if err := validateRemoteKinds(w.Kinds); err != nil {
+		return task.WorkerInfo{}, nil, err
 	}
 	now := r.cfg.Store.Now()
 	info := task.WorkerInfo{
@@ -183,6 +186,22 @@ func (r *RemoteWorkers) Heartbeat(ctx context.Context, w RemoteWorker) (task.Wor
 		}
 	}
 	return info, lost, nil
+}
+
+// validateRemoteKinds refuses a kind that is no name, and leasepool's own
+// kinds (flow timers and the like, task.DocumentPrefix): a remote worker
+// running them would take them from the Go workers that must.
+func validateRemoteKinds(kinds []string) error {
+	for i, k := range kinds {
+		field := fmt.Sprintf("kinds[%d]", i)
+		if err := task.ValidateName(field, k); err != nil {
+			return err
+		}
+		if strings.HasPrefix(k, task.DocumentPrefix) {
+			return fmt.Errorf("%s: %q is leasepool's own kind: %w", field, k, task.ErrInvalid)
+		}
+	}
+	return nil
 }
 
 // Unregister deletes id's registration if instance still holds it.
@@ -244,10 +263,8 @@ func (r *RemoteWorkers) Claim(ctx context.Context, c RemoteClaim) ([]RemoteJob, 
 	case c.Wait < 0 || c.Wait > RemoteMaxWait:
 		return nil, fmt.Errorf("wait_ms: must be 0 to %d: %w", RemoteMaxWait.Milliseconds(), task.ErrInvalid)
 	}
-	for i, k := range c.Kinds {
-		if err := task.ValidateName(fmt.Sprintf("kinds[%d]", i), k); err != nil {
-			return nil, err
-		}
+	if err := validateRemoteKinds(c.Kinds); err != nil {
+		return nil, err
 	}
 	deadline := time.Now().Add(c.Wait)
 	for {
@@ -317,20 +334,45 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 		}
 	}
 	q := task.CandidateQuery{Kinds: kinds, WorkerID: c.ID, Now: store.Now(), Ready: true, Limit: max(2*c.Max, 16)}
-	for page := 0; page < claimPages && len(jobs) < c.Max; page++ {
+	bytes := 0 // of the payloads claimed
+	for page := 0; page < claimPages && len(jobs) < c.Max && bytes < RemoteMaxClaimBytes; page++ {
 		cands, err := store.Candidates(ctx, q)
 		if err != nil {
 			return jobs, next, err
 		}
-		for _, t := range cands {
-			if len(jobs) == c.Max {
-				break
+		// As many claims at once as tasks are wanted: the store commits
+		// concurrent writes together (one sync for the lot on the
+		// embedded store), where one after another each waits for its own.
+		for rest := cands; len(rest) > 0 && len(jobs) < c.Max && bytes < RemoteMaxClaimBytes; {
+			var batch []*task.Task
+			batch, rest = claimBatch(rest, c.Max-len(jobs), RemoteMaxClaimBytes-bytes, len(jobs) == 0)
+			n := len(batch)
+			if n == 0 {
+				break // the next task's payload is over what is left of the bytes
 			}
-			job, at, ok := r.claimTask(ctx, rules, t)
-			if ok {
-				jobs = append(jobs, job)
+			type result struct {
+				job RemoteJob
+				at  time.Time
+				ok  bool
 			}
-			later(at)
+			results := make([]result, n)
+			var wg sync.WaitGroup
+			for i, t := range batch {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res := &results[i]
+					res.job, res.at, res.ok = r.claimTask(ctx, rules, t)
+				}()
+			}
+			wg.Wait()
+			for _, res := range results {
+				if res.ok {
+					jobs = append(jobs, res.job)
+					bytes += len(res.job.Task.Payload)
+				}
+				later(res.at)
+			}
 		}
 		if len(cands) < q.Limit {
 			break
@@ -345,6 +387,35 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 		}
 	}
 	return jobs, next, nil
+}
+
+// claimBatch takes up to n of cands, in order, with payloads of at most
+// budget bytes between them (but one, when first is set), to claim at
+// once. It leaves for a later batch each task that shares a lock key with
+// one taken: the line of a key serves the earlier (higher priority)
+// first, which a concurrent claim of the later one could overtake.
+func claimBatch(cands []*task.Task, n, budget int, first bool) (batch, rest []*task.Task) {
+	keys := map[string]bool{}
+	for i, t := range cands {
+		if len(batch) == n || (len(t.Payload) > budget && !(first && len(batch) == 0)) {
+			// Full: the rest waits for the next call.
+			return batch, append(rest, cands[i:]...)
+		}
+		shares := false
+		for _, k := range t.LockKeys {
+			shares = shares || keys[k]
+		}
+		if shares {
+			rest = append(rest, t)
+			continue
+		}
+		budget -= len(t.Payload)
+		for _, k := range t.LockKeys {
+			keys[k] = true
+		}
+		batch = append(batch, t)
+	}
+	return batch, rest
 }
 
 // claimTask tries to claim t. When it cannot, at is when it may (zero:

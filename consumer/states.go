@@ -31,7 +31,7 @@ const (
 	// its lock keys ends; that holder's finish event wakes the best such
 	// task at once (lockQueue.waiting indexes them by lock key).
 	stateLockWaiting
-	// stateDispatching: popped from the heap, passing the flow controls on
+	// stateDispatching: popped from the heap, passing the controls (pauses, rate limits) on
 	// its way to a slot; it never outlasts one turn of dispatch.
 	stateDispatching
 	// statePaused: due, held out of the heap while a pause covers it.

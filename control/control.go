@@ -1,4 +1,4 @@
-// Package control keeps the cluster-wide flow controls every worker obeys:
+// Package control keeps the cluster-wide controls every worker obeys:
 // pauses (of everything, a kind, or a lock key such as one device) and rate
 // limits (at most N starts per duration, per kind or per lock key, with
 // `device:*`-style defaults). Each is a document (task.Document) in the

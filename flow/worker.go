@@ -36,10 +36,12 @@ func Register(mux *consumer.Mux, cfg Config) error {
 	return nil
 }
 
-// The reconciler is a singleton (internal/singleton), as the embedded
-// broker's host is: every worker runs a Reconciler, the one holding the
-// lease on the lock key ReconcileLockKey reconciles every period, and
-// another takes over within a lease (three periods) after it dies. A lease
+// The reconciler runs in one process at a time: in package worker, as a
+// duty of the elected worker (Reconciler.Duty on the worker's elector);
+// alone, by Start, as a singleton (internal/singleton) on the lock key
+// ReconcileLockKey, where every process runs a Reconciler, the one
+// holding the lease reconciles every period, and another takes over
+// within a lease (three periods) after it dies. A lease
 // rather than a repeatable task: a task every few seconds would add
 // thousands of tasks a day to the tasks table. Two passes at once are
 // harmless anyway (every change Reconcile makes is a compare-and-set that
@@ -112,6 +114,12 @@ func (r *Reconciler) Start(ctx context.Context) error { return r.runner.Start(ct
 
 // Stop ends the loop and gives the lease up, so a peer takes over at once.
 func (r *Reconciler) Stop(ctx context.Context) error { return r.runner.Stop(ctx) }
+
+// Duty reconciles every Every until ctx ends, with no lease of its own:
+// the duty an elector runs while its process is elected (package worker
+// registers it on the worker's one elector). Run a Reconciler by Start or
+// by Duty, not both.
+func (r *Reconciler) Duty(ctx context.Context) error { return r.loop(ctx) }
 
 // loop reconciles every period while this process holds the lease.
 func (r *Reconciler) loop(ctx context.Context) error {

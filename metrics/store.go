@@ -51,8 +51,8 @@ type StoreConfig struct {
 	Logger *slog.Logger
 	// Elected, when set, says whether this process reads and exports the
 	// store's gauges now. The gauges are the cluster's, the same from
-	// every process: among many workers one at a time (the bookkeeper)
-	// serves them, so that scrapes cost the store once per cluster, not
+	// every process: among many workers one at a time (the elected one,
+	// worker.Worker.Elected) serves them, so that scrapes cost the store once per cluster, not
 	// once per worker. While it returns false the collector reads nothing
 	// and exports none of the store's gauges, leasepool_store_up included
 	// (the malformed documents counter, this process's own, stays). Nil:

@@ -1,8 +1,8 @@
 package mqttdev
 
 import (
-	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
+	mqtt "github.com/leasepool/leasepool/internal/mochi"
+	"github.com/leasepool/leasepool/internal/mochi/packets"
 )
 
 // inlineHandler adapts fn to a mochi inline subscription; fn must not block.

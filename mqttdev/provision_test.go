@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/leasepool/leasepool/mqttdev/credential"
+	"github.com/leasepool/leasepool/internal/credential"
 )
 
 // TestProvisionVouchesAndDeprovisionTakesItBack: a device given its

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/internal/redact"
 	"github.com/leasepool/leasepool/mqttdev/broker"
-	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/task"
 )
 

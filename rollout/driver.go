@@ -11,9 +11,11 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// Driver keeps rollouts moving. Every worker runs one; the one holding
-// the lease on LockKey steps every active rollout every Every, and
-// another takes over within a lease after it dies (internal/singleton).
+// Driver keeps rollouts moving, in one process at a time: in package
+// worker as a duty of the elected worker (Duty); started alone, every
+// process runs one and the one holding the lease on LockKey steps every
+// active rollout every Every, another taking over within a lease after
+// it dies (internal/singleton).
 // While no rollout is active the holder only looks for one, every
 // IdleEvery: an idle cluster pays one read of the rollouts per IdleEvery,
 // and a rollout created starts within about that long.
@@ -100,6 +102,12 @@ func (d *Driver) Start(ctx context.Context) error { return d.runner.Start(ctx) }
 
 // Stop ends the loop and gives the lease up.
 func (d *Driver) Stop(ctx context.Context) error { return d.runner.Stop(ctx) }
+
+// Duty steps the rollouts until ctx ends, with no lease of its own: the
+// duty an elector runs while its process is elected (package worker
+// registers it on the worker's one elector). Run a Driver by Start or by
+// Duty, not both.
+func (d *Driver) Duty(ctx context.Context) error { return d.loop(ctx) }
 
 func (d *Driver) loop(ctx context.Context) error {
 	// A new holder starts from what the document says: keys another

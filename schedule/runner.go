@@ -1,11 +1,12 @@
 package schedule
 
-// The Runner: every worker runs one. Each poll it reads the schedules and
-// their cursors from the store and publishes the slots that are due. With
-// a HolderID, the runners of a cluster elect one (internal/singleton) that
-// polls, so added workers add no reads and no racing publishes; the
-// others stand by and one takes over within a lease of three polls, well
-// inside Late. A runner without one polls on its own. Either way a slot
+// The Runner: each poll it reads the schedules and their cursors from the
+// store and publishes the slots that are due. In package worker it is a
+// duty of the elected worker (Runner.Duty), so added workers add no reads
+// and no racing publishes, and another worker is elected within a lease
+// well inside Late. Started alone with a HolderID, the runners of a
+// cluster elect one (internal/singleton) on LockKey, with a lease of
+// three polls; without one a runner polls on its own. Either way a slot
 // published twice (a holder paused past its lease, beside the next) is
 // one task: task.Publish keeps one task per key, and the cursor only
 // moves forward.
@@ -129,6 +130,15 @@ func (r *Runner) Stop(ctx context.Context) error {
 		return r.elected.Stop(ctx)
 	}
 	return r.life.Stop(ctx, nil)
+}
+
+// Duty polls until ctx ends, with no election of its own: the duty an
+// elector runs while its process is elected (package worker registers it
+// on the worker's one elector). Run a Runner by Start or by Duty, not
+// both.
+func (r *Runner) Duty(ctx context.Context) error {
+	r.run(ctx)
+	return nil
 }
 
 func (r *Runner) run(ctx context.Context) {

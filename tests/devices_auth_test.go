@@ -15,11 +15,11 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
-	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 )

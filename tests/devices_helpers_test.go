@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"

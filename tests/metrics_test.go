@@ -19,7 +19,7 @@ import (
 )
 
 // freeAddr returns a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

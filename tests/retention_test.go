@@ -8,18 +8,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/retention"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 	"github.com/leasepool/leasepool/task/storetest"
+	"github.com/leasepool/leasepool/worker"
 )
 
 // TestRetentionOnWorkers lets two worker processes run retention every
 // second under the default policy: exactly the finished tasks past their
 // period go, in every state, and nothing pending, running or recent. Then
-// the worker holding retention's lease is SIGKILLed and a backlog of more
-// than one batch is added: the survivor takes the lease over and deletes it.
+// the elected worker, which runs retention, is SIGKILLed and a backlog of
+// more than one batch is added: the survivor is elected and deletes it.
 func TestRetentionOnWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 2*time.Minute)
@@ -75,12 +76,12 @@ func TestRetentionOnWorkers(t *testing.T) {
 	time.Sleep(2 * time.Second) // two more runs: they must delete nothing more
 	check("first runs")
 
-	// The holder of retention's lease dies; the other takes over within
-	// the lease (15 s).
-	holder := retentionHolder(t, store)
+	// The elected worker dies; the other is elected within the lease
+	// (worker.ElectionLease).
+	holder := electedHolder(t, store)
 	survivor := map[string]string{"w1": "w2", "w2": "w1"}[holder]
 	if survivor == "" {
-		t.Fatalf("retention's lease held by %q, not a worker of this test", holder)
+		t.Fatalf("the election's lease held by %q, not a worker of this test", holder)
 	}
 	workers[holder].kill(t)
 	delete(workers, holder)
@@ -97,29 +98,30 @@ func TestRetentionOnWorkers(t *testing.T) {
 	})
 	time.Sleep(2 * time.Second)
 	check("after the backlog")
-	checkRetentionHolder(t, store, survivor)
+	checkRetentionElected(t, store, survivor)
 }
 
-// retentionHolder returns the worker id holding retention's lease.
-func retentionHolder(t *testing.T, store task.Store) string {
+// electedHolder returns the worker id holding the election's lease.
+func electedHolder(t *testing.T, store task.Store) string {
 	t.Helper()
 	now := store.Now()
-	err := store.AcquireLocks(t.Context(), task.LockParams{Namespace: task.LockSingleton, Keys: []string{retention.LockKey},
+	err := store.AcquireLocks(t.Context(), task.LockParams{Namespace: task.LockSingleton, Keys: []string{worker.ElectionKey},
 		Holder: task.Holder{TaskKey: "probe", WorkerID: "probe"}, Now: now, Until: now.Add(time.Millisecond)})
 	var locked *task.LockedError
 	if !errors.As(err, &locked) {
-		t.Fatalf("retention's lease is not held: %v", err)
+		t.Fatalf("the election's lease is not held: %v", err)
 	}
 	return locked.Holder.WorkerID
 }
 
-// checkRetentionHolder checks that retention ran as a singleton, not as
-// tasks: the survivor holds its lease in the lock table, and the store
-// holds no built-in schedule's occurrence nor a task of retention's name.
-func checkRetentionHolder(t *testing.T, store task.Store, want string) {
+// checkRetentionElected checks that retention ran as a duty of the
+// elected worker, not as tasks: the survivor holds the election's lease
+// in the lock table, and the store holds no built-in schedule's
+// occurrence nor a task of retention's name.
+func checkRetentionElected(t *testing.T, store task.Store, want string) {
 	t.Helper()
-	if got := retentionHolder(t, store); got != want {
-		t.Errorf("retention's lease held by %s, want %s", got, want)
+	if got := electedHolder(t, store); got != want {
+		t.Errorf("the election's lease held by %s, want %s", got, want)
 	}
 	ts, err := store.List(t.Context(), task.ListQuery{Reserved: true, Limit: 10_000})
 	if err != nil {

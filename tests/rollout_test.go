@@ -19,8 +19,9 @@ import (
 const healthyCount = 40
 
 // TestRolloutsOnAFleet runs two rollouts at once on Mosquitto through
-// three `leasepool worker` processes, one SIGKILLed mid-rollout (the one
-// holding the driver's lease; another takes it over):
+// three `leasepool worker` processes, one SIGKILLed mid-rollout (the
+// elected one, which runs the driver; another is elected and takes it
+// over):
 //
 //   - on 200 simulated devices (every tenth failing, every twentieth
 //     offline, every tenth slow), waves 1, 10%, 50%, 100% with
@@ -47,7 +48,7 @@ func TestRolloutsOnAFleet(t *testing.T) {
 		w, log := startDeviceWorker(t, storeURL, fmt.Sprintf("ro-w%d", i), prefix, "--mqtt", url)
 		workers, logs = append(workers, w), append(logs, log)
 		if i == 0 {
-			time.Sleep(300 * time.Millisecond) // the first takes the driver's lease
+			time.Sleep(300 * time.Millisecond) // the first is elected
 		}
 	}
 	sites := []string{"berlin", "paris"}
@@ -113,10 +114,10 @@ func TestRolloutsOnAFleet(t *testing.T) {
 		return errA == nil && errB == nil && !a.State.Final() && !b.State.Final() &&
 			a.Progress().Total.Running+a.Progress().Total.Ended() >= 8 && b.Progress().Total.Running+b.Progress().Total.Ended() >= 8
 	})
-	// Kill the driver: the worker that last took its lease.
+	// Kill the driver: the worker last elected.
 	holder := driverHolder(t, logs, time.Time{})
 	if holder < 0 {
-		t.Fatal("no worker logged taking the rollout driver's lease")
+		t.Fatal("no worker logged starting the rollout driver")
 	}
 	killedAt := workers[holder].kill(t)
 	t.Logf("%s: worker %s, the driver, SIGKILLed", time.Since(start).Round(time.Millisecond), workers[holder].id)
@@ -137,7 +138,7 @@ func TestRolloutsOnAFleet(t *testing.T) {
 	}
 
 	if h := driverHolder(t, logs, killedAt); h < 0 || h == holder {
-		t.Errorf("no other worker took the driver's lease after %s was killed", workers[holder].id)
+		t.Errorf("no other worker started the driver after %s was killed", workers[holder].id)
 	}
 
 	rep := faulty.Report()
@@ -301,7 +302,7 @@ func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // driverHolder returns the index of the worker whose log last says it
-// took the rollout driver's lease after since, or -1.
+// was elected and started the rollout driver after since, or -1.
 func driverHolder(t *testing.T, logs []string, since time.Time) int {
 	t.Helper()
 	holder, at := -1, since
@@ -311,7 +312,7 @@ func driverHolder(t *testing.T, logs []string, since time.Time) int {
 			t.Fatal(err)
 		}
 		for _, line := range strings.Split(string(b), "\n") {
-			if !strings.Contains(line, `"singleton lease taken"`) || !strings.Contains(line, rollout.LockKey) {
+			if !strings.Contains(line, `"elected: duties started"`) || !strings.Contains(line, `"rollout driver"`) {
 				continue
 			}
 			var l struct{ Time time.Time }

@@ -21,9 +21,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/stats"
 	"github.com/leasepool/leasepool/task"
 )
 

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/leasepool/leasepool/stats"
+	"github.com/leasepool/leasepool/internal/stats"
 )
 
 // chartRange is a span the overview charts: its resolution and how many

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasepool/leasepool/stats"
+	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/task"
 )
 

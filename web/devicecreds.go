@@ -8,8 +8,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/mqttdev/credential"
 )
 
 // credentialAnswer is a new credential: the secret appears in this answer

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leasepool/leasepool/mqttdev/credential"
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/web"
 )
 

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
@@ -23,6 +24,7 @@ func (a *api) remoteRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v1/workers/{id}/claim", a.write(a.remoteClaim))
 	mux.HandleFunc("POST /api/v1/workers/{id}/jobs/{key}/renew", a.write(a.remoteRenew))
 	mux.HandleFunc("POST /api/v1/workers/{id}/jobs/{key}/finish", a.write(a.remoteFinish))
+	mux.HandleFunc("POST /api/v1/workers/{id}/finish", a.write(a.remoteFinishMany))
 }
 
 // heldAttempt names an attempt in a heartbeat's held list and its lost one.
@@ -124,23 +126,32 @@ func (a *api) remoteClaim(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	c := consumer.RemoteClaim{ID: r.PathValue("id"), Instance: b.Instance, Kinds: b.Kinds, Max: 1, Wait: defaultClaimWait}
+	if b.Instance == "" {
+		a.fail(w, r, badInput("instance", "must not be empty"))
+		return
+	}
+	jobs, err := a.claimFor(w, r, b.Instance, b)
+	if err != nil {
+		a.remoteFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": jobs})
+}
+
+// claimFor claims what b asks for, for the instance of the worker r names.
+func (a *api) claimFor(w http.ResponseWriter, r *http.Request, instance string, b claimBody) ([]remoteJob, error) {
+	c := consumer.RemoteClaim{ID: r.PathValue("id"), Instance: instance, Kinds: b.Kinds, Max: 1, Wait: defaultClaimWait}
 	if b.Max != nil {
 		c.Max = *b.Max
 	}
 	if b.WaitMS != nil {
 		c.Wait = time.Duration(*b.WaitMS) * time.Millisecond
 	}
-	if b.Instance == "" {
-		a.fail(w, r, badInput("instance", "must not be empty"))
-		return
-	}
 	if allowed, ok := workerKinds(r); ok && len(allowed) > 0 {
 		if len(c.Kinds) == 0 {
 			c.Kinds = allowed
 		} else if err := a.allowKinds(r, c.Kinds); err != nil {
-			a.remoteFail(w, r, err)
-			return
+			return nil, err
 		}
 	}
 	// The answer may come a whole wait later than the server's write
@@ -148,8 +159,7 @@ func (a *api) remoteClaim(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(c.Wait + a.writeTimeout))
 	jobs, err := a.remote.Claim(r.Context(), c)
 	if err != nil {
-		a.remoteFail(w, r, err)
-		return
+		return nil, err
 	}
 	out := make([]remoteJob, 0, len(jobs))
 	for _, j := range jobs {
@@ -164,7 +174,7 @@ func (a *api) remoteClaim(w http.ResponseWriter, r *http.Request) {
 			RenewMS: time.Duration(t.PingInterval).Milliseconds(), CreatedAt: t.CreatedAt.UTC(),
 		})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"jobs": out})
+	return out, nil
 }
 
 type renewBody struct {
@@ -229,14 +239,131 @@ func (a *api) remoteFinish(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	o := consumer.RemoteOutcome{Outcome: consumer.Outcome(b.Outcome), Result: b.Result, Error: b.Error,
-		Snooze: time.Duration(b.SnoozeMS) * time.Millisecond, Log: b.Log}
-	doc, outcome, err := a.remote.Finish(r.Context(), ra, o)
+	doc, outcome, err := a.remote.Finish(r.Context(), ra, b.outcome())
 	if err != nil {
 		a.remoteFail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"state": string(doc.State), "outcome": string(outcome)})
+}
+
+func (b finishBody) outcome() consumer.RemoteOutcome {
+	return consumer.RemoteOutcome{Outcome: consumer.Outcome(b.Outcome), Result: b.Result, Error: b.Error,
+		Snooze: time.Duration(b.SnoozeMS) * time.Millisecond, Log: b.Log}
+}
+
+// finishManyBody finishes several attempts of one worker instance and
+// then, with Claim, claims more in the same round trip.
+type finishManyBody struct {
+	Instance string         `json:"instance"`
+	Outcomes []finishedItem `json:"outcomes"`
+	Claim    *claimBody     `json:"claim"`
+}
+
+type finishedItem struct {
+	Key string `json:"key"`
+	finishBody
+}
+
+// finishedResult is one outcome's answer: state and outcome as stored, or
+// the refusal (status, code, error) a single finish would have answered.
+type finishedResult struct {
+	Key     string `json:"key"`
+	Attempt int    `json:"attempt"`
+	State   string `json:"state,omitempty"`
+	Outcome string `json:"outcome,omitempty"`
+	Status  int    `json:"status,omitempty"`
+	Code    string `json:"code,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// maxFinishMany bounds the outcomes of one finish call.
+const maxFinishMany = consumer.RemoteMaxClaim
+
+// remoteFinishMany writes many outcomes at once (the embedded store
+// commits them together), each answered as a single finish would be, and
+// then claims as the claim call would: one round trip per batch of tasks
+// for a worker whose handlers are short.
+func (a *api) remoteFinishMany(w http.ResponseWriter, r *http.Request) {
+	var b finishManyBody
+	if err := decodeLimit(w, r, &b, 8<<20); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if b.Instance == "" {
+		a.fail(w, r, badInput("instance", "must not be empty"))
+		return
+	}
+	if len(b.Outcomes) > maxFinishMany {
+		a.fail(w, r, badInput("outcomes", "more than %d in one call", maxFinishMany))
+		return
+	}
+	results := make([]finishedResult, len(b.Outcomes))
+	var wg sync.WaitGroup
+	for i, it := range b.Outcomes {
+		res := &results[i]
+		res.Key, res.Attempt = it.Key, it.Attempt
+		if it.Instance != "" && it.Instance != b.Instance {
+			res.Status, res.Error = http.StatusBadRequest, fmt.Sprintf("outcomes[%d].instance: must be the call's or absent", i)
+			continue
+		}
+		if it.Key == "" {
+			res.Status, res.Error = http.StatusBadRequest, fmt.Sprintf("outcomes[%d].key: must not be empty", i)
+			continue
+		}
+		if it.Attempt < 1 {
+			res.Status, res.Error = http.StatusBadRequest, fmt.Sprintf("outcomes[%d].attempt: must be at least 1", i)
+			continue
+		}
+		ra := consumer.RemoteAttempt{Key: it.Key, WorkerID: r.PathValue("id"), Instance: b.Instance, Attempt: it.Attempt}
+		ra.Kinds, _ = workerKinds(r)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			doc, outcome, err := a.remote.Finish(r.Context(), ra, it.outcome())
+			if err == nil {
+				res.State, res.Outcome = string(doc.State), string(outcome)
+				return
+			}
+			res.Status, res.Code, res.Error = refusal(err)
+			if res.Status == http.StatusInternalServerError && r.Context().Err() == nil {
+				a.log.Error("web: remote finish failed", "path", r.URL.Path, "key", it.Key, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	out := map[string]any{"results": results}
+	if b.Claim != nil {
+		jobs, err := a.claimFor(w, r, b.Instance, *b.Claim)
+		if err != nil {
+			// The outcomes are written: answer them, and the claim's
+			// refusal beside.
+			status, code, msg := refusal(err)
+			out["claim_error"] = finishedResult{Status: status, Code: code, Error: msg}
+		}
+		out["jobs"] = jobs
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// refusal is the status, code and message the protocol answers err with:
+// a refusal of the protocol's (with its code), bad input, an unknown task,
+// or a server error (its message hidden; the caller logs it).
+func refusal(err error) (status int, code, msg string) {
+	switch {
+	case errors.Is(err, task.ErrLeaseLost):
+		return http.StatusConflict, lossCode(err), err.Error()
+	case errors.Is(err, consumer.ErrNotRegistered):
+		return http.StatusConflict, "not_registered", err.Error()
+	case errors.Is(err, consumer.ErrKindNotAllowed):
+		return http.StatusForbidden, "kind_not_allowed", err.Error()
+	case errors.Is(err, task.ErrInvalid):
+		return http.StatusBadRequest, "", reason(err)
+	case errors.Is(err, task.ErrNotFound):
+		return http.StatusNotFound, "", "task not found"
+	default:
+		return http.StatusInternalServerError, "", "internal error (see the server log)"
+	}
 }
 
 // allowKinds refuses, for a worker credential limited to some kinds, any
@@ -273,19 +400,15 @@ func lossCode(err error) string {
 // remoteFail answers the protocol's refusals with their code, and the rest
 // as fail does.
 func (a *api) remoteFail(w http.ResponseWriter, r *http.Request, err error) {
-	code, status := "", http.StatusConflict
-	switch {
-	case errors.Is(err, task.ErrLeaseLost):
-		code = lossCode(err)
-	case errors.Is(err, consumer.ErrNotRegistered):
-		code = "not_registered"
+	switch status, code, msg := refusal(err); {
 	case errors.Is(err, task.ErrWorkerIDTaken):
-		code = "worker_id_taken"
-	case errors.Is(err, consumer.ErrKindNotAllowed):
-		code, status = "kind_not_allowed", http.StatusForbidden
+		writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error(), "code": "worker_id_taken"})
+	case r.Context().Err() != nil:
+		// The worker went away (killed, or its request timed out) while
+		// its claim waited: nobody reads an answer, and it is no error.
+	case code != "":
+		writeJSON(w, status, map[string]string{"error": msg, "code": code})
 	default:
 		a.fail(w, r, err)
-		return
 	}
-	writeJSON(w, status, map[string]string{"error": err.Error(), "code": code})
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
-	"github.com/leasepool/leasepool/stats"
+	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/worker"
 )

@@ -18,11 +18,19 @@
 // or, as a program's main, err = w.Run(ctx), which stops when ctx ends.
 // Config.Check refuses a bad setting before anything is opened.
 //
+// The workers sharing a store elect one (Elected): it runs the cluster's
+// duties, the schedule runner, the flow reconciler, the rollout driver
+// and retention, and samples the queue for the dashboard's charts. One
+// lease, ElectionKey, decides it; another worker is elected within
+// ElectionLease after the elected one dies or freezes, and within a
+// second after it stops. Hosting the embedded MQTT broker is a lease of
+// its own (docs/decisions/0015-one-elector-and-a-broker-lease.md).
+//
 // Stop order: the consumer first (running handlers finish within
-// ShutdownTimeout, then their leases are released), then the schedule
-// runner, the flow reconciler, the rollout driver and retention, then the
-// MQTT client and the embedded broker (handlers may be talking to devices
-// until the consumer has stopped). The Store is the caller's: Stop leaves it open.
+// ShutdownTimeout, then their leases are released), then the elector
+// (the duties stop, then the lease is released), then the MQTT client and
+// the embedded broker (handlers may be talking to devices until the
+// consumer has stopped). The Store is the caller's: Stop leaves it open.
 package worker
 
 import (
@@ -38,12 +46,13 @@ import (
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/internal/retention"
+	"github.com/leasepool/leasepool/internal/singleton"
+	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/metrics"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/schedule"
-	"github.com/leasepool/leasepool/stats"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -94,8 +103,8 @@ type Config struct {
 	// Devices configures device tasks when Kinds names "device".
 	Devices Devices
 
-	// RetentionEvery is how often the one worker holding retention's
-	// lease deletes old finished tasks (retention.Runner). Default
+	// RetentionEvery is how often the elected worker deletes old finished
+	// tasks (retention.Runner). Default
 	// retention.DefaultEvery; at least schedule.MinEvery.
 	RetentionEvery time.Duration
 
@@ -157,14 +166,26 @@ type Worker struct {
 	failed   chan error
 
 	// Started by Start, stopped by Stop in reverse order.
-	wiring   *mqttdev.Wiring
-	runner   *schedule.Runner
-	reconcil *flow.Reconciler
-	retain   *retention.Runner
-	rollouts *rollout.Driver
-	// retention once started, for Bookkeeper from any goroutine.
-	bookkeeping atomic.Pointer[retention.Runner]
+	wiring *mqttdev.Wiring
+	// elector once started, for Elected from any goroutine.
+	elector atomic.Pointer[singleton.Elector]
 }
+
+// The election of the worker that runs the cluster's duties.
+const (
+	// ElectionKey is the lease's key in the store's lock table (namespace
+	// task.LockSingleton).
+	ElectionKey = "leasepool.leader"
+	// ElectionLease is how long the lease lasts unrenewed: another worker
+	// is elected within about this long after the elected one dies or
+	// freezes. Short, since the schedule runner must publish within
+	// schedule.DefaultLate of a slot and a rollout must not stall.
+	ElectionLease = 3 * time.Second
+	// ElectionRenew is how often the elected worker renews the lease, and
+	// how often the others look whether it still does: a worker that
+	// stops gives the lease up, and another is elected within this long.
+	ElectionRenew = time.Second
+)
 
 // ErrStoreFailing is what Failed reports when the store kept failing for
 // longer than Config.StoreFailTimeout.
@@ -222,8 +243,8 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w := &Worker{cfg: cfg, kinds: kinds, failed: make(chan error, 1)}
 	// The dashboard's charts: outcomes by kind per minute, kept in the
-	// store; the bookkeeper samples the queue for them.
-	rec, err := stats.NewRecorder(stats.RecorderConfig{Store: cfg.Store, Logger: cfg.Logger, Samples: w.Bookkeeper})
+	// store; the elected worker samples the queue for them.
+	rec, err := stats.NewRecorder(stats.RecorderConfig{Store: cfg.Store, Logger: cfg.Logger, Samples: w.Elected})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
@@ -248,15 +269,16 @@ func New(cfg Config) (*Worker, error) {
 	return w, nil
 }
 
-// Bookkeeper reports whether this worker is the cluster's bookkeeper now:
-// the holder of retention's lease (one worker at a time, another within
-// the lease after it dies), which also samples the queue for the
-// dashboard's charts and, in `leasepool worker --metrics-addr`, reads the
-// store's gauges, so that these cost the store once per cluster rather
-// than once per worker.
-func (w *Worker) Bookkeeper() bool {
-	r := w.bookkeeping.Load()
-	return r != nil && r.Holding()
+// Elected reports whether this worker is the one the workers sharing its
+// store elected, now: the holder of the lease on ElectionKey (one worker
+// at a time, another within ElectionLease after it dies), which runs the
+// schedule runner, the flow reconciler, the rollout driver and retention,
+// samples the queue for the dashboard's charts and, in `leasepool worker
+// --metrics-addr`, reads the store's gauges, so that these cost the store
+// once per cluster rather than once per worker.
+func (w *Worker) Elected() bool {
+	e := w.elector.Load()
+	return e != nil && e.Elected()
 }
 
 // ID is the worker's id.
@@ -268,9 +290,11 @@ func (w *Worker) Kinds() []string { return slices.Clone(w.kinds) }
 // Consumer is the worker's consumer, for its Stats.
 func (w *Worker) Consumer() *consumer.Consumer { return w.consumer }
 
-// Start registers the worker id, then starts device tasks, the consumer,
-// the schedule runner, the flow reconciler and retention. ctx bounds the
-// start only. When it fails, what it started is stopped again.
+// Start registers the worker id, then starts device tasks, the consumer
+// and the elector (the worker stands for election; elected, it runs the
+// schedule runner, the flow reconciler, the rollout driver and
+// retention). ctx bounds the start only. When it fails, what it started
+// is stopped again.
 func (w *Worker) Start(ctx context.Context) error {
 	run, err := w.life.Start(ctx)
 	if err != nil {
@@ -317,40 +341,14 @@ func (w *Worker) start(ctx, run context.Context) error {
 		return err
 	}
 	w.stats.Start()
-	runner, err := schedule.NewRunner(schedule.RunnerConfig{Store: cfg.Store, HolderID: w.ID(), Logger: cfg.Logger})
-	if err == nil {
-		err = runner.Start(ctx)
-	}
+	elector, err := w.newElector()
 	if err != nil {
-		return err
+		return fmt.Errorf("worker: %w", err)
 	}
-	w.runner = runner
-	rec, err := flow.NewReconciler(flow.ReconcilerConfig{Store: cfg.Store, WorkerID: w.ID(), Logger: cfg.Logger})
-	if err == nil {
-		err = rec.Start(ctx)
+	w.elector.Store(elector) // for Stop, should Start fail
+	if err := elector.Start(ctx); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
-	if err != nil {
-		return err
-	}
-	w.reconcil = rec
-	drv, err := rollout.NewDriver(rollout.DriverConfig{Store: cfg.Store, WorkerID: w.ID(), Logger: cfg.Logger})
-	if err == nil {
-		err = drv.Start(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	w.rollouts = drv
-	retain, err := retention.NewRunner(retention.RunnerConfig{Config: retention.Config{Store: cfg.Store, Logger: cfg.Logger},
-		WorkerID: w.ID(), Every: cfg.RetentionEvery})
-	if err == nil {
-		err = retain.Start(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	w.retain = retain
-	w.bookkeeping.Store(retain)
 	if cfg.StoreFailTimeout > 0 {
 		p := storeProbe{s: cfg.Store, workerID: w.ID(), instance: w.consumer.Instance(), file: procPath(cfg.StoreFile),
 			registration: w.consumer.Registration}
@@ -359,14 +357,54 @@ func (w *Worker) start(ctx, run context.Context) error {
 	return nil
 }
 
+// newElector returns the worker's elector with the cluster's duties
+// registered on it, not started.
+func (w *Worker) newElector() (*singleton.Elector, error) {
+	cfg := w.cfg
+	e, err := singleton.NewElector(singleton.ElectorConfig{Store: cfg.Store, Key: ElectionKey, HolderID: w.ID(),
+		Lease: ElectionLease, Renew: ElectionRenew, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	sched, err := schedule.NewRunner(schedule.RunnerConfig{Store: cfg.Store, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	rec, err := flow.NewReconciler(flow.ReconcilerConfig{Store: cfg.Store, WorkerID: w.ID(), Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	drv, err := rollout.NewDriver(rollout.DriverConfig{Store: cfg.Store, WorkerID: w.ID(), Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	retain, err := retention.NewRunner(retention.RunnerConfig{Config: retention.Config{Store: cfg.Store, Logger: cfg.Logger},
+		WorkerID: w.ID(), Every: cfg.RetentionEvery})
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []singleton.Duty{
+		{Name: "schedule runner", Run: sched.Duty},
+		{Name: "flow reconciler", Run: rec.Duty},
+		{Name: "rollout driver", Run: drv.Duty},
+		{Name: "retention", Run: retain.Duty},
+	} {
+		if err := e.Register(d); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
 // Failed reports, once, that the store kept failing for longer than
 // Config.StoreFailTimeout (an error wrapping ErrStoreFailing). The worker
 // keeps running: stop it, and let its supervisor start a new one.
 func (w *Worker) Failed() <-chan error { return w.failed }
 
 // Stop stops the consumer (running handlers finish within
-// ShutdownTimeout, then their leases are released), then the schedule
-// runner, the flow reconciler and retention, then device tasks. It
+// ShutdownTimeout, then their leases are released), then the elector (the
+// duties stop, and the lease is released so another worker is elected at
+// once), then device tasks. It
 // returns the consumer's error, or ctx's cause when ctx ends first.
 func (w *Worker) Stop(ctx context.Context) error {
 	var err error
@@ -376,17 +414,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 		if serr := w.stats.Stop(bg); serr != nil { // the charts' last counts
 			w.cfg.Logger.Warn("worker: chart counts not written", "err", serr)
 		}
-		if w.runner != nil {
-			w.runner.Stop(bg)
-		}
-		if w.reconcil != nil {
-			_ = w.reconcil.Stop(bg)
-		}
-		if w.rollouts != nil {
-			_ = w.rollouts.Stop(bg)
-		}
-		if w.retain != nil {
-			_ = w.retain.Stop(bg)
+		if e := w.elector.Load(); e != nil {
+			_ = e.Stop(bg)
 		}
 		if w.wiring != nil {
 			_ = w.wiring.Stop(bg)

@@ -18,9 +18,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
-	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"

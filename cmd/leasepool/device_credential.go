@@ -14,8 +14,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/task"
 )
 

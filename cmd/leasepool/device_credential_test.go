@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leasepool/leasepool/mqttdev/credential"
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 

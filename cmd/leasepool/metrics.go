@@ -30,31 +30,35 @@ func metricsFlags() []cli.Flag {
 				"requests whose Host header is localhost, a loopback address or HOST (any IP address when HOST is empty or 0.0.0.0) are served"},
 		&cli.StringFlag{Name: "metrics-token", EnvVars: []string{"LEASEPOOL_METRICS_TOKEN"},
 			Usage: "require Authorization: Bearer TOKEN on /metrics"},
-		&cli.StringFlag{Name: "metrics-store-gauges", Value: storeGaugesBookkeeper,
+		&cli.StringFlag{Name: "metrics-store-gauges", Value: storeGaugesElected,
 			Usage: "which workers export the store's gauges, the cluster's (leasepool_tasks, leasepool_workers_live, leasepool_flows, " +
-				"leasepool_rollout_*, leasepool_store_up): " + storeGaugesBookkeeper + ", one worker at a time (the holder of retention's " +
-				"lease; the others leave them out, so scrapes read the store once per cluster, not once per worker); or " +
-				storeGaugesEvery + ", each worker, reading the store at most every 5 s whoever scrapes it"},
+				"leasepool_rollout_*, leasepool_store_up): " + storeGaugesElected + ", one worker at a time (the elected one, which runs " +
+				"the cluster's duties; the others leave them out, so scrapes read the store once per cluster, not once per worker); or " +
+				storeGaugesEvery + ", each worker, reading the store at most every 5 s whoever scrapes it (" +
+				storeGaugesBookkeeper + ": the former name of " + storeGaugesElected + ")"},
 	}
 }
 
-// The values of --metrics-store-gauges.
+// The values of --metrics-store-gauges. storeGaugesBookkeeper is the
+// former name of storeGaugesElected, still accepted so that scripts
+// written with it keep working.
 const (
-	storeGaugesBookkeeper = "bookkeeper"
+	storeGaugesElected    = "elected"
 	storeGaugesEvery      = "every"
+	storeGaugesBookkeeper = "bookkeeper"
 )
 
-// storeGaugesElected checks --metrics-store-gauges: with bookkeeper, the
-// store's gauges are read while bookkeeper says so; with every, always
+// storeGaugesWhen checks --metrics-store-gauges: with elected, the
+// store's gauges are read while elected says so; with every, always
 // (nil).
-func storeGaugesElected(c *cli.Context, bookkeeper func() bool) (func() bool, error) {
+func storeGaugesWhen(c *cli.Context, elected func() bool) (func() bool, error) {
 	switch v := c.String("metrics-store-gauges"); v {
-	case storeGaugesBookkeeper:
-		return bookkeeper, nil
+	case storeGaugesElected, storeGaugesBookkeeper:
+		return elected, nil
 	case storeGaugesEvery:
 		return nil, nil
 	default:
-		return nil, badFlag(c, "metrics-store-gauges", "%q: want %s or %s", v, storeGaugesBookkeeper, storeGaugesEvery)
+		return nil, badFlag(c, "metrics-store-gauges", "%q: want %s or %s", v, storeGaugesElected, storeGaugesEvery)
 	}
 }
 
@@ -138,10 +142,10 @@ func metricsHandler(c *cli.Context, reg prometheus.Gatherer) (http.Handler, erro
 
 // startWorkerMetrics serves the worker's metrics, its store traffic among
 // them, on --metrics-addr until stop is called; with no address it returns
-// a nil observer. bookkeeper says whether the worker is the cluster's
-// bookkeeper (worker.Worker.Bookkeeper), for --metrics-store-gauges.
-func startWorkerMetrics(c *cli.Context, s task.Store, traffic *metrics.StoreTraffic, bookkeeper func() bool) (obs *metrics.Metrics, stop func(), err error) {
-	elected, err := storeGaugesElected(c, bookkeeper)
+// a nil observer. elected says whether the worker is the one its cluster
+// elected (worker.Worker.Elected), for --metrics-store-gauges.
+func startWorkerMetrics(c *cli.Context, s task.Store, traffic *metrics.StoreTraffic, isElected func() bool) (obs *metrics.Metrics, stop func(), err error) {
+	elected, err := storeGaugesWhen(c, isElected)
 	if err != nil {
 		return nil, nil, err
 	}

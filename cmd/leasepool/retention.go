@@ -10,7 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/leasepool/leasepool/retention"
+	"github.com/leasepool/leasepool/internal/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -109,7 +109,7 @@ func printPolicy(c *cli.Context, p retention.Policy) {
 // retentionEveryFlag is `leasepool worker --retention-every`.
 func retentionEveryFlag() cli.Flag {
 	return &cli.DurationFlag{Name: "retention-every", Value: retention.DefaultEvery,
-		Usage: "how often the one worker holding retention's lease deletes old finished tasks (see leasepool retention)",
+		Usage: "how often the elected worker (one per store) deletes old finished tasks (see leasepool retention)",
 		Action: func(c *cli.Context, every time.Duration) error {
 			if every < schedule.MinEvery {
 				return badFlag(c, "retention-every", "must be at least %s, got %s", schedule.MinEvery, every)

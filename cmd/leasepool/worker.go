@@ -61,12 +61,12 @@ func runWorker(c *cli.Context) error {
 	// The metrics serve before the worker exists: its observer is the
 	// worker's.
 	var started atomic.Pointer[worker.Worker]
-	bookkeeper := func() bool {
+	elected := func() bool {
 		w := started.Load()
-		return w != nil && w.Bookkeeper()
+		return w != nil && w.Elected()
 	}
 	var stopMetrics func()
-	if cfg.Metrics, stopMetrics, err = startWorkerMetrics(c, cfg.Store, traffic, bookkeeper); err != nil {
+	if cfg.Metrics, stopMetrics, err = startWorkerMetrics(c, cfg.Store, traffic, elected); err != nil {
 		return err
 	}
 	defer stopMetrics()
@@ -99,7 +99,7 @@ func workerConfig(c *cli.Context) (worker.Config, error) {
 	if _, err := positiveDuration(c, "shutdown-timeout"); err != nil {
 		return worker.Config{}, err
 	}
-	if _, err := storeGaugesElected(c, nil); err != nil {
+	if _, err := storeGaugesWhen(c, nil); err != nil {
 		return worker.Config{}, err
 	}
 	kinds, err := listFlag(c, "kinds")

@@ -34,7 +34,7 @@ var (
 	// features are built on the consumer, so the consumer and the layers
 	// under it must not import them.
 	features = []string{"builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol",
-		"flow", "retention", "rollout", "bench", "web", "metrics", "stats", "store"}
+		"flow", "internal/retention", "rollout", "bench", "web", "metrics", "internal/stats", "store"}
 	// basics import task (and the lifecycle contract and the singleton
 	// runner) only. The singleton runner is one: schedule, flow, retention
 	// and mqttdev/broker are built on it. The engine packages (claim
@@ -47,6 +47,10 @@ const (
 	preemptPkg = "consumer/internal/preempt"
 	pingPkg    = "consumer/internal/ping"
 )
+
+// mochiPkg is the MQTT server the embedded broker runs, a patched copy of
+// a published module (docs/decisions/0013).
+const mochiPkg = "internal/mochi"
 
 // rule is one sentence of docs/DESIGN.md in code. check returns the
 // offending imports of p, or none.
@@ -135,7 +139,7 @@ var rules = []rule{
 	},
 	{
 		name:    "only what assembles a program imports metrics or web",
-		applies: is("builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol", "flow", "retention", "bench", "store", "web", "metrics"),
+		applies: is("builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol", "flow", "internal/retention", "bench", "store", "web", "metrics"),
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, is("metrics", "web"))
 		},
@@ -187,6 +191,20 @@ var rules = []rule{
 		applies: every,
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, under("cmd"))
+		},
+	},
+	{
+		name:    "internal/mochi, a copy of the published MQTT server, imports nothing of leasepool's but itself",
+		applies: under(mochiPkg),
+		check: func(_ string, p pkg) []string {
+			return in(p.Deps, func(d string) bool { return !under(mochiPkg)(d) })
+		},
+	},
+	{
+		name:    "only mqttdev/broker imports internal/mochi",
+		applies: func(path string) bool { return path != "mqttdev/broker" && !under(mochiPkg)(path) },
+		check: func(_ string, p pkg) []string {
+			return in(p.Imports, under(mochiPkg))
 		},
 	},
 	{
@@ -247,22 +265,24 @@ func TestImportRules(t *testing.T) {
 // (a typo in a package path, an inverted check) is caught.
 func TestRulesCatchViolations(t *testing.T) {
 	good := map[string]pkg{
-		"task":             {},
-		"task/sqlitestore": {Imports: []string{"task"}, Deps: []string{"task"}},
-		preemptPkg:         {Imports: []string{"task"}, Deps: []string{"task"}},
-		pingPkg:            {Imports: []string{"task"}, Deps: []string{"task"}},
-		"schedule":         {Imports: []string{"task", "internal/lifecycle"}, Deps: []string{"task", "internal/lifecycle"}},
-		"consumer":         {Imports: []string{"task", preemptPkg, pingPkg, "control"}, Deps: []string{"task", preemptPkg, pingPkg, "control", "internal/lifecycle"}},
-		"flow":             {Imports: []string{"consumer", "task"}, Deps: []string{"consumer", "task", preemptPkg}},
-		"mqttdev":          {Imports: []string{"flow", "mqttdev/broker"}, Deps: []string{"flow", "mqttdev/broker", "mqttdev/protocol", "task"}},
-		"mqttdev/device":   {Imports: []string{"mqttdev/protocol"}, Deps: []string{"mqttdev/protocol", "task"}},
-		"web":              {Imports: []string{"task", "flow", "mqttdev"}, Deps: []string{"task", "flow", "mqttdev"}},
-		"metrics":          {Imports: []string{"consumer", "mqttdev"}, Deps: []string{"consumer", "mqttdev", "task"}},
-		"store":            {Imports: []string{"task/sqlitestore"}, Deps: []string{"task/sqlitestore", "task"}},
-		"cmd/leasepool":    {Imports: []string{"web", "metrics", "store", "task/sqlitestore", "worker"}, Deps: []string{"web", "metrics", "store", "task/sqlitestore", "task", "worker"}},
-		"worker":           {Imports: []string{"consumer", "metrics", "flow"}, Deps: []string{"consumer", "metrics", "flow", "task"}},
-		"task/storetest":   {Imports: []string{"task", "internal/tasktest"}, Deps: []string{"task", "internal/tasktest"}},
-		"newfeature":       {Imports: []string{"consumer", "metrics"}, Deps: []string{"consumer", "metrics", "task"}},
+		"task":                   {},
+		"task/sqlitestore":       {Imports: []string{"task"}, Deps: []string{"task"}},
+		preemptPkg:               {Imports: []string{"task"}, Deps: []string{"task"}},
+		pingPkg:                  {Imports: []string{"task"}, Deps: []string{"task"}},
+		"schedule":               {Imports: []string{"task", "internal/lifecycle"}, Deps: []string{"task", "internal/lifecycle"}},
+		"consumer":               {Imports: []string{"task", preemptPkg, pingPkg, "control"}, Deps: []string{"task", preemptPkg, pingPkg, "control", "internal/lifecycle"}},
+		"flow":                   {Imports: []string{"consumer", "task"}, Deps: []string{"consumer", "task", preemptPkg}},
+		"mqttdev":                {Imports: []string{"flow", "mqttdev/broker"}, Deps: []string{"flow", "mqttdev/broker", "mqttdev/protocol", "task"}},
+		"mqttdev/device":         {Imports: []string{"mqttdev/protocol"}, Deps: []string{"mqttdev/protocol", "task"}},
+		"web":                    {Imports: []string{"task", "flow", "mqttdev"}, Deps: []string{"task", "flow", "mqttdev"}},
+		"metrics":                {Imports: []string{"consumer", "mqttdev"}, Deps: []string{"consumer", "mqttdev", "task"}},
+		"store":                  {Imports: []string{"task/sqlitestore"}, Deps: []string{"task/sqlitestore", "task"}},
+		"cmd/leasepool":          {Imports: []string{"web", "metrics", "store", "task/sqlitestore", "worker"}, Deps: []string{"web", "metrics", "store", "task/sqlitestore", "task", "worker"}},
+		"worker":                 {Imports: []string{"consumer", "metrics", "flow"}, Deps: []string{"consumer", "metrics", "flow", "task"}},
+		"task/storetest":         {Imports: []string{"task", "internal/tasktest"}, Deps: []string{"task", "internal/tasktest"}},
+		"mqttdev/broker":         {Imports: []string{mochiPkg, mochiPkg + "/listeners"}, Deps: []string{mochiPkg, mochiPkg + "/listeners", "internal/singleton", "task"}},
+		mochiPkg + "/hooks/auth": {Imports: []string{mochiPkg}, Deps: []string{mochiPkg}},
+		"newfeature":             {Imports: []string{"consumer", "metrics"}, Deps: []string{"consumer", "metrics", "task"}},
 	}
 	if v := violations(good); len(v) != 0 {
 		t.Fatalf("a graph that keeps the rules was refused:\n%s", strings.Join(v, "\n"))
@@ -294,6 +314,10 @@ func TestRulesCatchViolations(t *testing.T) {
 		{"consumer", "internal/testutil", "never imported by production code"},
 		{"newfeature", "task/storetest", "never imported by production code"},
 		{"web", "task/memstore", "never imported by production code"},
+		{mochiPkg, "task", "imports nothing of leasepool's but itself"},
+		{mochiPkg + "/listeners", "internal/lifecycle", "imports nothing of leasepool's but itself"},
+		{"mqttdev", mochiPkg, "only mqttdev/broker imports internal/mochi"},
+		{"mqttdev/device", mochiPkg + "/packets", "only mqttdev/broker imports internal/mochi"},
 	}
 	for _, b := range bad {
 		graph := make(map[string]pkg, len(good))

@@ -20,8 +20,11 @@
 // and may work for that instant beside the new holder: Run's writes must
 // tolerate that (compare-and-set, conditional deletes).
 //
-// The schedule runner, the flow reconciler, the rollout driver, the
-// embedded MQTT broker's host and retention run on it.
+// An Elector is a Runner whose work is several duties: a worker process
+// stands for election once, and the one elected runs the schedule
+// runner, the flow reconciler, the rollout driver and retention (package
+// worker registers them). The embedded MQTT broker's host runs on a
+// Runner of its own (docs/decisions/0015-one-elector-and-a-broker-lease.md).
 package singleton
 
 import (

@@ -17,8 +17,8 @@ import (
 	"time"
 	"unicode"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
+	mqtt "github.com/leasepool/leasepool/internal/mochi"
+	"github.com/leasepool/leasepool/internal/mochi/packets"
 )
 
 // WorkerUserPrefix starts a worker's MQTT user name: "worker:" and the

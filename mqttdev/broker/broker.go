@@ -15,9 +15,9 @@ import (
 	"sync"
 	"time"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
+	mqtt "github.com/leasepool/leasepool/internal/mochi"
+	"github.com/leasepool/leasepool/internal/mochi/hooks/auth"
+	"github.com/leasepool/leasepool/internal/mochi/listeners"
 
 	"github.com/leasepool/leasepool/internal/lifecycle"
 )

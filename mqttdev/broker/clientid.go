@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
+	mqtt "github.com/leasepool/leasepool/internal/mochi"
 )
 
 // Client id prefixes that name their owner (see ClientIDOwner).

@@ -88,7 +88,12 @@ func (c *HostConfig) validate() error {
 // Host keeps an embedded Broker running on one address
 // for a group of processes sharing a store, surviving the death of the
 // process that runs it. Hosting is a singleton (internal/singleton) on the
-// lock key LockKey(Addr): every process runs a Host; the one holding the
+// lock key LockKey(Addr), apart from the election of the worker that runs
+// the cluster's duties: only processes that run device tasks with the
+// embedded broker stand for it, and a takeover restarts the device plane,
+// so it moves only when its own host fails
+// (docs/decisions/0015-one-elector-and-a-broker-lease.md). Every such
+// process runs a Host; the one holding the
 // lease runs the broker and renews the lease every Lease/3; the others try
 // to take the lease when it runs out (they sleep until the holder's lease
 // ends, at most Lease/3 at a time) and, once they hold it, start the

@@ -8,9 +8,9 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
-	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 

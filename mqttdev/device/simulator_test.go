@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
+	mqtt "github.com/leasepool/leasepool/internal/mochi"
+	"github.com/leasepool/leasepool/internal/mochi/packets"
 	"go.uber.org/goleak"
 
 	"github.com/leasepool/leasepool/internal/lifecycle"

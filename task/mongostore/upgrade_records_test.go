@@ -8,9 +8,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/internal/retention"
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )

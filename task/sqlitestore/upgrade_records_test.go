@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/internal/retention"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/retention"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
