@@ -74,6 +74,7 @@ class WorkerTest(unittest.TestCase):
             return {"sq": job.payload["n"] ** 2}
 
         w = self.worker({kind: square}, concurrency=8)
+        calls = self.record_calls(w)
         keys = [unique("t") for _ in range(300)]
         res = client.publish_many([{"key": k, "kind": kind, "payload": {"n": i}} for i, k in enumerate(keys)])
         self.assertEqual(res["inserted"], 300)
@@ -88,6 +89,9 @@ class WorkerTest(unittest.TestCase):
             self.assertEqual(a["instance"], w.instance)
             self.assertEqual([line["msg"] for line in a.get("log", [])], [f"squaring {i}"])
         self.assertEqual(len(seen), 300, "each task ran once")
+        finishes = [c for c in calls if c.endswith("/finish")]
+        self.assertFalse([c for c in finishes if "/jobs/" in c], "outcomes go in finish-many calls")
+        self.assertLess(len(finishes), 300, "several outcomes per call")
         live = [r for r in client.workers() if r.get("id") == w.id]
         self.assertTrue(live and live[0].get("live"), live)
 
