@@ -105,12 +105,12 @@ class WorkerTest(unittest.TestCase):
             return "ok"
 
         w = self.worker({kind: slow})
-        client.publish(key, kind, ping_interval=0.1, worker_timeout=1)
+        client.publish(key, kind, ping_interval=0.1, worker_timeout=2)
         # Renewed past several lease lengths, and its log line arrived by a renew.
         wait_for(lambda: [line["msg"] for line in (attempt_of(client.get(key), w.id) or {}).get("log", [])] == ["first"],
                  "the log line to ride on a renew")
         started = time.monotonic()
-        wait_for(lambda: time.monotonic() - started > 2.5, "two and a half lease lengths", every=0.1)
+        wait_for(lambda: time.monotonic() - started > 4.5, "two and a half lease lengths", every=0.1)
         self.assertEqual(state(key), "running", "renews keep the lease")
         release.set()
         wait_for(lambda: state(key) == "succeeded", "the task to succeed")
@@ -169,7 +169,7 @@ class WorkerTest(unittest.TestCase):
         reasons: List[str] = []
 
         def holds(job: Job) -> str:
-            if job.cancelled.wait(2.0):  # two lease lengths, renewed
+            if job.cancelled.wait(3.0):  # one and a half lease lengths, renewed
                 reasons.append(str(job.cancel_reason))
             return "kept"
 
@@ -177,8 +177,8 @@ class WorkerTest(unittest.TestCase):
         calls = self.record_calls(w)
         wait_for(lambda: w._conns.get("claim") is not None, "the long poll to start")
         started = time.monotonic()
-        wait_for(lambda: time.monotonic() - started > 1.5, "a poll longer than the lease", every=0.1)
-        client.publish(key, kind, worker_timeout=1, ping_interval=0.2)
+        wait_for(lambda: time.monotonic() - started > 2.5, "a poll longer than the lease", every=0.1)
+        client.publish(key, kind, worker_timeout=2, ping_interval=0.2)
         wait_for(lambda: state(key) == "succeeded", "the task to succeed")
         self.assertEqual(reasons, [])
         self.assertEqual(client.get(key)["attempts"], 1)
