@@ -212,6 +212,27 @@ class WorkerTest(unittest.TestCase):
         self.assertFalse([c for c in calls if c.endswith("/finish")], "nor sent")
         self.assertTrue([c for c in calls if c.endswith(f"/jobs/{key}/renew")], "the cancel came by a renew's 409")
 
+    def test_a_heartbeat_reports_lost_attempts(self) -> None:
+        # Renews are 20 s apart: the cancel reaches the handler through the
+        # heartbeat's lost list, which names the held attempt.
+        kind, key = unique("hb"), unique("hb")
+        started, reasons = threading.Event(), []
+
+        def waits(job: Job) -> None:
+            started.set()
+            job.cancelled.wait(30)
+            reasons.append(job.cancel_reason)
+
+        w = self.worker({kind: waits})
+        calls = self.record_calls(w)
+        client.publish(key, kind, ping_interval=20, worker_timeout=60)
+        self.assertTrue(started.wait(10))
+        client.cancel(key)
+        wait_for(lambda: reasons, "the heartbeat to report the attempt lost")
+        self.assertEqual(reasons, ["cancelled"])
+        self.assertFalse([c for c in calls if "/renew" in c or c.endswith("/finish")], calls)
+        self.assertTrue([c for c in calls if c.startswith("PUT ")], "heartbeats were sent")
+
     def test_a_raising_handler_is_retried_then_failed(self) -> None:
         kind, key = unique("boom"), unique("boom")
         attempts: List[int] = []
