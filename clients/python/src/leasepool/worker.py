@@ -3,7 +3,8 @@
 Threads, each with its own keep-alive connection: one registers and
 heartbeats, one claims with the long poll while slots are free, one
 renews the running attempts' leases, one cancels those whose lease may be
-ending, and ``concurrency`` run the handlers and finish their attempts.
+ending, ``concurrency`` run the handlers, and one finisher writes their
+outcomes many at a time, claiming more tasks in the same call.
 """
 
 from __future__ import annotations
