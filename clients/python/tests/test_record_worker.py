@@ -8,12 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import unittest
 from typing import Any, Dict, List
 
 from support import PYROOT, TempStore, unique, wait_for
 
-from leasepool import Client
+from leasepool import Client, Worker
 
 PROGRAM = os.path.join(PYROOT, "examples", "record_worker.py")
 
@@ -69,6 +70,34 @@ class RecordWorkerTest(unittest.TestCase):
         self.assertEqual(events, ["start", "abort"], "the cancel event fires once the grace has passed")
         t = self.client.get(long_key)
         self.assertEqual((t["state"], t["workers"][-1]["state"] if t["workers"] else t["history"][-1]["state"]), ("pending", "RELEASED"))
+
+    def test_a_frozen_worker_never_records_its_outcome(self) -> None:
+        # SIGSTOP past the lease: another worker takes the task and
+        # succeeds. Resumed, the frozen worker's handler ends or aborts, and
+        # whatever it sends is refused: only the holder's outcome is stored.
+        kind, key = unique("frz"), unique("frz")
+        p = self.start(unique("rw"), kind)
+        self.client.publish(key, kind, {"ms": 2500}, worker_timeout=1, max_unexpected_retries=5)
+        wait_for(lambda: any(r["key"] == key and r["event"] == "start" for r in self.lines()), "the handler to start")
+        p.send_signal(signal.SIGSTOP)
+        try:
+            other = Worker(self.serve.url, unique("other"), {kind: lambda job: "holder"})
+            other.start()
+            self.addCleanup(other.stop, 0)
+            wait_for(lambda: self.client.get(key)["state"] == "succeeded", "another worker to take the task over")
+            wait_for(lambda: time.time() * 1000 - self.lines()[0]["t"] > 3000, "the frozen handler's time to pass", every=0.1)
+        finally:
+            p.send_signal(signal.SIGCONT)
+        ended = wait_for(lambda: [r["event"] for r in self.lines() if r["key"] == key and r["event"] != "start"],
+                         "the resumed handler to end or abort")
+        self.assertIn(ended[0], ("end", "abort"))
+        t = self.client.get(key)
+        outcomes = {(a["worker_id"], a.get("state")) for a in list(t.get("history") or []) + list(t.get("workers") or [])}
+        self.assertIn((other.id, "SUCCESS"), outcomes)
+        self.assertEqual([a for a in t["workers"] if a.get("result") == {"worker": self.lines()[0]["worker"]}], [],
+                         "the frozen worker's result is never stored")
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(30), 0)
 
     def test_bad_flags_exit_2(self) -> None:
         r = subprocess.run([sys.executable, PROGRAM, "--url", self.serve.url, "--id", "x", "--kinds", "k",
