@@ -575,7 +575,7 @@ class Worker:
                 self._reregister()
                 job._next_renew = time.monotonic() + 0.05
             elif e.status in (404, 409):
-                job._cancel(e.code or ("task_gone" if e.status == 404 else "lease_lost"), abandon=True)
+                job._cancel(e.code or ("not_found" if e.status == 404 else "lease_lost"), abandon=True)
             else:
                 # Unreachable or failing: try again soon, the lease runs on.
                 job._return_log(lines)
