@@ -8,7 +8,7 @@ import unittest
 from datetime import datetime, timedelta, timezone
 from typing import Iterator, List, Optional
 
-from support import Proxy, TempStore, unique, wait_for
+from support import Proxy, TempStore, free_port, unique, wait_for
 
 from leasepool import Client, Event, LeasepoolError, UnavailableError, go_duration
 
@@ -212,6 +212,36 @@ class Follower:
             client.publish(unique("prime"), kind)
             return None
         return str(wait_for(seen, "the event stream to open", every=0.1))
+
+
+class ServersTest(unittest.TestCase):
+    def test_a_refused_server_moves_calls_to_the_next(self) -> None:
+        live = store.servers[0].url
+        dead = f"http://127.0.0.1:{free_port()}"
+        c = Client(f"{dead},{live}")
+        key = unique("rot")
+        self.assertEqual(c.publish(key, unique("kind"))["result"], "inserted")
+        self.assertEqual(c.url, live)
+        self.assertEqual(c.get(key)["key"], key)
+        with self.assertRaises(UnavailableError) as cm:
+            Client([dead]).get(key)
+        self.assertEqual((cm.exception.status, cm.exception.code), (0, "unavailable"))
+        self.assertIn(dead, cm.exception.message)
+
+    def test_bad_urls_are_refused(self) -> None:
+        for url in ("ftp://x", "http://", "", " , "):
+            with self.assertRaises(ValueError) as cm:
+                Client(url)
+            self.assertTrue(str(cm.exception).startswith("url:"), cm.exception)
+
+    def test_a_token_is_sent(self) -> None:
+        s = TempStore()
+        self.addCleanup(s.close)
+        srv = s.serve("--token", "s3cret")
+        with self.assertRaises(LeasepoolError) as cm:
+            Client(srv.url).stats()
+        self.assertEqual(cm.exception.status, 401)
+        self.assertIn("by_state", Client(srv.url, token="s3cret").stats())
 
 
 class EventsTest(unittest.TestCase):
