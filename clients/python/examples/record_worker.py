@@ -40,6 +40,10 @@ def main() -> int:
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds:
         p.error("--kinds: give at least one kind")
+    if args.concurrency < 1:
+        p.error(f"--concurrency: must be at least 1, got {args.concurrency}")
+    if args.grace is not None and args.grace < 0:
+        p.error(f"--grace: must not be negative, got {args.grace}")
 
     fd = os.open(args.record, os.O_APPEND | os.O_WRONLY | os.O_CREAT, 0o644)
     pid = os.getpid()

@@ -104,6 +104,10 @@ class RecordWorkerTest(unittest.TestCase):
                             "--record", self.record, "--concurrency", "many"], capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
         self.assertIn("--concurrency", r.stderr)
+        r = subprocess.run([sys.executable, PROGRAM, "--url", self.serve.url, "--id", "x", "--kinds", "k",
+                            "--record", self.record, "--concurrency", "0"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--concurrency: must be at least 1", r.stderr)
 
 
 if __name__ == "__main__":
