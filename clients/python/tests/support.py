@@ -95,8 +95,9 @@ class Serve:
 
         try:
             wait_for(up, f"serve on {self.url}", timeout=20)
-        except RuntimeError as e:
-            raise AssertionError(str(e)) from None
+        except (RuntimeError, AssertionError) as e:
+            self.stop(kill=True)
+            raise AssertionError(f"{e}; its log: {self.log_tail()}") from None
         return self
 
     def stop(self, kill: bool = False) -> None:

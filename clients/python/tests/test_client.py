@@ -19,7 +19,11 @@ client: Client
 def setUpModule() -> None:
     global store, client
     store = TempStore()
-    client = Client(store.serve().url)
+    try:
+        client = Client(store.serve().url)
+    except BaseException:
+        store.close()
+        raise
 
 
 def tearDownModule() -> None:

@@ -22,7 +22,11 @@ url: str
 def setUpModule() -> None:
     global store, client, url
     store = TempStore()
-    url = store.serve().url
+    try:
+        url = store.serve().url
+    except BaseException:
+        store.close()
+        raise
     client = Client(url)
 
 
