@@ -20,6 +20,8 @@ PYROOT = os.path.dirname(HERE)
 REPO = os.path.dirname(os.path.dirname(PYROOT))
 sys.path.insert(0, os.path.join(PYROOT, "src"))
 
+from leasepool import LeasepoolError  # noqa: E402
+
 T = TypeVar("T")
 
 _bin: Optional[str] = None
@@ -55,7 +57,7 @@ def wait_for(fact: Callable[[], T], what: str, timeout: float = 15.0, every: flo
             v = fact()
             if v:
                 return v
-        except Exception as e:  # a fact not yet readable: poll on
+        except (LeasepoolError, LookupError, OSError, ValueError) as e:  # a fact not yet readable: poll on
             last_error = e
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))
