@@ -34,8 +34,10 @@ log = logging.getLogger("leasepool.worker")
 SHUTDOWN = "shutdown"  # the worker stops: the attempt is released
 LEASE_EXPIRED = "lease_expired"  # no renew succeeded for 9/10 of lease_ms
 
-# Bounds of the protocol: a claim's max and its wait.
+# Bounds of the protocol: a claim's max and its wait, and the attempts a
+# heartbeat may name.
 MAX_CLAIM = 256
+MAX_HELD = 4096
 MAX_CLAIM_WAIT_MS = 60_000
 # The share of a lease a job counts on without a successful renew.
 LEASE_SHARE = 0.9
@@ -188,8 +190,8 @@ class Worker:
             raise ValueError("id: must not be empty")
         if not handlers:
             raise ValueError("handlers: give at least one kind")
-        if concurrency < 1:
-            raise ValueError(f"concurrency: must be at least 1, got {concurrency}")
+        if not 1 <= concurrency <= MAX_HELD:
+            raise ValueError(f"concurrency: must be 1 to {MAX_HELD}, got {concurrency}")
         if grace < 0:
             raise ValueError(f"grace: must not be negative, got {grace}")
         if not 0 <= claim_wait * 1000 <= MAX_CLAIM_WAIT_MS:
