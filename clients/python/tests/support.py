@@ -20,7 +20,7 @@ PYROOT = os.path.dirname(HERE)
 REPO = os.path.dirname(os.path.dirname(PYROOT))
 sys.path.insert(0, os.path.join(PYROOT, "src"))
 
-from leasepool import LeasepoolError  # noqa: E402
+from leasepool import Client, LeasepoolError  # noqa: E402
 
 T = TypeVar("T")
 
@@ -245,3 +245,9 @@ def attempt_of(task: Any, worker_id: str) -> Optional[dict]:
         if a.get("worker_id") == worker_id:
             found = a
     return found
+
+
+def closing(test: Any, client: Client) -> Client:
+    """``client``, closed when ``test`` ends."""
+    test.addCleanup(client.close)
+    return client

@@ -12,7 +12,7 @@ import time
 import unittest
 from typing import Any, Dict, List
 
-from support import PYROOT, TempStore, unique, wait_for
+from support import PYROOT, TempStore, closing, free_port, unique, wait_for
 
 from leasepool import Client, Worker
 
@@ -24,21 +24,29 @@ class RecordWorkerTest(unittest.TestCase):
         self.store = TempStore()
         self.addCleanup(self.store.close)
         self.serve = self.store.serve()
-        self.client = Client(self.serve.url)
+        self.client = closing(self, Client(self.serve.url))
         self.record = os.path.join(self.store.dir, "record.jsonl")
 
     def start(self, wid: str, kinds: str, *extra: str) -> "subprocess.Popen[str]":
         # The second URL is refused: the worker must still get on with the first.
-        dead = f"http://127.0.0.1:{self.serve.port + 1 if self.serve.port < 65535 else 1}"
+        dead = f"http://127.0.0.1:{free_port()}"
+        stderr = open(os.path.join(self.store.dir, f"{wid}.log"), "w")
+        self.addCleanup(stderr.close)
         p = subprocess.Popen(
             [sys.executable, PROGRAM, "--url", f"{self.serve.url},{dead}", "--id", wid, "--kinds", kinds,
              "--concurrency", "4", "--record", self.record, *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd="/",
         )
-        self.addCleanup(p.kill)  # a no-op once it has exited
         assert p.stdout is not None
+        self.addCleanup(p.stdout.close)
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)  # a no-op once it has exited
         line = p.stdout.readline()
-        self.assertEqual(line, "ready\n", p.stderr.read() if p.poll() is not None and p.stderr else "")
+        if line != "ready\n":
+            p.kill()
+            p.wait()
+            with open(stderr.name) as f:
+                self.fail(f"{wid} said {line!r}, not ready: {f.read()[-2000:]}")
         return p
 
     def lines(self) -> List[Dict[str, Any]]:

@@ -10,7 +10,7 @@ import urllib.parse
 from datetime import datetime, timezone
 from typing import Any, Dict, List
 
-from support import Proxy, TempStore, attempt_of, unique, wait_for
+from support import Proxy, TempStore, attempt_of, closing, unique, wait_for
 
 from leasepool import LEASE_EXPIRED, SHUTDOWN, Client, Job, LeasepoolError, Retryable, Snooze, Worker
 
@@ -447,16 +447,16 @@ class CredentialTest(unittest.TestCase):
         srv = s.serve("--token", "full-secret", "--worker-token", "worker-secret")
         kind, key = unique("auth"), unique("auth")
         with self.assertRaises(LeasepoolError) as cm:
-            Client(srv.url).publish(key, kind)
+            closing(self, Client(srv.url)).publish(key, kind)
         self.assertEqual(cm.exception.status, 401)
-        admin = Client(srv.url, token="full-secret")
+        admin = closing(self, Client(srv.url, token="full-secret"))
         admin.publish(key, kind)
         w = Worker(srv.url, unique("w"), {kind: lambda job: "authorized"}, token="worker-secret")
         w.start()
         self.addCleanup(w.stop, 0)
         wait_for(lambda: admin.get(key)["state"] == "succeeded", "the task run with the worker token")
         with self.assertRaises(LeasepoolError) as cm:
-            Client(srv.url, token="worker-secret").get(key)
+            closing(self, Client(srv.url, token="worker-secret")).get(key)
         self.assertEqual(cm.exception.status, 403)
 
 
@@ -488,7 +488,7 @@ class FailoverTest(unittest.TestCase):
         s = TempStore()
         self.addCleanup(s.close)
         srv = s.serve()
-        admin = Client(srv.url)
+        admin = closing(self, Client(srv.url))
         kind, key, later = unique("rs"), unique("rs"), unique("rs-later")
         started, go = threading.Event(), threading.Event()
 

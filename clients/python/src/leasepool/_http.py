@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 import urllib.parse
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -70,6 +71,10 @@ class Transport:
         self._index = 0
         self._index_lock = threading.Lock()
         self._local = threading.local()
+        # Every connection of every thread, for close_all; and how many
+        # times they were all closed, for streams to see they should end.
+        self._all: "weakref.WeakSet[http.client.HTTPConnection]" = weakref.WeakSet()
+        self.closings = 0
 
     @property
     def url(self) -> str:
@@ -91,9 +96,14 @@ class Transport:
         return conns
 
     def _new_conn(self, base: Base, timeout: float) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection
         if base.https:
-            return http.client.HTTPSConnection(base.host, base.port, timeout=timeout)
-        return http.client.HTTPConnection(base.host, base.port, timeout=timeout)
+            conn = http.client.HTTPSConnection(base.host, base.port, timeout=timeout)
+        else:
+            conn = http.client.HTTPConnection(base.host, base.port, timeout=timeout)
+        with self._index_lock:
+            self._all.add(conn)
+        return conn
 
     def headers(self, body: bool) -> Dict[str, str]:
         h = {"Accept": "application/json", "User-Agent": USER_AGENT}
@@ -213,6 +223,21 @@ class Transport:
         for conn in self._conns().values():
             conn.close()
         self._conns().clear()
+
+    def close_all(self) -> None:
+        """Close the connections of every thread, streams' too; a later
+        request opens a new one."""
+        with self._index_lock:
+            conns = list(self._all)
+            self.closings += 1
+        for conn in conns:
+            sock = conn.sock
+            if sock is not None:
+                try:  # wakes a thread blocked reading it
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            conn.close()
 
 
 def encode_json(v: Any) -> bytes:

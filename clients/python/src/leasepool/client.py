@@ -141,8 +141,9 @@ class Client:
         return self._http.url
 
     def close(self) -> None:
-        """Close the calling thread's connections."""
-        self._http.close()
+        """Close every connection of the client, and end its event streams.
+        A later call opens a new connection."""
+        self._http.close_all()
 
     def __enter__(self) -> "Client":
         return self
@@ -336,11 +337,13 @@ class Client:
         seen, so no event is lost or repeated; ``reconnect=False`` raises
         instead. When the store has no history from that id the stream ends
         with LeasepoolError(410, code ``history_lost``): list the tasks again
-        and follow from now. Close the generator to close the connection.
+        and follow from now. Close the generator, or the client, to close
+        the connection.
         """
         q: Dict[str, Any] = {"kind": _csv(kind), "key": key, "type": _csv(type), "rollout": rollout}
         last = since
         backoff = _Backoff()
+        closings = self._http.closings
         while True:
             conn: Optional[http.client.HTTPConnection] = None
             try:
@@ -357,6 +360,8 @@ class Client:
                             yield ev
                     raise ConnectionResetError("the server ended the stream")
                 except (OSError, http.client.HTTPException, UnavailableError) as e:
+                    if self._http.closings != closings:
+                        return  # the client was closed
                     if not reconnect:
                         if isinstance(e, UnavailableError):
                             raise

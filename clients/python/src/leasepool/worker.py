@@ -356,7 +356,7 @@ class Worker:
         except LeasepoolError as e:
             log.warning("leasepool worker %s: unregister: %s (the registration lapses by itself)", self.id, e)
         self._registered.clear()
-        self._http.close()
+        self._http.close_all()
         self._stopped.set()
 
     def _wait_idle(self, deadline: float) -> None:
