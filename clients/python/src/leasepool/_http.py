@@ -225,8 +225,9 @@ class Transport:
         self._conns().clear()
 
     def close_all(self) -> None:
-        """Close the connections of every thread, streams' too; a later
-        request opens a new one."""
+        """End the connections of every thread, streams' too; a later
+        request opens a new one. Another thread's connection is shut, not
+        closed under it: that thread sees it end and closes it."""
         with self._index_lock:
             conns = list(self._all)
             self.closings += 1
@@ -237,7 +238,7 @@ class Transport:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            conn.close()
+        self.close()
 
 
 def encode_json(v: Any) -> bytes:
