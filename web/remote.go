@@ -339,7 +339,8 @@ func (a *api) remoteFinishMany(w http.ResponseWriter, r *http.Request) {
 			// The outcomes are written: answer them, and the claim's
 			// refusal beside.
 			status, code, msg := refusal(err)
-			out["claim_error"] = finishedResult{Status: status, Code: code, Error: msg}
+			out["claim_error"] = map[string]any{"status": status, "code": code, "error": msg}
+			jobs = []remoteJob{}
 		}
 		out["jobs"] = jobs
 	}
