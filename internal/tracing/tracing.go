@@ -19,6 +19,7 @@ package tracing
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -114,6 +115,11 @@ func Setup(ctx context.Context) (shutdown func(context.Context) error, err error
 	if err != nil {
 		return nil, err
 	}
+	// Export failures (a collector away) are logged, not printed by
+	// OpenTelemetry's own logger.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		slog.Warn("tracing: spans not exported", slog.Any("err", err))
+	}))
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	return tp.Shutdown, nil
