@@ -24,6 +24,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
@@ -403,4 +404,131 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestTracingFlows publishes two flows with the CLI (tracing on, no
+// TRACEPARENT: each flow's span starts its trace) and runs them on a
+// worker process: each flow is one trace, whose steps' tasks, its sleep
+// step's and signal step's timers and its signal are children of the
+// flow's span, and whose steps' attempts are children of their publishes.
+func TestTracingFlows(t *testing.T) {
+	ctx := testContext(t, 2*time.Minute)
+	bin := leasepoolBin(t)
+	store, storeURL := openTestStore(t, ctx)
+	recv := startOTLPReceiver(t)
+	cli := func(args ...string) {
+		t.Helper()
+		c := exec.CommandContext(ctx, bin, append([]string{"--store", storeURL}, args...)...)
+		c.Env = append(os.Environ(), tracingEnv(recv, "cli")...)
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("leasepool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	spec := filepath.Join(t.TempDir(), "flow.json")
+	if err := os.WriteFile(spec, []byte(`{"steps": [
+		{"name": "prep", "kind": "noop"},
+		{"name": "nap", "sleep": "100ms"},
+		{"name": "approval", "type": "signal", "timeout": "1m"},
+		{"name": "done", "kind": "noop"}
+	]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "worker", "--id", "flow-w", "--kinds", "noop")
+	w.Env = append(os.Environ(), tracingEnv(recv, "worker")...)
+	var wlog lockedBuffer
+	w.Stdout, w.Stderr = &wlog, &wlog
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = w.Process.Kill()
+		_ = w.Wait()
+		if t.Failed() {
+			t.Logf("worker log:\n%s", tail(wlog.String(), 4000))
+		}
+	})
+	flows := []string{"f1", "f2"}
+	for _, key := range flows {
+		cli("flow", "publish", key, "--file", spec)
+	}
+	for _, key := range flows {
+		eventually(t, time.Minute, key+"'s approval to wait for its signal", func() bool {
+			f, err := flow.Get(ctx, store, key)
+			return err == nil && f.Progress[2].State == flow.StepRunning
+		})
+		cli("flow", "signal", key, "approval")
+	}
+	for _, key := range flows {
+		if f, err := waitFlow(ctx, store, key); err != nil || f.State != flow.StateSucceeded {
+			t.Fatalf("flow %s: %v", key, err)
+		}
+	}
+
+	traces := map[string]string{} // flow key: trace id
+	for _, key := range flows {
+		var flowSpan span
+		eventually(t, time.Minute, key+"'s spans to be exported", func() bool {
+			recv.mu.Lock()
+			all := slices.Clone(recv.spans)
+			recv.mu.Unlock()
+			fs := find(all, named("publish flow", "leasepool.flow.key", key))
+			if len(fs) != 1 {
+				return false
+			}
+			flowSpan = fs[0]
+			// The last step's attempt ends the flow.
+			return len(find(recv.trace(flowSpan.traceID), named("process noop", "messaging.message.id", key+"/4/done/do"))) == 1
+		})
+		stored, err := flow.Get(ctx, store, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "00-" + flowSpan.traceID + "-" + flowSpan.id + "-01"; stored.Trace.Traceparent != want {
+			t.Errorf("flow %s stored trace %+v; want %s", key, stored.Trace, want)
+		}
+		if flowSpan.parent != "" {
+			t.Errorf("flow %s's span has a parent %s: no TRACEPARENT was given", key, flowSpan.parent)
+		}
+		traces[key] = flowSpan.traceID
+		spans := recv.trace(flowSpan.traceID)
+		for _, step := range []struct{ key, kind string }{
+			{key + "/1/prep/do", "noop"},
+			{key + "/2/nap/do", flow.TimerKind},
+			{key + "/3/approval/do", flow.TimerKind},
+			{key + "/4/done/do", "noop"},
+		} {
+			pubs := find(spans, named("publish "+step.kind, "messaging.message.id", step.key, "leasepool.publish.result", "inserted"))
+			if len(pubs) != 1 {
+				t.Errorf("flow %s: %d inserting publishes of %s; want 1:\n%s", key, len(pubs), step.key, describe(spans))
+				continue
+			}
+			if pubs[0].parent != flowSpan.id {
+				t.Errorf("flow %s: the publish of %s is a child of %s, not of the flow's span %s", key, step.key, pubs[0].parent, flowSpan.id)
+			}
+			if step.key == key+"/3/approval/do" {
+				continue // the signal's timeout timer, stopped by the signal
+			}
+			runs := find(spans, named("process "+step.kind, "messaging.message.id", step.key))
+			if len(runs) == 0 {
+				t.Errorf("flow %s: no attempt span of %s in its trace", key, step.key)
+			}
+			for _, r := range runs {
+				if r.parent != pubs[0].id || r.attrs["leasepool.outcome"] != "succeeded" {
+					t.Errorf("flow %s: attempt of %s: parent %s, outcome %s; want %s, succeeded", key, step.key, r.parent, r.attrs["leasepool.outcome"], pubs[0].id)
+				}
+			}
+		}
+		sig := find(spans, named("flow signal", "leasepool.flow.key", key, "leasepool.flow.step", "approval"))
+		if len(sig) != 1 || sig[0].parent != flowSpan.id {
+			t.Errorf("flow %s: signal spans %+v; want one, a child of the flow's span", key, sig)
+		}
+		for _, s := range spans {
+			if k := s.attrs["messaging.message.id"] + s.attrs["leasepool.flow.key"]; !strings.HasPrefix(k, key) {
+				t.Errorf("flow %s's trace holds a span of %q (%s)", key, k, s.name)
+			}
+		}
+	}
+	if traces["f1"] == traces["f2"] {
+		t.Errorf("two flows share one trace %s", traces["f1"])
+	}
 }
