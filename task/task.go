@@ -283,7 +283,7 @@ func (p PublishParams) validate(internal bool) error {
 	if err := ValidateName("kind", p.Kind); err != nil {
 		return err
 	}
-	if err := tracing.Check("trace.", p.Trace.Traceparent, p.Trace.Tracestate); err != nil {
+	if err := tracing.Check("trace.traceparent", "trace.tracestate", p.Trace.Traceparent, p.Trace.Tracestate); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	for _, id := range p.SpecificWorkerIDs {

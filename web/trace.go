@@ -19,8 +19,8 @@ func traced(r *http.Request) (context.Context, error) {
 	if tp == "" {
 		return r.Context(), nil // a tracestate alone means nothing (W3C)
 	}
-	if err := tracing.Check("", tp, ts); err != nil {
-		return nil, fmt.Errorf("%w: header %w", task.ErrInvalid, err)
+	if err := tracing.Check("traceparent header", "tracestate header", tp, ts); err != nil {
+		return nil, fmt.Errorf("%w: %w", task.ErrInvalid, err)
 	}
 	return tracing.Extract(r.Context(), tp, ts), nil
 }

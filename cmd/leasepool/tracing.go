@@ -29,8 +29,8 @@ func publishContext(c *cli.Context) (context.Context, error) {
 	if tp == "" {
 		return c.Context, nil
 	}
-	if err := tracing.Check("", tp, ts); err != nil {
-		return nil, fmt.Errorf("%w: environment: %w", task.ErrInvalid, err)
+	if err := tracing.Check("TRACEPARENT", "TRACESTATE", tp, ts); err != nil {
+		return nil, fmt.Errorf("%w: %w", task.ErrInvalid, err)
 	}
 	return tracing.Extract(c.Context, tp, ts), nil
 }

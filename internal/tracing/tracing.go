@@ -169,29 +169,29 @@ func Extract(ctx context.Context, traceparent, tracestate string) context.Contex
 }
 
 // Check reports whether traceparent and tracestate are a valid W3C trace
-// context; the error names the field, as fieldPrefix+"traceparent" or
-// fieldPrefix+"tracestate". Empty strings are valid (no context), but a
-// tracestate needs a traceparent.
-func Check(fieldPrefix, traceparent, tracestate string) error {
+// context; its error names the one at fault as tpName or tsName (the
+// field, header or variable the caller read it from). Empty strings are
+// valid (no context), but a tracestate needs a traceparent.
+func Check(tpName, tsName, traceparent, tracestate string) error {
 	if traceparent == "" {
 		if tracestate != "" {
-			return fmt.Errorf("%stracestate: given without a traceparent", fieldPrefix)
+			return fmt.Errorf("%s: given without a %s", tsName, tpName)
 		}
 		return nil
 	}
 	if len(traceparent) > 256 {
-		return fmt.Errorf("%straceparent: %d bytes is too long", fieldPrefix, len(traceparent))
+		return fmt.Errorf("%s: %d bytes is too long", tpName, len(traceparent))
 	}
 	sc := trace.SpanContextFromContext(propagator.Extract(context.Background(), propagation.MapCarrier{"traceparent": traceparent}))
 	if !sc.IsValid() {
-		return fmt.Errorf("%straceparent: %q is not a W3C traceparent (00-<32 hex trace id>-<16 hex span id>-<2 hex flags>)", fieldPrefix, traceparent)
+		return fmt.Errorf("%s: %q is not a W3C traceparent (00-<32 hex trace id>-<16 hex span id>-<2 hex flags>)", tpName, traceparent)
 	}
 	if tracestate != "" {
 		if len(tracestate) > 512 {
-			return fmt.Errorf("%stracestate: %d bytes is too long (512 at most)", fieldPrefix, len(tracestate))
+			return fmt.Errorf("%s: %d bytes is too long (512 at most)", tsName, len(tracestate))
 		}
 		if _, err := trace.ParseTraceState(tracestate); err != nil {
-			return fmt.Errorf("%stracestate: %w", fieldPrefix, err)
+			return fmt.Errorf("%s: %w", tsName, err)
 		}
 	}
 	return nil

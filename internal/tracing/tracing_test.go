@@ -40,15 +40,15 @@ func TestCheckNamesTheField(t *testing.T) {
 		{parent, "no equals sign", "trace.tracestate"},
 		{parent, strings.Repeat("a=b,", 200), "trace.tracestate"},
 	} {
-		err := Check("trace.", c.tp, c.ts)
+		err := Check("trace.traceparent", "trace.tracestate", c.tp, c.ts)
 		if err == nil || !strings.HasPrefix(err.Error(), c.field+":") {
 			t.Errorf("Check(%q, %q) = %v; want an error naming %s", c.tp, c.ts, err, c.field)
 		}
 	}
-	if err := Check("trace.", parent, state); err != nil {
+	if err := Check("trace.traceparent", "trace.tracestate", parent, state); err != nil {
 		t.Errorf("a valid context refused: %v", err)
 	}
-	if err := Check("trace.", "", ""); err != nil {
+	if err := Check("trace.traceparent", "trace.tracestate", "", ""); err != nil {
 		t.Errorf("no context refused: %v", err)
 	}
 }

@@ -216,7 +216,7 @@ func DecodeCommand(b []byte) (CommandMessage, error) {
 	if err := CheckArgs(m.Args); err != nil {
 		return CommandMessage{}, fmt.Errorf("%w: command: %w", ErrBadMessage, err)
 	}
-	if err := tracing.Check("", m.Traceparent, m.Tracestate); err != nil {
+	if err := tracing.Check("traceparent", "tracestate", m.Traceparent, m.Tracestate); err != nil {
 		return CommandMessage{}, fmt.Errorf("%w: command: %w", ErrBadMessage, err)
 	}
 	return m, nil
