@@ -7,7 +7,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/leasepool/leasepool/internal/tracing"
+	"github.com/leasepool/leasepool/internal/tracing/tracingsdk"
 )
 
 // BenchmarkPublishRunTraced is BenchmarkPublishRun with tracing on: the
@@ -17,7 +17,7 @@ import (
 // run it alone (-bench 'Traced$').
 func BenchmarkPublishRunTraced(b *testing.B) {
 	exp := tracetest.NewInMemoryExporter()
-	tp, err := tracing.NewProvider(context.Background(), exp)
+	tp, err := tracingsdk.NewProvider(context.Background(), exp)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,13 +7,14 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leasepool/leasepool/internal/tracing"
+	"github.com/leasepool/leasepool/internal/tracing/tracingsdk"
 	"github.com/leasepool/leasepool/task"
 )
 
 // startTracing starts OpenTelemetry when the OTEL_* variables ask for it
-// (see internal/tracing.Setup); a setting it cannot honour is bad input.
+// (see internal/tracing/tracingsdk.Setup); a setting it cannot honour is bad input.
 func startTracing(c *cli.Context) (func(context.Context) error, error) {
-	shutdown, err := tracing.Setup(c.Context)
+	shutdown, err := tracingsdk.Setup(c.Context)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", task.ErrInvalid, err)
 	}

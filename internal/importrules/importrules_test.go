@@ -50,7 +50,10 @@ const (
 
 // tracingPkg wraps OpenTelemetry; it imports nothing of leasepool's, so
 // every package may import it, task included.
-const tracingPkg = "internal/tracing"
+const (
+	tracingPkg    = "internal/tracing"
+	tracingSDKPkg = "internal/tracing/tracingsdk"
+)
 
 // mochiPkg is the MQTT server the embedded broker runs, a patched copy of
 // a published module (docs/decisions/0013).
@@ -200,6 +203,13 @@ var rules = []rule{
 		},
 	},
 	{
+		name:    "only programs start the OpenTelemetry SDK (internal/tracing/tracingsdk): libraries make spans through the program's provider",
+		applies: func(path string) bool { return production(path) && !under("cmd")(path) },
+		check: func(_ string, p pkg) []string {
+			return in(p.Deps, is(tracingSDKPkg))
+		},
+	},
+	{
 		name:    "no package imports cmd",
 		applies: every,
 		check: func(_ string, p pkg) []string {
@@ -307,6 +317,7 @@ func TestRulesCatchViolations(t *testing.T) {
 	}{
 		{"task", "internal/lifecycle", "task imports nothing"},
 		{tracingPkg, "task", "internal/tracing imports nothing"},
+		{"worker", tracingSDKPkg, "only programs start the OpenTelemetry SDK"},
 		{"task/mongostore", "control", "a backend imports task only"},
 		{"events", "consumer", "import task (and internal/lifecycle, internal/singleton) only"},
 		{preemptPkg, "control", "import task (and internal/lifecycle, internal/singleton) only"},

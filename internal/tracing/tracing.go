@@ -1,13 +1,14 @@
-// Package tracing is leasepool's one door to OpenTelemetry: it starts the
-// SDK from the standard OTEL_* variables (Setup), starts the spans of a
-// publish and of an attempt, and carries W3C trace context (traceparent,
-// tracestate) in and out of task documents, HTTP headers, exec programs'
-// environments and device commands. The rest of the code passes only
-// context.Context and strings.
+// Package tracing is leasepool's one door to OpenTelemetry's API: it
+// starts the spans of a publish and of an attempt, and carries W3C trace
+// context (traceparent, tracestate) in and out of task documents, HTTP
+// headers, exec programs' environments and device commands. The rest of
+// the code passes only context.Context and strings. The SDK, which
+// exports spans, is started by programs only (package tracingsdk), so a
+// library that imports task links none of it.
 //
 // Spans are made only when a tracer provider other than OpenTelemetry's
-// default is installed (by Setup, or by a program embedding leasepool that
-// called otel.SetTracerProvider): with none, every function here costs a
+// default is installed (by tracingsdk.Setup, or by a program embedding
+// leasepool that called otel.SetTracerProvider): with none, every function here costs a
 // pointer comparison, or a context lookup where a trace context may be
 // carried on. A context already in a task is carried on even then, so an
 // exec program or a device still joins its publisher's trace.
@@ -19,7 +20,6 @@ package tracing
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -29,10 +29,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -73,72 +70,6 @@ func tracer() trace.Tracer {
 
 // On reports whether spans are being made.
 func On() bool { return tracer() != nil }
-
-// Setup starts the OpenTelemetry SDK when the environment asks for an
-// exporter: OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
-// or OTEL_TRACES_EXPORTER=otlp. It exports over OTLP/HTTP (protobuf) as the
-// OTEL_EXPORTER_OTLP_* variables say, samples as OTEL_TRACES_SAMPLER says,
-// names the service OTEL_SERVICE_NAME (default: leasepool) and installs
-// the provider and the W3C trace context propagator globally.
-// OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none leave it off. With
-// nothing set it does nothing and returns a shutdown that does nothing.
-// Shutdown flushes the spans not yet exported.
-func Setup(ctx context.Context) (shutdown func(context.Context) error, err error) {
-	off := func(context.Context) error { return nil }
-	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
-		return off, nil
-	}
-	switch exp := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")); exp {
-	case "none":
-		return off, nil
-	case "":
-		if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
-			return off, nil
-		}
-	case "otlp":
-	default:
-		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER: %q is not supported (otlp or none)", exp)
-	}
-	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
-		if v := os.Getenv(name); v != "" {
-			if v != "http/protobuf" {
-				return nil, fmt.Errorf("%s: %q is not supported (http/protobuf)", name, v)
-			}
-			break
-		}
-	}
-	exporter, err := otlptracehttp.New(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
-	}
-	tp, err := NewProvider(ctx, exporter)
-	if err != nil {
-		return nil, err
-	}
-	// Export failures (a collector away) are logged, not printed by
-	// OpenTelemetry's own logger.
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		slog.Warn("tracing: spans not exported", slog.Any("err", err))
-	}))
-	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
-	return tp.Shutdown, nil
-}
-
-// NewProvider is the provider Setup installs, exporting to exporter in
-// batches (OTEL_BSP_* variables), with the sampler and resource of the
-// environment. Tests use it with an exporter of their own.
-func NewProvider(ctx context.Context, exporter sdktrace.SpanExporter) (*sdktrace.TracerProvider, error) {
-	res, err := resource.New(ctx,
-		resource.WithAttributes(attribute.String("service.name", "leasepool")),
-		resource.WithTelemetrySDK(),
-		resource.WithFromEnv(), // OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
-	)
-	if err != nil {
-		return nil, fmt.Errorf("tracing: resource: %w", err)
-	}
-	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res)), nil
-}
 
 var propagator = propagation.TraceContext{}
 
