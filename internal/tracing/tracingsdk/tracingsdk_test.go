@@ -62,3 +62,21 @@ func TestSetupExports(t *testing.T) {
 		t.Fatal("no export reached the endpoint")
 	}
 }
+
+// OTEL_TRACES_SAMPLER is the SDK's: always_off records nothing, and the
+// context handed on says so (flags 00), so workers record nothing of it
+// either.
+func TestSetupSampler(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:1/v1/traces")
+	t.Setenv("OTEL_TRACES_SAMPLER", "always_off")
+	shutdown, err := Setup(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown(context.Background())
+	ctx, span := tracing.StartPublish(context.Background(), "k", "key")
+	defer span.End(nil)
+	if tp, _ := tracing.Inject(ctx); !strings.HasSuffix(tp, "-00") {
+		t.Fatalf("traceparent %q under always_off; want flags 00", tp)
+	}
+}
