@@ -238,6 +238,22 @@ func StartFlow(ctx context.Context, key string) (context.Context, *Span) {
 	return ctx, &Span{s}
 }
 
+// StartRollout starts the span of a rollout's creation: the rollout's
+// span, parent of its device tasks' publishes.
+func StartRollout(ctx context.Context, name string) (context.Context, *Span) {
+	t := tracer()
+	if t == nil {
+		return ctx, nil
+	}
+	ctx, s := t.Start(ctx, "publish rollout", trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+		attribute.String("messaging.system", System),
+		attribute.String("messaging.operation.name", "publish"),
+		attribute.String("messaging.operation.type", "send"),
+		attribute.String("leasepool.rollout.name", name),
+	))
+	return ctx, &Span{s}
+}
+
 // StartInternal starts an internal span name, a child of ctx's span.
 func StartInternal(ctx context.Context, name string, attrs ...Attr) (context.Context, *Span) {
 	t := tracer()
