@@ -265,9 +265,19 @@ printf '%%s' "$TRACEPARENT" > %s
 	}
 
 	var spans []span
-	eventually(t, time.Minute, "the device command's attempt span to be exported", func() bool {
+	// Spans are exported as they end, by three processes: the exec
+	// program's retry may end after the device command it published.
+	eventually(t, time.Minute, "the five spans of the trace to be exported", func() bool {
 		spans = recv.trace(traceID)
-		return len(find(spans, named("process device"))) == 1
+		for _, m := range []func(span) bool{
+			named("publish exec"), named("publish device"), named("process device"),
+			named("process exec", "leasepool.attempt", "1"), named("process exec", "leasepool.attempt", "2"),
+		} {
+			if len(find(spans, m)) == 0 {
+				return false
+			}
+		}
+		return true
 	})
 	byID := map[string]span{}
 	for _, s := range spans {
