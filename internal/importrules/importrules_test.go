@@ -48,6 +48,13 @@ const (
 	pingPkg    = "consumer/internal/ping"
 )
 
+// tracingPkg wraps OpenTelemetry; it imports nothing of leasepool's, so
+// every package may import it, task included.
+const (
+	tracingPkg    = "internal/tracing"
+	tracingSDKPkg = "internal/tracing/tracingsdk"
+)
+
 // mochiPkg is the MQTT server the embedded broker runs, a patched copy of
 // a published module (docs/decisions/0013).
 const mochiPkg = "internal/mochi"
@@ -109,22 +116,31 @@ func oneOf(sets ...[]string) func(string) bool {
 
 var rules = []rule{
 	{
-		name:    "task imports nothing of leasepool's",
-		applies: is("task"),
+		name:    "internal/tracing imports nothing of leasepool's",
+		applies: is(tracingPkg),
 		check:   func(_ string, p pkg) []string { return p.Deps },
+	},
+	{
+		name:    "task imports nothing of leasepool's but internal/tracing",
+		applies: is("task"),
+		check: func(_ string, p pkg) []string {
+			return in(p.Deps, func(d string) bool { return d != tracingPkg })
+		},
 	},
 	{
 		name:    "a backend imports task only",
 		applies: is(backends...),
 		check: func(_ string, p pkg) []string {
-			return in(p.Deps, func(d string) bool { return d != "task" })
+			return in(p.Deps, func(d string) bool { return d != "task" && d != tracingPkg })
 		},
 	},
 	{
 		name:    "consumer/internal/preempt, consumer/internal/ping, control, schedule, events and internal/singleton import task (and internal/lifecycle, internal/singleton) only",
 		applies: is(basics...),
 		check: func(_ string, p pkg) []string {
-			return in(p.Deps, func(d string) bool { return d != "task" && d != "internal/lifecycle" && d != "internal/singleton" })
+			return in(p.Deps, func(d string) bool {
+				return d != "task" && d != "internal/lifecycle" && d != "internal/singleton" && d != tracingPkg
+			})
 		},
 	},
 	{
@@ -188,6 +204,13 @@ var rules = []rule{
 		applies: func(path string) bool { return production(path) && path != "worker" && !program(path) },
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, is("worker"))
+		},
+	},
+	{
+		name:    "only programs start the OpenTelemetry SDK (internal/tracing/tracingsdk): libraries make spans through the program's provider",
+		applies: func(path string) bool { return production(path) && !under("cmd")(path) },
+		check: func(_ string, p pkg) []string {
+			return in(p.Deps, is(tracingSDKPkg))
 		},
 	},
 	{
@@ -269,8 +292,9 @@ func TestImportRules(t *testing.T) {
 // (a typo in a package path, an inverted check) is caught.
 func TestRulesCatchViolations(t *testing.T) {
 	good := map[string]pkg{
-		"task":                   {},
-		"task/sqlitestore":       {Imports: []string{"task"}, Deps: []string{"task"}},
+		"task":                   {Imports: []string{tracingPkg}, Deps: []string{tracingPkg}},
+		tracingPkg:               {},
+		"task/sqlitestore":       {Imports: []string{"task"}, Deps: []string{"task", tracingPkg}},
 		preemptPkg:               {Imports: []string{"task"}, Deps: []string{"task"}},
 		pingPkg:                  {Imports: []string{"task"}, Deps: []string{"task"}},
 		"schedule":               {Imports: []string{"task", "internal/lifecycle"}, Deps: []string{"task", "internal/lifecycle"}},
@@ -296,6 +320,8 @@ func TestRulesCatchViolations(t *testing.T) {
 		pkg, imports, rule string
 	}{
 		{"task", "internal/lifecycle", "task imports nothing"},
+		{tracingPkg, "task", "internal/tracing imports nothing"},
+		{"worker", tracingSDKPkg, "only programs start the OpenTelemetry SDK"},
 		{"task/mongostore", "control", "a backend imports task only"},
 		{"events", "consumer", "import task (and internal/lifecycle, internal/singleton) only"},
 		{preemptPkg, "control", "import task (and internal/lifecycle, internal/singleton) only"},
