@@ -25,8 +25,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/mqttdev/broker"
-	"github.com/leasepool/leasepool/mqttdev/credential"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/task"
 )
