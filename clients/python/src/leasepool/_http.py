@@ -131,6 +131,7 @@ class Transport:
         timeout: Optional[float] = None,
         on_connection: Optional[Callable[[http.client.HTTPConnection], None]] = None,
         abort: Optional[threading.Event] = None,
+        extra_headers: Optional[Mapping[str, str]] = None,
     ) -> Any:
         """Send one request and answer its decoded JSON body.
 
@@ -143,6 +144,9 @@ class Transport:
         sets ``abort`` first, so that the closed connection is not taken
         for a failed server.
         """
+        headers = self.headers(body is not None)
+        if extra_headers:
+            headers.update(extra_headers)
         if body is None or isinstance(body, bytes):
             payload = body
         else:
@@ -168,7 +172,7 @@ class Transport:
                 if on_connection is not None:
                     on_connection(conn)
                 try:
-                    conn.request(method, self.target(base, path, query), body=payload, headers=self.headers(payload is not None))
+                    conn.request(method, self.target(base, path, query), body=payload, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
                 except (OSError, http.client.HTTPException) as e:

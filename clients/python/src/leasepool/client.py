@@ -175,6 +175,8 @@ class Client:
         lock_keys: Optional[Sequence[str]] = None,
         rerun: bool = False,
         strict: bool = False,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
     ) -> PublishResult:
         """Publish one task, idempotently by ``key``.
 
@@ -183,6 +185,8 @@ class Client:
         refuses such a kind instead: LeasepoolError 400 naming ``kind``).
         Durations are seconds, timedeltas or Go strings ("1.5s");
         ``max_unexpected_retries`` None is the server's default (3), 0 none.
+        ``traceparent`` (and ``tracestate``), a W3C trace context, is the
+        span the task's attempts continue (sent as the headers of that name).
         """
         body = task_body(
             key, kind, payload, priority=priority, run_at=run_at, delay=delay,
@@ -190,10 +194,14 @@ class Client:
             success_worker_cnt=success_worker_cnt, max_unexpected_retries=max_unexpected_retries,
             ping_interval=ping_interval, worker_timeout=worker_timeout, lock_keys=lock_keys, rerun=rerun,
         )
-        res: PublishResult = self._http.request("POST", "/api/v1/tasks", body, {"strict": True} if strict else None)
+        res: PublishResult = self._http.request("POST", "/api/v1/tasks", body, {"strict": True} if strict else None,
+                                                extra_headers=_trace_headers(traceparent, tracestate))
         return res
 
-    def publish_many(self, tasks: Iterable[Mapping[str, Any]], *, strict: bool = False) -> BatchResult:
+    def publish_many(
+        self, tasks: Iterable[Mapping[str, Any]], *, strict: bool = False,
+        traceparent: Optional[str] = None, tracestate: Optional[str] = None,
+    ) -> BatchResult:
         """Publish many tasks through the batch endpoint, at most 10,000 per request.
 
         Each item is a mapping of ``publish``'s arguments (``key``, ``kind``,
@@ -222,7 +230,8 @@ class Client:
     def _send_batch(self, items: List[bytes], offset: int, strict: bool, total: BatchResult) -> None:
         # The items are encoded already (to measure them): bytes go as they are.
         body = b'{"tasks":[' + b",".join(items) + b"]}"
-        res = self._http.request("POST", "/api/v1/tasks/batch", body, {"strict": True} if strict else None)
+        res = self._http.request("POST", "/api/v1/tasks/batch", body, {"strict": True} if strict else None,
+                                 extra_headers=_trace_headers(traceparent, tracestate))
         for r in res.get("results", []):
             item: BatchItem = r
             err = item.get("error")
@@ -453,3 +462,13 @@ class _Backoff:
             time.sleep(d)
         else:
             stop.wait(d)
+
+
+def _trace_headers(traceparent: Optional[str], tracestate: Optional[str]) -> Optional[Dict[str, str]]:
+    """The W3C trace context headers of a publish, if any."""
+    h: Dict[str, str] = {}
+    if traceparent:
+        h["traceparent"] = traceparent
+    if tracestate:
+        h["tracestate"] = tracestate
+    return h or None

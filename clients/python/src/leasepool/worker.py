@@ -87,6 +87,10 @@ class Job:
         self.payload: Any = doc.get("payload")
         self.priority: int = int(doc.get("priority") or 0)
         self.created_at: Optional[str] = doc.get("created_at")
+        # The W3C trace context the task was published in (None if none):
+        # give it to your tracer as the parent of the handler's span.
+        self.traceparent: Optional[str] = doc.get("traceparent") or None
+        self.tracestate: Optional[str] = doc.get("tracestate") or None
         self.lease_ms: int = int(doc.get("lease_ms") or 15_000)
         self.renew_ms: int = int(doc.get("renew_ms") or 5_000)
         self.doc: Mapping[str, Any] = doc
