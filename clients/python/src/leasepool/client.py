@@ -211,6 +211,7 @@ class Client:
         stops the others; on UnavailableError the chunks before were
         written and publishing all again is safe.
         """
+        trace = _trace_headers(traceparent, tracestate)
         total: BatchResult = {"results": [], "inserted": 0, "existing": 0, "rerun": 0, "refused": 0, "failed": 0, "warnings": []}
         chunk: List[bytes] = []
         size = 0
@@ -218,20 +219,22 @@ class Client:
         for i, item in enumerate(tasks):
             enc = encode_json(_item_body(i, item))
             if chunk and (len(chunk) >= MAX_BATCH_TASKS or size + len(enc) + 1 > _BATCH_BODY_BUDGET):
-                self._send_batch(chunk, offset, strict, total)
+                self._send_batch(chunk, offset, strict, total, trace)
                 offset += len(chunk)
                 chunk, size = [], 0
             chunk.append(enc)
             size += len(enc) + 1
         if chunk:
-            self._send_batch(chunk, offset, strict, total)
+            self._send_batch(chunk, offset, strict, total, trace)
         return total
 
-    def _send_batch(self, items: List[bytes], offset: int, strict: bool, total: BatchResult) -> None:
+    def _send_batch(
+        self, items: List[bytes], offset: int, strict: bool, total: BatchResult, trace: Optional[Dict[str, str]],
+    ) -> None:
         # The items are encoded already (to measure them): bytes go as they are.
         body = b'{"tasks":[' + b",".join(items) + b"]}"
         res = self._http.request("POST", "/api/v1/tasks/batch", body, {"strict": True} if strict else None,
-                                 extra_headers=_trace_headers(traceparent, tracestate))
+                                 extra_headers=trace)
         for r in res.get("results", []):
             item: BatchItem = r
             err = item.get("error")
