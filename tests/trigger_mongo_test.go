@@ -194,3 +194,81 @@ func diff(a, b []string) []string {
 }
 
 func head(s []string) []string { return s[:min(len(s), 3)] }
+
+// TestMongoTriggerLag prints the change-to-publish lag (the task's
+// created_at, stamped by the publishing worker, less the written_at the
+// writer put in the document; one host, one clock) at p50 and p99: for
+// changes made one at a time, each after the previous one's task, and
+// for a burst of inserts from the writer process. It asserts only that
+// every change published; the figures are printed, not judged.
+func TestMongoTriggerLag(t *testing.T) {
+	ctx := t.Context()
+	uri, st, coll := triggerSetup(t, ctx)
+	startWorker(t, uri, "lag-0")
+	const single = 200
+	for i := range single {
+		if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: fmt.Sprintf("s%03d", i)}, {Key: "match", Value: true},
+			{Key: "n", Value: 0}, {Key: "written_at", Value: time.Now().UnixNano()}}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, time.Minute, fmt.Sprintf("task %d", i+1), func() bool { return countOrderTasks(t, ctx, st) == i+1 })
+	}
+	one := insertLags(t, ctx, st)
+	n := triggerChanges(t)
+	u, _ := url.Parse(uri)
+	start := time.Now()
+	out, err := exec.Command(buildBinary(t, "./testdata/triggerwriter"), "-uri", uri, "-db", strings.TrimPrefix(u.Path, "/"),
+		"-coll", "orders", "-n", strconv.Itoa(n)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("writer: %v\n%s", err, out)
+	}
+	wrote := time.Since(start)
+	want, _ := witnessKeys(t, ctx, coll)
+	eventually(t, 3*time.Minute, fmt.Sprintf("%d tasks", len(want)), func() bool { return countOrderTasks(t, ctx, st) >= len(want) })
+	published := time.Since(start)
+	burst := insertLags(t, ctx, st)[len(one):]
+	report := fmt.Sprintf("trigger lag, change to publish (wire test server, race detector on):\n"+
+		"  one at a time: %d changes, p50 %s, p99 %s\n"+
+		"  burst: %d changes (%d matching) written in %s, all published in %s; its %d inserts: p50 %s, p99 %s",
+		len(one), pct(one, 50), pct(one, 99), n, len(want), wrote.Round(time.Millisecond), published.Round(time.Millisecond),
+		len(burst), pct(burst, 50), pct(burst, 99))
+	t.Log(report)
+	fmt.Println(report)
+}
+
+// insertLags returns the lag of every insert's task, in publish order.
+// An insert's payload is the document as inserted (n 0); an update's is
+// looked up later and may carry a later write's written_at, so updates
+// are left out.
+func insertLags(t *testing.T, ctx context.Context, st *mongostore.Store) []time.Duration {
+	t.Helper()
+	cur, err := st.Database().Collection(mongostore.TasksCollection).Find(ctx,
+		bson.D{{Key: "kind", Value: "order-changed"}, {Key: "payload.n", Value: 0}}, options.Find().SetSort(bson.D{{Key: "seq", Value: 1}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []struct {
+		CreatedAt time.Time `bson:"created_at"`
+		Payload   struct {
+			WrittenAt int64 `bson:"written_at"`
+		} `bson:"payload"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]time.Duration, len(docs))
+	for i, d := range docs {
+		out[i] = d.CreatedAt.Sub(time.Unix(0, d.Payload.WrittenAt))
+	}
+	return out
+}
+
+// pct is the p-th percentile of ds.
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)].Round(time.Millisecond)
+}
