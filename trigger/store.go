@@ -86,8 +86,9 @@ func watcher(s task.Store) (task.CollectionWatcher, error) {
 // and stores it; nothing is written when a check fails. Operations
 // default to DefaultOperations; Since, CreatedAt and UpdatedAt are set to
 // the store's now, so the changes from then on publish. A trigger of that
-// name is an ErrExists unless replace is set (a replaced trigger keeps
-// its position).
+// name is an ErrExists unless replace is set: a replaced trigger keeps
+// its position, unless it names another collection (then it starts from
+// now).
 func Add(ctx context.Context, s task.Store, t Trigger, replace bool) (*Trigger, error) {
 	t.withDefaults()
 	if err := t.Validate(); err != nil {
@@ -118,7 +119,13 @@ func Add(ctx context.Context, s task.Store, t Trigger, replace bool) (*Trigger, 
 		now := s.Now().UTC()
 		t.Since, t.CreatedAt, t.UpdatedAt = now, now, now
 		if old, err := decode(d); d.Version > 0 && err == nil {
-			t.Since, t.CreatedAt, t.Paused = old.Since, old.CreatedAt, old.Paused
+			t.CreatedAt, t.Paused = old.CreatedAt, old.Paused
+			if old.Collection == t.Collection {
+				t.Since = old.Since
+			} else if err := s.DeleteDocument(task.WithInternalWrite(ctx), PositionNamespace, t.Name, 0); err != nil && !errors.Is(err, task.ErrNotFound) {
+				// Another collection's position means nothing here: from now.
+				return nil, fmt.Errorf("add %s: %w", t.Name, err)
+			}
 		}
 		err = put(ctx, s, d, &t)
 		if errors.Is(err, task.ErrConflict) && !replace {

@@ -86,6 +86,9 @@ func parseFilter(js json.RawMessage) (bson.D, error) {
 	if len(strings.TrimSpace(string(js))) == 0 {
 		return bson.D{}, nil
 	}
+	if !json.Valid(js) {
+		return nil, fmt.Errorf("%w: filter: is not valid JSON", task.ErrInvalid)
+	}
 	var d bson.D
 	if err := bson.UnmarshalExtJSON(js, false, &d); err != nil {
 		return nil, fmt.Errorf("%w: filter: not a JSON object of a match expression: %s", task.ErrInvalid, oneLine(err.Error()))
