@@ -22,6 +22,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/trigger"
@@ -46,7 +47,11 @@ func triggerChanges(t *testing.T) int {
 // to be counted).
 func triggerSetup(t *testing.T, ctx context.Context) (uri string, st *mongostore.Store, coll *mongo.Collection) {
 	t.Helper()
-	uri = sharedMongoDB(t)
+	// A server of the test's own: the shared one's change streams scan
+	// an oplog holding every other test's writes, each getMore, and so
+	// would measure the other tests.
+	base, _, _ := testservers.StartMongo(t, "")
+	uri = mongoDBURI(t, base)
 	st = openMongoStore(t, ctx, uri, nil)
 	t.Cleanup(func() { _ = st.Database().Drop(context.Background()) })
 	if err := st.Database().CreateCollection(ctx, "orders"); err != nil {
@@ -227,7 +232,7 @@ func TestMongoTriggerLag(t *testing.T) {
 	eventually(t, 3*time.Minute, fmt.Sprintf("%d tasks", len(want)), func() bool { return countOrderTasks(t, ctx, st) >= len(want) })
 	published := time.Since(start)
 	burst := insertLags(t, ctx, st)[len(one):]
-	report := fmt.Sprintf("trigger lag, change to publish (wire test server, race detector on):\n"+
+	report := fmt.Sprintf("trigger lag, change to publish (a wire test server of its own, race detector on):\n"+
 		"  one at a time: %d changes, p50 %s, p99 %s\n"+
 		"  burst: %d changes (%d matching) written in %s, all published in %s; its %d inserts: p50 %s, p99 %s",
 		len(one), pct(one, 50), pct(one, 99), n, len(want), wrote.Round(time.Millisecond), published.Round(time.Millisecond),
