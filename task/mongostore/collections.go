@@ -49,20 +49,39 @@ func (s *Store) CheckCollectionWatch(ctx context.Context, w task.CollectionWatch
 			task.ErrInvalid, w.Database, w.Collection)
 	}
 	// The server judges the filter too, where it checks more than
-	// matchFilter does (MongoDB does; the wire test server does not).
+	// checkMatch does (MongoDB does; the wire test server does not): as a
+	// query, and in the watch's own pipeline, opened and closed at once,
+	// which also tells a server that cannot stream changes.
 	filter, err := parseFilter(w.Filter)
 	if err != nil {
 		return err
 	}
-	err = s.client.Database(w.Database).Collection(w.Collection).FindOne(ctx, filter).Err()
+	coll := s.client.Database(w.Database).Collection(w.Collection)
+	err = coll.FindOne(ctx, filter).Err()
 	if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
-		var srv mongo.ServerError
-		if errors.As(err, &srv) {
-			return fmt.Errorf("%w: filter: the server refuses it: %s", task.ErrInvalid, oneLine(err.Error()))
-		}
-		return fmt.Errorf("collection %s.%s: %w", w.Database, w.Collection, mapErr(err))
+		return serverRefused(w, err)
 	}
+	pipeline, _ := watchPipeline(w) // checked above
+	cs, err := coll.Watch(ctx, pipeline)
+	if err != nil {
+		if errors.Is(mapErr(err), task.ErrWatchUnsupported) {
+			return fmt.Errorf("%w: collection: %s.%s: this server cannot stream changes (a standalone server: triggers need a replica set or a sharded cluster)",
+				task.ErrInvalid, w.Database, w.Collection)
+		}
+		return serverRefused(w, err)
+	}
+	_ = cs.Close(context.WithoutCancel(ctx))
 	return nil
+}
+
+// serverRefused is the error of a server's refusal of a watch's filter,
+// or of a failure to ask it.
+func serverRefused(w task.CollectionWatch, err error) error {
+	var srv mongo.ServerError
+	if errors.As(err, &srv) {
+		return fmt.Errorf("%w: filter: the server refuses it: %s", task.ErrInvalid, oneLine(err.Error()))
+	}
+	return fmt.Errorf("collection %s.%s: %w", w.Database, w.Collection, mapErr(err))
 }
 
 // checkOwn refuses a watch of a collection leasepool writes, or of the
