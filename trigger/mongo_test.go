@@ -378,3 +378,43 @@ func TestPauseResumeRemove(t *testing.T) {
 		t.Fatalf("Pause of none: %v", err)
 	}
 }
+
+// A trigger replaced onto another collection starts there from the
+// replace; replaced on the same one, it keeps its position.
+func TestReplaceKeepsPositionOnItsCollectionOnly(t *testing.T) {
+	st := openStore(t)
+	a, b := userCollection(t, st, "a"), userCollection(t, st, "b")
+	db := st.Database().Name()
+	tr := trigger.Trigger{Name: "r", Collection: db + ".a", Kind: "r"}
+	if _, err := trigger.Add(t.Context(), st, tr, false); err != nil {
+		t.Fatal(err)
+	}
+	stop := runRunner(t, st)
+	if _, err := a.InsertOne(t.Context(), bson.D{{Key: "_id", Value: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, "a's task and a stored position", func() bool {
+		infos, err := trigger.List(t.Context(), st)
+		return err == nil && len(infos) == 1 && len(infos[0].Position.Token) > 0 && len(taskKeys(t, st, "r")) == 1
+	})
+	stop()
+	tr.Filter = json.RawMessage(`{"x": 1}`)
+	if _, err := trigger.Add(t.Context(), st, tr, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetDocument(t.Context(), trigger.PositionNamespace, "r"); err != nil {
+		t.Fatalf("position after a replace on the same collection: %v", err)
+	}
+	tr.Collection, tr.Filter = db+".b", nil
+	if _, err := trigger.Add(t.Context(), st, tr, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetDocument(t.Context(), trigger.PositionNamespace, "r"); !errors.Is(err, task.ErrNotFound) {
+		t.Fatalf("position after a replace onto another collection: %v, want none", err)
+	}
+	runRunner(t, st)
+	if _, err := b.InsertOne(t.Context(), bson.D{{Key: "_id", Value: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, "b's task", func() bool { return len(taskKeys(t, st, "r")) == 2 })
+}
