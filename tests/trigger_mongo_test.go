@@ -219,7 +219,7 @@ func TestMongoTriggerLag(t *testing.T) {
 		eventually(t, time.Minute, fmt.Sprintf("task %d", i+1), func() bool { return countOrderTasks(t, ctx, st) == i+1 })
 	}
 	one := insertLags(t, ctx, st)
-	n := triggerChanges(t)
+	n := min(triggerChanges(t), 2000) // past a worker's pace, the lag is the backlog's
 	u, _ := url.Parse(uri)
 	start := time.Now()
 	out, err := exec.Command(buildBinary(t, "./testdata/triggerwriter"), "-uri", uri, "-db", strings.TrimPrefix(u.Path, "/"),
