@@ -193,22 +193,7 @@ func TestExecCancelKillsProcessGroup(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- builtin.Exec(ctx, job) }()
 
-	var pid int
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, err := os.ReadFile(pidFile)
-		if err == nil {
-			if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
-				t.Fatal(err)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			cancel(nil)
-			t.Fatal("child never started")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	pid := waitPid(t, pidFile)
 	if gone(pid) {
 		t.Fatal("child sleep not running before cancel")
 	}
@@ -225,14 +210,7 @@ func TestExecCancelKillsProcessGroup(t *testing.T) {
 	if took := time.Since(start); took > 4*time.Second {
 		t.Errorf("Exec returned %s after cancel: it waited for the child rather than killing it", took)
 	}
-	deadline = time.Now().Add(5 * time.Second)
-	for !gone(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("child sleep (pid %d) survived the cancel", pid)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitGone(t, pid, 5*time.Second, "child sleep, after the cancel")
 }
 
 func sleepJob(t *testing.T, payload string) *consumer.Job {

@@ -3,6 +3,7 @@ package builtin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/leasepool/leasepool/builtin"
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 )
 
 // guardedExec is the exec handler guarded by this test binary (TestMain
@@ -74,33 +76,24 @@ func TestGuardedExecReportsLikeExec(t *testing.T) {
 // waitPid reads a pid a program wrote to path.
 func waitPid(t *testing.T, path string) int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var b []byte
+	testutil.Eventually(t, 10*time.Second, path+" to be written", func() bool {
 		// A file seen between its creation and its write is empty.
-		if b, err := os.ReadFile(path); err == nil && strings.HasSuffix(string(b), "\n") {
-			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return pid
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never written", path)
-		}
-		time.Sleep(5 * time.Millisecond)
+		var err error
+		b, err = os.ReadFile(path)
+		return err == nil && strings.HasSuffix(string(b), "\n")
+	})
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
 	}
+	return pid
 }
 
 func waitGone(t *testing.T, pid int, within time.Duration, what string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !gone(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("%s (pid %d) still running after %s", what, pid, within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // if it outlived the wait
+	testutil.Eventually(t, within, fmt.Sprintf("%s (pid %d) to be gone", what, pid), func() bool { return gone(pid) })
 }
 
 // A descendant that leaves the program's session and process group and is

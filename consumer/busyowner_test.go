@@ -32,16 +32,15 @@ func TestBusyOwnersPinnedAndLockedTasksRun(t *testing.T) {
 		mu.Lock()
 		ranOn[job.Task.Key] = job.WorkerID
 		mu.Unlock()
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // a task's work
 		return nil
 	}
 	small := func(c *consumer.Config) { c.HeapSize, c.PageSize = 20, 5 }
-	e.worker("B", run, onStore(e.open()), concurrency(1), small)
+	b := e.worker("B", run, onStore(e.open()), concurrency(1), small)
 	e.publish("hog", pinned("B"))
 	e.waitState("hog", task.StateRunning)
 	a := &countedCandidates{Store: e.open()}
-	e.worker("A", run, onStore(a), concurrency(2), small)
-	time.Sleep(1500 * time.Millisecond) // each has read the registry with the other in it
+	awaitPeersKnown(t, e.store.Now(), b, e.worker("A", run, onStore(a), concurrency(2), small))
 	start := time.Now()
 	var wg sync.WaitGroup
 	for g := range 10 { // a backlog in a moment: most of it is read by refills

@@ -43,20 +43,12 @@ func TestPauseLockKindAndAll(t *testing.T) {
 
 	e.publish("a1", lockKeys("device:a"))
 	e.publish("b1", lockKeys("device:b"))
-	time.Sleep(300 * time.Millisecond)
-	for _, k := range []string{"a1", "b1"} {
-		if st := e.get(k).State; st != task.StatePending {
-			t.Fatalf("%s is %s under pause all, want pending", k, st)
-		}
-	}
+	e.pending(300*time.Millisecond, "under pause all", "a1", "b1")
 	if _, err := control.Resume(ctx, e.store, control.All()); err != nil {
 		t.Fatal(err)
 	}
 	e.waitState("b1", task.StateSucceeded)
-	time.Sleep(200 * time.Millisecond)
-	if st := e.get("a1").State; st != task.StatePending {
-		t.Fatalf("a1 is %s while its lock key is paused, want pending", st)
-	}
+	e.pending(200*time.Millisecond, "while its lock key is paused", "a1")
 	if _, err := control.Resume(ctx, e.store, control.Lock("device:a")); err != nil {
 		t.Fatal(err)
 	}
@@ -67,10 +59,7 @@ func TestPauseLockKindAndAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.publish("k1")
-	time.Sleep(300 * time.Millisecond)
-	if st := e.get("k1").State; st != task.StatePending {
-		t.Fatalf("k1 is %s while its kind is paused, want pending", st)
-	}
+	e.pending(300*time.Millisecond, "while its kind is paused", "k1")
 	if _, err := control.Resume(ctx, e.store, control.Kind(testKind)); err != nil {
 		t.Fatal(err)
 	}
@@ -196,10 +185,7 @@ func TestRemovedLimitFreesWaitingTasks(t *testing.T) {
 	e.publish("first")
 	e.waitState("first", task.StateSucceeded)
 	e.publish("second")
-	time.Sleep(300 * time.Millisecond)
-	if st := e.get("second").State; st != task.StatePending {
-		t.Fatalf("second is %s within the limit's minute, want pending", st)
-	}
+	e.pending(300*time.Millisecond, "within the limit's minute", "second")
 	removed := time.Now()
 	if _, err := control.RemoveLimit(ctx, e.store, limit.Target); err != nil {
 		t.Fatal(err)

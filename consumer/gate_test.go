@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/memstore"
 )
@@ -94,14 +95,12 @@ func TestGateHoldsWithoutWrites(t *testing.T) {
 		g := newGateHandler()
 		startGated(t, db, g, []string{"w1", "w2"})
 		published := publishDev(t, db, "cmd-1")
-		time.Sleep(30 * time.Second) // virtual time: the hold is the point, and nothing may be written in it
-		got, err := db.Open().Get(t.Context(), "cmd-1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Version != published.Version || len(got.Workers) != 0 {
-			t.Fatalf("after 30 s held: version %d (published %d), %d attempts; want no write", got.Version, published.Version, len(got.Workers))
-		}
+		// 30 s of virtual time: the hold is the point, and nothing may be
+		// written in it.
+		testutil.Consistently(t, 30*time.Second, "cmd-1 held without a write", func() bool {
+			got, err := db.Open().Get(t.Context(), "cmd-1")
+			return err == nil && got.Version == published.Version && len(got.Workers) == 0
+		})
 		g.mu.Lock()
 		asked := g.asked
 		g.mu.Unlock()
@@ -141,7 +140,8 @@ func TestGateRecheckBoundsAMissedWake(t *testing.T) {
 		g.recheck = 5 * time.Second
 		startGated(t, db, g, []string{"w1"})
 		publishDev(t, db, "cmd-1")
-		time.Sleep(time.Second) // virtual time: the task is held by then
+		testutil.Eventually(t, waitLong, "the gate to be asked", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.asked > 0 })
+		synctest.Wait() // and its answer heard: the task is held
 		opened := time.Now()
 		g.open(false)
 		recv(t, g.ran, "the task to run")
@@ -165,12 +165,16 @@ func TestGateLetsGoPastItsBoundAndWakes(t *testing.T) {
 		for i := range n {
 			publishDev(t, db, fmt.Sprintf("cmd-%02d", i))
 		}
-		time.Sleep(10 * time.Second) // virtual time: the hold is the point
-		for _, tk := range db.Tasks() {
-			if len(tk.Workers) != 0 {
-				t.Fatalf("%s claimed while its gate was closed", tk.Key)
+		// 10 s of virtual time: the hold is the point.
+		testutil.Consistently(t, 10*time.Second, "no task claimed while its gate is closed", func() bool {
+			for _, tk := range db.Tasks() {
+				if len(tk.Workers) != 0 {
+					t.Logf("%s claimed", tk.Key)
+					return false
+				}
 			}
-		}
+			return true
+		})
 		opened := time.Now()
 		g.open(true)
 		seen := map[string]bool{}
@@ -210,13 +214,11 @@ func TestGateLetGoCostsNoReads(t *testing.T) {
 		for i := range n {
 			publishDev(t, db, fmt.Sprintf("cmd-%03d", i))
 		}
-		time.Sleep(2 * time.Second) // virtual time: the first reads settle
+		testutil.Settles(t, waitLong, time.Second, "the first reads to settle", func() int64 { return st.Counts().CandidateRows })
 		before := st.Counts()
-		time.Sleep(10 * time.Second) // virtual time: what the held backlog costs is the point
-		rows := st.Counts().CandidateRows - before.CandidateRows
-		t.Logf("%d candidate rows read in 10 s with %d tasks held or let go", rows, n)
-		if rows > 10 {
-			t.Errorf("%d candidate rows read in 10 s; want at most a page (10): the let-go tasks are read again and again", rows)
-		}
+		// 10 s of virtual time: what the held backlog costs is the point.
+		testutil.Consistently(t, 10*time.Second, "at most a page (10) of candidate rows read: the let-go tasks are not read again and again",
+			func() bool { return st.Counts().CandidateRows-before.CandidateRows <= 10 })
+		t.Logf("%d candidate rows read in 10 s with %d tasks held or let go", st.Counts().CandidateRows-before.CandidateRows, n)
 	})
 }

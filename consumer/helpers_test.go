@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +42,7 @@ type env struct {
 	path  string
 	store *sqlitestore.Store
 	log   *slog.Logger
+	logs  *testutil.SyncBuffer // what log wrote, for tests that wait for a line
 }
 
 // setup opens a fresh store file in t.TempDir(); it is closed after every
@@ -49,8 +52,9 @@ func setup(t *testing.T) *env {
 	e := &env{
 		t:    t,
 		path: filepath.Join(t.TempDir(), "tasks.db"),
-		log:  slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})),
+		logs: &testutil.SyncBuffer{},
 	}
+	e.log = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), e.logs), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	e.store = e.open()
 	return e
 }
@@ -110,6 +114,20 @@ func (e *env) workerCtx(ctx context.Context, id string, h func(ctx context.Conte
 	}
 	e.t.Cleanup(func() { stop(e.t, c) })
 	return c, cfg
+}
+
+// awaitLog waits until line is in what the env's logger wrote n times.
+func (e *env) awaitLog(what, line string, n int) {
+	e.t.Helper()
+	testutil.Eventually(e.t, waitLong, what, func() bool { return strings.Count(e.logs.String(), line) >= n })
+}
+
+// awaitControls waits until worker id has loaded pauses pauses and limits
+// limits: a claim it tries after obeys them.
+func (e *env) awaitControls(id string, pauses, limits int) {
+	e.t.Helper()
+	e.awaitLog(fmt.Sprintf("%s to load %d pauses and %d limits", id, pauses, limits),
+		fmt.Sprintf(`msg=controls worker=%s pauses=%d limits=%d`, id, pauses, limits), 1)
 }
 
 // stop stops c, failing the test if that takes unreasonably long.
@@ -183,6 +201,35 @@ func (e *env) waitState(key string, state task.State) *task.Task {
 		return doc.State == state
 	})
 	return doc
+}
+
+// pending fails unless each of keys stays pending in the store for d,
+// while why holds.
+func (e *env) pending(d time.Duration, why string, keys ...string) {
+	e.t.Helper()
+	testutil.Consistently(e.t, d, fmt.Sprintf("%v pending %s", keys, why), func() bool {
+		for _, k := range keys {
+			if e.get(k).State != task.StatePending {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// awaitPeersKnown waits until each of cs has read the registry since
+// registered (store time, after every one of them started): each then
+// knows the others, and takes its share of claims.
+func awaitPeersKnown(t *testing.T, registered time.Time, cs ...*consumer.Consumer) {
+	t.Helper()
+	testutil.Eventually(t, waitLong, "each worker to read the registry with the others in it", func() bool {
+		for _, c := range cs {
+			if r, ok := c.Registration(); !ok || r.Err != nil || !r.At.After(registered) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // recv waits for one value from ch.

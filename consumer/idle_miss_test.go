@@ -43,12 +43,16 @@ func TestIdleOwnLeaseLost(t *testing.T) {
 			starts := &idleStarts{}
 			rec := &recorder{claims: map[string][]consumer.ClaimEvent{}, finishes: map[string][]consumer.FinishEvent{}}
 			ended := make(chan error, 1)
-			e.worker("W", starts.handler(func(ctx context.Context, job *consumer.Job) error {
+			renewed := make(chan struct{})
+			w := e.worker("W", starts.handler(func(ctx context.Context, job *consumer.Job) error {
 				if job.Task.Key != "stranded" || job.Attempt > 1 {
 					return nil
 				}
 				if how == "outcome-not-written" {
-					time.Sleep(450 * time.Millisecond) // renewals land: quiet writes, heard by no one
+					select {
+					case <-renewed:
+					case <-ctx.Done(): // the test ended first
+					}
 					cut()
 					send(ended, nil)
 					return nil
@@ -60,9 +64,11 @@ func TestIdleOwnLeaseLost(t *testing.T) {
 			warm(t, e.store, starts, "W")
 			e.publish("stranded", lease(100*time.Millisecond, time.Second))
 			starts.await(t, "stranded", 1, time.Now().Add(idleSlack))
+			awaitRenewals(t, e.store, "stranded", 2) // quiet writes, heard by no one
 			if how == "renewals-fail" {
-				time.Sleep(450 * time.Millisecond) // renewals land: quiet writes, heard by no one
 				cut()
+			} else {
+				close(renewed)
 			}
 			if cause := recv(t, ended, "the first run to end"); how == "renewals-fail" && !errors.Is(cause, task.ErrLeaseLost) {
 				t.Fatalf("handler cancelled with %v, want a lost lease", cause)
@@ -79,7 +85,7 @@ func TestIdleOwnLeaseLost(t *testing.T) {
 			if got != want {
 				t.Fatalf("stranded's first attempt ended %s, want %s", got, want)
 			}
-			time.Sleep(200 * time.Millisecond) // its result is in: W is idle
+			testutil.Eventually(t, waitLong, "W to be idle", func() bool { return w.Stats().Running == 0 })
 			until := e.get("stranded").Workers[0].LeaseUntil
 			us.key.Store(nil)
 			back := time.Now()
@@ -100,8 +106,21 @@ func TestIdleHeapFullOfLaterTasks(t *testing.T) {
 		e.publish(fmt.Sprintf("tomorrow-%d", i), runAt(time.Now().Add(time.Hour)))
 	}
 	starts := &idleStarts{}
-	e.worker("W", starts.handler(nil), idleCfg, func(c *consumer.Config) { c.HeapSize = 10 })
-	time.Sleep(300 * time.Millisecond)
+	w := e.worker("W", starts.handler(nil), idleCfg, func(c *consumer.Config) { c.HeapSize = 10 })
+	testutil.Eventually(t, waitLong, "W's heap to fill with later tasks", func() bool { return w.Stats().Queued == 10 })
 	e.publish("now")
 	starts.await(t, "now", 1, time.Now().Add(idleSlack))
+}
+
+// awaitRenewals waits until the lease of key's latest attempt has been
+// renewed n times, as the store shows it.
+func awaitRenewals(t *testing.T, st task.Store, key string, n int) {
+	t.Helper()
+	seen := map[time.Time]bool{}
+	testutil.Eventually(t, waitLong, fmt.Sprintf("%d renewals of %s's lease", n, key), func() bool {
+		if ws := getFrom(t, st, key).Workers; len(ws) > 0 {
+			seen[ws[len(ws)-1].LeaseUntil] = true
+		}
+		return len(seen) > n
+	})
 }

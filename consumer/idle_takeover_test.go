@@ -62,7 +62,7 @@ func testTakeover(t *testing.T, e *env, st task.Store, another func() task.Store
 		e.worker("B", handler, onStore(another()), idleCfg)
 		warm(t, st, starts, "B")
 	}
-	time.Sleep(700 * time.Millisecond) // renewals (quiet: B hears none)
+	awaitRenewals(t, st, "orphan", 2) // quiet: B hears none
 	killed := kill()
 	r := starts.await(t, "orphan", 1, killed.Add(time.Second+idleSlack))
 	t.Logf("orphan taken over by %s %s after the kill", r.worker, r.at.Sub(killed).Round(time.Millisecond))
@@ -106,7 +106,7 @@ func TestIdleChildWorker(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Hour) // until killed
+	time.Sleep(time.Hour) // the process's work is to hold its claims until killed
 }
 
 // startDoomed runs worker "doomed" in a process of its own on the store

@@ -140,27 +140,34 @@ func (s *idleStarts) of(key string) []idleStart {
 // (a task missed until the safety net).
 func (s *idleStarts) await(t *testing.T, key string, n int, deadline time.Time) idleStart {
 	t.Helper()
-	limit := time.Now().Add(time.Until(deadline) + 3*time.Second)
-	for time.Now().Before(limit) {
-		if runs := s.of(key); len(runs) >= n {
-			r := runs[n-1]
-			if late := r.at.Sub(deadline); late > 0 {
-				t.Fatalf("%s start %d came %s after its deadline", key, n, late.Round(time.Millisecond))
+	var r idleStart
+	testutil.Eventually(t, time.Until(deadline)+3*time.Second,
+		fmt.Sprintf("%s start %d, 3s past its deadline: the idle worker missed it (safety net %s)", key, n, idleNet),
+		func() bool {
+			runs := s.of(key)
+			if len(runs) < n {
+				return false
 			}
-			return r
-		}
-		time.Sleep(5 * time.Millisecond)
+			r = runs[n-1]
+			return true
+		})
+	if late := r.at.Sub(deadline); late > 0 {
+		t.Fatalf("%s start %d came %s after its deadline", key, n, late.Round(time.Millisecond))
 	}
-	t.Fatalf("%s start %d did not come within 3s of its deadline: the idle worker missed it (safety net %s)", key, n, idleNet)
-	return idleStart{}
+	return r
 }
 
-// none fails if key started.
-func (s *idleStarts) none(t *testing.T, key, why string) {
+// never fails if key starts within d, while why holds.
+func (s *idleStarts) never(t *testing.T, key, why string, d time.Duration) {
 	t.Helper()
-	if runs := s.of(key); len(runs) > 0 {
-		t.Fatalf("%s started on %s while %s", key, runs[0].worker, why)
-	}
+	testutil.Consistently(t, d, fmt.Sprintf("%s not started while %s", key, why), func() bool { return len(s.of(key)) == 0 })
+}
+
+// awaitOutcome waits until key's result is stored: its worker has no
+// more to do with it.
+func awaitOutcome(t *testing.T, st task.Store, key string) {
+	t.Helper()
+	testutil.Eventually(t, waitLong, key+" to succeed", func() bool { return getFrom(t, st, key).State == task.StateSucceeded })
 }
 
 // warm runs a task pinned to worker id and waits for its start: the worker
@@ -170,7 +177,7 @@ func warm(t *testing.T, st task.Store, starts *idleStarts, id string) {
 	key := "warm-" + id
 	publishTo(t, st, key, pinned(id))
 	starts.await(t, key, 1, time.Now().Add(waitLong))
-	time.Sleep(100 * time.Millisecond) // the result is in: the heap is empty
+	awaitOutcome(t, st, key) // the heap is empty
 }
 
 // TestIdlePublish: tasks published while the worker is idle start at once.
@@ -186,7 +193,7 @@ func TestIdlePublish(t *testing.T) {
 			publishTo(t, st, key)
 			r := starts.await(t, key, 1, published.Add(idleSlack))
 			t.Logf("%s started %s after its publish", key, r.at.Sub(published).Round(time.Millisecond))
-			time.Sleep(200 * time.Millisecond)
+			awaitOutcome(t, st, key) // idle again
 		}
 	})
 }
@@ -221,10 +228,9 @@ func TestIdlePauseResume(t *testing.T) {
 		}
 		// The pause is heard first: on MongoDB documents come on a stream
 		// beside the tasks', so a task published at once may come before.
-		time.Sleep(200 * time.Millisecond)
+		e.awaitControls("W", 1, 0)
 		publishTo(t, st, "held")
-		time.Sleep(300 * time.Millisecond)
-		starts.none(t, "held", "its kind is paused")
+		starts.never(t, "held", "its kind is paused", 300*time.Millisecond)
 		if _, err := control.Resume(t.Context(), st, control.Kind(testKind)); err != nil {
 			t.Fatal(err)
 		}
@@ -269,8 +275,7 @@ func TestIdleRateLimit(t *testing.T) {
 	e.publish("rare-1", kind("rare"))
 	starts.await(t, "rare-1", 1, time.Now().Add(idleSlack))
 	e.publish("rare-2", kind("rare"))
-	time.Sleep(300 * time.Millisecond)
-	starts.none(t, "rare-2", "its limit's one slot is taken for an hour")
+	starts.never(t, "rare-2", "its limit's one slot is taken for an hour", 300*time.Millisecond)
 	if _, err := control.RemoveLimit(ctx, e.store, control.Kind("rare")); err != nil {
 		t.Fatal(err)
 	}
@@ -305,8 +310,7 @@ func TestIdleLockFreed(t *testing.T) {
 			e.publish("x", kind("holder"), lockKeys("dev"), long)
 			starts.await(t, "x", 1, time.Now().Add(idleSlack))
 			e.publish("y", lockKeys("dev"), long)
-			time.Sleep(300 * time.Millisecond)
-			starts.none(t, "y", "x holds its lock key")
+			starts.never(t, "y", "x holds its lock key", 300*time.Millisecond)
 			close(release)
 			e.waitState("x", task.StateSucceeded)
 			r := starts.await(t, "y", 1, time.Now().Add(idleSlack))
@@ -331,7 +335,9 @@ func TestIdleOverflowDrains(t *testing.T) {
 	for i := range 25 {
 		starts.await(t, fmt.Sprintf("before-%d", i), 1, time.Now().Add(waitLong))
 	}
-	time.Sleep(200 * time.Millisecond)
+	for i := range 25 {
+		awaitOutcome(t, e.store, fmt.Sprintf("before-%d", i)) // the worker is idle
+	}
 	for i := range 50 {
 		e.publish(fmt.Sprintf("burst-%d", i))
 	}
@@ -351,6 +357,7 @@ type cuttableStore struct {
 	lose     bool
 	streams  []task.ChangeStream
 	reopened int
+	refused  int // opens refused while cut
 }
 
 var errStoreUnreachable = errors.New("store unreachable")
@@ -359,6 +366,7 @@ func (c *cuttableStore) Watch(ctx context.Context, p task.WatchParams) (task.Cha
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.down {
+		c.refused++
 		return nil, errStoreUnreachable
 	}
 	if p.ResumeAfter != nil {
@@ -378,7 +386,7 @@ func (c *cuttableStore) Watch(ctx context.Context, p task.WatchParams) (task.Cha
 func (c *cuttableStore) cut() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.down = true
+	c.down, c.refused = true, 0
 	for _, s := range c.streams {
 		s.Close()
 	}
@@ -402,19 +410,24 @@ func TestIdleStreamCut(t *testing.T) {
 		e.worker("W", starts.handler(nil), onStore(cs), idleCfg)
 		warm(t, st, starts, "W")
 		// A doorbell write gives the MongoDB stream of documents a position:
-		// until then its resume token is none, and a reopen queries.
-		if err := control.Ring(t.Context(), st); err != nil {
+		// until then its resume token is none, and a reopen queries. A
+		// pause of a kind no task has rings it, and W says when it heard.
+		if _, err := control.Pause(t.Context(), st, control.Kind("unused")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		e.awaitControls("W", 1, 0)
 		for _, lose := range []bool{false, true} {
 			key := fmt.Sprintf("meanwhile-lost=%t", lose)
 			cs.cut()
 			publishTo(t, st, key)
-			time.Sleep(250 * time.Millisecond)
+			testutil.Eventually(t, waitLong, "W to try to reopen its stream, refused twice", func() bool {
+				cs.mu.Lock()
+				defer cs.mu.Unlock()
+				return cs.refused >= 2
+			})
 			cs.heal(lose)
 			healed := time.Now()
-			// The reopen backs off at most 320 ms after 250 ms of failures.
+			// The reopen backs off at most 320 ms after a few failures.
 			r := starts.await(t, key, 1, healed.Add(400*time.Millisecond+idleSlack))
 			t.Logf("%s started %s after the stream could reopen", key, r.at.Sub(healed).Round(time.Millisecond))
 		}
@@ -439,7 +452,16 @@ func TestIdleSnoozeAndRetry(t *testing.T) {
 			if job.Attempt > 1 || strings.HasPrefix(job.Task.Key, "warm") {
 				return nil
 			}
-			time.Sleep(350 * time.Millisecond) // renewals: quiet writes
+			// Renewals, quiet writes: two, as the store shows them.
+			seen := map[time.Time]bool{}
+			if !testutil.Within(waitLong, func() bool {
+				if tk, err := st.Get(ctx, job.Task.Key); err == nil && len(tk.Workers) > 0 {
+					seen[tk.Workers[len(tk.Workers)-1].LeaseUntil] = true
+				}
+				return len(seen) > 2
+			}) {
+				return errors.New("the lease was not renewed twice")
+			}
 			mu.Lock()
 			ended[job.Task.Key] = time.Now()
 			mu.Unlock()

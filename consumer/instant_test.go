@@ -43,7 +43,7 @@ func TestInstantKindBesideFullSlots(t *testing.T) {
 			mu.Unlock()
 		}()
 		if job.Task.Kind == tick {
-			time.Sleep(50 * time.Millisecond) // long enough for the ticks to overlap
+			time.Sleep(50 * time.Millisecond) // a tick's work: long enough for the ticks to overlap
 			return nil
 		}
 		return hold(ctx, t, release)

@@ -44,11 +44,7 @@ func TestLineHeldElsewhereLeavesRoomForOtherTasks(t *testing.T) {
 		return nil
 	}, onStore(a), func(c *consumer.Config) { c.HeapSize, c.PageSize = n, 10 })
 	testutil.Eventually(t, waitLong, "the tasks without a lock key to run", func() bool { return free.Load() == n })
-	testutil.Eventually(t, waitLong, "A's candidate reads to stop while the line waits", func() bool {
-		rows := a.rows.Load()
-		time.Sleep(time.Second)
-		return a.rows.Load() == rows
-	})
+	testutil.Settles(t, waitLong, time.Second, "A's candidate reads to stop while the line waits", a.rows.Load)
 	close(release) // hog's finish frees the key
 	testutil.Eventually(t, waitLong, "the line to run once the key is free", func() bool { return line.Load() == 3*n })
 }
@@ -73,10 +69,8 @@ func TestLineHeldElsewhereCostsNoReads(t *testing.T) {
 	a := &countedCandidates{Store: e.open()}
 	e.worker("A", func(context.Context, *consumer.Job) error { return nil }, onStore(a),
 		func(c *consumer.Config) { c.HeapSize, c.PageSize = 20, 10 })
-	time.Sleep(time.Second)
+	testutil.Settles(t, waitLong, 500*time.Millisecond, "A to read the line and stop", a.rows.Load)
 	rows := a.rows.Load()
-	time.Sleep(2 * time.Second)
-	if more := a.rows.Load() - rows; more > 0 {
-		t.Errorf("%d candidate rows read in 2 s while the line waits for the key held elsewhere; want none", more)
-	}
+	testutil.Consistently(t, 2*time.Second, "no more candidate rows read while the line waits for the key held elsewhere",
+		func() bool { return a.rows.Load() == rows })
 }

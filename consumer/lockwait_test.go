@@ -3,25 +3,51 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
-// countingLocks counts the lock acquisitions a worker tries.
+// countingLocks counts the lock acquisitions a worker tries, and which
+// tasks tried.
 type countingLocks struct {
 	task.Store
 	tries atomic.Int64
+	mu    sync.Mutex
+	by    map[string]bool
 }
 
 func (c *countingLocks) AcquireLocks(ctx context.Context, p task.LockParams) error {
 	if p.Line != nil {
 		c.tries.Add(1)
+		c.mu.Lock()
+		if c.by == nil {
+			c.by = map[string]bool{}
+		}
+		c.by[p.Holder.TaskKey] = true
+		c.mu.Unlock()
 	}
 	return c.Store.AcquireLocks(ctx, p)
+}
+
+// awaitTried waits until each of keys has tried its lock keys.
+func (c *countingLocks) awaitTried(t *testing.T, keys ...string) {
+	t.Helper()
+	testutil.Eventually(t, waitLong, fmt.Sprintf("%v to try their lock keys", keys), func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, k := range keys {
+			if !c.by[k] {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // holdElsewhere takes key for a minute as a holder that no worker here
@@ -54,12 +80,10 @@ func TestLockWaitDoesNotSpin(t *testing.T) {
 		ran <- job.Task.Key
 		return nil
 	}, onStore(counter))
-	time.Sleep(time.Second)
-	got := counter.tries.Load()
-	t.Logf("%d lock tries in 1s by %d tasks waiting for a key held elsewhere", got, n)
-	if got > 2*n {
-		t.Fatalf("%d lock tries in 1s by %d tasks waiting for a held key; want each to try about once", got, n)
-	}
+	// Each task tries about once, then waits: the second is the window.
+	testutil.Consistently(t, time.Second, fmt.Sprintf("at most %d lock tries by %d tasks waiting for a key held elsewhere", 2*n, n),
+		func() bool { return counter.tries.Load() <= 2*n })
+	t.Logf("%d lock tries in 1s by %d tasks waiting for a key held elsewhere", counter.tries.Load(), n)
 	if err := e.store.ReleaseLocks(ctx, task.LockParams{Keys: []string{"dev"}, Holder: other}); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +105,7 @@ type slowLocks struct {
 
 func (s *slowLocks) AcquireLocks(ctx context.Context, p task.LockParams) error {
 	if p.Holder.TaskKey == s.taskKey {
-		time.Sleep(s.delay)
+		time.Sleep(s.delay) // a busy process's slow try: what this store stands for
 	}
 	return s.Store.AcquireLocks(ctx, p)
 }
@@ -105,11 +129,15 @@ func TestParkedTaskKeepsItsRank(t *testing.T) {
 	}
 	e.publish("blocker", lockKeys("dev"), pinned("w1"))
 	e.worker("w1", handler, onStore(&slowLocks{Store: e.store, taskKey: "hi", delay: 300 * time.Millisecond}))
-	e.worker("w2", handler)
+	w2locks := &countingLocks{Store: e.store}
+	e.worker("w2", handler, onStore(w2locks))
 	recv(t, order, "the blocker to start")
 	e.publish("hi", lockKeys("dev"), pinned("w1"), priority(5))
 	e.publish("lo", lockKeys("dev"), pinned("w2"))
-	time.Sleep(500 * time.Millisecond) // lo tries, is stopped and waits in line; hi parks on w1
+	w2locks.awaitTried(t, "lo") // lo tries, is stopped and waits in line
+	// hi parks on w1, which neither Stats nor a store write shows: give it
+	// the time it takes.
+	time.Sleep(300 * time.Millisecond)
 	close(release)
 	if first := recv(t, order, "a waiting task to start"); first != "hi" {
 		t.Fatalf("%s took the key first; want hi (priority 5, parked behind the holder) before lo", first)
@@ -130,15 +158,16 @@ func TestLineAheadIsWoken(t *testing.T) {
 	ctx := t.Context()
 	other := holdElsewhere(t, e, "dev")
 	ran := make(chan string, 2)
+	locks := &countingLocks{Store: e.store}
 	e.worker("w1", func(ctx context.Context, job *consumer.Job) error {
 		ran <- job.Task.Key
 		return nil
-	})
+	}, onStore(locks))
 	// first waits in line (priority 5) for the holder, at most its own
 	// 30 s lease; second (priority 0) retries within its 1 s lease.
 	e.publish("first", lockKeys("dev"), priority(5), lease(10*time.Second, 30*time.Second))
 	e.publish("second", lockKeys("dev"), lease(250*time.Millisecond, time.Second))
-	time.Sleep(500 * time.Millisecond) // both tried and wait
+	locks.awaitTried(t, "first", "second") // and wait
 	// The holder goes without a task event (a process that died, say).
 	if err := e.store.ReleaseLocks(ctx, task.LockParams{Keys: []string{"dev"}, Holder: other}); err != nil {
 		t.Fatal(err)

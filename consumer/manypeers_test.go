@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/memstore"
 )
@@ -45,7 +46,7 @@ func TestShareEmptyAmongMoreWorkersThanBuckets(t *testing.T) {
 		}
 		st := db.Open()
 		c, err := consumer.New(consumer.Config{Store: st, WorkerID: id, Concurrency: 1, HeapSize: 50, PageSize: 10,
-			Handler: consumer.HandlerFunc(func(context.Context, *consumer.Job) error { time.Sleep(time.Millisecond); return nil }),
+			Handler: consumer.HandlerFunc(func(context.Context, *consumer.Job) error { time.Sleep(time.Millisecond); return nil }), // a task's work, in virtual time
 			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -54,19 +55,17 @@ func TestShareEmptyAmongMoreWorkersThanBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Stop(context.Background())
-		time.Sleep(1500 * time.Millisecond)
+		awaitPeersKnown(t, st.Now(), c)
+		synctest.Wait() // and has stored what it read
 		publishN(t, db.Open(), "b", n)
 		r := &shareRun{db: db}
 		r.waitSucceeded(t, n, time.Minute)
 		drained := st.Counts()
-		time.Sleep(20 * time.Second) // short of the 30 s safety net
-		idle := st.Counts()
-		t.Logf("%d candidate reads (%d rows) for %d tasks; %d reads in 20 s idle", drained.Reads, drained.CandidateRows, n, idle.Reads-drained.Reads)
+		t.Logf("%d candidate reads (%d rows) for %d tasks", drained.Reads, drained.CandidateRows, n)
 		if rows := drained.CandidateRows; rows > 4*n {
 			t.Errorf("%d candidate rows read for %d tasks; want at most %d", rows, n, 4*n)
 		}
-		if reads := idle.Reads - drained.Reads; reads > 0 {
-			t.Errorf("%d store reads in 20 s with nothing left to run; want none", reads)
-		}
+		// 20 s of virtual time, short of the 30 s safety net.
+		testutil.Consistently(t, 20*time.Second, "no store reads with nothing left to run", func() bool { return st.Counts().Reads == drained.Reads })
 	})
 }

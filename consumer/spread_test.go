@@ -52,22 +52,18 @@ func spreadRun(t *testing.T, spread, latency time.Duration) (int64, map[string]i
 			}
 			cs = append(cs, c)
 		}
-		time.Sleep(1500 * time.Millisecond) // each has read the registry with the others in it
+		if spread >= 0 { // spreading off reads no registry
+			awaitPeersKnown(t, db.Open().Now(), cs...)
+		}
+		synctest.Wait() // and has stored what it read
 		producer := db.Open()
 		for i := range n {
 			if _, _, err := task.Publish(t.Context(), producer, task.PublishParams{Key: fmt.Sprintf("s-%02d", i), Kind: "k"}); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // one at a time, in virtual time: the test is about tasks published apart
 		}
-		for done := 0; done < n; time.Sleep(10 * time.Millisecond) {
-			done = 0
-			for _, tk := range db.Tasks() {
-				if tk.State == task.StateSucceeded {
-					done++
-				}
-			}
-		}
+		(&shareRun{db: db}).waitSucceeded(t, n, time.Minute)
 		for _, c := range cs {
 			c.Stop(context.Background())
 		}

@@ -45,7 +45,7 @@ func TestStaleRegistryViewRunsEveryTask(t *testing.T) {
 		var cs []*consumer.Consumer
 		for _, id := range []string{"A", "B", "C"} {
 			c, err := consumer.New(consumer.Config{Store: stores[id], WorkerID: id, Concurrency: 2, HeapSize: 50, PageSize: 10,
-				Handler: consumer.HandlerFunc(func(context.Context, *consumer.Job) error { time.Sleep(10 * time.Millisecond); return nil }),
+				Handler: consumer.HandlerFunc(func(context.Context, *consumer.Job) error { time.Sleep(10 * time.Millisecond); return nil }), // a task's work, in virtual time
 				Logger:  slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {
 				t.Fatal(err)
@@ -60,7 +60,8 @@ func TestStaleRegistryViewRunsEveryTask(t *testing.T) {
 				c.Stop(context.Background())
 			}
 		}()
-		time.Sleep(1500 * time.Millisecond) // each has read the registry with the others in it
+		awaitPeersKnown(t, db.Open().Now(), cs...)
+		synctest.Wait() // and has stored what it read
 		ws, err := db.Open().Workers(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +76,18 @@ func TestStaleRegistryViewRunsEveryTask(t *testing.T) {
 		a.stale.Store(true)
 		stores["C"].(*memstore.Store).Cut()
 		cs[2].Stop(context.Background())
-		time.Sleep(6 * time.Second) // C's registration lapses; B reads the registry without it
+		// C's registration lapses (its unregister met the cut); B reads the
+		// registry without it.
+		cUntil := byID["C"].Until
+		if ws, err := db.Open().Workers(t.Context()); err == nil {
+			for _, w := range ws {
+				if w.ID == "C" {
+					cUntil = w.Until
+				}
+			}
+		}
+		awaitPeersKnown(t, cUntil, cs[1])
+		synctest.Wait()
 		publishN(t, db.Open(), "b", n)
 		start := time.Now()
 		r := &shareRun{db: db}

@@ -73,7 +73,7 @@ func testStreamFaults(t *testing.T, fail error, wantResume bool) {
 	const n = 20
 	for i := range n {
 		e.publish(fmt.Sprintf("t-%d", i), lease(100*time.Millisecond, 5*time.Second))
-		time.Sleep(5 * time.Millisecond) // spread the writes over several streams
+		time.Sleep(5 * time.Millisecond) // spread the writes over several streams: the test is about the reopens between them
 	}
 	for i := range n {
 		e.waitState(fmt.Sprintf("t-%d", i), task.StateSucceeded)

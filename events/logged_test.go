@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/events"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -21,7 +23,16 @@ func TestLoggedEvents(t *testing.T) {
 	mux := consumer.NewMux()
 	mux.RegisterFunc("logs", func(ctx context.Context, job *consumer.Job) error {
 		job.Log("sent")
-		time.Sleep(400 * time.Millisecond) // two renewals at a 150 ms ping
+		// Two renewals, at a 150 ms ping, as the store shows them.
+		seen := map[time.Time]bool{}
+		if !testutil.Within(5*time.Second, func() bool {
+			if tk, err := s.Get(ctx, "job"); err == nil && len(tk.Workers) > 0 {
+				seen[tk.Workers[len(tk.Workers)-1].LeaseUntil] = true
+			}
+			return len(seen) > 2
+		}) {
+			return errors.New("the lease was not renewed twice")
+		}
 		job.Log("acked")
 		job.Log("result ok")
 		return nil

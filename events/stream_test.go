@@ -12,6 +12,7 @@ import (
 
 	"github.com/leasepool/leasepool/events"
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -75,7 +76,10 @@ func lifecycle(t *testing.T, s task.Store, step func(want ...string)) {
 	// c: w1's lease runs out and w2 takes over; then released.
 	publish("c", 100*time.Millisecond)
 	do("c", claim("w1"), "claimed c w1#1")
-	time.Sleep(150 * time.Millisecond)
+	testutil.Eventually(t, 5*time.Second, "c's lease to run out in store time", func() bool {
+		tk, err := s.Get(ctx, "c")
+		return err == nil && s.Now().After(tk.Workers[len(tk.Workers)-1].LeaseUntil)
+	})
 	do("c", claim("w2"), "expired c w1#1 by w2 lease expired", "claimed c w2#2")
 	do("c", func(tk *task.Task) error { return tk.Release(h, s.Now()) }, "released c w2#2")
 }

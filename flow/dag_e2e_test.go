@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -124,27 +125,19 @@ func TestTimerFiresWhileEverySlotIsBusy(t *testing.T) {
 		}
 		return n
 	}
-	for deadline := time.Now().Add(10 * time.Second); running() < len(busy); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d blocking tasks running after 10 s", running(), len(busy))
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, "every blocking task to run", func() bool { return running() == len(busy) })
 	until := time.Now().Add(time.Second).UTC().Truncate(time.Millisecond)
 	r.publish(t, "nap", `{}`, []flow.Step{{Name: "alarm", Until: until}})
-	for deadline := until.Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		f, err := flow.Get(ctx, r.store, "nap")
-		if err != nil {
+	var f *flow.Flow
+	testutil.Eventually(t, time.Until(until.Add(5*time.Second)), "the alarm to fire, every slot running a blocking task", func() bool {
+		var err error
+		if f, err = flow.Get(ctx, r.store, "nap"); err != nil {
 			t.Fatal(err)
 		}
-		if f.State == flow.StateSucceeded {
-			if d := f.Progress[0].Do; !d.Due.Equal(until) || d.EndedAt.Before(until) || d.EndedAt.Sub(until) > time.Second {
-				t.Fatalf("alarm due %s (want %s) ended %s: want within 1 s after", d.Due, until, d.EndedAt)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("alarm due %s still %s 5 s after, every slot running a blocking task", until, f.State)
-		}
+		return f.State == flow.StateSucceeded
+	})
+	if d := f.Progress[0].Do; !d.Due.Equal(until) || d.EndedAt.Before(until) || d.EndedAt.Sub(until) > time.Second {
+		t.Fatalf("alarm due %s (want %s) ended %s: want within 1 s after", d.Due, until, d.EndedAt)
 	}
 	if n := running(); n != len(busy) {
 		t.Fatalf("%d of %d blocking tasks still running when the timer fired: want all (every slot busy)", n, len(busy))
@@ -164,20 +157,13 @@ func TestSignalOnAWorker(t *testing.T) {
 	// between two calls).
 	gated := flow.Step{Name: "bill", Needs: []string{"approval"}, Action: flow.Action{Kind: "test.gate"}}
 	r.publish(t, "sig", `{}`, []flow.Step{stepOf("create"), approval, gated})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.Eventually(t, 10*time.Second, "approval to wait", func() bool {
 		f, err := flow.Get(ctx, r.store, "sig")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f.Progress[1].State == flow.StepRunning {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("approval never waits: %+v", f.Progress)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return f.Progress[1].State == flow.StepRunning
+	})
 	if _, err := flow.Signal(ctx, r.store, "sig", "approval", json.RawMessage(`{"ok":`)); !errors.Is(err, task.ErrInvalid) {
 		t.Fatalf("signal with a broken payload: %v", err)
 	}

@@ -86,7 +86,7 @@ func newRig(t *testing.T) *rig {
 		r.mu.Lock()
 		r.ran = append(r.ran, "start "+ref.Name+" "+dir)
 		r.mu.Unlock()
-		time.Sleep(30 * time.Millisecond)
+		time.Sleep(30 * time.Millisecond) // a step's work: steps that may overlap do
 		r.mu.Lock()
 		r.ran = append(r.ran, "end "+ref.Name+" "+dir)
 		r.mu.Unlock()
@@ -100,7 +100,7 @@ func newRig(t *testing.T) *rig {
 			r.maxInside.Store(n)
 		}
 		defer r.inside.Add(-1)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a step's work: steps that may overlap do
 		return nil
 	})
 	w, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "w1", Logger: log, RetryPolicy: consumer.NoBackoff})
@@ -226,11 +226,8 @@ func TestRollbackFails(t *testing.T) {
 	}
 	// The error is logged once the outcome is written: it may come just
 	// after the state is seen.
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(r.logs.String(), "level=ERROR msg=\"flow rollback failed"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no error logged:\n%s", r.logs)
-		}
-	}
+	testutil.Eventually(t, 5*time.Second, "the rollback failure logged as an error",
+		func() bool { return strings.Contains(r.logs.String(), "level=ERROR msg=\"flow rollback failed") })
 	// Retry runs again from the first step whose work does not stand.
 	rf, err := flow.Retry(context.Background(), r.store, "db-3")
 	if err != nil || rf.Gen != 2 || rf.Cursor != 1 {
@@ -285,28 +282,15 @@ func TestCancel(t *testing.T) {
 
 func waitTaskState(t *testing.T, s task.Store, key string, want task.State) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testutil.Eventually(t, time.Minute, fmt.Sprintf("task %s to be %s", key, want), func() bool {
 		st, err := s.Get(context.Background(), key)
-		if err == nil && st.State == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %s: state %v err %v, want %s", key, st, err, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil && st.State == want
+	})
 }
 
 func waitRuns(t *testing.T, r *rig, n int) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for len(r.runs()) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("ran %v, want %d runs", r.runs(), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, time.Minute, fmt.Sprintf("%d runs", n), func() bool { return len(r.runs()) >= n })
 }
 
 func TestRetryAfterRollback(t *testing.T) {
@@ -499,22 +483,16 @@ func TestReapedStepMovesTheFlowOnAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop(ctx)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		f, err := flow.Get(ctx, s, "r-1")
-		if err != nil {
+	var f *flow.Flow
+	testutil.Eventually(t, 10*time.Second, "the flow to finish after its step's last worker died", func() bool {
+		var err error
+		if f, err = flow.Get(ctx, s, "r-1"); err != nil {
 			t.Fatal(err)
 		}
-		if f.State.Finished() {
-			if f.State != flow.StateFailed {
-				t.Fatalf("flow ended %s; want failed", f.State)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("flow still %s 10 s after its step's last worker died", f.State)
-		}
-		time.Sleep(20 * time.Millisecond) // the poll's pace
+		return f.State.Finished()
+	})
+	if f.State != flow.StateFailed {
+		t.Fatalf("flow ended %s; want failed", f.State)
 	}
 	select {
 	case <-ran:

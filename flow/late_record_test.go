@@ -70,7 +70,7 @@ func TestStalledRecordRunsTheStepAgainOnce(t *testing.T) {
 	// Attempt 2 is claimed well after attempt 1's outcome got its time,
 	// and attempt 1's record lands while attempt 2 runs.
 	const gap = 200 * time.Millisecond
-	time.Sleep(gap)
+	time.Sleep(gap) // store time passes: the test is about a record stamped before it landing after
 	claimed := s.Now()
 	second := Middleware(MiddlewareConfig{Store: s})(step(func() {
 		close(slow.release)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -238,16 +239,7 @@ func TestReconcilerLease(t *testing.T) {
 	}
 	waitTask := func(key string) {
 		t.Helper()
-		deadline := time.Now().Add(time.Minute)
-		for {
-			if _, err := s.Get(ctx, key); err == nil {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never published", key)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		testutil.Eventually(t, time.Minute, key+" to be published", func() bool { _, err := s.Get(ctx, key); return err == nil })
 	}
 	waitTask(crashGap(t, s, "f", 0))
 	first := lockHolder(t, s)

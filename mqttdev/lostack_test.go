@@ -33,7 +33,7 @@ func TestOutageWithLostAckKeepsDevice(t *testing.T) {
 	// The worker sees the device drop and come back (its will, then its
 	// online status), as across a broker restart.
 	e.handler.Tracker().Observe(e.dev(0), Status{Online: false, At: time.Now()}, time.Now())
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // away a moment: the outage the test is about
 	e.handler.Tracker().Observe(e.dev(0), Status{Online: true, At: time.Now()}, time.Now())
 
 	err := <-done

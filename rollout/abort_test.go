@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -133,18 +134,14 @@ func TestTwoSteppersAtOnceNeverSendTwice(t *testing.T) {
 			}
 		}()
 	}
-	deadline := time.Now().Add(time.Minute)
 	var r *Rollout
-	for {
+	testutil.EventuallyEvery(t, time.Minute, 20*time.Millisecond, "the race rollout to end", func() bool {
 		var err error
 		if r, err = Get(ctx, st, "race"); err != nil {
 			t.Fatal(err)
 		}
-		if r.State.Final() || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return r.State.Final()
+	})
 	close(done)
 	total := <-conflicts + <-conflicts
 	if r.State != StateCompleted {
@@ -200,11 +197,10 @@ func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
 	}
 	heir := NewStepper(st)
 	heir.orphanAfter = 100 * time.Millisecond
-	time.Sleep(heir.orphanAfter)
-	// The heir dispatches the four again, each under a fresh token (once
-	// the window has room) and its first key.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	// The heir dispatches the four again once they are orphaned, each
+	// under a fresh token (once the window has room) and its first key. A
+	// step each pace, as a driver does.
+	testutil.EventuallyEvery(t, 30*time.Second, 20*time.Millisecond, "the heir to dispatch the dead driver's records again", func() bool {
 		if err := heir.Step(ctx, "crash"); err != nil {
 			t.Fatal(err)
 		}
@@ -215,14 +211,8 @@ func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
 				again++
 			}
 		}
-		if again == 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the heir did not dispatch the dead driver's records again: %+v", r.Devices[:4])
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return again == 4
+	})
 	for _, e := range r.Devices {
 		if e.Attempt > 1 {
 			t.Fatalf("%s: attempt %d: a record taken again must keep its key", e.Device, e.Attempt)
@@ -233,7 +223,7 @@ func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
 	// Now the other order: the dead driver records the next four, an
 	// operator cancels, the heir withdraws and records the cancel, and
 	// the dead driver's publish comes after.
-	time.Sleep(time.Duration(rate.Per))
+	time.Sleep(time.Duration(rate.Per)) // a rate period: the window has room for the next four, the point of this step
 	if err := dead.Step(ctx, "crash"); err != nil {
 		t.Fatal(err)
 	}
@@ -356,8 +346,8 @@ func TestCommandEndingDuringTheAbortKeepsItsOutcome(t *testing.T) {
 	}
 	stepStart := st.Now().UTC()
 	newFleet(t, st, 1, map[string]bool{"dev-001": true}, nil, time.Millisecond)
-	var ended time.Time                                                                     // when the later of the two ended
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // a step each pace, as a driver does
+	var ended time.Time // when the later of the two ended
+	testutil.Eventually(t, 30*time.Second, "the commands to end", func() bool {
 		done := 0
 		for _, d := range devices(2) {
 			if tk, err := st.Get(ctx, TaskKey("late", d, 1)); err == nil && tk.State.Finished() {
@@ -367,13 +357,8 @@ func TestCommandEndingDuringTheAbortKeepsItsOutcome(t *testing.T) {
 				}
 			}
 		}
-		if done == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the commands did not end")
-		}
-	}
+		return done == 2
+	})
 	r.State, r.Reason = StateAborting, "test"
 	if _, err := s.withdraw(ctx, r, stepStart); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
@@ -97,24 +98,24 @@ func (f *fleet) ran() []run {
 func drive(t *testing.T, s *Stepper, name string, limit time.Duration) *Rollout {
 	t.Helper()
 	ctx := context.Background()
-	deadline := time.Now().Add(limit)
-	for {
+	var r *Rollout
+	defer func() {
+		if t.Failed() && r != nil {
+			t.Logf("rollout %s: %s, %+v", name, r.State, r.Progress().Total)
+		}
+	}()
+	// A step each check, as a driver does.
+	testutil.EventuallyEvery(t, limit, 20*time.Millisecond, fmt.Sprintf("rollout %s to be over, its rollback too", name), func() bool {
 		if err := s.Step(ctx, name); err != nil && !errors.Is(err, task.ErrConflict) {
 			t.Fatal(err)
 		}
-		r, err := Get(ctx, s.st, name)
-		if err != nil {
+		var err error
+		if r, err = Get(ctx, s.st, name); err != nil {
 			t.Fatal(err)
 		}
-		if r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero()) {
-			return r
-		}
-		if time.Now().After(deadline) {
-			p := r.Progress()
-			t.Fatalf("rollout %s still %s after %s: %+v", name, r.State, limit, p.Total)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return r.State.Final() && (r.Rollback == nil || !r.Rollback.EndedAt.IsZero())
+	})
+	return r
 }
 
 func eventTypes(r *Rollout) []string {

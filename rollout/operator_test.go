@@ -3,32 +3,35 @@ package rollout
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
 // stepUntil steps rollout name until cond holds of it.
 func stepUntil(t *testing.T, s *Stepper, name, what string, cond func(*Rollout) bool) *Rollout {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var r *Rollout
+	defer func() {
+		if t.Failed() && r != nil {
+			t.Logf("rollout %s: %s (%s), events %v", name, r.State, r.Reason, eventTypes(r))
+		}
+	}()
+	// A step each check, as a driver does.
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("rollout %s: %s", name, what), func() bool {
 		if err := s.Step(context.Background(), name); err != nil && !errors.Is(err, task.ErrConflict) {
 			t.Fatal(err)
 		}
-		r, err := Get(context.Background(), s.st, name)
-		if err != nil {
+		var err error
+		if r, err = Get(context.Background(), s.st, name); err != nil {
 			t.Fatal(err)
 		}
-		if cond(r) {
-			return r
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rollout %s: no %s: %s (%s), events %v", name, what, r.State, r.Reason, eventTypes(r))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return cond(r)
+	})
+	return r
 }
 
 func TestApprovalGatesPauseAndRetryFailed(t *testing.T) {

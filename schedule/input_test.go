@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 )
@@ -96,13 +97,8 @@ func TestRunnerSkipsForgedDocuments(t *testing.T) {
 		t.Fatalf("List over forged documents = %+v, %v; want tick only, with no last slot", l, err)
 	}
 	startRunner(t, s, time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for len(slotsOf(t, s, tick)) < 2 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := len(slotsOf(t, s, tick)); n < 2 {
-		t.Fatalf("tick published %d slots over forged records; want the runner to go on", n)
-	}
+	testutil.EventuallyEvery(t, 5*time.Second, 50*time.Millisecond, "tick to publish two slots over forged records: the runner goes on",
+		func() bool { return len(slotsOf(t, s, tick)) >= 2 })
 	if own, err := s.List(ctx, task.ListQuery{Reserved: true}); err != nil || len(own) != 0 {
 		t.Fatalf("reserved documents after the runner ran: %d (%v); want none from a forged record", len(own), err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
@@ -63,15 +64,12 @@ func slotsOf(t *testing.T, s task.Store, name string) []time.Time {
 // them.
 func waitSlots(t *testing.T, s task.Store, n int) []time.Time {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		got := slotsOf(t, s, "tick")
-		if len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slots %v after 30 s, want at least %d", got, n)
-		}
-	}
+	var got []time.Time
+	testutil.EventuallyEvery(t, 30*time.Second, 50*time.Millisecond, fmt.Sprintf("at least %d slots of tick", n), func() bool {
+		got = slotsOf(t, s, "tick")
+		return len(got) >= n
+	})
+	return got
 }
 
 // holes counts the slots missing between consecutive published ones.
@@ -186,11 +184,7 @@ func (s *passCounter) Now() time.Time {
 // waitPasses waits until the runner has begun n passes, so has ended n-1.
 func (s *passCounter) waitPasses(t *testing.T, n int64) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); s.passes.Load() < n; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the runner began %d passes in a minute, want %d", s.passes.Load(), n)
-		}
-	}
+	testutil.Eventually(t, time.Minute, fmt.Sprintf("the runner to begin %d passes", n), func() bool { return s.passes.Load() >= n })
 }
 
 func runnersShareSlots(t *testing.T, s1, s2 task.Store) {
@@ -216,10 +210,8 @@ func runnersShareSlots(t *testing.T, s1, s2 task.Store) {
 		r.waitPasses(t, r.passes.Load()+1)
 	}
 	paused := len(slotsOf(t, s1, "tick"))
-	time.Sleep(1500 * time.Millisecond)
-	if n := len(slotsOf(t, s1, "tick")); n != paused {
-		t.Errorf("paused: %d slots became %d", paused, n)
-	}
+	testutil.Consistently(t, 1500*time.Millisecond, fmt.Sprintf("%d slots while paused", paused), // a slot and a half: the window is the point
+		func() bool { return len(slotsOf(t, s1, "tick")) == paused })
 	if _, err := schedule.Resume(t.Context(), s1, "tick"); err != nil {
 		t.Fatal(err)
 	}
@@ -241,11 +233,11 @@ func TestCatchUpAfterOutage(t *testing.T) {
 	}
 	const late = 500 * time.Millisecond
 	r := startRunner(t, s, late)
-	time.Sleep(1500 * time.Millisecond)
+	waitSlots(t, s, 2)
 	if err := r.Stop(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(4 * time.Second) // the outage
+	time.Sleep(4 * time.Second) // the outage, in wall time: what it misses is the point
 	// Read after the outage: a publish and its cursor that Stop stopped
 	// waiting for may still land in the store's next commit.
 	before := slotsOf(t, s, "tick")
@@ -327,12 +319,17 @@ func TestOneElectedRunnerPublishes(t *testing.T) {
 		}
 		return false
 	}
-	for deadline := time.Now().Add(10 * time.Second); !published(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no runner published in 10 s")
+	testutil.EventuallyEvery(t, 10*time.Second, 50*time.Millisecond, "a runner to publish", published)
+	// Over the others' polls they must insert nothing.
+	testutil.Consistently(t, 2500*time.Millisecond, "one runner alone publishing", func() bool {
+		n := 0
+		for _, s := range stores {
+			if s.inserts.Load() > 0 {
+				n++
+			}
 		}
-	}
-	time.Sleep(2500 * time.Millisecond) // the others' polls: they must insert nothing
+		return n == 1
+	})
 	holder := -1
 	for i, s := range stores {
 		if n := s.inserts.Load(); n > 0 {
@@ -350,14 +347,10 @@ func TestOneElectedRunnerPublishes(t *testing.T) {
 	// and publishes a slot a poll ahead. The bound: the lease (three
 	// polls, for a release that did not land), two slots, and a second.
 	var got []time.Time
-	for deadline := time.Now().Add(3*schedule.DefaultPoll + 3*time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if got = slotsOf(t, stores[0], "tick"); len(got) >= before+2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the holder stopped: slots %v (%d before; want two more)", got, before)
-		}
-	}
+	testutil.EventuallyEvery(t, 3*schedule.DefaultPoll+3*time.Second, 50*time.Millisecond, fmt.Sprintf("two slots more than %d after the holder stopped", before), func() bool {
+		got = slotsOf(t, stores[0], "tick")
+		return len(got) >= before+2
+	})
 	if holes(got, time.Second) != 0 {
 		t.Fatalf("after the holder stopped: slots %v (want none missing)", got)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -210,7 +211,7 @@ func (c *chaos) start(id string) {
 func (c *chaos) kill(id string) {
 	c.losses[id] = append(c.losses[id], c.workers[id].kill(c.t))
 	c.kills++
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // the restart's gap: part of the chaos
 	c.start(id)
 }
 
@@ -228,7 +229,7 @@ func (c *chaos) freeze(id string) {
 			c.t.Errorf("SIGCONT %s: %v", id, err)
 		}
 	}()
-	time.Sleep(chaosTimeout*3/2 + rand.N(chaosTimeout/2))
+	time.Sleep(chaosTimeout*3/2 + rand.N(chaosTimeout/2)) // frozen past its leases: the point of a freeze
 }
 
 // run is the chaos loop: every 1-2 leases it kills or (the second of
@@ -246,12 +247,8 @@ func (c *chaos) run(n int) time.Duration {
 	// Chaos goes on past 95 % until it has killed and frozen a worker at
 	// least once each, so that a quick run still has both.
 	for done := c.b.succeeded(); (done < n*95/100 || c.kills == 0 || c.stops == 0) && done < n && time.Now().Before(chaosUntil); done = c.b.succeeded() {
-		next := time.Now().Add(chaosTimeout + rand.N(chaosTimeout))
-		for time.Now().Before(next) && done < n {
-			time.Sleep(250 * time.Millisecond)
-			done = c.b.succeeded()
-		}
-		if done >= n {
+		// The next strike comes in 1-2 leases, unless every task is done.
+		if testutil.WithinEvery(chaosTimeout+rand.N(chaosTimeout), 250*time.Millisecond, func() bool { done = c.b.succeeded(); return done >= n }) {
 			break
 		}
 		if id := c.ids[rand.N(len(c.ids))]; (c.kills+c.stops)%3 != 1 {
@@ -267,18 +264,15 @@ func (c *chaos) run(n int) time.Duration {
 		}
 		t.Logf("kills and freezes of %s: %v", id, ls)
 	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for done := c.b.succeeded(); done < n; done = c.b.succeeded() {
-		if time.Now().After(deadline) {
-			all, _ := c.b.store.List(context.Background(), task.ListQuery{})
-			for _, tk := range all {
-				if tk.State != task.StateSucceeded {
-					t.Logf("unfinished: %s %s pins %v workers %s", tk.Key, tk.State, tk.SpecificWorkerIDs, fmtWorkers(tk))
-				}
+	done := 0
+	if !testutil.WithinEvery(2*time.Minute, 250*time.Millisecond, func() bool { done = c.b.succeeded(); return done >= n }) {
+		all, _ := c.b.store.List(context.Background(), task.ListQuery{})
+		for _, tk := range all {
+			if tk.State != task.StateSucceeded {
+				t.Logf("unfinished: %s %s pins %v workers %s", tk.Key, tk.State, tk.SpecificWorkerIDs, fmtWorkers(tk))
 			}
-			t.Fatalf("only %d of %d tasks succeeded after %d kills, %d freezes and two quiet minutes", done, n, c.kills, c.stops)
 		}
-		time.Sleep(250 * time.Millisecond)
+		t.Fatalf("only %d of %d tasks succeeded after %d kills, %d freezes and two quiet minutes", done, n, c.kills, c.stops)
 	}
 	return time.Since(began)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -96,7 +97,11 @@ func TestPauseAllStopsStartsAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	pauseAt := bell.UpdatedAt
-	time.Sleep(1500 * time.Millisecond) // claims in flight at the pause land
+	// Claims in flight at the pause land: the starts come to rest.
+	testutil.SettlesEvery(t, 30*time.Second, time.Second, 20*time.Millisecond, "the claims in flight at the pause to land", func() int64 {
+		all, _ := starts(t, ctx, st)
+		return int64(len(all))
+	})
 	// The tasks running at the pause finish (300 ms, then their outcome's
 	// write, which a loaded machine delays): read the starts after that.
 	eventually(t, 30*time.Second, "the running tasks to finish after the pause", func() bool {
@@ -123,10 +128,10 @@ func TestPauseAllStopsStartsAcrossProcesses(t *testing.T) {
 	if pending == 0 {
 		t.Fatal("nothing left pending: the test proves nothing about resume")
 	}
-	time.Sleep(500 * time.Millisecond)
-	if again, _ := starts(t, ctx, st); len(again) != len(all) {
-		t.Fatalf("%d tasks started while everything was paused", len(again)-len(all))
-	}
+	consistently(t, 500*time.Millisecond, "no task started while everything is paused", func() bool {
+		again, _ := starts(t, ctx, st)
+		return len(again) == len(all)
+	})
 
 	resumeAt := st.Now()
 	if _, err := control.Resume(ctx, st, control.All()); err != nil {
@@ -223,10 +228,8 @@ func TestMongoPauseAndLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(1500 * time.Millisecond)
-	if got := countTasks(t, ctx, st, task.StatePending); got != n {
-		t.Fatalf("%d of %d tasks pending while their kind is paused", got, n)
-	}
+	consistently(t, 1500*time.Millisecond, fmt.Sprintf("all %d tasks pending while their kind is paused", n),
+		func() bool { return countTasks(t, ctx, st, task.StatePending) == n })
 	if out, _, code := runCLI(t, "--store", uri, "limit", "set", "--kind", "noop", "--rate", "2/1s"); code != 0 || !strings.Contains(out, "2/1s") {
 		t.Fatalf("limit set: exit %d, %s", code, out)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/credential"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/device"
@@ -67,12 +68,7 @@ func BenchmarkDeviceCommands(b *testing.B) {
 	}
 	defer h.Stop(ctx)
 	// The handler learns device states from retained status messages.
-	for deadline := time.Now().Add(10 * time.Second); len(h.Tracker().States()) < devices; {
-		if time.Now().After(deadline) {
-			b.Fatal("devices did not come online")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(b, 10*time.Second, "the devices to come online", func() bool { return len(h.Tracker().States()) >= devices })
 
 	command := func(key string, i int) (task.PublishParams, error) {
 		return mqttdev.PublishParams(key, mqttdev.Command{Device: fmt.Sprintf("bench-%d", i%devices), Command: "noop"}, task.Options{})

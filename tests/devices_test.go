@@ -248,7 +248,7 @@ func TestDevicesMosquittoRestart(t *testing.T) {
 	before := countStates(t, ctx, store)[task.StateSucceeded]
 	down := time.Now()
 	stopMosq()
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // the broker's outage, mid-command: the point
 	restartMosq()
 	t.Logf("mosquitto restarted after %d of %d commands succeeded; down %s", before, n, time.Since(down).Round(time.Millisecond))
 	eventually(t, time.Minute, "every command to finish", func() bool { return finished(countStates(t, ctx, store)) == n })

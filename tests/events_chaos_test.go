@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -137,12 +138,12 @@ func TestEventFollowersResumeAcrossChaos(t *testing.T) {
 	var startToken string
 	eventually(t, 30*time.Second, "the reference follower to see a marker", func() bool {
 		publish(fmt.Sprintf("mark-start-%d", time.Now().UnixNano()), "noop", "", 0)
-		time.Sleep(100 * time.Millisecond)
-		if ls := ref.lines(t); len(ls) > 0 {
-			startToken = parseEvent(t, ls[0]).Token
-			return true
+		var ls []string
+		if !testutil.Within(200*time.Millisecond, func() bool { ls = ref.lines(t); return len(ls) > 0 }) {
+			return false // the follower was not following yet: another marker
 		}
-		return false
+		startToken = parseEvent(t, ls[0]).Token
+		return true
 	})
 	refStart := 1 // the reference's lines after the start marker's
 
@@ -257,7 +258,7 @@ func eventChaos(t *testing.T, ctx context.Context, store task.Store, url string,
 	kills := 0
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
-		time.Sleep(time.Second + rand.N(time.Second))
+		time.Sleep(time.Second + rand.N(time.Second)) // kills at random times: the chaos
 		ts, err := store.List(ctx, task.ListQuery{})
 		if err != nil {
 			t.Error(err)
@@ -275,7 +276,7 @@ func eventChaos(t *testing.T, ctx context.Context, store task.Store, url string,
 		id := ids[rand.N(len(ids))]
 		workers[id].kill(t)
 		kills++
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the restart's gap: part of the chaos
 		start(id)
 	}
 	t.Errorf("the tasks did not finish in 90 s of chaos")

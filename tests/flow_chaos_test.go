@@ -99,10 +99,10 @@ func TestFlowChaos(t *testing.T) {
 	began, kills := time.Now(), map[string][]time.Time{}
 	chaosUntil := began.Add(3 * time.Minute)
 	for finished() < flowChaosFlows*95/100 && time.Now().Before(chaosUntil) {
-		time.Sleep(1500*time.Millisecond + rand.N(1500*time.Millisecond))
+		time.Sleep(1500*time.Millisecond + rand.N(1500*time.Millisecond)) // kills at random times: the chaos
 		id := ids[rand.N(len(ids))]
 		kills[id] = append(kills[id], workers[id].kill(t))
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // the restart's gap: part of the chaos
 		start(id)
 	}
 	eventually(t, 3*time.Minute, "every flow to finish after the chaos", func() bool { return finished() == flowChaosFlows })

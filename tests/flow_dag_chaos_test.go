@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -126,7 +127,7 @@ func TestFlowDAGChaos(t *testing.T) {
 	kills := map[string][]time.Time{}
 	kill := func(id string) {
 		kills[id] = append(kills[id], workers[id].kill(t))
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // the restart's gap: part of the chaos
 		start(id)
 	}
 	// The timed flows, their timers due 25 s on; then every worker is
@@ -143,7 +144,7 @@ func TestFlowDAGChaos(t *testing.T) {
 	}
 	published := time.Now()
 	for _, id := range ids {
-		time.Sleep(rand.N(time.Second))
+		time.Sleep(rand.N(time.Second)) // kills at random times: the chaos
 		kill(id)
 	}
 	if restarted := time.Now(); restarted.After(coolUntil.Add(-2500 * time.Millisecond)) {
@@ -160,7 +161,7 @@ func TestFlowDAGChaos(t *testing.T) {
 			continue
 		}
 		wg.Go(func() {
-			time.Sleep(rand.N(15 * time.Second))
+			time.Sleep(rand.N(15 * time.Second)) // an operator's signal at a random time: the chaos
 			payload := json.RawMessage(fmt.Sprintf(`{"by":"op","flow":%q}`, key))
 			for {
 				_, err := flow.Signal(ctx, store, key, "approve", payload)
@@ -173,7 +174,7 @@ func TestFlowDAGChaos(t *testing.T) {
 					t.Errorf("signal %s: %v", key, err)
 					return
 				}
-				time.Sleep(50 * time.Millisecond)
+				time.Sleep(50 * time.Millisecond) // the operator's retry pace
 			}
 			sentMu.Lock()
 			sent[key] = payload
@@ -206,7 +207,7 @@ func TestFlowDAGChaos(t *testing.T) {
 	freezes := 0
 	chaosUntil := began.Add(40 * time.Second)
 	for strike := 0; (finished() < n*95/100 || time.Now().Before(coolUntil.Add(2*time.Second))) && time.Now().Before(chaosUntil); {
-		time.Sleep(time.Second + rand.N(time.Second))
+		time.Sleep(time.Second + rand.N(time.Second)) // strikes at random times: the chaos
 		id, now, frozen := ids[rand.N(len(ids))], time.Now(), 4*time.Second+rand.N(600*time.Millisecond)
 		switch {
 		case strike%2 == 0 && calm(now, now.Add(frozen+time.Second)):
@@ -219,11 +220,9 @@ func TestFlowDAGChaos(t *testing.T) {
 		}
 		strike++
 	}
-	for deadline := time.Now().Add(2 * time.Minute); finished() < n; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			dumpActiveFlows(t, ctx, store)
-			t.Fatalf("%d of %d DAG flows still moving 2 minutes after the chaos", n-finished(), n)
-		}
+	if !testutil.WithinEvery(2*time.Minute, 100*time.Millisecond, func() bool { return finished() >= n }) {
+		dumpActiveFlows(t, ctx, store)
+		t.Fatalf("%d of %d DAG flows still moving 2 minutes after the chaos", n-finished(), n)
 	}
 	elapsed := time.Since(began)
 	wg.Wait()
@@ -487,7 +486,7 @@ func freeze(t *testing.T, w *workerProc, d time.Duration) {
 	if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(d)
+	time.Sleep(d) // frozen for d: the point of a freeze
 	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}

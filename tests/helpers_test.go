@@ -134,6 +134,13 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	testutil.EventuallyEvery(t, d, 20*time.Millisecond, what, cond)
 }
 
+// consistently is testutil.Consistently at eventually's pace, for the
+// same reason.
+func consistently(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	testutil.ConsistentlyEvery(t, d, 20*time.Millisecond, what, cond)
+}
+
 // logLine is one line the exec tasks append: key attempt worker event
 // nanos, and the pid of the process writing it where the program logs it.
 type logLine struct {

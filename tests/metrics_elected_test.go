@@ -1,6 +1,8 @@
 package tests
 
 import (
+	"fmt"
+
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -61,13 +63,8 @@ func TestStoreGaugesFromOneWorker(t *testing.T) {
 		k = exporter(addrs, both)
 		return k >= 0
 	})
-	// It stays so.
-	for range 5 {
-		if got := exporter(addrs, both); got != k {
-			t.Fatalf("store's gauges from worker %d, then %d", k, got)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	consistently(t, 500*time.Millisecond, fmt.Sprintf("the store's gauges from worker %d alone", k),
+		func() bool { return exporter(addrs, both) == k })
 
 	if err := procs[k].cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

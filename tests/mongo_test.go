@@ -89,7 +89,7 @@ func TestMongoServerOutage(t *testing.T) {
 	stoppedAt := time.Now()
 	stop()
 	t.Logf("server stopped with %d of %d tasks succeeded; stopping took %s", before, nLong+nShort, time.Since(stoppedAt).Round(time.Millisecond))
-	time.Sleep(outage - time.Since(stoppedAt))
+	time.Sleep(outage - time.Since(stoppedAt)) // the outage the test is about
 	restart()
 	backAt := time.Now()
 	t.Logf("server back after %s", backAt.Sub(stoppedAt).Round(time.Millisecond))

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -157,23 +158,18 @@ func BenchmarkMongoTraffic(b *testing.B) {
 			// the spell counts the workers' own traffic only.
 			scrapeSeries(b, fw.addrs, trafficPrefixes...)
 			s0 := scrapeSeries(b, fw.addrs, trafficPrefixes...)
-			time.Sleep(idleFor)
+			time.Sleep(idleFor) // the idle spell whose traffic is measured
 			s1 := scrapeSeries(b, fw.addrs, trafficPrefixes...)
 			start := time.Now()
 			publishPaced(b, st, tasks, interval)
 			waitSucceeded(b, st, tasks)
 			// Every stream has heard every write once its count stops
 			// moving.
-			s2 := scrapeSeries(b, fw.addrs, trafficPrefixes...)
-			for range 50 {
-				time.Sleep(200 * time.Millisecond)
-				next := scrapeSeries(b, fw.addrs, trafficPrefixes...)
-				settled := next.sum("leasepool_store_change_events_total", "") == s2.sum("leasepool_store_change_events_total", "")
-				s2 = next
-				if settled {
-					break
-				}
-			}
+			var s2 series
+			testutil.SettlesEvery(b, 10*time.Second, 200*time.Millisecond, 200*time.Millisecond, "the change events counted to stop moving", func() int64 {
+				s2 = scrapeSeries(b, fw.addrs, trafficPrefixes...)
+				return int64(s2.sum("leasepool_store_change_events_total", ""))
+			})
 			row := trafficRow{workers: n, tasks: tasks, run: s2.minus(s1), idle: s1.minus(s0), runFor: time.Since(start)}
 			if row.run.sum("leasepool_store_change_events_total", "") < float64(tasks*n) {
 				b.Fatalf("%v change events counted for %d tasks and %d workers: the workers' traffic counters do not count",

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -83,15 +84,15 @@ func TestDuplicateWorkerIDProcesses(t *testing.T) {
 	var b *workerProc
 	eventually(t, 30*time.Second, "a worker under the frozen holder's id to start", func() bool {
 		b = startWorker(t, url, "dup")
-		w, ok := registered(t, store, "dup")
-		for !ok || w.PID != b.cmd.Process.Pid {
-			if b.cmd.ProcessState != nil || processExited(b) {
-				return false
+		exited := false
+		testutil.Within(30*time.Second, func() bool {
+			if w, ok := registered(t, store, "dup"); ok && w.PID == b.cmd.Process.Pid {
+				return true
 			}
-			time.Sleep(50 * time.Millisecond)
-			w, ok = registered(t, store, "dup")
-		}
-		return true
+			exited = b.cmd.ProcessState != nil || processExited(b)
+			return exited // refused the id: start another
+		})
+		return !exited
 	})
 	waited := time.Since(frozenAt)
 	t.Logf("a new process took the frozen holder's id after %s", waited.Round(time.Millisecond))
@@ -102,13 +103,10 @@ func TestDuplicateWorkerIDProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Resumed, A must not take the id back: B's registration stays.
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
-		if w, ok := registered(t, store, "dup"); !ok || w.PID != b.cmd.Process.Pid {
-			t.Fatalf("after the frozen holder resumed the registry shows %+v (live %v); want B (pid %d)", w, ok, b.cmd.Process.Pid)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	consistently(t, 3*time.Second, fmt.Sprintf("B (pid %d) registered under the id after the frozen holder resumed", b.cmd.Process.Pid), func() bool {
+		w, ok := registered(t, store, "dup")
+		return ok && w.PID == b.cmd.Process.Pid
+	})
 
 	// A killed holder's id is taken over at once on its host.
 	a.kill(t)

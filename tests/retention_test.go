@@ -62,6 +62,14 @@ func TestRetentionOnWorkers(t *testing.T) {
 		}
 		return err == nil
 	}
+	settled := func() bool {
+		for key, gone := range deleted {
+			if exists(key) == gone {
+				return false
+			}
+		}
+		return true
+	}
 	check := func(phase string) {
 		t.Helper()
 		for key, gone := range deleted {
@@ -73,7 +81,10 @@ func TestRetentionOnWorkers(t *testing.T) {
 	eventually(t, 30*time.Second, "the old finished tasks to go", func() bool {
 		return !exists("ok-25h") && !exists("failed-8d") && !exists("cancelled-25h")
 	})
-	time.Sleep(2 * time.Second) // two more runs: they must delete nothing more
+	// Over two more runs they must delete nothing more.
+	if settled() {
+		consistently(t, 2*time.Second, "the first runs' deletions, and no more", settled)
+	}
 	check("first runs")
 
 	// The elected worker dies; the other is elected within the lease
@@ -96,7 +107,9 @@ func TestRetentionOnWorkers(t *testing.T) {
 		}
 		return len(ts) == 1 // ok-23h
 	})
-	time.Sleep(2 * time.Second)
+	if settled() {
+		consistently(t, 2*time.Second, "the backlog's deletions, and no more", settled)
+	}
 	check("after the backlog")
 	checkRetentionElected(t, store, survivor)
 }
@@ -104,14 +117,26 @@ func TestRetentionOnWorkers(t *testing.T) {
 // electedHolder returns the worker id holding the election's lease.
 func electedHolder(t *testing.T, store task.Store) string {
 	t.Helper()
+	holder, err := leaseHolder(t, store, worker.ElectionKey)
+	if err != nil {
+		t.Fatalf("the election's lease is not held: %v", err)
+	}
+	return holder
+}
+
+// leaseHolder returns the worker id holding the singleton lease key, or
+// the error of a probe that found it free (and took it for a
+// millisecond).
+func leaseHolder(t *testing.T, store task.Store, key string) (string, error) {
+	t.Helper()
 	now := store.Now()
-	err := store.AcquireLocks(t.Context(), task.LockParams{Namespace: task.LockSingleton, Keys: []string{worker.ElectionKey},
+	err := store.AcquireLocks(t.Context(), task.LockParams{Namespace: task.LockSingleton, Keys: []string{key},
 		Holder: task.Holder{TaskKey: "probe", WorkerID: "probe"}, Now: now, Until: now.Add(time.Millisecond)})
 	var locked *task.LockedError
 	if !errors.As(err, &locked) {
-		t.Fatalf("the election's lease is not held: %v", err)
+		return "", fmt.Errorf("not held: %v", err)
 	}
-	return locked.Holder.WorkerID
+	return locked.Holder.WorkerID, nil
 }
 
 // checkRetentionElected checks that retention ran as a duty of the

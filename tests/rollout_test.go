@@ -13,6 +13,7 @@ import (
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/rollout"
+	"github.com/leasepool/leasepool/worker"
 )
 
 // healthyCount is the size of the healthy fleet.
@@ -47,8 +48,11 @@ func TestRolloutsOnAFleet(t *testing.T) {
 	for i := range 3 {
 		w, log := startDeviceWorker(t, storeURL, fmt.Sprintf("ro-w%d", i), prefix, "--mqtt", url)
 		workers, logs = append(workers, w), append(logs, log)
-		if i == 0 {
-			time.Sleep(300 * time.Millisecond) // the first is elected
+		if i == 0 { // the first is elected
+			eventually(t, 30*time.Second, "ro-w0 to be elected", func() bool {
+				holder, err := leaseHolder(t, store, worker.ElectionKey)
+				return err == nil && holder == "ro-w0"
+			})
 		}
 	}
 	sites := []string{"berlin", "paris"}

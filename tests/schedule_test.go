@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -48,7 +49,7 @@ func TestScheduleEverySecondUnderKills(t *testing.T) {
 		{30 * time.Second, func() {}},
 	}
 	for _, s := range steps {
-		time.Sleep(time.Until(start.Add(s.at)))
+		time.Sleep(time.Until(start.Add(s.at))) // the timeline is the point: slots must go on through it
 		s.do()
 	}
 	end := store.Now()
@@ -87,9 +88,10 @@ func TestScheduleEverySecondUnderKills(t *testing.T) {
 // finished task, and returns the tasks by slot.
 func waitFinished(t *testing.T, store task.Store, name string, from, to time.Time) map[int64]*task.Task {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		tasks := occurrences(t, store, name)
-		var waiting []string
+	var tasks map[int64]*task.Task
+	var waiting []string
+	if !testutil.Within(30*time.Second, func() bool {
+		tasks, waiting = occurrences(t, store, name), nil
 		for at := from; !at.After(to); at = at.Add(time.Second) {
 			if tk := tasks[at.Unix()]; tk == nil {
 				waiting = append(waiting, at.Format(time.TimeOnly)+" missing")
@@ -97,13 +99,11 @@ func waitFinished(t *testing.T, store task.Store, name string, from, to time.Tim
 				waiting = append(waiting, at.Format(time.TimeOnly)+" "+string(tk.State))
 			}
 		}
-		if len(waiting) == 0 {
-			return tasks
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("window %s..%s: slots not finished 30s after the end: %v", from.Format(time.TimeOnly), to.Format(time.TimeOnly), waiting)
-		}
+		return len(waiting) == 0
+	}) {
+		t.Fatalf("window %s..%s: slots not finished 30s after the end: %v", from.Format(time.TimeOnly), to.Format(time.TimeOnly), waiting)
 	}
+	return tasks
 }
 
 // occurrences returns the schedule's tasks by slot (Unix seconds). Keys

@@ -116,7 +116,8 @@ func (fw *figureWorkers) stop() {
 }
 
 // waitLive waits until n workers are registered and have read the
-// registry with each other in it (a heartbeat later).
+// registry with each other in it: each has renewed its registration
+// twice since, and a read follows each renewal.
 func waitLive(t testing.TB, st task.Store, n int) {
 	t.Helper()
 	eventually(t, 30*time.Second, fmt.Sprintf("%d live workers", n), func() bool {
@@ -132,7 +133,25 @@ func waitLive(t testing.TB, st task.Store, n int) {
 		}
 		return live == n
 	})
-	time.Sleep(2 * time.Second)
+	allLive := st.Now()
+	first := map[string]time.Time{} // each worker's first heartbeat since
+	eventually(t, 30*time.Second, "each worker to read the registry with the others in it", func() bool {
+		ws, err := st.Workers(context.Background())
+		if err != nil {
+			return false
+		}
+		read := 0
+		for _, w := range ws {
+			key := w.ID + "/" + w.Instance
+			switch h, ok := first[key]; {
+			case !ok && w.Heartbeat.After(allLive):
+				first[key] = w.Heartbeat
+			case ok && w.Heartbeat.After(h):
+				read++
+			}
+		}
+		return read >= n
+	})
 }
 
 func waitSucceeded(t testing.TB, st task.Store, n int) {

@@ -77,10 +77,11 @@ func TestCtrlZStopsBetweenWrites(t *testing.T) {
 			t.Fatalf("stop %d: another process could not write while the worker was stopped: %v", i+1, err)
 		}
 		published.Store(probe, true)
+		before := succeeded(t, store)
 		if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		eventually(t, 30*time.Second, "the worker to work again", func() bool { return succeeded(t, store) > before })
 	}
 	stopPublishing()
 	wg.Wait()

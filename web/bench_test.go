@@ -248,7 +248,7 @@ func fanout(b *testing.B, subs, events, rate int) {
 		pubs.Go(func() {
 			for i := int(next.Add(1) - 1); i < events; i = int(next.Add(1) - 1) {
 				if rate > 0 {
-					time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+					time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate)))) // publish at the rate the bench is about
 				}
 				key := fmt.Sprintf("e%06d", i)
 				sent.Store(key, time.Now())

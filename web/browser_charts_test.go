@@ -10,6 +10,7 @@ package web_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/stats"
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
@@ -116,25 +118,21 @@ func TestChartsInBrowser(t *testing.T) {
 	}
 	attempts := int64(0)
 	for _, k := range keys {
-		for {
+		testutil.Eventually(t, time.Minute, k+" to finish", func() bool {
 			tk, err := s.Get(t.Context(), k)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if tk.State.Finished() {
 				attempts += int64(len(tk.AttemptHistory()))
-				break
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return tk.State.Finished()
+		})
 	}
 	// The consumer tells the recorder of an outcome just after writing it:
 	// flush once it has told every attempt's.
-	for deadline := time.Now().Add(time.Minute); obs.finished.Load() < attempts; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the recorder was told %d outcomes, the store holds %d attempts", obs.finished.Load(), attempts)
-		}
-	}
+	testutil.Eventually(t, time.Minute, fmt.Sprintf("the recorder to be told the outcomes of the %d attempts stored", attempts),
+		func() bool { return obs.finished.Load() >= attempts })
 	// Devices for the fleet view: two online, one offline, commands queued.
 	now := s.Now()
 	states := mqttdev.StoreStates(s)

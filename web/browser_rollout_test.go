@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/task"
@@ -121,27 +123,29 @@ func TestRolloutPageInBrowser(t *testing.T) {
 	// A dispatch recorded before the pause is published just after the
 	// driver's write that recorded it, which a loaded machine can put
 	// after the pause: count once every recorded dispatch is stored.
-	before := 0
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+	before, recorded := 0, 0
+	if !testutil.Within(time.Minute, func() bool {
 		ro, err := rollout.Get(t.Context(), s, "firmware-7")
 		if err != nil {
 			t.Fatal(err)
 		}
-		recorded := 0
+		recorded = 0
 		for _, e := range ro.Devices {
 			recorded += e.Attempt
 		}
-		if before, _, _ = rolloutTasks(t, s, "firmware-7"); before == recorded {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("paused: %d device tasks stored, %d dispatches recorded", before, recorded)
-		}
+		before, _, _ = rolloutTasks(t, s, "firmware-7")
+		return before == recorded
+	}) {
+		t.Fatalf("paused: %d device tasks stored, %d dispatches recorded", before, recorded)
 	}
-	time.Sleep(1200 * time.Millisecond) // more than two rate slots
-	if after, _, _ := rolloutTasks(t, s, "firmware-7"); after != before || after == len(devices) {
-		t.Errorf("paused: %d device tasks, then %d: want no new one, and some devices left", before, after)
+	if before == len(devices) {
+		t.Errorf("paused: %d device tasks: want some devices left", before)
 	}
+	// More than two rate slots: the window is the point.
+	testutil.Consistently(t, 1200*time.Millisecond, fmt.Sprintf("%d device tasks, no new one while paused", before), func() bool {
+		n, _, _ := rolloutTasks(t, s, "firmware-7")
+		return n == before
+	})
 	if ro, err := rollout.Get(t.Context(), s, "firmware-7"); err != nil || ro.State != rollout.StatePaused {
 		t.Fatalf("the store says %v (%v), want paused", ro.State, err)
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
 )
@@ -182,19 +183,18 @@ func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action
 // waitFor waits until the JavaScript expression is true on the page. It
 // evaluates again and again rather than with chromedp.Poll, which fails
 // when the page navigates meanwhile (after a click on a link or button).
-// It is not testutil.Eventually: its failure shows the last evaluation
-// error and the page's text, which say why the page is not as expected.
+// Its failure shows the last evaluation error and the page's text, which
+// say why the page is not as expected.
 func waitFor(t *testing.T, ctx context.Context, what, expr string) {
 	t.Helper()
 	t.Logf("wait for %s", what)
-	deadline := time.Now().Add(2 * time.Minute) // a hang guard, not a speed target
 	var err error
-	for time.Now().Before(deadline) {
+	if testutil.Within(2*time.Minute, func() bool { // a hang guard, not a speed target
 		var ok bool
-		if ok, err = chromedp.Run(ctx, chromedp.Evaluate[bool](expr)); err == nil && ok {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+		ok, err = chromedp.Run(ctx, chromedp.Evaluate[bool](expr))
+		return err == nil && ok
+	}) {
+		return
 	}
 	body, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
 	t.Fatalf("waiting for %s (%s): last error %v; the page says:\n%s", what, expr, err, body)
@@ -208,17 +208,15 @@ func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
 	const missing = "\x00missing"
 	expr := `(() => { const e = document.querySelector(` + strconv.Quote(sel) + `); return e ? e.innerText : ` + strconv.Quote(missing) + ` })()`
-	deadline := time.Now().Add(time.Minute) // a hang guard: the element may not be rendered yet
-	for {
-		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
-		if err == nil && s != missing {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("text of %s: %v (no such element)", sel, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var s string
+	var err error
+	if !testutil.Within(time.Minute, func() bool { // a hang guard: the element may not be rendered yet
+		s, err = chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+		return err == nil && s != missing
+	}) {
+		t.Fatalf("text of %s: %v (no such element)", sel, err)
 	}
+	return s
 }
 
 // screenshot saves the page as name.png among the test's artifacts.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/web"
 )
 
@@ -267,16 +268,13 @@ func BenchmarkFlowPage(b *testing.B) {
 	if _, _, err := flow.Publish(ctx, s, flow.Spec{Key: "big", Steps: steps}); err != nil {
 		b.Fatal(err)
 	}
-	for {
+	testutil.EventuallyEvery(b, 10*time.Minute, 50*time.Millisecond, "the big flow to finish", func() bool {
 		f, err := flow.Get(ctx, s, "big")
 		if err != nil {
 			b.Fatal(err)
 		}
-		if f.State.Finished() {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return f.State.Finished()
+	})
 	h, err := web.NewHandler(web.Config{Store: s})
 	if err != nil {
 		b.Fatal(err)

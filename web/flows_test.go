@@ -12,6 +12,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/web"
 )
 
@@ -173,15 +174,13 @@ func TestFlowSkippedStepSaysWhy(t *testing.T) {
  {"name":"v1","kind":"ok","needs":["u1"]},{"name":"v2","kind":"ok","needs":["u2"]},
  {"name":"all","kind":"ok","needs":["v1","v2"],"max_failed_needs":1}]}`, http.StatusCreated, `"result":"inserted"`)
 	var f flow.Flow
-	for deadline := time.Now().Add(time.Minute); !f.State.Finished(); time.Sleep(10 * time.Millisecond) { // the poll's pace
-		if time.Now().After(deadline) {
-			t.Fatalf("flow still %s", f.State)
-		}
+	testutil.Eventually(t, time.Minute, "the flow to finish", func() bool {
 		_, body := e.do("GET", "/api/v1/flows/fleet", "")
 		if err := json.Unmarshal([]byte(body), &f); err != nil {
 			t.Fatalf("%v: %s", err, body)
 		}
-	}
+		return f.State.Finished()
+	})
 	if v1 := f.Progress[2]; f.State != flow.StateSucceeded || v1.State != flow.StepSkipped || v1.Reason != "needs u1, which failed" {
 		t.Fatalf("flow %s, v1 %s because %q; want succeeded, v1 skipped because u1 failed", f.State, v1.State, v1.Reason)
 	}

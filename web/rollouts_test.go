@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/task"
@@ -289,10 +290,8 @@ func TestRolloutWavesAfterAbort(t *testing.T) {
 		"abort_when":"failed>50% after 1"}`, http.StatusCreated, `"state":"running"`)
 	s := rollout.NewStepper(e.store)
 	var p rollout.Progress
-	for deadline := time.Now().Add(30 * time.Second); !p.State.Final(); time.Sleep(10 * time.Millisecond) { // the poll's pace
-		if time.Now().After(deadline) {
-			t.Fatalf("rollout still %s", p.State)
-		}
+	// A step each check, as a driver does.
+	testutil.Eventually(t, 30*time.Second, "the rollout to end", func() bool {
 		if err := s.Step(t.Context(), "bad"); err != nil && !errors.Is(err, task.ErrConflict) {
 			t.Fatal(err)
 		}
@@ -300,7 +299,8 @@ func TestRolloutWavesAfterAbort(t *testing.T) {
 		if err := json.Unmarshal([]byte(body), &p); err != nil {
 			t.Fatalf("%v: %s", err, body)
 		}
-	}
+		return p.State.Final()
+	})
 	if w := p.Waves; p.State != rollout.StateAborted || w[0].State != rollout.WaveAborted || !w[0].Ended ||
 		!w[0].EndedAt.Equal(p.EndedAt) || w[1].State != rollout.WaveSkipped || w[2].State != rollout.WaveSkipped || w[2].Started {
 		t.Fatalf("%s, waves %+v", p.State, w)

@@ -384,7 +384,7 @@ func TestServerLimitsSlowClients(t *testing.T) {
 	io.WriteString(c, "POST /api/v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n{")
 	go func(c net.Conn) {
 		for range 50 {
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // a slow client: the drip is the point
 			if _, err := io.WriteString(c, " "); err != nil {
 				return
 			}
@@ -430,7 +430,7 @@ func TestServerLimitsSlowClients(t *testing.T) {
 			if _, err := io.WriteString(c, execBody[i:i+1]); err != nil {
 				return
 			}
-			time.Sleep(100 * time.Millisecond) // the whole body would take 8 s
+			time.Sleep(100 * time.Millisecond) // a slow client: the whole body would take 8 s
 		}
 	}(c)
 	if !closedWithin(c, 6*time.Second) {
@@ -449,7 +449,7 @@ func TestServerLimitsSlowClients(t *testing.T) {
 			if _, err := c.Write([]byte{b}); err != nil {
 				return
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // a slow client: the drip is the point
 		}
 	}(c)
 	if !closedWithin(c, 3*time.Second) {
@@ -482,7 +482,7 @@ func TestServerLimitsEventStream(t *testing.T) {
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("event stream: %v %v", err, resp)
 	}
-	time.Sleep(4 * lim.WriteTimeout)
+	time.Sleep(4 * lim.WriteTimeout) // idle past the timeouts: the time is the point
 	e.pub("late", "mail")
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	sc := bufio.NewScanner(resp.Body)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/web"
@@ -359,7 +360,7 @@ func TestWorkersDevicesStats(t *testing.T) {
 	}
 	e.publishN(3)
 	e.want("POST", "/api/v1/tasks/p00/cancel", "", 200, "")
-	time.Sleep(2 * time.Millisecond) // w2's registration lapses
+	testutil.Eventually(t, time.Second, "w2's registration to lapse", func() bool { return e.store.Now().After(now.Add(time.Millisecond)) })
 	var ws []struct {
 		ID   string `json:"id"`
 		Live bool   `json:"live"`

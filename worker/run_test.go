@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/builtin"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/worker"
 )
@@ -62,17 +63,10 @@ func TestRunStopsWhenContextEnds(t *testing.T) {
 	if _, _, err := task.Publish(t.Context(), st, task.PublishParams{Key: "n", Kind: "noop"}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testutil.Eventually(t, 60*time.Second, "task n to succeed under Run", func() bool {
 		doc, err := st.Get(t.Context(), "n")
-		if err == nil && doc.State == task.StateSucceeded {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task n under Run: %+v, %v; want succeeded", doc, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil && doc.State == task.StateSucceeded
+	})
 	cancel()
 	select {
 	case err := <-done:

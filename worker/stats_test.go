@@ -9,6 +9,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/internal/stats"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/worker"
 )
@@ -41,16 +42,13 @@ func TestWorkerRecordsCharts(t *testing.T) {
 		}
 	}
 	for _, key := range keys {
-		for {
+		testutil.Eventually(t, time.Minute, key+" to finish", func() bool {
 			tk, err := st.Get(t.Context(), key)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tk.State.Finished() {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return tk.State.Finished()
+		})
 	}
 	if err := w.Stop(t.Context()); err != nil {
 		t.Fatal(err)

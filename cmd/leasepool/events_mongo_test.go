@@ -102,16 +102,9 @@ func (r *eventsRun) events() []jsonEvent {
 // waitFor polls r's lines until ok holds of them, for up to d.
 func (r *eventsRun) waitFor(d time.Duration, ok func([]jsonEvent) bool) ([]jsonEvent, bool) {
 	r.t.Helper()
-	for deadline := time.Now().Add(d); ; {
-		evs := r.events()
-		if ok(evs) {
-			return evs, true
-		}
-		if time.Now().After(deadline) {
-			return evs, false
-		}
-		time.Sleep(10 * time.Millisecond) // the poll's pace
-	}
+	var evs []jsonEvent
+	held := testutil.Within(d, func() bool { evs = r.events(); return ok(evs) })
+	return evs, held
 }
 
 // rolloutSeqs lists the rollout fw's own record of its events from seq on.

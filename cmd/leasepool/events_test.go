@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -26,11 +27,11 @@ func (c *harness) follow(want int, args ...string) []string {
 		defer runMu.Unlock()
 		done <- app.RunContext(ctx, interspersed(app, append([]string{"leasepool", "--store", c.store, "events"}, args...)))
 	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for strings.Count(stdout.String(), "\n") < want && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	printed := func() int { return strings.Count(stdout.String(), "\n") }
+	if testutil.Within(20*time.Second, func() bool { return printed() >= want }) {
+		// Time to print a line too many: the window is the point.
+		testutil.Consistently(c.t, 200*time.Millisecond, fmt.Sprintf("no more than %d lines", want), func() bool { return printed() <= want })
 	}
-	time.Sleep(200 * time.Millisecond) // time to print a line too many
 	cancel()
 	if err := <-done; err != nil {
 		c.t.Fatalf("events %v: %v (stderr %s)", args, err, stderr.String())

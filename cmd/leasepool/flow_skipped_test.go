@@ -44,18 +44,15 @@ func runFlows(t *testing.T, path string, keys ...string) {
 	defer w.Stop(context.Background())
 	deadline := time.Now().Add(time.Minute)
 	for _, key := range keys {
-		for {
-			f, err := flow.Get(ctx, s, key)
-			if err != nil {
+		var f *flow.Flow
+		if !testutil.Within(time.Until(deadline), func() bool {
+			var err error
+			if f, err = flow.Get(ctx, s, key); err != nil {
 				t.Fatal(err)
 			}
-			if f.State.Finished() {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("flow %s still %s\n%s", key, f.State, logs)
-			}
-			time.Sleep(10 * time.Millisecond) // the poll's pace
+			return f.State.Finished()
+		}) {
+			t.Fatalf("flow %s still %s\n%s", key, f.State, logs)
 		}
 	}
 }

@@ -28,11 +28,11 @@ func TestProgressPlainWhenNotATerminal(t *testing.T) {
 	start := time.Now()
 	for i := range 60 {
 		p.Status(fmt.Sprintf("\r\033[K  step %d\t  ", i))
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // statuses come faster than every: the test is about which are written
 	}
 	p.Println("killed\r one")
 	p.Status("step 60")
-	time.Sleep(250 * time.Millisecond) // the held status is written when its turn comes
+	testutil.Eventually(t, 5*time.Second, "the held status to be written when its turn comes", func() bool { return strings.Contains(out.String(), "step 60\n") })
 	p.Status("step 61")
 	p.Close()
 	p.Status("after close")

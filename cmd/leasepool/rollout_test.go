@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"log/slog"
 	"os"
@@ -274,7 +275,8 @@ func driveAborting(t *testing.T, path, name string) {
 	}
 	defer w.Stop(context.Background())
 	stepper := rollout.NewStepper(s)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // a step each pace, as a driver does
+	// A step each check, as a driver does.
+	testutil.Eventually(t, 30*time.Second, "rollout "+name+" to end", func() bool {
 		if err := stepper.Step(ctx, name); err != nil && !errors.Is(err, task.ErrConflict) {
 			t.Fatal(err)
 		}
@@ -282,13 +284,8 @@ func driveAborting(t *testing.T, path, name string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.State.Final() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rollout %s still %s", name, r.State)
-		}
-	}
+		return r.State.Final()
+	})
 }
 
 func TestRolloutShowAfterAbort(t *testing.T) {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/leasepool/leasepool/internal/testutil"
+
 	"context"
 	"fmt"
 	"io"
@@ -32,15 +34,15 @@ func running(t *testing.T, addr string, args ...string) (stop func() string) {
 		_, stderr := runExit(ctx, args...)
 		done <- stderr
 	}()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
+	if !testutil.Within(20*time.Second, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
 			c.Close()
-			break
 		}
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("%v: nothing listens on %s:\n%s", args, addr, <-done)
-		}
+		return err == nil
+	}) {
+		cancel()
+		t.Fatalf("%v: nothing listens on %s:\n%s", args, addr, <-done)
 	}
 	return func() string { cancel(); return <-done }
 }

@@ -43,7 +43,7 @@ func TestStopWaitsThenTearsDownOnce(t *testing.T) {
 	}
 	cancelStart() // bounds the startup only
 	var exited, teardowns atomic.Int32
-	r.Go(func() { <-run.Done(); time.Sleep(50 * time.Millisecond); exited.Add(1) })
+	r.Go(func() { <-run.Done(); time.Sleep(50 * time.Millisecond); exited.Add(1) }) // slow to end: Stop must wait for it
 	if !r.Running() || run.Err() != nil {
 		t.Fatal("the run context ended with the start context")
 	}

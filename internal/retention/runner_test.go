@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/internal/retention"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 	"github.com/leasepool/leasepool/task/storetest"
@@ -55,17 +56,10 @@ func TestRunnerTakesOver(t *testing.T) {
 	}
 	gone := func(prefix string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		testutil.Eventually(t, 10*time.Second, prefix+": old tasks to be deleted", func() bool {
 			_, err := probe.Get(ctx, prefix+"-old-2")
-			if errors.Is(err, task.ErrNotFound) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: old tasks not deleted: %v", prefix, err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return errors.Is(err, task.ErrNotFound)
+		})
 		if _, err := probe.Get(ctx, prefix+"-recent"); err != nil {
 			t.Errorf("%s: a task within the policy was deleted: %v", prefix, err)
 		}

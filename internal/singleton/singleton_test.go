@@ -135,15 +135,6 @@ func (j *journal) lastEnd(who string) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// waitFor is testutil.Eventually that returns how long cond took to hold:
-// the takeover tests measure it.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	testutil.Eventually(t, d, what, cond)
-	return time.Since(start)
-}
-
 // testTakeover runs two runners, each on its own handle of one store (as
 // two processes would): the first holds while the second waits; the
 // first's renewals hang (a hung store, a paused process) and its work
@@ -172,17 +163,13 @@ func testTakeover(t *testing.T, open func() task.Store) {
 	}
 	sa := &freezable{Store: open()}
 	a := newRunner("a", sa)
-	waitFor(t, 5*time.Second, "a runs", a.Running)
+	testutil.Eventually(t, 5*time.Second, "a runs", a.Running)
 	b := newRunner("b", open())
-	for end := time.Now().Add(lease + renew); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if b.Running() || !a.Running() {
-			t.Fatalf("a running %v, b running %v: want a only while a renews", a.Running(), b.Running())
-		}
-	}
+	testutil.Consistently(t, lease+renew, "a running alone while a renews", func() bool { return !b.Running() && a.Running() })
 
 	frozen := time.Now()
 	sa.freeze()
-	took := waitFor(t, lease+time.Second, "b runs after a's renewals hang", b.Running)
+	took := testutil.EventuallyTook(t, lease+time.Second, "b runs after a's renewals hang", b.Running)
 	t.Logf("takeover after renewals stopped: %s (lease %s, renewed every %s)", took.Round(time.Millisecond), lease, renew)
 	if took < lease-renew-100*time.Millisecond {
 		t.Errorf("b ran %s after a's renewals stopped: before a's lease can have run out", took)
@@ -197,17 +184,13 @@ func testTakeover(t *testing.T, open func() task.Store) {
 
 	// a's stuck renewal lands late and fails: a waits, b keeps running.
 	sa.unfreeze()
-	for end := time.Now().Add(lease); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if a.Running() || !b.Running() {
-			t.Fatalf("after a's late renewal: a running %v, b running %v: want b only", a.Running(), b.Running())
-		}
-	}
+	testutil.Consistently(t, lease, "b running alone after a's late renewal", func() bool { return !a.Running() && b.Running() })
 
 	// A graceful stop releases: a takes over within a renewal period.
 	if err := b.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, lease, "a runs after b stopped", a.Running)
+	took = testutil.EventuallyTook(t, lease, "a runs after b stopped", a.Running)
 	t.Logf("takeover after a graceful stop: %s", took.Round(time.Millisecond))
 	if took > renew+300*time.Millisecond {
 		t.Errorf("takeover after a release took %s, want within %s", took, renew)
@@ -218,7 +201,7 @@ func testTakeover(t *testing.T, open func() task.Store) {
 	if err := a.Abandon(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, lease+time.Second, "c runs after a crashed", c.Running)
+	took = testutil.EventuallyTook(t, lease+time.Second, "c runs after a crashed", c.Running)
 	t.Logf("takeover after a crash: %s", took.Round(time.Millisecond))
 	if took > lease+renew/2+300*time.Millisecond {
 		t.Errorf("takeover after a crash took %s, want within about a lease (%s)", took, lease)
@@ -287,18 +270,15 @@ func TestRunReturnsReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Stop(context.Background())
-	waitFor(t, 5*time.Second, "two runs", func() bool { return calls.Load() >= 2 })
+	testutil.Eventually(t, 5*time.Second, "two runs", func() bool { return calls.Load() >= 2 })
 	// Between runs the lease is free: a peer can take it.
-	waitFor(t, 5*time.Second, "the lease free between runs", func() bool {
+	testutil.Eventually(t, 5*time.Second, "the lease free between runs", func() bool {
 		now := s.Now()
 		err := s.AcquireLocks(context.Background(), task.LockParams{Namespace: task.LockSingleton, Keys: []string{"k"}, Holder: task.Holder{TaskKey: "k", WorkerID: "peer"}, Now: now, Until: now.Add(time.Hour)})
 		return err == nil
 	})
 	n := calls.Load()
-	time.Sleep(time.Second)
-	if got := calls.Load(); got > n+1 {
-		t.Errorf("%d more runs while a peer holds the lease", got-n)
-	}
+	testutil.Consistently(t, time.Second, "at most one more run while a peer holds the lease", func() bool { return calls.Load() <= n+1 })
 }
 
 func TestConfig(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasepool/leasepool/internal/singleton"
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task/mongostore"
 )
 
@@ -69,17 +70,17 @@ func TestStandbyLooksInOneRead(t *testing.T) {
 	}
 	sa, _ := openStore()
 	a1, a2 := newRunner("a", "one", sa), newRunner("a", "two", sa)
-	waitFor(t, 5*time.Second, "a runs both", func() bool { return a1.Running() && a2.Running() })
+	testutil.Eventually(t, 5*time.Second, "a runs both", func() bool { return a1.Running() && a2.Running() })
 	sb, bCounts := openStore()
 	b1, b2 := newRunner("b", "one", sb), newRunner("b", "two", sb)
-	time.Sleep(2 * renew) // b's first tries find a holding
+	// b's first tries find a holding.
+	testutil.Eventually(t, 5*time.Second, "b's first tries", func() bool { return bCounts.snapshot()["findAndModify"] >= 2 })
 
 	before, start := bCounts.snapshot(), time.Now()
-	time.Sleep(2 * time.Second)
+	testutil.Consistently(t, 2*time.Second, "a running alone", func() bool {
+		return !b1.Running() && !b2.Running() && a1.Running() && a2.Running()
+	})
 	after, took := bCounts.snapshot(), time.Since(start)
-	if b1.Running() || b2.Running() || !a1.Running() || !a2.Running() {
-		t.Fatalf("a running %v %v, b running %v %v: want a only", a1.Running(), a2.Running(), b1.Running(), b2.Running())
-	}
 	looks := int(took/renew) + 2
 	if n := after["findAndModify"] - before["findAndModify"]; n > 0 {
 		t.Errorf("the standby tried to take a held lease %d times in %s, want none: a read says it is held", n, took.Round(time.Millisecond))
@@ -98,7 +99,7 @@ func TestStandbyLooksInOneRead(t *testing.T) {
 	if err := a1.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, lease, "b runs one after a stopped it", b1.Running)
+	took = testutil.EventuallyTook(t, lease, "b runs one after a stopped it", b1.Running)
 	if took > renew+300*time.Millisecond {
 		t.Errorf("takeover after a release took %s, want within %s", took, renew)
 	}
@@ -107,7 +108,7 @@ func TestStandbyLooksInOneRead(t *testing.T) {
 	if err := a2.Abandon(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, lease+time.Second, "b runs two after a crashed", b2.Running)
+	took = testutil.EventuallyTook(t, lease+time.Second, "b runs two after a crashed", b2.Running)
 	if took > lease+renew/2+300*time.Millisecond {
 		t.Errorf("takeover after a crash took %s, want within about a lease (%s)", took, lease)
 	}

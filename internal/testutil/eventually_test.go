@@ -3,6 +3,7 @@ package testutil
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -48,5 +49,59 @@ func TestEventuallyTimesOut(t *testing.T) {
 	}
 	if last.Sub(start) < 50*time.Millisecond {
 		t.Errorf("last check %s after the start, before the deadline", last.Sub(start))
+	}
+}
+
+// TestConsistentlyHoldsForTheWindow: a fact that holds is checked until
+// the window ends, the last check at or after its end.
+func TestConsistentlyHoldsForTheWindow(t *testing.T) {
+	var last time.Time
+	start := time.Now()
+	Consistently(t, 50*time.Millisecond, "the fact", func() bool { last = time.Now(); return true })
+	if last.Sub(start) < 50*time.Millisecond {
+		t.Errorf("last check %s after the start, before the window ended", last.Sub(start))
+	}
+}
+
+// TestConsistentlyFailsAtTheChange: a fact that stops holding fails the
+// test at once, naming it, without waiting out the window.
+func TestConsistentlyFailsAtTheChange(t *testing.T) {
+	f := &fatalTB{TB: t}
+	n := 0
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Consistently(f, time.Minute, "the fact", func() bool { n++; return n < 3 })
+	}()
+	<-done
+	if !strings.HasPrefix(f.msg, "the fact stopped holding after ") {
+		t.Errorf("failed with %q, want it to name the fact", f.msg)
+	}
+	if n != 3 || time.Since(start) > 10*time.Second {
+		t.Errorf("checked %d times over %s; want a failure at the third check", n, time.Since(start))
+	}
+}
+
+// TestSettlesWaitsForRest: a value that changes for a while, then stays,
+// settles once it has stayed for the still period.
+func TestSettlesWaitsForRest(t *testing.T) {
+	start := time.Now()
+	Settles(t, 5*time.Second, 50*time.Millisecond, "the value", func() int64 {
+		return min(int64(time.Since(start)/(10*time.Millisecond)), 10) // changes for 100 ms
+	})
+	if took := time.Since(start); took < 150*time.Millisecond {
+		t.Errorf("settled after %s, before 100 ms of changes and 50 ms still", took)
+	}
+}
+
+// TestWithinReports: Within says whether the fact came in time.
+func TestWithinReports(t *testing.T) {
+	n := 0
+	if !Within(5*time.Second, func() bool { n++; return n == 3 }) {
+		t.Error("Within reported false for a fact that held at the third check")
+	}
+	if Within(30*time.Millisecond, func() bool { return false }) {
+		t.Error("Within reported true for a fact that never held")
 	}
 }

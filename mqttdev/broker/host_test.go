@@ -27,15 +27,6 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-// waitFor is testutil.Eventually that returns how long cond took to hold:
-// the takeover tests measure it.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	testutil.Eventually(t, d, what, cond)
-	return time.Since(start)
-}
-
 // accepting reports whether an MQTT broker answers on addr: an MQTT
 // 3.1.1 CONNECT gets a CONNACK. (A bare dial is not used: mochi-mqtt
 // v2.7.9 races between setting up an accepted connection and Close, which
@@ -101,17 +92,10 @@ func TestBrokerHostTakeover(t *testing.T) {
 	addr, newHost, _ := brokerHostSetup(t, lease)
 
 	h1 := newHost("w1")
-	waitFor(t, 2*time.Second, "w1 hosts the broker", func() bool { return h1.Hosting() && accepting(addr) })
+	testutil.Eventually(t, 2*time.Second, "w1 hosts the broker", func() bool { return h1.Hosting() && accepting(addr) })
 	h2 := newHost("w2")
 	// Over two leases w2 never hosts while w1 renews.
-	for end := time.Now().Add(2 * lease); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if h2.Hosting() {
-			t.Fatal("w2 hosts while w1 holds the lease")
-		}
-		if !h1.Hosting() {
-			t.Fatal("w1 stopped hosting while alive")
-		}
-	}
+	testutil.Consistently(t, 2*lease, "w1 hosting alone while it holds the lease", func() bool { return h1.Hosting() && !h2.Hosting() })
 
 	// Measured from before the stop: closing w1's broker takes a while on
 	// a loaded machine, and w1's lease runs from its last renewal.
@@ -122,7 +106,7 @@ func TestBrokerHostTakeover(t *testing.T) {
 	if accepting(addr) {
 		t.Fatal("w1's broker still accepts after its stop")
 	}
-	waitFor(t, 3*lease, "w2 hosts after w1 crashed", func() bool { return h2.Hosting() && accepting(addr) })
+	testutil.Eventually(t, 3*lease, "w2 hosts after w1 crashed", func() bool { return h2.Hosting() && accepting(addr) })
 	took := time.Since(crashed)
 	t.Logf("takeover after a crash: %s (lease %s)", took.Round(time.Millisecond), lease)
 	if took > lease+lease/3+300*time.Millisecond {
@@ -138,7 +122,7 @@ func TestBrokerHostTakeover(t *testing.T) {
 	if err := h2.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, 2*lease, "w3 hosts after w2 stopped", func() bool { return h3.Hosting() && accepting(addr) })
+	took = testutil.EventuallyTook(t, 2*lease, "w3 hosts after w2 stopped", func() bool { return h3.Hosting() && accepting(addr) })
 	t.Logf("takeover after a graceful stop: %s", took.Round(time.Millisecond))
 	if took > lease/3+300*time.Millisecond {
 		t.Errorf("takeover after a release took %s, want within %s", took, lease/3)
@@ -153,7 +137,7 @@ func TestBrokerHostLostLeaseCloses(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	addr, newHost, probe := brokerHostSetup(t, lease)
 	h := newHost("w1")
-	waitFor(t, 2*time.Second, "w1 hosts", func() bool { return h.Hosting() && accepting(addr) })
+	testutil.Eventually(t, 2*time.Second, "w1 hosts", func() bool { return h.Hosting() && accepting(addr) })
 
 	ctx := context.Background()
 	key := []string{LockKey(addr)}
@@ -165,7 +149,7 @@ func TestBrokerHostLostLeaseCloses(t *testing.T) {
 	if err := probe.AcquireLocks(ctx, task.LockParams{Namespace: task.LockSingleton, Keys: key, Holder: thief, Now: now, Until: now.Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, lease, "w1 closes its broker after losing the lease", func() bool { return !h.Hosting() && !accepting(addr) })
+	testutil.Eventually(t, lease, "w1 closes its broker after losing the lease", func() bool { return !h.Hosting() && !accepting(addr) })
 
 	// While the thief holds it, acquiring as w1 fails with the thief named.
 	var locked *task.LockedError
@@ -176,7 +160,7 @@ func TestBrokerHostLostLeaseCloses(t *testing.T) {
 	if err := probe.ReleaseLocks(ctx, task.LockParams{Namespace: task.LockSingleton, Keys: key, Holder: thief}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, lease, "w1 hosts again once the lease is free", func() bool { return h.Hosting() && accepting(addr) })
+	testutil.Eventually(t, lease, "w1 hosts again once the lease is free", func() bool { return h.Hosting() && accepting(addr) })
 }
 
 // TestBrokerHostBindRetry: a host that holds the lease while another
@@ -189,13 +173,9 @@ func TestBrokerHostBindRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newHost("w1")
-	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if h.Hosting() {
-			t.Fatal("hosting while another listener holds the address")
-		}
-	}
+	testutil.Consistently(t, 300*time.Millisecond, "no hosting while another listener holds the address", func() bool { return !h.Hosting() })
 	squatter.Close()
-	took := waitFor(t, time.Second, "w1 hosts once the address is free", func() bool { return h.Hosting() && accepting(addr) })
+	took := testutil.EventuallyTook(t, time.Second, "w1 hosts once the address is free", func() bool { return h.Hosting() && accepting(addr) })
 	t.Logf("bound %s after the address was freed", took.Round(time.Millisecond))
 }
 

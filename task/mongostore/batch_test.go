@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/internal/testservers"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 )
@@ -67,13 +69,7 @@ func insertTask(t *testing.T, st task.Store, key string) *task.Task {
 // waitQueued waits until n Updates wait behind the gate.
 func waitQueued(t *testing.T, st *mongostore.Store, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for mongostore.QueuedUpdates(st) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d Updates queued; want %d", mongostore.QueuedUpdates(st), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.EventuallyEvery(t, 30*time.Second, time.Millisecond, fmt.Sprintf("%d Updates queued", n), func() bool { return mongostore.QueuedUpdates(st) >= n })
 }
 
 func mustGetTask(t *testing.T, st task.Store, key string) *task.Task {

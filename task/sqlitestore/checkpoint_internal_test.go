@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -66,9 +67,9 @@ func TestWALStaysBoundedUnderSteadyWrites(t *testing.T) {
 		}
 		return fi.Size()
 	}
-	for s.commits.Load() < half || time.Since(start) < 3*checkpointEvery {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.EventuallyEvery(t, time.Minute, time.Millisecond, "half the commits, over three checkpoint periods", func() bool {
+		return s.commits.Load() >= half && time.Since(start) >= 3*checkpointEvery
+	})
 	first, commits := walSize(), s.commits.Load()
 	stopAt.Store(2 * commits)
 	if err := g.Wait(); err != nil {

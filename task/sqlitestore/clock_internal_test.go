@@ -168,7 +168,7 @@ func TestNewEpochAfterReboot(t *testing.T) {
 			t.Fatal(err)
 		}
 		latest = tk.UpdatedAt
-		time.Sleep(30 * time.Millisecond) // spread the writes over several high-water marks
+		time.Sleep(30 * time.Millisecond) // spread the writes over several high-water marks: the test is about them
 	}
 	if err := s1.Close(); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
@@ -60,7 +61,7 @@ func holdWriteLock(mode, path string) {
 	if mode == "stop" {
 		bufio.NewReader(os.Stdin).ReadString('\n')
 	} else {
-		time.Sleep(holdFor)
+		time.Sleep(holdFor) // holds the write lock for holdFor: the point of this process
 	}
 	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
 		fail(err)
@@ -105,14 +106,12 @@ func startHolder(t *testing.T, path, mode string) holder {
 			t.Fatal(err)
 		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); mode == "stop"; time.Sleep(10 * time.Millisecond) {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the lock holder did not stop")
-		}
+	if mode == "stop" {
+		testutil.Eventually(t, 10*time.Second, "the lock holder to stop", func() bool {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+			i := strings.LastIndexByte(string(b), ')')
+			return i > 0 && i+2 < len(b) && b[i+2] == 'T'
+		})
 	}
 	return holder{cmd, release}
 }

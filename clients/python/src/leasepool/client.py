@@ -10,9 +10,9 @@ import threading
 import time
 import urllib.parse
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ._http import Transport
+from ._http import Transport, encode_json
 from .errors import LeasepoolError, UnavailableError
 from .types import BatchItem, BatchResult, Event, JSONObject, PublishResult, Task, TaskPage
 
@@ -141,8 +141,9 @@ class Client:
         return self._http.url
 
     def close(self) -> None:
-        """Close the calling thread's connections."""
-        self._http.close()
+        """Close every connection of the client, and end its event streams.
+        A later call opens a new connection."""
+        self._http.close_all()
 
     def __enter__(self) -> "Client":
         return self
@@ -207,7 +208,7 @@ class Client:
         size = 0
         offset = 0
         for i, item in enumerate(tasks):
-            enc = json.dumps(_item_body(i, item), separators=(",", ":")).encode()
+            enc = encode_json(_item_body(i, item))
             if chunk and (len(chunk) >= MAX_BATCH_TASKS or size + len(enc) + 1 > _BATCH_BODY_BUDGET):
                 self._send_batch(chunk, offset, strict, total)
                 offset += len(chunk)
@@ -229,7 +230,7 @@ class Client:
                 item["error"] = _ITEM_INDEX.sub(lambda m: f"tasks[{int(m.group(1)) + offset}]", err, count=1)
             total["results"].append(item)
         for n in ("inserted", "existing", "rerun", "refused", "failed"):
-            total[n] += int(res.get(n, 0))  # type: ignore[literal-required]
+            total[n] += int(res.get(n, 0))
         for w in res.get("warnings") or []:
             if w not in total["warnings"]:
                 total["warnings"].append(w)
@@ -273,7 +274,7 @@ class Client:
         page: TaskPage = self._http.request("GET", "/api/v1/tasks", query=q)
         return page
 
-    def iter_tasks(self, *, page_size: int = 1000, **filters: Any) -> Iterator[Task]:
+    def iter_tasks(self, *, page_size: int = 1000, **filters: Any) -> Generator[Task, None, None]:
         """Every task matching ``filters`` (``list``'s), page after page.
 
         A walk sees every task that existed when it started exactly once,
@@ -328,7 +329,7 @@ class Client:
         rollout: Optional[str] = None,
         reconnect: bool = True,
         read_timeout: float = 45.0,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Follow the event stream: each event once, in order, from ``since`` (a token) or from now.
 
         A dropped connection (or a server gone quiet past ``read_timeout``;
@@ -336,11 +337,13 @@ class Client:
         seen, so no event is lost or repeated; ``reconnect=False`` raises
         instead. When the store has no history from that id the stream ends
         with LeasepoolError(410, code ``history_lost``): list the tasks again
-        and follow from now. Close the generator to close the connection.
+        and follow from now. Close the generator, or the client, to close
+        the connection.
         """
         q: Dict[str, Any] = {"kind": _csv(kind), "key": key, "type": _csv(type), "rollout": rollout}
         last = since
         backoff = _Backoff()
+        closings = self._http.closings
         while True:
             conn: Optional[http.client.HTTPConnection] = None
             try:
@@ -357,6 +360,8 @@ class Client:
                             yield ev
                     raise ConnectionResetError("the server ended the stream")
                 except (OSError, http.client.HTTPException, UnavailableError) as e:
+                    if self._http.closings != closings:
+                        return  # the client was closed
                     if not reconnect:
                         if isinstance(e, UnavailableError):
                             raise
