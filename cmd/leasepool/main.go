@@ -171,7 +171,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands: []*cli.Command{
 			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
 			eventsCommand(),
-			demoCommand(), benchCommand(), scheduleCommand(), retentionCommand(),
+			demoCommand(), benchCommand(), scheduleCommand(), triggerCommand(), retentionCommand(),
 			pauseCommand(), resumeCommand(), pausesCommand(), limitCommand(), serveCommand(),
 			deviceCommand(), devicesCommand(openStoreReadOnly), flowCommand(), rolloutCommand(),
 		},

@@ -39,7 +39,7 @@ var (
 	// runner) only. The singleton runner is one: schedule, flow, retention
 	// and mqttdev/broker are built on it. The engine packages (claim
 	// decisions, lease renewal) are internal to consumer.
-	basics = []string{preemptPkg, pingPkg, "control", "schedule", "events", "internal/singleton"}
+	basics = []string{preemptPkg, pingPkg, "control", "schedule", "trigger", "events", "internal/singleton"}
 )
 
 // The engine packages consumer ties together.
@@ -135,7 +135,7 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "consumer/internal/preempt, consumer/internal/ping, control, schedule, events and internal/singleton import task (and internal/lifecycle, internal/singleton) only",
+		name:    "consumer/internal/preempt, consumer/internal/ping, control, schedule, trigger, events and internal/singleton import task (and internal/lifecycle, internal/singleton) only",
 		applies: is(basics...),
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, func(d string) bool {
