@@ -542,3 +542,65 @@ func TestTracingFlows(t *testing.T) {
 		t.Errorf("two flows share one trace %s", traces["f1"])
 	}
 }
+
+// TestTracingFromClients continues traces that the client packages began:
+// a task published by the Python client (and one by the TypeScript
+// client) with a W3C traceparent, through `serve` with tracing off, is
+// run by a Go worker whose attempt span is a child of that traceparent's
+// span, in its trace.
+func TestTracingFromClients(t *testing.T) {
+	needClients(t)
+	ctx := testContext(t, 2*time.Minute)
+	bin := leasepoolBin(t)
+	storeURL := "sqlite:" + filepath.Join(t.TempDir(), "s.db")
+	recv := startOTLPReceiver(t)
+	srv := startServeProc(t, storeURL)
+	url := "http://" + srv.addr
+
+	roots := map[string]string{ // language: traceparent of the caller's span
+		"py": "00-" + "1af0c0d3a3b24c44b8f7c1b2d3e4f501" + "-1111111111111111-01",
+		"ts": "00-" + "2bf0c0d3a3b24c44b8f7c1b2d3e4f502" + "-2222222222222222-01",
+	}
+	py := exec.CommandContext(ctx, "python3", "-c", `
+import sys
+sys.path.insert(0, sys.argv[1])
+from leasepool import Client
+Client(sys.argv[2]).publish("from-py", "noop", traceparent=sys.argv[3])
+`, filepath.Join(clientDir("python"), "src"), url, roots["py"])
+	ts := exec.CommandContext(ctx, "node", "-e", `
+const { Client } = require(process.argv[1]);
+new Client({ url: process.argv[2] }).publish({ key: "from-ts", kind: "noop" }, { traceparent: process.argv[3] })
+  .catch((e) => { console.error(e); process.exit(1); });
+`, clientDir("typescript"), url, roots["ts"])
+	for _, cmd := range []*exec.Cmd{py, ts} {
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s publish: %v\n%s", cmd.Path, err, out)
+		}
+	}
+
+	w := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "worker", "--id", "traced-go", "--kinds", "noop")
+	w.Env = append(append(os.Environ(), raceGuardEnv()...), tracingEnv(recv, "worker")...)
+	var wlog lockedBuffer
+	w.Stdout, w.Stderr = &wlog, &wlog
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = w.Process.Kill()
+		_ = w.Wait()
+		if t.Failed() {
+			t.Logf("worker log:\n%s", tail(wlog.String(), 4000))
+		}
+	})
+	for lang, root := range roots {
+		traceID, parent := root[3:35], root[36:52]
+		eventually(t, time.Minute, lang+"'s task to be run in its publisher's trace", func() bool {
+			return len(find(recv.trace(traceID), named("process noop"))) > 0
+		})
+		for _, s := range find(recv.trace(traceID), named("process noop")) {
+			if s.parent != parent || s.service != "worker" {
+				t.Errorf("%s: attempt span %s of %s has parent %s, want the publisher's span %s", lang, s.name, s.service, s.parent, parent)
+			}
+		}
+	}
+}
