@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/tracing"
 )
 
 // DefaultKillGrace is ExecConfig.KillGrace's default.
@@ -121,7 +122,8 @@ func (c *ExecConfig) checkAndFillDefaults() error {
 // and LEASEPOOL_TASK_KEY, LEASEPOOL_ATTEMPT, LEASEPOOL_WORKER_ID and,
 // when the job holds a lease, LEASEPOOL_LEASE_DEADLINE (RFC 3339 wall time
 // at which the lease held at start ends; a hint only, since the worker
-// renews it). The program is argv[0] looked up in that environment's PATH
+// renews it), and TRACEPARENT (and TRACESTATE) of the attempt's span when
+// the task carries a trace context. The program is argv[0] looked up in that environment's PATH
 // (relative to the payload's dir if it holds a slash), and must match
 // ExecConfig.Allow when it is set. Exit status 0 is success; a failure carries the tail of the
 // program's stderr. The program runs in its own process group. On lease
@@ -175,6 +177,9 @@ func (h *execHandler) handle(ctx context.Context, job *consumer.Job) error {
 	if left := job.LeaseRemaining(); left > 0 {
 		env = append(env, "LEASEPOOL_LEASE_DEADLINE="+time.Now().Add(left).Format(time.RFC3339Nano))
 	}
+	// Last, so that the attempt's span, not a payload's variable, is the
+	// program's parent.
+	env = append(env, tracing.Environ(ctx)...)
 	if h.cfg.GuardPath == "" {
 		return h.direct(ctx, prog, p, env)
 	}

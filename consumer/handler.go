@@ -22,6 +22,34 @@ type Job struct {
 	holder task.Holder
 	lease  interface{ Remaining() time.Duration }
 	out    output
+
+	mu        sync.Mutex
+	succeeded *task.Task // see Succeeded
+}
+
+// Succeeded tells the job that its attempt's success was written, as
+// doc, by a write of the handler's own: the attempt finished in the same
+// transaction as the handler's business write (sqlitestore.Tx.Succeed
+// calls it once that commits). The worker then writes no outcome for the
+// attempt: the stored success stands, whatever the handler returns. A doc
+// that does not show this attempt succeeded is ignored.
+func (j *Job) Succeeded(doc *task.Task) {
+	if doc == nil || doc.Key != j.holder.TaskKey {
+		return
+	}
+	if i := doc.Entry(j.holder); i < 0 || doc.Workers[i].State != task.AttemptSuccess {
+		return
+	}
+	j.mu.Lock()
+	j.succeeded = doc
+	j.mu.Unlock()
+}
+
+// settled is the document Succeeded was told, or nil.
+func (j *Job) settled() *task.Task {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.succeeded
 }
 
 // Holder is the identity this attempt's lease and locks carry: task key,

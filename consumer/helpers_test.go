@@ -127,7 +127,7 @@ func (e *env) awaitLog(what, line string, n int) {
 func (e *env) awaitControls(id string, pauses, limits int) {
 	e.t.Helper()
 	e.awaitLog(fmt.Sprintf("%s to load %d pauses and %d limits", id, pauses, limits),
-		fmt.Sprintf(`msg="flow controls" worker=%s pauses=%d limits=%d`, id, pauses, limits), 1)
+		fmt.Sprintf(`msg=controls worker=%s pauses=%d limits=%d`, id, pauses, limits), 1)
 }
 
 // stop stops c, failing the test if that takes unreasonably long.

@@ -452,7 +452,16 @@ func TestIdleSnoozeAndRetry(t *testing.T) {
 			if job.Attempt > 1 || strings.HasPrefix(job.Task.Key, "warm") {
 				return nil
 			}
-			time.Sleep(350 * time.Millisecond) // renewals: quiet writes
+			// Renewals, quiet writes: two, as the store shows them.
+			seen := map[time.Time]bool{}
+			if !testutil.Within(waitLong, func() bool {
+				if tk, err := st.Get(ctx, job.Task.Key); err == nil && len(tk.Workers) > 0 {
+					seen[tk.Workers[len(tk.Workers)-1].LeaseUntil] = true
+				}
+				return len(seen) > 2
+			}) {
+				return errors.New("the lease was not renewed twice")
+			}
 			mu.Lock()
 			ended[job.Task.Key] = time.Now()
 			mu.Unlock()

@@ -143,10 +143,10 @@ type LostAttempt struct {
 // task.ErrWorkerIDTaken while another live instance holds the id.
 func (r *RemoteWorkers) Heartbeat(ctx context.Context, w RemoteWorker) (task.WorkerInfo, []LostAttempt, error) {
 	if len(w.Held) > RemoteMaxHeld {
-		return task.WorkerInfo{}, nil, fmt.Errorf("held: more than %d attempts: %w", RemoteMaxHeld, task.ErrInvalid)
+		return task.WorkerInfo{}, nil, fmt.Errorf("%w: held: more than %d attempts", task.ErrInvalid, RemoteMaxHeld)
 	}
 	if w.Concurrency < 0 || w.Running < 0 {
-		return task.WorkerInfo{}, nil, fmt.Errorf("concurrency and running must not be negative: %w", task.ErrInvalid)
+		return task.WorkerInfo{}, nil, fmt.Errorf("%w: concurrency and running must not be negative", task.ErrInvalid)
 	}
 	if err := validateRemoteKinds(w.Kinds); err != nil {
 		return task.WorkerInfo{}, nil, err
@@ -198,14 +198,22 @@ func validateRemoteKinds(kinds []string) error {
 			return err
 		}
 		if strings.HasPrefix(k, task.DocumentPrefix) {
-			return fmt.Errorf("%s: %q is leasepool's own kind: %w", field, k, task.ErrInvalid)
+			return fmt.Errorf("%w: %s: %q is leasepool's own kind", task.ErrInvalid, field, k)
 		}
 	}
 	return nil
 }
 
-// Unregister deletes id's registration if instance still holds it.
+// Unregister deletes id's registration if instance still holds it, and
+// fails with ErrNotRegistered if it does not.
 func (r *RemoteWorkers) Unregister(ctx context.Context, id, instance string) error {
+	reg, ok, err := r.registration(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !ok || reg.Instance != instance {
+		return fmt.Errorf("worker %s instance %s: %w", id, instance, ErrNotRegistered)
+	}
 	return r.cfg.Store.UnregisterWorker(ctx, id, instance)
 }
 
@@ -259,9 +267,9 @@ func (j RemoteJob) LeaseUntil() time.Time {
 func (r *RemoteWorkers) Claim(ctx context.Context, c RemoteClaim) ([]RemoteJob, error) {
 	switch {
 	case c.Max < 1 || c.Max > RemoteMaxClaim:
-		return nil, fmt.Errorf("max: must be 1 to %d, not %d: %w", RemoteMaxClaim, c.Max, task.ErrInvalid)
+		return nil, fmt.Errorf("%w: max: must be 1 to %d, not %d", task.ErrInvalid, RemoteMaxClaim, c.Max)
 	case c.Wait < 0 || c.Wait > RemoteMaxWait:
-		return nil, fmt.Errorf("wait_ms: must be 0 to %d: %w", RemoteMaxWait.Milliseconds(), task.ErrInvalid)
+		return nil, fmt.Errorf("%w: wait_ms: must be 0 to %d", task.ErrInvalid, RemoteMaxWait.Milliseconds())
 	}
 	if err := validateRemoteKinds(c.Kinds); err != nil {
 		return nil, err
@@ -280,7 +288,7 @@ func (r *RemoteWorkers) Claim(ctx context.Context, c RemoteClaim) ([]RemoteJob, 
 			kinds = reg.Kinds
 		}
 		if len(kinds) == 0 {
-			return nil, fmt.Errorf("kinds: none given and none registered: %w", task.ErrInvalid)
+			return nil, fmt.Errorf("%w: kinds: none given and none registered", task.ErrInvalid)
 		}
 		rang := r.bell.listen()
 		jobs, next, err := r.claimOnce(ctx, c, kinds)
@@ -475,7 +483,7 @@ func (r *RemoteWorkers) Renew(ctx context.Context, a RemoteAttempt, log []string
 		return nil, err
 	}
 	if len(log) > RemoteMaxLogLines {
-		return nil, fmt.Errorf("log: more than %d lines: %w", RemoteMaxLogLines, task.ErrInvalid)
+		return nil, fmt.Errorf("%w: log: more than %d lines", task.ErrInvalid, RemoteMaxLogLines)
 	}
 	err = ren.RenewAnd(ctx, func(t *task.Task, now time.Time) { appendLog(t, a.holder(), log, now) })
 	return ren.Doc(), err
@@ -485,7 +493,7 @@ func (r *RemoteWorkers) Renew(ctx context.Context, a RemoteAttempt, log []string
 // document shows.
 func (r *RemoteWorkers) renewer(ctx context.Context, a RemoteAttempt) (*ping.Renewer, error) {
 	if a.Attempt < 1 {
-		return nil, fmt.Errorf("attempt: must be at least 1: %w", task.ErrInvalid)
+		return nil, fmt.Errorf("%w: attempt: must be at least 1", task.ErrInvalid)
 	}
 	doc, err := r.cfg.Store.Get(ctx, a.Key)
 	if err != nil {
@@ -536,7 +544,7 @@ type RemoteOutcome struct {
 // is refused as Renew refuses, with nothing written.
 func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOutcome) (*task.Task, Outcome, error) {
 	if len(o.Log) > RemoteMaxLogLines {
-		return nil, "", fmt.Errorf("log: more than %d lines: %w", RemoteMaxLogLines, task.ErrInvalid)
+		return nil, "", fmt.Errorf("%w: log: more than %d lines", task.ErrInvalid, RemoteMaxLogLines)
 	}
 	if o.Outcome == OutcomeSucceeded && len(o.Result) > 0 {
 		if err := task.ValidateResult(o.Result); err != nil {
@@ -550,7 +558,7 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 		write = func(t *task.Task, ended time.Time) error { return t.Succeed(h, ended) }
 	case OutcomeFailed:
 		if o.Error == "" {
-			return nil, "", fmt.Errorf("error: must say why the attempt failed: %w", task.ErrInvalid)
+			return nil, "", fmt.Errorf("%w: error: must say why the attempt failed", task.ErrInvalid)
 		}
 		write = func(t *task.Task, ended time.Time) error {
 			failures := t.CountWorkers(ended).Unexpected + 1
@@ -558,13 +566,13 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 		}
 	case OutcomeSnoozed:
 		if o.Snooze < 0 || o.Snooze > 366*24*time.Hour {
-			return nil, "", fmt.Errorf("snooze_ms: must be 0 to a year: %w", task.ErrInvalid)
+			return nil, "", fmt.Errorf("%w: snooze_ms: must be 0 to a year", task.ErrInvalid)
 		}
 		write = func(t *task.Task, ended time.Time) error { return t.Snooze(h, ended.Add(o.Snooze), ended) }
 	case OutcomeReleased:
 		write = func(t *task.Task, ended time.Time) error { return t.Release(h, ended) }
 	default:
-		return nil, "", fmt.Errorf("outcome: must be succeeded, failed, snoozed or released, not %q: %w", o.Outcome, task.ErrInvalid)
+		return nil, "", fmt.Errorf("%w: outcome: must be succeeded, failed, snoozed or released, not %q", task.ErrInvalid, o.Outcome)
 	}
 	ren, err := r.renewer(ctx, a)
 	if err != nil {

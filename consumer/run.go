@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer/internal/ping"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/internal/tracing"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -55,7 +56,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 		}
 	case err == nil:
 		c.observeClaim(doc, try)
-		res.doc = c.run(doc, try.holder, handled)
+		res.doc = c.run(doc, try.holder, try.wait(), handled)
 	case errors.As(err, &wait):
 		if wait.Verdict == preempt.Later {
 			res.retry = retryEntry(e, doc, wait.At)
@@ -84,7 +85,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 	default:
 		if doc, ok := c.adoptClaim(ctx, e.Key, try); ok {
 			c.observeClaim(doc, try)
-			res.doc = c.run(doc, try.holder, handled)
+			res.doc = c.run(doc, try.holder, try.wait(), handled)
 			break
 		}
 		try.free()
@@ -148,7 +149,11 @@ func retryEntry(e preempt.Entry, doc *task.Task, at time.Time) *preempt.Entry {
 // soon as the handler has returned, before the outcome write: the slot is
 // free then, and the next claim, dispatched at once, goes to the store
 // with this outcome, often in the same commit, rather than after it.
-func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task.Task {
+//
+// The attempt is a span (see internal/tracing) in the task's trace, from
+// the claim to the outcome's write; wait is how long the task was
+// claimable before the claim.
+func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, handled func()) *task.Task {
 	c.claimed.Add(1)
 	attempt := holder.Attempt
 	lease := ping.New(c.store, doc, holder, c.logger)
@@ -163,7 +168,11 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task
 		}
 		return doc
 	}
-	hctx, cancel := context.WithCancelCause(c.handlerCtx)
+	tctx, span := tracing.StartRun(c.handlerCtx, tracing.Run{
+		Kind: doc.Kind, Key: doc.Key, WorkerID: c.cfg.WorkerID, Attempt: attempt, Wait: wait,
+		Traceparent: doc.Trace.Traceparent, Tracestate: doc.Trace.Tracestate,
+	})
+	hctx, cancel := context.WithCancelCause(tctx)
 	defer cancel(nil)
 	me := &run{lease: lease, seq: doc.Seq, version: doc.Version, cancel: cancel}
 	c.running.set(doc.Key, me)
@@ -188,21 +197,40 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, handled func()) *task
 	// write, whose change event is what wakes the workers waiting for them.
 	// Not after a lost lease, though: the handler's last side effect (an
 	// MQTT command in flight) may still land, so the locks run out on their
-	// own, at the lease's end.
-	if keys := lease.Doc().LockKeys; len(keys) > 0 && !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
+	// own, at the lease's end. A handler that finished its attempt in its
+	// own transaction (Job.Succeeded) is done, whatever its renewals saw since.
+	settled := job.settled()
+	if keys := lease.Doc().LockKeys; len(keys) > 0 && (settled != nil || !errors.Is(context.Cause(hctx), task.ErrLeaseLost)) {
 		now := c.store.Now()
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.heirs(keys, now)})
 	}
-	outcome := c.settle(hctx, lease, err, ended, log)
+	outcome := OutcomeSucceeded
+	if settled != nil {
+		_ = lease.Observe(settled) // the newest document; it shows the attempt over
+		c.succeeded.Add(1)
+	} else {
+		outcome = c.settle(hctx, lease, err, ended, log)
+	}
+	if span != nil {
+		span.SetAttributes(tracing.String("leasepool.outcome", string(outcome)))
+		switch outcome {
+		case OutcomeSucceeded, OutcomeSnoozed, OutcomeReleased, OutcomeTaskDone:
+			err = nil // not a failure of the attempt
+		}
+		span.End(err)
+	}
 	c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Attempt: attempt, Outcome: outcome, Started: true, Duration: took})
 	return lease.Doc()
 }
+
+// wait is how long the claimed task was claimable before the claim.
+func (ct *claimTry) wait() time.Duration { return max(ct.claimedAt.Sub(ct.readyAt), 0) }
 
 // observeClaim tells the observer of the claim try wrote.
 func (c *Consumer) observeClaim(doc *task.Task, try *claimTry) {
 	c.cfg.Observer.Claimed(ClaimEvent{
 		Kind: doc.Kind, Attempt: try.holder.Attempt,
-		Wait: max(try.claimedAt.Sub(try.readyAt), 0), TakenOver: try.takenOver,
+		Wait: try.wait(), TakenOver: try.takenOver,
 	})
 }
 

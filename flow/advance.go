@@ -165,7 +165,7 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool, e
 		if err != nil {
 			return err
 		}
-		p := task.PublishParams{Key: ref.TaskKey(), Kind: TimerKind, Payload: b,
+		p := task.PublishParams{Key: ref.TaskKey(), Kind: TimerKind, Payload: b, Trace: f.Trace,
 			Options: task.Options{RunAt: f.Progress[i].Do.Due, MaxUnexpectedRetries: timerRetries}}
 		if _, _, err := task.Publish(task.WithInternalWrite(ctx), s, p); err != nil {
 			return fmt.Errorf("flow %s: publish timer %s: %w", f.Key, p.Key, err)
@@ -180,7 +180,7 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool, e
 	if err != nil {
 		return err
 	}
-	p := task.PublishParams{Key: ref.TaskKey(), Kind: act.Kind, Payload: b,
+	p := task.PublishParams{Key: ref.TaskKey(), Kind: act.Kind, Payload: b, Trace: f.Trace,
 		Options: task.Options{LockKeys: act.LockKeys, Priority: act.Priority}}
 	if act.Retries != nil {
 		p.MaxUnexpectedRetries = *act.Retries

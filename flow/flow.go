@@ -308,6 +308,10 @@ type Flow struct {
 	Gen      int        `json:"gen"`
 	Progress []Progress `json:"progress"`
 	Events   []Event    `json:"events,omitempty"`
+	// Trace is the W3C trace context of the flow's publish (its span when
+	// tracing is on): its steps', timers' and signals' spans are its
+	// children.
+	Trace task.Trace `json:"trace,omitzero"`
 	// Error is why the flow failed or rolls back: the first step failure.
 	Error     string    `json:"error,omitempty"`
 	CreatedAt time.Time `json:"created_at"`

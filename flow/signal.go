@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/internal/jsoncheck"
+	"github.com/leasepool/leasepool/internal/tracing"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -31,7 +32,7 @@ var (
 // starts. A step takes one signal: a second is refused with
 // ErrAlreadySignalled, so a sender that retries after an error it cannot
 // read learns whether its first one landed (Get shows the payload kept).
-func Signal(ctx context.Context, s task.Store, key, step string, payload json.RawMessage) (*Flow, error) {
+func Signal(ctx context.Context, s task.Store, key, step string, payload json.RawMessage) (_ *Flow, err error) {
 	if len(payload) > 0 {
 		if err := jsoncheck.Body(payload); err != nil {
 			return nil, err
@@ -43,9 +44,15 @@ func Signal(ctx context.Context, s task.Store, key, step string, payload json.Ra
 			return nil, invalid("payload", "is not valid JSON")
 		}
 	}
-	if _, err := Get(ctx, s, key); err != nil {
+	cur, err := Get(ctx, s, key)
+	if err != nil {
 		return nil, err
 	}
+	// The signal is an event of the flow's trace, whoever sent it.
+	sctx, span := tracing.StartInternal(tracing.Extract(ctx, cur.Trace.Traceparent, cur.Trace.Tracestate), "flow signal",
+		tracing.String("messaging.system", tracing.System), tracing.String("leasepool.flow.key", key), tracing.String("leasepool.flow.step", step))
+	defer func() { span.End(err) }()
+	ctx = sctx
 	f, err := modify(ctx, s, key, func(f *Flow) error { return f.signal(step, payload, s.Now().UTC()) })
 	if err != nil {
 		return f, err

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/tracing"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -161,13 +162,22 @@ func modify(ctx context.Context, s task.Store, key string, fn func(f *Flow) erro
 // when a flow of that key exists, leaves it as it is (flows are idempotent
 // by key, like tasks) and makes sure its current step is published.
 // Validation errors wrap task.ErrInvalid, name the field, and write nothing.
-func Publish(ctx context.Context, s task.Store, spec Spec) (*Flow, task.PublishResult, error) {
+//
+// A new flow keeps the trace context of its publish: with tracing on, the
+// flow's own span (a child of ctx's), else ctx's span's, if any.
+func Publish(ctx context.Context, s task.Store, spec Spec) (f *Flow, res task.PublishResult, err error) {
 	if err := spec.Validate(); err != nil {
 		return nil, "", err
 	}
+	ctx, span := tracing.StartFlow(ctx, spec.Key)
+	defer func() {
+		span.SetAttributes(tracing.String("leasepool.publish.result", string(res)))
+		span.End(err)
+	}()
 	now := s.Now().UTC()
-	f := &Flow{Key: spec.Key, Steps: spec.Steps, Params: map[string]json.RawMessage{}, State: StatePending,
+	f = &Flow{Key: spec.Key, Steps: spec.Steps, Params: map[string]json.RawMessage{}, State: StatePending,
 		Gen: 1, Progress: make([]Progress, len(spec.Steps)), CreatedAt: now, UpdatedAt: now}
+	f.Trace.Traceparent, f.Trace.Tracestate = tracing.Inject(ctx)
 	if len(spec.Params) > 0 {
 		if err := json.Unmarshal(spec.Params, &f.Params); err != nil {
 			return nil, "", invalid("params", err.Error())
@@ -177,7 +187,7 @@ func Publish(ctx context.Context, s task.Store, spec Spec) (*Flow, task.PublishR
 	if err != nil {
 		return nil, "", err
 	}
-	res := task.Inserted
+	res = task.Inserted
 	d, err := load(ctx, s, spec.Key)
 	if errors.Is(err, ErrNotFound) {
 		d, err = s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: spec.Key, Value: b})

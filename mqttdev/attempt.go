@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/internal/tracing"
 )
 
 // attempt is one Handle call's exchange with a device: the command it
@@ -61,6 +62,7 @@ func (h *Handler) newAttempt(ctx context.Context, tr Transport, log *slog.Logger
 		ackTimeout:    time.Duration(c.AckTimeout),
 		resultTimeout: time.Duration(c.ResultTimeout),
 	}
+	a.msg.Traceparent, a.msg.Tracestate = tracing.Inject(ctx)
 	a.linkWait = max(a.resultTimeout, minLinkWait)
 	a.w = &waiter{device: c.Device, taskKey: a.msg.TaskKey, attempt: a.msg.Attempt, replies: make(chan reply, 16)}
 	h.listen(a.msg.CorrelationID, a.w)
@@ -101,6 +103,8 @@ func (a *attempt) publish() error {
 		return a.errorf(": publish: %w", err)
 	}
 	a.job.Logf("device %s: command %s sent", a.cmd.Device, a.cmd.Command)
+	tracing.Event(a.ctx, "device.command", tracing.String("leasepool.device.id", a.cmd.Device),
+		tracing.String("leasepool.device.command", a.cmd.Command), tracing.String("leasepool.device.correlation_id", a.msg.CorrelationID))
 	return nil
 }
 

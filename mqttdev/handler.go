@@ -15,6 +15,7 @@ import (
 	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/internal/lifecycle"
 	"github.com/leasepool/leasepool/internal/redact"
+	"github.com/leasepool/leasepool/internal/tracing"
 	"github.com/leasepool/leasepool/mqttdev/protocol"
 	"github.com/leasepool/leasepool/task"
 )
@@ -366,9 +367,12 @@ func (h *Handler) handle(ctx context.Context, job *consumer.Job) error {
 	}
 	log.Debug("command acked")
 	job.Logf("device %s: command %s acked", c.Device, c.Command)
+	tracing.Event(ctx, "device.ack", tracing.String("leasepool.device.id", c.Device), tracing.String("leasepool.device.command", c.Command))
 	if err := a.awaitResult(); err != nil {
 		return err
 	}
+	tracing.Event(ctx, "device.result", tracing.String("leasepool.device.id", c.Device),
+		tracing.Bool("leasepool.device.ok", a.result.OK), tracing.String("leasepool.device.error", a.result.Error))
 	if !a.result.OK {
 		job.Logf("device %s: command %s result: failed: %s", c.Device, c.Command, a.result.Error)
 		return a.errorf(" on %s: %w: %s", c.Device, ErrDeviceFailed, a.result.Error)

@@ -175,6 +175,9 @@ type Rollout struct {
 	// MaxEvents; EventSeq counts every event ever added.
 	Events   []Event `json:"events,omitempty"`
 	EventSeq int64   `json:"event_seq"`
+	// Trace is the W3C trace context of the rollout's creation (its span
+	// when tracing is on): its device tasks are published as its children.
+	Trace task.Trace `json:"trace,omitzero"`
 
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`

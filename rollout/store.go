@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/tracing"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/task"
 )
@@ -105,11 +106,17 @@ type Store = task.Store
 // devices (spec.Select against the inventory, or spec.Devices), splits them
 // into waves, and stores the rollout running; a driver starts its first
 // wave. Nothing is written on an error.
-func Create(ctx context.Context, st Store, name string, spec Spec) (*Rollout, error) {
+//
+// The rollout keeps the trace context of its creation: with tracing on,
+// the rollout's own span (a child of ctx's), else ctx's span's, if any.
+func Create(ctx context.Context, st Store, name string, spec Spec) (_ *Rollout, err error) {
 	r, err := DryRun(ctx, st, name, spec)
 	if err != nil {
 		return nil, err
 	}
+	ctx, span := tracing.StartRollout(ctx, name)
+	defer func() { span.End(err) }()
+	r.Trace.Traceparent, r.Trace.Tracestate = tracing.Inject(ctx)
 	if err := put(ctx, st, r); err != nil {
 		if errors.Is(err, task.ErrConflict) {
 			return nil, fmt.Errorf("%s: %w", name, ErrExists)

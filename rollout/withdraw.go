@@ -206,9 +206,11 @@ func (s *Stepper) rollback(ctx context.Context, r *Rollout, now time.Time) (bool
 // publishParams is the device task of device's execution (or rollback)
 // under key.
 func publishParams(r *Rollout, device, key string, rollback bool) (task.PublishParams, error) {
-	return mqttdev.PublishParams(key, r.Spec.command(device, rollback), task.Options{
+	p, err := mqttdev.PublishParams(key, r.Spec.command(device, rollback), task.Options{
 		Priority: r.Spec.Priority, MaxUnexpectedRetries: task.NoRetries,
 	})
+	p.Trace = r.Trace // the device tasks are children of the rollout's span
+	return p, err
 }
 
 // publishRecorded publishes the tasks this Stepper recorded, if the

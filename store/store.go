@@ -114,6 +114,14 @@ func SQLiteFile(url string) (path string, ok bool) {
 	return path, true
 }
 
+// SQLite returns the embedded store s is, for what only it offers
+// (sqlitestore.Store.InTx: the program's own SQL and its tasks in one
+// commit); ok is false for any other store.
+func SQLite(s task.Store) (st *sqlitestore.Store, ok bool) {
+	st, ok = s.(*sqlitestore.Store)
+	return st, ok
+}
+
 // sqliteConfig reads what follows "sqlite:": the file, then optionally
 // "?" and parameters. The one parameter is synchronous=full (the default)
 // or synchronous=normal (sqlitestore.Config.Synchronous). A file name

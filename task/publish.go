@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/leasepool/leasepool/internal/tracing"
 )
 
 // PublishResult says what a publish did.
@@ -20,8 +22,26 @@ const (
 // finished, reset it so it runs again. A running task is never reset.
 // Validation errors wrap ErrInvalid and nothing is written: p is checked
 // as Validate does, unless ctx comes from WithInternalWrite.
-func Publish(ctx context.Context, s Store, p PublishParams) (*Task, PublishResult, error) {
-	t, err := newTask(p, s.Now(), isInternalWrite(ctx))
+//
+// The task keeps a trace context (Task.Trace): with tracing on, that of
+// the publish's own span, a child of p.Trace or else of ctx's span; with
+// it off, p.Trace or ctx's span's.
+func Publish(ctx context.Context, s Store, p PublishParams) (t *Task, res PublishResult, err error) {
+	if p.Trace.IsZero() {
+		p.Trace.Traceparent, p.Trace.Tracestate = tracing.Inject(ctx)
+	} else if tracing.On() {
+		ctx = tracing.Extract(ctx, p.Trace.Traceparent, p.Trace.Tracestate)
+	}
+	if tracing.On() {
+		var span *tracing.Span
+		ctx, span = tracing.StartPublish(ctx, p.Kind, p.Key)
+		defer func() {
+			span.SetAttributes(tracing.String("leasepool.publish.result", string(res)))
+			span.End(err)
+		}()
+		p.Trace.Traceparent, p.Trace.Tracestate = tracing.Inject(ctx)
+	}
+	t, err = newTask(p, s.Now(), isInternalWrite(ctx))
 	if err != nil {
 		return nil, "", err
 	}
@@ -35,7 +55,15 @@ func Publish(ctx context.Context, s Store, p PublishParams) (*Task, PublishResul
 	if !p.Rerun {
 		return stored, Existing, nil
 	}
-	next, err := ModifyFrom(ctx, s, p.Key, stored, func(t *Task) error { return t.Reset(s.Now()) })
+	next, err := ModifyFrom(ctx, s, p.Key, stored, func(t *Task) error {
+		if err := t.Reset(s.Now()); err != nil {
+			return err
+		}
+		if !p.Trace.IsZero() {
+			t.Trace = p.Trace // the rerun's attempts continue the rerun's trace
+		}
+		return nil
+	})
 	switch {
 	case errors.Is(err, ErrNotFinished):
 		return next, Existing, nil // running: never reset

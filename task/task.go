@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/leasepool/leasepool/internal/tracing"
 )
 
 // State is a task's state, derived from its worker list and stored so that
@@ -127,12 +129,15 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 
 // Task is the task document. JSON names are those of docs/tasks.md.
 type Task struct {
-	ID       string          `json:"_id,omitempty"`
-	Key      string          `json:"key"`
-	Kind     string          `json:"kind"`
-	Payload  json.RawMessage `json:"payload,omitempty"`
-	Priority int             `json:"priority"`
-	RunAt    time.Time       `json:"run_at"`
+	ID      string          `json:"_id,omitempty"`
+	Key     string          `json:"key"`
+	Kind    string          `json:"kind"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Trace is the W3C trace context the task's attempts continue: its
+	// publish's span (see PublishParams.Trace).
+	Trace    Trace     `json:"trace,omitzero"`
+	Priority int       `json:"priority"`
+	RunAt    time.Time `json:"run_at"`
 	// Seq orders tasks of equal priority by publish; the backend assigns it
 	// and it grows with publish time.
 	Seq                  int64     `json:"seq"`
@@ -227,11 +232,25 @@ type Options struct {
 	LockKeys []string
 }
 
+// Trace is a W3C trace context as a task keeps it: the traceparent and
+// tracestate of the span its attempts are children of.
+type Trace struct {
+	Traceparent string `json:"traceparent,omitempty"`
+	Tracestate  string `json:"tracestate,omitempty"`
+}
+
+// IsZero reports whether t carries no context.
+func (t Trace) IsZero() bool { return t.Traceparent == "" && t.Tracestate == "" }
+
 // PublishParams is one publish call.
 type PublishParams struct {
 	Key     string
 	Kind    string
 	Payload json.RawMessage
+	// Trace is the trace context the task continues. Empty: the span of
+	// the publish's context, if it carries one. When tracing is on, the
+	// publish's own span, a child of this context, is what is stored.
+	Trace Trace
 	Options
 	// Rerun clears a finished task's workers so it runs again. A running
 	// task is never reset.
@@ -263,6 +282,9 @@ func (p PublishParams) validate(internal bool) error {
 	}
 	if err := ValidateName("kind", p.Kind); err != nil {
 		return err
+	}
+	if err := tracing.Check("trace.traceparent", "trace.tracestate", p.Trace.Traceparent, p.Trace.Tracestate); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	for _, id := range p.SpecificWorkerIDs {
 		if err := ValidateName("specific_worker_ids", id); err != nil {
@@ -358,6 +380,7 @@ func newTask(p PublishParams, now time.Time, internal bool) (*Task, error) {
 		Key:                  p.Key,
 		Kind:                 p.Kind,
 		Payload:              p.Payload,
+		Trace:                p.Trace,
 		Priority:             p.Priority,
 		RunAt:                runAt.UTC(),
 		SpecificWorkerIDs:    p.SpecificWorkerIDs,

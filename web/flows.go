@@ -56,7 +56,12 @@ func (a *api) publishFlow(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	f, res, err := flow.Publish(r.Context(), a.store, spec)
+	ctx, err := traced(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	f, res, err := flow.Publish(ctx, a.store, spec)
 	if err != nil {
 		a.fail(w, r, err)
 		return

@@ -132,7 +132,12 @@ func (a *api) publish(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	t, res, err := task.Publish(r.Context(), a.store, p)
+	ctx, err := traced(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	t, res, err := task.Publish(ctx, a.store, p)
 	if err != nil {
 		a.fail(w, r, err)
 		return

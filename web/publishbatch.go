@@ -147,6 +147,11 @@ func (a *api) publishBatch(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
+	ctx, err := traced(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	items, err := readBatch(w, r)
 	if err != nil {
 		a.fail(w, r, err)
@@ -189,7 +194,7 @@ func (a *api) publishBatch(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	out, err := task.PublishMany(r.Context(), a.store, ps)
+	out, err := task.PublishMany(ctx, a.store, ps)
 	if err != nil {
 		a.log.Warn("web: batch publish stopped", "err", err, "tasks", len(ps))
 	}

@@ -115,6 +115,10 @@ type remoteJob struct {
 	LeaseMS    int64           `json:"lease_ms"`
 	RenewMS    int64           `json:"renew_ms"`
 	CreatedAt  time.Time       `json:"created_at"`
+	// Traceparent and Tracestate are the task's trace context, for the
+	// remote worker's span of the attempt to continue.
+	Traceparent string `json:"traceparent,omitempty"`
+	Tracestate  string `json:"tracestate,omitempty"`
 }
 
 // defaultClaimWait is a claim's wait when the body names none.
@@ -172,6 +176,7 @@ func (a *api) claimFor(w http.ResponseWriter, r *http.Request, instance string, 
 			Key: t.Key, Kind: t.Kind, Attempt: j.Holder.Attempt, Payload: p, Priority: t.Priority,
 			LeaseUntil: j.LeaseUntil().UTC(), LeaseMS: time.Duration(t.WorkerTimeout).Milliseconds(),
 			RenewMS: time.Duration(t.PingInterval).Milliseconds(), CreatedAt: t.CreatedAt.UTC(),
+			Traceparent: t.Trace.Traceparent, Tracestate: t.Trace.Tracestate,
 		})
 	}
 	return out, nil
@@ -339,7 +344,8 @@ func (a *api) remoteFinishMany(w http.ResponseWriter, r *http.Request) {
 			// The outcomes are written: answer them, and the claim's
 			// refusal beside.
 			status, code, msg := refusal(err)
-			out["claim_error"] = finishedResult{Status: status, Code: code, Error: msg}
+			out["claim_error"] = map[string]any{"status": status, "code": code, "error": msg}
+			jobs = []remoteJob{}
 		}
 		out["jobs"] = jobs
 	}

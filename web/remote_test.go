@@ -241,6 +241,7 @@ func TestRemoteRegistration(t *testing.T) {
 	e.register("w1", "i1", "k")
 	e.want("PUT", "/api/v1/workers/w1", `{"instance":"i2","kinds":["k"]}`, 409, `"code":"worker_id_taken"`)
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i2"}`, 409, `"code":"not_registered"`)
+	e.want("DELETE", "/api/v1/workers/w1?instance=i2", "", 409, `"code":"not_registered"`)
 	e.want("DELETE", "/api/v1/workers/w1?instance=i1", "", 200, `"unregistered":true`)
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1"}`, 409, `"code":"not_registered"`)
 }
@@ -251,7 +252,7 @@ func TestRemoteBadInput(t *testing.T) {
 	e.post(`{"key":"t","kind":"k"}`)
 	e.want("PUT", "/api/v1/workers/w1", `{"instance":"i1"}`, 400, `kinds`)
 	e.want("PUT", "/api/v1/workers/bad%07id", `{"instance":"i1","kinds":["k"]}`, 400, `worker id`)
-	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","max":0}`, 400, `max`)
+	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","max":0}`, 400, `{"error":"max: must be 1 to 256, not 0"}`)
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","max":1000}`, 400, `max`)
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","wait_ms":-1}`, 400, `wait_ms`)
 	e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","bogus":1}`, 400, `bogus`)
@@ -405,6 +406,8 @@ func TestRemoteFinishMany(t *testing.T) {
 		t.Fatalf("t0 %s %s", s.State, s.Workers[0].Result)
 	}
 	e.want("POST", "/api/v1/workers/w1/finish", `{"instance":"i1","outcomes":[]}`, 200, `"results":[]`)
+	e.want("POST", "/api/v1/workers/w1/finish", `{"instance":"i9","outcomes":[],"claim":{"max":1}}`, 200,
+		`"claim_error":{"code":"not_registered","error":"worker w1 instance i9: worker not registered","status":409},"jobs":[]`)
 	big := strings.Repeat(`{"key":"x","attempt":1,"outcome":"released"},`, 257)
 	e.want("POST", "/api/v1/workers/w1/finish", `{"instance":"i1","outcomes":[`+big[:len(big)-1]+`]}`, 400, `outcomes`)
 }

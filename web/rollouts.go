@@ -146,7 +146,12 @@ func (a *api) createRollout(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, ro.Plan())
 		return
 	}
-	ro, err := rollout.Create(r.Context(), a.store, b.Name, spec)
+	ctx, err := traced(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	ro, err := rollout.Create(ctx, a.store, b.Name, spec)
 	if err != nil {
 		a.rolloutFail(w, r, err)
 		return

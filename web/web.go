@@ -167,6 +167,11 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /api/v1/schedules", a.listSchedules)
 	mux.HandleFunc("POST /api/v1/schedules/{name}/pause", a.write(a.pauseSchedule))
 	mux.HandleFunc("POST /api/v1/schedules/{name}/resume", a.write(a.resumeSchedule))
+	mux.HandleFunc("GET /api/v1/triggers", a.listTriggers)
+	mux.HandleFunc("POST /api/v1/triggers", a.write(a.addTrigger))
+	mux.HandleFunc("DELETE /api/v1/triggers/{name}", a.write(a.removeTrigger))
+	mux.HandleFunc("POST /api/v1/triggers/{name}/pause", a.write(a.pauseTrigger))
+	mux.HandleFunc("POST /api/v1/triggers/{name}/resume", a.write(a.resumeTrigger))
 	mux.HandleFunc("PUT /api/v1/devices/{id}/labels", a.write(a.putDeviceLabels))
 	mux.HandleFunc("PATCH /api/v1/devices/{id}/labels", a.write(a.patchDeviceLabels))
 	mux.HandleFunc("POST /api/v1/devices/{id}/approve", a.write(a.approveDevice))
@@ -255,6 +260,8 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotImplemented, "events: this store cannot stream changes")
 	case errors.Is(err, schedule.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
+	case triggerStatus(err) != 0:
+		writeError(w, triggerStatus(err), err.Error())
 	default:
 		a.log.Error("web: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, "internal error (see the server log)")

@@ -19,12 +19,13 @@
 // Config.Check refuses a bad setting before anything is opened.
 //
 // The workers sharing a store elect one (Elected): it runs the cluster's
-// duties, the schedule runner, the flow reconciler, the rollout driver
-// and retention, and samples the queue for the dashboard's charts. One
-// lease, ElectionKey, decides it; another worker is elected within
-// ElectionLease after the elected one dies or freezes, and within a
-// second after it stops. Hosting the embedded MQTT broker is a lease of
-// its own (docs/decisions/0015-one-elector-and-a-broker-lease.md).
+// duties, the schedule runner, the flow reconciler, the rollout driver,
+// retention and (on MongoDB) the trigger runner, and samples the queue
+// for the dashboard's charts. One lease, ElectionKey, decides it;
+// another worker is elected within ElectionLease after the elected one
+// dies or freezes, and within a second after it stops. Hosting the
+// embedded MQTT broker is a lease of its own
+// (docs/decisions/0015-one-elector-and-a-broker-lease.md).
 //
 // Stop order: the consumer first (running handlers finish within
 // ShutdownTimeout, then their leases are released), then the elector
@@ -54,6 +55,7 @@ import (
 	"github.com/leasepool/leasepool/rollout"
 	"github.com/leasepool/leasepool/schedule"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/trigger"
 )
 
 // Config is what a Worker runs. Zero values take the documented defaults.
@@ -383,12 +385,22 @@ func (w *Worker) newElector() (*singleton.Elector, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range []singleton.Duty{
+	duties := []singleton.Duty{
 		{Name: "schedule runner", Run: sched.Duty},
 		{Name: "flow reconciler", Run: rec.Duty},
 		{Name: "rollout driver", Run: drv.Duty},
 		{Name: "retention", Run: retain.Duty},
-	} {
+	}
+	// Triggers watch the user's collections: only a store that has them
+	// (MongoDB) runs them.
+	if _, ok := cfg.Store.(task.CollectionWatcher); ok {
+		trig, err := trigger.NewRunner(trigger.RunnerConfig{Store: cfg.Store, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		duties = append(duties, singleton.Duty{Name: "trigger runner", Run: trig.Duty})
+	}
+	for _, d := range duties {
 		if err := e.Register(d); err != nil {
 			return nil, err
 		}

@@ -116,7 +116,11 @@ func flowPublish(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
-	f, res, err := flow.Publish(c.Context, s, spec)
+	ctx, err := publishContext(c)
+	if err != nil {
+		return err
+	}
+	f, res, err := flow.Publish(ctx, s, spec)
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,11 @@ func flowSignal(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
-	f, err := flow.Signal(c.Context, s, key, step, payload)
+	ctx, err := publishContext(c)
+	if err != nil {
+		return err
+	}
+	f, err := flow.Signal(ctx, s, key, step, payload)
 	if errors.Is(err, flow.ErrNotSignalStep) {
 		return fmt.Errorf("%w: STEP: %w", task.ErrInvalid, err)
 	}

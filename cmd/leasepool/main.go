@@ -116,6 +116,7 @@ func oneLine(err error) string {
 
 // newApp builds the CLI writing to stdout and stderr, so tests can run it.
 func newApp(stdout, stderr io.Writer) *cli.App {
+	var stopTracing func(context.Context) error
 	app := &cli.App{
 		Name:      "leasepool",
 		Usage:     "a lease-based distributed task queue",
@@ -136,6 +137,11 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			}
 			slog.SetDefault(newLogger(stderr, level))
 			tuneGC()
+			shutdown, err := startTracing(c)
+			if err != nil {
+				return err
+			}
+			stopTracing = shutdown
 			if path := c.String("cpuprofile"); path != "" {
 				f, err := os.Create(path)
 				if err != nil {
@@ -151,12 +157,21 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			if c.String("cpuprofile") != "" {
 				pprof.StopCPUProfile()
 			}
+			if stopTracing != nil {
+				// Spans not yet exported go now, within a bound: an
+				// unreachable collector must not hold the exit.
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := stopTracing(ctx); err != nil {
+					slog.Warn("tracing: spans not exported at exit", slog.Any("err", err))
+				}
+			}
 			return nil
 		},
 		Commands: []*cli.Command{
 			publishCommand(), workerCommand(), workersCommand(), lsCommand(), showCommand(), cancelCommand(), retryCommand(),
 			eventsCommand(),
-			demoCommand(), benchCommand(), scheduleCommand(), retentionCommand(),
+			demoCommand(), benchCommand(), scheduleCommand(), triggerCommand(), retentionCommand(),
 			pauseCommand(), resumeCommand(), pausesCommand(), limitCommand(), serveCommand(),
 			deviceCommand(), devicesCommand(openStoreReadOnly), flowCommand(), rolloutCommand(),
 		},

@@ -48,6 +48,10 @@ func publishFile(c *cli.Context) error {
 			return badUsage(c, "--%s does not go with --file: each line gives its task's fields", name)
 		}
 	}
+	ctx, err := publishContext(c)
+	if err != nil {
+		return err
+	}
 	in, name := c.App.Reader, "standard input"
 	if f := c.String("file"); f != "-" {
 		fh, err := os.Open(f)
@@ -83,7 +87,7 @@ func publishFile(c *cli.Context) error {
 		for i, l := range chunk {
 			ps[i] = l.p
 		}
-		out, err := task.PublishMany(c.Context, s, ps)
+		out, err := task.PublishMany(ctx, s, ps)
 		for i, o := range out {
 			switch {
 			case o.Err != nil:

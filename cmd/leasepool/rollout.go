@@ -199,7 +199,11 @@ func rolloutCreate(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
-	r, err := rollout.Create(c.Context, s, name, spec)
+	ctx, err := publishContext(c)
+	if err != nil {
+		return err
+	}
+	r, err := rollout.Create(ctx, s, name, spec)
 	if err != nil {
 		return err
 	}

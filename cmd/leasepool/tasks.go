@@ -51,7 +51,11 @@ func publishCommand() *cli.Command {
 				return err
 			}
 			defer s.Close()
-			t, res, err := task.Publish(c.Context, s, p)
+			ctx, err := publishContext(c)
+			if err != nil {
+				return err
+			}
+			t, res, err := task.Publish(ctx, s, p)
 			if err != nil {
 				return err
 			}

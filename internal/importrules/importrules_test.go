@@ -39,13 +39,20 @@ var (
 	// runner) only. The singleton runner is one: schedule, flow, retention
 	// and mqttdev/broker are built on it. The engine packages (claim
 	// decisions, lease renewal) are internal to consumer.
-	basics = []string{preemptPkg, pingPkg, "control", "schedule", "events", "internal/singleton"}
+	basics = []string{preemptPkg, pingPkg, "control", "schedule", "trigger", "events", "internal/singleton"}
 )
 
 // The engine packages consumer ties together.
 const (
 	preemptPkg = "consumer/internal/preempt"
 	pingPkg    = "consumer/internal/ping"
+)
+
+// tracingPkg wraps OpenTelemetry; it imports nothing of leasepool's, so
+// every package may import it, task included.
+const (
+	tracingPkg    = "internal/tracing"
+	tracingSDKPkg = "internal/tracing/tracingsdk"
 )
 
 // mochiPkg is the MQTT server the embedded broker runs, a patched copy of
@@ -69,6 +76,10 @@ func under(prefix string) func(string) bool {
 }
 
 func every(string) bool { return true }
+
+// program reports whether path is a program: the CLI, or an example of
+// a program of your own.
+func program(path string) bool { return under("cmd")(path) || under("examples")(path) }
 
 func production(path string) bool {
 	for _, t := range testOnly {
@@ -105,22 +116,31 @@ func oneOf(sets ...[]string) func(string) bool {
 
 var rules = []rule{
 	{
-		name:    "task imports nothing of leasepool's",
-		applies: is("task"),
+		name:    "internal/tracing imports nothing of leasepool's",
+		applies: is(tracingPkg),
 		check:   func(_ string, p pkg) []string { return p.Deps },
+	},
+	{
+		name:    "task imports nothing of leasepool's but internal/tracing",
+		applies: is("task"),
+		check: func(_ string, p pkg) []string {
+			return in(p.Deps, func(d string) bool { return d != tracingPkg })
+		},
 	},
 	{
 		name:    "a backend imports task only",
 		applies: is(backends...),
 		check: func(_ string, p pkg) []string {
-			return in(p.Deps, func(d string) bool { return d != "task" })
+			return in(p.Deps, func(d string) bool { return d != "task" && d != tracingPkg })
 		},
 	},
 	{
-		name:    "consumer/internal/preempt, consumer/internal/ping, control, schedule, events and internal/singleton import task (and internal/lifecycle, internal/singleton) only",
+		name:    "consumer/internal/preempt, consumer/internal/ping, control, schedule, trigger, events and internal/singleton import task (and internal/lifecycle, internal/singleton) only",
 		applies: is(basics...),
 		check: func(_ string, p pkg) []string {
-			return in(p.Deps, func(d string) bool { return d != "task" && d != "internal/lifecycle" && d != "internal/singleton" })
+			return in(p.Deps, func(d string) bool {
+				return d != "task" && d != "internal/lifecycle" && d != "internal/singleton" && d != tracingPkg
+			})
 		},
 	},
 	{
@@ -173,24 +193,31 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "a backend is imported directly only by store and cmd",
-		applies: func(path string) bool { return production(path) && path != "store" && !under("cmd")(path) },
+		name:    "a backend is imported directly only by store and programs (cmd, examples)",
+		applies: func(path string) bool { return production(path) && path != "store" && !program(path) },
 		check: func(_ string, p pkg) []string {
 			return in(p.Imports, is(backends...))
 		},
 	},
 	{
 		name:    "worker assembles a worker process: only programs import it",
-		applies: func(path string) bool { return production(path) && path != "worker" && !under("cmd")(path) },
+		applies: func(path string) bool { return production(path) && path != "worker" && !program(path) },
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, is("worker"))
 		},
 	},
 	{
-		name:    "no package imports cmd",
+		name:    "only programs start the OpenTelemetry SDK (internal/tracing/tracingsdk): libraries make spans through the program's provider",
+		applies: func(path string) bool { return production(path) && !under("cmd")(path) },
+		check: func(_ string, p pkg) []string {
+			return in(p.Deps, is(tracingSDKPkg))
+		},
+	},
+	{
+		name:    "no package imports cmd or examples",
 		applies: every,
 		check: func(_ string, p pkg) []string {
-			return in(p.Deps, under("cmd"))
+			return in(p.Deps, program)
 		},
 	},
 	{
@@ -265,8 +292,9 @@ func TestImportRules(t *testing.T) {
 // (a typo in a package path, an inverted check) is caught.
 func TestRulesCatchViolations(t *testing.T) {
 	good := map[string]pkg{
-		"task":                   {},
-		"task/sqlitestore":       {Imports: []string{"task"}, Deps: []string{"task"}},
+		"task":                   {Imports: []string{tracingPkg}, Deps: []string{tracingPkg}},
+		tracingPkg:               {},
+		"task/sqlitestore":       {Imports: []string{"task"}, Deps: []string{"task", tracingPkg}},
 		preemptPkg:               {Imports: []string{"task"}, Deps: []string{"task"}},
 		pingPkg:                  {Imports: []string{"task"}, Deps: []string{"task"}},
 		"schedule":               {Imports: []string{"task", "internal/lifecycle"}, Deps: []string{"task", "internal/lifecycle"}},
@@ -292,6 +320,8 @@ func TestRulesCatchViolations(t *testing.T) {
 		pkg, imports, rule string
 	}{
 		{"task", "internal/lifecycle", "task imports nothing"},
+		{tracingPkg, "task", "internal/tracing imports nothing"},
+		{"worker", tracingSDKPkg, "only programs start the OpenTelemetry SDK"},
 		{"task/mongostore", "control", "a backend imports task only"},
 		{"events", "consumer", "import task (and internal/lifecycle, internal/singleton) only"},
 		{preemptPkg, "control", "import task (and internal/lifecycle, internal/singleton) only"},
@@ -308,7 +338,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{"flow", "mqttdev", "flow knows nothing of devices"},
 		{"mqttdev/device", "mqttdev", "the device side never imports the worker side"},
 		{"mqttdev/protocol", "mqttdev/device", "imports neither"},
-		{"newfeature", "task/mongostore", "imported directly only by store and cmd"},
+		{"newfeature", "task/mongostore", "imported directly only by store and programs"},
 		{"web", "cmd/leasepool", "no package imports cmd"},
 		{"flow", "worker", "only programs import it"},
 		{"consumer", "internal/testutil", "never imported by production code"},

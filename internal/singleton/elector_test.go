@@ -85,7 +85,7 @@ func (c *cluster) elected() []string {
 func (c *cluster) waitElected(within time.Duration, not string) (string, time.Duration) {
 	c.t.Helper()
 	var id string
-	took := waitFor(c.t, within, "one elector elected with its duties running", func() bool {
+	took := testutil.EventuallyTook(c.t, within, "one elector elected with its duties running", func() bool {
 		ids := c.elected()
 		if len(ids) != 1 || ids[0] == not {
 			return false
@@ -224,7 +224,7 @@ func TestElectorDutiesStopWhenLeaseLost(t *testing.T) {
 		if err := st.AcquireLocks(ctx, task.LockParams{Namespace: task.LockSingleton, Keys: key, Holder: thief, Now: now, Until: now.Add(time.Hour)}); err != nil {
 			t.Fatal(err)
 		}
-		took := waitFor(t, 2*electorRenew, "a's duties to stop", func() bool {
+		took := testutil.EventuallyTook(t, 2*electorRenew, "a's duties to stop", func() bool {
 			return !e.Elected() && !e.Running("schedule") && !e.Running("retention")
 		})
 		if took > electorRenew+50*time.Millisecond {

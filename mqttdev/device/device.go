@@ -228,7 +228,7 @@ func (d *Device) receive(ctx context.Context) {
 			return
 		case c = <-d.inbox:
 		}
-		ack := protocol.Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: c.Attempt, OK: true}
+		ack := protocol.Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: c.Attempt, OK: true, Traceparent: c.Traceparent}
 		k := attemptKey{c.TaskKey, c.Attempt}
 		now := time.Now().UTC()
 		d.mu.Lock()
@@ -305,7 +305,7 @@ func (d *Device) execute(ctx context.Context) {
 		d.mu.Unlock()
 
 		run := Run{Device: d.id, TaskKey: c.TaskKey, Attempt: c.Attempt, CorrelationID: c.CorrelationID, Command: c.Command,
-			SentAt: c.SentAt, Start: time.Now().UTC()}
+			SentAt: c.SentAt, Start: time.Now().UTC(), Traceparent: c.Traceparent}
 		latency := d.cfg.Latency
 		if d.behave.Latency > 0 {
 			latency = d.behave.Latency
@@ -323,7 +323,7 @@ func (d *Device) execute(ctx context.Context) {
 		fail := d.rng.Float64() < d.cfg.FailRate || (d.behave.Fail && !slices.Contains(d.behave.Succeed, c.Command))
 		offline := d.rng.Float64() < d.cfg.OfflineRate
 		run.End, run.OK = time.Now().UTC(), !fail
-		res := protocol.Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: c.Attempt, OK: !fail}
+		res := protocol.Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: c.Attempt, OK: !fail, Traceparent: c.Traceparent}
 		if fail {
 			res.Error = "simulated failure"
 			d.counts.Failed++

@@ -20,6 +20,9 @@ type Run struct {
 	Start  time.Time `json:"start"`
 	End    time.Time `json:"end"`
 	OK     bool      `json:"ok"`
+	// Traceparent is the trace context the command carried: the span of
+	// the attempt that sent it.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Overlap is a command that arrived while another ran (or waited) on the

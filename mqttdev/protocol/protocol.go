@@ -17,6 +17,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/leasepool/leasepool/internal/tracing"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -128,6 +129,11 @@ type CommandMessage struct {
 	// publish; a device must refuse (CodeExpired) a command it receives
 	// later, e.g. one queued in its session while it was offline.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Traceparent and Tracestate are the W3C trace context of the attempt
+	// that sent the command, when it is traced: a device that traces its
+	// work makes its spans children of it, and may echo it in its replies.
+	Traceparent string `json:"traceparent,omitempty"`
+	Tracestate  string `json:"tracestate,omitempty"`
 }
 
 // Reply codes of refusals.
@@ -147,6 +153,8 @@ type Reply struct {
 	// Code classifies a refusal: CodeStale, CodeExpired, or empty.
 	Code   string          `json:"code,omitempty"`
 	Output json.RawMessage `json:"output,omitempty"`
+	// Traceparent is the command's, echoed (optional).
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Status is published retained by a device on <prefix>/devices/<id>/status:
@@ -206,6 +214,9 @@ func DecodeCommand(b []byte) (CommandMessage, error) {
 		return CommandMessage{}, fmt.Errorf("%w: command: %w", ErrBadMessage, err)
 	}
 	if err := CheckArgs(m.Args); err != nil {
+		return CommandMessage{}, fmt.Errorf("%w: command: %w", ErrBadMessage, err)
+	}
+	if err := tracing.Check("traceparent", "tracestate", m.Traceparent, m.Tracestate); err != nil {
 		return CommandMessage{}, fmt.Errorf("%w: command: %w", ErrBadMessage, err)
 	}
 	return m, nil

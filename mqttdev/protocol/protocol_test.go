@@ -93,7 +93,8 @@ func TestTopics(t *testing.T) {
 func TestCommandRoundTrip(t *testing.T) {
 	t.Parallel()
 	m := CommandMessage{TaskKey: "k", Attempt: 3, CorrelationID: NewCorrelationID(), Command: "reboot",
-		Args: json.RawMessage(`{"delay":5}`), SentAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+		Args: json.RawMessage(`{"delay":5}`), SentAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Tracestate: "v=1"}
 	b, err := Encode(m)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +103,8 @@ func TestCommandRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.TaskKey != m.TaskKey || got.Attempt != 3 || got.CorrelationID != m.CorrelationID || string(got.Args) != `{"delay":5}` || !got.SentAt.Equal(m.SentAt) {
+	if got.TaskKey != m.TaskKey || got.Attempt != 3 || got.CorrelationID != m.CorrelationID || string(got.Args) != `{"delay":5}` || !got.SentAt.Equal(m.SentAt) ||
+		got.Traceparent != m.Traceparent || got.Tracestate != m.Tracestate {
 		t.Fatalf("round trip: %+v", got)
 	}
 	for _, bad := range []string{
@@ -111,6 +113,8 @@ func TestCommandRoundTrip(t *testing.T) {
 		`{"task_key":"k","attempt":1,"correlation_id":"c","command":""}`,
 		`{"task_key":"k","attempt":1,"correlation_id":"c","command":"x","args":[1]}`,
 		`{"task_key":"k","attempt":1,"correlation_id":"c","command":"x"} {}`,
+		`{"task_key":"k","attempt":1,"correlation_id":"c","command":"x","traceparent":"00-12-34-01"}`,
+		`{"task_key":"k","attempt":1,"correlation_id":"c","command":"x","tracestate":"v=1"}`,
 	} {
 		if _, err := DecodeCommand([]byte(bad)); !errors.Is(err, ErrBadMessage) {
 			t.Errorf("DecodeCommand(%s) = %v, want ErrBadMessage", bad, err)

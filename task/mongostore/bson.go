@@ -24,6 +24,7 @@ type taskDoc struct {
 	Key                  string        `bson:"key"`
 	Kind                 string        `bson:"kind"`
 	Payload              bson.RawValue `bson:"payload"`
+	Trace                *traceDoc     `bson:"trace,omitempty"`
 	Priority             int64         `bson:"priority"`
 	RunAt                time.Time     `bson:"run_at"`
 	Seq                  int64         `bson:"seq"`
@@ -47,6 +48,14 @@ type taskDoc struct {
 	UpdatedAt            time.Time     `bson:"updated_at"`
 	ChangesVersion       int64         `bson:"changes_version"`
 	Changes              []changeDoc   `bson:"changes"`
+}
+
+// traceDoc is a task.Trace. A task's trace is set at publish (and by a
+// rerun) and never removed, so leaving it out of a $set of a task without
+// one never leaves a stale one behind.
+type traceDoc struct {
+	Traceparent string `bson:"traceparent,omitempty"`
+	Tracestate  string `bson:"tracestate,omitempty"`
 }
 
 // changeDoc is a task.Change.
@@ -131,6 +140,9 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 		UpdatedAt:            t.UpdatedAt.UTC(),
 		ChangesVersion:       t.ChangesVersion,
 		Changes:              make([]changeDoc, len(t.Changes)),
+	}
+	if !t.Trace.IsZero() {
+		d.Trace = &traceDoc{Traceparent: t.Trace.Traceparent, Tracestate: t.Trace.Tracestate}
 	}
 	for i, c := range t.Changes {
 		d.Changes[i] = changeDoc{Op: c.Op, WorkerID: c.WorkerID, Instance: c.Instance, Attempt: int64(c.Attempt), Error: c.Error, Until: c.Until.UTC()}
@@ -243,6 +255,9 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 		CreatedAt:            utc(d.CreatedAt),
 		UpdatedAt:            utc(d.UpdatedAt),
 		ChangesVersion:       d.ChangesVersion,
+	}
+	if d.Trace != nil {
+		t.Trace = task.Trace{Traceparent: d.Trace.Traceparent, Tracestate: d.Trace.Tracestate}
 	}
 	for _, c := range d.Changes {
 		t.Changes = append(t.Changes, task.Change{Op: c.Op, WorkerID: c.WorkerID, Instance: c.Instance, Attempt: int(c.Attempt), Error: c.Error, Until: utc(c.Until)})

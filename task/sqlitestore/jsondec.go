@@ -302,6 +302,16 @@ func (d *jsonDecoder) task(t *task.Task) bool {
 			return d.str(&t.Kind)
 		case "payload":
 			return d.raw(&t.Payload)
+		case "trace":
+			return d.object(func(key []byte) bool {
+				switch string(key) {
+				case "traceparent":
+					return d.str(&t.Trace.Traceparent)
+				case "tracestate":
+					return d.str(&t.Trace.Tracestate)
+				}
+				return d.fail()
+			})
 		case "priority":
 			return d.intField(&t.Priority)
 		case "run_at":

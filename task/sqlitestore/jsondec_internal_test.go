@@ -90,6 +90,12 @@ func randomTask(rng *rand.Rand, pieces []string) *task.Task {
 	if rng.IntN(2) == 0 {
 		tk.SpecificWorkerIDs = []string{str()}
 	}
+	switch rng.IntN(4) {
+	case 0:
+		tk.Trace = task.Trace{Traceparent: str(), Tracestate: str()}
+	case 1:
+		tk.Trace = task.Trace{Tracestate: str()}
+	}
 	return tk
 }
 

@@ -38,6 +38,24 @@ func appendJSON(b []byte, t *task.Task) ([]byte, error) {
 		e.field(`payload`)
 		e.rawJSON(t.Payload)
 	}
+	if !t.Trace.IsZero() {
+		e.field(`trace`)
+		e.raw('{')
+		comma := false
+		if t.Trace.Traceparent != "" {
+			e.key(`traceparent`)
+			e.str(t.Trace.Traceparent)
+			comma = true
+		}
+		if t.Trace.Tracestate != "" {
+			if comma {
+				e.raw(',')
+			}
+			e.key(`tracestate`)
+			e.str(t.Trace.Tracestate)
+		}
+		e.raw('}')
+	}
 	e.field(`priority`)
 	e.int(int64(t.Priority))
 	e.field(`run_at`)

@@ -45,6 +45,7 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 	east := time.FixedZone("east", 5*3600+30*60)
 	full := &task.Task{
 		ID: "42", Key: "k" + awkward, Kind: "kind" + awkward, Payload: json.RawMessage(" { \"a\" : [1, 2, \"<x>\"] } "),
+		Trace:    task.Trace{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Tracestate: "v=" + awkward},
 		Priority: -7, RunAt: t0, Seq: 1 << 40, SpecificWorkerIDs: []string{"w1", awkward},
 		ConcurrentWorkerCnt: 2, SuccessWorkerCnt: 3, MaxUnexpectedRetries: -1,
 		PingInterval: task.Duration(1500 * time.Millisecond), WorkerTimeout: task.Duration(3 * time.Microsecond),
@@ -125,6 +126,9 @@ func TestAppendJSONRandom(t *testing.T) {
 		}
 		if rng.IntN(2) == 0 {
 			tk.LockKeys = []string{str(), str()}
+		}
+		if rng.IntN(2) == 0 {
+			tk.Trace = task.Trace{Traceparent: str(), Tracestate: str()}
 		}
 		checkAppendJSON(t, tk)
 	}

@@ -133,6 +133,15 @@ type Store struct {
 	// txStmts are the writer's statements bound to its current
 	// transaction (see txStmt).
 	txStmts map[*sql.Stmt]*sql.Stmt
+	// guarding and refused are the authorizer's state (guard.go), used
+	// on the writer goroutine alone.
+	guarding bool
+	refused  string
+	// writerGoroutine is the writer goroutine's id, and inTx is set while
+	// it runs an InTx function: a write submitted from there would wait
+	// for the writer forever (tx.go).
+	writerGoroutine atomic.Uint64
+	inTx            atomic.Bool
 	// Prepared statements on rdb.
 	selTask, selChanges, maxChange, minChange *sql.Stmt
 
@@ -342,7 +351,7 @@ func (s *Store) open(ctx context.Context) error {
 		return err
 	}
 	// The writer never checkpoints: see startCheckpointer.
-	if s.wdb, err = openDB(s.dsn(false)+"&_pragma=wal_autocheckpoint(0)", 1); err != nil {
+	if s.wdb, err = s.openGuardedDB(s.dsn(false) + "&_pragma=wal_autocheckpoint(0)"); err != nil {
 		return err
 	}
 	// The first connection switches a new database to WAL, which takes an

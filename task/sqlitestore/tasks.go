@@ -63,55 +63,83 @@ func scanTask(r rowScanner) (*task.Task, error) {
 
 // Insert stores t unless its key exists; see task.Store.
 func (s *Store) Insert(ctx context.Context, t *task.Task) (*task.Task, bool, error) {
-	if err := task.CheckInsertKey(ctx, t.Key); err != nil {
+	op, err := s.newInsert(ctx, t)
+	if err != nil {
 		return nil, false, err
 	}
-	if err := task.ValidateStoredPayload(t.Payload); err != nil {
+	req := &writeReq{ctx: ctx, onCommit: op.committed}
+	req.fn = func(ctx context.Context, tx *sql.Tx) (int64, error) { return op.run(ctx, tx, req) }
+	if err := s.submit(req); err != nil {
 		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	}
+	return op.stored, op.inserted, nil
+}
+
+// insertOp is one Insert's write: checked and encoded in the caller's
+// goroutine by newInsert, run by the writer (or in a Tx), then noted by
+// committed once its transaction committed.
+type insertOp struct {
+	s         *Store
+	t         *task.Task
+	pin, doc  string
+	changeDoc string
+	kept      *task.Task
+
+	stored   *task.Task
+	inserted bool
+	change   int64
+}
+
+func (s *Store) newInsert(ctx context.Context, t *task.Task) (*insertOp, error) {
+	if err := task.CheckInsertKey(ctx, t.Key); err != nil {
+		return nil, err
+	}
+	if err := task.ValidateStoredPayload(t.Payload); err != nil {
+		return nil, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
 	pin, err := pinned(t)
 	if err != nil {
-		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+		return nil, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
 	c := *t
 	c.Version = 1
 	changeDoc, doc, err := encode(&c)
 	if err != nil {
-		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+		return nil, fmt.Errorf("insert %s: %w", t.Key, err)
 	}
-	var stored *task.Task
-	var inserted bool
-	var change int64
-	kept := c.Clone() // here, not in the one writer goroutine
-	req := &writeReq{ctx: ctx, onCommit: func() {
-		if inserted {
-			s.remember(change, kept)
-			s.seen.note(kept)
-		}
-	}}
-	req.fn = func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		var seq int64
-		err := s.txStmt(tx, s.insTask).QueryRowContext(ctx,
-			t.Key, t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(t.UpdatedAt)).Scan(&seq)
-		if errors.Is(err, sql.ErrNoRows) {
-			stored, err = scanTask(tx.StmtContext(ctx, s.selTaskW).QueryRowContext(ctx, t.Key))
-			return 0, mapErr(err)
-		}
-		if err != nil {
-			return 0, mapErr(err)
-		}
-		inserted = true
-		stored = t
-		t.ID, t.Seq, t.Version = strconv.FormatInt(seq, 10), seq, 1
-		kept.ID, kept.Seq = t.ID, seq
-		req.counts = append(req.counts, countMove{t.Kind, t.State, 1})
-		change, err = s.appendChange(ctx, tx, t.Key, changeDoc)
-		return change, err
+	// kept is cloned here, not in the one writer goroutine.
+	return &insertOp{s: s, t: t, pin: pin, doc: doc, changeDoc: changeDoc, kept: c.Clone()}, nil
+}
+
+// run inserts the task in tx, adding its count move to req.
+func (op *insertOp) run(ctx context.Context, tx *sql.Tx, req *writeReq) (int64, error) {
+	s, t := op.s, op.t
+	var seq int64
+	err := s.txStmt(tx, s.insTask).QueryRowContext(ctx,
+		t.Key, t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, op.pin, op.doc, nanos(t.UpdatedAt)).Scan(&seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		op.stored, err = scanTask(tx.StmtContext(ctx, s.selTaskW).QueryRowContext(ctx, t.Key))
+		return 0, mapErr(err)
 	}
-	if err := s.submit(req); err != nil {
-		return nil, false, fmt.Errorf("insert %s: %w", t.Key, err)
+	if err != nil {
+		return 0, mapErr(err)
 	}
-	return stored, inserted, nil
+	op.inserted = true
+	op.stored = t
+	t.ID, t.Seq, t.Version = strconv.FormatInt(seq, 10), seq, 1
+	op.kept.ID, op.kept.Seq = t.ID, seq
+	req.counts = append(req.counts, countMove{t.Kind, t.State, 1})
+	op.change, err = s.appendChange(ctx, tx, t.Key, op.changeDoc)
+	return op.change, err
+}
+
+// committed notes the inserted document for this Store's watchers and
+// count moves, once its transaction committed.
+func (op *insertOp) committed() {
+	if op.inserted {
+		op.s.remember(op.change, op.kept)
+		op.s.seen.note(op.kept)
+	}
 }
 
 // Get returns the task with key or task.ErrNotFound.
@@ -132,12 +160,40 @@ func (s *Store) Get(ctx context.Context, key string) (*task.Task, error) {
 
 // Update writes t if the stored version is t.Version; see task.Store.
 func (s *Store) Update(ctx context.Context, t *task.Task) error {
-	if err := task.ValidateStoredPayload(t.Payload); err != nil {
+	op, err := s.newUpdate(t)
+	if err != nil {
+		return err
+	}
+	req := &writeReq{ctx: ctx, onCommit: op.committed}
+	req.fn = func(ctx context.Context, tx *sql.Tx) (int64, error) { return op.run(ctx, tx, req) }
+	if err := s.submit(req); err != nil {
 		return fmt.Errorf("update %s: %w", t.Key, err)
+	}
+	t.Version = op.next
+	return nil
+}
+
+// updateOp is one Update's write, as insertOp is an Insert's.
+type updateOp struct {
+	s         *Store
+	t         *task.Task
+	next      int64 // the version written
+	pin, doc  string
+	changeDoc string
+	updatedAt int64
+	kept      *task.Task
+
+	change int64
+	bySeq  bool // the row written is the one t.Seq names
+}
+
+func (s *Store) newUpdate(t *task.Task) (*updateOp, error) {
+	if err := task.ValidateStoredPayload(t.Payload); err != nil {
+		return nil, fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	pin, err := pinned(t)
 	if err != nil {
-		return fmt.Errorf("update %s: %w", t.Key, err)
+		return nil, fmt.Errorf("update %s: %w", t.Key, err)
 	}
 	next := t.Version + 1
 	// The doc carries the new version so that readers of the doc alone agree.
@@ -145,68 +201,69 @@ func (s *Store) Update(ctx context.Context, t *task.Task) error {
 	c.Version = next
 	changeDoc, doc, err := encode(&c)
 	if err != nil {
-		return fmt.Errorf("update %s: %w", t.Key, err)
+		return nil, fmt.Errorf("update %s: %w", t.Key, err)
 	}
-	var change int64
-	var bySeq bool    // the row written is the one t.Seq names
-	kept := c.Clone() // here, not in the one writer goroutine
-	req := &writeReq{ctx: ctx, onCommit: func() {
-		s.remember(change, kept)
-		if bySeq {
-			s.seen.note(kept)
+	// kept is cloned here, not in the one writer goroutine.
+	return &updateOp{s: s, t: t, next: next, pin: pin, doc: doc, changeDoc: changeDoc,
+		updatedAt: nanos(c.UpdatedAt), kept: c.Clone()}, nil
+}
+
+// run writes the update in tx, adding its count moves to req.
+func (op *updateOp) run(ctx context.Context, tx *sql.Tx, req *writeReq) (int64, error) {
+	s, t, pin, doc := op.s, op.t, op.pin, op.doc
+	// What the write moves in task_counts: the replaced version's kind
+	// and state, known when this Store saw that version.
+	kind, state, known := s.seen.lookup(t.Seq, t.Version)
+	var err error
+	if !known {
+		if kind, state, known, err = s.readStored(ctx, tx, t.Key, t.Version); err != nil {
+			return 0, err
 		}
-	}}
-	req.fn = func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		// What the write moves in task_counts: the replaced version's kind
-		// and state, known when this Store saw that version.
-		kind, state, known := s.seen.lookup(t.Seq, t.Version)
-		var err error
-		if !known {
-			if kind, state, known, err = s.readStored(ctx, tx, t.Key, t.Version); err != nil {
-				return 0, err
-			}
+	}
+	// Most writes keep kind, priority and pins: the narrow statement
+	// then leaves their indexes alone, and finds the row by its rowid
+	// (seq), not through the key index. Both are conditional on the
+	// version, so a write that changes them (or a document without its
+	// seq) simply takes the second.
+	res, err := s.txStmt(tx, s.updHot).ExecContext(ctx,
+		string(t.State), nanos(t.NextClaimAt), doc, op.updatedAt, t.Seq, t.Key, t.Version, t.Kind, t.Priority, pin)
+	n, _ := rowsAffected(res, err)
+	op.bySeq = err == nil && n == 1
+	if err == nil && n == 0 {
+		// The row by key, which need not be the version seen by seq.
+		if kind, state, known, err = s.readStored(ctx, tx, t.Key, t.Version); err != nil {
+			return 0, err
 		}
-		// Most writes keep kind, priority and pins: the narrow statement
-		// then leaves their indexes alone, and finds the row by its rowid
-		// (seq), not through the key index. Both are conditional on the
-		// version, so a write that changes them (or a document without its
-		// seq) simply takes the second.
-		res, err := s.txStmt(tx, s.updHot).ExecContext(ctx,
-			string(t.State), nanos(t.NextClaimAt), doc, nanos(c.UpdatedAt), t.Seq, t.Key, t.Version, t.Kind, t.Priority, pin)
-		n, _ := rowsAffected(res, err)
-		bySeq = err == nil && n == 1
-		if err == nil && n == 0 {
-			// The row by key, which need not be the version seen by seq.
-			if kind, state, known, err = s.readStored(ctx, tx, t.Key, t.Version); err != nil {
-				return 0, err
-			}
-			res, err = s.txStmt(tx, s.updTask).ExecContext(ctx,
-				t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, nanos(c.UpdatedAt), t.Key, t.Version)
+		res, err = s.txStmt(tx, s.updTask).ExecContext(ctx,
+			t.Kind, string(t.State), nanos(t.NextClaimAt), t.Priority, pin, doc, op.updatedAt, t.Key, t.Version)
+	}
+	if n, err := rowsAffected(res, err); err != nil {
+		return 0, mapErr(err)
+	} else if n == 1 && !known {
+		return 0, fmt.Errorf("sqlitestore: updated %s version %d without reading it", t.Key, t.Version)
+	} else if n == 0 {
+		var one int
+		err := tx.StmtContext(ctx, s.existsW).QueryRowContext(ctx, t.Key).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0, task.ErrNotFound
 		}
-		if n, err := rowsAffected(res, err); err != nil {
+		if err != nil {
 			return 0, mapErr(err)
-		} else if n == 1 && !known {
-			return 0, fmt.Errorf("sqlitestore: updated %s version %d without reading it", t.Key, t.Version)
-		} else if n == 0 {
-			var one int
-			err := tx.StmtContext(ctx, s.existsW).QueryRowContext(ctx, t.Key).Scan(&one)
-			if errors.Is(err, sql.ErrNoRows) {
-				return 0, task.ErrNotFound
-			}
-			if err != nil {
-				return 0, mapErr(err)
-			}
-			return 0, fmt.Errorf("version %d: %w", t.Version, task.ErrConflict)
 		}
-		req.moved(kind, state, t.Kind, t.State)
-		change, err = s.appendChange(ctx, tx, t.Key, changeDoc)
-		return change, err
+		return 0, fmt.Errorf("version %d: %w", t.Version, task.ErrConflict)
 	}
-	if err := s.submit(req); err != nil {
-		return fmt.Errorf("update %s: %w", t.Key, err)
+	req.moved(kind, state, t.Kind, t.State)
+	op.change, err = s.appendChange(ctx, tx, t.Key, op.changeDoc)
+	return op.change, err
+}
+
+// committed notes the written document for this Store's watchers and
+// count moves, once its transaction committed.
+func (op *updateOp) committed() {
+	op.s.remember(op.change, op.kept)
+	if op.bySeq {
+		op.s.seen.note(op.kept)
 	}
-	t.Version = next
-	return nil
 }
 
 func rowsAffected(res sql.Result, err error) (int64, error) {

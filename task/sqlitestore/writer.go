@@ -39,6 +39,9 @@ func (s *Store) submit(req *writeReq) error {
 	if s.cfg.ReadOnly {
 		return ErrReadOnly
 	}
+	if s.inTx.Load() && goroutineID() == s.writerGoroutine.Load() {
+		return ErrWriteInTx
+	}
 	ctx := req.ctx
 	req.done = make(chan error, 1)
 	select {
@@ -96,6 +99,7 @@ const maxBatch = 128
 // the store closes, then fails what is still queued.
 func (s *Store) writer() {
 	defer s.bg.Done()
+	s.writerGoroutine.Store(goroutineID())
 	batch := make([]*writeReq, 0, maxBatch)
 	last := 0
 	for {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/tracing"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -171,6 +172,7 @@ func (s suite) roundTrip(t *testing.T) {
 		Key:                  "round/trip:é",
 		Kind:                 "kind.x",
 		Payload:              json.RawMessage(`{"a": [1, 2, {"b": "c"}], "n": 1.5, "s": "é\u0000", "nil": null}`),
+		Trace:                task.Trace{Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Tracestate: "vendor=a,other=b"},
 		Priority:             -7,
 		RunAt:                now.Add(time.Minute + 123456789),
 		SpecificWorkerIDs:    []string{"w1", "w2"},
@@ -200,6 +202,7 @@ func (s suite) roundTrip(t *testing.T) {
 	// Every field changed by an update survives too.
 	next := mustGet(t, st, tk.Key)
 	next.Payload = json.RawMessage(`[true,false]`)
+	next.Trace = task.Trace{Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-00"} // a rerun's
 	next.Kind = "kind.y"
 	next.Priority = 42
 	next.SpecificWorkerIDs = nil
@@ -405,6 +408,7 @@ func (s suite) publish(t *testing.T) {
 		requireSame(t, "returned task", got, running)
 		requireSame(t, "stored task", mustGet(t, st, "a"), running)
 	})
+	t.Run("Trace", s.publishTrace)
 	t.Run("Invalid", func(t *testing.T) {
 		st := s.store(t)
 		for name, p := range map[string]task.PublishParams{
@@ -414,6 +418,8 @@ func (s suite) publish(t *testing.T) {
 			"payload size":   {Key: "bad4", Kind: "k", Payload: bigPayload()},
 			"key UTF-8":      {Key: "bad5\xff", Kind: "k"},
 			"short lease":    {Key: "bad6", Kind: "k", Options: task.Options{PingInterval: time.Nanosecond, WorkerTimeout: 2 * time.Nanosecond}},
+			"traceparent":    {Key: "bad7", Kind: "k", Trace: task.Trace{Traceparent: "00-not-a-trace-01"}},
+			"tracestate":     {Key: "bad8", Kind: "k", Trace: task.Trace{Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Tracestate: "=="}},
 		} {
 			if _, _, err := task.Publish(ctxFor(t), st, p); !errors.Is(err, task.ErrInvalid) {
 				t.Errorf("%s: Publish: %v; want ErrInvalid", name, err)
@@ -423,4 +429,50 @@ func (s suite) publish(t *testing.T) {
 			}
 		}
 	})
+}
+
+// publishTrace: a publish keeps the trace context of its context's span,
+// or the one given, and a rerun the rerun's; the backend stores it.
+// (Tracing is off in this process: what is stored is what was given.)
+func (s suite) publishTrace(t *testing.T) {
+	st := s.store(t)
+	const (
+		fromCtx   = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		given     = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		rerunCtx  = "00-11111111111111111111111111111111-2222222222222222-01"
+		stateOfIt = "vendor=x"
+	)
+	ctx := tracing.Extract(ctxFor(t), fromCtx, stateOfIt)
+	check := func(key string, want task.Trace) {
+		t.Helper()
+		if got := mustGet(t, st, key).Trace; got != want {
+			t.Errorf("%s: stored trace %+v; want %+v", key, got, want)
+		}
+	}
+	for _, p := range []task.PublishParams{
+		{Key: "from-ctx", Kind: "k"},
+		{Key: "given", Kind: "k", Trace: task.Trace{Traceparent: given}},
+	} {
+		if _, _, err := task.Publish(ctx, st, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := task.Publish(ctxFor(t), st, task.PublishParams{Key: "none", Kind: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	check("from-ctx", task.Trace{Traceparent: fromCtx, Tracestate: stateOfIt})
+	check("given", task.Trace{Traceparent: given})
+	check("none", task.Trace{})
+
+	mustModify(t, st, "from-ctx", func(tk *task.Task) error { return tk.Cancel(st.Now()) })
+	if _, res, err := task.Publish(tracing.Extract(ctxFor(t), rerunCtx, ""), st, task.PublishParams{Key: "from-ctx", Kind: "k", Rerun: true}); err != nil || res != task.Rerun {
+		t.Fatalf("rerun: %s, %v", res, err)
+	}
+	check("from-ctx", task.Trace{Traceparent: rerunCtx})
+
+	out, err := task.PublishMany(ctx, st, []task.PublishParams{{Key: "many", Kind: "k"}})
+	if err != nil || out[0].Err != nil {
+		t.Fatalf("PublishMany: %v %v", err, out[0].Err)
+	}
+	check("many", task.Trace{Traceparent: fromCtx, Tracestate: stateOfIt})
 }

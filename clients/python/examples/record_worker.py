@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import time
+from typing import Dict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
@@ -39,6 +40,10 @@ def main() -> int:
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds:
         p.error("--kinds: give at least one kind")
+    if args.concurrency < 1:
+        p.error(f"--concurrency: must be at least 1, got {args.concurrency}")
+    if args.grace is not None and args.grace < 0:
+        p.error(f"--grace: must not be negative, got {args.grace}")
 
     fd = os.open(args.record, os.O_APPEND | os.O_WRONLY | os.O_CREAT, 0o644)
     pid = os.getpid()
@@ -48,7 +53,7 @@ def main() -> int:
                 "pid": pid, "t": int(time.time() * 1000)}
         os.write(fd, (json.dumps(line) + "\n").encode())
 
-    def handle(job: Job) -> dict:
+    def handle(job: Job) -> Dict[str, str]:
         record("start", job)
         ms = 0
         if isinstance(job.payload, dict):

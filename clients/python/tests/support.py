@@ -20,6 +20,8 @@ PYROOT = os.path.dirname(HERE)
 REPO = os.path.dirname(os.path.dirname(PYROOT))
 sys.path.insert(0, os.path.join(PYROOT, "src"))
 
+from leasepool import Client, LeasepoolError  # noqa: E402
+
 T = TypeVar("T")
 
 _bin: Optional[str] = None
@@ -55,7 +57,7 @@ def wait_for(fact: Callable[[], T], what: str, timeout: float = 15.0, every: flo
             v = fact()
             if v:
                 return v
-        except Exception as e:  # a fact not yet readable: poll on
+        except (LeasepoolError, LookupError, OSError, ValueError) as e:  # a fact not yet readable: poll on
             last_error = e
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))
@@ -95,8 +97,9 @@ class Serve:
 
         try:
             wait_for(up, f"serve on {self.url}", timeout=20)
-        except RuntimeError as e:
-            raise AssertionError(str(e)) from None
+        except (RuntimeError, AssertionError) as e:
+            self.stop(kill=True)
+            raise AssertionError(f"{e}; its log: {self.log_tail()}") from None
         return self
 
     def stop(self, kill: bool = False) -> None:
@@ -153,6 +156,7 @@ class Proxy:
         self._conns: List[socket.socket] = []
         self._listener: Optional[socket.socket] = None
         self.accepted = 0
+        self.frozen = False
         self.open()
 
     def open(self) -> None:
@@ -181,14 +185,19 @@ class Proxy:
             threading.Thread(target=self._pipe, args=(c, u), daemon=True).start()
             threading.Thread(target=self._pipe, args=(u, c), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def freeze(self, frozen: bool = True) -> None:
+        """Swallow all traffic, as a server that is stopped (SIGSTOP) would:
+        connections open, requests get no answer."""
+        self.frozen = frozen
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                dst.sendall(data)
+                if not self.frozen:
+                    dst.sendall(data)
         except OSError:
             pass
         for s in (src, dst):
@@ -236,3 +245,9 @@ def attempt_of(task: Any, worker_id: str) -> Optional[dict]:
         if a.get("worker_id") == worker_id:
             found = a
     return found
+
+
+def closing(test: Any, client: Client) -> Client:
+    """``client``, closed when ``test`` ends."""
+    test.addCleanup(client.close)
+    return client

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
 import threading
-import time
 import unittest
 from datetime import datetime, timedelta, timezone
 from typing import Iterator, List, Optional
 
-from support import Proxy, TempStore, unique, wait_for
+from support import Proxy, TempStore, closing, free_port, unique, wait_for
 
 from leasepool import Client, Event, LeasepoolError, UnavailableError, go_duration
 
@@ -19,7 +19,11 @@ client: Client
 def setUpModule() -> None:
     global store, client
     store = TempStore()
-    client = Client(store.serve().url)
+    try:
+        client = Client(store.serve().url)
+    except BaseException:
+        store.close()
+        raise
 
 
 def tearDownModule() -> None:
@@ -191,7 +195,8 @@ class Follower:
         self.it = it
         self.events: List[Event] = []
         self.error: Optional[BaseException] = None
-        threading.Thread(target=self._read, daemon=True).start()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
 
     def _read(self) -> None:
         try:
@@ -211,7 +216,37 @@ class Follower:
                 return self.events[0]["key"]
             client.publish(unique("prime"), kind)
             return None
-        return wait_for(seen, "the event stream to open", every=0.1)
+        return str(wait_for(seen, "the event stream to open", every=0.1))
+
+
+class ServersTest(unittest.TestCase):
+    def test_a_refused_server_moves_calls_to_the_next(self) -> None:
+        live = store.servers[0].url
+        dead = f"http://127.0.0.1:{free_port()}"
+        c = closing(self, Client(f"{dead},{live}"))
+        key = unique("rot")
+        self.assertEqual(c.publish(key, unique("kind"))["result"], "inserted")
+        self.assertEqual(c.url, live)
+        self.assertEqual(c.get(key)["key"], key)
+        with self.assertRaises(UnavailableError) as cm:
+            closing(self, Client([dead])).get(key)
+        self.assertEqual((cm.exception.status, cm.exception.code), (0, "unavailable"))
+        self.assertIn(dead, cm.exception.message)
+
+    def test_bad_urls_are_refused(self) -> None:
+        for url in ("ftp://x", "http://", "", " , "):
+            with self.assertRaises(ValueError) as cm:
+                Client(url)
+            self.assertTrue(str(cm.exception).startswith("url:"), cm.exception)
+
+    def test_a_token_is_sent(self) -> None:
+        s = TempStore()
+        self.addCleanup(s.close)
+        srv = s.serve("--token", "s3cret")
+        with self.assertRaises(LeasepoolError) as cm:
+            closing(self, Client(srv.url)).stats()
+        self.assertEqual(cm.exception.status, 401)
+        self.assertIn("by_state", closing(self, Client(srv.url, token="s3cret")).stats())
 
 
 class EventsTest(unittest.TestCase):
@@ -238,7 +273,7 @@ class EventsTest(unittest.TestCase):
         proxy = Proxy(store.servers[0].port)
         self.addCleanup(proxy.close)
         kind = unique("drop")
-        f = Follower(Client(proxy.url).events(kind=kind, read_timeout=5))
+        f = Follower(closing(self, Client(proxy.url)).events(kind=kind, read_timeout=5))
         f.prime(kind)
         proxy.close()  # the stream drops, and reconnecting fails for a while
         k2, k3 = unique("d2"), unique("d3")
@@ -255,16 +290,62 @@ class EventsTest(unittest.TestCase):
     def test_no_reconnect_raises(self) -> None:
         proxy = Proxy(store.servers[0].port)
         kind = unique("norec")
-        f = Follower(Client(proxy.url).events(kind=kind, reconnect=False))
+        f = Follower(closing(self, Client(proxy.url)).events(kind=kind, reconnect=False))
         f.prime(kind)
         proxy.close()
         err = wait_for(lambda: f.error, "the stream to end")
         self.assertIsInstance(err, UnavailableError)
 
+    def test_closing_the_client_ends_its_streams(self) -> None:
+        kind = unique("close")
+        c = Client(store.servers[0].url)
+        f = Follower(c.events(kind=kind))
+        f.prime(kind)
+        c.close()
+        f.thread.join(10)
+        self.assertFalse(f.thread.is_alive(), "the stream ended")
+        self.assertIsNone(f.error)
+        self.assertEqual(c.get(f.events[0]["key"])["kind"], kind, "the client works on after close")
+        c.close()
+
     def test_bad_since_is_a_400(self) -> None:
         with self.assertRaises(LeasepoolError) as cm:
             next(client.events(since="!!"))
         self.assertEqual(cm.exception.status, 400)
+
+
+class StreamWireTest(unittest.TestCase):
+    """The end of a stream that only a store losing its history sends, as
+    docs/http-api.md gives it on the wire, from a plain HTTP server."""
+
+    def test_history_lost_ends_the_stream(self) -> None:
+        body = (b"id: MA\n\n: heartbeat\n\nid: MQ\ndata: {\"event\":\"published\",\"key\":\"n1\",\n"
+                b"data: \"kind\":\"noop\",\"token\":\"MQ\"}\n\n"
+                b"event: error\ndata: {\"error\":\"history_lost\"}\n\n")
+        asked: List[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                asked.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        it = closing(self, Client(f"http://127.0.0.1:{srv.server_address[1]}")).events(kind="noop")
+        ev = next(it)
+        self.assertEqual((ev["event"], ev["key"], ev["kind"]), ("published", "n1", "noop"), "data lines joined")
+        with self.assertRaises(LeasepoolError) as cm:
+            next(it)
+        self.assertEqual((cm.exception.status, cm.exception.code), (410, "history_lost"))
+        self.assertEqual(asked, ["/api/v1/events?kind=noop"], "no reconnect after history_lost")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ import threading
 import time
 import unittest
 import urllib.parse
+from datetime import datetime, timezone
 from typing import Any, Dict, List
 
-from support import Proxy, TempStore, attempt_of, unique, wait_for
+from support import Proxy, TempStore, attempt_of, closing, unique, wait_for
 
 from leasepool import LEASE_EXPIRED, SHUTDOWN, Client, Job, LeasepoolError, Retryable, Snooze, Worker
 
@@ -21,13 +22,22 @@ url: str
 def setUpModule() -> None:
     global store, client, url
     store = TempStore()
-    url = store.serve().url
+    try:
+        url = store.serve().url
+    except BaseException:
+        store.close()
+        raise
     client = Client(url)
 
 
 def tearDownModule() -> None:
     client.close()
     store.close()
+
+
+def parse_time(s: str) -> datetime:
+    head, _, frac = s.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + ("." + frac[:6] if frac else "")).replace(tzinfo=timezone.utc)
 
 
 def state(key: str) -> str:
@@ -68,9 +78,11 @@ class WorkerTest(unittest.TestCase):
             return {"sq": job.payload["n"] ** 2}
 
         w = self.worker({kind: square}, concurrency=8)
+        calls = self.record_calls(w)
         keys = [unique("t") for _ in range(300)]
         res = client.publish_many([{"key": k, "kind": kind, "payload": {"n": i}} for i, k in enumerate(keys)])
         self.assertEqual(res["inserted"], 300)
+        self.assertEqual(res["warnings"], [], "the registered remote worker runs the kind")
         wait_for(lambda: client.stats()["by_state"].get("succeeded", 0) >= 300 and states(keys, "succeeded"),
                  "300 tasks succeeded", timeout=30, every=0.2)
         for i in (0, 150, 299):
@@ -81,6 +93,9 @@ class WorkerTest(unittest.TestCase):
             self.assertEqual(a["instance"], w.instance)
             self.assertEqual([line["msg"] for line in a.get("log", [])], [f"squaring {i}"])
         self.assertEqual(len(seen), 300, "each task ran once")
+        finishes = [c for c in calls if c.endswith("/finish")]
+        self.assertFalse([c for c in finishes if "/jobs/" in c], "outcomes go in finish-many calls")
+        self.assertLess(len(finishes), 300, "several outcomes per call")
         live = [r for r in client.workers() if r.get("id") == w.id]
         self.assertTrue(live and live[0].get("live"), live)
 
@@ -94,16 +109,84 @@ class WorkerTest(unittest.TestCase):
             return "ok"
 
         w = self.worker({kind: slow})
-        client.publish(key, kind, ping_interval=0.05, worker_timeout=0.5)
+        client.publish(key, kind, ping_interval=0.1, worker_timeout=2)
         # Renewed past several lease lengths, and its log line arrived by a renew.
         wait_for(lambda: [line["msg"] for line in (attempt_of(client.get(key), w.id) or {}).get("log", [])] == ["first"],
                  "the log line to ride on a renew")
         started = time.monotonic()
-        wait_for(lambda: time.monotonic() - started > 1.2, "three lease lengths", every=0.1)
+        wait_for(lambda: time.monotonic() - started > 4.5, "two and a half lease lengths", every=0.1)
         self.assertEqual(state(key), "running", "renews keep the lease")
         release.set()
         wait_for(lambda: state(key) == "succeeded", "the task to succeed")
         self.assertEqual(client.get(key)["attempts"], 1)
+
+    def test_many_long_log_lines_keep_the_lease(self) -> None:
+        # The server takes at most 20 lines of 256 bytes per call: the
+        # worker sends the latest 20, cut, and its renews still succeed.
+        kind, key = unique("logs"), unique("logs")
+        renewed = threading.Event()
+
+        def chatty(job: Job) -> str:
+            for i in range(50):
+                job.log(f"{i:02d} " + "é" * 1000)
+            renewed.wait(20)
+            job.log("last")
+            return "said"
+
+        w = self.worker({kind: chatty})
+        calls = self.record_calls(w)
+        client.publish(key, kind, ping_interval=0.1, worker_timeout=2, max_unexpected_retries=0)
+        wait_for(lambda: len([c for c in calls if c.endswith(f"/jobs/{key}/renew")]) >= 5, f"several renews {calls[-5:]} {client.get(key)}")
+        self.assertEqual(state(key), "running", "the renews succeed")
+        renewed.set()
+        wait_for(lambda: state(key) == "succeeded", "the task to succeed")
+        a = attempt_of(client.get(key), w.id)
+        assert a is not None
+        lines = [line["msg"] for line in a.get("log", [])]
+        self.assertEqual(len(lines), 20)
+        self.assertEqual(lines[-1], "last")
+        self.assertTrue(lines[0].startswith("31 "), lines[0][:10])
+        self.assertTrue(all(len(x.encode()) <= 256 for x in lines))
+
+    def test_outcomes_the_server_refuses_fail_the_attempt(self) -> None:
+        kind = unique("big")
+        big_result, big_error = unique("big-result"), unique("big-error")
+
+        def big(job: Job) -> str:
+            if job.key == big_error:
+                raise ValueError("e" * 100_000)
+            return "r" * 20_000  # over the 16 KiB a result may hold
+
+        w = self.worker({kind: big})
+        client.publish(big_result, kind, max_unexpected_retries=0)
+        client.publish(big_error, kind, max_unexpected_retries=0)
+        wait_for(lambda: state(big_result) == "failed" and state(big_error) == "failed", "both to fail")
+        err = (attempt_of(client.get(big_result), w.id) or {}).get("error", "")
+        self.assertTrue(err.startswith("succeeded: refused: result:"), err)
+        err = (attempt_of(client.get(big_error), w.id) or {}).get("error", "")
+        self.assertTrue(err.startswith("eeee") and len(err.encode()) <= 8 << 10, len(err))
+
+    def test_a_job_from_a_long_poll_keeps_its_lease(self) -> None:
+        # The claim waits well past the lease length before the task comes:
+        # the lease starts when the task is claimed, not when the poll began.
+        kind, key = unique("lp"), unique("lp")
+        reasons: List[str] = []
+
+        def holds(job: Job) -> str:
+            if job.cancelled.wait(3.0):  # one and a half lease lengths, renewed
+                reasons.append(str(job.cancel_reason))
+            return "kept"
+
+        w = self.worker({kind: holds})
+        calls = self.record_calls(w)
+        wait_for(lambda: w._conns.get("claim") is not None, "the long poll to start")
+        started = time.monotonic()
+        wait_for(lambda: time.monotonic() - started > 2.5, "a poll longer than the lease", every=0.1)
+        client.publish(key, kind, worker_timeout=2, ping_interval=0.2)
+        wait_for(lambda: state(key) == "succeeded", "the task to succeed")
+        self.assertEqual(reasons, [])
+        self.assertEqual(client.get(key)["attempts"], 1)
+        self.assertTrue([c for c in calls if c.endswith(f"/jobs/{key}/renew")])
 
     def test_cancel_sets_the_cancel_event_and_nothing_is_finished(self) -> None:
         kind, key = unique("cx"), unique("cx")
@@ -119,7 +202,7 @@ class WorkerTest(unittest.TestCase):
 
         w = self.worker({kind: waits})
         calls = self.record_calls(w)
-        client.publish(key, kind, ping_interval=0.05, worker_timeout=1)
+        client.publish(key, kind, ping_interval=0.05, worker_timeout=5)
         self.assertTrue(started.wait(10))
         client.cancel(key)
         self.assertTrue(returned.wait(10), "the handler's cancel event fires")
@@ -132,6 +215,27 @@ class WorkerTest(unittest.TestCase):
         self.assertNotIn("result", a, "a cancelled attempt's outcome is never written")
         self.assertFalse([c for c in calls if c.endswith("/finish")], "nor sent")
         self.assertTrue([c for c in calls if c.endswith(f"/jobs/{key}/renew")], "the cancel came by a renew's 409")
+
+    def test_a_heartbeat_reports_lost_attempts(self) -> None:
+        # Renews are 20 s apart: the cancel reaches the handler through the
+        # heartbeat's lost list, which names the held attempt.
+        kind, key = unique("hb"), unique("hb")
+        started, reasons = threading.Event(), []
+
+        def waits(job: Job) -> None:
+            started.set()
+            job.cancelled.wait(30)
+            reasons.append(job.cancel_reason)
+
+        w = self.worker({kind: waits})
+        calls = self.record_calls(w)
+        client.publish(key, kind, ping_interval=20, worker_timeout=60)
+        self.assertTrue(started.wait(10))
+        client.cancel(key)
+        wait_for(lambda: reasons, "the heartbeat to report the attempt lost")
+        self.assertEqual(reasons, ["cancelled"])
+        self.assertFalse([c for c in calls if "/renew" in c or c.endswith("/finish")], calls)
+        self.assertTrue([c for c in calls if c.startswith("PUT ")], "heartbeats were sent")
 
     def test_a_raising_handler_is_retried_then_failed(self) -> None:
         kind, key = unique("boom"), unique("boom")
@@ -271,6 +375,36 @@ class WorkerTest(unittest.TestCase):
         self.assertEqual(attempt_of(t, b.id)["state"], "SUCCESS")  # type: ignore[index]
 
 
+    def test_a_frozen_server_cancels_the_job_before_its_lease_ends(self) -> None:
+        # Renews hang on a server that answers nothing. The handler must be
+        # told to stop before the lease the server recorded ends, when
+        # another worker may take the task.
+        kind, key = unique("fz"), unique("fz")
+        proxy = Proxy(store.servers[0].port)
+        self.addCleanup(proxy.close)
+        started, cancelled_at = threading.Event(), []
+
+        def held(job: Job) -> None:
+            started.set()
+            job.cancelled.wait(30)
+            cancelled_at.append(datetime.now(timezone.utc))
+            raise RuntimeError(str(job.cancel_reason))
+
+        w = self.worker({kind: held}, url=proxy.url)
+        calls = self.record_calls(w)
+        client.publish(key, kind, ping_interval=0.1, worker_timeout=5, max_unexpected_retries=5)
+        self.assertTrue(started.wait(10))
+        wait_for(lambda: len([c for c in calls if c.endswith("/renew")]) >= 3, "a few renews")
+        proxy.freeze()
+        wait_for(lambda: cancelled_at, "the cancel event", timeout=10)
+        a = attempt_of(client.get(key), w.id)
+        assert a is not None
+        lease_until = parse_time(a["lease_until"])
+        self.assertLess(cancelled_at[0], lease_until, "told to stop before the recorded lease ends")
+        self.assertEqual(a["state"], "RUNNING", "and nothing was written for it")
+        proxy.freeze(False)
+
+
 class ProtocolTest(unittest.TestCase):
     """The server's side of the contract that the Worker relies on."""
 
@@ -313,16 +447,16 @@ class CredentialTest(unittest.TestCase):
         srv = s.serve("--token", "full-secret", "--worker-token", "worker-secret")
         kind, key = unique("auth"), unique("auth")
         with self.assertRaises(LeasepoolError) as cm:
-            Client(srv.url).publish(key, kind)
+            closing(self, Client(srv.url)).publish(key, kind)
         self.assertEqual(cm.exception.status, 401)
-        admin = Client(srv.url, token="full-secret")
+        admin = closing(self, Client(srv.url, token="full-secret"))
         admin.publish(key, kind)
         w = Worker(srv.url, unique("w"), {kind: lambda job: "authorized"}, token="worker-secret")
         w.start()
         self.addCleanup(w.stop, 0)
         wait_for(lambda: admin.get(key)["state"] == "succeeded", "the task run with the worker token")
         with self.assertRaises(LeasepoolError) as cm:
-            Client(srv.url, token="worker-secret").get(key)
+            closing(self, Client(srv.url, token="worker-secret")).get(key)
         self.assertEqual(cm.exception.status, 403)
 
 
@@ -346,6 +480,40 @@ class FailoverTest(unittest.TestCase):
         self.assertEqual(w.url, url)
         t = client.get(keys[-1])
         self.assertEqual(t["attempts"], 1)
+
+
+    def test_a_restarted_serve_keeps_the_running_job(self) -> None:
+        # The only server goes away and comes back on the same address: the
+        # worker reconnects, renews the lease it still holds and finishes.
+        s = TempStore()
+        self.addCleanup(s.close)
+        srv = s.serve()
+        admin = closing(self, Client(srv.url))
+        kind, key, later = unique("rs"), unique("rs"), unique("rs-later")
+        started, go = threading.Event(), threading.Event()
+
+        def handler(job: Job) -> str:
+            if job.key == key:
+                started.set()
+                go.wait(30)
+                if job.cancelled.is_set():
+                    raise RuntimeError(str(job.cancel_reason))
+            return f"attempt {job.attempt}"
+
+        w = Worker(srv.url, unique("w"), {kind: handler})
+        w.start()
+        self.addCleanup(w.stop, 0)
+        admin.publish(key, kind, ping_interval=0.1, worker_timeout=15)
+        self.assertTrue(started.wait(10))
+        srv.stop()
+        srv.start()
+        admin.publish(later, kind)
+        wait_for(lambda: admin.get(later)["state"] == "succeeded", "a task published after the restart", timeout=20)
+        go.set()
+        wait_for(lambda: admin.get(key)["state"] == "succeeded", "the job that ran across the restart")
+        t = admin.get(key)
+        self.assertEqual(t["attempts"], 1, "no second attempt: the lease was kept")
+        self.assertEqual(attempt_of(t, w.id)["result"], "attempt 1")  # type: ignore[index]
 
 
 if __name__ == "__main__":

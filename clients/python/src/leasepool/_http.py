@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 import urllib.parse
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -70,6 +71,10 @@ class Transport:
         self._index = 0
         self._index_lock = threading.Lock()
         self._local = threading.local()
+        # Every connection of every thread, for close_all; and how many
+        # times they were all closed, for streams to see they should end.
+        self._all: "weakref.WeakSet[http.client.HTTPConnection]" = weakref.WeakSet()
+        self.closings = 0
 
     @property
     def url(self) -> str:
@@ -91,9 +96,14 @@ class Transport:
         return conns
 
     def _new_conn(self, base: Base, timeout: float) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection
         if base.https:
-            return http.client.HTTPSConnection(base.host, base.port, timeout=timeout)
-        return http.client.HTTPConnection(base.host, base.port, timeout=timeout)
+            conn = http.client.HTTPSConnection(base.host, base.port, timeout=timeout)
+        else:
+            conn = http.client.HTTPConnection(base.host, base.port, timeout=timeout)
+        with self._index_lock:
+            self._all.add(conn)
+        return conn
 
     def headers(self, body: bool) -> Dict[str, str]:
         h = {"Accept": "application/json", "User-Agent": USER_AGENT}
@@ -121,6 +131,7 @@ class Transport:
         timeout: Optional[float] = None,
         on_connection: Optional[Callable[[http.client.HTTPConnection], None]] = None,
         abort: Optional[threading.Event] = None,
+        extra_headers: Optional[Mapping[str, str]] = None,
     ) -> Any:
         """Send one request and answer its decoded JSON body.
 
@@ -133,10 +144,13 @@ class Transport:
         sets ``abort`` first, so that the closed connection is not taken
         for a failed server.
         """
+        headers = self.headers(body is not None)
+        if extra_headers:
+            headers.update(extra_headers)
         if body is None or isinstance(body, bytes):
             payload = body
         else:
-            payload = json.dumps(body, separators=(",", ":")).encode()
+            payload = encode_json(body)
         t = self.timeout if timeout is None else timeout
         errors: List[str] = []
         start = self._index
@@ -158,7 +172,7 @@ class Transport:
                 if on_connection is not None:
                     on_connection(conn)
                 try:
-                    conn.request(method, self.target(base, path, query), body=payload, headers=self.headers(payload is not None))
+                    conn.request(method, self.target(base, path, query), body=payload, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
                 except (OSError, http.client.HTTPException) as e:
@@ -213,6 +227,32 @@ class Transport:
         for conn in self._conns().values():
             conn.close()
         self._conns().clear()
+
+    def close_all(self) -> None:
+        """End the connections of every thread, streams' too; a later
+        request opens a new one. Another thread's connection is shut, not
+        closed under it: that thread sees it end and closes it."""
+        with self._index_lock:
+            conns = list(self._all)
+            self.closings += 1
+        for conn in conns:
+            sock = conn.sock
+            if sock is not None:
+                try:  # wakes a thread blocked reading it
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self.close()
+
+
+def encode_json(v: Any) -> bytes:
+    """``v`` as compact JSON in UTF-8 rather than \\u escapes, since the
+    server bounds sizes in bytes; escaped after all if it holds a lone
+    surrogate, which UTF-8 cannot carry."""
+    try:
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(v, separators=(",", ":")).encode()
 
 
 def _query_value(v: Union[str, int, float, bool]) -> str:

@@ -10,9 +10,9 @@ import threading
 import time
 import urllib.parse
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ._http import Transport
+from ._http import Transport, encode_json
 from .errors import LeasepoolError, UnavailableError
 from .types import BatchItem, BatchResult, Event, JSONObject, PublishResult, Task, TaskPage
 
@@ -141,8 +141,9 @@ class Client:
         return self._http.url
 
     def close(self) -> None:
-        """Close the calling thread's connections."""
-        self._http.close()
+        """Close every connection of the client, and end its event streams.
+        A later call opens a new connection."""
+        self._http.close_all()
 
     def __enter__(self) -> "Client":
         return self
@@ -174,6 +175,8 @@ class Client:
         lock_keys: Optional[Sequence[str]] = None,
         rerun: bool = False,
         strict: bool = False,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
     ) -> PublishResult:
         """Publish one task, idempotently by ``key``.
 
@@ -182,6 +185,8 @@ class Client:
         refuses such a kind instead: LeasepoolError 400 naming ``kind``).
         Durations are seconds, timedeltas or Go strings ("1.5s");
         ``max_unexpected_retries`` None is the server's default (3), 0 none.
+        ``traceparent`` (and ``tracestate``), a W3C trace context, is the
+        span the task's attempts continue (sent as the headers of that name).
         """
         body = task_body(
             key, kind, payload, priority=priority, run_at=run_at, delay=delay,
@@ -189,10 +194,14 @@ class Client:
             success_worker_cnt=success_worker_cnt, max_unexpected_retries=max_unexpected_retries,
             ping_interval=ping_interval, worker_timeout=worker_timeout, lock_keys=lock_keys, rerun=rerun,
         )
-        res: PublishResult = self._http.request("POST", "/api/v1/tasks", body, {"strict": True} if strict else None)
+        res: PublishResult = self._http.request("POST", "/api/v1/tasks", body, {"strict": True} if strict else None,
+                                                extra_headers=_trace_headers(traceparent, tracestate))
         return res
 
-    def publish_many(self, tasks: Iterable[Mapping[str, Any]], *, strict: bool = False) -> BatchResult:
+    def publish_many(
+        self, tasks: Iterable[Mapping[str, Any]], *, strict: bool = False,
+        traceparent: Optional[str] = None, tracestate: Optional[str] = None,
+    ) -> BatchResult:
         """Publish many tasks through the batch endpoint, at most 10,000 per request.
 
         Each item is a mapping of ``publish``'s arguments (``key``, ``kind``,
@@ -202,26 +211,30 @@ class Client:
         stops the others; on UnavailableError the chunks before were
         written and publishing all again is safe.
         """
+        trace = _trace_headers(traceparent, tracestate)
         total: BatchResult = {"results": [], "inserted": 0, "existing": 0, "rerun": 0, "refused": 0, "failed": 0, "warnings": []}
         chunk: List[bytes] = []
         size = 0
         offset = 0
         for i, item in enumerate(tasks):
-            enc = json.dumps(_item_body(i, item), separators=(",", ":")).encode()
+            enc = encode_json(_item_body(i, item))
             if chunk and (len(chunk) >= MAX_BATCH_TASKS or size + len(enc) + 1 > _BATCH_BODY_BUDGET):
-                self._send_batch(chunk, offset, strict, total)
+                self._send_batch(chunk, offset, strict, total, trace)
                 offset += len(chunk)
                 chunk, size = [], 0
             chunk.append(enc)
             size += len(enc) + 1
         if chunk:
-            self._send_batch(chunk, offset, strict, total)
+            self._send_batch(chunk, offset, strict, total, trace)
         return total
 
-    def _send_batch(self, items: List[bytes], offset: int, strict: bool, total: BatchResult) -> None:
+    def _send_batch(
+        self, items: List[bytes], offset: int, strict: bool, total: BatchResult, trace: Optional[Dict[str, str]],
+    ) -> None:
         # The items are encoded already (to measure them): bytes go as they are.
         body = b'{"tasks":[' + b",".join(items) + b"]}"
-        res = self._http.request("POST", "/api/v1/tasks/batch", body, {"strict": True} if strict else None)
+        res = self._http.request("POST", "/api/v1/tasks/batch", body, {"strict": True} if strict else None,
+                                 extra_headers=trace)
         for r in res.get("results", []):
             item: BatchItem = r
             err = item.get("error")
@@ -229,7 +242,7 @@ class Client:
                 item["error"] = _ITEM_INDEX.sub(lambda m: f"tasks[{int(m.group(1)) + offset}]", err, count=1)
             total["results"].append(item)
         for n in ("inserted", "existing", "rerun", "refused", "failed"):
-            total[n] += int(res.get(n, 0))  # type: ignore[literal-required]
+            total[n] += int(res.get(n, 0))
         for w in res.get("warnings") or []:
             if w not in total["warnings"]:
                 total["warnings"].append(w)
@@ -273,7 +286,7 @@ class Client:
         page: TaskPage = self._http.request("GET", "/api/v1/tasks", query=q)
         return page
 
-    def iter_tasks(self, *, page_size: int = 1000, **filters: Any) -> Iterator[Task]:
+    def iter_tasks(self, *, page_size: int = 1000, **filters: Any) -> Generator[Task, None, None]:
         """Every task matching ``filters`` (``list``'s), page after page.
 
         A walk sees every task that existed when it started exactly once,
@@ -328,7 +341,7 @@ class Client:
         rollout: Optional[str] = None,
         reconnect: bool = True,
         read_timeout: float = 45.0,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Follow the event stream: each event once, in order, from ``since`` (a token) or from now.
 
         A dropped connection (or a server gone quiet past ``read_timeout``;
@@ -336,11 +349,13 @@ class Client:
         seen, so no event is lost or repeated; ``reconnect=False`` raises
         instead. When the store has no history from that id the stream ends
         with LeasepoolError(410, code ``history_lost``): list the tasks again
-        and follow from now. Close the generator to close the connection.
+        and follow from now. Close the generator, or the client, to close
+        the connection.
         """
         q: Dict[str, Any] = {"kind": _csv(kind), "key": key, "type": _csv(type), "rollout": rollout}
         last = since
         backoff = _Backoff()
+        closings = self._http.closings
         while True:
             conn: Optional[http.client.HTTPConnection] = None
             try:
@@ -357,6 +372,8 @@ class Client:
                             yield ev
                     raise ConnectionResetError("the server ended the stream")
                 except (OSError, http.client.HTTPException, UnavailableError) as e:
+                    if self._http.closings != closings:
+                        return  # the client was closed
                     if not reconnect:
                         if isinstance(e, UnavailableError):
                             raise
@@ -448,3 +465,13 @@ class _Backoff:
             time.sleep(d)
         else:
             stop.wait(d)
+
+
+def _trace_headers(traceparent: Optional[str], tracestate: Optional[str]) -> Optional[Dict[str, str]]:
+    """The W3C trace context headers of a publish, if any."""
+    h: Dict[str, str] = {}
+    if traceparent:
+        h["traceparent"] = traceparent
+    if tracestate:
+        h["tracestate"] = tracestate
+    return h or None
