@@ -27,6 +27,20 @@ export interface PublishOptions {
   /** Refuse a task whose kind no live worker runs (400 naming kind). */
   strict?: boolean;
   signal?: AbortSignal;
+  /**
+   * The W3C trace context (`traceparent`, and `tracestate`) the task's
+   * attempts continue: the caller's span. Sent as the headers of that name.
+   */
+  traceparent?: string;
+  tracestate?: string;
+}
+
+/** The trace context headers of a publish, if any. */
+function traceHeaders(opts: PublishOptions): Record<string, string> | undefined {
+  const h: Record<string, string> = {};
+  if (opts.traceparent) h.traceparent = opts.traceparent;
+  if (opts.tracestate) h.tracestate = opts.tracestate;
+  return Object.keys(h).length > 0 ? h : undefined;
 }
 
 export interface PublishManyOptions extends PublishOptions {
@@ -53,6 +67,7 @@ export class Client {
     const body = publishBody(task);
     const { body: res } = await this.transport.json<PublishResult>("POST", "/api/v1/tasks", {
       body,
+      headers: traceHeaders(opts),
       query: { strict: opts.strict ? "true" : undefined },
       signal: opts.signal,
       failover: "connect",
@@ -90,6 +105,7 @@ export class Client {
       }
       const { body: res } = await this.transport.json<PublishManyResult>("POST", "/api/v1/tasks/batch", {
         body: { tasks: bodies.slice(start, end) },
+        headers: traceHeaders(opts),
         query: { strict: opts.strict ? "true" : undefined },
         signal: opts.signal,
         failover: "connect",

@@ -25,6 +25,12 @@ export interface Job {
   readonly payload: unknown;
   readonly priority: number;
   readonly createdAt: Date;
+  /**
+   * The W3C trace context the task was published in, if any: the parent
+   * of the handler's span.
+   */
+  readonly traceparent?: string;
+  readonly tracestate?: string;
   /** How long the lease lasts without a renew. */
   readonly leaseMs: number;
   /** How often the worker renews it. */
@@ -114,6 +120,8 @@ class ActiveJob implements Job {
   readonly payload: unknown;
   readonly priority: number;
   readonly createdAt: Date;
+  readonly traceparent?: string;
+  readonly tracestate?: string;
   leaseMs: number;
   readonly renewMs: number;
   readonly controller = new AbortController();
@@ -139,6 +147,8 @@ class ActiveJob implements Job {
     this.payload = doc.payload;
     this.priority = doc.priority ?? 0;
     this.createdAt = new Date(doc.created_at);
+    this.traceparent = doc.traceparent || undefined;
+    this.tracestate = doc.tracestate || undefined;
     this.leaseMs = doc.lease_ms > 0 ? doc.lease_ms : 4000;
     this.renewMs = doc.renew_ms > 0 ? doc.renew_ms : 1000;
     this.lastOk = sentAt;
@@ -190,6 +200,8 @@ interface ClaimedJob {
   lease_ms: number;
   renew_ms: number;
   created_at: string;
+  traceparent?: string;
+  tracestate?: string;
 }
 
 /**
