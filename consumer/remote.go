@@ -276,22 +276,29 @@ func (r *RemoteWorkers) Claim(ctx context.Context, c RemoteClaim) ([]RemoteJob, 
 	}
 	deadline := time.Now().Add(c.Wait)
 	for {
-		reg, ok, err := r.registration(ctx, c.ID)
+		ws, err := r.cfg.Store.Workers(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if !ok || reg.Instance != c.Instance || !reg.Live(r.cfg.Store.Now()) {
+		now := r.cfg.Store.Now()
+		i := slices.IndexFunc(ws, func(w task.WorkerInfo) bool { return w.ID == c.ID })
+		if i < 0 || ws[i].Instance != c.Instance || !ws[i].Live(now) {
 			return nil, fmt.Errorf("worker %s instance %s: %w", c.ID, c.Instance, ErrNotRegistered)
 		}
 		kinds := c.Kinds
 		if len(kinds) == 0 {
-			kinds = reg.Kinds
+			kinds = ws[i].Kinds
 		}
 		if len(kinds) == 0 {
 			return nil, fmt.Errorf("%w: kinds: none given and none registered", task.ErrInvalid)
 		}
+		// The claim spread, as a Go worker's: this worker's share of the
+		// backlog first (the buckets it ranks first for among the live
+		// workers of its kinds, Go or remote), so that workers draining
+		// one backlog read and claim apart; the rest after.
+		share := preempt.NewPeers(ws, ws[i], now).Share(c.ID, kinds)
 		rang := r.bell.listen()
-		jobs, next, err := r.claimOnce(ctx, c, kinds)
+		jobs, next, err := r.claimOnce(ctx, c, kinds, share)
 		if len(jobs) > 0 || err != nil {
 			r.bell.leave()
 			return jobs, err
@@ -326,7 +333,7 @@ const claimPages = 4
 // claimOnce makes one pass over the ready tasks of kinds. next is the
 // earliest time it learnt that a task it passed over may become
 // claimable (zero: none known).
-func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []string) (jobs []RemoteJob, next time.Time, err error) {
+func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []string, share []int) (jobs []RemoteJob, next time.Time, err error) {
 	store := r.cfg.Store
 	ctl, err := control.Load(ctx, store)
 	if err != nil {
@@ -341,12 +348,25 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 			next = at
 		}
 	}
-	q := task.CandidateQuery{Kinds: kinds, WorkerID: c.ID, Now: store.Now(), Ready: true, Limit: max(2*c.Max, 16)}
-	bytes := 0 // of the payloads claimed
-	for page := 0; page < claimPages && len(jobs) < c.Max && bytes < RemoteMaxClaimBytes; page++ {
+	q := task.CandidateQuery{Kinds: kinds, WorkerID: c.ID, Now: store.Now(), Ready: true, Limit: max(2*c.Max, 16), Share: share}
+	tried := map[string]bool{} // in the share pass, not to be tried again after
+	bytes := 0                 // of the payloads claimed
+	for page := 0; page < 2*claimPages && len(jobs) < c.Max && bytes < RemoteMaxClaimBytes; page++ {
 		cands, err := store.Candidates(ctx, q)
 		if err != nil {
 			return jobs, next, err
+		}
+		full := len(cands) == q.Limit
+		var last *task.Task
+		if full {
+			last = cands[len(cands)-1]
+		}
+		if q.Share == nil {
+			cands = slices.DeleteFunc(cands, func(t *task.Task) bool { return tried[t.Key] })
+		} else {
+			for _, t := range cands {
+				tried[t.Key] = true
+			}
 		}
 		// As many claims at once as tasks are wanted: the store commits
 		// concurrent writes together (one sync for the lot on the
@@ -382,10 +402,15 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 				later(res.at)
 			}
 		}
-		if len(cands) < q.Limit {
-			break
+		switch {
+		case full:
+			q.After = last
+		case q.Share != nil:
+			// The share is read: the rest of the backlog, from its start.
+			q.Share, q.After = nil, nil
+		default:
+			page = 2 * claimPages
 		}
-		q.After = cands[len(cands)-1]
 	}
 	if len(jobs) == 0 {
 		// The next task to become ready, which no write announces.
