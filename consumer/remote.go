@@ -349,6 +349,18 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 		}
 	}
 	q := task.CandidateQuery{Kinds: kinds, WorkerID: c.ID, Now: store.Now(), Ready: true, Limit: max(2*c.Max, 16), Share: share}
+	// The share comes first among tasks of the top priority only: a task
+	// of higher priority outside it is never left for lower ones in it.
+	top := 0
+	if share != nil {
+		first, err := store.Candidates(ctx, task.CandidateQuery{Kinds: kinds, WorkerID: c.ID, Now: q.Now, Ready: true, Limit: 1})
+		if err != nil {
+			return nil, next, err
+		}
+		if len(first) > 0 {
+			top = first[0].Priority
+		}
+	}
 	tried := map[string]bool{} // in the share pass, not to be tried again after
 	bytes := 0                 // of the payloads claimed
 	for page := 0; page < 2*claimPages && len(jobs) < c.Max && bytes < RemoteMaxClaimBytes; page++ {
@@ -364,6 +376,9 @@ func (r *RemoteWorkers) claimOnce(ctx context.Context, c RemoteClaim, kinds []st
 		if q.Share == nil {
 			cands = slices.DeleteFunc(cands, func(t *task.Task) bool { return tried[t.Key] })
 		} else {
+			if i := slices.IndexFunc(cands, func(t *task.Task) bool { return t.Priority < top }); i >= 0 {
+				cands, full = cands[:i], false // the share's top priority is read
+			}
 			for _, t := range cands {
 				tried[t.Key] = true
 			}

@@ -74,3 +74,42 @@ func TestRemoteClaimsFromItsShareFirst(t *testing.T) {
 		t.Fatalf("after its share, claimed %d of 5 from the rest", len(more))
 	}
 }
+
+// The share never overtakes priority: a task of a higher priority outside
+// a worker's share is claimed before the lower ones in it.
+func TestRemoteShareKeepsPriority(t *testing.T) {
+	st := memstore.New(memstore.Config{}).Open()
+	defer st.Close()
+	rw, err := NewRemoteWorkers(RemoteConfig{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rw.Close()
+	for _, id := range []string{"w1", "w2", "w3"} {
+		if _, _, err := rw.Heartbeat(t.Context(), RemoteWorker{ID: id, Instance: "i-" + id, Kinds: []string{"k"}, Concurrency: 8}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ps []task.PublishParams
+	for i := range 100 {
+		ps = append(ps, task.PublishParams{Key: fmt.Sprintf("low%03d", i), Kind: "k"})
+	}
+	for i := range 20 {
+		ps = append(ps, task.PublishParams{Key: fmt.Sprintf("high%02d", i), Kind: "k", Options: task.Options{Priority: 5}})
+	}
+	if _, err := task.PublishMany(t.Context(), st, ps); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := rw.Claim(t.Context(), RemoteClaim{ID: "w1", Instance: "i-w1", Max: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range jobs {
+		if j.Task.Priority != 5 {
+			t.Errorf("claimed %s of priority %d while tasks of priority 5 were ready", j.Task.Key, j.Task.Priority)
+		}
+	}
+	if len(jobs) != 20 {
+		t.Fatalf("claimed %d, want the 20 of priority 5", len(jobs))
+	}
+}
