@@ -53,7 +53,7 @@ func Add(ctx context.Context, s task.Store, sch Schedule, replace bool) (*Schedu
 		if errors.Is(err, task.ErrConflict) && !replace {
 			return nil, fmt.Errorf("add %s: %w (remove it first, or replace it)", sch.Name, ErrExists)
 		}
-		if !retry(ctx, &err) {
+		if !task.RetryConflict(ctx, &err) {
 			return &sch, err
 		}
 	}
@@ -203,7 +203,7 @@ func modify(ctx context.Context, s task.Store, name string, fn func(*Schedule, t
 		if errors.Is(err, task.ErrNotFound) {
 			return nil, fmt.Errorf("%s: %w", name, ErrNotFound) // removed meanwhile
 		}
-		if !retry(ctx, &err) {
+		if !task.RetryConflict(ctx, &err) {
 			return sch, err
 		}
 	}
@@ -218,19 +218,6 @@ func put(ctx context.Context, s task.Store, d task.Document, sch *Schedule) erro
 	d.Value = b
 	_, err = s.PutDocument(task.WithInternalWrite(ctx), d)
 	return err
-}
-
-// retry reports whether a compare-and-set that failed with *err is to be
-// tried again: on a conflict, unless ctx has ended (then *err is why).
-func retry(ctx context.Context, err *error) bool {
-	if !errors.Is(*err, task.ErrConflict) {
-		return false
-	}
-	if cerr := ctx.Err(); cerr != nil {
-		*err = cerr
-		return false
-	}
-	return true
 }
 
 func decode(d task.Document) (*Schedule, error) {
@@ -297,7 +284,7 @@ func advance(ctx context.Context, s task.Store, name string, slot time.Time) err
 		}
 		d.Value = b
 		_, err = s.PutDocument(task.WithInternalWrite(ctx), d)
-		if !retry(ctx, &err) {
+		if !task.RetryConflict(ctx, &err) {
 			return err
 		}
 	}

@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -100,4 +101,18 @@ func (p WatchParams) WantsDocuments(namespace string) bool {
 		}
 	}
 	return false
+}
+
+// RetryConflict reports whether a compare-and-set of a document that
+// failed with *err is to be tried again (read, change, put): on a
+// conflict, unless ctx has ended, and then *err becomes why.
+func RetryConflict(ctx context.Context, err *error) bool {
+	if !errors.Is(*err, ErrConflict) {
+		return false
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		*err = cerr
+		return false
+	}
+	return true
 }

@@ -131,7 +131,7 @@ func Add(ctx context.Context, s task.Store, t Trigger, replace bool) (*Trigger, 
 		if errors.Is(err, task.ErrConflict) && !replace {
 			return nil, fmt.Errorf("add %s: %w (remove it first, or replace it)", t.Name, ErrExists)
 		}
-		if !retry(ctx, &err) {
+		if !task.RetryConflict(ctx, &err) {
 			return &t, err
 		}
 	}
@@ -288,7 +288,7 @@ func modify(ctx context.Context, s task.Store, name string, fn func(*Trigger)) (
 		if errors.Is(err, task.ErrNotFound) {
 			return nil, fmt.Errorf("%s: %w", name, ErrNotFound)
 		}
-		if !retry(ctx, &err) {
+		if !task.RetryConflict(ctx, &err) {
 			return t, err
 		}
 	}
@@ -302,19 +302,6 @@ func put(ctx context.Context, s task.Store, d task.Document, t *Trigger) error {
 	d.Value = b
 	_, err = s.PutDocument(task.WithInternalWrite(ctx), d)
 	return err
-}
-
-// retry reports whether a compare-and-set that failed with *err is to be
-// tried again: on a conflict, unless ctx has ended (then *err is why).
-func retry(ctx context.Context, err *error) bool {
-	if !errors.Is(*err, task.ErrConflict) {
-		return false
-	}
-	if cerr := ctx.Err(); cerr != nil {
-		*err = cerr
-		return false
-	}
-	return true
 }
 
 func decode(d task.Document) (*Trigger, error) {
