@@ -296,10 +296,10 @@ func (cs *curveStore) finishedAt(ctx context.Context, key string) (time.Time, er
 	var at time.Time
 	err := Poll(ctx, 10*time.Minute, 5*time.Millisecond, func() (bool, error) {
 		t, err := cs.st.Get(ctx, key)
-		if err != nil || !t.State.Finished() || len(t.Workers) == 0 {
+		if err != nil || !t.State.Finished() || len(t.Attempts) == 0 {
 			return false, err
 		}
-		at = t.Workers[len(t.Workers)-1].EndedAt
+		at = t.Attempts[len(t.Attempts)-1].EndedAt
 		return true, nil
 	})
 	return at, err

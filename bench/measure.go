@@ -93,8 +93,8 @@ func (b *bench) latencyCrossProcess() error {
 		if err != nil {
 			return err
 		}
-		if len(t.Workers) > 0 {
-			started[key] = t.Workers[len(t.Workers)-1].EndedAt
+		if len(t.Attempts) > 0 {
+			started[key] = t.Attempts[len(t.Attempts)-1].EndedAt
 		}
 	}
 	lat := Latencies(published, started)
@@ -213,17 +213,17 @@ func (b *bench) takeover() error {
 		return err
 	}
 	defer peer.Stop()
-	time.Sleep(time.Until(doc.Workers[0].StartedAt.Add(3 * time.Second)))
+	time.Sleep(time.Until(doc.Attempts[0].StartedAt.Add(3 * time.Second)))
 	b.report.WorkerIdleRSSBytes = peer.RSS("VmRSS")
 	killed := time.Now()
 	holder.Kill()
 	if err := b.poll(time.Minute, func() (bool, error) {
 		doc, err = b.store.Get(b.ctx, key)
-		return err == nil && len(doc.Workers) > 1, err
+		return err == nil && len(doc.Attempts) > 1, err
 	}); err != nil {
 		return err
 	}
-	b.report.TakeoverMs = Ms(doc.Workers[len(doc.Workers)-1].StartedAt.Sub(killed))
+	b.report.TakeoverMs = Ms(doc.Attempts[len(doc.Attempts)-1].StartedAt.Sub(killed))
 	b.report.DefaultWorkerTimeoutMs = Ms(task.DefaultWorkerTimeout)
 	return nil
 }

@@ -56,15 +56,15 @@ func TestClaimWithLostReplyRuns(t *testing.T) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("task still %s with %d attempts", doc.State, len(doc.Workers))
+			t.Fatalf("task still %s with %d attempts", doc.State, len(doc.Attempts))
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 	if faults.Load() < 1 {
 		t.Fatal("no update met the injected fault: the test tests nothing")
 	}
-	if doc.State != task.StateSucceeded || len(doc.Workers) != 1 || runs.Load() != 1 {
+	if doc.State != task.StateSucceeded || len(doc.Attempts) != 1 || runs.Load() != 1 {
 		t.Fatalf("task %s after %d attempts (%d handler runs); want succeeded in the claim whose reply was lost, one run",
-			doc.State, len(doc.Workers), runs.Load())
+			doc.State, len(doc.Attempts), runs.Load())
 	}
 }

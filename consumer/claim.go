@@ -88,7 +88,7 @@ func (ct *claimTry) claim(t *task.Task) error {
 	if t.RunAt.After(ct.readyAt) {
 		ct.readyAt = t.RunAt
 	}
-	for _, w := range t.Workers {
+	for _, w := range t.Attempts {
 		// An expired lease's end is when its task became claimable again.
 		if w.Expired(now) {
 			ct.takenOver++
@@ -113,7 +113,7 @@ func (ct *claimTry) claim(t *task.Task) error {
 		// the holder's lease end by a lease, and lapses if this worker
 		// stops trying.
 		line := &task.LockLine{Priority: t.Priority, Seq: t.Seq, Until: now.Add(2 * time.Duration(t.WorkerTimeout))}
-		p := task.LockParams{Keys: t.LockKeys, Holder: ct.holder, Now: now, Until: t.Workers[len(t.Workers)-1].LeaseUntil, Line: line}
+		p := task.LockParams{Keys: t.LockKeys, Holder: ct.holder, Now: now, Until: t.Attempts[len(t.Attempts)-1].LeaseUntil, Line: line}
 		if err := r.store.AcquireLocks(ct.ctx, p); err != nil {
 			ct.free()
 			return err

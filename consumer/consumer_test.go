@@ -79,8 +79,8 @@ func TestPublishConcurrentOneTaskOneRun(t *testing.T) {
 	if got := recv(t, attempts, "first run"); got != 1 {
 		t.Errorf("first run has attempt %d, want 1", got)
 	}
-	if len(doc.Workers) != 1 || calls.Load() != 1 {
-		t.Fatalf("want one run: %d handler calls, workers %+v", calls.Load(), doc.Workers)
+	if len(doc.Attempts) != 1 || calls.Load() != 1 {
+		t.Fatalf("want one run: %d handler calls, workers %+v", calls.Load(), doc.Attempts)
 	}
 
 	// A finished task is left alone by a plain publish: nothing is written.
@@ -101,9 +101,9 @@ func TestPublishConcurrentOneTaskOneRun(t *testing.T) {
 		t.Errorf("rerun has attempt %d, want 2", got)
 	}
 	doc = e.waitState("once", task.StateSucceeded)
-	if calls.Load() != 2 || doc.Attempts != 2 || len(doc.Workers) != 1 || doc.Workers[0].Attempt != 2 {
+	if calls.Load() != 2 || doc.AttemptsStarted != 2 || len(doc.Attempts) != 1 || doc.Attempts[0].Attempt != 2 {
 		t.Fatalf("after rerun: %d calls, attempts %d, workers %+v; want 2 calls and one SUCCESS entry of attempt 2",
-			calls.Load(), doc.Attempts, doc.Workers)
+			calls.Load(), doc.AttemptsStarted, doc.Attempts)
 	}
 }
 
@@ -128,7 +128,7 @@ func TestPublishRerunLeavesRunningTask(t *testing.T) {
 		t.Fatalf("rerun of a running task: result %s, want existing", res)
 	}
 	after := e.get("busy")
-	if got.State != task.StateRunning || after.State != task.StateRunning || after.Attempts != before.Attempts ||
+	if got.State != task.StateRunning || after.State != task.StateRunning || after.AttemptsStarted != before.AttemptsStarted ||
 		entry(t, after, "A").State != task.AttemptRunning {
 		t.Fatalf("rerun touched a running task: before %+v after %+v", before, after)
 	}
@@ -138,8 +138,8 @@ func TestPublishRerunLeavesRunningTask(t *testing.T) {
 		t.Fatalf("handler was cancelled by a rerun publish: %v", err)
 	}
 	doc := e.waitState("busy", task.StateSucceeded)
-	if len(doc.Workers) != 1 || doc.Workers[0].Attempt != job.Attempt || doc.Attempts != 1 {
-		t.Fatalf("want one SUCCESS entry of attempt 1, have %+v (attempts %d)", doc.Workers, doc.Attempts)
+	if len(doc.Attempts) != 1 || doc.Attempts[0].Attempt != job.Attempt || doc.AttemptsStarted != 1 {
+		t.Fatalf("want one SUCCESS entry of attempt 1, have %+v (attempts %d)", doc.Attempts, doc.AttemptsStarted)
 	}
 	select {
 	case j := <-started:
@@ -231,8 +231,8 @@ func TestPinnedTasksRunOnlyOnTheirWorker(t *testing.T) {
 		mu.Lock()
 		got := slices.Clone(ranOn[key])
 		mu.Unlock()
-		if !slices.Equal(got, []string{want}) || doc.Workers[0].WorkerID != want {
-			t.Errorf("%s pinned to %s ran on %v (workers %+v)", key, want, got, doc.Workers)
+		if !slices.Equal(got, []string{want}) || doc.Attempts[0].WorkerID != want {
+			t.Errorf("%s pinned to %s ran on %v (workers %+v)", key, want, got, doc.Attempts)
 		}
 	}
 }
@@ -280,8 +280,8 @@ func TestRepinCancelsRunningHandler(t *testing.T) {
 		t.Errorf("B runs attempt %d, want 2", job.Attempt)
 	}
 	doc := e.waitState("move", task.StateSucceeded)
-	if len(doc.Workers) != 1 || doc.Workers[0].WorkerID != "B" || doc.Workers[0].State != task.AttemptSuccess {
-		t.Fatalf("want A's entry removed and B's SUCCESS, have %+v", doc.Workers)
+	if len(doc.Attempts) != 1 || doc.Attempts[0].WorkerID != "B" || doc.Attempts[0].State != task.AttemptSuccess {
+		t.Fatalf("want A's entry removed and B's SUCCESS, have %+v", doc.Attempts)
 	}
 }
 
@@ -305,7 +305,7 @@ func TestConcurrentWorkerCnt(t *testing.T) {
 	doc := e.waitState("wide", task.StateSucceeded)
 	var ids []string
 	var attempts []int
-	for _, w := range doc.Workers {
+	for _, w := range doc.Attempts {
 		if w.State != task.AttemptSuccess {
 			t.Errorf("entry %+v is not SUCCESS", w)
 		}
@@ -315,7 +315,7 @@ func TestConcurrentWorkerCnt(t *testing.T) {
 	slices.Sort(ids)
 	slices.Sort(attempts)
 	if !slices.Equal(ids, []string{"A", "B", "C"}) || !slices.Equal(attempts, []int{1, 2, 3}) {
-		t.Fatalf("want three distinct workers with attempts 1..3, have %+v", doc.Workers)
+		t.Fatalf("want three distinct workers with attempts 1..3, have %+v", doc.Attempts)
 	}
 }
 
@@ -357,11 +357,11 @@ func TestSuccessWorkerCnt(t *testing.T) {
 	var doc *task.Task
 	testutil.Eventually(t, waitLong, "the stopped worker to step out", func() bool {
 		doc = e.get("two-of-three")
-		return len(doc.Workers) == 2
+		return len(doc.Attempts) == 2
 	})
-	for _, w := range doc.Workers {
+	for _, w := range doc.Attempts {
 		if w.State != task.AttemptSuccess || w.WorkerID == slow {
-			t.Fatalf("task ended with workers %+v; want two SUCCESS entries, none of %s", doc.Workers, slow)
+			t.Fatalf("task ended with workers %+v; want two SUCCESS entries, none of %s", doc.Attempts, slow)
 		}
 	}
 }
@@ -377,10 +377,10 @@ func TestMaxUnexpectedRetries(t *testing.T) {
 	e.publish("doomed", retries(2))
 	doc := e.waitState("doomed", task.StateFailed)
 	stop(t, c)
-	if calls.Load() != 3 || len(doc.Workers) != 3 {
-		t.Fatalf("want 3 attempts, have %d calls and workers %+v", calls.Load(), doc.Workers)
+	if calls.Load() != 3 || len(doc.Attempts) != 3 {
+		t.Fatalf("want 3 attempts, have %d calls and workers %+v", calls.Load(), doc.Attempts)
 	}
-	for i, w := range doc.Workers {
+	for i, w := range doc.Attempts {
 		if w.State != task.AttemptFail || w.Attempt != i+1 || !strings.Contains(w.Error, fmt.Sprintf("attempt %d fails", i+1)) {
 			t.Errorf("entry %d: %+v, want FAIL of attempt %d with its error", i, w, i+1)
 		}
@@ -411,7 +411,7 @@ func TestDeadWorkerLosesTaskToPeer(t *testing.T) {
 	e := setup(t)
 	e.publish("orphan")
 	ghost := claimAsGhost(t, e, "orphan")
-	ghostUntil := ghost.Workers[0].LeaseUntil
+	ghostUntil := ghost.Attempts[0].LeaseUntil
 
 	type start struct {
 		attempt int
@@ -444,8 +444,8 @@ func TestDeadWorkerLosesTaskToPeer(t *testing.T) {
 	}
 	close(release)
 	doc := e.waitState("orphan", task.StateSucceeded)
-	if b := entry(t, doc, "B"); b.State != task.AttemptSuccess || b.Attempt != 2 || doc.Attempts != 2 {
-		t.Fatalf("B's entry %+v attempts %d, want SUCCESS of attempt 2", b, doc.Attempts)
+	if b := entry(t, doc, "B"); b.State != task.AttemptSuccess || b.Attempt != 2 || doc.AttemptsStarted != 2 {
+		t.Fatalf("B's entry %+v attempts %d, want SUCCESS of attempt 2", b, doc.AttemptsStarted)
 	}
 	if _, err := task.Modify(context.Background(), e.store, "orphan", finish); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("ghost's finish after B: %v, want task.ErrLeaseLost", err)
@@ -472,8 +472,8 @@ func TestExpiredWorkerExhaustsRetries(t *testing.T) {
 		return nil
 	})
 	doc := e.waitState("fragile", task.StateFailed)
-	if g := entry(t, doc, "ghost"); g.State != task.AttemptExpired || calls.Load() != 0 || len(doc.Workers) != 1 {
-		t.Fatalf("want the ghost recorded EXPIRED and no run, have %+v and %d calls", doc.Workers, calls.Load())
+	if g := entry(t, doc, "ghost"); g.State != task.AttemptExpired || calls.Load() != 0 || len(doc.Attempts) != 1 {
+		t.Fatalf("want the ghost recorded EXPIRED and no run, have %+v and %d calls", doc.Attempts, calls.Load())
 	}
 }
 
@@ -552,8 +552,8 @@ func TestRetryableErrorsRetriedLocally(t *testing.T) {
 			t.Errorf("local retry ran attempt %d, want 1", a)
 		}
 	}
-	if len(doc.Workers) != 1 || doc.Workers[0].State != task.AttemptSuccess || doc.Attempts != 1 {
-		t.Fatalf("want one SUCCESS entry of attempt 1, have %+v", doc.Workers)
+	if len(doc.Attempts) != 1 || doc.Attempts[0].State != task.AttemptSuccess || doc.AttemptsStarted != 1 {
+		t.Fatalf("want one SUCCESS entry of attempt 1, have %+v", doc.Attempts)
 	}
 }
 
@@ -584,8 +584,8 @@ func TestSnoozeReleasesWithoutSpendingRetry(t *testing.T) {
 		}
 		prev = next
 	}
-	if len(doc.Workers) != 1 || doc.Workers[0].State != task.AttemptSuccess || doc.Workers[0].Attempt != 3 {
-		t.Fatalf("want only the SUCCESS entry of attempt 3, have %+v", doc.Workers)
+	if len(doc.Attempts) != 1 || doc.Attempts[0].State != task.AttemptSuccess || doc.Attempts[0].Attempt != 3 {
+		t.Fatalf("want only the SUCCESS entry of attempt 3, have %+v", doc.Attempts)
 	}
 }
 
@@ -614,7 +614,7 @@ func TestStopLetsShortHandlerFinish(t *testing.T) {
 		t.Fatalf("short handler was cancelled by Stop: %v", cause)
 	}
 	if doc := e.get("short"); doc.State != task.StateSucceeded {
-		t.Fatalf("after Stop the task is %s with workers %+v, want succeeded", doc.State, doc.Workers)
+		t.Fatalf("after Stop the task is %s with workers %+v, want succeeded", doc.State, doc.Attempts)
 	}
 }
 
@@ -637,8 +637,8 @@ func TestStopReleasesLongHandlersLease(t *testing.T) {
 		t.Fatalf("A's cause %v, want consumer.ErrShutdown", cause)
 	}
 	doc := e.get("long")
-	if doc.State != task.StatePending || len(doc.Workers) != 0 || doc.Attempts != 1 {
-		t.Fatalf("after Stop: state %s workers %+v; want pending with A's entry removed", doc.State, doc.Workers)
+	if doc.State != task.StatePending || len(doc.Attempts) != 0 || doc.AttemptsStarted != 1 {
+		t.Fatalf("after Stop: state %s workers %+v; want pending with A's entry removed", doc.State, doc.Attempts)
 	}
 
 	t0 := time.Now()
@@ -673,8 +673,8 @@ func TestCancelledStartContextReleasesLeases(t *testing.T) {
 	cancel()
 	stop(t, a)
 	doc := e.get("held")
-	if doc.State != task.StatePending || len(doc.Workers) != 0 {
-		t.Fatalf("after the Start context ended: state %s workers %+v; want the lease released", doc.State, doc.Workers)
+	if doc.State != task.StatePending || len(doc.Attempts) != 0 {
+		t.Fatalf("after the Start context ended: state %s workers %+v; want the lease released", doc.State, doc.Attempts)
 	}
 }
 
@@ -802,8 +802,8 @@ func TestWorkerOnAnotherStoreHandle(t *testing.T) {
 	for i := range 3 {
 		e.waitState(fmt.Sprintf("after-%d", i), task.StateSucceeded)
 	}
-	if doc := e.get("after-2"); doc.Workers[0].WorkerID != "P2" {
-		t.Fatalf("after-2 ran on %s", doc.Workers[0].WorkerID)
+	if doc := e.get("after-2"); doc.Attempts[0].WorkerID != "P2" {
+		t.Fatalf("after-2 ran on %s", doc.Attempts[0].WorkerID)
 	}
 }
 
@@ -907,8 +907,8 @@ func TestFailedTaskBacksOff(t *testing.T) {
 		t.Fatalf("second attempt %s after the first, want at least the backoff %s", gap, delay)
 	}
 	doc := e.get("flaky")
-	if len(doc.Workers) < 1 || doc.Workers[0].State != task.AttemptFail {
-		t.Fatalf("workers %+v", doc.Workers)
+	if len(doc.Attempts) < 1 || doc.Attempts[0].State != task.AttemptFail {
+		t.Fatalf("workers %+v", doc.Attempts)
 	}
 }
 

@@ -65,8 +65,8 @@ func TestPauseLockKindAndAll(t *testing.T) {
 	}
 	e.waitState("k1", task.StateSucceeded)
 	for _, k := range []string{"long", "a1", "b1", "k1"} {
-		if doc := e.get(k); len(doc.Workers) != 1 || doc.Workers[0].Attempt != 1 {
-			t.Errorf("%s: a pause spent attempts: %+v", k, doc.Workers)
+		if doc := e.get(k); len(doc.Attempts) != 1 || doc.Attempts[0].Attempt != 1 {
+			t.Errorf("%s: a pause spent attempts: %+v", k, doc.Attempts)
 		}
 	}
 }
@@ -96,10 +96,10 @@ func TestRateLimitAcrossWorkers(t *testing.T) {
 	starts := map[string][]time.Time{}
 	for _, k := range keys {
 		doc := e.waitState(k, task.StateSucceeded)
-		if len(doc.Workers) != 1 || doc.Workers[0].Attempt != 1 {
-			t.Errorf("%s: waiting for the limit spent attempts: %+v", k, doc.Workers)
+		if len(doc.Attempts) != 1 || doc.Attempts[0].Attempt != 1 {
+			t.Errorf("%s: waiting for the limit spent attempts: %+v", k, doc.Attempts)
 		}
-		starts[doc.LockKeys[0]] = append(starts[doc.LockKeys[0]], doc.Workers[0].StartedAt)
+		starts[doc.LockKeys[0]] = append(starts[doc.LockKeys[0]], doc.Attempts[0].StartedAt)
 	}
 	for dev, ts := range starts {
 		slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })

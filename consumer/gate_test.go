@@ -99,7 +99,7 @@ func TestGateHoldsWithoutWrites(t *testing.T) {
 		// written in it.
 		testutil.Consistently(t, 30*time.Second, "cmd-1 held without a write", func() bool {
 			got, err := db.Open().Get(t.Context(), "cmd-1")
-			return err == nil && got.Version == published.Version && len(got.Workers) == 0
+			return err == nil && got.Version == published.Version && len(got.Attempts) == 0
 		})
 		g.mu.Lock()
 		asked := g.asked
@@ -125,8 +125,8 @@ func TestGateHoldsWithoutWrites(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if done.State != task.StateSucceeded || len(done.Workers) != 1 {
-			t.Fatalf("state %s with %d attempts; want succeeded with one", done.State, len(done.Workers))
+		if done.State != task.StateSucceeded || len(done.Attempts) != 1 {
+			t.Fatalf("state %s with %d attempts; want succeeded with one", done.State, len(done.Attempts))
 		}
 	})
 }
@@ -168,7 +168,7 @@ func TestGateLetsGoPastItsBoundAndWakes(t *testing.T) {
 		// 10 s of virtual time: the hold is the point.
 		testutil.Consistently(t, 10*time.Second, "no task claimed while its gate is closed", func() bool {
 			for _, tk := range db.Tasks() {
-				if len(tk.Workers) != 0 {
+				if len(tk.Attempts) != 0 {
 					t.Logf("%s claimed", tk.Key)
 					return false
 				}

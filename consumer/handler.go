@@ -37,7 +37,7 @@ func (j *Job) Succeeded(doc *task.Task) {
 	if doc == nil || doc.Key != j.holder.TaskKey {
 		return
 	}
-	if i := doc.Entry(j.holder); i < 0 || doc.Workers[i].State != task.AttemptSuccess {
+	if i := doc.Entry(j.holder); i < 0 || doc.Attempts[i].State != task.AttemptSuccess {
 		return
 	}
 	j.mu.Lock()

@@ -270,13 +270,13 @@ func hold(ctx context.Context, t *testing.T, release <-chan struct{}) error {
 func entry(t *testing.T, doc *task.Task, id string) task.Attempt {
 	t.Helper()
 	var found []task.Attempt
-	for _, w := range doc.Workers {
+	for _, w := range doc.Attempts {
 		if w.WorkerID == id {
 			found = append(found, w)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("task %s: want one entry of %s, have workers %+v", doc.Key, id, doc.Workers)
+		t.Fatalf("task %s: want one entry of %s, have workers %+v", doc.Key, id, doc.Attempts)
 	}
 	return found[0]
 }

@@ -86,11 +86,11 @@ func TestIdleOwnLeaseLost(t *testing.T) {
 				t.Fatalf("stranded's first attempt ended %s, want %s", got, want)
 			}
 			testutil.Eventually(t, waitLong, "W to be idle", func() bool { return w.Stats().Running == 0 })
-			until := e.get("stranded").Workers[0].LeaseUntil
+			until := e.get("stranded").Attempts[0].LeaseUntil
 			us.key.Store(nil)
 			back := time.Now()
 			doc := e.get("stranded")
-			t.Logf("stranded: %s, attempt %d's lease ended %s ago", doc.State, len(doc.Workers), back.Sub(until).Round(time.Millisecond))
+			t.Logf("stranded: %s, attempt %d's lease ended %s ago", doc.State, len(doc.Attempts), back.Sub(until).Round(time.Millisecond))
 			r := starts.await(t, "stranded", 2, back.Add(idleSlack))
 			t.Logf("stranded ran again %s after the store came back", r.at.Sub(back).Round(time.Millisecond))
 		})
@@ -118,7 +118,7 @@ func awaitRenewals(t *testing.T, st task.Store, key string, n int) {
 	t.Helper()
 	seen := map[time.Time]bool{}
 	testutil.Eventually(t, waitLong, fmt.Sprintf("%d renewals of %s's lease", n, key), func() bool {
-		if ws := getFrom(t, st, key).Workers; len(ws) > 0 {
+		if ws := getFrom(t, st, key).Attempts; len(ws) > 0 {
 			seen[ws[len(ws)-1].LeaseUntil] = true
 		}
 		return len(seen) > n

@@ -54,7 +54,7 @@ func testTakeover(t *testing.T, e *env, st task.Store, another func() task.Store
 	publishTo(t, st, "orphan", lease(200*time.Millisecond, time.Second))
 	testutil.Eventually(t, waitLong, "the doomed worker to claim orphan", func() bool {
 		doc := getFrom(t, st, "orphan")
-		return doc.State == task.StateRunning && doc.Workers[0].WorkerID == "doomed"
+		return doc.State == task.StateRunning && doc.Attempts[0].WorkerID == "doomed"
 	})
 	if heard {
 		close(release)

@@ -261,7 +261,7 @@ func TestIdleRateLimit(t *testing.T) {
 	// the claims, as the store timed them, are a limit's period apart.
 	first := starts.await(t, "slow-1", 1, time.Now().Add(per+idleSlack))
 	starts.await(t, "slow-2", 1, first.at.Add(per+idleSlack))
-	a, b := e.get("slow-1").Workers, e.get("slow-2").Workers
+	a, b := e.get("slow-1").Attempts, e.get("slow-2").Attempts
 	if len(a) != 1 || len(b) != 1 {
 		t.Fatalf("attempts: slow-1 %d, slow-2 %d; want one each", len(a), len(b))
 	}
@@ -455,8 +455,8 @@ func TestIdleSnoozeAndRetry(t *testing.T) {
 			// Renewals, quiet writes: two, as the store shows them.
 			seen := map[time.Time]bool{}
 			if !testutil.Within(waitLong, func() bool {
-				if tk, err := st.Get(ctx, job.Task.Key); err == nil && len(tk.Workers) > 0 {
-					seen[tk.Workers[len(tk.Workers)-1].LeaseUntil] = true
+				if tk, err := st.Get(ctx, job.Task.Key); err == nil && len(tk.Attempts) > 0 {
+					seen[tk.Attempts[len(tk.Attempts)-1].LeaseUntil] = true
 				}
 				return len(seen) > 2
 			}) {

@@ -64,8 +64,8 @@ func TestInstantKindBesideFullSlots(t *testing.T) {
 		}
 	}
 	for _, k := range ticks {
-		if doc := e.waitState(k, task.StateSucceeded); doc.Workers[0].StartedAt.Before(at) {
-			t.Errorf("%s started at %s, before its time %s", k, doc.Workers[0].StartedAt, at)
+		if doc := e.waitState(k, task.StateSucceeded); doc.Attempts[0].StartedAt.Before(at) {
+			t.Errorf("%s started at %s, before its time %s", k, doc.Attempts[0].StartedAt, at)
 		}
 	}
 	mu.Lock()

@@ -61,13 +61,13 @@ func TestObserverClaimWait(t *testing.T) {
 	e.worker("w1", func(context.Context, *consumer.Job) error { return nil }, func(c *consumer.Config) { c.Observer = rec })
 	for _, k := range []string{"fresh", "delayed", "orphan"} {
 		doc := e.waitState(k, task.StateSucceeded)
-		claim := doc.Workers[len(doc.Workers)-1]
+		claim := doc.Attempts[len(doc.Attempts)-1]
 		ready, takenOver := doc.CreatedAt, 0
 		switch k {
 		case "delayed":
 			ready = doc.RunAt
 		case "orphan":
-			ready, takenOver = doc.Workers[0].LeaseUntil, 1
+			ready, takenOver = doc.Attempts[0].LeaseUntil, 1
 		}
 		testutil.Eventually(t, waitLong, k+" finished", func() bool {
 			rec.mu.Lock()

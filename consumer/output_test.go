@@ -41,10 +41,10 @@ func TestResultAndLogStoredWithAttempt(t *testing.T) {
 	if err := recv(t, tooBig, "the oversized SetResult"); !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "result") {
 		t.Errorf("SetResult of %d bytes: %v; want ErrInvalid naming the result", task.MaxResultSize+2, err)
 	}
-	if len(doc.Workers) != 2 {
-		t.Fatalf("want two entries, have %+v", doc.Workers)
+	if len(doc.Attempts) != 2 {
+		t.Fatalf("want two entries, have %+v", doc.Attempts)
 	}
-	failed, won := doc.Workers[0], doc.Workers[1]
+	failed, won := doc.Attempts[0], doc.Attempts[1]
 	if failed.State != task.AttemptFail || string(failed.Result) != `{"try":1}` || len(failed.Log) != 1 || failed.Log[0].Msg != "first try fails" || failed.Log[0].At.IsZero() {
 		t.Errorf("failed attempt: %+v; want result {\"try\":1} and the line \"first try fails\"", failed)
 	}
@@ -107,8 +107,8 @@ func TestAttemptHistory(t *testing.T) {
 			t.Errorf("attempt %d: %+v; want %s %s with the line %q", i+1, w, want[i].worker, want[i].state, want[i].line)
 		}
 	}
-	if len(doc.Workers) != 2 || string(doc.Result()) != `"done"` {
-		t.Errorf("workers %+v result %s; want the FAIL and SUCCESS entries only, result \"done\"", doc.Workers, doc.Result())
+	if len(doc.Attempts) != 2 || string(doc.Result()) != `"done"` {
+		t.Errorf("workers %+v result %s; want the FAIL and SUCCESS entries only, result \"done\"", doc.Attempts, doc.Result())
 	}
 }
 
@@ -132,14 +132,14 @@ func TestCancelLeavesNoRunningEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	doc := e.get("cx")
-	if len(doc.Workers) != 1 || doc.Workers[0].State != task.WorkerCancelled || doc.Workers[0].EndedAt.IsZero() {
-		t.Fatalf("workers %+v; want the one attempt CANCELLED", doc.Workers)
+	if len(doc.Attempts) != 1 || doc.Attempts[0].State != task.WorkerCancelled || doc.Attempts[0].EndedAt.IsZero() {
+		t.Fatalf("workers %+v; want the one attempt CANCELLED", doc.Attempts)
 	}
 	testutil.Eventually(t, waitLong, "the cancelled handler's log lines", func() bool {
 		doc = e.get("cx")
-		return len(doc.Workers[0].Log) == 2
+		return len(doc.Attempts[0].Log) == 2
 	})
-	if w := doc.Workers[0]; w.State != task.WorkerCancelled || w.Log[0].Msg != "started" || !strings.Contains(w.Log[1].Msg, "cancelled") || doc.State != task.StateCancelled {
+	if w := doc.Attempts[0]; w.State != task.WorkerCancelled || w.Log[0].Msg != "started" || !strings.Contains(w.Log[1].Msg, "cancelled") || doc.State != task.StateCancelled {
 		t.Errorf("task %s, entry %+v; want CANCELLED with both lines", doc.State, w)
 	}
 }
@@ -157,13 +157,13 @@ func TestLogShowsWhileRunning(t *testing.T) {
 	e.publish("live", lease(50*time.Millisecond, 20*time.Second))
 	testutil.Eventually(t, waitLong, "the running attempt's log line in the store", func() bool {
 		doc := e.get("live")
-		return len(doc.Workers) == 1 && len(doc.Workers[0].Log) == 1
+		return len(doc.Attempts) == 1 && len(doc.Attempts[0].Log) == 1
 	})
-	if doc := e.get("live"); doc.Workers[0].State != task.AttemptRunning || doc.Workers[0].Log[0].Msg != "halfway" {
-		t.Errorf("entry %+v; want RUNNING with the line", doc.Workers[0])
+	if doc := e.get("live"); doc.Attempts[0].State != task.AttemptRunning || doc.Attempts[0].Log[0].Msg != "halfway" {
+		t.Errorf("entry %+v; want RUNNING with the line", doc.Attempts[0])
 	}
 	close(release)
-	if doc := e.waitState("live", task.StateSucceeded); len(doc.Workers[0].Log) != 1 {
-		t.Errorf("after success: %+v; want the one line, once", doc.Workers[0])
+	if doc := e.waitState("live", task.StateSucceeded); len(doc.Attempts[0].Log) != 1 {
+		t.Errorf("after success: %+v; want the one line, once", doc.Attempts[0])
 	}
 }

@@ -30,14 +30,14 @@ func TestLockKeysNamedLikeRateSlotsRunUnderALimit(t *testing.T) {
 	e.publish("second", lockKeys("device:a"))
 	e.publish("user", lockKeys("rate:lock:device:a#0", "rate:lock:device:a"))
 	e.waitState("user", task.StateSucceeded)
-	if doc := e.get("second"); doc.State != task.StatePending || len(doc.Workers) != 0 {
-		t.Fatalf("second is %s with workers %+v under the limit; want pending, never claimed", doc.State, doc.Workers)
+	if doc := e.get("second"); doc.State != task.StatePending || len(doc.Attempts) != 0 {
+		t.Fatalf("second is %s with workers %+v under the limit; want pending, never claimed", doc.State, doc.Attempts)
 	}
 	now := e.store.Now()
 	err := e.store.AcquireLocks(ctx, task.LockParams{Namespace: task.LockRate, Keys: []string{"lock:device:a#0"},
 		Holder: task.Holder{TaskKey: "probe", WorkerID: "probe"}, Now: now, Until: now.Add(time.Second)})
 	var le *task.LockedError
-	if !errors.As(err, &le) || le.Holder != first.Workers[0].Holder(first.Key) {
+	if !errors.As(err, &le) || le.Holder != first.Attempts[0].Holder(first.Key) {
 		t.Fatalf("the slot lock:device:a#0 among rate slots: %v; want it held by first's attempt", err)
 	}
 }

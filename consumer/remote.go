@@ -177,7 +177,7 @@ func (r *RemoteWorkers) Heartbeat(ctx context.Context, w RemoteWorker) (task.Wor
 		}
 		if cause := ping.New(r.cfg.Store, doc, a.holder(), r.cfg.Logger).Observe(doc); cause != nil {
 			lost = append(lost, LostAttempt{a, cause})
-		} else if i := doc.Entry(a.holder()); !doc.Workers[i].Live(now) {
+		} else if i := doc.Entry(a.holder()); !doc.Attempts[i].Live(now) {
 			lost = append(lost, LostAttempt{a, fmt.Errorf("lease expired: %w", task.ErrLeaseLost)})
 		}
 	}

@@ -40,7 +40,7 @@ type RemoteJob struct {
 // LeaseUntil is when the claimed attempt's lease ends unless renewed.
 func (j RemoteJob) LeaseUntil() time.Time {
 	if i := j.Task.Entry(j.Holder); i >= 0 {
-		return j.Task.Workers[i].LeaseUntil
+		return j.Task.Attempts[i].LeaseUntil
 	}
 	return time.Time{}
 }
@@ -276,7 +276,7 @@ func (r *RemoteWorkers) claimTask(ctx context.Context, rules *claimRules, t *tas
 		}
 	case err == nil:
 		i := doc.Entry(try.holder)
-		if i < 0 || !r.cfg.Store.Now().Before(doc.Workers[i].LeaseUntil) {
+		if i < 0 || !r.cfg.Store.Now().Before(doc.Attempts[i].LeaseUntil) {
 			// The claim landed after its own lease: do not hand it out.
 			try.free()
 			return job, at, false

@@ -58,7 +58,7 @@ func appendLog(t *task.Task, h task.Holder, lines []string, now time.Time) {
 	if len(lines) == 0 || i < 0 {
 		return
 	}
-	w := t.Workers[i]
+	w := t.Attempts[i]
 	out := task.Output{Result: w.Result, Log: slices.Clone(w.Log), LogDropped: w.LogDropped}
 	for _, l := range lines {
 		out.Log = append(out.Log, task.LogLine{At: now, Msg: l})
@@ -119,7 +119,7 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 		return nil, "", err
 	}
 	ended := r.cfg.Store.Now()
-	if i := ren.Doc().Entry(h); !ren.Doc().Workers[i].Live(ended) {
+	if i := ren.Doc().Entry(h); !ren.Doc().Attempts[i].Live(ended) {
 		return nil, "", fmt.Errorf("task %s attempt %d: lease expired: %w", a.Key, a.Attempt, task.ErrLeaseLost)
 	}
 	// Locks before the outcome, whose change event wakes their waiters
@@ -132,7 +132,7 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 		appendLog(t, h, o.Log, ended)
 		if o.Outcome == OutcomeSucceeded && len(o.Result) > 0 {
 			if i := t.Entry(h); i >= 0 {
-				t.Record(h, task.Output{Result: o.Result, Log: t.Workers[i].Log, LogDropped: t.Workers[i].LogDropped})
+				t.Record(h, task.Output{Result: o.Result, Log: t.Attempts[i].Log, LogDropped: t.Attempts[i].LogDropped})
 			}
 		}
 		return write(t, ended)

@@ -113,7 +113,7 @@ func (c *Consumer) adoptClaim(ctx context.Context, key string, try *claimTry) (*
 		return nil, false
 	}
 	i := doc.Entry(try.holder)
-	if i < 0 || doc.Workers[i].State != task.AttemptRunning || !c.store.Now().Before(doc.Workers[i].LeaseUntil) {
+	if i < 0 || doc.Attempts[i].State != task.AttemptRunning || !c.store.Now().Before(doc.Attempts[i].LeaseUntil) {
 		return nil, false
 	}
 	return doc, true
@@ -125,7 +125,7 @@ func takesOver(t *task.Task, self string, now time.Time) bool {
 	if t == nil {
 		return false
 	}
-	for _, w := range t.Workers {
+	for _, w := range t.Attempts {
 		if w.WorkerID != self && w.Expired(now) {
 			return true
 		}
@@ -344,7 +344,7 @@ func (c *Consumer) writeOutcome(lease *ping.Renewer, fn func(*task.Task) error) 
 		}
 		doc := lease.Doc()
 		i := doc.Entry(lease.Holder())
-		if i < 0 || !c.store.Now().Before(doc.Workers[i].LeaseUntil) {
+		if i < 0 || !c.store.Now().Before(doc.Attempts[i].LeaseUntil) {
 			return err
 		}
 		time.Sleep(backoff)

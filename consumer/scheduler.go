@@ -356,7 +356,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.tab.wakeOne(k, now)
-			if len(t.Workers) > 0 {
+			if len(t.Attempts) > 0 {
 				s.freed(k) // an attempt ended, not a publish
 			}
 		}

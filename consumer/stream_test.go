@@ -80,8 +80,8 @@ func testStreamFaults(t *testing.T, fail error, wantResume bool) {
 	}
 	if ran.Load() != n {
 		for i := range n {
-			if doc := e.get(fmt.Sprintf("t-%d", i)); len(doc.Workers) != 1 {
-				t.Logf("%s: %+v", doc.Key, doc.Workers)
+			if doc := e.get(fmt.Sprintf("t-%d", i)); len(doc.Attempts) != 1 {
+				t.Logf("%s: %+v", doc.Key, doc.Attempts)
 			}
 		}
 		t.Fatalf("%d handler runs, want %d", ran.Load(), n)

@@ -66,6 +66,6 @@ func TestJobSucceededIgnoresOtherDocuments(t *testing.T) {
 	doc := e.waitState("k", task.StateSucceeded)
 	testutil.Eventually(t, waitLong, "the attempt's success recorded", func() bool {
 		doc = e.get("k")
-		return len(doc.Workers) == 1 && doc.Workers[0].State == task.AttemptSuccess
+		return len(doc.Attempts) == 1 && doc.Attempts[0].State == task.AttemptSuccess
 	})
 }

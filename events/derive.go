@@ -142,7 +142,7 @@ func DeriveClaims(t *task.Task, v int64) []Event {
 		return nil
 	}
 	var out []Event
-	for _, ws := range [][]task.Attempt{t.History, t.Workers} {
+	for _, ws := range [][]task.Attempt{t.History, t.Attempts} {
 		for _, w := range ws {
 			if w.ClaimVersion == v {
 				out = append(out, Event{Type: Claimed, Key: t.Key, Kind: t.Kind, Attempt: w.Attempt, Worker: w.WorkerID,

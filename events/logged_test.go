@@ -26,8 +26,8 @@ func TestLoggedEvents(t *testing.T) {
 		// Two renewals, at a 150 ms ping, as the store shows them.
 		seen := map[time.Time]bool{}
 		if !testutil.Within(5*time.Second, func() bool {
-			if tk, err := s.Get(ctx, "job"); err == nil && len(tk.Workers) > 0 {
-				seen[tk.Workers[len(tk.Workers)-1].LeaseUntil] = true
+			if tk, err := s.Get(ctx, "job"); err == nil && len(tk.Attempts) > 0 {
+				seen[tk.Attempts[len(tk.Attempts)-1].LeaseUntil] = true
 			}
 			return len(seen) > 2
 		}) {

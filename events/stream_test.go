@@ -78,7 +78,7 @@ func lifecycle(t *testing.T, s task.Store, step func(want ...string)) {
 	do("c", claim("w1"), "claimed c w1#1")
 	testutil.Eventually(t, 5*time.Second, "c's lease to run out in store time", func() bool {
 		tk, err := s.Get(ctx, "c")
-		return err == nil && s.Now().After(tk.Workers[len(tk.Workers)-1].LeaseUntil)
+		return err == nil && s.Now().After(tk.Attempts[len(tk.Attempts)-1].LeaseUntil)
 	})
 	do("c", claim("w2"), "expired c w1#1 by w2 lease expired", "claimed c w2#2")
 	do("c", func(tk *task.Task) error { return tk.Release(h, s.Now()) }, "released c w2#2")

@@ -246,7 +246,7 @@ func leasesEnd(ctx context.Context, s task.Store, key string, ended endedAttempt
 	// handlers stop only at their next ping, within their leases.
 	var at time.Time
 	now := s.Now()
-	for _, w := range t.Workers {
+	for _, w := range t.Attempts {
 		if key == ended.key && w.Attempt == ended.attempt {
 			continue
 		}
@@ -342,7 +342,7 @@ func reconcileRun(ctx context.Context, s task.Store, f *Flow, i int, undo bool, 
 	if err != nil || !t.State.Finished() {
 		return err
 	}
-	o := outcome{At: t.UpdatedAt, Attempt: t.Attempts}
+	o := outcome{At: t.UpdatedAt, Attempt: t.AttemptsStarted}
 	switch {
 	case !undo && f.timer(i):
 		// However its task ended, a timer's time has come.

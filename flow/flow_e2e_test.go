@@ -267,7 +267,7 @@ func TestCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range do.Workers {
+	for _, w := range do.Attempts {
 		if undo.RunAt.Before(w.LeaseUntil) {
 			t.Fatalf("undo due at %s, before the cancelled attempt's lease ended (%s)", undo.RunAt, w.LeaseUntil)
 		}
@@ -426,7 +426,7 @@ func TestRollbackDoesNotWaitForTheFailedAttemptsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	var last task.Attempt
-	for _, w := range append(do.History, do.Workers...) {
+	for _, w := range append(do.History, do.Attempts...) {
 		if w.Attempt > last.Attempt {
 			last = w
 		}

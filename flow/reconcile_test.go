@@ -273,7 +273,7 @@ func TestUndoWaitsForOutsideCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease := running.Workers[0].LeaseUntil
+	lease := running.Attempts[0].LeaseUntil
 	if _, err := task.Cancel(ctx, s, doB); err != nil {
 		t.Fatal(err)
 	}

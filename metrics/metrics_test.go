@@ -239,8 +239,8 @@ func crashedClaim(t *testing.T, s task.Store, key string) {
 func steal(t *testing.T, s task.Store, key string) {
 	t.Helper()
 	_, err := task.Modify(context.Background(), s, key, func(doc *task.Task) error {
-		for i := range doc.Workers {
-			if w := &doc.Workers[i]; w.State == task.AttemptRunning {
+		for i := range doc.Attempts {
+			if w := &doc.Attempts[i]; w.State == task.AttemptRunning {
 				w.WorkerID, w.Instance, w.LeaseUntil = "thief", "thief-1", s.Now().Add(time.Hour)
 			}
 		}

@@ -405,7 +405,7 @@ func (h *Handler) forget(corr string) {
 // or whose failure it records (a gate must not keep a dead holder's task
 // from that).
 func (h *Handler) Ready(t *task.Task) (consumer.Hold, bool) {
-	for _, a := range t.Workers {
+	for _, a := range t.Attempts {
 		if a.State == task.AttemptRunning {
 			return consumer.Hold{}, true
 		}

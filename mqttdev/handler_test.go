@@ -281,7 +281,7 @@ func TestReadyReadsFlowStepsAndLetsTakeoversThrough(t *testing.T) {
 		t.Fatal("an envelope under another key is read as a flow step")
 	}
 	taken := &task.Task{Key: "t-1", Kind: Kind, Payload: cmd,
-		Workers: []task.Attempt{{WorkerID: "dead", Attempt: 1, State: task.AttemptRunning, LeaseUntil: time.Now().Add(-time.Second)}}}
+		Attempts: []task.Attempt{{WorkerID: "dead", Attempt: 1, State: task.AttemptRunning, LeaseUntil: time.Now().Add(-time.Second)}}}
 	if _, ready := e.handler.Ready(taken); !ready {
 		t.Fatal("a command with a running attempt is held; want it let through for the takeover")
 	}

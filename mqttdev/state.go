@@ -352,7 +352,7 @@ func ListDevices(ctx context.Context, store task.Store, states DeviceStates) ([]
 					d.Queued++
 					continue
 				}
-				for _, w := range t.Workers {
+				for _, w := range t.Attempts {
 					if w.Live(now) || w.Expired(now) {
 						d.Current, d.Command, d.Holder, d.Attempt = t.Key, c.Command, w.WorkerID, w.Attempt
 					}

@@ -66,7 +66,7 @@ func TestListDevices(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &task.Task{Key: key, Kind: p.Kind, Payload: p.Payload, Seq: seq, State: st, Workers: workers}
+		return &task.Task{Key: key, Kind: p.Kind, Payload: p.Payload, Seq: seq, State: st, Attempts: workers}
 	}
 	s := &listStore{now: now, tasks: []*task.Task{
 		mk(1, "a", "d1", task.StateRunning, task.Attempt{WorkerID: "w1", State: task.AttemptRunning, Attempt: 2, LeaseUntil: now.Add(time.Second)}),

@@ -241,7 +241,7 @@ func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
 	}
 	for _, e := range r.Devices[4:8] {
 		got, err := st.Get(ctx, TaskKey("crash", e.Device, e.Attempt))
-		if err != nil || got.State != task.StateCancelled || len(got.Workers) != 0 {
+		if err != nil || got.State != task.StateCancelled || len(got.Attempts) != 0 {
 			t.Fatalf("%s: the late publish left %+v %v, want the withdrawn, cancelled, never claimed task", e.Device, got, err)
 		}
 	}
@@ -300,7 +300,7 @@ func TestStoppedRolloutEndsItsWaves(t *testing.T) {
 	key := TaskKey("cancel", "slow-1", 1)
 	stepUntil(t, s, "cancel", "a command claimed", func(*Rollout) bool {
 		got, err := st.Get(ctx, key)
-		return err == nil && len(got.Workers) == 1 && got.Workers[0].Live(st.Now())
+		return err == nil && len(got.Attempts) == 1 && got.Attempts[0].Live(st.Now())
 	})
 	if _, err := Cancel(ctx, st, "cancel"); err != nil {
 		t.Fatal(err)

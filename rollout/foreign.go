@@ -75,7 +75,7 @@ func foreign(t *task.Task, r *Rollout, want mqttdev.Command) string {
 // matter then; and once claimed, a task's run_at moves only by its
 // workers' doing (a retry's backoff, a snooze).
 func late(t *task.Task, r *Rollout) bool {
-	if r.State == StateAborting || r.State == StateCancelling || t.State.Finished() || t.Attempts > 0 {
+	if r.State == StateAborting || r.State == StateCancelling || t.State.Finished() || t.AttemptsStarted > 0 {
 		return false
 	}
 	return t.RunAt.After(t.CreatedAt)

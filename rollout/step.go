@@ -215,7 +215,7 @@ func classify(t *task.Task) (Outcome, string, bool) {
 		return OutcomeCancelled, "cancelled", false
 	}
 	var last task.Attempt
-	for _, a := range append(append([]task.Attempt{}, t.History...), t.Workers...) {
+	for _, a := range append(append([]task.Attempt{}, t.History...), t.Attempts...) {
 		if a.Attempt >= last.Attempt {
 			last = a
 		}

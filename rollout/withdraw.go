@@ -115,7 +115,7 @@ func (s *Stepper) withdrawTask(ctx context.Context, r *Rollout, e *Exec, key str
 			return nil
 		}
 		now := s.st.Now()
-		for _, a := range t.Workers {
+		for _, a := range t.Attempts {
 			if a.Live(now) {
 				return errLive
 			}

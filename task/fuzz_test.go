@@ -14,7 +14,7 @@ import (
 func FuzzTaskJSON(f *testing.F) {
 	tk, _ := task.NewTask(task.PublishParams{Key: "k", Kind: "exec", Payload: json.RawMessage(`{"argv":["true"]}`),
 		Options: task.Options{SpecificWorkerIDs: []string{"a"}, LockKeys: []string{"device:1"}}}, t0)
-	tk.Workers = append(tk.Workers, running("a", 1, t0.Add(time.Second)), ended("b", 2, task.AttemptFail))
+	tk.Attempts = append(tk.Attempts, running("a", 1, t0.Add(time.Second)), ended("b", 2, task.AttemptFail))
 	seed, _ := json.Marshal(tk)
 	f.Add(seed)
 	f.Add([]byte(`{}`))

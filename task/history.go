@@ -38,12 +38,12 @@ const (
 
 // archive moves worker entry i into History as st, ended at now.
 func (t *Task) archive(i int, st AttemptState, now time.Time) {
-	w := t.Workers[i]
+	w := t.Attempts[i]
 	w.State = st
 	if w.EndedAt.IsZero() {
 		w.EndedAt = now.UTC()
 	}
-	t.Workers = slices.Delete(t.Workers, i, i+1)
+	t.Attempts = slices.Delete(t.Attempts, i, i+1)
 	t.keep(w)
 }
 
@@ -81,8 +81,8 @@ func outputSize(w Attempt) int {
 // runs. The lease is kept: a handler still running learns of the end at
 // its next ping, and Reset waits for that lease before a rerun.
 func (t *Task) endRunning(st AttemptState, why string, now time.Time) {
-	for i := range t.Workers {
-		if w := &t.Workers[i]; w.State == AttemptRunning {
+	for i := range t.Attempts {
+		if w := &t.Attempts[i]; w.State == AttemptRunning {
 			w.State, w.EndedAt, w.Error = st, now.UTC(), why
 		}
 	}
@@ -91,8 +91,8 @@ func (t *Task) endRunning(st AttemptState, why string, now time.Time) {
 // AttemptHistory returns every attempt t recorded, oldest first: History, then
 // the worker list (HistoryDropped says how many older ones were left out).
 func (t *Task) AttemptHistory() []Attempt {
-	all := make([]Attempt, 0, len(t.History)+len(t.Workers))
-	all = append(append(all, t.History...), t.Workers...)
+	all := make([]Attempt, 0, len(t.History)+len(t.Attempts))
+	all = append(append(all, t.History...), t.Attempts...)
 	slices.SortStableFunc(all, func(a, b Attempt) int { return cmp.Compare(a.Attempt, b.Attempt) })
 	return all
 }
@@ -102,7 +102,7 @@ func (t *Task) AttemptHistory() []Attempt {
 // else and notes only the lines logged since (ChangeLogged); it fails with ErrLeaseLost unless h's entry is
 // still in the worker list as CANCELLED.
 func (t *Task) RecordCancelled(h Holder, out Output) error {
-	if i := t.Entry(h); i < 0 || t.Workers[i].State != WorkerCancelled {
+	if i := t.Entry(h); i < 0 || t.Attempts[i].State != WorkerCancelled {
 		return fmt.Errorf("task %s attempt %d: no cancelled entry: %w", t.Key, h.Attempt, ErrLeaseLost)
 	}
 	t.Record(h, out)

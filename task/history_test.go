@@ -39,8 +39,8 @@ func TestHistoryKeepsEntriesTakenOut(t *testing.T) {
 			if err := tt.do(tk); err != nil {
 				t.Fatal(err)
 			}
-			if len(tk.Workers) != 0 || len(tk.History) != 1 {
-				t.Fatalf("workers %+v history %+v; want the entry moved to history", tk.Workers, tk.History)
+			if len(tk.Attempts) != 0 || len(tk.History) != 1 {
+				t.Fatalf("workers %+v history %+v; want the entry moved to history", tk.Attempts, tk.History)
 			}
 			w := tk.History[0]
 			if w.State != tt.want || w.Attempt != 1 || !w.EndedAt.Equal(now) || string(w.Result) != `"r"` || len(w.Log) != 1 {
@@ -49,7 +49,7 @@ func TestHistoryKeepsEntriesTakenOut(t *testing.T) {
 			if tk.State != task.StatePending {
 				t.Errorf("state %s; want pending (history is not counted)", tk.State)
 			}
-			// The claim rule reads only Workers and these counts, so history
+			// The claim rule reads only Attempts and these counts, so history
 			// does not block a claim (consumer/internal/preempt's
 			// TestHistoryDoesNotBlockClaim checks the verdict itself).
 			if c := tk.CountWorkers(t0.Add(2 * time.Hour)); c != (task.Counts{}) {
@@ -71,13 +71,13 @@ func TestCancelEndsRunningAndResetArchives(t *testing.T) {
 	if err := tk.Cancel(now); err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range tk.Workers[1:] {
+	for _, w := range tk.Attempts[1:] {
 		if w.State != task.WorkerCancelled || !w.EndedAt.Equal(now) || !w.LeaseUntil.Equal(lease) {
 			t.Errorf("entry %+v after Cancel; want CANCELLED at %s, lease kept", w, now)
 		}
 	}
-	if tk.Workers[0].State != task.AttemptFail {
-		t.Errorf("ended entry changed by Cancel: %+v", tk.Workers[0])
+	if tk.Attempts[0].State != task.AttemptFail {
+		t.Errorf("ended entry changed by Cancel: %+v", tk.Attempts[0])
 	}
 	if err := tk.Reset(now); err != nil {
 		t.Fatal(err)
@@ -85,8 +85,8 @@ func TestCancelEndsRunningAndResetArchives(t *testing.T) {
 	if !tk.RunAt.Equal(lease) {
 		t.Errorf("rerun at %s; want %s, after the cancelled handlers' lease", tk.RunAt, lease)
 	}
-	if len(tk.Workers) != 0 || len(tk.History) != 3 || tk.History[1].State != task.WorkerCancelled || tk.History[0].State != task.AttemptFail {
-		t.Errorf("workers %+v history %+v; want all three entries in history", tk.Workers, tk.History)
+	if len(tk.Attempts) != 0 || len(tk.History) != 3 || tk.History[1].State != task.WorkerCancelled || tk.History[0].State != task.AttemptFail {
+		t.Errorf("workers %+v history %+v; want all three entries in history", tk.Attempts, tk.History)
 	}
 	all := tk.AttemptHistory()
 	if len(all) != 3 || all[0].Attempt != 1 || all[2].Attempt != 3 {
@@ -129,8 +129,8 @@ func TestHistoryCapped(t *testing.T) {
 	if first, last := tk.History[0].Attempt, tk.History[task.MaxHistory-1].Attempt; first != 8 || last != n {
 		t.Errorf("history keeps attempts %d..%d; want the latest, 8..%d", first, last, n)
 	}
-	if tk.Attempts != n || len(tk.Workers) != 0 {
-		t.Errorf("attempts %d workers %+v", tk.Attempts, tk.Workers)
+	if tk.AttemptsStarted != n || len(tk.Attempts) != 0 {
+		t.Errorf("attempts %d workers %+v", tk.AttemptsStarted, tk.Attempts)
 	}
 }
 
@@ -166,7 +166,7 @@ func TestRecordCancelled(t *testing.T) {
 	if err := tk.RecordCancelled(h, out); err != nil {
 		t.Fatal(err)
 	}
-	if len(tk.Workers[0].Log) != 1 || tk.State != task.StateCancelled || tk.ChangesVersion != before.ChangesVersion || !tk.UpdatedAt.Equal(before.UpdatedAt) {
+	if len(tk.Attempts[0].Log) != 1 || tk.State != task.StateCancelled || tk.ChangesVersion != before.ChangesVersion || !tk.UpdatedAt.Equal(before.UpdatedAt) {
 		t.Errorf("after RecordCancelled: %+v", tk)
 	}
 }
@@ -187,8 +187,8 @@ func TestHistoryOutputBounded(t *testing.T) {
 		if err := tk.Fail(h, "boom\n"+strings.Repeat("stack ", 2*task.MaxErrorLen), time.Time{}, t0); err != nil {
 			t.Fatal(err)
 		}
-		if len(tk.Workers[len(tk.Workers)-1].Error) > task.MaxErrorLen {
-			t.Fatalf("Fail kept an error of %d bytes; limit %d", len(tk.Workers[len(tk.Workers)-1].Error), task.MaxErrorLen)
+		if len(tk.Attempts[len(tk.Attempts)-1].Error) > task.MaxErrorLen {
+			t.Fatalf("Fail kept an error of %d bytes; limit %d", len(tk.Attempts[len(tk.Attempts)-1].Error), task.MaxErrorLen)
 		}
 		if err := tk.Cancel(t0); err != nil {
 			t.Fatal(err)

@@ -104,7 +104,7 @@ func (q ListQuery) Matches(t *Task) bool {
 
 // HasWorker reports whether t's worker list has an entry of worker id.
 func (t *Task) HasWorker(id string) bool {
-	for _, w := range t.Workers {
+	for _, w := range t.Attempts {
 		if w.WorkerID == id {
 			return true
 		}

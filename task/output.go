@@ -119,7 +119,7 @@ func (t *Task) Record(h Holder, out Output) {
 	if i < 0 {
 		return
 	}
-	w := &t.Workers[i]
+	w := &t.Attempts[i]
 	lines, dropped := make([]LogLine, 0, len(out.Log)+1), out.LogDropped
 	for _, l := range out.Log {
 		lines = append(lines, LogLine{At: l.At.UTC(), Msg: LogText(l.Msg)})
@@ -159,7 +159,7 @@ func newLines(old []LogLine, oldDropped int, lines []LogLine, dropped int) []Log
 // one), or nil.
 func (t *Task) Result() json.RawMessage {
 	var best *Attempt
-	for _, ws := range [][]Attempt{t.Workers, t.History} {
+	for _, ws := range [][]Attempt{t.Attempts, t.History} {
 		for i := range ws {
 			if w := &ws[i]; w.State == AttemptSuccess && len(w.Result) > 0 && (best == nil || w.Attempt > best.Attempt) {
 				best = w

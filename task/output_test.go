@@ -38,7 +38,7 @@ func TestRecord(t *testing.T) {
 		if err := tk.Succeed(h, now); err != nil {
 			t.Fatal(err)
 		}
-		w := tk.Workers[0]
+		w := tk.Attempts[0]
 		if string(w.Result) != `{"n":1}` || string(tk.Result()) != `{"n":1}` {
 			t.Errorf("result %s, Result() %s; want {\"n\":1}", w.Result, tk.Result())
 		}
@@ -50,7 +50,7 @@ func TestRecord(t *testing.T) {
 		tk := runningDoc(t, nil)
 		big := json.RawMessage(`"` + strings.Repeat("x", task.MaxResultSize) + `"`)
 		tk.Record(h, task.Output{Result: big})
-		w := tk.Workers[0]
+		w := tk.Attempts[0]
 		if w.Result != nil || len(w.Log) != 1 || !strings.Contains(w.Log[0].Msg, "result") {
 			t.Errorf("entry %+v; want no result and a line saying why", w)
 		}
@@ -59,8 +59,8 @@ func TestRecord(t *testing.T) {
 		tk := runningDoc(t, nil)
 		tk.Record(h, task.Output{Result: json.RawMessage("null")})
 		tk.Record(task.Holder{WorkerID: "b", Attempt: 1}, task.Output{Result: json.RawMessage("1")})
-		if tk.Workers[0].Result != nil || tk.Result() != nil {
-			t.Errorf("entry %+v", tk.Workers[0])
+		if tk.Attempts[0].Result != nil || tk.Result() != nil {
+			t.Errorf("entry %+v", tk.Attempts[0])
 		}
 	})
 }
@@ -96,7 +96,7 @@ func TestFailKeepsABoundedValidError(t *testing.T) {
 	if err := tk.Fail(h, "bad \xff"+strings.Repeat("é", task.MaxErrorLen), time.Time{}, t0.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	e := tk.Workers[0].Error
+	e := tk.Attempts[0].Error
 	if len(e) > task.MaxErrorLen || !utf8.ValidString(e) || !strings.HasPrefix(e, "bad \uFFFD") || tk.Changes[0].Error != e {
 		t.Errorf("error kept: %d bytes, valid UTF-8 %v, starts %q; noted %d bytes", len(e), utf8.ValidString(e), e[:8], len(tk.Changes[0].Error))
 	}

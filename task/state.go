@@ -19,7 +19,7 @@ type Counts struct {
 // CountWorkers counts t's workers at now.
 func (t *Task) CountWorkers(now time.Time) Counts {
 	var c Counts
-	for _, w := range t.Workers {
+	for _, w := range t.Attempts {
 		switch {
 		case w.Live(now):
 			c.Live++
@@ -62,7 +62,7 @@ func (t *Task) Recompute(now time.Time) {
 	}
 	// Full: the earliest lease to expire frees a slot, or lets a claimer
 	// record the failure.
-	for _, w := range t.Workers {
+	for _, w := range t.Attempts {
 		if w.Live(now) && (t.NextClaimAt.IsZero() || w.LeaseUntil.Before(t.NextClaimAt)) {
 			t.NextClaimAt = w.LeaseUntil
 		}
@@ -71,7 +71,7 @@ func (t *Task) Recompute(now time.Time) {
 
 // Entry returns the index of h's entry (worker, instance and attempt), or -1.
 func (t *Task) Entry(h Holder) int {
-	return slices.IndexFunc(t.Workers, func(w Attempt) bool {
+	return slices.IndexFunc(t.Attempts, func(w Attempt) bool {
 		return w.WorkerID == h.WorkerID && w.Attempt == h.Attempt && w.Instance == h.Instance
 	})
 }
@@ -87,20 +87,20 @@ func (t *Task) Allows(workerID string) bool {
 // writes t with compare-and-set.
 func (t *Task) Claim(who Holder, now time.Time) Holder {
 	t.Reap(now)
-	t.Attempts++
-	t.Workers = append(t.Workers, Attempt{
+	t.AttemptsStarted++
+	t.Attempts = append(t.Attempts, Attempt{
 		WorkerID:   who.WorkerID,
 		Instance:   who.Instance,
 		State:      AttemptRunning,
-		Attempt:    t.Attempts,
+		Attempt:    t.AttemptsStarted,
 		LeaseUntil: now.Add(time.Duration(t.WorkerTimeout)).UTC(),
 		StartedAt:  now.UTC(),
 		// The store bumps Version by one on the write (as note assumes).
 		ClaimVersion: t.Version + 1,
 	})
-	t.noteWorker(ChangeClaimed, t.Workers[len(t.Workers)-1])
+	t.noteWorker(ChangeClaimed, t.Attempts[len(t.Attempts)-1])
 	t.touch(now)
-	return Holder{TaskKey: t.Key, WorkerID: who.WorkerID, Attempt: t.Attempts, Instance: who.Instance}
+	return Holder{TaskKey: t.Key, WorkerID: who.WorkerID, Attempt: t.AttemptsStarted, Instance: who.Instance}
 }
 
 // holding returns the index of h's RUNNING entry, or an error wrapping
@@ -114,7 +114,7 @@ func (t *Task) holding(h Holder) (int, error) {
 		return -1, fmt.Errorf("task %s is %s: %w", t.Key, t.State, ErrTaskDone)
 	}
 	i := t.Entry(h)
-	if i < 0 || t.Workers[i].State != AttemptRunning {
+	if i < 0 || t.Attempts[i].State != AttemptRunning {
 		return -1, fmt.Errorf("task %s attempt %d: %w", t.Key, h.Attempt, ErrLeaseLost)
 	}
 	return i, nil
@@ -124,8 +124,8 @@ func (t *Task) holding(h Holder) (int, error) {
 // finish): an expired lease is lost even before a peer takes it.
 func (t *Task) live(h Holder, now time.Time) (int, error) {
 	i, err := t.holding(h)
-	if err == nil && !t.Workers[i].Live(now) {
-		return -1, fmt.Errorf("task %s attempt %d: lease expired at %s: %w", t.Key, h.Attempt, t.Workers[i].LeaseUntil.Format(time.RFC3339Nano), ErrLeaseLost)
+	if err == nil && !t.Attempts[i].Live(now) {
+		return -1, fmt.Errorf("task %s attempt %d: lease expired at %s: %w", t.Key, h.Attempt, t.Attempts[i].LeaseUntil.Format(time.RFC3339Nano), ErrLeaseLost)
 	}
 	return i, err
 }
@@ -141,7 +141,7 @@ func (t *Task) Renew(h Holder, now time.Time) error {
 	if !t.Allows(h.WorkerID) {
 		return fmt.Errorf("task %s: %w", t.Key, ErrUnpinned)
 	}
-	t.Workers[i].LeaseUntil = now.Add(time.Duration(t.WorkerTimeout)).UTC()
+	t.Attempts[i].LeaseUntil = now.Add(time.Duration(t.WorkerTimeout)).UTC()
 	t.touch(now)
 	return nil
 }
@@ -151,10 +151,10 @@ func (t *Task) Renew(h Holder, now time.Time) error {
 // the lease to expire. It reports whether it changed t.
 func (t *Task) Unpin(h Holder, now time.Time) bool {
 	i := t.Entry(h)
-	if t.Allows(h.WorkerID) || i < 0 || t.Workers[i].State != AttemptRunning {
+	if t.Allows(h.WorkerID) || i < 0 || t.Attempts[i].State != AttemptRunning {
 		return false
 	}
-	t.noteWorker(ChangeUnpinned, t.Workers[i])
+	t.noteWorker(ChangeUnpinned, t.Attempts[i])
 	t.archive(i, WorkerUnpinned, now)
 	t.touch(now)
 	return true
@@ -167,8 +167,8 @@ func (t *Task) Succeed(h Holder, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	t.Workers[i].State, t.Workers[i].EndedAt = AttemptSuccess, now.UTC()
-	t.noteWorker(ChangeSucceeded, t.Workers[i])
+	t.Attempts[i].State, t.Attempts[i].EndedAt = AttemptSuccess, now.UTC()
+	t.noteWorker(ChangeSucceeded, t.Attempts[i])
 	t.touch(now)
 	return nil
 }
@@ -182,7 +182,7 @@ func (t *Task) Fail(h Holder, errMsg string, retryAt, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	w := &t.Workers[i]
+	w := &t.Attempts[i]
 	w.State, w.EndedAt, w.Error = AttemptFail, now.UTC(), cut(strings.ToValidUTF8(errMsg, "\uFFFD"), MaxErrorLen)
 	t.noteWorker(ChangeFailed, *w)
 	retryAt = clampTime(retryAt)
@@ -206,14 +206,14 @@ func (t *Task) release(h Holder, op string, st AttemptState, now time.Time) erro
 	i, err := t.holding(h)
 	if errors.Is(err, ErrTaskDone) {
 		// Other workers finished it: this one steps out as well.
-		if i = t.Entry(h); i >= 0 && t.Workers[i].State == AttemptRunning {
+		if i = t.Entry(h); i >= 0 && t.Attempts[i].State == AttemptRunning {
 			err = nil
 		}
 	}
 	if err != nil {
 		return err
 	}
-	t.noteWorker(op, t.Workers[i])
+	t.noteWorker(op, t.Attempts[i])
 	t.archive(i, st, now)
 	t.touch(now)
 	return nil
@@ -243,14 +243,14 @@ func (t *Task) Reset(now time.Time) error {
 	// them CANCELLED) keep their slot until their leases end: the rerun
 	// starts after.
 	runAt := now
-	for _, w := range t.Workers {
+	for _, w := range t.Attempts {
 		if (w.State == AttemptRunning || w.State == WorkerCancelled) && w.LeaseUntil.After(runAt) {
 			runAt = w.LeaseUntil
 		}
 	}
 	t.endRunning(WorkerReleased, "task rerun", now)
-	t.keep(t.Workers...)
-	t.Workers = []Attempt{}
+	t.keep(t.Attempts...)
+	t.Attempts = []Attempt{}
 	t.Cancelled = false
 	if t.RunAt.Before(runAt) {
 		t.RunAt = runAt.UTC()
@@ -265,8 +265,8 @@ func (t *Task) Reset(now time.Time) error {
 // writes it alone, failing the task). It reports how many it recorded.
 func (t *Task) Reap(now time.Time) int {
 	n := 0
-	for i := range t.Workers {
-		if w := &t.Workers[i]; w.Expired(now) {
+	for i := range t.Attempts {
+		if w := &t.Attempts[i]; w.Expired(now) {
 			w.State, w.EndedAt, w.Error = AttemptExpired, now.UTC(), "lease expired"
 			t.noteWorker(ChangeExpired, *w)
 			n++

@@ -24,7 +24,7 @@ func TestRenew(t *testing.T) {
 		if err := tk.Renew(task.Holder{WorkerID: "a", Attempt: 1}, now.In(time.FixedZone("x", 7200))); err != nil {
 			t.Fatal(err)
 		}
-		w := tk.Workers[0]
+		w := tk.Attempts[0]
 		if !w.LeaseUntil.Equal(now.Add(4*time.Second)) || w.LeaseUntil.Location() != time.UTC {
 			t.Errorf("lease_until = %s, want %s UTC", w.LeaseUntil, now.Add(4*time.Second))
 		}
@@ -55,7 +55,7 @@ func TestRenew(t *testing.T) {
 	}{
 		{"other worker", nil, "b", 1, task.ErrLeaseLost},
 		{"other attempt", nil, "a", 2, task.ErrLeaseLost},
-		{"finished entry", func(tk *task.Task) { tk.Workers[0].State = task.AttemptFail }, "a", 1, task.ErrLeaseLost},
+		{"finished entry", func(tk *task.Task) { tk.Attempts[0].State = task.AttemptFail }, "a", 1, task.ErrLeaseLost},
 		{"cancelled", func(tk *task.Task) { tk.Cancelled = true }, "a", 1, task.ErrCancelled},
 		{"unpinned", func(tk *task.Task) { tk.SpecificWorkerIDs = []string{"b"} }, "a", 1, task.ErrUnpinned},
 	}
@@ -70,7 +70,7 @@ func TestRenew(t *testing.T) {
 			if !errors.Is(err, tt.want) || !errors.Is(err, task.ErrLeaseLost) {
 				t.Fatalf("Renew = %v, want %v (wrapping ErrLeaseLost)", err, tt.want)
 			}
-			if !tk.Workers[0].LeaseUntil.Equal(before.Workers[0].LeaseUntil) {
+			if !tk.Attempts[0].LeaseUntil.Equal(before.Attempts[0].LeaseUntil) {
 				t.Error("refused Renew changed the lease")
 			}
 		})
@@ -85,7 +85,7 @@ func TestFinish(t *testing.T) {
 		if err := tk.Succeed(task.Holder{WorkerID: "a", Attempt: 1}, now); err != nil {
 			t.Fatal(err)
 		}
-		if w := tk.Workers[0]; w.State != task.AttemptSuccess || !w.EndedAt.Equal(now) || w.Error != "" {
+		if w := tk.Attempts[0]; w.State != task.AttemptSuccess || !w.EndedAt.Equal(now) || w.Error != "" {
 			t.Errorf("worker = %+v", w)
 		}
 		if tk.State != task.StateSucceeded || !tk.NextClaimAt.IsZero() {
@@ -97,7 +97,7 @@ func TestFinish(t *testing.T) {
 		if err := tk.Fail(task.Holder{WorkerID: "a", Attempt: 1}, "boom", time.Time{}, now); err != nil {
 			t.Fatal(err)
 		}
-		if w := tk.Workers[0]; w.State != task.AttemptFail || w.Error != "boom" {
+		if w := tk.Attempts[0]; w.State != task.AttemptFail || w.Error != "boom" {
 			t.Errorf("worker = %+v", w)
 		}
 		if tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
@@ -121,7 +121,7 @@ func TestFinish(t *testing.T) {
 		if err := tk.Fail(task.Holder{WorkerID: "a", Attempt: 1}, "late", time.Time{}, now); !errors.Is(err, task.ErrLeaseLost) {
 			t.Errorf("second Finish = %v, want ErrLeaseLost", err)
 		}
-		if tk.Workers[0].State != task.AttemptSuccess {
+		if tk.Attempts[0].State != task.AttemptSuccess {
 			t.Error("second Finish changed the entry")
 		}
 	})
@@ -146,15 +146,15 @@ func TestRelease(t *testing.T) {
 	t.Parallel()
 	now := t0.Add(time.Second)
 	tk := runningDoc(t, func(p *task.PublishParams) { p.MaxUnexpectedRetries = task.NoRetries })
-	tk.Attempts = 1
+	tk.AttemptsStarted = 1
 	if err := tk.Release(task.Holder{WorkerID: "a", Attempt: 1}, now); err != nil {
 		t.Fatal(err)
 	}
-	if len(tk.Workers) != 0 || tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
-		t.Errorf("workers %v state %s next %s", tk.Workers, tk.State, tk.NextClaimAt)
+	if len(tk.Attempts) != 0 || tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
+		t.Errorf("workers %v state %s next %s", tk.Attempts, tk.State, tk.NextClaimAt)
 	}
-	if tk.Attempts != 1 {
-		t.Errorf("attempts = %d, want 1 (fencing token kept)", tk.Attempts)
+	if tk.AttemptsStarted != 1 {
+		t.Errorf("attempts = %d, want 1 (fencing token kept)", tk.AttemptsStarted)
 	}
 	if err := tk.Release(task.Holder{WorkerID: "a", Attempt: 1}, now); !errors.Is(err, task.ErrLeaseLost) {
 		t.Errorf("second Release = %v, want ErrLeaseLost", err)
@@ -194,18 +194,18 @@ func TestReset(t *testing.T) {
 	}
 	for name, tk := range finished {
 		t.Run(name, func(t *testing.T) {
-			attempts := tk.Attempts
+			attempts := tk.AttemptsStarted
 			if err := tk.Reset(now); err != nil {
 				t.Fatal(err)
 			}
-			if len(tk.Workers) != 0 || tk.Workers == nil || tk.Cancelled || tk.State != task.StatePending {
-				t.Errorf("workers %v cancelled %v state %s", tk.Workers, tk.Cancelled, tk.State)
+			if len(tk.Attempts) != 0 || tk.Attempts == nil || tk.Cancelled || tk.State != task.StatePending {
+				t.Errorf("workers %v cancelled %v state %s", tk.Attempts, tk.Cancelled, tk.State)
 			}
 			if !tk.RunAt.Equal(now) || !tk.NextClaimAt.Equal(now) {
 				t.Errorf("run_at %s next %s, want %s", tk.RunAt, tk.NextClaimAt, now)
 			}
-			if tk.Attempts != attempts {
-				t.Errorf("attempts %d, want %d kept", tk.Attempts, attempts)
+			if tk.AttemptsStarted != attempts {
+				t.Errorf("attempts %d, want %d kept", tk.AttemptsStarted, attempts)
 			}
 		})
 	}
@@ -220,11 +220,11 @@ func TestReset(t *testing.T) {
 	})
 	for name, tk := range map[string]*task.Task{"pending": doc(t, nil), "running": runningDoc(t, nil)} {
 		t.Run("refused "+name, func(t *testing.T) {
-			n := len(tk.Workers)
+			n := len(tk.Attempts)
 			if err := tk.Reset(now); !errors.Is(err, task.ErrNotFinished) {
 				t.Errorf("Reset = %v, want ErrNotFinished", err)
 			}
-			if len(tk.Workers) != n {
+			if len(tk.Attempts) != n {
 				t.Error("refused Reset changed the workers")
 			}
 		})
@@ -239,8 +239,8 @@ func TestSnooze(t *testing.T) {
 	if err := tk.Snooze(task.Holder{WorkerID: "a", Attempt: 1}, until, now); err != nil {
 		t.Fatal(err)
 	}
-	if len(tk.Workers) != 0 || tk.State != task.StatePending {
-		t.Errorf("workers %v state %s", tk.Workers, tk.State)
+	if len(tk.Attempts) != 0 || tk.State != task.StatePending {
+		t.Errorf("workers %v state %s", tk.Attempts, tk.State)
 	}
 	if !tk.RunAt.Equal(until) || !tk.NextClaimAt.Equal(until) {
 		t.Errorf("run_at %s next %s, want %s", tk.RunAt, tk.NextClaimAt, until)
@@ -251,7 +251,7 @@ func TestSnooze(t *testing.T) {
 
 	// An earlier until does not pull run_at back.
 	tk = runningDoc(t, func(p *task.PublishParams) { p.RunAt = t0.Add(time.Hour) })
-	tk.Workers[0].LeaseUntil = t0.Add(2 * time.Hour)
+	tk.Attempts[0].LeaseUntil = t0.Add(2 * time.Hour)
 	if err := tk.Snooze(task.Holder{WorkerID: "a", Attempt: 1}, t0.Add(time.Minute), now); err != nil {
 		t.Fatal(err)
 	}
@@ -274,8 +274,8 @@ func TestUnpin(t *testing.T) {
 	if !tk.Unpin(task.Holder{WorkerID: "a", Attempt: 1}, now) {
 		t.Fatal("Unpin of an unpinned RUNNING worker did nothing")
 	}
-	if len(tk.Workers) != 0 || tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
-		t.Errorf("workers %v state %s next %s", tk.Workers, tk.State, tk.NextClaimAt)
+	if len(tk.Attempts) != 0 || tk.State != task.StatePending || !tk.NextClaimAt.Equal(t0) {
+		t.Errorf("workers %v state %s next %s", tk.Attempts, tk.State, tk.NextClaimAt)
 	}
 	if tk.Unpin(task.Holder{WorkerID: "a", Attempt: 1}, now) {
 		t.Error("second Unpin reported a change")
@@ -297,7 +297,7 @@ func TestReap(t *testing.T) {
 		t.Fatalf("Reap = %d, want 2", n)
 	}
 	for i, want := range []task.AttemptState{task.AttemptExpired, task.AttemptExpired, task.AttemptRunning} {
-		w := tk.Workers[i]
+		w := tk.Attempts[i]
 		if w.State != want {
 			t.Errorf("worker %s state %s, want %s", w.WorkerID, w.State, want)
 		}
@@ -339,8 +339,8 @@ func TestCloneIsDeep(t *testing.T) {
 	}, running("a", 1, t0.Add(time.Second)))
 	c := tk.Clone()
 	c.SpecificWorkerIDs[0], c.LockKeys[0], c.Payload[2] = "z", "z", 'y'
-	c.Workers[0].State = task.AttemptFail
-	if tk.SpecificWorkerIDs[0] != "a" || tk.LockKeys[0] != "l" || string(tk.Payload) != `{"x":1}` || tk.Workers[0].State != task.AttemptRunning {
+	c.Attempts[0].State = task.AttemptFail
+	if tk.SpecificWorkerIDs[0] != "a" || tk.LockKeys[0] != "l" || string(tk.Payload) != `{"x":1}` || tk.Attempts[0].State != task.AttemptRunning {
 		t.Errorf("Clone shares memory: %+v", tk)
 	}
 }
@@ -420,8 +420,8 @@ func TestInstanceFencing(t *testing.T) {
 	now := t0.Add(time.Second)
 	tk := doc(t, nil)
 	mine := tk.Claim(task.Holder{WorkerID: "dup", Instance: "i1"}, now)
-	if mine.Instance != "i1" || mine.Attempt != 1 || tk.Workers[0].Instance != "i1" {
-		t.Fatalf("claim holder %+v entry %+v", mine, tk.Workers[0])
+	if mine.Instance != "i1" || mine.Attempt != 1 || tk.Attempts[0].Instance != "i1" {
+		t.Fatalf("claim holder %+v entry %+v", mine, tk.Attempts[0])
 	}
 	other := mine
 	other.Instance = "i2"
@@ -435,8 +435,8 @@ func TestInstanceFencing(t *testing.T) {
 		if err := write(x); !errors.Is(err, task.ErrLeaseLost) {
 			t.Errorf("%s by another instance: %v, want ErrLeaseLost", name, err)
 		}
-		if !reflect.DeepEqual(x.Workers, tk.Workers) {
-			t.Errorf("%s by another instance changed the entry: %+v", name, x.Workers)
+		if !reflect.DeepEqual(x.Attempts, tk.Attempts) {
+			t.Errorf("%s by another instance changed the entry: %+v", name, x.Attempts)
 		}
 	}
 	if err := tk.Renew(mine, now); err != nil {

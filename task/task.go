@@ -148,11 +148,11 @@ type Task struct {
 	PingInterval         Duration  `json:"ping_interval"`
 	WorkerTimeout        Duration  `json:"worker_timeout"`
 	LockKeys             []string  `json:"lock_keys,omitempty"`
-	Workers              []Attempt `json:"workers"`
-	// Attempts is the highest attempt number ever handed out; it survives
+	Attempts             []Attempt `json:"workers"`
+	// AttemptsStarted is the highest attempt number ever handed out; it survives
 	// entries being released or cleared so the fencing token only grows.
-	Attempts int `json:"attempts"`
-	// History holds the attempts that left Workers (released, snoozed,
+	AttemptsStarted int `json:"attempts"`
+	// History holds the attempts that left Attempts (released, snoozed,
 	// unpinned, and every entry a rerun cleared), oldest first, at most
 	// MaxHistory; HistoryDropped counts the older ones left out.
 	History        []Attempt `json:"history,omitempty"`
@@ -175,13 +175,13 @@ func (t *Task) Clone() *Task {
 	c.Payload = slices.Clone(t.Payload)
 	c.SpecificWorkerIDs = slices.Clone(t.SpecificWorkerIDs)
 	c.LockKeys = slices.Clone(t.LockKeys)
-	c.Workers = cloneWorkers(t.Workers)
-	c.History = cloneWorkers(t.History)
+	c.Attempts = cloneAttempts(t.Attempts)
+	c.History = cloneAttempts(t.History)
 	c.Changes = slices.Clone(t.Changes)
 	return &c
 }
 
-func cloneWorkers(ws []Attempt) []Attempt {
+func cloneAttempts(ws []Attempt) []Attempt {
 	c := slices.Clone(ws)
 	for i := range c {
 		c[i].Result = slices.Clone(c[i].Result)
@@ -390,7 +390,7 @@ func newTask(p PublishParams, now time.Time, internal bool) (*Task, error) {
 		PingInterval:         Duration(p.PingInterval),
 		WorkerTimeout:        Duration(p.WorkerTimeout),
 		LockKeys:             p.LockKeys,
-		Workers:              []Attempt{},
+		Attempts:             []Attempt{},
 		Version:              1,
 		CreatedAt:            now.UTC(),
 		UpdatedAt:            now.UTC(),

@@ -221,7 +221,7 @@ func TestNewTask(t *testing.T) {
 		if !tk.RunAt.Equal(t0) || !tk.NextClaimAt.Equal(t0) || tk.State != task.StatePending || tk.Version != 1 {
 			t.Errorf("got run_at %s next %s state %s version %d", tk.RunAt, tk.NextClaimAt, tk.State, tk.Version)
 		}
-		if tk.Workers == nil {
+		if tk.Attempts == nil {
 			t.Error("workers is nil, want an empty list (JSON [])")
 		}
 	})

@@ -386,7 +386,7 @@ func lostBy(losses map[string][]time.Time, a *attemptRun) (time.Time, bool) {
 func checkChaosEntries(t *testing.T, all []*task.Task, runs map[string][]*attemptRun, plan chaosPlan, losses map[string][]time.Time) (expired, lostLive int) {
 	t.Helper()
 	for _, tk := range all {
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			if pins := plan.pins[tk.Key]; pins != nil && !slices.Contains(pins, w.WorkerID) {
 				t.Errorf("task %s pinned to %v has an entry of %s: %s", tk.Key, pins, w.WorkerID, fmtWorkers(tk))
 			}
@@ -431,7 +431,7 @@ func checkTakeovers(t *testing.T, all []*task.Task, runs map[string][]*attemptRu
 			}
 			// Attempt numbers are unique within a task; the process's
 			// instance id is not in the program's log.
-			ws := docs[key].Workers
+			ws := docs[key].Attempts
 			if i := slices.IndexFunc(ws, func(w task.Attempt) bool { return w.WorkerID == a.worker && w.Attempt == a.attempt }); i < 0 || ws[i].State != task.AttemptExpired {
 				continue // other workers finished the task: nothing to take over
 			}

@@ -47,7 +47,7 @@ func starts(t *testing.T, ctx context.Context, st task.Store) (all []time.Time, 
 	}
 	byTask = map[string][]time.Time{}
 	for _, tk := range ts {
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			all = append(all, w.StartedAt)
 			byTask[tk.Key] = append(byTask[tk.Key], w.StartedAt)
 		}

@@ -259,7 +259,7 @@ func heldBy(t *testing.T, ctx context.Context, s task.Store, id string) bool {
 	}
 	now := s.Now()
 	for _, tk := range all {
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			if w.WorkerID == id && w.Live(now) {
 				return true
 			}
@@ -271,7 +271,7 @@ func heldBy(t *testing.T, ctx context.Context, s task.Store, id string) bool {
 // failures counts a task's FAIL and EXPIRED entries.
 func failures(tk *task.Task) int {
 	n := 0
-	for _, w := range tk.Workers {
+	for _, w := range tk.Attempts {
 		if w.State == task.AttemptFail || w.State == task.AttemptExpired {
 			n++
 		}
@@ -297,8 +297,8 @@ func checkDeviceRuns(t *testing.T, rep *device.Report, tasks map[string]*task.Ta
 	for _, o := range rep.Overlaps {
 		for _, key := range []string{o.RunningTask, o.TaskKey} {
 			if tk := tasks[key]; tk != nil {
-				b, _ := json.Marshal(tk.Workers)
-				t.Logf("  %s: attempts %d, workers %s", key, tk.Attempts, b)
+				b, _ := json.Marshal(tk.Attempts)
+				t.Logf("  %s: attempts %d, workers %s", key, tk.AttemptsStarted, b)
 			}
 			for _, r := range runs[key] {
 				t.Logf("  %s: ran attempt %d corr %s %s..%s ok=%v", key, r.Attempt, r.CorrelationID, r.Start.Format(time.StampMicro), r.End.Format(time.StampMicro), r.OK)
@@ -324,13 +324,13 @@ func checkDeviceRuns(t *testing.T, rep *device.Report, tasks map[string]*task.Ta
 			if i > 0 && r.Attempt <= rs[i-1].Attempt {
 				t.Errorf("task %s: stale or repeated run: attempt %d ran after attempt %d", key, r.Attempt, rs[i-1].Attempt)
 			}
-			if r.Attempt > tk.Attempts {
-				t.Errorf("task %s: device ran attempt %d, but the store handed out only %d", key, r.Attempt, tk.Attempts)
+			if r.Attempt > tk.AttemptsStarted {
+				t.Errorf("task %s: device ran attempt %d, but the store handed out only %d", key, r.Attempt, tk.AttemptsStarted)
 			}
 		}
 	}
 	for key, tk := range tasks {
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			if w.State != task.AttemptSuccess {
 				continue
 			}

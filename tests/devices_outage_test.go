@@ -77,7 +77,7 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 			t.Fatal(err)
 		}
 		if tk.State.Finished() || failures(tk) > 0 {
-			t.Fatalf("command for the offline device ended %s with workers %+v while the device was away", tk.State, tk.Workers)
+			t.Fatalf("command for the offline device ended %s with workers %+v while the device was away", tk.State, tk.Attempts)
 		}
 		for _, r := range sim.Report().Runs {
 			if r.TaskKey == offKey {
@@ -93,7 +93,7 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 	if away := backSeen.Sub(wentAt); away < outage-time.Second || away > outage+2*time.Second {
 		t.Errorf("the device was away %s; its outage was %s", away.Round(time.Millisecond), outage)
 	}
-	if claims := atBack.Attempts; claims > 2 {
+	if claims := atBack.AttemptsStarted; claims > 2 {
 		t.Errorf("%d claims recorded while the device was away %s; want at most 2 (held with no write)", claims, outage)
 	}
 	onTask, err := store.Get(ctx, onKey)
@@ -101,7 +101,7 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 		t.Fatal(err)
 	}
 	if onTask.State != task.StateSucceeded {
-		t.Errorf("the online device's command is %s after the other's outage: %+v", onTask.State, onTask.Workers)
+		t.Errorf("the online device's command is %s after the other's outage: %+v", onTask.State, onTask.Attempts)
 	}
 
 	eventually(t, 15*time.Second, "the command to succeed once the device is back", func() bool {
@@ -115,8 +115,8 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tk.State != task.StateSucceeded || tk.Workers[0].State != task.AttemptSuccess {
-		t.Fatalf("command for the device that came back ended %s with workers %+v; want a success", tk.State, tk.Workers)
+	if tk.State != task.StateSucceeded || tk.Attempts[0].State != task.AttemptSuccess {
+		t.Fatalf("command for the device that came back ended %s with workers %+v; want a success", tk.State, tk.Attempts)
 	}
 	runs := checkDeviceRuns(t, sim.Report(), map[string]*task.Task{offKey: tk, onKey: onTask})
 	if len(runs[offKey]) != 1 {
@@ -129,7 +129,7 @@ func TestDeviceOfflineThenOnline(t *testing.T) {
 		t.Errorf("the device started the command %s after its online status; want within 1 s", late.Round(time.Millisecond))
 	}
 	t.Logf("away %s, %d claims while away, the device started the command %s after its online status was stored",
-		backSeen.Sub(wentAt).Round(time.Millisecond), atBack.Attempts, late.Round(time.Millisecond))
+		backSeen.Sub(wentAt).Round(time.Millisecond), atBack.AttemptsStarted, late.Round(time.Millisecond))
 }
 
 // TestFlakyDevicesFinishOnTime: 30 commands to 3 simulated devices that
@@ -164,7 +164,7 @@ func TestFlakyDevicesFinishOnTime(t *testing.T) {
 	tasks := tasksByKey(t, ctx, store)
 	for key, tk := range tasks {
 		if tk.State != task.StateSucceeded {
-			t.Errorf("%s ended %s: %+v", key, tk.State, tk.Workers)
+			t.Errorf("%s ended %s: %+v", key, tk.State, tk.Attempts)
 		}
 	}
 	runs := checkDeviceRuns(t, sim.Report(), tasks)

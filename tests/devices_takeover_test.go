@@ -153,13 +153,13 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 	checkDeviceRuns(t, sim.Report(), tasks)
 	var retaken int // claimed more than once: the killed worker's (its expired entries are dropped by the next claim)
 	for key, tk := range tasks {
-		if tk.Attempts > 1 {
+		if tk.AttemptsStarted > 1 {
 			retaken++
 		}
 		if tk.State != task.StateSucceeded {
-			t.Errorf("task %s ended %s, want succeeded: %+v", key, tk.State, tk.Workers)
+			t.Errorf("task %s ended %s, want succeeded: %+v", key, tk.State, tk.Attempts)
 		}
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			switch w.State {
 			case task.AttemptFail:
 				t.Errorf("task %s: attempt %d by %s failed: %s", key, w.Attempt, w.WorkerID, w.Error)

@@ -123,9 +123,9 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 	for key, tk := range tasks {
 		dc := cmds[key]
 		last := 0
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			if w.Attempt <= last {
-				t.Errorf("task %s: attempt numbers do not grow: %+v", key, tk.Workers)
+				t.Errorf("task %s: attempt numbers do not grow: %+v", key, tk.Attempts)
 			}
 			last = w.Attempt
 			switch w.State {
@@ -141,7 +141,7 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 			}
 		}
 		nsucc := 0
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			if w.State == task.AttemptSuccess {
 				nsucc++
 			}
@@ -150,26 +150,26 @@ func TestDevicesEmbeddedBroker(t *testing.T) {
 		case task.StateSucceeded:
 			succeeded++
 			if nsucc != 1 || failures(tk) > dc.retries {
-				t.Errorf("task %s succeeded with %d successes and %d failures (retries %d): %+v", key, nsucc, failures(tk), dc.retries, tk.Workers)
+				t.Errorf("task %s succeeded with %d successes and %d failures (retries %d): %+v", key, nsucc, failures(tk), dc.retries, tk.Attempts)
 			}
 			if kindOf[dc.device] == "broken-" {
-				t.Errorf("task %s succeeded on a device that fails every command: %+v", key, tk.Workers)
+				t.Errorf("task %s succeeded on a device that fails every command: %+v", key, tk.Attempts)
 			}
 		case task.StateFailed:
 			failed++
 			if kindOf[dc.device] == "clean-" {
-				t.Errorf("task %s on fault-free device %s failed: %+v", key, dc.device, tk.Workers)
+				t.Errorf("task %s on fault-free device %s failed: %+v", key, dc.device, tk.Attempts)
 			}
 			if nsucc != 0 || failures(tk) != dc.retries+1 {
-				t.Errorf("task %s failed with %d successes and %d failures, want 0 and %d (retries %d): %+v", key, nsucc, failures(tk), dc.retries+1, dc.retries, tk.Workers)
+				t.Errorf("task %s failed with %d successes and %d failures, want 0 and %d (retries %d): %+v", key, nsucc, failures(tk), dc.retries+1, dc.retries, tk.Attempts)
 			}
-			for _, w := range tk.Workers {
+			for _, w := range tk.Attempts {
 				if w.State == task.AttemptFail && !strings.Contains(w.Error, mqttdev.ErrDeviceFailed.Error()) {
 					t.Logf("task %s attempt %d failed for another reason than the device: %s", key, w.Attempt, w.Error)
 				}
 			}
 		default:
-			t.Errorf("task %s ended %s (want succeeded or failed): %+v", key, tk.State, tk.Workers)
+			t.Errorf("task %s ended %s (want succeeded or failed): %+v", key, tk.State, tk.Attempts)
 		}
 	}
 
@@ -260,11 +260,11 @@ func TestDevicesMosquittoRestart(t *testing.T) {
 	retried := 0
 	for key, tk := range tasks {
 		if tk.State != task.StateSucceeded {
-			t.Errorf("task %s ended %s: %+v", key, tk.State, tk.Workers)
+			t.Errorf("task %s ended %s: %+v", key, tk.State, tk.Attempts)
 		}
 		if f := failures(tk); f > 0 {
 			retried++
-			t.Logf("task %s: %d failed attempts before success: %+v", key, f, tk.Workers)
+			t.Logf("task %s: %d failed attempts before success: %+v", key, f, tk.Attempts)
 		}
 	}
 	rep := sim.Report()

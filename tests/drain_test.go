@@ -126,7 +126,7 @@ func drainSpan(b *testing.B, st task.Store) time.Duration {
 			break
 		}
 		for _, tk := range page {
-			for _, w := range tk.Workers {
+			for _, w := range tk.Attempts {
 				if first.IsZero() || w.StartedAt.Before(first) {
 					first = w.StartedAt
 				}

@@ -59,7 +59,7 @@ func TestWorkerRunsExecOnlyWhenNamed(t *testing.T) {
 		_, err := os.Stat(marker)
 		return err != nil
 	})
-	if d, err := s.Get(context.Background(), "shell"); err != nil || d.State != task.StatePending || len(d.Workers) != 0 {
+	if d, err := s.Get(context.Background(), "shell"); err != nil || d.State != task.StatePending || len(d.Attempts) != 0 {
 		t.Fatalf("exec task = %+v, %v; want it pending and never claimed", d, err)
 	}
 	info, ok := registered(t, s, "default")
@@ -106,7 +106,7 @@ func TestWorkerExecAllowRefuses(t *testing.T) {
 	})
 	r, _ := s.Get(context.Background(), "shell")
 	want := fmt.Sprintf(`exec: program %q is not allowed by --exec-allow`, sh)
-	for _, w := range r.Workers {
+	for _, w := range r.Attempts {
 		if w.Error != want {
 			t.Errorf("attempt %d error %q, want %q", w.Attempt, w.Error, want)
 		}

@@ -509,7 +509,7 @@ func dumpActiveFlows(t *testing.T, ctx context.Context, store task.Store) {
 					if err != nil {
 						line += fmt.Sprintf(" task %s: %v", r.Task, err)
 					} else {
-						line += fmt.Sprintf(" task %s %s attempts %d run_at %s", r.Task, tk.State, tk.Attempts, tk.RunAt.Format(time.RFC3339Nano))
+						line += fmt.Sprintf(" task %s %s attempts %d run_at %s", r.Task, tk.State, tk.AttemptsStarted, tk.RunAt.Format(time.RFC3339Nano))
 					}
 				}
 			}

@@ -212,9 +212,9 @@ func TestGuardFrozenWorkerLosesItsProgram(t *testing.T) {
 	// intervals to act, then check it recorded nothing good.
 	eventually(t, 10*time.Second, "A to run a while after SIGCONT", func() bool { return time.Since(resumedAt) > 2*time.Second })
 	tk := r.get(t, "frozen")
-	for _, w := range tk.Workers {
+	for _, w := range tk.Attempts {
 		if w.WorkerID == "A" && w.State == task.AttemptSuccess {
-			t.Errorf("A recorded a success for the lease it lost: %+v", tk.Workers)
+			t.Errorf("A recorded a success for the lease it lost: %+v", tk.Attempts)
 		}
 	}
 	if n := len(r.heartbeats(t, "A")); n != beatsA {

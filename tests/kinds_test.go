@@ -155,13 +155,13 @@ func TestCLIPublishesCustomKindToGoWorker(t *testing.T) {
 			By      string `json:"by"`
 			Resized int    `json:"resized"`
 		}
-		w := tk.Workers[0]
+		w := tk.Attempts[0]
 		if err := json.Unmarshal(w.Result, &res); err != nil || w.WorkerID != "resize-1" || res.By != "resize-1" ||
 			fmt.Sprintf("resize-%d", res.Resized) != key {
 			t.Errorf("%s ran on %s with result %s", key, w.WorkerID, w.Result)
 		}
 	}
-	if tk := showTask(t, storeURL, "resze-43"); tk == nil || tk.State != task.StatePending || tk.Attempts != 0 {
+	if tk := showTask(t, storeURL, "resze-43"); tk == nil || tk.State != task.StatePending || tk.AttemptsStarted != 0 {
 		t.Errorf("resze-43: %+v, want pending and never claimed", tk)
 	}
 

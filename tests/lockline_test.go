@@ -43,7 +43,7 @@ func TestLockLineOrderAcrossProcesses(t *testing.T) {
 		if err != nil || b.State != task.StateRunning {
 			return false
 		}
-		host = b.Workers[0].WorkerID
+		host = b.Attempts[0].WorkerID
 		return true
 	})
 	// The blocker's own worker keeps the tasks pinned to it parked in its
@@ -102,8 +102,8 @@ func TestLockLineOrderAcrossProcesses(t *testing.T) {
 		if tk.Key != "blocker" {
 			cmds = append(cmds, tk)
 		}
-		if len(tk.Workers) != 1 {
-			t.Fatalf("%s ran %d attempts, want 1 (a claim stopped by the line writes nothing)", tk.Key, len(tk.Workers))
+		if len(tk.Attempts) != 1 {
+			t.Fatalf("%s ran %d attempts, want 1 (a claim stopped by the line writes nothing)", tk.Key, len(tk.Attempts))
 		}
 	}
 	want := slices.Clone(cmds)
@@ -150,7 +150,7 @@ func TestLockLineOrderAcrossProcesses(t *testing.T) {
 	}
 	workers := map[string]int{}
 	for _, tk := range cmds {
-		workers[tk.Workers[0].WorkerID]++
+		workers[tk.Attempts[0].WorkerID]++
 	}
 	t.Logf("lock line: %d commands run one at a time by workers %v", n, workers)
 	if !slices.Equal(keys(got), keys(want)) {

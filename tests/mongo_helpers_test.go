@@ -253,7 +253,7 @@ func checkStoreAgainstLog(t *testing.T, all []*task.Task, runs map[string][]*att
 			continue
 		}
 		last, successes := 0, 0
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			if w.Attempt <= last {
 				t.Errorf("task %s: attempt numbers do not grow: %s", tk.Key, fmtWorkers(tk))
 			}
@@ -284,7 +284,7 @@ func checkStoreAgainstLog(t *testing.T, all []*task.Task, runs map[string][]*att
 func checkEndedWithinLease(t *testing.T, all []*task.Task, runs map[string][]*attemptRun, slack time.Duration) {
 	t.Helper()
 	for _, tk := range all {
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			i := slices.IndexFunc(runs[tk.Key], func(a *attemptRun) bool { return a.attempt == w.Attempt })
 			if i < 0 || (!runs[tk.Key][i].ended && runs[tk.Key][i].gone.IsZero()) {
 				continue
@@ -300,7 +300,7 @@ func checkEndedWithinLease(t *testing.T, all []*task.Task, runs map[string][]*at
 
 func fmtWorkers(tk *task.Task) string {
 	var b strings.Builder
-	for _, w := range tk.Workers {
+	for _, w := range tk.Attempts {
 		fmt.Fprintf(&b, "[#%d %s %s %s..%s lease %s %s] ", w.Attempt, w.WorkerID, w.State,
 			w.StartedAt.Local().Format("15:04:05.000"), w.EndedAt.Local().Format("15:04:05.000"), w.LeaseUntil.Local().Format("15:04:05.000"), w.Error)
 	}

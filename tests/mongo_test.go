@@ -120,7 +120,7 @@ func TestMongoServerOutage(t *testing.T) {
 	// start later (a guard and a shell to start on a loaded machine).
 	claimedAt := map[string]time.Time{}
 	for _, tk := range all {
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			claimedAt[fmt.Sprintf("%s#%d", tk.Key, w.Attempt)] = w.StartedAt
 		}
 	}
@@ -136,12 +136,12 @@ func TestMongoServerOutage(t *testing.T) {
 	checkEndedWithinLease(t, all, runs, 500*time.Millisecond)
 	retried, shortTakeovers := 0, 0
 	for _, tk := range all {
-		if long[tk.Key] && len(tk.Workers) > 1 {
+		if long[tk.Key] && len(tk.Attempts) > 1 {
 			retried++
 			t.Logf("long-lease task %s ran more than once: %s", tk.Key, fmtWorkers(tk))
 		}
 		if !long[tk.Key] {
-			if len(tk.Workers) > 1 {
+			if len(tk.Attempts) > 1 {
 				shortTakeovers++
 			}
 			t.Logf("short-lease task %s: %s; log: %s", tk.Key, fmtWorkers(tk), fmtRuns(runs[tk.Key]))
@@ -184,8 +184,8 @@ func TestMongoClockSkew(t *testing.T) {
 	claimed, err := task.Modify(ctx, storeA, "ghosted", func(tk *task.Task) error {
 		// Only a claim the consumer itself could make: the task is new,
 		// unheld and admits the ghost.
-		if tk.State != task.StatePending || len(tk.Workers) != 0 || !tk.Allows("ghost") {
-			return fmt.Errorf("ghosted is not claimable by the ghost: state %s, workers %+v", tk.State, tk.Workers)
+		if tk.State != task.StatePending || len(tk.Attempts) != 0 || !tk.Allows("ghost") {
+			return fmt.Errorf("ghosted is not claimable by the ghost: state %s, workers %+v", tk.State, tk.Attempts)
 		}
 		tk.Claim(task.Holder{WorkerID: "ghost"}, storeA.Now())
 		return nil
@@ -193,7 +193,7 @@ func TestMongoClockSkew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ghostUntil := claimed.Workers[0].LeaseUntil
+	ghostUntil := claimed.Attempts[0].LeaseUntil
 
 	type start struct {
 		worker, key string
@@ -277,7 +277,7 @@ func TestMongoClockSkew(t *testing.T) {
 	if ss := startsOf("B", "held"); len(ss) > 0 {
 		t.Errorf("B started the task A held live at %s: %s", ss[0].at.Format(time.StampMicro), fmtWorkers(held))
 	}
-	if len(held.Workers) != 1 || held.Workers[0].WorkerID != "A" || held.Workers[0].State != task.AttemptSuccess {
+	if len(held.Attempts) != 1 || held.Attempts[0].WorkerID != "A" || held.Attempts[0].State != task.AttemptSuccess {
 		t.Errorf("held task: want one SUCCESS by A, got %s", fmtWorkers(held))
 	}
 
@@ -290,7 +290,7 @@ func TestMongoClockSkew(t *testing.T) {
 			ss[0].at.Format(time.StampMicro), ghostUntil.Local().Format(time.StampMicro), late)
 	}
 	j := ss[0].job // stored times have millisecond precision
-	if i := j.Task.Entry(j.Holder()); i < 0 || j.Task.Workers[i].StartedAt.Before(ghostUntil.Truncate(time.Millisecond)) {
+	if i := j.Task.Entry(j.Holder()); i < 0 || j.Task.Attempts[i].StartedAt.Before(ghostUntil.Truncate(time.Millisecond)) {
 		t.Errorf("B's claim of the ghost's task is stamped before the ghost's lease ended (%s): %s", ghostUntil.Local().Format(time.StampMicro), fmtWorkers(j.Task))
 	}
 	eventually(t, 10*time.Second, "the ghost's task to succeed", func() bool {

@@ -81,15 +81,15 @@ func TestThreeWorkerProcessesOneKilled(t *testing.T) {
 			t.Errorf("task %s ended %s", tk.Key, tk.State)
 		}
 		last := 0
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			if w.Attempt <= last {
-				t.Errorf("task %s: attempt numbers do not grow: %+v", tk.Key, tk.Workers)
+				t.Errorf("task %s: attempt numbers do not grow: %+v", tk.Key, tk.Attempts)
 			}
 			last = w.Attempt
 			if w.State == task.AttemptExpired {
 				takenOver++
 				if w.WorkerID != "w1" {
-					b, _ := json.Marshal(tk.Workers)
+					b, _ := json.Marshal(tk.Attempts)
 					t.Errorf("task %s: live worker %s lost its lease: %s", tk.Key, w.WorkerID, b)
 				}
 			}
@@ -100,7 +100,7 @@ func TestThreeWorkerProcessesOneKilled(t *testing.T) {
 	// the last success.
 	stoppedAt := map[string]time.Time{}
 	for _, tk := range all {
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			if w.State == task.AttemptSuccess && w.EndedAt.After(stoppedAt[tk.Key]) {
 				stoppedAt[tk.Key] = w.EndedAt.Add(time.Second)
 			}

@@ -292,10 +292,10 @@ func TestOutboxHandlerFinishesInItsTransaction(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "late-1 claimed by w1", func() bool {
 		d, err := st.Get(ctx, "late-1")
-		return err == nil && len(d.Workers) == 1 && d.Workers[0].WorkerID == "w1"
+		return err == nil && len(d.Attempts) == 1 && d.Attempts[0].WorkerID == "w1"
 	})
 	_, err = task.Modify(ctx, st, "late-1", func(d *task.Task) error {
-		d.Reap(d.Workers[0].LeaseUntil.Add(time.Millisecond))
+		d.Reap(d.Attempts[0].LeaseUntil.Add(time.Millisecond))
 		d.Claim(task.Holder{WorkerID: "w2", Instance: "w2-instance"}, st.Now())
 		return nil
 	})
@@ -314,8 +314,8 @@ func TestOutboxHandlerFinishesInItsTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(d.Workers) != 2 || d.Workers[1].WorkerID != "w2" || d.Workers[1].State != task.AttemptRunning {
-		t.Errorf("late-1's workers %+v; want w2's attempt running", d.Workers)
+	if len(d.Attempts) != 2 || d.Attempts[1].WorkerID != "w2" || d.Attempts[1].State != task.AttemptRunning {
+		t.Errorf("late-1's workers %+v; want w2's attempt running", d.Attempts)
 	}
 }
 

@@ -149,11 +149,11 @@ func TestFailedExecBacksOff(t *testing.T) {
 		doc, err = store.Get(context.Background(), "missing")
 		return err == nil && doc.State == task.StateFailed
 	})
-	if len(doc.Workers) != 3 {
-		t.Fatalf("workers %+v; want 3 failed attempts", doc.Workers)
+	if len(doc.Attempts) != 3 {
+		t.Fatalf("workers %+v; want 3 failed attempts", doc.Attempts)
 	}
 	for i, minGap := range []time.Duration{300 * time.Millisecond, 600 * time.Millisecond} {
-		gap := doc.Workers[i+1].StartedAt.Sub(doc.Workers[i].EndedAt)
+		gap := doc.Attempts[i+1].StartedAt.Sub(doc.Attempts[i].EndedAt)
 		t.Logf("retry %d started %s after attempt %d failed", i+1, gap.Round(time.Millisecond), i+1)
 		if gap < minGap {
 			t.Errorf("retry %d started %s after the failure, want at least %s (backoff 400ms doubling, -25%% jitter)", i+1, gap, minGap)

@@ -97,10 +97,10 @@ func benchRemoteWorker(b *testing.B, bin, lang string) {
 	var lat []time.Duration
 	for i := range latencyTasks {
 		doc, err := st.Get(b.Context(), fmt.Sprintf("l%04d", i))
-		if err != nil || len(doc.Workers) == 0 {
+		if err != nil || len(doc.Attempts) == 0 {
 			b.Fatalf("l%04d: %v", i, err)
 		}
-		lat = append(lat, doc.Workers[0].StartedAt.Sub(doc.CreatedAt))
+		lat = append(lat, doc.Attempts[0].StartedAt.Sub(doc.CreatedAt))
 	}
 	slices.Sort(lat)
 	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))].Round(100 * time.Microsecond) }

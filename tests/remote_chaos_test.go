@@ -360,8 +360,8 @@ func TestRemoteWorkersChaos(t *testing.T) {
 			ts = append(ts, some...)
 		}
 		for _, x := range ts {
-			b, _ := json.Marshal(x.Workers)
-			t.Logf("unfinished %s %s attempts %d next %s workers %s", x.Key, x.State, x.Attempts, x.NextClaimAt.Format(time.StampMilli), b)
+			b, _ := json.Marshal(x.Attempts)
+			t.Logf("unfinished %s %s attempts %d next %s workers %s", x.Key, x.State, x.AttemptsStarted, x.NextClaimAt.Format(time.StampMilli), b)
 		}
 	})
 	testutil.EventuallyEvery(t, 180*time.Second, 200*time.Millisecond, "every task to finish", func() bool {
@@ -438,7 +438,7 @@ func TestRemoteWorkersChaos(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				for _, w := range doc.Workers {
+				for _, w := range doc.Attempts {
 					if w.Attempt == attempt && w.State == task.AttemptSuccess {
 						t.Errorf("task %s attempt %d: the outcome of frozen %s, whose lease ended while it was stopped, was recorded", key, attempt, x.worker)
 					}
@@ -472,7 +472,7 @@ func TestRemoteWorkersChaos(t *testing.T) {
 			t.Fatal(err)
 		}
 		succeeded := 0
-		for _, w := range doc.Workers {
+		for _, w := range doc.Attempts {
 			if w.State != task.AttemptSuccess {
 				continue
 			}

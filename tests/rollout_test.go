@@ -169,7 +169,7 @@ func TestRolloutsOnAFleet(t *testing.T) {
 		if !strings.HasPrefix(key, "rollout:fw-a:") || strings.HasSuffix(key, ":rollback") {
 			continue
 		}
-		for _, w := range append(slices.Clone(tk.History), tk.Workers...) {
+		for _, w := range append(slices.Clone(tk.History), tk.Attempts...) {
 			if w.StartedAt.After(a.EndedAt) {
 				t.Errorf("%s claimed at %s, after the abort was recorded at %s", key, w.StartedAt, a.EndedAt)
 			}

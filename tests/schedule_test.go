@@ -64,15 +64,15 @@ func TestScheduleEverySecondUnderKills(t *testing.T) {
 	for at := from; !at.After(to); at = at.Add(time.Second) {
 		tk := tasks[at.Unix()]
 		successes := 0
-		for _, w := range tk.Workers {
+		for _, w := range tk.Attempts {
 			if w.State == task.AttemptSuccess {
 				successes++
 			}
 		}
 		if tk.State != task.StateSucceeded || successes != 1 {
-			t.Errorf("slot %s: task %s is %s with %d successes (want succeeded once): %+v", at.Format(time.TimeOnly), tk.Key, tk.State, successes, tk.Workers)
+			t.Errorf("slot %s: task %s is %s with %d successes (want succeeded once): %+v", at.Format(time.TimeOnly), tk.Key, tk.State, successes, tk.Attempts)
 		}
-		if tk.Attempts > 1 {
+		if tk.AttemptsStarted > 1 {
 			retried++
 		}
 	}

@@ -57,8 +57,8 @@ func benchTask(i int, now time.Time) *task.Task {
 	default:
 		w.State = task.AttemptRunning
 	}
-	t.Attempts = 1
-	t.Workers = []task.Attempt{w}
+	t.AttemptsStarted = 1
+	t.Attempts = []task.Attempt{w}
 	t.Recompute(now)
 	return t
 }

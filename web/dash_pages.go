@@ -145,7 +145,7 @@ func (d *dashboard) runningByWorker(r *http.Request) (map[string][]string, error
 	now := d.store.Now()
 	held := map[string][]string{}
 	for _, t := range running {
-		for _, wk := range t.Workers {
+		for _, wk := range t.Attempts {
 			if wk.Live(now) {
 				held[wk.WorkerID] = append(held[wk.WorkerID], t.Key)
 			}

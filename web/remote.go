@@ -218,7 +218,7 @@ func (a *api) remoteRenew(w http.ResponseWriter, r *http.Request) {
 	}
 	until := time.Time{}
 	if i := doc.Entry(task.Holder{TaskKey: ra.Key, WorkerID: ra.WorkerID, Instance: ra.Instance, Attempt: ra.Attempt}); i >= 0 {
-		until = doc.Workers[i].LeaseUntil.UTC()
+		until = doc.Attempts[i].LeaseUntil.UTC()
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"lease_until": until, "lease_ms": time.Duration(doc.WorkerTimeout).Milliseconds()})
 }

@@ -86,7 +86,7 @@ func TestRemoteWorkerRunsATask(t *testing.T) {
 	e.want("POST", finishPath("w1", key), `{"instance":"i1","attempt":1,"outcome":"succeeded","result":{"w":640},"log":["done"]}`,
 		200, `"outcome":"succeeded"`)
 	got := e.task("img/7")
-	w := got.Workers[0]
+	w := got.Attempts[0]
 	if got.State != task.StateSucceeded || string(w.Result) != `{"w":640}` || len(w.Log) != 2 || w.Log[0].Msg != "resized 3 of 9" || w.Log[1].Msg != "done" {
 		t.Fatalf("stored %s, result %s, log %+v; want succeeded, the result and both lines", got.State, w.Result, w.Log)
 	}
@@ -119,9 +119,9 @@ func TestRemoteFinishAfterLeaseIsRefused(t *testing.T) {
 	e.want("POST", finishPath("frozen", "slow"), `{"instance":"i1","attempt":1,"outcome":"succeeded"}`, 409, `"code":"lease_lost"`)
 	e.want("POST", finishPath("alive", "slow"), `{"instance":"i2","attempt":2,"outcome":"succeeded"}`, 200, `"succeeded"`)
 	got := e.task("slow")
-	for _, w := range got.Workers {
+	for _, w := range got.Attempts {
 		if w.WorkerID == "frozen" && w.State == task.AttemptSuccess {
-			t.Fatalf("the frozen worker's finish was recorded: %+v", got.Workers)
+			t.Fatalf("the frozen worker's finish was recorded: %+v", got.Attempts)
 		}
 	}
 }
@@ -402,8 +402,8 @@ func TestRemoteFinishMany(t *testing.T) {
 	if len(b.Jobs) != 1 || b.Jobs[0].Key != "t3" {
 		t.Fatalf("claimed in the same call %+v, want t3", b.Jobs)
 	}
-	if s := e.task("t0"); s.State != task.StateSucceeded || string(s.Workers[0].Result) != `{"n":0}` {
-		t.Fatalf("t0 %s %s", s.State, s.Workers[0].Result)
+	if s := e.task("t0"); s.State != task.StateSucceeded || string(s.Attempts[0].Result) != `{"n":0}` {
+		t.Fatalf("t0 %s %s", s.State, s.Attempts[0].Result)
 	}
 	e.want("POST", "/api/v1/workers/w1/finish", `{"instance":"i1","outcomes":[]}`, 200, `"results":[]`)
 	e.want("POST", "/api/v1/workers/w1/finish", `{"instance":"i9","outcomes":[],"claim":{"max":1}}`, 200,

@@ -402,7 +402,7 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 			problems = append(problems, fmt.Sprintf("%s ended %s, want %s", t.Key, t.State, dt.want))
 		}
 		byGroup[dt.group] = g
-		for _, wk := range t.Workers {
+		for _, wk := range t.Attempts {
 			if wk.State == task.AttemptExpired {
 				takeovers++
 			}
@@ -412,7 +412,7 @@ func demoSummary(w io.Writer, final []*task.Task, want map[string]demoTask) erro
 		}
 		if dt.group == "multi" {
 			ok := 0
-			for _, wk := range t.Workers {
+			for _, wk := range t.Attempts {
 				if wk.State == task.AttemptSuccess {
 					ok++
 				}

@@ -85,7 +85,7 @@ func pendingReason(t *task.Task, now time.Time, v waitView) waitReason {
 // it never ran.
 func lastAttempt(t *task.Task) *task.Attempt {
 	var last *task.Attempt
-	for _, ws := range [][]task.Attempt{t.History, t.Workers} {
+	for _, ws := range [][]task.Attempt{t.History, t.Attempts} {
 		for i := range ws {
 			if last == nil || ws[i].Attempt > last.Attempt {
 				last = &ws[i]

@@ -63,7 +63,7 @@ func publishCommand() *cli.Command {
 			if c.Bool("json") {
 				return writeJSON(c.App.Writer, t)
 			}
-			fmt.Fprintf(c.App.Writer, "%s %s (%s, attempts %d)\n", res, t.Key, t.State, t.Attempts)
+			fmt.Fprintf(c.App.Writer, "%s %s (%s, attempts %d)\n", res, t.Key, t.State, t.AttemptsStarted)
 			return nil
 		},
 	}
@@ -275,7 +275,7 @@ func lsCommand() *cli.Command {
 			fmt.Fprintln(tw, "KEY\tKIND\tSTATE\tPRIORITY\tWORKERS\tATTEMPTS\tUPDATED")
 			for _, t := range tasks {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", t.Key, t.Kind, t.State, t.Priority,
-					workerSummary(t), t.Attempts, t.UpdatedAt.Local().Format(time.DateTime))
+					workerSummary(t), t.AttemptsStarted, t.UpdatedAt.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		},
@@ -283,11 +283,11 @@ func lsCommand() *cli.Command {
 }
 
 func workerSummary(t *task.Task) string {
-	if len(t.Workers) == 0 {
+	if len(t.Attempts) == 0 {
 		return "-"
 	}
 	var parts []string
-	for _, w := range t.Workers {
+	for _, w := range t.Attempts {
 		parts = append(parts, fmt.Sprintf("%s:%s", w.WorkerID, w.State))
 	}
 	return strings.Join(parts, ",")
@@ -343,7 +343,7 @@ func printTask(w io.Writer, t *task.Task, waiting string) error {
 	if len(t.LockKeys) > 0 {
 		row("lock_keys", strings.Join(t.LockKeys, ","))
 	}
-	row("attempts", t.Attempts)
+	row("attempts", t.AttemptsStarted)
 	row("version", t.Version)
 	row("created", t.CreatedAt.Local().Format(time.RFC3339Nano))
 	row("updated", t.UpdatedAt.Local().Format(time.RFC3339Nano))

@@ -43,8 +43,8 @@ func TestFromFlow(t *testing.T) {
 	ip := &task.Task{Key: "prov/2/ip/do", History: []task.Attempt{
 		{Attempt: 1, State: task.AttemptFail, StartedAt: t0, EndedAt: t0.Add(500 * time.Millisecond), Error: "no\nmore"},
 		{Attempt: 2, State: task.AttemptExpired, StartedAt: t0.Add(600 * time.Millisecond)},
-	}, Workers: []task.Attempt{{Attempt: 3, State: task.AttemptSuccess, StartedAt: t0.Add(time.Second), EndedAt: t0.Add(2 * time.Second)}}}
-	timer := &task.Task{Key: "prov/4/approve/timer", Workers: []task.Attempt{{Attempt: 1, State: task.AttemptRunning, StartedAt: t0}}}
+	}, Attempts: []task.Attempt{{Attempt: 3, State: task.AttemptSuccess, StartedAt: t0.Add(time.Second), EndedAt: t0.Add(2 * time.Second)}}}
+	timer := &task.Task{Key: "prov/4/approve/timer", Attempts: []task.Attempt{{Attempt: 1, State: task.AttemptRunning, StartedAt: t0}}}
 	g.AddTasks(map[string]*task.Task{ip.Key: ip, timer.Key: timer})
 	var outcomes []string
 	for _, sp := range g.Nodes[1].Do.Spans {

@@ -33,9 +33,9 @@ func New(t testing.TB, edit func(p *task.PublishParams), workers ...task.Attempt
 	if err != nil {
 		t.Fatal(err)
 	}
-	tk.Workers = append(tk.Workers, workers...)
+	tk.Attempts = append(tk.Attempts, workers...)
 	for _, w := range workers {
-		tk.Attempts = max(tk.Attempts, w.Attempt)
+		tk.AttemptsStarted = max(tk.AttemptsStarted, w.Attempt)
 	}
 	tk.Recompute(T0)
 	return tk

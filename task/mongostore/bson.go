@@ -36,9 +36,9 @@ type taskDoc struct {
 	PingInterval         int64         `bson:"ping_interval"`
 	WorkerTimeout        int64         `bson:"worker_timeout"`
 	LockKeys             []string      `bson:"lock_keys"`
-	Workers              []workerDoc   `bson:"workers"`
+	Workers              []attemptDoc  `bson:"workers"`
 	Attempts             int64         `bson:"attempts"`
-	History              []workerDoc   `bson:"history"` // not omitempty: Update $sets every field
+	History              []attemptDoc  `bson:"history"` // not omitempty: Update $sets every field
 	HistoryDropped       int64         `bson:"history_dropped"`
 	Cancelled            bool          `bson:"cancelled"`
 	State                string        `bson:"state"`
@@ -68,7 +68,7 @@ type changeDoc struct {
 	Until    time.Time `bson:"until,omitempty"`
 }
 
-type workerDoc struct {
+type attemptDoc struct {
 	WorkerID   string    `bson:"worker_id"`
 	Instance   string    `bson:"instance,omitempty"`
 	State      string    `bson:"state"`
@@ -130,8 +130,8 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 		PingInterval:         int64(t.PingInterval),
 		WorkerTimeout:        int64(t.WorkerTimeout),
 		LockKeys:             nonNil(t.LockKeys),
-		Workers:              make([]workerDoc, len(t.Workers)),
-		Attempts:             int64(t.Attempts),
+		Workers:              make([]attemptDoc, len(t.Attempts)),
+		Attempts:             int64(t.AttemptsStarted),
 		Cancelled:            t.Cancelled,
 		State:                string(t.State),
 		NextClaimAt:          t.NextClaimAt.UTC(),
@@ -147,14 +147,14 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 	for i, c := range t.Changes {
 		d.Changes[i] = changeDoc{Op: c.Op, WorkerID: c.WorkerID, Instance: c.Instance, Attempt: int64(c.Attempt), Error: c.Error, Until: c.Until.UTC()}
 	}
-	for i, w := range t.Workers {
-		if d.Workers[i], err = toWorkerDoc(w); err != nil {
+	for i, w := range t.Attempts {
+		if d.Workers[i], err = toAttemptDoc(w); err != nil {
 			return nil, err
 		}
 	}
-	d.History = make([]workerDoc, 0, len(t.History))
+	d.History = make([]attemptDoc, 0, len(t.History))
 	for _, w := range t.History {
-		h, err := toWorkerDoc(w)
+		h, err := toAttemptDoc(w)
 		if err != nil {
 			return nil, err
 		}
@@ -164,8 +164,8 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 	return d, nil
 }
 
-func toWorkerDoc(w task.Attempt) (workerDoc, error) {
-	d := workerDoc{
+func toAttemptDoc(w task.Attempt) (attemptDoc, error) {
+	d := attemptDoc{
 		WorkerID:      w.WorkerID,
 		Instance:      w.Instance,
 		State:         string(w.State),
@@ -191,7 +191,7 @@ func toWorkerDoc(w task.Attempt) (workerDoc, error) {
 	return d, nil
 }
 
-func fromWorkerDoc(d workerDoc) (task.Attempt, error) {
+func fromAttemptDoc(d attemptDoc) (task.Attempt, error) {
 	w := task.Attempt{
 		WorkerID:      d.WorkerID,
 		Instance:      d.Instance,
@@ -246,8 +246,8 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 		PingInterval:         task.Duration(d.PingInterval),
 		WorkerTimeout:        task.Duration(d.WorkerTimeout),
 		LockKeys:             d.LockKeys,
-		Workers:              make([]task.Attempt, len(d.Workers)),
-		Attempts:             int(d.Attempts),
+		Attempts:             make([]task.Attempt, len(d.Workers)),
+		AttemptsStarted:      int(d.Attempts),
 		Cancelled:            d.Cancelled,
 		State:                task.State(d.State),
 		NextClaimAt:          utc(d.NextClaimAt),
@@ -269,12 +269,12 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 		t.LockKeys = nil
 	}
 	for i, w := range d.Workers {
-		if t.Workers[i], err = fromWorkerDoc(w); err != nil {
+		if t.Attempts[i], err = fromAttemptDoc(w); err != nil {
 			return nil, fmt.Errorf("task %s: %w", d.Key, err)
 		}
 	}
 	for _, w := range d.History {
-		h, err := fromWorkerDoc(w)
+		h, err := fromAttemptDoc(w)
 		if err != nil {
 			return nil, fmt.Errorf("task %s: history: %w", d.Key, err)
 		}

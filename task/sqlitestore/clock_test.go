@@ -71,8 +71,8 @@ func TestSkewedWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if doc.Attempts != 1 || len(doc.Workers) != 1 || doc.Workers[0].WorkerID != "A" || doc.Workers[0].State != task.AttemptRunning {
-		t.Errorf("held: attempts %d, workers %+v; want A's one running attempt", doc.Attempts, doc.Workers)
+	if doc.AttemptsStarted != 1 || len(doc.Attempts) != 1 || doc.Attempts[0].WorkerID != "A" || doc.Attempts[0].State != task.AttemptRunning {
+		t.Errorf("held: attempts %d, workers %+v; want A's one running attempt", doc.AttemptsStarted, doc.Attempts)
 	}
 	if r.cancelled.Load() {
 		t.Error("A's handler was cancelled")

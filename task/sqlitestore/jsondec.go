@@ -333,9 +333,9 @@ func (d *jsonDecoder) task(t *task.Task) bool {
 		case "lock_keys":
 			return d.strs(&t.LockKeys)
 		case "workers":
-			return d.workers(&t.Workers)
+			return d.workers(&t.Attempts)
 		case "attempts":
-			return d.intField(&t.Attempts)
+			return d.intField(&t.AttemptsStarted)
 		case "history":
 			return d.workers(&t.History)
 		case "history_dropped":

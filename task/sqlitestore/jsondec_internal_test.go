@@ -56,7 +56,7 @@ func randomTask(rng *rand.Rand, pieces []string) *task.Task {
 	}
 	tk := &task.Task{ID: str(), Key: str(), Kind: str(), Priority: rng.IntN(100) - 50, RunAt: when(), Seq: rng.Int64() - rng.Int64(),
 		ConcurrentWorkerCnt: rng.IntN(3), SuccessWorkerCnt: rng.IntN(3), MaxUnexpectedRetries: rng.IntN(5) - 1,
-		PingInterval: task.Duration(rng.Int64N(1e12)), WorkerTimeout: task.Duration(-rng.Int64N(1e6)), Attempts: rng.IntN(9),
+		PingInterval: task.Duration(rng.Int64N(1e12)), WorkerTimeout: task.Duration(-rng.Int64N(1e6)), AttemptsStarted: rng.IntN(9),
 		State: task.State(str()), NextClaimAt: when(), Version: rng.Int64N(1000), CreatedAt: when(), UpdatedAt: when(),
 		Cancelled: rng.IntN(2) == 0, HistoryDropped: rng.IntN(3), ChangesVersion: rng.Int64N(3)}
 	if rng.IntN(2) == 0 {
@@ -72,7 +72,7 @@ func randomTask(rng *rand.Rand, pieces []string) *task.Task {
 		return w
 	}
 	for range rng.IntN(3) {
-		tk.Workers = append(tk.Workers, worker())
+		tk.Attempts = append(tk.Attempts, worker())
 	}
 	for range rng.IntN(2) {
 		tk.History = append(tk.History, worker())

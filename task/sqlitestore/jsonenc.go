@@ -81,9 +81,9 @@ func appendJSON(b []byte, t *task.Task) ([]byte, error) {
 		e.strs(t.LockKeys)
 	}
 	e.field(`workers`)
-	e.workers(t.Workers)
+	e.workers(t.Attempts)
 	e.field(`attempts`)
-	e.int(int64(t.Attempts))
+	e.int(int64(t.AttemptsStarted))
 	if len(t.History) > 0 {
 		e.field(`history`)
 		e.workers(t.History)

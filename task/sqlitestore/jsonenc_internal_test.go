@@ -50,15 +50,15 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 		ConcurrentWorkerCnt: 2, SuccessWorkerCnt: 3, MaxUnexpectedRetries: -1,
 		PingInterval: task.Duration(1500 * time.Millisecond), WorkerTimeout: task.Duration(3 * time.Microsecond),
 		LockKeys: []string{"device:1", "rate:x#2"},
-		Workers: []task.Attempt{
+		Attempts: []task.Attempt{
 			{WorkerID: "w1", Instance: "i1", State: task.AttemptRunning, Attempt: 3, LeaseUntil: t0.Add(time.Second), StartedAt: t0, ClaimVersion: 17},
 			{WorkerID: "w2", State: task.AttemptFail, Attempt: 2, LeaseUntil: t0.In(east), StartedAt: t0.Add(-time.Hour), ClaimVersion: 9, EndedAt: t0.Add(-time.Minute),
 				Error: "boom" + awkward, Result: json.RawMessage(`{"r": true}`), Log: []task.LogLine{{At: t0, Msg: awkward}, {At: t0.Add(time.Nanosecond), Msg: ""}},
 				LogDropped: 4, OutputDropped: true},
 		},
-		Attempts:       3,
-		History:        []task.Attempt{{WorkerID: "w0", State: "SNOOZED", Attempt: 1, StartedAt: t0.Add(-2 * time.Hour), EndedAt: t0.Add(-90 * time.Minute)}},
-		HistoryDropped: 9, Cancelled: true, State: task.StateRunning, NextClaimAt: t0.Add(4 * time.Second),
+		AttemptsStarted: 3,
+		History:         []task.Attempt{{WorkerID: "w0", State: "SNOOZED", Attempt: 1, StartedAt: t0.Add(-2 * time.Hour), EndedAt: t0.Add(-90 * time.Minute)}},
+		HistoryDropped:  9, Cancelled: true, State: task.StateRunning, NextClaimAt: t0.Add(4 * time.Second),
 		Version: 17, CreatedAt: time.Time{}, UpdatedAt: t0.Truncate(time.Second),
 		ChangesVersion: 17,
 		Changes:        []task.Change{{Op: "claimed", WorkerID: "w1", Instance: "i1", Attempt: 3, Until: t0}, {Op: "logged", Log: []task.LogLine{{At: t0, Msg: "m"}}, Error: "e"}},
@@ -66,11 +66,11 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 	// A field added to these types must be set here, so that the
 	// comparison shows whether appendJSON writes it.
 	everyFieldSet(t, full)
-	everyFieldSet(t, full.Workers[0], full.Workers[1])
+	everyFieldSet(t, full.Attempts[0], full.Attempts[1])
 	everyFieldSet(t, full.Changes[0], full.Changes[1])
 	checkAppendJSON(t, full)
 	checkAppendJSON(t, &task.Task{})
-	checkAppendJSON(t, &task.Task{Workers: []task.Attempt{}, SpecificWorkerIDs: []string{}, Payload: json.RawMessage{}})
+	checkAppendJSON(t, &task.Task{Attempts: []task.Attempt{}, SpecificWorkerIDs: []string{}, Payload: json.RawMessage{}})
 	tk, err := task.NewTask(task.PublishParams{Key: "plain", Kind: "noop"}, t0)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +118,7 @@ func TestAppendJSONRandom(t *testing.T) {
 			PingInterval: task.Duration(rng.Int64N(1e12)), WorkerTimeout: task.Duration(-rng.Int64N(1e6)),
 			State: task.State(str()), NextClaimAt: when(), Version: rng.Int64N(1000), CreatedAt: when(), UpdatedAt: when(), Cancelled: rng.IntN(2) == 0}
 		for range rng.IntN(3) {
-			tk.Workers = append(tk.Workers, task.Attempt{WorkerID: str(), Instance: str(), State: task.AttemptState(str()), Attempt: rng.IntN(9),
+			tk.Attempts = append(tk.Attempts, task.Attempt{WorkerID: str(), Instance: str(), State: task.AttemptState(str()), Attempt: rng.IntN(9),
 				LeaseUntil: when(), StartedAt: when(), EndedAt: when(), Error: str(), Log: []task.LogLine{{At: when(), Msg: str()}}})
 		}
 		for range rng.IntN(3) {
@@ -138,8 +138,8 @@ func TestAppendJSONRefusesWhatMarshalRefuses(t *testing.T) {
 	t.Parallel()
 	for name, tk := range map[string]*task.Task{
 		"year 10000":       {RunAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
-		"negative year":    {Workers: []task.Attempt{{StartedAt: time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC)}}},
-		"result not json":  {Workers: []task.Attempt{{Result: json.RawMessage(`{"a":`)}}},
+		"negative year":    {Attempts: []task.Attempt{{StartedAt: time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC)}}},
+		"result not json":  {Attempts: []task.Attempt{{Result: json.RawMessage(`{"a":`)}}},
 		"payload not json": {Payload: json.RawMessage(`nope`)},
 	} {
 		if _, err := json.Marshal(tk); err == nil {

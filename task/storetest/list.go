@@ -52,8 +52,8 @@ func listFixture(t *testing.T, st task.Store, base time.Time) []*task.Task {
 // setWorker gives the task a live entry of worker id, written at now.
 func setWorker(id string, now time.Time) func(tk *task.Task) error {
 	return func(tk *task.Task) error {
-		tk.Attempts++
-		tk.Workers = append(tk.Workers, task.Attempt{WorkerID: id, State: task.AttemptRunning, Attempt: tk.Attempts, LeaseUntil: now.Add(time.Hour), StartedAt: now})
+		tk.AttemptsStarted++
+		tk.Attempts = append(tk.Attempts, task.Attempt{WorkerID: id, State: task.AttemptRunning, Attempt: tk.AttemptsStarted, LeaseUntil: now.Add(time.Hour), StartedAt: now})
 		tk.UpdatedAt = now.UTC()
 		tk.Recompute(now)
 		return nil

@@ -135,7 +135,7 @@ func norm(tk *task.Task) *task.Task {
 	ms(&c.NextClaimAt)
 	ms(&c.CreatedAt)
 	ms(&c.UpdatedAt)
-	for _, ws := range [][]task.Attempt{c.Workers, c.History} {
+	for _, ws := range [][]task.Attempt{c.Attempts, c.History} {
 		normWorkers(ws, ms)
 	}
 	for i := range c.Changes {
@@ -155,8 +155,8 @@ func norm(tk *task.Task) *task.Task {
 	if len(c.LockKeys) == 0 {
 		c.LockKeys = nil
 	}
-	if len(c.Workers) == 0 {
-		c.Workers = nil
+	if len(c.Attempts) == 0 {
+		c.Attempts = nil
 	}
 	if len(c.History) == 0 {
 		c.History = nil

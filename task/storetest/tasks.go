@@ -182,17 +182,17 @@ func (s suite) roundTrip(t *testing.T) {
 		PingInterval:         task.Duration(1500 * time.Millisecond),
 		WorkerTimeout:        task.Duration(7 * time.Second),
 		LockKeys:             []string{"device:1", "device:2"},
-		Workers: []task.Attempt{
+		Attempts: []task.Attempt{
 			{WorkerID: "w1", State: task.AttemptRunning, Attempt: 3, LeaseUntil: now.Add(5 * time.Second), StartedAt: now.Add(-time.Second)},
 			{WorkerID: "w2", State: task.AttemptFail, Attempt: 2, LeaseUntil: now.Add(-time.Hour), StartedAt: now.Add(-2 * time.Hour), EndedAt: now.Add(-90 * time.Minute), Error: "boom: \"quoted\""},
 			{WorkerID: "w1", State: task.AttemptExpired, Attempt: 1, LeaseUntil: now.Add(-3 * time.Hour), StartedAt: now.Add(-4 * time.Hour), EndedAt: now.Add(-3 * time.Hour), Error: "lease expired"},
 		},
-		Attempts:    3,
-		State:       task.StateRunning,
-		NextClaimAt: now.Add(time.Minute + 123456789),
-		Version:     1,
-		CreatedAt:   now.Add(-4 * time.Hour),
-		UpdatedAt:   now,
+		AttemptsStarted: 3,
+		State:           task.StateRunning,
+		NextClaimAt:     now.Add(time.Minute + 123456789),
+		Version:         1,
+		CreatedAt:       now.Add(-4 * time.Hour),
+		UpdatedAt:       now,
 	}
 	want := tk.Clone()
 	got := mustInsert(t, st, tk)
@@ -207,10 +207,10 @@ func (s suite) roundTrip(t *testing.T) {
 	next.Priority = 42
 	next.SpecificWorkerIDs = nil
 	next.LockKeys = []string{"device:3"}
-	next.Workers = append(next.Workers, task.Attempt{WorkerID: "w3", State: task.AttemptSuccess, Attempt: 4, LeaseUntil: now, StartedAt: now, EndedAt: now.Add(time.Millisecond),
+	next.Attempts = append(next.Attempts, task.Attempt{WorkerID: "w3", State: task.AttemptSuccess, Attempt: 4, LeaseUntil: now, StartedAt: now, EndedAt: now.Add(time.Millisecond),
 		Result: json.RawMessage(`{"rows":[1,2.5,"é"],"ok":true,"none":null}`), LogDropped: 3,
 		Log: []task.LogLine{{At: now.Add(-time.Second), Msg: "fetched 2 rows"}, {At: now, Msg: "wrote \"é\""}}})
-	next.Attempts = 4
+	next.AttemptsStarted = 4
 	next.History = []task.Attempt{
 		{WorkerID: "w0", Instance: "i0", State: task.WorkerSnoozed, Attempt: 1, LeaseUntil: now.Add(-5 * time.Hour), StartedAt: now.Add(-6 * time.Hour), EndedAt: now.Add(-5 * time.Hour),
 			Result: json.RawMessage(`[1,"two"]`), Log: []task.LogLine{{At: now.Add(-5 * time.Hour), Msg: "device offline"}}},
@@ -245,7 +245,7 @@ func updateClears(t *testing.T, st task.Store, key string) {
 	t.Helper()
 	next := mustGet(t, st, key)
 	next.History, next.HistoryDropped = nil, 0
-	next.Workers[len(next.Workers)-1].Result, next.Workers[len(next.Workers)-1].Log = nil, nil
+	next.Attempts[len(next.Attempts)-1].Result, next.Attempts[len(next.Attempts)-1].Log = nil, nil
 	want := next.Clone()
 	if err := st.Update(ctxFor(t), next); err != nil {
 		t.Fatalf("Update: %v", err)
@@ -342,8 +342,8 @@ func (s suite) update(t *testing.T) {
 // addWorker makes tk running with a live worker leased until lease.
 func addWorker(id string, lease, now time.Time) func(tk *task.Task) error {
 	return func(tk *task.Task) error {
-		tk.Attempts++
-		tk.Workers = append(tk.Workers, task.Attempt{WorkerID: id, State: task.AttemptRunning, Attempt: tk.Attempts, LeaseUntil: lease, StartedAt: now})
+		tk.AttemptsStarted++
+		tk.Attempts = append(tk.Attempts, task.Attempt{WorkerID: id, State: task.AttemptRunning, Attempt: tk.AttemptsStarted, LeaseUntil: lease, StartedAt: now})
 		tk.Recompute(now)
 		return nil
 	}
@@ -379,12 +379,12 @@ func (s suite) publish(t *testing.T) {
 			t.Fatalf("Publish rerun of a finished task: %s; want rerun", res)
 		}
 		stored := mustGet(t, st, "a")
-		if stored.State != task.StatePending || len(stored.Workers) != 0 || stored.Version != done.Version+1 || got.Version != stored.Version {
+		if stored.State != task.StatePending || len(stored.Attempts) != 0 || stored.Version != done.Version+1 || got.Version != stored.Version {
 			t.Fatalf("after rerun: state %s, %d workers, version %d (returned %d); want pending, 0, %d",
-				stored.State, len(stored.Workers), stored.Version, got.Version, done.Version+1)
+				stored.State, len(stored.Attempts), stored.Version, got.Version, done.Version+1)
 		}
-		if stored.Attempts != 1 {
-			t.Errorf("rerun lost the attempt counter: Attempts=%d", stored.Attempts)
+		if stored.AttemptsStarted != 1 {
+			t.Errorf("rerun lost the attempt counter: Attempts=%d", stored.AttemptsStarted)
 		}
 
 		// A cancelled task reruns too.

@@ -99,7 +99,7 @@ func (l *Renewer) Observe(t *task.Task) error {
 	if !t.Allows(l.holder.WorkerID) {
 		return task.ErrUnpinned
 	}
-	if i := t.Entry(l.holder); i < 0 || t.Workers[i].State != task.AttemptRunning {
+	if i := t.Entry(l.holder); i < 0 || t.Attempts[i].State != task.AttemptRunning {
 		return task.ErrLeaseLost
 	}
 	return nil
@@ -260,5 +260,5 @@ func (l *Renewer) Remaining() time.Duration {
 		return 0
 	}
 	margin := time.Duration(doc.WorkerTimeout) / 10
-	return doc.Workers[i].LeaseUntil.Add(-margin).Sub(l.store.Now())
+	return doc.Attempts[i].LeaseUntil.Add(-margin).Sub(l.store.Now())
 }

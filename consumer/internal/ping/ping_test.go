@@ -169,9 +169,9 @@ func leaseUntil(t *testing.T, doc *task.Task) time.Time {
 	t.Helper()
 	i := doc.Entry(task.Holder{WorkerID: "w", Attempt: 1})
 	if i < 0 {
-		t.Fatalf("no entry for w/1 in %+v", doc.Workers)
+		t.Fatalf("no entry for w/1 in %+v", doc.Attempts)
 	}
-	return doc.Workers[i].LeaseUntil
+	return doc.Attempts[i].LeaseUntil
 }
 
 func TestRenewExtendsInStoreTime(t *testing.T) {
@@ -275,9 +275,9 @@ func TestObserve(t *testing.T) {
 		{"fine", func(tk *task.Task) { tk.Priority = 3 }, nil},
 		{"cancelled", func(tk *task.Task) { _ = tk.Cancel(t0) }, task.ErrCancelled},
 		{"unpinned", func(tk *task.Task) { tk.SpecificWorkerIDs = []string{"other"} }, task.ErrUnpinned},
-		{"entry gone", func(tk *task.Task) { tk.Workers = nil }, task.ErrLeaseLost},
-		{"entry finished", func(tk *task.Task) { tk.Workers[0].State = task.AttemptExpired }, task.ErrLeaseLost},
-		{"other attempt", func(tk *task.Task) { tk.Workers[0].Attempt = 2 }, task.ErrLeaseLost},
+		{"entry gone", func(tk *task.Task) { tk.Attempts = nil }, task.ErrLeaseLost},
+		{"entry finished", func(tk *task.Task) { tk.Attempts[0].State = task.AttemptExpired }, task.ErrLeaseLost},
+		{"other attempt", func(tk *task.Task) { tk.Attempts[0].Attempt = 2 }, task.ErrLeaseLost},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -401,8 +401,8 @@ func TestKeepLost(t *testing.T) {
 		{"cancelled", func(tk *task.Task) { _ = tk.Cancel(t0) }, task.ErrCancelled},
 		{"unpinned", func(tk *task.Task) { tk.SpecificWorkerIDs = []string{"other"} }, task.ErrUnpinned},
 		{"preempted", func(tk *task.Task) {
-			tk.Workers[0].State, tk.Workers[0].EndedAt = task.AttemptExpired, t0
-			tk.Workers = append(tk.Workers, task.Attempt{WorkerID: "x", State: task.AttemptRunning, Attempt: 2, LeaseUntil: t0.Add(time.Hour)})
+			tk.Attempts[0].State, tk.Attempts[0].EndedAt = task.AttemptExpired, t0
+			tk.Attempts = append(tk.Attempts, task.Attempt{WorkerID: "x", State: task.AttemptRunning, Attempt: 2, LeaseUntil: t0.Add(time.Hour)})
 		}, task.ErrLeaseLost},
 	}
 	for _, tt := range tests {
@@ -426,7 +426,7 @@ func TestKeepLost(t *testing.T) {
 			}
 			if errors.Is(tt.want, task.ErrUnpinned) {
 				if i := s.stored("k").Entry(task.Holder{WorkerID: "w", Attempt: 1}); i >= 0 {
-					t.Errorf("unpinned worker's entry still stored: %+v", s.stored("k").Workers)
+					t.Errorf("unpinned worker's entry still stored: %+v", s.stored("k").Attempts)
 				}
 			}
 		})

@@ -56,7 +56,7 @@ func Decide(t *task.Task, workerID string, now time.Time) Decision {
 	if !t.Allows(workerID) {
 		return Decision{Verdict: Never, Reason: "pinned to other workers"}
 	}
-	for _, w := range t.Workers {
+	for _, w := range t.Attempts {
 		if w.WorkerID != workerID {
 			continue
 		}
@@ -81,7 +81,7 @@ func Decide(t *task.Task, workerID string, now time.Time) Decision {
 	}
 	if c.Live >= t.ConcurrentWorkerCnt {
 		at := time.Time{}
-		for _, w := range t.Workers {
+		for _, w := range t.Attempts {
 			if w.Live(now) && (at.IsZero() || w.LeaseUntil.Before(at)) {
 				at = w.LeaseUntil
 			}

@@ -98,7 +98,7 @@ func TestClaimTask(t *testing.T) {
 	tk := newTask(t, func(p *task.PublishParams) {
 		p.ConcurrentWorkerCnt, p.SuccessWorkerCnt, p.WorkerTimeout, p.PingInterval = 2, 2, 10*time.Second, time.Second
 	}, ended("a", 1, task.AttemptFail), running("b", 2, t0), running("c", 4, t0.Add(time.Hour)))
-	tk.Attempts = 7 // entries released earlier still count
+	tk.AttemptsStarted = 7 // entries released earlier still count
 	before := tk.Clone()
 
 	next, h, err := preempt.ClaimTask(tk, task.Holder{WorkerID: "w"}, now)
@@ -106,16 +106,16 @@ func TestClaimTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	attempt := h.Attempt
-	if attempt != 8 || next.Attempts != 8 {
-		t.Errorf("attempt %d attempts %d, want 8", attempt, next.Attempts)
+	if attempt != 8 || next.AttemptsStarted != 8 {
+		t.Errorf("attempt %d attempts %d, want 8", attempt, next.AttemptsStarted)
 	}
-	if len(next.Workers) != 4 {
-		t.Fatalf("workers = %+v", next.Workers)
+	if len(next.Attempts) != 4 {
+		t.Fatalf("workers = %+v", next.Attempts)
 	}
-	if b := next.Workers[1]; b.State != task.AttemptExpired || !b.EndedAt.Equal(now) {
+	if b := next.Attempts[1]; b.State != task.AttemptExpired || !b.EndedAt.Equal(now) {
 		t.Errorf("expired worker recorded as %+v", b)
 	}
-	w := next.Workers[3]
+	w := next.Attempts[3]
 	if w.WorkerID != "w" || w.State != task.AttemptRunning || w.Attempt != 8 || !w.StartedAt.Equal(now) {
 		t.Errorf("new entry %+v", w)
 	}
@@ -132,7 +132,7 @@ func TestClaimTask(t *testing.T) {
 		t.Errorf("Entry = %d", i)
 	}
 	// The input is untouched.
-	if len(tk.Workers) != len(before.Workers) || tk.Workers[1].State != task.AttemptRunning || tk.Attempts != 7 {
+	if len(tk.Attempts) != len(before.Attempts) || tk.Attempts[1].State != task.AttemptRunning || tk.AttemptsStarted != 7 {
 		t.Errorf("ClaimTask changed its input: %+v", tk)
 	}
 
@@ -181,10 +181,10 @@ func TestReapTask(t *testing.T) {
 	}
 	got := tk.Clone()
 	got.Reap(t0)
-	if got.State != task.StateFailed || got.Workers[0].State != task.AttemptExpired {
-		t.Errorf("reaped: state %s worker %s", got.State, got.Workers[0].State)
+	if got.State != task.StateFailed || got.Attempts[0].State != task.AttemptExpired {
+		t.Errorf("reaped: state %s worker %s", got.State, got.Attempts[0].State)
 	}
-	if tk.Workers[0].State != task.AttemptRunning {
+	if tk.Attempts[0].State != task.AttemptRunning {
 		t.Error("Reap on a clone changed the original")
 	}
 	if d := preempt.Decide(got, "w", t0); d.Verdict != preempt.Never {
@@ -207,8 +207,8 @@ func TestHistoryDoesNotBlockClaim(t *testing.T) {
 			if err := do(tk); err != nil {
 				t.Fatal(err)
 			}
-			if len(tk.Workers) != 0 || len(tk.History) != 1 {
-				t.Fatalf("workers %+v history %+v; want the entry moved to history", tk.Workers, tk.History)
+			if len(tk.Attempts) != 0 || len(tk.History) != 1 {
+				t.Fatalf("workers %+v history %+v; want the entry moved to history", tk.Attempts, tk.History)
 			}
 			if d := preempt.Decide(tk, "a", t0.Add(2*time.Hour)); d.Verdict != preempt.Claim {
 				t.Errorf("Decide after %s: %s (%s); want claim (history does not block)", name, d.Verdict, d.Reason)
