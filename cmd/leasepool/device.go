@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -52,8 +51,9 @@ func deviceCommand() *cli.Command {
 				Name:  "simulate",
 				Usage: "run simulated devices until interrupted (or --duration), then print what they saw",
 				Flags: append(mqttFlags(),
-					&cli.IntFlag{Name: "count", Value: 1, Usage: "number of devices"},
+					&cli.IntFlag{Name: "count", Value: 1, Usage: "number of devices (one connection each: ten thousand fit in one process where the open files limit allows)"},
 					&cli.StringFlag{Name: "id-prefix", Value: "dev-", Usage: "device ids are this prefix and an index"},
+					&cli.IntFlag{Name: "first", Usage: "index of the first device, to split a fleet across simulator processes"},
 					&cli.DurationFlag{Name: "latency", Usage: "how long each command runs"},
 					&cli.Float64Flag{Name: "fail-rate", Usage: "probability that a command fails, in [0,1]"},
 					&cli.Float64Flag{Name: "offline-rate", Usage: "probability that a device drops offline after a command, in [0,1]"},
@@ -66,7 +66,10 @@ func deviceCommand() *cli.Command {
 					&cli.IntFlag{Name: "offline-every", Usage: "every Nth device (index 0, N, 2N, ...) announces itself, then stays offline"},
 					&cli.IntFlag{Name: "slow-every", Usage: "every Nth device (index 1, N+1, ...) runs commands in --slow-latency"},
 					&cli.DurationFlag{Name: "slow-latency", Value: 2 * time.Second, Usage: "how long a slow device's commands run"},
-					&cli.DurationFlag{Name: "duration", Usage: "stop after this long", DefaultText: "until interrupted"},
+					&cli.IntFlag{Name: "outage-every", Usage: "every Nth device (index 0, N, 2N, ...) goes away once, all at once, --outage-after the start, for --outage-for"},
+					&cli.DurationFlag{Name: "outage-after", Value: 5 * time.Second, Usage: "when the --outage-every outage begins, after the devices are up"},
+					&cli.DurationFlag{Name: "outage-for", Value: 30 * time.Second, Usage: "how long the --outage-every outage lasts"},
+					&cli.DurationFlag{Name: "duration", Usage: "stop this long after every device is up", DefaultText: "until interrupted"},
 					&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 					&cli.StringFlag{Name: "credentials", Usage: "file of ID:SECRET lines, the devices' own credentials; without it, --store (when given) gets a new credential for each device"},
 				),
@@ -77,24 +80,18 @@ func deviceCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					ids := make([]string, cfg.Count)
-					for i := range ids {
-						ids[i] = cfg.IDPrefix + strconv.Itoa(i)
-					}
-					if cfg.Secrets, err = simSecrets(c, ids); err != nil {
-						return err
-					}
-					ctx := c.Context
-					if d := c.Duration("duration"); d > 0 {
-						var cancel context.CancelFunc
-						ctx, cancel = context.WithTimeout(ctx, d)
-						defer cancel()
-					}
 					progress := c.App.Writer
 					if c.Bool("json") {
 						progress = c.App.ErrWriter
 					}
-					r, err := device.RunSimulator(ctx, cfg, progress)
+					ids := make([]string, cfg.Count)
+					for i := range ids {
+						ids[i] = cfg.IDPrefix + strconv.Itoa(cfg.First+i)
+					}
+					if cfg.Secrets, err = simSecrets(c, ids, progress); err != nil {
+						return err
+					}
+					r, err := device.RunSimulator(c.Context, cfg, c.Duration("duration"), progress)
 					if err != nil {
 						return err
 					}
@@ -229,11 +226,15 @@ func simConfig(c *cli.Context) (device.Config, error) {
 		Prefix:    c.String("prefix"),
 		Count:     c.Int("count"),
 		IDPrefix:  c.String("id-prefix"),
+		First:     c.Int("first"),
 		Seed:      c.Int64("seed"),
 		Logger:    slog.Default(),
 	}
 	if cfg.Count < 1 {
 		return cfg, fmt.Errorf("--count: must be at least 1, got %d", cfg.Count)
+	}
+	if cfg.First < 0 {
+		return cfg, fmt.Errorf("--first: must not be negative, got %d", cfg.First)
 	}
 	if err := mqttdev.ValidateID("prefix", cfg.Prefix); err != nil {
 		return cfg, fmt.Errorf("--prefix: %w", err)
@@ -255,9 +256,18 @@ func simConfig(c *cli.Context) (device.Config, error) {
 		}
 	}
 	every := map[string]int{}
-	for _, name := range []string{"fail-every", "offline-every", "slow-every"} {
+	for _, name := range []string{"fail-every", "offline-every", "slow-every", "outage-every"} {
 		if every[name] = c.Int(name); every[name] < 0 {
 			return cfg, fmt.Errorf("--%s: must not be negative, got %d", name, every[name])
+		}
+	}
+	if n := every["outage-every"]; n > 0 {
+		cfg.Outage = device.ScheduledOutage{Every: n, After: c.Duration("outage-after"), For: c.Duration("outage-for")}
+		if cfg.Outage.After < 0 {
+			return cfg, fmt.Errorf("--outage-after: must not be negative, got %s", cfg.Outage.After)
+		}
+		if cfg.Outage.For <= 0 {
+			return cfg, fmt.Errorf("--outage-for: must be a positive duration, got %s", cfg.Outage.For)
 		}
 	}
 	slow := c.Duration("slow-latency")

@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -140,7 +142,7 @@ func provisionCommand(c *cli.Context, make func(context.Context, task.Store, str
 // (lines ID:SECRET), or, when --store is given, made in the store for each
 // device (replacing one made for a simulated device; refusing to replace
 // any other). Neither: none, the devices log in with --mqtt-user, if any.
-func simSecrets(c *cli.Context, ids []string) (map[string]string, error) {
+func simSecrets(c *cli.Context, ids []string, progress io.Writer) (map[string]string, error) {
 	if path := c.String("credentials"); path != "" {
 		return readSecretsFile(path, ids)
 	}
@@ -152,17 +154,15 @@ func simSecrets(c *cli.Context, ids []string) (map[string]string, error) {
 		return nil, err
 	}
 	defer s.Close()
-	out := make(map[string]string, len(ids))
-	for _, id := range ids {
-		secret, err := credential.AddSimulated(c.Context, s, id)
-		if errors.Is(err, credential.ErrNotSimulated) {
-			return nil, fmt.Errorf("--id-prefix: %w: it may be a real device's; give another --id-prefix, or --credentials", err)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("--store: credential of simulated device %s: %w", id, err)
-		}
-		out[id] = secret
+	begin := time.Now()
+	out, err := credential.AddSimulatedMany(c.Context, s, ids)
+	if errors.Is(err, credential.ErrNotSimulated) {
+		return nil, fmt.Errorf("--id-prefix: %w: it may be a real device's; give another --id-prefix, or --credentials", err)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("--store: credentials of the simulated devices: %w", err)
+	}
+	fmt.Fprintf(progress, "credentials: %d made in the store in %s\n", len(out), time.Since(begin).Round(10*time.Millisecond))
 	return out, nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leasepool/leasepool/mqttdev/broker"
@@ -184,6 +185,106 @@ func AddSimulated(ctx context.Context, ds task.DocumentStore, id string) (string
 		return nil
 	})
 }
+
+// AddSimulatedMany is AddSimulated for a fleet: it reads the stored
+// credentials once (one round trip, not one per device), refuses the lot
+// if any id holds a credential not made for a simulated device, then
+// writes the new ones side by side, so that a store that commits writes
+// in groups (SQLite's writer, Mongo's pipelined connections) makes ten
+// thousand in about a second. It returns the secrets by id. A write that
+// meets a concurrent one falls back to AddSimulated for that id.
+func AddSimulatedMany(ctx context.Context, ds task.DocumentStore, ids []string) (map[string]string, error) {
+	for _, id := range ids {
+		if err := ValidateDeviceID(id); err != nil {
+			return nil, err
+		}
+	}
+	stored, err := List(ctx, ds)
+	if err != nil {
+		return nil, err
+	}
+	wanted := make(map[string]bool, len(ids))
+	unique := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if !wanted[id] {
+			wanted[id] = true
+			unique = append(unique, id)
+		}
+	}
+	versions := make(map[string]int64, len(stored))
+	for _, c := range stored {
+		versions[c.ID] = c.Version
+		if !c.Simulated && wanted[c.ID] {
+			return nil, fmt.Errorf("device %s: %w", c.ID, ErrNotSimulated)
+		}
+	}
+	out := make(map[string]string, len(ids))
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu    sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
+	sem := make(chan struct{}, bulkParallel)
+	for _, id := range unique {
+		if gctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			secret, err := putSimulated(gctx, ds, id, versions[id])
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if first == nil {
+					first = err
+					cancel()
+				}
+				return
+			}
+			out[id] = secret
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return nil, first
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// putSimulated writes a new simulated credential for id over the stored
+// version (0: none), falling back to AddSimulated on a conflict.
+func putSimulated(ctx context.Context, ds task.DocumentStore, id string, version int64) (string, error) {
+	secret, err := NewSecret()
+	if err != nil {
+		return "", err
+	}
+	h := Hash(secret)
+	value, err := json.Marshal(Credential{ID: id, SHA256: hex.EncodeToString(h[:]), CreatedAt: time.Now().UTC(), Simulated: true})
+	if err != nil {
+		return "", err
+	}
+	_, err = ds.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: id, Version: version, Value: value})
+	if errors.Is(err, task.ErrConflict) {
+		secret, err = AddSimulated(ctx, ds, id)
+	}
+	if err != nil {
+		return "", fmt.Errorf("device credential %s: %w", id, err)
+	}
+	return secret, nil
+}
+
+// bulkParallel bounds the writes AddSimulatedMany has under way at once:
+// enough to fill a store's group commit, few enough not to crowd out the
+// store's other callers.
+const bulkParallel = 64
 
 // put stores a new credential for id once check accepts the stored one
 // (nil: none), by compare-and-set, reading again on a conflict.

@@ -3,9 +3,11 @@ package credential
 import (
 	"errors"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
@@ -95,6 +97,51 @@ func TestAddSimulatedReplacesOnlySimulated(t *testing.T) {
 	}
 	if c, err := Get(ctx, st, "pump-0"); err != nil || !c.Matches(real) {
 		t.Fatalf("the operator's credential changed: %v", err)
+	}
+}
+
+// TestAddSimulatedMany: a fleet's credentials in one call, each secret
+// matching its stored hash, replacing the simulated ones made before, and
+// none written when one id holds an operator's credential.
+func TestAddSimulatedMany(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	st := openStore(t)
+	const n = 2000
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "sim-" + strconv.Itoa(i)
+	}
+	old, err := AddSimulated(ctx, st, "sim-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	secrets, err := AddSimulatedMany(ctx, st, append(ids, "sim-7")) // an id twice is made once
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d credentials in %s", n, time.Since(begin).Round(time.Millisecond))
+	list, err := List(ctx, st)
+	if err != nil || len(list) != n || len(secrets) != n {
+		t.Fatalf("List: %d credentials, %v; %d secrets returned: want %d", len(list), err, len(secrets), n)
+	}
+	for _, c := range list {
+		if !c.Matches(secrets[c.ID]) || !c.Simulated || (c.ID == "sim-7" && c.Matches(old)) {
+			t.Fatalf("%s: stored credential does not match the secret returned (or is not simulated)", c.ID)
+		}
+	}
+	if _, err := Add(ctx, st, "pump-0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := AddSimulatedMany(ctx, st, []string{"sim-new", "pump-0"}); !errors.Is(err, ErrNotSimulated) {
+		t.Fatalf("AddSimulatedMany over an operator's credential = %v, want ErrNotSimulated", err)
+	}
+	if _, err := Get(ctx, st, "sim-new"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("sim-new written though the batch was refused: %v", err)
+	}
+	if _, err := AddSimulatedMany(ctx, st, []string{"worker:x"}); err == nil || !strings.Contains(err.Error(), "worker:x") {
+		t.Fatalf("AddSimulatedMany of a worker's user name = %v, want an error naming it", err)
 	}
 }
 

@@ -33,6 +33,9 @@ type Config struct {
 	// IDPrefix starts every device id; the index follows (dev-0, dev-1...).
 	// Empty means "dev-".
 	IDPrefix string
+	// First is the index of the first device: simulators of one fleet
+	// split across processes each run Count devices from their own First.
+	First int
 	// Latency is how long each command runs; zero means at once.
 	Latency time.Duration
 	// FailRate is the probability that a command reports failure.
@@ -43,6 +46,8 @@ type Config struct {
 	OfflineRate float64
 	// OfflineFor is how long an outage lasts; zero means 3s.
 	OfflineFor time.Duration
+	// Outage, when its Every is set, takes part of the fleet away at once.
+	Outage ScheduledOutage
 	// DropAckRate is the probability that a device sends no ack for a
 	// command it accepts (it still runs it).
 	DropAckRate float64
@@ -58,6 +63,15 @@ type Config struct {
 	Seed int64
 	// Logger gets the devices' logs; nil discards them.
 	Logger *slog.Logger
+}
+
+// ScheduledOutage takes every Every-th device (index 0, Every, 2*Every,
+// ...) away at once, After the simulator started, for For: each drops its
+// connection abruptly (the broker sends its will) and is back, its online
+// status published, as soon as For has passed.
+type ScheduledOutage struct {
+	Every      int
+	After, For time.Duration
 }
 
 // Behavior is one device's own behaviour, beside the fleet's rates.
@@ -92,7 +106,10 @@ func (c *Config) validate() error {
 	if c.Count < 1 {
 		return fmt.Errorf("count: %d must be at least 1", c.Count)
 	}
-	if err := protocol.ValidateID("id_prefix", c.IDPrefix+strconv.Itoa(c.Count-1)); err != nil {
+	if c.First < 0 {
+		return fmt.Errorf("first: %d is negative", c.First)
+	}
+	if err := protocol.ValidateID("id_prefix", c.IDPrefix+strconv.Itoa(c.First+c.Count-1)); err != nil {
 		return err
 	}
 	for _, r := range []struct {
@@ -102,6 +119,12 @@ func (c *Config) validate() error {
 		if !(r.v >= 0 && r.v <= 1) {
 			return fmt.Errorf("%s: %v is not in [0,1]", r.name, r.v)
 		}
+	}
+	if c.Outage.Every < 0 {
+		return fmt.Errorf("outage every: %d is negative", c.Outage.Every)
+	}
+	if c.Outage.Every > 0 && (c.Outage.After < 0 || c.Outage.For <= 0) {
+		return fmt.Errorf("outage: after %s, for %s: want after >= 0 and for > 0", c.Outage.After, c.Outage.For)
 	}
 	if c.Latency < 0 || c.OfflineFor < 0 || c.Heartbeat < 0 {
 		return errors.New("latency, offline_for, heartbeat: must not be negative")

@@ -33,8 +33,11 @@ type Device struct {
 	topics protocol.Topics
 	tr     protocol.Transport
 	logger *slog.Logger
-	inbox  chan protocol.CommandMessage
-	work   chan struct{}
+	// arrived wakes receive when onMessage added to inbox: a slice, not a
+	// buffered channel, so that an idle device of a fleet of thousands
+	// holds no buffer and a burst of copies is never dropped.
+	arrived chan struct{}
+	work    chan struct{}
 
 	// life ends when the simulator stops: a status publish paho started
 	// on its own goroutine (onConnect) gives up then instead of outliving
@@ -47,6 +50,11 @@ type Device struct {
 	rng          *rand.Rand
 	conn         *outageConn
 	offlineUntil time.Time
+	// away is the outage under way: its Back is set by the first online
+	// status published after it.
+	away         *Outage
+	outages      []Outage
+	inbox        []protocol.CommandMessage
 	highest      map[string]int
 	done         map[attemptKey]protocol.Reply
 	doneOrder    []attemptKey
@@ -76,10 +84,18 @@ func (d *Device) Running() (protocol.CommandMessage, bool) {
 // reconnect attempts are refused until dur has passed, and the first one
 // after that connects again and publishes the online status.
 func (d *Device) GoOffline(dur time.Duration) {
+	now := time.Now()
 	d.mu.Lock()
-	d.offlineUntil = time.Now().Add(dur)
+	d.offlineUntil = now.Add(dur)
 	c := d.conn
 	d.counts.Outages++
+	if d.away == nil {
+		d.outages = append(d.outages, Outage{Device: d.id, From: now.UTC(), Until: d.offlineUntil.UTC()})
+		d.away = &d.outages[len(d.outages)-1]
+	} else {
+		// An outage begun while away lengthens the one under way.
+		d.away.Until = d.offlineUntil.UTC()
+	}
 	d.mu.Unlock()
 	d.logger.Info("going offline", slog.Duration("for", dur))
 	if c != nil {
@@ -121,14 +137,25 @@ func (c *outageConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// dial is the client's dial: refused during an outage, so the device
-// stays away until it ends.
+// dial is the client's dial: during an outage it waits for the outage's
+// end, so the device stays away until then and is back at once after,
+// not a reconnect backoff step later (a thousand devices back at once
+// would otherwise be spread over a second).
 func (d *Device) dial(u *url.URL, tc *tls.Config) (net.Conn, error) {
-	d.mu.Lock()
-	until := d.offlineUntil
-	d.mu.Unlock()
-	if time.Now().Before(until) {
-		return nil, errSimOffline
+	for {
+		d.mu.Lock()
+		wait := time.Until(d.offlineUntil)
+		d.mu.Unlock()
+		if wait <= 0 {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-d.life.Done():
+			t.Stop()
+			return nil, errSimOffline
+		}
 	}
 	nc, err := protocol.DialBroker(u, tc)
 	if err != nil {
@@ -155,7 +182,14 @@ func (d *Device) onConnect() {
 	d.handlers.Add(1)
 	d.mu.Unlock()
 	defer d.handlers.Done()
-	d.publishStatus(true)
+	if d.publishStatus(true) {
+		d.mu.Lock()
+		if d.away != nil {
+			d.away.Back = time.Now().UTC()
+			d.away = nil
+		}
+		d.mu.Unlock()
+	}
 	if d.behave.Offline {
 		d.mu.Lock()
 		gone := d.counts.Outages > 0
@@ -175,7 +209,9 @@ func (d *Device) stop() {
 	d.handlers.Wait()
 }
 
-func (d *Device) publishStatus(online bool) {
+// publishStatus publishes the device's status, retained, and reports
+// whether the broker took it.
+func (d *Device) publishStatus(online bool) bool {
 	st := protocol.Status{Online: online, At: time.Now().UTC()}
 	if online {
 		st.Attributes = d.attrs
@@ -185,7 +221,9 @@ func (d *Device) publishStatus(online bool) {
 	defer cancel()
 	if err := d.tr.Publish(ctx, d.topics.Device(d.id, protocol.TopicStatus), true, b); err != nil {
 		d.logger.Debug("status not published", slog.Any("error", err))
+		return false
 	}
+	return true
 }
 
 // onMessage runs on paho's goroutine: decode and queue, never block.
@@ -202,11 +240,11 @@ func (d *Device) onMessage(m protocol.Message) {
 		return
 	}
 	d.counts.Received++
+	d.inbox = append(d.inbox, c)
 	d.mu.Unlock()
 	select {
-	case d.inbox <- c:
+	case d.arrived <- struct{}{}:
 	default:
-		d.logger.Warn("inbox full: command lost", slog.String("task", c.TaskKey))
 	}
 }
 
@@ -222,12 +260,20 @@ func (d *Device) reply(ctx context.Context, kind string, r protocol.Reply) {
 // receive decides for each command: stale, duplicate, or new.
 func (d *Device) receive(ctx context.Context) {
 	for {
-		var c protocol.CommandMessage
-		select {
-		case <-ctx.Done():
-			return
-		case c = <-d.inbox:
+		d.mu.Lock()
+		if len(d.inbox) == 0 {
+			d.inbox = nil // an idle device keeps no array
+			d.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-d.arrived:
+				continue
+			}
 		}
+		c := d.inbox[0]
+		d.inbox = d.inbox[1:]
+		d.mu.Unlock()
 		ack := protocol.Reply{CorrelationID: c.CorrelationID, TaskKey: c.TaskKey, Attempt: c.Attempt, OK: true, Traceparent: c.Traceparent}
 		k := attemptKey{c.TaskKey, c.Attempt}
 		now := time.Now().UTC()

@@ -2,6 +2,8 @@ package device
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,4 +141,119 @@ func testOutages(t *testing.T, ctx context.Context, url, prefix string) {
 	if got := s.Report().Totals().Outages; got != count*outages {
 		t.Errorf("outages counted: %d, want %d", got, count*outages)
 	}
+}
+
+// TestScheduledOutageEndsWhenItSays takes every tenth device of a fleet
+// away at once for 2 s (Config.Outage), on the embedded broker and on
+// Mosquitto: a subscriber sees each one's will, then its online status
+// published no sooner than the outage's end and seen within a second of
+// it; the report records each outage with its end and return.
+func TestScheduledOutageEndsWhenItSays(t *testing.T) {
+	t.Parallel()
+	t.Run("embedded", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		b, err := broker.Listen(ctx, broker.Config{Addr: "127.0.0.1:0", Anonymous: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		testScheduledOutage(t, ctx, b.URL(), "soutage")
+	})
+	t.Run("mosquitto", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		testScheduledOutage(t, ctx, testservers.MQTTURL(t), "soutage"+protocol.NewCorrelationID()[:8])
+	})
+}
+
+func testScheduledOutage(t *testing.T, ctx context.Context, url, prefix string) {
+	const (
+		count, every = 300, 10
+		length       = 2 * time.Second
+		slack        = time.Second
+	)
+	topics := protocol.Topics{Prefix: prefix}
+	seen := make(chan seenStatus, 4*count)
+	sub, err := protocol.NewClient(protocol.ClientConfig{BrokerURL: url}, protocol.ClientOptions{
+		Role: "admin", CleanSession: true,
+		OnMessage: func(m protocol.Message) {
+			id, kind, ok := topics.Parse(m.Topic)
+			st, err := protocol.DecodeStatus(m.Payload)
+			if ok && kind == protocol.TopicStatus && err == nil {
+				seen <- seenStatus{device: id, status: st, at: time.Now()}
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Subscribe(ctx, topics.All(protocol.TopicStatus)); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Connect(ctx); err != nil {
+		t.Fatalf("subscriber on %s: %v", url, err)
+	}
+	defer sub.Disconnect()
+
+	s, err := NewSimulator(Config{BrokerURL: url, Prefix: prefix, Count: count, Heartbeat: time.Minute,
+		Outage: ScheduledOutage{Every: every, After: time.Second, For: length}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(context.WithoutCancel(ctx))
+	if got := s.Connected(); got != count {
+		t.Errorf("Connected() after Start: %d, want %d", got, count)
+	}
+
+	// Per device away: when its will was seen, then its online status of
+	// after the will.
+	will, back := map[string]time.Time{}, map[string]seenStatus{}
+	for len(back) < count/every {
+		select {
+		case st := <-seen:
+			n, _ := strconv.Atoi(strings.TrimPrefix(st.device, "dev-"))
+			switch {
+			case n%every != 0:
+			case !st.status.Online:
+				if _, ok := will[st.device]; !ok {
+					will[st.device] = st.at
+				}
+			case !will[st.device].IsZero():
+				if _, ok := back[st.device]; !ok {
+					back[st.device] = st
+				}
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of %d devices seen back after their outage (%d wills seen)", len(back), count/every, len(will))
+		}
+	}
+	outages := map[string]Outage{}
+	for _, o := range s.Report().Outages {
+		outages[o.Device] = o
+	}
+	if len(outages) != count/every {
+		t.Errorf("report: %d outages, want %d", len(outages), count/every)
+	}
+	var latest time.Duration
+	for id, st := range back {
+		o, ok := outages[id]
+		switch {
+		case !ok:
+			t.Errorf("%s: back online, no outage in the report", id)
+		case st.status.At.Before(o.Until.Add(-50 * time.Millisecond)):
+			t.Errorf("%s: online status of %s, before its outage's end %s", id, st.status.At, o.Until)
+		case st.at.Sub(o.Until) > slack:
+			t.Errorf("%s: back online %s after its outage's end, want within %s", id, st.at.Sub(o.Until).Round(time.Millisecond), slack)
+		case o.Until.Sub(o.From) != length || o.Back.IsZero():
+			t.Errorf("%s: outage %+v, want %s long and back", id, o, length)
+		}
+		latest = max(latest, st.at.Sub(o.From))
+	}
+	t.Logf("%d devices away for %s at once: the last seen back %s after its outage began", len(back), length, latest.Round(time.Millisecond))
 }

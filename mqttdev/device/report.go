@@ -46,6 +46,25 @@ type StaleAttempt struct {
 	At      time.Time `json:"at"`
 }
 
+// Outage is one time a simulated device was away: cut at From, kept away
+// until Until, back at Back (its online status published; zero while
+// still away).
+type Outage struct {
+	Device string    `json:"device"`
+	From   time.Time `json:"from"`
+	Until  time.Time `json:"until"`
+	Back   time.Time `json:"back,omitzero"`
+}
+
+// Late is how long after Until the device was back (its online status
+// published), or -1 while it is still away.
+func (o Outage) Late() time.Duration {
+	if o.Back.IsZero() {
+		return -1
+	}
+	return o.Back.Sub(o.Until)
+}
+
 // Counts are one simulated device's counters.
 type Counts struct {
 	ID          string `json:"id"`
@@ -65,6 +84,7 @@ type Report struct {
 	Runs          []Run          `json:"runs"`
 	Overlaps      []Overlap      `json:"overlaps"`
 	StaleAttempts []StaleAttempt `json:"stale_attempts"`
+	Outages       []Outage       `json:"outages"`
 }
 
 // Totals sums the device counters.

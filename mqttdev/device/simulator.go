@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasepool/leasepool/internal/lifecycle"
@@ -23,6 +24,8 @@ type Simulator struct {
 	cfg     Config
 	devices []*Device
 	life    lifecycle.Runner
+	// connected counts the devices Start has connected so far.
+	connected atomic.Int64
 }
 
 // NewSimulator checks cfg and prepares the devices.
@@ -32,7 +35,8 @@ func NewSimulator(cfg Config) (*Simulator, error) {
 	}
 	s := &Simulator{cfg: cfg}
 	topics := protocol.Topics{Prefix: cfg.Prefix}
-	for i := range cfg.Count {
+	for n := range cfg.Count {
+		i := cfg.First + n
 		id := cfg.IDPrefix + strconv.Itoa(i)
 		d := &Device{
 			id:      id,
@@ -41,7 +45,7 @@ func NewSimulator(cfg Config) (*Simulator, error) {
 			rng:     rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(i))),
 			highest: map[string]int{},
 			done:    map[attemptKey]protocol.Reply{},
-			inbox:   make(chan protocol.CommandMessage, 1024),
+			arrived: make(chan struct{}, 1),
 			work:    make(chan struct{}, 1),
 			counts:  Counts{ID: id},
 			logger:  cfg.Logger.With(slog.String("device", id)),
@@ -86,7 +90,8 @@ func NewSimulator(cfg Config) (*Simulator, error) {
 // Devices returns the simulated devices.
 func (s *Simulator) Devices() []*Device { return s.devices }
 
-// Device returns the i-th device.
+// Device returns the i-th device of this simulator (its id's index is
+// Config.First+i).
 func (s *Simulator) Device(i int) *Device { return s.devices[i] }
 
 // Start connects every device (retrying until ctx ends), subscribes them to
@@ -112,7 +117,9 @@ func (s *Simulator) Start(ctx context.Context) error {
 			defer func() { <-sem }()
 			if err := d.tr.Connect(ctx); err != nil {
 				errs <- fmt.Errorf("simulator: device %s: %w", d.id, err)
+				return
 			}
+			s.connected.Add(1)
 		}()
 	}
 	wg.Wait()
@@ -126,11 +133,39 @@ func (s *Simulator) Start(ctx context.Context) error {
 		s.life.Go(func() { d.execute(run) })
 		s.life.Go(func() { d.heartbeat(run) })
 	}
+	if o := s.cfg.Outage; o.Every > 0 {
+		s.life.Go(func() { s.scheduledOutage(run, o) })
+	}
 	return nil
+}
+
+// Connected returns how many devices Start has connected so far: its
+// progress, for a fleet that takes seconds to come up.
+func (s *Simulator) Connected() int { return int(s.connected.Load()) }
+
+// scheduledOutage takes every o.Every-th device away at once, o.After
+// after the start, for o.For.
+func (s *Simulator) scheduledOutage(ctx context.Context, o ScheduledOutage) {
+	t := time.NewTimer(o.After)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	for n, d := range s.devices {
+		if (s.cfg.First+n)%o.Every == 0 {
+			d.GoOffline(o.For)
+		}
+	}
 }
 
 // connectParallel bounds the devices connecting at once in Start.
 const connectParallel = 32
+
+// fileHeadroom is the open files a simulator needs beside one connection
+// per device: the runtime's, the log's, a store's.
+const fileHeadroom = 64
 
 // Stop stops the devices: their goroutines end, then each publishes its
 // offline status and disconnects. It may be called again; ctx bounds the
@@ -159,15 +194,19 @@ func (s *Simulator) Report() *Report {
 		r.Runs = append(r.Runs, d.runs...)
 		r.Overlaps = append(r.Overlaps, d.overlaps...)
 		r.StaleAttempts = append(r.StaleAttempts, d.stale...)
+		r.Outages = append(r.Outages, d.outages...)
 		d.mu.Unlock()
 	}
 	return r
 }
 
-// RunSimulator runs a simulation until ctx ends, writing a progress line to
-// progress every few seconds and the summary at the end, and returns the
-// report. progress may be nil.
-func RunSimulator(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
+// RunSimulator runs a simulation until ctx ends or, when duration is
+// positive, for duration from the moment every device is up (a fleet of
+// thousands takes seconds to connect), writing a progress line to
+// progress every second while the devices connect and every few seconds
+// after, and the summary at the end; it returns the report. progress may
+// be nil.
+func RunSimulator(ctx context.Context, cfg Config, duration time.Duration, progress io.Writer) (*Report, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
@@ -175,10 +214,43 @@ func RunSimulator(ctx context.Context, cfg Config, progress io.Writer) (*Report,
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Start(ctx); err != nil {
+	if _, err := RaiseFileLimit(cfg.Count + fileHeadroom); err != nil {
+		return nil, fmt.Errorf("simulator: %w", err)
+	}
+	fmt.Fprintf(progress, "simulating %d devices (%s%d..%s%d) on %s, prefix %s\n", s.cfg.Count, s.cfg.IDPrefix, s.cfg.First,
+		s.cfg.IDPrefix, s.cfg.First+s.cfg.Count-1, redact.URL(s.cfg.BrokerURL), s.cfg.Prefix)
+	begin := time.Now()
+	started := make(chan struct{})
+	var printing sync.WaitGroup
+	printing.Add(1)
+	go func() {
+		defer printing.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-started:
+				return
+			case <-t.C:
+				fmt.Fprintf(progress, "connecting: %d of %d devices up (%s)\n", s.Connected(), s.cfg.Count, time.Since(begin).Round(100*time.Millisecond))
+			}
+		}
+	}()
+	err = s.Start(ctx)
+	close(started)
+	printing.Wait()
+	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(progress, "simulating %d devices (%s0..%s%d) on %s, prefix %s\n", s.cfg.Count, s.cfg.IDPrefix, s.cfg.IDPrefix, s.cfg.Count-1, redact.URL(s.cfg.BrokerURL), s.cfg.Prefix)
+	fmt.Fprintf(progress, "connected: %d devices up in %s\n", s.Connected(), time.Since(begin).Round(100*time.Millisecond))
+	if o := s.cfg.Outage; o.Every > 0 {
+		fmt.Fprintf(progress, "outage: every %dth device away %s after the start, for %s\n", o.Every, o.After, o.For)
+	}
+	if duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, duration)
+		defer cancel()
+	}
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
 loop:
