@@ -63,12 +63,14 @@ func deviceCommand() *cli.Command {
 					&cli.Int64Flag{Name: "seed", Value: 1, Usage: "random seed"},
 					&cli.StringSliceFlag{Name: "attr", Usage: "an attribute every device announces, k=v; k=v1|v2|... gives device i the value i modulo their count (repeatable)"},
 					&cli.IntFlag{Name: "fail-every", Usage: "every Nth device (index N-1, 2N-1, ...) fails every command"},
+					&cli.StringSliceFlag{Name: "succeed", Usage: "a command that succeeds even on a --fail-every device, such as a rollback (repeatable)"},
 					&cli.IntFlag{Name: "offline-every", Usage: "every Nth device (index 0, N, 2N, ...) announces itself, then stays offline"},
 					&cli.IntFlag{Name: "slow-every", Usage: "every Nth device (index 1, N+1, ...) runs commands in --slow-latency"},
 					&cli.DurationFlag{Name: "slow-latency", Value: 2 * time.Second, Usage: "how long a slow device's commands run"},
 					&cli.IntFlag{Name: "outage-every", Usage: "every Nth device (index 0, N, 2N, ...) goes away once, all at once, --outage-after the start, for --outage-for"},
 					&cli.DurationFlag{Name: "outage-after", Value: 5 * time.Second, Usage: "when the --outage-every outage begins, after the devices are up"},
 					&cli.DurationFlag{Name: "outage-for", Value: 30 * time.Second, Usage: "how long the --outage-every outage lasts"},
+					&cli.DurationFlag{Name: "outage-spread", Usage: "spread the returns of the --outage-every devices evenly over this long after --outage-for"},
 					&cli.DurationFlag{Name: "duration", Usage: "stop this long after every device is up", DefaultText: "until interrupted"},
 					&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 					&cli.StringFlag{Name: "credentials", Usage: "file of ID:SECRET lines, the devices' own credentials; without it, --store (when given) gets a new credential for each device"},
@@ -262,7 +264,10 @@ func simConfig(c *cli.Context) (device.Config, error) {
 		}
 	}
 	if n := every["outage-every"]; n > 0 {
-		cfg.Outage = device.ScheduledOutage{Every: n, After: c.Duration("outage-after"), For: c.Duration("outage-for")}
+		cfg.Outage = device.ScheduledOutage{Every: n, After: c.Duration("outage-after"), For: c.Duration("outage-for"), Spread: c.Duration("outage-spread")}
+		if cfg.Outage.Spread < 0 {
+			return cfg, fmt.Errorf("--outage-spread: must not be negative, got %s", cfg.Outage.Spread)
+		}
 		if cfg.Outage.After < 0 {
 			return cfg, fmt.Errorf("--outage-after: must not be negative, got %s", cfg.Outage.After)
 		}
@@ -274,11 +279,17 @@ func simConfig(c *cli.Context) (device.Config, error) {
 	if slow <= 0 {
 		return cfg, fmt.Errorf("--slow-latency: must be a positive duration, got %s", slow)
 	}
+	succeed := c.StringSlice("succeed")
+	for _, cmd := range succeed {
+		if cmd == "" {
+			return cfg, fmt.Errorf("--succeed: a command name must not be empty")
+		}
+	}
 	if every["fail-every"]+every["offline-every"]+every["slow-every"] > 0 {
 		cfg.Behavior = func(i int) device.Behavior {
 			var b device.Behavior
 			if n := every["fail-every"]; n > 0 && i%n == n-1 {
-				b.Fail = true
+				b.Fail, b.Succeed = true, succeed
 			}
 			if n := every["offline-every"]; n > 0 && i%n == 0 {
 				b.Offline = true

@@ -68,10 +68,11 @@ type Config struct {
 // ScheduledOutage takes every Every-th device (index 0, Every, 2*Every,
 // ...) away at once, After the simulator started, for For: each drops its
 // connection abruptly (the broker sends its will) and is back, its online
-// status published, as soon as For has passed.
+// status published, as soon as its outage has passed. Spread, when set,
+// staggers the returns: the k-th of n devices away stays For+Spread*k/n.
 type ScheduledOutage struct {
-	Every      int
-	After, For time.Duration
+	Every              int
+	After, For, Spread time.Duration
 }
 
 // Behavior is one device's own behaviour, beside the fleet's rates.
@@ -123,8 +124,8 @@ func (c *Config) validate() error {
 	if c.Outage.Every < 0 {
 		return fmt.Errorf("outage every: %d is negative", c.Outage.Every)
 	}
-	if c.Outage.Every > 0 && (c.Outage.After < 0 || c.Outage.For <= 0) {
-		return fmt.Errorf("outage: after %s, for %s: want after >= 0 and for > 0", c.Outage.After, c.Outage.For)
+	if c.Outage.Every > 0 && (c.Outage.After < 0 || c.Outage.For <= 0 || c.Outage.Spread < 0) {
+		return fmt.Errorf("outage: after %s, for %s, spread %s: want after >= 0, for > 0, spread >= 0", c.Outage.After, c.Outage.For, c.Outage.Spread)
 	}
 	if c.Latency < 0 || c.OfflineFor < 0 || c.Heartbeat < 0 {
 		return errors.New("latency, offline_for, heartbeat: must not be negative")

@@ -52,18 +52,18 @@ type Device struct {
 	offlineUntil time.Time
 	// away is the outage under way: its Back is set by the first online
 	// status published after it.
-	away         *Outage
-	outages      []Outage
-	inbox        []protocol.CommandMessage
-	highest      map[string]int
-	done         map[attemptKey]protocol.Reply
-	doneOrder    []attemptKey
-	running      *protocol.CommandMessage
-	queue        []protocol.CommandMessage
-	runs         []Run
-	overlaps     []Overlap
-	stale        []StaleAttempt
-	counts       Counts
+	away      *Outage
+	outages   []Outage
+	inbox     []protocol.CommandMessage
+	highest   map[string]int
+	done      map[attemptKey]protocol.Reply
+	doneOrder []attemptKey
+	running   *protocol.CommandMessage
+	queue     []protocol.CommandMessage
+	runs      []Run
+	overlaps  []Overlap
+	stale     []StaleAttempt
+	counts    Counts
 }
 
 // ID returns the device id.

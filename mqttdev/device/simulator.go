@@ -144,7 +144,7 @@ func (s *Simulator) Start(ctx context.Context) error {
 func (s *Simulator) Connected() int { return int(s.connected.Load()) }
 
 // scheduledOutage takes every o.Every-th device away at once, o.After
-// after the start, for o.For.
+// after the start, for o.For (and its share of o.Spread).
 func (s *Simulator) scheduledOutage(ctx context.Context, o ScheduledOutage) {
 	t := time.NewTimer(o.After)
 	defer t.Stop()
@@ -153,10 +153,14 @@ func (s *Simulator) scheduledOutage(ctx context.Context, o ScheduledOutage) {
 		return
 	case <-t.C:
 	}
+	var away []*Device
 	for n, d := range s.devices {
 		if (s.cfg.First+n)%o.Every == 0 {
-			d.GoOffline(o.For)
+			away = append(away, d)
 		}
+	}
+	for k, d := range away {
+		d.GoOffline(o.For + o.Spread*time.Duration(k)/time.Duration(len(away)))
 	}
 }
 
@@ -244,7 +248,7 @@ func RunSimulator(ctx context.Context, cfg Config, duration time.Duration, progr
 	}
 	fmt.Fprintf(progress, "connected: %d devices up in %s\n", s.Connected(), time.Since(begin).Round(100*time.Millisecond))
 	if o := s.cfg.Outage; o.Every > 0 {
-		fmt.Fprintf(progress, "outage: every %dth device away %s after the start, for %s\n", o.Every, o.After, o.For)
+		fmt.Fprintf(progress, "outage: every %dth device away %s after the start, for %s (returns spread over %s)\n", o.Every, o.After, o.For, o.Spread)
 	}
 	if duration > 0 {
 		var cancel context.CancelFunc
