@@ -1,14 +1,20 @@
 package tests
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
 	"github.com/leasepool/leasepool/mqttdev/device"
@@ -235,5 +241,76 @@ func publishAll(t *testing.T, ctx context.Context, store task.Store, ps []task.P
 		if o.Err != nil {
 			t.Fatalf("publish %s: %v", ps[i].Key, o.Err)
 		}
+	}
+}
+
+// TestFleetOnTheEmbeddedBroker runs fleetDevices simulated devices in one
+// `device simulate --store` process against a `device broker` process
+// checking their credentials in the store: the simulator makes the
+// fleet's credentials in one batch, every device logs in with its own and
+// stays connected, and a device given the wrong secret is refused.
+//
+//	LEASEPOOL_TEST_FLEET=1 go test -run TestFleetOnTheEmbeddedBroker -v ./tests/
+func TestFleetOnTheEmbeddedBroker(t *testing.T) {
+	needFleet(t)
+	ctx := testContext(t, 5*time.Minute)
+	store, storeURL := openTestStore(t, ctx)
+	bin := plainLeasepoolBin(t)
+	// The broker refuses to start on a store without credentials.
+	if out, errOut, code := runCLI(t, "--store", storeURL, "device", "add", "operator-0"); code != 0 {
+		t.Fatalf("device add: exit %d\n%s%s", code, out, errOut)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	broker := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "device", "broker", "--listen", addr)
+	var brokerOut bytes.Buffer
+	broker.Stdout, broker.Stderr = &brokerOut, &brokerOut
+	if err := broker.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = broker.Process.Kill()
+		_ = broker.Wait()
+		if t.Failed() {
+			t.Logf("broker output:\n%s", tail(brokerOut.String(), 3000))
+		}
+	})
+	eventually(t, 20*time.Second, "the broker to listen on "+addr, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	sim := startSimProc(t, ctx, "--store", storeURL, "--mqtt", "tcp://"+addr, "--count", strconv.Itoa(fleetDevices), "--id-prefix", "efleet-", "--heartbeat", "30m")
+	sim.logMu.Lock()
+	made := slices.ContainsFunc(sim.log, func(l string) bool {
+		return strings.HasPrefix(l, fmt.Sprintf("credentials: %d made in the store", fleetDevices))
+	})
+	sim.logMu.Unlock()
+	if !made {
+		t.Errorf("no line \"credentials: %d made in the store\" from the simulator", fleetDevices)
+	}
+	creds, err := credential.List(ctx, store)
+	if err != nil || len(creds) != fleetDevices+1 {
+		t.Fatalf("%d credentials in the store (%v), want %d and the operator's", len(creds), err, fleetDevices)
+	}
+	// A device of the fleet with a secret of its own making is refused.
+	bad := filepath.Join(t.TempDir(), "bad.creds")
+	if err := os.WriteFile(bad, []byte("efleet-7:not-its-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := runCLI(t, "device", "simulate", "--mqtt", "tcp://"+addr, "--count", "1", "--first", "7", "--id-prefix", "efleet-",
+		"--credentials", bad, "--duration", "1s", "--start-timeout", "3s")
+	if code == 0 || !strings.Contains(errOut, "devices not up within 3s (0 of 1 devices up)") {
+		t.Errorf("a device with a wrong secret: exit %d\n%s%s", code, out, errOut)
+	}
+	rep := sim.stop(t)
+	if len(rep.Devices) != fleetDevices || len(rep.Overlaps) != 0 {
+		t.Errorf("report: %d devices, %d overlaps; want %d, none", len(rep.Devices), len(rep.Overlaps), fleetDevices)
 	}
 }

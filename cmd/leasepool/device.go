@@ -72,6 +72,7 @@ func deviceCommand() *cli.Command {
 					&cli.DurationFlag{Name: "outage-for", Value: 30 * time.Second, Usage: "how long the --outage-every outage lasts"},
 					&cli.DurationFlag{Name: "outage-spread", Usage: "spread the returns of the --outage-every devices evenly over this long after --outage-for"},
 					&cli.DurationFlag{Name: "duration", Usage: "stop this long after every device is up", DefaultText: "until interrupted"},
+					&cli.DurationFlag{Name: "start-timeout", Value: 2 * time.Minute, Usage: "give up when the devices are not all up (connected and subscribed) within this long"},
 					&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 					&cli.StringFlag{Name: "credentials", Usage: "file of ID:SECRET lines, the devices' own credentials; without it, --store (when given) gets a new credential for each device"},
 				),
@@ -93,7 +94,7 @@ func deviceCommand() *cli.Command {
 					if cfg.Secrets, err = simSecrets(c, ids, progress); err != nil {
 						return err
 					}
-					r, err := device.RunSimulator(c.Context, cfg, c.Duration("duration"), progress)
+					r, err := device.RunSimulator(c.Context, cfg, device.RunOptions{Duration: c.Duration("duration"), StartTimeout: c.Duration("start-timeout")}, progress)
 					if err != nil {
 						return err
 					}
@@ -313,7 +314,7 @@ func simConfig(c *cli.Context) (device.Config, error) {
 	for _, d := range []struct {
 		name string
 		dst  *time.Duration
-	}{{"latency", &cfg.Latency}, {"offline-for", &cfg.OfflineFor}, {"heartbeat", &cfg.Heartbeat}, {"duration", nil}} {
+	}{{"latency", &cfg.Latency}, {"offline-for", &cfg.OfflineFor}, {"heartbeat", &cfg.Heartbeat}, {"duration", nil}, {"start-timeout", nil}} {
 		if !c.IsSet(d.name) {
 			if d.dst != nil {
 				*d.dst = c.Duration(d.name)

@@ -204,13 +204,23 @@ func (s *Simulator) Report() *Report {
 	return r
 }
 
-// RunSimulator runs a simulation until ctx ends or, when duration is
-// positive, for duration from the moment every device is up (a fleet of
-// thousands takes seconds to connect), writing a progress line to
+// RunOptions bound a RunSimulator.
+type RunOptions struct {
+	// Duration, when positive, is how long the simulation runs from the
+	// moment every device is up (a fleet of thousands takes seconds to
+	// connect); zero runs until ctx ends.
+	Duration time.Duration
+	// StartTimeout, when positive, bounds the start: devices that cannot
+	// connect (a broker away, a credential refused) are retried until
+	// then.
+	StartTimeout time.Duration
+}
+
+// RunSimulator runs a simulation as opts say, writing a progress line to
 // progress every second while the devices connect and every few seconds
 // after, and the summary at the end; it returns the report. progress may
 // be nil.
-func RunSimulator(ctx context.Context, cfg Config, duration time.Duration, progress io.Writer) (*Report, error) {
+func RunSimulator(ctx context.Context, cfg Config, opts RunOptions, progress io.Writer) (*Report, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
@@ -240,19 +250,25 @@ func RunSimulator(ctx context.Context, cfg Config, duration time.Duration, progr
 			}
 		}
 	}()
-	err = s.Start(ctx)
+	sctx := ctx
+	if opts.StartTimeout > 0 {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeoutCause(ctx, opts.StartTimeout, fmt.Errorf("devices not up within %s", opts.StartTimeout))
+		defer cancel()
+	}
+	err = s.Start(sctx)
 	close(started)
 	printing.Wait()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (%d of %d devices up)", err, s.Connected(), s.cfg.Count)
 	}
 	fmt.Fprintf(progress, "connected: %d devices up in %s\n", s.Connected(), time.Since(begin).Round(100*time.Millisecond))
 	if o := s.cfg.Outage; o.Every > 0 {
 		fmt.Fprintf(progress, "outage: every %dth device away %s after the start, for %s (returns spread over %s)\n", o.Every, o.After, o.For, o.Spread)
 	}
-	if duration > 0 {
+	if opts.Duration > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, duration)
+		ctx, cancel = context.WithTimeout(ctx, opts.Duration)
 		defer cancel()
 	}
 	tick := time.NewTicker(5 * time.Second)
