@@ -176,18 +176,39 @@ const fileHeadroom = 64
 // wait.
 func (s *Simulator) Stop(ctx context.Context) error {
 	return s.life.Stop(ctx, func() {
+		// Every life ends first: a device away leaves its dial at once,
+		// and its client's reconnect loop its backoff, so that the
+		// disconnects below, side by side, each wait for one backoff
+		// step at most rather than one after another.
 		for _, d := range s.devices {
-			d.stop()
-			if d.tr.Connected() {
-				b, _ := protocol.Encode(protocol.Status{Online: false, At: time.Now().UTC()})
-				pctx, c := context.WithTimeout(context.Background(), 2*time.Second)
-				_ = d.tr.Publish(pctx, d.topics.Device(d.id, protocol.TopicStatus), true, b)
-				c()
-			}
-			d.tr.Disconnect()
+			d.mu.Lock()
+			d.endLife()
+			d.mu.Unlock()
 		}
+		sem := make(chan struct{}, stopParallel)
+		var wg sync.WaitGroup
+		for _, d := range s.devices {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				d.stop()
+				if d.tr.Connected() {
+					b, _ := protocol.Encode(protocol.Status{Online: false, At: time.Now().UTC()})
+					pctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+					_ = d.tr.Publish(pctx, d.topics.Device(d.id, protocol.TopicStatus), true, b)
+					c()
+				}
+				d.tr.Disconnect()
+			}()
+		}
+		wg.Wait()
 	})
 }
+
+// stopParallel bounds the devices Stop disconnects at once.
+const stopParallel = 256
 
 // Report returns what the devices saw so far.
 func (s *Simulator) Report() *Report {
