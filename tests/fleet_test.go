@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/internal/credential"
 	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
@@ -33,6 +34,13 @@ const (
 	// back in the same millisecond would queue for the workers' handlers
 	// (192 in all), and what is measured is each one's wake-up.
 	fleetReturn = 5 * time.Second
+	// fleetResumeBound is the latest a command may start after its
+	// device's return. Each starts within a second on a machine with
+	// room to spare (max 231–700 ms); on a two-core machine running two
+	// dozen other processes the slowest took 3.6 s, the store's writer
+	// busy with the returns' state writes. A wake-up missed would wait
+	// for the workers' fallback look (HandlerConfig.OfflineRecheck, 30 s).
+	fleetResumeBound = 5 * time.Second
 	// fleetWatch is how long the store's writes are counted while the
 	// fleetAway devices are away with a command waiting for each.
 	fleetWatch = 30 * time.Second
@@ -156,9 +164,18 @@ func TestFleetDeviceTasks(t *testing.T) {
 		}
 		ps = append(ps, p)
 	}
-	published := time.Now()
+	// The backlog is published paused, so that the rates measure the
+	// workers and devices, not how fast this process publishes.
+	if _, err := control.Pause(ctx, store, control.Kind(mqttdev.Kind)); err != nil {
+		t.Fatal(err)
+	}
+	publishing := time.Now()
 	publishAll(t, ctx, store, ps)
-	publishedAll := time.Now()
+	publishTook := time.Since(publishing)
+	published := time.Now()
+	if _, err := control.Resume(ctx, store, control.Kind(mqttdev.Kind)); err != nil {
+		t.Fatal(err)
+	}
 	testutil.EventuallyEvery(t, 10*time.Minute, 2*time.Second, "every device's command to finish", func() bool {
 		return finished(countStates(t, ctx, store)) >= fleetAway+fleetDevices
 	})
@@ -213,9 +230,9 @@ func TestFleetDeviceTasks(t *testing.T) {
 	slices.Sort(resume)
 	if len(resume) != fleetAway {
 		t.Errorf("%d commands of the devices away ran, want %d", len(resume), fleetAway)
-	} else if worst := resume[len(resume)-1]; worst > time.Second {
-		t.Errorf("the commands of the devices back started up to %s after their return (p50 %s, p99 %s), want within 1s",
-			worst.Round(time.Millisecond), resume[len(resume)/2].Round(time.Millisecond), resume[len(resume)*99/100].Round(time.Millisecond))
+	} else if p50, worst := resume[len(resume)/2], resume[len(resume)-1]; p50 > time.Second || worst > fleetResumeBound {
+		t.Errorf("the commands of the devices back started %s after their return at the median, up to %s (p99 %s): want within 1s, and none past %s",
+			p50.Round(time.Millisecond), worst.Round(time.Millisecond), resume[len(resume)*99/100].Round(time.Millisecond), fleetResumeBound)
 	}
 	if len(resume) > 0 {
 		t.Logf("resume after return: p50 %s, p99 %s, max %s", resume[len(resume)/2].Round(time.Millisecond),
@@ -223,8 +240,11 @@ func TestFleetDeviceTasks(t *testing.T) {
 	}
 	if len(claimed) == fleetDevices {
 		dispatch, done := claimed[len(claimed)-1].Sub(published), ended[len(ended)-1].Sub(published)
-		fmt.Printf("fleet: %d devices, 3 workers x %d, %s latency: published in %s; dispatched %.0f/s (all in %s), completed %.0f/s (all in %s)\n",
-			fleetDevices, fleetConcurrency, fleetLatency, publishedAll.Sub(published).Round(time.Millisecond),
+		if claimed[0].Before(published) {
+			t.Errorf("a command was claimed at %s, before the kind was resumed at %s", claimed[0], published)
+		}
+		fmt.Printf("fleet: %d devices, 3 workers x %d, %s latency: published (paused) in %s; from the resume: dispatched %.0f/s (all in %s), completed %.0f/s (all in %s)\n",
+			fleetDevices, fleetConcurrency, fleetLatency, publishTook.Round(time.Millisecond),
 			float64(fleetDevices)/dispatch.Seconds(), dispatch.Round(time.Millisecond), float64(fleetDevices)/done.Seconds(), done.Round(time.Millisecond))
 	}
 }
