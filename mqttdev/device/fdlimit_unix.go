@@ -21,7 +21,7 @@ func RaiseFileLimit(need int) (uint64, error) {
 		return l.Cur, nil
 	}
 	if l.Max < uint64(need) {
-		return l.Cur, fmt.Errorf("open files limit: %d devices need about %d open files, the hard limit is %d (soft %d): raise it (ulimit -Hn, as root), or run several simulators with a --first of their own",
+		return l.Cur, fmt.Errorf("open files limit: %d devices need about %d open files, the hard limit is %d (soft %d): raise it (ulimit -Hn, as root), or split the fleet across processes (--first)",
 			need-fileHeadroom, need, l.Max, l.Cur)
 	}
 	want := l
