@@ -176,10 +176,11 @@ const fileHeadroom = 64
 // wait.
 func (s *Simulator) Stop(ctx context.Context) error {
 	return s.life.Stop(ctx, func() {
-		// Every life ends first: a device away leaves its dial at once,
-		// and its client's reconnect loop its backoff, so that the
-		// disconnects below, side by side, each wait for one backoff
-		// step at most rather than one after another.
+		// Every life ends first, so that every device away leaves its
+		// dial at once; a disconnect then waits for its client's
+		// reconnect loop to end, at most a backoff step, and the
+		// disconnects side by side wait for those steps together rather
+		// than one after another.
 		for _, d := range s.devices {
 			d.mu.Lock()
 			d.endLife()
