@@ -139,12 +139,13 @@ func currentUser() string {
 }
 
 // fleetWorker starts a `leasepool worker` process (plain build) running
-// device tasks only, concurrency at once, on broker url; it is killed
-// when t ends, its log shown if t failed.
-func fleetWorker(t *testing.T, storeURL, id, url, prefix string, concurrency int) (*workerProc, string) {
+// device tasks only, concurrency at once, with broker flags brokerArgs
+// (--mqtt URL, or --embedded-broker ADDR); it is killed when t ends, its
+// log shown if t failed.
+func fleetWorker(t *testing.T, storeURL, id, prefix string, concurrency int, brokerArgs ...string) (*workerProc, string) {
 	t.Helper()
-	cmd := exec.Command(plainLeasepoolBin(t), "--store", storeURL, "--log-level", "info", "worker", "--id", id,
-		"--kinds", "device", "--concurrency", strconv.Itoa(concurrency), "--prefix", prefix, "--shutdown-timeout", "2s", "--mqtt", url)
+	cmd := exec.Command(plainLeasepoolBin(t), append([]string{"--store", storeURL, "--log-level", "info", "worker", "--id", id,
+		"--kinds", "device", "--concurrency", strconv.Itoa(concurrency), "--prefix", prefix, "--shutdown-timeout", "2s"}, brokerArgs...)...)
 	logPath := filepath.Join(t.TempDir(), id+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -339,4 +340,27 @@ func (w *writeCounter) set(on bool) map[string]int {
 		w.counts = map[string]int{}
 	}
 	return out
+}
+
+// freeLoopbackAddr returns a loopback address nobody listens on now.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// awaitListening waits until something accepts connections on addr.
+func awaitListening(t *testing.T, d time.Duration, addr string) {
+	t.Helper()
+	eventually(t, d, "a listener on "+addr, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 }

@@ -51,7 +51,7 @@ func testFleetRollouts(t *testing.T, faultyCount, healthyCount int) {
 	var workers []*workerProc
 	var logs []string
 	for i := range 3 {
-		w, log := fleetWorker(t, storeURL, fmt.Sprintf("fro-w%d", i), url, prefix, fleetConcurrency)
+		w, log := fleetWorker(t, storeURL, fmt.Sprintf("fro-w%d", i), prefix, fleetConcurrency, "--mqtt", url)
 		workers, logs = append(workers, w), append(logs, log)
 		if i == 0 {
 			eventually(t, 30*time.Second, "fro-w0 to be elected", func() bool {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,26 +56,62 @@ const (
 //
 //   - a tenth of the devices away for fleetOutage, a command published
 //     for each: over fleetWatch the store takes no write for them (no
-//     claim, no state, no retry), and each command starts within a second
-//     of its device's return (its online status published);
+//     claim, no state, no retry), and the commands start within a second
+//     of their devices' return (online status published) at the median,
+//     none past fleetResumeBound;
 //
 //   - one command for every device: every one succeeds, no device runs
 //     two at once, and the test prints devices dispatched (first claim)
 //     and completed per second.
 //
-//     LEASEPOOL_TEST_FLEET=1 go test -run TestFleetDeviceTasks -v -timeout 20m ./tests/
+//     LEASEPOOL_TEST_FLEET=1 go test -race -run 'TestFleetDeviceTasks$' -v -timeout 20m ./tests/
 func TestFleetDeviceTasks(t *testing.T) {
 	needFleet(t)
+	testFleetDeviceTasks(t, false)
+}
+
+// TestFleetDeviceTasksEmbedded is TestFleetDeviceTasks on the embedded
+// broker, hosted by one of the workers, each device logging in with a
+// credential of its own (made by the simulators in one batch each).
+//
+// It does not pass yet, and runs only when LEASEPOOL_TEST_FLEET_EMBEDDED
+// is set as well: with 9,000 devices connecting at once, the workers'
+// writes of their statuses fill the SQLite writer's queue, the hosting
+// worker's lease renewals (mqtt-broker:ADDR, and the election) time out
+// behind them, the broker moves to another worker and every connection
+// drops; 4,057 of 9,000 devices were up after two minutes.
+//
+//	LEASEPOOL_TEST_FLEET=1 LEASEPOOL_TEST_FLEET_EMBEDDED=1 go test -race -run TestFleetDeviceTasksEmbedded -v -timeout 20m ./tests/
+func TestFleetDeviceTasksEmbedded(t *testing.T) {
+	needFleet(t)
+	if os.Getenv("LEASEPOOL_TEST_FLEET_EMBEDDED") == "" {
+		t.Skip("the embedded broker's host loses its lease under 10,000 connecting devices: set LEASEPOOL_TEST_FLEET_EMBEDDED=1 to run it")
+	}
+	testFleetDeviceTasks(t, true)
+}
+
+func testFleetDeviceTasks(t *testing.T, embedded bool) {
 	start := time.Now()
 	ctx := testContext(t, 15*time.Minute)
 	plainLeasepoolBin(t)
-	url := fleetMosquitto(t, fleetDevices+16)
 	store, storeURL := openTestStore(t, ctx)
 	prefix := "fleet" + randomSuffix(t)
 	since := func() string { return time.Since(start).Round(100 * time.Millisecond).String() }
 
+	var url string
+	var brokerArgs, simArgs []string
+	if embedded {
+		addr := freeLoopbackAddr(t)
+		url, brokerArgs, simArgs = "tcp://"+addr, []string{"--embedded-broker", addr}, []string{"--store", storeURL}
+	} else {
+		url = fleetMosquitto(t, fleetDevices+16)
+		brokerArgs = []string{"--mqtt", url}
+	}
 	for i := range 3 {
-		fleetWorker(t, storeURL, fmt.Sprintf("fleet-w%d", i), url, prefix, fleetConcurrency)
+		fleetWorker(t, storeURL, fmt.Sprintf("fleet-w%d", i), prefix, fleetConcurrency, brokerArgs...)
+	}
+	if embedded {
+		awaitListening(t, time.Minute, strings.TrimPrefix(url, "tcp://"))
 	}
 	id := func(i int) string { return "fleet-" + strconv.Itoa(i) }
 	index := func(id string) int {
@@ -87,7 +122,7 @@ func TestFleetDeviceTasks(t *testing.T) {
 		return n
 	}
 	isAway := func(id string) bool { return index(id) >= fleetDevices-fleetAway }
-	common := []string{"--mqtt", url, "--prefix", prefix, "--id-prefix", "fleet-", "--latency", fleetLatency.String(), "--heartbeat", "30m"}
+	common := append([]string{"--mqtt", url, "--prefix", prefix, "--id-prefix", "fleet-", "--latency", fleetLatency.String(), "--heartbeat", "30m"}, simArgs...)
 	present := startSimProc(t, ctx, append(common, "--count", strconv.Itoa(fleetDevices-fleetAway))...)
 	away := startSimProc(t, ctx, append(common, "--count", strconv.Itoa(fleetAway), "--first", strconv.Itoa(fleetDevices-fleetAway),
 		"--outage-every", "1", "--outage-after", "0s", "--outage-for", fleetOutage.String(), "--outage-spread", fleetReturn.String())...)
@@ -243,8 +278,12 @@ func TestFleetDeviceTasks(t *testing.T) {
 		if claimed[0].Before(published) {
 			t.Errorf("a command was claimed at %s, before the kind was resumed at %s", claimed[0], published)
 		}
-		fmt.Printf("fleet: %d devices, 3 workers x %d, %s latency: published (paused) in %s; from the resume: dispatched %.0f/s (all in %s), completed %.0f/s (all in %s)\n",
-			fleetDevices, fleetConcurrency, fleetLatency, publishTook.Round(time.Millisecond),
+		where := "Mosquitto"
+		if embedded {
+			where = "the embedded broker"
+		}
+		fmt.Printf("fleet on %s: %d devices, 3 workers x %d, %s latency: published (paused) in %s; from the resume: dispatched %.0f/s (all in %s), completed %.0f/s (all in %s)\n",
+			where, fleetDevices, fleetConcurrency, fleetLatency, publishTook.Round(time.Millisecond),
 			float64(fleetDevices)/dispatch.Seconds(), dispatch.Round(time.Millisecond), float64(fleetDevices)/done.Seconds(), done.Round(time.Millisecond))
 	}
 }
@@ -280,12 +319,7 @@ func TestFleetOnTheEmbeddedBroker(t *testing.T) {
 	if out, errOut, code := runCLI(t, "--store", storeURL, "device", "add", "operator-0"); code != 0 {
 		t.Fatalf("device add: exit %d\n%s%s", code, out, errOut)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeLoopbackAddr(t)
 	broker := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "device", "broker", "--listen", addr)
 	var brokerOut bytes.Buffer
 	broker.Stdout, broker.Stderr = &brokerOut, &brokerOut
@@ -299,13 +333,7 @@ func TestFleetOnTheEmbeddedBroker(t *testing.T) {
 			t.Logf("broker output:\n%s", tail(brokerOut.String(), 3000))
 		}
 	})
-	eventually(t, 20*time.Second, "the broker to listen on "+addr, func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	awaitListening(t, 20*time.Second, addr)
 	sim := startSimProc(t, ctx, "--store", storeURL, "--mqtt", "tcp://"+addr, "--count", strconv.Itoa(fleetDevices), "--id-prefix", "efleet-", "--heartbeat", "30m")
 	sim.logMu.Lock()
 	made := slices.ContainsFunc(sim.log, func(l string) bool {
