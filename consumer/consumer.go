@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/ping"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/control"
@@ -65,7 +66,7 @@ type Consumer struct {
 	rules          *claimRules // this worker's claims: see claim.go
 
 	running *runTable
-	locks   *lockQueue // the scheduler's, but for heirs read by attempts
+	locks   *claimtab.Locks // the scheduler's, but for heirs read by attempts
 	// peers is the live workers as the registry last listed them, for
 	// claim spreading (see Config.ClaimSpread).
 	peers atomic.Pointer[preempt.Peers]
@@ -82,7 +83,7 @@ type Consumer struct {
 
 type run struct {
 	lease   *ping.Renewer
-	seq     int64 // the claimed document's Seq and Version: see newer
+	seq     int64 // the claimed document's Seq and Version: see claimtab.Newer
 	version int64
 	cancel  context.CancelCauseFunc
 }
@@ -99,7 +100,7 @@ type attemptResult struct {
 	lockKeys []string // waiting for these locks, held by another process
 	ahead    string   // the task whose place in a lock's line stopped the claim
 	busy     []string // the lock keys dispatch marked busy for this attempt
-	wakes    []uint64 // busy's wake counts at dispatch (lockQueue.depart)
+	wakes    []uint64 // busy's wake counts at dispatch (claimtab.Locks.depart)
 	limited  bool     // retry waits for a rate limit's slot
 	// slotFreed: the slot was given back when the handler returned.
 	slotFreed bool
@@ -123,7 +124,7 @@ func New(cfg Config) (*Consumer, error) {
 		handled:        make(chan bool, cfg.Concurrency+InstantSlots),
 		controlChanged: make(chan struct{}, 1),
 		running:        &runTable{m: map[string]*run{}},
-		locks:          newLockQueue(),
+		locks:          claimtab.NewLocks(),
 	}
 	c.rules = &claimRules{
 		store: c.store, self: c.self, controls: c.ctl.Load, slots: &c.slots,

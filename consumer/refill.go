@@ -170,7 +170,7 @@ func (s *scheduler) shareMoved() bool {
 // fetch reads the next page of ready tasks after the resume point in its
 // own goroutine; onPage takes it.
 func (s *scheduler) fetch(ctx context.Context) {
-	s.tab.beginPage()
+	s.tab.BeginPage()
 	s.lastQuery = time.Now()
 	q := task.CandidateQuery{
 		Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: s.store.Now(), Ready: true, After: s.resume, Share: s.resumeShare, Limit: s.cfg.PageSize,
@@ -191,7 +191,7 @@ func (s *scheduler) fetch(ctx context.Context) {
 // older), and moves the resume point. A short page ends the backlog: the
 // next refill queries everything.
 func (s *scheduler) onPage(p fetchedPage) {
-	defer s.tab.endPage()
+	defer s.tab.EndPage()
 	if s.resume != p.after {
 		return // a full query ran meanwhile and moved the cursor
 	}

@@ -202,7 +202,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 	settled := job.settled()
 	if keys := lease.Doc().LockKeys; len(keys) > 0 && (settled != nil || !errors.Is(context.Cause(hctx), task.ErrLeaseLost)) {
 		now := c.store.Now()
-		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.heirs(keys, now)})
+		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.Heirs(keys, now)})
 	}
 	outcome := OutcomeSucceeded
 	if settled != nil {

@@ -4,7 +4,7 @@ package consumer
 // and attempt results into claim times, and starts claim attempts while
 // slots are free; due tasks a pause covers wait aside until it lifts, and
 // those over a rate limit until a slot frees. Where each task it holds
-// stands is the claim table's (states.go). It runs in one goroutine; the
+// stands is the claim table's (consumer/internal/claimtab). It runs in one goroutine; the
 // run table and the lock queue are shared with the attempts.
 
 import (
@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/task"
@@ -37,9 +38,9 @@ type scheduler struct {
 
 	// tab is every task held here and its state; heap and locks are
 	// its indexes (the scheduler reads the heap, and only tab writes it).
-	tab   *claimTable
+	tab   *claimtab.Table
 	heap  *preempt.Heap
-	locks *lockQueue
+	locks *claimtab.Locks
 	// ctl is the pauses and limits as last loaded (reload reads them
 	// again).
 	ctl    *atomic.Pointer[control.State]
@@ -80,7 +81,7 @@ type scheduler struct {
 	// waiting for the query (a page is a few milliseconds of reads and
 	// decoding); the claim table keeps, while one is in flight, the
 	// newest document of each task an event or attempt brought meanwhile,
-	// which the page's, read earlier, must not replace (stateIdle).
+	// which the page's, read earlier, must not replace (claimtab.Idle).
 	pages chan fetchedPage
 	// peers is the registry's live workers (claim spreading); ranks
 	// caches this worker's rank of unpinned tasks under ranksOf.
@@ -113,10 +114,10 @@ func (c *Consumer) newScheduler() *scheduler {
 	}
 	s.gate, _ = c.cfg.Handler.(Gate)
 	s.gateWakes, s.letGoWakes = make(chan gateWake, 64), map[<-chan struct{}]bool{}
-	s.tab = newClaimTable(s.heap, s.locks, s.dropped)
-	s.tab.refused = func(key string, from, to taskState) {
-		s.logger.Error("claim table refused a move", slog.String("task", key), slog.String("from", from.String()), slog.String("to", to.String()))
-	}
+	s.tab = claimtab.New(claimtab.Config{Heap: s.heap, Locks: s.locks, Dropped: s.dropped, Strict: strictStates,
+		Refused: func(key string, from, to claimtab.State) {
+			s.logger.Error("claim table refused a move", slog.String("task", key), slog.String("from", from.String()), slog.String("to", to.String()))
+		}})
 	return s
 }
 
@@ -146,7 +147,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 				s.resume, s.resumeShare = nil, nil
 			}
 			switch {
-			case s.tab.paging || !low || s.full():
+			case s.tab.Paging() || !low || s.full():
 			case s.resume != nil:
 				s.fetch(ctx) // the next page of a backlog, read aside
 			case s.free > 0 && s.queryDue():
@@ -202,8 +203,8 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.release(instant)
 		case keys := <-s.claimsDone:
 			now := s.store.Now()
-			for _, k := range s.locks.unhold(keys) {
-				s.tab.wakeOne(k, now)
+			for _, k := range s.locks.Unhold(keys) {
+				s.tab.WakeOne(k, now)
 			}
 		case <-timer.C:
 		case <-safety.C:
@@ -236,18 +237,18 @@ func (s *scheduler) wants(t *task.Task) bool {
 
 // offer puts t in the heap at the time this worker may claim it, or drops
 // it. A document older than the one held is refused whatever the key's
-// state (newer); one of a key being claimed is kept for the result.
+// state (claimtab.Newer); one of a key being claimed is kept for the result.
 func (s *scheduler) offer(t *task.Task, now time.Time) {
-	if st := s.tab.state(t.Key); (st == stateLockWaiting || st == stateRateWaiting) && !newer(t, s.tab.doc(t.Key)) {
+	if st := s.tab.State(t.Key); (st == claimtab.LockWaiting || st == claimtab.RateWaiting) && !claimtab.Newer(t, s.tab.Doc(t.Key)) {
 		// Its wait stands: a query's row no newer than the document it
 		// waits on says nothing freed it. Made due, it would try a claim
 		// bound to fail, and a refill finding it due would read again.
 		return
 	}
-	if !s.wants(t) || !s.tab.see(t) || s.tab.state(t.Key) == stateClaiming {
+	if !s.wants(t) || !s.tab.See(t) || s.tab.State(t.Key) == claimtab.Claiming {
 		return
 	}
-	if !s.tab.state(t.Key).held() && s.letAside(t) {
+	if !s.tab.State(t.Key).Held() && s.letAside(t) {
 		return
 	}
 	runningHere := s.running.get(t.Key) != nil
@@ -255,7 +256,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	at := now
 	switch {
 	case d.Verdict == preempt.Never, runningHere && d.Verdict == preempt.Later:
-		s.tab.forget(t.Key)
+		s.tab.Forget(t.Key)
 		return
 	case d.Verdict == preempt.Later:
 		at = d.At
@@ -271,7 +272,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	if order.IsZero() {
 		order = at
 	}
-	s.tab.place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
+	s.tab.Place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
 }
 
 // standBy is how long this worker waits, past the moment t becomes
@@ -345,8 +346,8 @@ func (s *scheduler) noteLag(t *task.Task, now time.Time) {
 
 func (s *scheduler) onEvent(ev task.Event) {
 	t := ev.Task
-	s.tab.see(t)
-	if r := s.running.get(t.Key); r != nil && !newerVersion(r.seq, r.version, t.Seq, t.Version) {
+	s.tab.See(t)
+	if r := s.running.get(t.Key); r != nil && !claimtab.NewerVersion(r.seq, r.version, t.Seq, t.Version) {
 		if err := r.lease.Observe(t); err != nil {
 			r.cancel(err)
 		}
@@ -355,16 +356,16 @@ func (s *scheduler) onEvent(ev task.Event) {
 	s.noteLag(t, now)
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
-			s.tab.wakeOne(k, now)
+			s.tab.WakeOne(k, now)
 			if len(t.Attempts) > 0 {
 				s.freed(k) // an attempt ended, not a publish
 			}
 		}
 	}
-	if s.tab.state(t.Key) == stateClaiming {
+	if s.tab.State(t.Key) == claimtab.Claiming {
 		return // noted for the result: see offer
 	}
-	if !s.tab.state(t.Key).held() && s.full() {
+	if !s.tab.State(t.Key).Held() && s.full() {
 		// No room: a task of higher priority than some held takes the
 		// place of the lowest (queried again later), so an urgent task is
 		// not kept waiting behind a full heap of a long backlog.
@@ -372,7 +373,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 		if t.State.Finished() || !s.wants(t) {
 			return
 		}
-		if !s.tab.evictBelow(t.Priority) && !s.evictLater(t, now) {
+		if !s.tab.EvictBelow(t.Priority) && !s.evictLater(t, now) {
 			return
 		}
 	}
@@ -380,7 +381,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 }
 
 // onResult takes an attempt's result. The change events and queries that
-// came while it was in flight were only noted (stateClaiming): the task
+// came while it was in flight were only noted (claimtab.Claiming): the task
 // goes back to the heap by the newest document known, the attempt's or
 // theirs. A retry decided on an older document than one heard would
 // start a claim bound to conflict, and a document heard that is no newer
@@ -395,12 +396,12 @@ func (s *scheduler) onResult(r attemptResult) {
 		s.release(r.instant)
 	}
 	now := s.store.Now()
-	seen := s.tab.heard(r.key)
-	if s.locks.landed(r.busy, r.wakes) && r.retry != nil && len(r.lockKeys) > 0 {
-		r.retry.At = now // what stopped it may be gone: see lockQueue.flights
+	seen := s.tab.Heard(r.key)
+	if s.locks.Landed(r.busy, r.wakes) && r.retry != nil && len(r.lockKeys) > 0 {
+		r.retry.At = now // what stopped it may be gone: see claimtab.Locks.flights
 	}
 	retry := r.retry
-	if retry != nil && retry.Task != nil && newer(seen, retry.Task) {
+	if retry != nil && retry.Task != nil && claimtab.Newer(seen, retry.Task) {
 		retry = nil // decided on an older document than seen
 	}
 	if retry != nil && retry.Task != nil && len(r.lockKeys) == 0 && !r.limited {
@@ -411,24 +412,24 @@ func (s *scheduler) onResult(r attemptResult) {
 		retry.At, retry.Order = retry.At.Add(delay), retry.Task.CreatedAt.Add(delay)
 	}
 	if retry != nil {
-		s.tab.queue(*retry)
+		s.tab.Queue(*retry)
 	} else {
 		// The newest document known, the attempt's or one heard: an
 		// attempt that ended with no write (its lease lost, its outcome
 		// not written) leaves the task claimable at its lease end with no
 		// change event to come, and an idle worker runs no query.
-		s.tab.forget(r.key)
+		s.tab.Forget(r.key)
 		latest := seen
-		if latest == nil || newer(r.doc, latest) {
+		if latest == nil || claimtab.Newer(r.doc, latest) {
 			latest = r.doc
 		}
 		if latest != nil {
 			s.offer(latest, now)
 		}
 	}
-	s.tab.note(r.doc)
+	s.tab.Note(r.doc)
 	if r.limited {
-		s.tab.noteRateWait(r.key)
+		s.tab.NoteRateWait(r.key)
 	}
 	if e, ok := s.heap.Entry(r.ahead); ok && e.At.After(now) {
 		// The key is free but a place ahead in its line stopped the
@@ -436,19 +437,19 @@ func (s *scheduler) onResult(r attemptResult) {
 		// that has ended, since a holder's finish event wakes one waiter
 		// a process, and the line would stand still, the key idle, until
 		// that wait ended (up to a lease). It tries now.
-		s.tab.wake(e, now)
+		s.tab.Wake(e, now)
 	}
-	s.tab.waitLocks(r.key, r.lockKeys)
-	for _, k := range s.locks.unhold(r.busy) {
+	s.tab.WaitLocks(r.key, r.lockKeys)
+	for _, k := range s.locks.Unhold(r.busy) {
 		if len(r.lockKeys) > 0 {
 			// Stopped by another process's hold (or the line): the next
 			// task parked here tries in turn, while those already waiting
 			// wait on (for that holder's finish event or lease end); waking
 			// them would only have them fail again, round and round.
-			s.tab.wakeParked(k, now)
+			s.tab.WakeParked(k, now)
 			continue
 		}
-		s.tab.wakeOne(k, now)
+		s.tab.WakeOne(k, now)
 		s.freed(k)
 	}
 }
@@ -464,7 +465,7 @@ func (s *scheduler) dropped() {
 // full reports whether the bound on tasks held here (in the heap, parked
 // or paused) is reached.
 func (s *scheduler) full() bool {
-	return s.tab.held() >= s.cfg.HeapSize
+	return s.tab.Held() >= s.cfg.HeapSize
 }
 
 // evictLater makes room for t when it is claimable here before the latest
@@ -478,5 +479,5 @@ func (s *scheduler) evictLater(t *task.Task, now time.Time) bool {
 	case preempt.Later:
 		at = d.At
 	}
-	return s.tab.evictLater(t.Priority, at)
+	return s.tab.EvictLater(t.Priority, at)
 }

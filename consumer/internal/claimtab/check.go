@@ -1,47 +1,47 @@
-// states_check.go: the claim table's consistency with its indexes,
-// checked by the package's tests after every turn of a scheduler's loop.
+// check.go: the claim table's consistency with its indexes, checked by
+// consumer's tests after every turn of a scheduler's loop.
 
-package consumer
+package claimtab
 
 import (
 	"fmt"
 	"slices"
 )
 
-// check reports the first way the table disagrees with itself or with the
+// Check reports the first way the table disagrees with itself or with the
 // heap and the lock queue's indexes: a key in two places, an index entry
 // no state accounts for, or an index holding a newer document than the
 // table's.
-func (c *claimTable) check() error {
-	var counts [numStates]int
+func (c *Table) Check() error {
+	var counts [NumStates]int
 	inHeap := 0
 	for key, k := range c.keys {
 		counts[k.state]++
 		switch {
-		case k.state == stateAbsent || k.state >= numStates:
+		case k.state == Absent || k.state >= NumStates:
 			return fmt.Errorf("%s: a row in state %s", key, k.state)
-		case k.state.inHeap() != c.heap.Has(key):
+		case k.state.InHeap() != c.heap.Has(key):
 			return fmt.Errorf("%s: %s, and in the heap: %v", key, k.state, c.heap.Has(key))
-		case k.state == stateDispatching:
+		case k.state == Dispatching:
 			return fmt.Errorf("%s: dispatching outside dispatch", key)
-		case k.state == stateIdle && (!c.paging || !slices.Contains(c.idle, key)):
+		case k.state == Idle && (!c.paging || !slices.Contains(c.idle, key)):
 			return fmt.Errorf("%s: idle while no page is read, or not listed for endPage", key)
-		case k.state != stateClaiming && k.heard:
+		case k.state != Claiming && k.heard:
 			return fmt.Errorf("%s: %s with a document heard", key, k.state)
 		}
-		if k.state.inHeap() {
+		if k.state.InHeap() {
 			inHeap++
-			if e, _ := c.heap.Entry(key); newer(e.Task, k.doc) {
+			if e, _ := c.heap.Entry(key); Newer(e.Task, k.doc) {
 				return fmt.Errorf("%s: the heap's document (seq %d v%d) is newer than the table's", key, e.Task.Seq, e.Task.Version)
 			}
 		}
-		if k.state.aside() && (k.entry.Key != key || newer(k.entry.Task, k.doc)) {
+		if k.state.Aside() && (k.entry.Key != key || Newer(k.entry.Task, k.doc)) {
 			return fmt.Errorf("%s: %s entry %q or its document out of step", key, k.state, k.entry.Key)
 		}
-		if (k.state == stateLockWaiting) != (len(k.waitKeys) > 0) {
+		if (k.state == LockWaiting) != (len(k.waitKeys) > 0) {
 			return fmt.Errorf("%s: %s waiting on %v", key, k.state, k.waitKeys)
 		}
-		if (k.state == stateLockParked) != (k.lockKey != "") {
+		if (k.state == LockParked) != (k.lockKey != "") {
 			return fmt.Errorf("%s: %s parked on %q", key, k.state, k.lockKey)
 		}
 	}
@@ -59,24 +59,24 @@ func (c *claimTable) check() error {
 		for key, e := range m {
 			parked++
 			k := c.keys[key]
-			if k == nil || k.state != stateLockParked || k.lockKey != lk || e.Key != key {
-				return fmt.Errorf("%s: parked on %q, but %s in the table", key, lk, c.state(key))
+			if k == nil || k.state != LockParked || k.lockKey != lk || e.Key != key {
+				return fmt.Errorf("%s: parked on %q, but %s in the table", key, lk, c.State(key))
 			}
-			if newer(e.Task, k.doc) {
+			if Newer(e.Task, k.doc) {
 				return fmt.Errorf("%s: the parked document is newer than the table's", key)
 			}
 		}
 	}
-	if parked != counts[stateLockParked] {
-		return fmt.Errorf("%d tasks parked, %d lock-parked in the table", parked, counts[stateLockParked])
+	if parked != counts[LockParked] {
+		return fmt.Errorf("%d tasks parked, %d lock-parked in the table", parked, counts[LockParked])
 	}
 	for lk, m := range q.waiting {
 		if len(m) == 0 {
 			return fmt.Errorf("an empty waiting set for %q", lk)
 		}
 		for key := range m {
-			if k := c.keys[key]; k == nil || k.state != stateLockWaiting || !slices.Contains(k.waitKeys, lk) {
-				return fmt.Errorf("%s: waiting for %q, but %s in the table", key, lk, c.state(key))
+			if k := c.keys[key]; k == nil || k.state != LockWaiting || !slices.Contains(k.waitKeys, lk) {
+				return fmt.Errorf("%s: waiting for %q, but %s in the table", key, lk, c.State(key))
 			}
 		}
 	}
@@ -88,17 +88,4 @@ func (c *claimTable) check() error {
 		}
 	}
 	return nil
-}
-
-// checkStates panics when the claim table disagrees with its indexes, or
-// a task runs here that the table does not show being claimed.
-func (s *scheduler) checkStates() {
-	if err := s.tab.check(); err != nil {
-		panic("claim table: " + err.Error())
-	}
-	for _, key := range s.running.keys() {
-		if st := s.tab.state(key); st != stateClaiming {
-			panic(fmt.Sprintf("claim table: %s runs here but is %s", key, st))
-		}
-	}
 }
