@@ -19,6 +19,7 @@ import (
 	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/ping"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/runtab"
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/internal/lifecycle"
 	"github.com/leasepool/leasepool/task"
@@ -65,7 +66,7 @@ type Consumer struct {
 	slots          slotTable
 	rules          *claimRules // this worker's claims: see claim.go
 
-	running *runTable
+	running *runtab.Table[*run]
 	locks   *claimtab.Locks // the scheduler's, but for heirs read by attempts
 	// peers is the live workers as the registry last listed them, for
 	// claim spreading (see Config.ClaimSpread).
@@ -123,7 +124,7 @@ func New(cfg Config) (*Consumer, error) {
 		results:        make(chan attemptResult, cfg.Concurrency+InstantSlots),
 		handled:        make(chan bool, cfg.Concurrency+InstantSlots),
 		controlChanged: make(chan struct{}, 1),
-		running:        &runTable{m: map[string]*run{}},
+		running:        runtab.New[*run](),
 		locks:          claimtab.NewLocks(),
 	}
 	c.rules = &claimRules{
@@ -139,7 +140,7 @@ func (c *Consumer) WorkerID() string { return c.cfg.WorkerID }
 // Stats returns counters since Start.
 func (c *Consumer) Stats() Stats {
 	return Stats{
-		Running: c.running.len(), Queued: int(c.queued.Load()),
+		Running: c.running.Len(), Queued: int(c.queued.Load()),
 		Claimed: c.claimed.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		LeaseLost: c.leaseLost.Load(), Released: c.released.Load(), Snoozed: c.snoozed.Load(),
 	}

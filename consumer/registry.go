@@ -32,7 +32,7 @@ func (c *Consumer) Instance() string { return c.self.Instance }
 
 func (c *Consumer) info() task.WorkerInfo {
 	now := c.store.Now()
-	running := c.running.len()
+	running := c.running.Len()
 	host, _ := os.Hostname()
 	return task.WorkerInfo{
 		ID: c.cfg.WorkerID, Instance: c.self.Instance, Host: host, PID: os.Getpid(),

@@ -17,6 +17,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/runtab"
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/task"
 )
@@ -25,7 +26,7 @@ type scheduler struct {
 	cfg     Config
 	store   task.Store
 	logger  *slog.Logger
-	running *runTable
+	running *runtab.Table[*run]
 	// attempt claims an entry's task and runs it; it is started in its own
 	// goroutine, counted by inflight, and reports to results. It calls
 	// decided once the claim is written or given up, before running.
@@ -251,7 +252,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	if !s.tab.State(t.Key).Held() && s.letAside(t) {
 		return
 	}
-	runningHere := s.running.get(t.Key) != nil
+	runningHere := s.running.Get(t.Key) != nil
 	d := preempt.Decide(t, s.cfg.WorkerID, now)
 	at := now
 	switch {
@@ -347,7 +348,7 @@ func (s *scheduler) noteLag(t *task.Task, now time.Time) {
 func (s *scheduler) onEvent(ev task.Event) {
 	t := ev.Task
 	s.tab.See(t)
-	if r := s.running.get(t.Key); r != nil && !claimtab.NewerVersion(r.seq, r.version, t.Seq, t.Version) {
+	if r := s.running.Get(t.Key); r != nil && !claimtab.NewerVersion(r.seq, r.version, t.Seq, t.Version) {
 		if err := r.lease.Observe(t); err != nil {
 			r.cancel(err)
 		}

@@ -20,7 +20,7 @@ func (s *scheduler) checkStates() {
 	if err := s.tab.Check(); err != nil {
 		panic("claim table: " + err.Error())
 	}
-	for _, key := range s.running.keys() {
+	for _, key := range s.running.Keys() {
 		if st := s.tab.State(key); st != claimtab.Claiming {
 			panic(fmt.Sprintf("claim table: %s runs here but is %s", key, st))
 		}
