@@ -24,6 +24,7 @@ func (s *scheduler) onControl() {
 	s.tab.Lift(func(t *task.Task) bool { _, paused := ctl.Paused(t); return paused }, s.store.Now())
 	if s.pausedOut {
 		s.pausedOut = false
+		s.tab.FreeLine(claimtab.LetGoPaused)
 		s.dropped() // the tasks let go may be free now: read them again
 	}
 }
@@ -42,14 +43,15 @@ func (s *scheduler) asideFull() bool {
 // let go already (so that the key's line keeps its order: those held
 // here run first, then the rest as read again). It notes what reads t
 // again: the next reload, or the key's freeing (freed); the store keeps
-// t, unchanged. start lets go alike the entries it would hold aside.
+// t, unchanged. start lets go alike the entries it would hold aside. The
+// claim table holds the tasks and lines let go (claimtab.LetGo).
 func (s *scheduler) letAside(t *task.Task) bool {
 	if t == nil {
 		return false
 	}
 	for _, k := range t.LockKeys {
-		if s.letGo[k] {
-			s.tab.Forget(t.Key)
+		if s.tab.LineLetGo(k) {
+			s.tab.LetGo(t.Key, t, k)
 			return true
 		}
 	}
@@ -57,17 +59,16 @@ func (s *scheduler) letAside(t *task.Task) bool {
 		return false
 	}
 	if _, paused := s.ctl.Load().Paused(t); paused {
-		s.tab.Forget(t.Key)
+		s.tab.LetGo(t.Key, t, claimtab.LetGoPaused)
 		s.pausedOut = true
 		return true
 	}
 	if k, busy := s.locks.BusyKey(t.LockKeys); busy {
-		s.tab.Forget(t.Key)
-		s.letGo[k] = true
+		s.tab.LetGo(t.Key, t, k)
 		return true
 	}
 	if hold, held := s.gateHolds(t); held {
-		s.tab.Forget(t.Key)
+		s.tab.LetGo(t.Key, t, claimtab.LetGoGated)
 		s.watchLetGo(hold)
 		return true
 	}
@@ -78,11 +79,11 @@ func (s *scheduler) letAside(t *task.Task) bool {
 // on it, or by its holder elsewhere (its finish event). The tasks on k
 // let go meanwhile are read again. A claim refused for k's holder
 // elsewhere frees nothing: those tasks wait for that holder, or for the
-// next query of everything (letGo is cleared then), and the line does
+// next query of everything (every line is freed then), and the line does
 // not re-read itself with every refused claim.
 func (s *scheduler) freed(k string) {
-	if s.letGo[k] && !s.locks.HasParked(k) {
-		delete(s.letGo, k)
+	if s.tab.LineLetGo(k) && !s.locks.HasParked(k) {
+		s.tab.FreeLine(k)
 		s.dropped()
 	}
 }
@@ -133,7 +134,7 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	ctl := s.ctl.Load()
 	if _, paused := ctl.Paused(e.Task); paused {
 		if s.asideFull() {
-			s.tab.Forget(e.Key)
+			s.tab.LetGo(e.Key, nil, claimtab.LetGoPaused)
 			s.pausedOut = true
 			return
 		}
@@ -153,8 +154,7 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	}
 	if k, busy := s.locks.BusyKey(append(rate, keys...)); busy {
 		if slices.Contains(keys, k) && s.asideFull() {
-			s.tab.Forget(e.Key)
-			s.letGo[k] = true
+			s.tab.LetGo(e.Key, nil, k)
 			return
 		}
 		s.tab.Park(e, k)

@@ -8,6 +8,7 @@ package consumer
 import (
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 )
@@ -63,7 +64,7 @@ func (s *scheduler) gated(e preempt.Entry) bool {
 		return false
 	}
 	if s.asideFull() {
-		s.tab.Forget(e.Key)
+		s.tab.LetGo(e.Key, nil, claimtab.LetGoGated)
 		s.watchLetGo(hold)
 		return true
 	}
@@ -129,5 +130,6 @@ func (s *scheduler) onGateWake(w gateWake) {
 		return
 	}
 	delete(s.letGoWakes, w.wake)
+	s.tab.FreeLine(claimtab.LetGoGated)
 	s.dropped()
 }

@@ -66,11 +66,10 @@ type scheduler struct {
 	// loop wakes for waits a second (see untilQueryDue).
 	queryFailed bool
 	// pausedOut: a task a pause covers was let go, the tasks held aside
-	// being at their bound (asideFull): a reload queries again; letGo
-	// holds the lock keys busy here whose waiting tasks were let go: the
+	// being at their bound (asideFull): a reload queries again. The tasks
+	// let go on a lock key busy here are the claim table's (LetGo): the
 	// key's freeing queries again (freed), and so does the safety net.
 	pausedOut bool
-	letGo     map[string]bool
 	// gate is Config.Handler's, if it is a Gate (gate.go); gateWakes
 	// receives the holds that ended, and letGoWakes are the wakes watched
 	// for tasks a gate kept back and let go for lack of room.
@@ -110,12 +109,12 @@ func (c *Consumer) newScheduler() *scheduler {
 		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl,
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency),
-		pages: make(chan fetchedPage, 1), letGo: map[string]bool{},
+		pages: make(chan fetchedPage, 1),
 		peers: &c.peers, spread: preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, ranks: map[string]int{},
 	}
 	s.gate, _ = c.cfg.Handler.(Gate)
 	s.gateWakes, s.letGoWakes = make(chan gateWake, 64), map[<-chan struct{}]bool{}
-	s.tab = claimtab.New(claimtab.Config{Heap: s.heap, Locks: s.locks, Dropped: s.dropped, Strict: strictStates,
+	s.tab = claimtab.New(claimtab.Config{Heap: s.heap, Locks: s.locks, Dropped: s.dropped, Strict: strictStates, LetGoRoom: 4 * c.cfg.HeapSize,
 		Refused: func(key string, from, to claimtab.State) {
 			s.logger.Error("claim table refused a move", slog.String("task", key), slog.String("from", from.String()), slog.String("to", to.String()))
 		}})
@@ -189,7 +188,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.reload(ctx)
 			s.query(ctx)
 		case <-poll:
-			clear(s.letGo)
+			s.tab.ClearLetGo()
 			s.reload(ctx)
 			s.query(ctx)
 		case <-in.control:
@@ -209,7 +208,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			}
 		case <-timer.C:
 		case <-safety.C:
-			clear(s.letGo) // a finish event missed must not hold a line for good
+			s.tab.ClearLetGo() // a finish event missed must not hold a line for good
 			s.reload(ctx)
 			s.query(ctx)
 		}

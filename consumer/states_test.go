@@ -37,7 +37,10 @@ func putIn(t *testing.T, tab *claimtab.Table, s claimtab.State, doc *task.Task, 
 		tab.BeginPage()
 		tab.Note(doc)
 	}
-	if s != claimtab.Absent && s != claimtab.Idle {
+	if s == claimtab.LetGo {
+		tab.LetGo(stKey, doc, stLock)
+	}
+	if s != claimtab.Absent && s != claimtab.Idle && s != claimtab.LetGo {
 		tab.Queue(e)
 	}
 	switch s {

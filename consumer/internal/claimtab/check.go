@@ -44,6 +44,21 @@ func (c *Table) Check() error {
 		if (k.state == LockParked) != (k.lockKey != "") {
 			return fmt.Errorf("%s: %s parked on %q", key, k.state, k.lockKey)
 		}
+		if (k.state == LetGo) != (k.line != "") || (k.state == LetGo && !c.letGo[k.line][key]) {
+			return fmt.Errorf("%s: %s let go on %q, which the lines index: %v", key, k.state, k.line, c.letGo[k.line][key])
+		}
+	}
+	letGo := 0
+	for line, keys := range c.letGo {
+		for key := range keys {
+			letGo++
+			if k := c.keys[key]; k == nil || k.state != LetGo || k.line != line {
+				return fmt.Errorf("%s: let go on %q, but %s in the table", key, line, c.State(key))
+			}
+		}
+	}
+	if letGo != counts[LetGo] || (c.letGoRoom > 0 && letGo > c.letGoRoom) {
+		return fmt.Errorf("%d tasks on let-go lines, %d let go in the table (room %d)", letGo, counts[LetGo], c.letGoRoom)
 	}
 	if counts != c.counts {
 		return fmt.Errorf("state counts %v, rows %v", c.counts, counts)

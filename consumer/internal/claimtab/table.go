@@ -56,11 +56,27 @@ const (
 	// left out for lack of room), kept only while a refill page is read,
 	// so that the page's older row of the task does not bring it back.
 	Idle
+	// LetGo: let go, held nowhere, the store keeping the task unchanged:
+	// offered (or dispatched) while the tasks held aside filled their
+	// bound and a pause, its gate or a lock key busy here kept it back,
+	// or while tasks on one of its lock keys were let go already, so
+	// that the key's line keeps its order. The row names its line (the
+	// lock key, or LetGoPaused, LetGoGated): the line's freeing drops its
+	// rows, and the tasks are read again. Past Config.LetGoRoom rows a
+	// task let go keeps none (its line is still marked).
+	LetGo
 	NumStates
 )
 
+// The lines of the tasks let go for a pause or a gate, beside the lock
+// keys' lines. A NUL byte starts them, which no lock key holds.
+const (
+	LetGoPaused = "\x00paused"
+	LetGoGated  = "\x00gated"
+)
+
 var stateNames = [NumStates]string{
-	"absent", "queued", "rate-waiting", "lock-waiting", "dispatching", "paused", "gated", "lock-parked", "claiming", "idle",
+	"absent", "queued", "rate-waiting", "lock-waiting", "dispatching", "paused", "gated", "lock-parked", "claiming", "idle", "let-go",
 }
 
 func (s State) String() string {
@@ -87,14 +103,18 @@ func (s State) Aside() bool { return s == Paused || s == Gated }
 // may drop its key (to absent, or idle while a page is read): a task
 // finished, no longer claimable here, or left out for lack of room.
 var transitions = map[State][]State{
-	Absent: {Queued, Idle},
-	Idle:   {Queued, Absent},
+	Absent: {Queued, Idle, LetGo},
+	Idle:   {Queued, Absent, LetGo},
+	// Its line freed (or every line, by the safety net's query), a key
+	// let go is dropped; offered again when nothing keeps it back any
+	// more, it is queued.
+	LetGo: {Queued, Absent, Idle},
 	// A key in the heap keeps its state when its entry is replaced (a new
 	// document, a wake): the heap orders, the state says who may wake it.
 	Queued:      {RateWaiting, LockWaiting, Dispatching, Absent, Idle},
 	RateWaiting: {Queued, Dispatching, Absent, Idle},
 	LockWaiting: {Queued, Dispatching, Absent, Idle},
-	Dispatching: {Paused, Gated, RateWaiting, LockParked, Claiming, Absent, Idle},
+	Dispatching: {Paused, Gated, RateWaiting, LockParked, Claiming, LetGo, Absent, Idle},
 	Paused:      {Queued, Absent, Idle},
 	Gated:       {Queued, Absent, Idle},
 	LockParked:  {Queued, RateWaiting, Absent, Idle},
@@ -129,6 +149,11 @@ type Table struct {
 	// the keys made idle meanwhile, for endPage.
 	paging bool
 	idle   []string
+	// letGo marks the lines whose tasks were let go (a key present, even
+	// with no rows), each with the keys in LetGo on it; letGoRoom bounds
+	// those rows.
+	letGo     map[string]map[string]bool
+	letGoRoom int
 	// dropped is called when a key is left out for lack of room.
 	dropped func()
 	// refused is called for a move not declared in transitions: a bug,
@@ -150,6 +175,9 @@ type Config struct {
 	// instead, as the tests want.
 	Refused func(key string, from, to State)
 	Strict  bool
+	// LetGoRoom is how many keys in LetGo keep a row (0: no bound); past
+	// it a task let go is dropped, its line marked all the same.
+	LetGoRoom int
 }
 
 // keyState is one key's row.
@@ -163,13 +191,14 @@ type keyState struct {
 	heard    bool
 	entry    preempt.Entry // paused, gated: the entry held aside
 	lockKey  string        // lockParked: the busy key it is parked on
+	line     string        // letGo: the line it was let go on
 	waitKeys []string      // lockWaiting: the keys held elsewhere
 }
 
 // New returns an empty table over cfg's indexes.
 func New(cfg Config) *Table {
 	c := &Table{keys: map[string]*keyState{}, heap: cfg.Heap, locks: cfg.Locks, dropped: cfg.Dropped,
-		refused: cfg.Refused, strict: cfg.Strict}
+		refused: cfg.Refused, strict: cfg.Strict, letGo: map[string]map[string]bool{}, letGoRoom: cfg.LetGoRoom}
 	if c.dropped == nil {
 		c.dropped = func() {}
 	}
@@ -262,6 +291,9 @@ func (c *Table) move(key string, to State) (*keyState, bool) {
 		k.entry = preempt.Entry{}
 	case Claiming:
 		k.heard = false
+	case LetGo:
+		delete(c.letGo[k.line], key) // the line stays marked until it frees
+		k.line = ""
 	}
 	k.state = to
 	if to == Absent {
@@ -596,5 +628,61 @@ func (c *Table) Gate(e preempt.Entry) {
 func (c *Table) Ungate(key string) {
 	if k := c.keys[key]; k != nil && k.state == Gated {
 		c.Queue(k.entry)
+	}
+}
+
+// LetGo lets key go on line (a lock key of its, LetGoPaused or
+// LetGoGated), with t its newest document if not nil, and marks the line
+// let go. A key let go already moves to the new line.
+func (c *Table) LetGo(key string, t *task.Task, line string) {
+	if c.letGo[line] == nil {
+		c.letGo[line] = map[string]bool{}
+	}
+	k := c.keys[key]
+	switch {
+	case k != nil && k.state == LetGo:
+		delete(c.letGo[k.line], key)
+	case !c.may(key, LetGo):
+		return
+	case c.letGoRoom > 0 && c.Count(LetGo) >= c.letGoRoom:
+		c.Forget(key) // no room for the row: the line's mark reads it again
+		return
+	default:
+		k, _ = c.move(key, LetGo)
+	}
+	k.line = line
+	c.letGo[line][key] = true
+	if t != nil {
+		c.keep(k, t)
+	}
+}
+
+// LineLetGo reports whether lock key k's line is let go: tasks taking k
+// were let go and are not read again until it frees.
+func (c *Table) LineLetGo(k string) bool {
+	_, ok := c.letGo[k]
+	return ok
+}
+
+// FreeLine ends line's let-go (its key freed, or the pause or gate that
+// kept its tasks back may have lifted), dropping its rows, and reports
+// whether it was let go: if so its tasks are to be read again.
+func (c *Table) FreeLine(line string) bool {
+	keys, ok := c.letGo[line]
+	if !ok {
+		return false
+	}
+	delete(c.letGo, line)
+	for key := range keys {
+		c.Forget(key)
+	}
+	return true
+}
+
+// ClearLetGo ends every line's let-go (the next query reads everything:
+// a finish event missed must not hold a line for good).
+func (c *Table) ClearLetGo() {
+	for line := range c.letGo {
+		c.FreeLine(line)
 	}
 }

@@ -42,7 +42,10 @@ func putIn(t *testing.T, tab *Table, s State, doc *task.Task, now time.Time) {
 		tab.BeginPage()
 		tab.Note(doc)
 	}
-	if s != Absent && s != Idle {
+	if s == LetGo {
+		tab.LetGo(stKey, doc, stLock)
+	}
+	if s != Absent && s != Idle && s != LetGo {
 		tab.Queue(e)
 	}
 	switch s {
@@ -118,6 +121,9 @@ func TestClaimTableRefusesUndeclaredMoves(t *testing.T) {
 				if want != LockWaiting && len(tab.locks.waiting) != 0 {
 					t.Fatalf("%s, and still indexed as waiting", want)
 				}
+				if want != LetGo && tab.letGo[stLock][stKey] {
+					t.Fatalf("%s, and still on its let-go line", want)
+				}
 				if !ok || want == Dispatching {
 					checkTable(t, tab)
 				}
@@ -139,6 +145,11 @@ func TestClaimTableTransitions(t *testing.T) {
 		{Absent, Idle}:   func(tab *Table) { tab.BeginPage(); tab.See(stDoc(stKey, 2)) },
 		{Idle, Queued}:   func(tab *Table) { tab.Queue(stEntry(stDoc(stKey, 2), now)) },
 		{Idle, Absent}:   func(tab *Table) { tab.EndPage() },
+		{Absent, LetGo}:  func(tab *Table) { tab.LetGo(stKey, stDoc(stKey, 2), stLock) },
+		{Idle, LetGo}:    func(tab *Table) { tab.LetGo(stKey, stDoc(stKey, 2), stLock) },
+		{LetGo, Queued}:  func(tab *Table) { tab.Queue(stEntry(stDoc(stKey, 2), now)) },
+		{LetGo, Absent}:  func(tab *Table) { tab.FreeLine(stLock) },
+		{LetGo, Idle}:    func(tab *Table) { tab.BeginPage(); tab.ClearLetGo() },
 
 		{Queued, RateWaiting}:      func(tab *Table) { tab.NoteRateWait(stKey) },
 		{Queued, LockWaiting}:      func(tab *Table) { tab.WaitLocks(stKey, []string{stLock}) },
@@ -161,6 +172,7 @@ func TestClaimTableTransitions(t *testing.T) {
 		{Dispatching, Claiming}:    func(tab *Table) { tab.Claim(stKey) },
 		{Dispatching, Absent}:      dropping,
 		{Dispatching, Idle}:        paging,
+		{Dispatching, LetGo}:       func(tab *Table) { tab.LetGo(stKey, nil, stLock) },
 
 		{Paused, Queued}:          func(tab *Table) { tab.Lift(nil, now) },
 		{Paused, Absent}:          dropping,
@@ -263,5 +275,50 @@ func TestClaimTableWakesTheBestWaiter(t *testing.T) {
 			}
 			checkTable(t, tab)
 		})
+	}
+}
+
+// TestLetGoLines: a task let go marks its line; the line stays marked
+// while its rows leave for other reasons (the task finished), until it
+// frees, which drops its rows; a task let go again moves to its new
+// line; past the room a task let go keeps no row, its line marked; and
+// the safety net's clear frees every line.
+func TestLetGoLines(t *testing.T) {
+	tab := New(Config{Heap: preempt.NewHeap(8), Locks: NewLocks(), Strict: true, LetGoRoom: 2})
+	a, b, c := stDoc("a", 1), stDoc("b", 1), stDoc("c", 1)
+	tab.LetGo("a", a, "dev")
+	tab.LetGo("b", b, LetGoPaused)
+	if !tab.LineLetGo("dev") || tab.LineLetGo("other") || tab.Count(LetGo) != 2 {
+		t.Fatalf("lines dev %v, other %v; %d let go", tab.LineLetGo("dev"), tab.LineLetGo("other"), tab.Count(LetGo))
+	}
+	if tab.Note(stDoc("a", 0)) || tab.Doc("a") != a {
+		t.Fatal("an older document replaced a let-go task's")
+	}
+	tab.LetGo("c", c, "dev") // no room left for its row
+	if tab.State("c") != Absent || !tab.LineLetGo("dev") {
+		t.Fatalf("past the room: c is %s, the line marked %v", tab.State("c"), tab.LineLetGo("dev"))
+	}
+	tab.LetGo("b", b, "dev") // the pause's task let go on dev now
+	if tab.FreeLine(LetGoPaused) != true || tab.State("b") != LetGo {
+		t.Fatalf("freeing the pause's line left b %s", tab.State("b"))
+	}
+	tab.Forget("a") // finished
+	if !tab.LineLetGo("dev") {
+		t.Fatal("a row leaving unmarked its line")
+	}
+	if err := tab.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if !tab.FreeLine("dev") || tab.FreeLine("dev") || tab.Len() != 0 || tab.LineLetGo("dev") {
+		t.Fatalf("after dev freed: %d rows, marked %v", tab.Len(), tab.LineLetGo("dev"))
+	}
+	tab.LetGo("a", a, "dev")
+	tab.LetGo("b", b, LetGoGated)
+	tab.ClearLetGo()
+	if tab.Len() != 0 || tab.LineLetGo("dev") || tab.Count(LetGo) != 0 {
+		t.Fatalf("after the clear: %d rows, dev marked %v", tab.Len(), tab.LineLetGo("dev"))
+	}
+	if err := tab.Check(); err != nil {
+		t.Fatal(err)
 	}
 }
