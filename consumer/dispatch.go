@@ -34,7 +34,8 @@ func (s *scheduler) onControl() {
 // half of it: past that such a task is let go (letAside), so that a paused
 // backlog, or a long line on one key, never keeps the other tasks out.
 func (s *scheduler) asideFull() bool {
-	return s.tab.Count(claimtab.Paused)+s.tab.Count(claimtab.Gated)+s.tab.Count(claimtab.LockParked) >= s.cfg.HeapSize/2
+	held := s.tab.Count(claimtab.Paused) + s.tab.Count(claimtab.Gated) + s.tab.Count(claimtab.LockParked) + s.tab.Count(claimtab.RateParked)
+	return held >= s.cfg.HeapSize/2
 }
 
 // letAside lets t, offered and not held here, go, and reports true, when
@@ -227,6 +228,5 @@ func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, boo
 }
 
 // rateQueueKey is b's key in the lock queue, where claims counted in b go
-// one at a time. It starts with a NUL byte, which no task's lock key
-// holds, so a task may take any lock key, "rate:kind:K" too.
-func rateQueueKey(b control.Bucket) string { return "\x00rate:" + b.Key }
+// one at a time (claimtab.RateQueueKey).
+func rateQueueKey(b control.Bucket) string { return claimtab.RateQueueKey(b.Key) }

@@ -48,7 +48,7 @@ func putIn(t *testing.T, tab *claimtab.Table, s claimtab.State, doc *task.Task, 
 		tab.NoteRateWait(stKey)
 	case claimtab.LockWaiting:
 		tab.WaitLocks(stKey, []string{stLock})
-	case claimtab.Dispatching, claimtab.Paused, claimtab.Gated, claimtab.LockParked, claimtab.Claiming:
+	case claimtab.Dispatching, claimtab.Paused, claimtab.Gated, claimtab.LockParked, claimtab.RateParked, claimtab.Claiming:
 		if _, ok := tab.Pop(now); !ok {
 			t.Fatal("nothing due to dispatch")
 		}
@@ -59,6 +59,8 @@ func putIn(t *testing.T, tab *claimtab.Table, s claimtab.State, doc *task.Task, 
 			tab.Gate(e)
 		case claimtab.LockParked:
 			tab.Park(e, stLock)
+		case claimtab.RateParked:
+			tab.Park(e, claimtab.RateQueueKey("kind:k"))
 		case claimtab.Claiming:
 			tab.Claim(stKey)
 		}
@@ -109,7 +111,7 @@ func TestOlderDocumentNeverReplacesNewer(t *testing.T) {
 			if e, ok := sc.heap.Entry(stKey); ok && e.Task != v2 {
 				t.Fatalf("the heap's entry holds version %d", e.Task.Version)
 			}
-			if e, ok := sc.tab.AsideEntry(stKey); s.Aside() && (!ok || e.Task != v2) {
+			if e, ok := sc.tab.AsideEntry(stKey); (s.Aside() || s == claimtab.RateParked) && (!ok || e.Task != v2) {
 				t.Fatalf("the %s entry holds %+v", s, e.Task)
 			}
 			for _, e := range sc.locks.ParkedOn(stLock) {

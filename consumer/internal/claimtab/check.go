@@ -41,12 +41,27 @@ func (c *Table) Check() error {
 		if (k.state == LockWaiting) != (len(k.waitKeys) > 0) {
 			return fmt.Errorf("%s: %s waiting on %v", key, k.state, k.waitKeys)
 		}
-		if (k.state == LockParked) != (k.lockKey != "") {
+		if k.state == RateParked && (!c.rateParked[k.lockKey][key] || k.entry.Key != key || Newer(k.entry.Task, k.doc)) {
+			return fmt.Errorf("%s: rate-parked on %q, unindexed, or its entry %q or document out of step", key, k.lockKey, k.entry.Key)
+		}
+		if (k.state == LockParked || k.state == RateParked) != (k.lockKey != "") {
 			return fmt.Errorf("%s: %s parked on %q", key, k.state, k.lockKey)
 		}
 		if (k.state == LetGo) != (k.line != "") || (k.state == LetGo && !c.letGo[k.line][key]) {
 			return fmt.Errorf("%s: %s let go on %q, which the lines index: %v", key, k.state, k.line, c.letGo[k.line][key])
 		}
+	}
+	rateParked := 0
+	for qk, keys := range c.rateParked {
+		for key := range keys {
+			rateParked++
+			if k := c.keys[key]; k == nil || k.state != RateParked || k.lockKey != qk {
+				return fmt.Errorf("%s: rate-parked on %q, but %s in the table", key, qk, c.State(key))
+			}
+		}
+	}
+	if rateParked != counts[RateParked] {
+		return fmt.Errorf("%d tasks rate-parked, %d in the table", rateParked, counts[RateParked])
 	}
 	letGo := 0
 	for line, keys := range c.letGo {

@@ -12,6 +12,7 @@ package claimtab
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
@@ -43,9 +44,9 @@ const (
 	// cannot run yet (its device is offline), until the gate's wake or
 	// recheck (gate.go).
 	Gated
-	// LockParked: due, held out of the heap until a lock key (or a
-	// rate limit's queue) busy with an attempt here frees
-	// (Locks.parked indexes them by that key).
+	// LockParked: due, held out of the heap until a lock key busy with
+	// an attempt here frees (Locks.parked indexes them by that key, for
+	// the heirs an attempt names in its release).
 	LockParked
 	// Claiming: an attempt is in flight here, from dispatch to its
 	// result: its claim, then its run (the run table holds the running
@@ -56,6 +57,11 @@ const (
 	// left out for lack of room), kept only while a refill page is read,
 	// so that the page's older row of the task does not bring it back.
 	Idle
+	// RateParked: due, held out of the heap (its entry in its row)
+	// behind a claim here counted in one of its rate limits, which go one
+	// at a time (RateQueueKey): when that claim is decided the best such
+	// task is woken, or, the limit's slots full, all go rate-waiting.
+	RateParked
 	// LetGo: let go, held nowhere, the store keeping the task unchanged:
 	// offered (or dispatched) while the tasks held aside filled their
 	// bound and a pause, its gate or a lock key busy here kept it back,
@@ -76,7 +82,7 @@ const (
 )
 
 var stateNames = [NumStates]string{
-	"absent", "queued", "rate-waiting", "lock-waiting", "dispatching", "paused", "gated", "lock-parked", "claiming", "idle", "let-go",
+	"absent", "queued", "rate-waiting", "lock-waiting", "dispatching", "paused", "gated", "lock-parked", "claiming", "idle", "rate-parked", "let-go",
 }
 
 func (s State) String() string {
@@ -93,7 +99,7 @@ func (s State) InHeap() bool {
 
 // Held reports whether keys in s count against the heap's bound.
 func (s State) Held() bool {
-	return s.InHeap() || s == Paused || s == Gated || s == LockParked
+	return s.InHeap() || s == Paused || s == Gated || s == LockParked || s == RateParked
 }
 
 // Aside reports whether s holds a due entry out of the heap (keyState.entry).
@@ -114,10 +120,11 @@ var transitions = map[State][]State{
 	Queued:      {RateWaiting, LockWaiting, Dispatching, Absent, Idle},
 	RateWaiting: {Queued, Dispatching, Absent, Idle},
 	LockWaiting: {Queued, Dispatching, Absent, Idle},
-	Dispatching: {Paused, Gated, RateWaiting, LockParked, Claiming, LetGo, Absent, Idle},
+	Dispatching: {Paused, Gated, RateWaiting, LockParked, RateParked, Claiming, LetGo, Absent, Idle},
 	Paused:      {Queued, Absent, Idle},
 	Gated:       {Queued, Absent, Idle},
-	LockParked:  {Queued, RateWaiting, Absent, Idle},
+	LockParked:  {Queued, Absent, Idle},
+	RateParked:  {Queued, RateWaiting, Absent, Idle},
 	// A result goes back to the heap, or drops the key; rate and lock
 	// waits are noted on the queued key after (see onResult).
 	Claiming: {Queued, Absent, Idle},
@@ -154,6 +161,8 @@ type Table struct {
 	// those rows.
 	letGo     map[string]map[string]bool
 	letGoRoom int
+	// rateParked indexes the rate-parked keys by their rate queue key.
+	rateParked map[string]map[string]bool
 	// dropped is called when a key is left out for lack of room.
 	dropped func()
 	// refused is called for a move not declared in transitions: a bug,
@@ -189,8 +198,8 @@ type keyState struct {
 	// heard (claiming): a document came from an event, query or page
 	// since dispatch; the result is weighed against doc then.
 	heard    bool
-	entry    preempt.Entry // paused, gated: the entry held aside
-	lockKey  string        // lockParked: the busy key it is parked on
+	entry    preempt.Entry // paused, gated, rateParked: the entry held aside
+	lockKey  string        // lockParked, rateParked: the busy key it is parked on
 	line     string        // letGo: the line it was let go on
 	waitKeys []string      // lockWaiting: the keys held elsewhere
 }
@@ -198,7 +207,8 @@ type keyState struct {
 // New returns an empty table over cfg's indexes.
 func New(cfg Config) *Table {
 	c := &Table{keys: map[string]*keyState{}, heap: cfg.Heap, locks: cfg.Locks, dropped: cfg.Dropped,
-		refused: cfg.Refused, strict: cfg.Strict, letGo: map[string]map[string]bool{}, letGoRoom: cfg.LetGoRoom}
+		refused: cfg.Refused, strict: cfg.Strict, letGo: map[string]map[string]bool{}, letGoRoom: cfg.LetGoRoom,
+		rateParked: map[string]map[string]bool{}}
 	if c.dropped == nil {
 		c.dropped = func() {}
 	}
@@ -222,9 +232,10 @@ func (c *Table) Count(s State) int {
 // Paging reports whether a refill page is being read (see Idle).
 func (c *Table) Paging() bool { return c.paging }
 
-// AsideEntry returns the entry held aside for a paused or gated key.
+// AsideEntry returns the entry held in the row of a paused, gated or
+// rate-parked key.
 func (c *Table) AsideEntry(key string) (preempt.Entry, bool) {
-	if k := c.keys[key]; k != nil && k.state.Aside() {
+	if k := c.keys[key]; k != nil && (k.state.Aside() || k.state == RateParked) {
 		return k.entry, true
 	}
 	return preempt.Entry{}, false
@@ -287,6 +298,12 @@ func (c *Table) move(key string, to State) (*keyState, bool) {
 	case LockParked:
 		c.locks.unpark(k.lockKey, key)
 		k.lockKey = ""
+	case RateParked:
+		delete(c.rateParked[k.lockKey], key)
+		if len(c.rateParked[k.lockKey]) == 0 {
+			delete(c.rateParked, k.lockKey)
+		}
+		k.lockKey, k.entry = "", preempt.Entry{}
 	case Paused, Gated:
 		k.entry = preempt.Entry{}
 	case Claiming:
@@ -382,8 +399,8 @@ func (c *Table) Forget(key string) {
 
 // Place puts an entry offer computed from its key's newest document: a
 // paused or gated key's entry is replaced (dispatch judges it again when
-// the pause lifts or the gate wakes it), a parked key keeps its place with the new document, any other
-// goes to the heap.
+// the pause lifts or the gate wakes it), a parked key keeps its place
+// with the new document, any other goes to the heap.
 func (c *Table) Place(e preempt.Entry) {
 	k := c.keys[e.Key]
 	switch {
@@ -391,6 +408,8 @@ func (c *Table) Place(e preempt.Entry) {
 		k.entry = e
 	case k != nil && k.state == LockParked:
 		c.locks.setParkedTask(k.lockKey, e.Task)
+	case k != nil && k.state == RateParked:
+		k.entry.Task = e.Task
 	default:
 		c.Queue(e)
 	}
@@ -455,8 +474,20 @@ func (c *Table) Pause(e preempt.Entry) {
 	}
 }
 
-// Park holds a dispatched entry aside until lockKey, busy here, frees.
+// Park holds a dispatched entry aside until lockKey, busy here, frees:
+// lock-parked on a task's lock key, rate-parked on a rate limit's queue
+// (RateQueueKey).
 func (c *Table) Park(e preempt.Entry, lockKey string) {
+	if strings.HasPrefix(lockKey, rateQueuePrefix) {
+		if k, ok := c.move(e.Key, RateParked); ok {
+			k.lockKey, k.entry = lockKey, e
+			if c.rateParked[lockKey] == nil {
+				c.rateParked[lockKey] = map[string]bool{}
+			}
+			c.rateParked[lockKey][e.Key] = true
+		}
+		return
+	}
 	if !c.may(e.Key, LockParked) {
 		return
 	}
@@ -464,6 +495,15 @@ func (c *Table) Park(e preempt.Entry, lockKey string) {
 	k, _ := c.move(e.Key, LockParked)
 	k.lockKey = lockKey
 }
+
+// rateQueuePrefix starts every rate queue key. A NUL byte, which no
+// task's lock key holds, so a task may take any lock key, "rate:kind:K"
+// too.
+const rateQueuePrefix = "\x00rate:"
+
+// RateQueueKey is a rate limit's key (control.Bucket.Key) in the lock
+// queue, where the claims here counted in it go one at a time.
+func RateQueueKey(bucket string) string { return rateQueuePrefix + bucket }
 
 // Claim notes an attempt on a dispatched key leaving.
 func (c *Table) Claim(key string) { c.move(key, Claiming) }
@@ -543,20 +583,38 @@ func (c *Table) WakeOne(k string, now time.Time) {
 	c.Wake(*best, now)
 }
 
-// WakeParked makes the best task parked here on k due now.
+// WakeParked makes the best task parked here on k (a lock key or a rate
+// queue key) due now.
 func (c *Table) WakeParked(k string, now time.Time) bool {
-	e, ok := c.locks.nextParked(k)
+	e, ok := c.ratePark(k)
+	if !ok {
+		e, ok = c.locks.nextParked(k)
+	}
 	if ok {
 		c.Wake(e, now)
 	}
 	return ok
 }
 
+// ratePark returns the best entry rate-parked on queueKey.
+func (c *Table) ratePark(queueKey string) (preempt.Entry, bool) {
+	var best *preempt.Entry
+	for key := range c.rateParked[queueKey] {
+		if e := c.keys[key].entry; better(e, best) {
+			best = &e
+		}
+	}
+	if best == nil {
+		return preempt.Entry{}, false
+	}
+	return *best, true
+}
+
 // RateFull puts every task parked behind a rate limit's queue key back in
 // the heap, due when the limit's first slot frees.
 func (c *Table) RateFull(queueKey string, at time.Time) {
-	for _, e := range c.locks.ParkedOn(queueKey) {
-		c.RateWait(e, at)
+	for key := range c.rateParked[queueKey] {
+		c.RateWait(c.keys[key].entry, at)
 	}
 }
 

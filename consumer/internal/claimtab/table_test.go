@@ -15,6 +15,9 @@ const (
 	stOther = "t2" // a second task, parked or waiting beside t1
 )
 
+// stRate is a rate limit's queue in the lock queue.
+var stRate = RateQueueKey("kind:k")
+
 func stDoc(key string, version int64) *task.Task {
 	return &task.Task{Key: key, Kind: "k", Seq: 7, Version: version, State: task.StatePending,
 		ConcurrentWorkerCnt: 1, SuccessWorkerCnt: 1, WorkerTimeout: task.Duration(time.Second)}
@@ -53,7 +56,7 @@ func putIn(t *testing.T, tab *Table, s State, doc *task.Task, now time.Time) {
 		tab.NoteRateWait(stKey)
 	case LockWaiting:
 		tab.WaitLocks(stKey, []string{stLock})
-	case Dispatching, Paused, Gated, LockParked, Claiming:
+	case Dispatching, Paused, Gated, LockParked, RateParked, Claiming:
 		if _, ok := tab.Pop(now); !ok {
 			t.Fatal("nothing due to dispatch")
 		}
@@ -64,6 +67,8 @@ func putIn(t *testing.T, tab *Table, s State, doc *task.Task, now time.Time) {
 			tab.Gate(e)
 		case LockParked:
 			tab.Park(e, stLock)
+		case RateParked:
+			tab.Park(e, stRate)
 		case Claiming:
 			tab.Claim(stKey)
 		}
@@ -121,6 +126,9 @@ func TestClaimTableRefusesUndeclaredMoves(t *testing.T) {
 				if want != LockWaiting && len(tab.locks.waiting) != 0 {
 					t.Fatalf("%s, and still indexed as waiting", want)
 				}
+				if want != RateParked && len(tab.rateParked) != 0 {
+					t.Fatalf("%s, and still rate-parked", want)
+				}
 				if want != LetGo && tab.letGo[stLock][stKey] {
 					t.Fatalf("%s, and still on its let-go line", want)
 				}
@@ -169,6 +177,7 @@ func TestClaimTableTransitions(t *testing.T) {
 		{Dispatching, Gated}:       func(tab *Table) { tab.Gate(stEntry(stDoc(stKey, 1), now)) },
 		{Dispatching, RateWaiting}: func(tab *Table) { tab.RateWait(stEntry(stDoc(stKey, 1), now), now.Add(time.Hour)) },
 		{Dispatching, LockParked}:  func(tab *Table) { tab.Park(stEntry(stDoc(stKey, 1), now), stLock) },
+		{Dispatching, RateParked}:  func(tab *Table) { tab.Park(stEntry(stDoc(stKey, 1), now), stRate) },
 		{Dispatching, Claiming}:    func(tab *Table) { tab.Claim(stKey) },
 		{Dispatching, Absent}:      dropping,
 		{Dispatching, Idle}:        paging,
@@ -181,7 +190,10 @@ func TestClaimTableTransitions(t *testing.T) {
 		{Gated, Absent}:           dropping,
 		{Gated, Idle}:             paging,
 		{LockParked, Queued}:      func(tab *Table) { tab.WakeOne(stLock, now) },
-		{LockParked, RateWaiting}: func(tab *Table) { tab.RateFull(stLock, now.Add(time.Hour)) },
+		{RateParked, Queued}:      func(tab *Table) { tab.WakeOne(stRate, now) },
+		{RateParked, RateWaiting}: func(tab *Table) { tab.RateFull(stRate, now.Add(time.Hour)) },
+		{RateParked, Absent}:      dropping,
+		{RateParked, Idle}:        paging,
 		{LockParked, Absent}:      dropping,
 		{LockParked, Idle}:        paging,
 
@@ -217,7 +229,7 @@ func TestClaimTableTransitions(t *testing.T) {
 						t.Fatalf("parked and in the heap at %v", e.At)
 					}
 				}
-				if to == Queued && (from == LockParked || from == LockWaiting) {
+				if to == Queued && (from == LockParked || from == RateParked || from == LockWaiting) {
 					if e, _ := tab.heap.Entry(stKey); e.At.After(now) {
 						t.Fatalf("woken for %v, not now", e.At)
 					}
@@ -238,8 +250,13 @@ func TestClaimTableTransitions(t *testing.T) {
 // waiting; the next wake takes it.
 func TestClaimTableWakesTheBestWaiter(t *testing.T) {
 	now := time.Now()
-	for _, parked := range []bool{false, true} {
-		t.Run(fmt.Sprintf("parked=%v", parked), func(t *testing.T) {
+	for _, line := range []string{"lock-waiting", "lock-parked", "rate-parked"} {
+		parked := line != "lock-waiting"
+		lock := stLock
+		if line == "rate-parked" {
+			lock = stRate
+		}
+		t.Run(line, func(t *testing.T) {
 			tab, _ := newTestTable(t)
 			low, high := stDoc(stKey, 1), stDoc(stOther, 1)
 			high.Priority = 5
@@ -250,14 +267,14 @@ func TestClaimTableWakesTheBestWaiter(t *testing.T) {
 					e.At = now
 					tab.Queue(e)
 					tab.Pop(now)
-					tab.Park(e, stLock)
+					tab.Park(e, lock)
 				} else {
 					tab.Queue(e)
 					tab.WaitLocks(d.Key, []string{stLock})
 				}
 			}
 			checkTable(t, tab)
-			tab.WakeOne(stLock, now)
+			tab.WakeOne(lock, now)
 			if tab.State(stOther) != Queued {
 				t.Fatalf("the high-priority task is %s after the wake", tab.State(stOther))
 			}
@@ -265,11 +282,14 @@ func TestClaimTableWakesTheBestWaiter(t *testing.T) {
 			if parked {
 				waiting = LockParked
 			}
+			if line == "rate-parked" {
+				waiting = RateParked
+			}
 			if tab.State(stKey) != waiting {
 				t.Fatalf("the other task is %s after one wake; want %s", tab.State(stKey), waiting)
 			}
 			checkTable(t, tab)
-			tab.WakeOne(stLock, now)
+			tab.WakeOne(lock, now)
 			if tab.State(stKey) != Queued {
 				t.Fatalf("the second wake left it %s", tab.State(stKey))
 			}
