@@ -151,7 +151,7 @@ func (s *scheduler) share() []int {
 	}
 	if !p.SameRanking(s.shareOf) {
 		s.shareBuckets = nil
-		if p.Len() > 1 && s.spread.Step > 0 {
+		if p.Len() > 1 && s.standBy.Spreading() {
 			s.shareBuckets = p.Share(s.cfg.WorkerID, s.cfg.Kinds)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/consumer/internal/runtab"
+	"github.com/leasepool/leasepool/consumer/internal/standby"
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/task"
 )
@@ -83,15 +84,11 @@ type scheduler struct {
 	// newest document of each task an event or attempt brought meanwhile,
 	// which the page's, read earlier, must not replace (claimtab.Idle).
 	pages chan fetchedPage
-	// peers is the registry's live workers (claim spreading); ranks
-	// caches this worker's rank of unpinned tasks under ranksOf.
+	// peers is the registry's live workers (claim spreading); standBy
+	// is this worker's stand-by before each claim, by its rank of the
+	// task among them.
 	peers   *atomic.Pointer[preempt.Peers]
-	spread  preempt.Spread
-	ranks   map[string]int
-	ranksOf *preempt.Peers
-	// lag is the mean time from a write to its change event reaching this
-	// worker (see noteLag), which the stand-by step must exceed twice.
-	lag time.Duration
+	standBy *standby.Ranker
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -109,8 +106,9 @@ func (c *Consumer) newScheduler() *scheduler {
 		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl,
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency),
-		pages: make(chan fetchedPage, 1),
-		peers: &c.peers, spread: preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, ranks: map[string]int{},
+		pages:   make(chan fetchedPage, 1),
+		peers:   &c.peers,
+		standBy: standby.New(c.cfg.WorkerID, preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, &c.peers, 4*c.cfg.HeapSize),
 	}
 	s.gate, _ = c.cfg.Handler.(Gate)
 	s.gateWakes, s.letGoWakes = make(chan gateWake, 64), map[<-chan struct{}]bool{}
@@ -267,81 +265,12 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	// worker's stand-by: of a backlog, each worker takes first the tasks
 	// it is preferred for, and a task retried or taken over still comes
 	// before those published after it.
-	delay := s.standBy(t, now)
+	delay := s.standBy.Delay(t, now)
 	order := t.CreatedAt
 	if order.IsZero() {
 		order = at
 	}
 	s.tab.Place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
-}
-
-// standBy is how long this worker waits, past the moment t becomes
-// claimable, before it tries to claim t: none when it is t's preferred
-// worker among the live workers able to run t, a step more for each rank
-// after (preempt.Spread). A claim that lands is a change event that
-// reaches the others before their turn, so they never try; one that does
-// not (the preferred worker busy, dead or slow) leaves the task to the
-// next rank a step later, and to every worker after MaxRank steps.
-func (s *scheduler) standBy(t *task.Task, now time.Time) time.Duration {
-	if s.spread.Step <= 0 {
-		return 0
-	}
-	peers := s.peers.Load()
-	if peers.Len() <= 1 {
-		return 0
-	}
-	if peers != s.ranksOf {
-		if !peers.SameRanking(s.ranksOf) {
-			clear(s.ranks)
-		}
-		s.ranksOf = peers
-	}
-	if len(s.ranks) > 4*s.cfg.HeapSize {
-		clear(s.ranks)
-	}
-	rank, ok := s.ranks[t.Key]
-	if !ok || len(t.SpecificWorkerIDs) > 0 {
-		rank = peers.Rank(t, s.cfg.WorkerID, s.spread.MaxRank)
-		if len(t.SpecificWorkerIDs) == 0 {
-			s.ranks[t.Key] = rank
-		}
-	}
-	// A task run by several workers at once has a first place for each
-	// of its free slots.
-	if free := t.ConcurrentWorkerCnt - t.CountWorkers(now).Live; free > 1 {
-		rank = max(rank-(free-1), 0)
-	}
-	spread := s.spread
-	spread.Step = max(spread.Step, min(5*s.lag/2, maxSpreadStep))
-	return spread.Delay(rank)
-}
-
-// maxSpreadStep bounds the stand-by step however slow the change stream
-// is, so that a task whose preferred workers are busy or dead waits at
-// most a second (ten ranks) for the others.
-const maxSpreadStep = 100 * time.Millisecond
-
-// noteLag folds the lag of a change event, from its write to now, into
-// the mean. A stand-by step is only useful if it outlasts two of them:
-// the preferred worker hears of the task one lag after it became
-// claimable, and the next rank hears of its claim one write and one lag
-// after that; on a store whose events come slower than the configured
-// step (a remote MongoDB polled by its driver, say), the next rank would
-// otherwise try every task before it hears the claim, and conflict.
-// Events older than a second are a stream catching up, not its lag.
-func (s *scheduler) noteLag(t *task.Task, now time.Time) {
-	if t.UpdatedAt.IsZero() {
-		return
-	}
-	lag := now.Sub(t.UpdatedAt)
-	if lag < 0 || lag > time.Second {
-		return
-	}
-	if s.lag == 0 {
-		s.lag = lag
-		return
-	}
-	s.lag += (lag - s.lag) / 8
 }
 
 func (s *scheduler) onEvent(ev task.Event) {
@@ -353,7 +282,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 		}
 	}
 	now := s.store.Now()
-	s.noteLag(t, now)
+	s.standBy.NoteLag(t, now)
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.tab.WakeOne(k, now)
@@ -408,7 +337,7 @@ func (s *scheduler) onResult(r attemptResult) {
 		// Not now (a peer's claim won, say): when the task is claimable
 		// again, this worker's turn comes after its stand-by as for any
 		// offer, or every worker that lost the race would try at once.
-		delay := s.standBy(retry.Task, now)
+		delay := s.standBy.Delay(retry.Task, now)
 		retry.At, retry.Order = retry.At.Add(delay), retry.Task.CreatedAt.Add(delay)
 	}
 	if retry != nil {
