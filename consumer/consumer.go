@@ -177,7 +177,6 @@ func (c *Consumer) Start(ctx context.Context) error {
 	c.life.Go(func() {
 		defer close(c.scheduleDone)
 		s := c.newScheduler()
-		s.heap.SetInstant(c.cfg.InstantKinds)
 		s.run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow, control: c.controlChanged})
 		<-watchDone
 		<-beatDone

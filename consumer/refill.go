@@ -25,7 +25,7 @@ type fetchedPage struct {
 // later entries (delayed tasks, leases held elsewhere) must not keep a
 // ready backlog in the store waiting.
 func (s *scheduler) anyDue() bool {
-	at, ok := s.heap.Next()
+	at, ok := s.tab.Next()
 	return ok && !at.After(s.store.Now())
 }
 

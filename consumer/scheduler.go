@@ -1,11 +1,12 @@
 package consumer
 
-// The scheduler owns the claim heap: it turns change events, query pages
-// and attempt results into claim times, and starts claim attempts while
-// slots are free; due tasks a pause covers wait aside until it lifts, and
-// those over a rate limit until a slot frees. Where each task it holds
-// stands is the claim table's (consumer/internal/claimtab). It runs in one goroutine; the
-// run table and the lock queue are shared with the attempts.
+// The scheduler turns change events, query pages and attempt results into
+// claim times, and starts claim attempts while slots are free; due tasks
+// a pause covers wait aside until it lifts, and those over a rate limit
+// until a slot frees. Where each task it holds stands, and the claim heap
+// that orders them, are the claim table's (consumer/internal/claimtab).
+// It runs in one goroutine; the run table and the lock queue are shared
+// with the attempts.
 
 import (
 	"context"
@@ -38,10 +39,10 @@ type scheduler struct {
 	done     <-chan struct{} // closed once the scheduler returned
 	queued   *atomic.Int64
 
-	// tab is every task held here and its state; heap and locks are
-	// its indexes (the scheduler reads the heap, and only tab writes it).
+	// tab is every task held here and its state; the claim heap is its
+	// own index, and the lock queue's lines are too (locks: the busy keys
+	// and flights are the scheduler's and the attempts').
 	tab   *claimtab.Table
-	heap  *preempt.Heap
 	locks *claimtab.Locks
 	// ctl is the pauses and limits as last loaded (reload reads them
 	// again).
@@ -103,7 +104,7 @@ func (c *Consumer) newScheduler() *scheduler {
 	s := &scheduler{
 		cfg: c.cfg, store: c.store, logger: c.logger, running: c.running,
 		attempt: c.attempt, inflight: &c.runs, results: c.results, handled: c.handled, done: c.scheduleDone, queued: &c.queued,
-		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, free: c.cfg.Concurrency,
+		locks: c.locks, free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl,
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency),
 		pages:   make(chan fetchedPage, 1),
@@ -112,7 +113,7 @@ func (c *Consumer) newScheduler() *scheduler {
 	}
 	s.gate, _ = c.cfg.Handler.(Gate)
 	s.gateWakes, s.letGoWakes = make(chan gateWake, 64), map[<-chan struct{}]bool{}
-	s.tab = claimtab.New(claimtab.Config{Heap: s.heap, Locks: s.locks, Dropped: s.dropped, Strict: strictStates, LetGoRoom: 4 * c.cfg.HeapSize,
+	s.tab = claimtab.New(claimtab.Config{HeapSize: c.cfg.HeapSize, InstantKinds: c.cfg.InstantKinds, Locks: s.locks, Dropped: s.dropped, Strict: strictStates, LetGoRoom: 4 * c.cfg.HeapSize,
 		Refused: func(key string, from, to claimtab.State) {
 			s.logger.Error("claim table refused a move", slog.String("task", key), slog.String("from", from.String()), slog.String("to", to.String()))
 		}})
@@ -140,7 +141,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			// (no overflow) is kept true by the change stream alone: an
 			// idle worker does not query, so idle workers add no reads
 			// (the safety net still queries now and then).
-			low := (s.overflow || s.queryFailed) && (s.heap.Len() < s.cfg.HeapSize/4 || !s.anyDue())
+			low := (s.overflow || s.queryFailed) && (s.tab.HeapLen() < s.cfg.HeapSize/4 || !s.anyDue())
 			if low && s.shareMoved() {
 				s.resume, s.resumeShare = nil, nil
 			}
@@ -160,7 +161,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 				refill = s.untilQueryDue()
 			}
 		}
-		s.queued.Store(int64(s.heap.Len()))
+		s.queued.Store(int64(s.tab.HeapLen()))
 		timer.Reset(min(s.wait(), refill))
 		select {
 		case <-ctx.Done():
@@ -216,13 +217,13 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 func (s *scheduler) wait() time.Duration {
 	if s.free <= 0 {
 		// Every slot is taken: only an instant task may start (dispatch).
-		at, ok := s.heap.NextInstant()
+		at, ok := s.tab.NextInstant()
 		if !ok || s.lane >= InstantSlots {
 			return time.Hour // a result will wake us
 		}
 		return max(time.Until(at)+time.Millisecond, 0)
 	}
-	at, ok := s.heap.Next()
+	at, ok := s.tab.Next()
 	if !ok {
 		return time.Second // the empty-heap query
 	}
@@ -360,7 +361,7 @@ func (s *scheduler) onResult(r attemptResult) {
 	if r.limited {
 		s.tab.NoteRateWait(r.key)
 	}
-	if e, ok := s.heap.Entry(r.ahead); ok && e.At.After(now) {
+	if e, ok := s.tab.Entry(r.ahead); ok && e.At.After(now) {
 		// The key is free but a place ahead in its line stopped the
 		// claim: the task holding that place may wait here for a lease
 		// that has ended, since a holder's finish event wakes one waiter

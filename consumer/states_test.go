@@ -80,7 +80,7 @@ func newTestScheduler(t *testing.T) *scheduler {
 		t.Fatal(err)
 	}
 	s := c.newScheduler()
-	s.tab = claimtab.New(claimtab.Config{Heap: s.heap, Locks: s.locks, Dropped: s.dropped,
+	s.tab = claimtab.New(claimtab.Config{HeapSize: c.cfg.HeapSize, InstantKinds: c.cfg.InstantKinds, Locks: s.locks, Dropped: s.dropped,
 		Refused: func(key string, from, to claimtab.State) { t.Errorf("refused: %s %s -> %s", key, from, to) }})
 	return s
 }
@@ -108,7 +108,7 @@ func TestOlderDocumentNeverReplacesNewer(t *testing.T) {
 			if got := sc.tab.State(stKey); got != s {
 				t.Fatalf("an older document moved the key to %s", got)
 			}
-			if e, ok := sc.heap.Entry(stKey); ok && e.Task != v2 {
+			if e, ok := sc.tab.Entry(stKey); ok && e.Task != v2 {
 				t.Fatalf("the heap's entry holds version %d", e.Task.Version)
 			}
 			if e, ok := sc.tab.AsideEntry(stKey); (s.Aside() || s == claimtab.RateParked) && (!ok || e.Task != v2) {
@@ -125,7 +125,7 @@ func TestOlderDocumentNeverReplacesNewer(t *testing.T) {
 				v3 := stDoc(stKey, 3)
 				sc.onEvent(task.Event{Key: stKey, Task: v3})
 				sc.onResult(attemptResult{key: stKey, doc: v2, retry: retryEntry(stEntry(v2, now), v2, now.Add(time.Hour)), slotFreed: true})
-				if e, ok := sc.heap.Entry(stKey); !ok || e.Task != v3 || sc.tab.Doc(stKey) != v3 {
+				if e, ok := sc.tab.Entry(stKey); !ok || e.Task != v3 || sc.tab.Doc(stKey) != v3 {
 					t.Fatalf("after the result the heap holds %+v (in: %v); want version 3", e.Task, ok)
 				}
 			}
@@ -154,7 +154,7 @@ func TestPageRowOlderThanFinishIsRefused(t *testing.T) {
 		t.Fatalf("a finished task is %s while a page is read; want idle", got)
 	}
 	sc.onPage(fetchedPage{after: pending, tasks: []*task.Task{pending}})
-	if sc.heap.Has(stKey) {
+	if _, ok := sc.tab.Entry(stKey); ok {
 		t.Fatal("the page's older pending row put a finished task back in the heap")
 	}
 	if got := sc.tab.State(stKey); got != claimtab.Absent || sc.tab.Len() != 0 {

@@ -3,8 +3,6 @@ package claimtab
 import (
 	"testing"
 	"time"
-
-	"github.com/leasepool/leasepool/consumer/internal/preempt"
 )
 
 // TestWakeDuringClaimIsKept: the holder's finish event that comes while a
@@ -12,7 +10,7 @@ import (
 // that the stopped claim tries again at once instead of at the lease end.
 func TestWakeDuringClaimIsKept(t *testing.T) {
 	q := NewLocks()
-	tab := New(Config{Heap: preempt.NewHeap(8), Locks: q})
+	tab := New(Config{HeapSize: 8, Locks: q})
 	quiet := q.Depart([]string{"dev"})
 	if q.Landed([]string{"dev"}, quiet) {
 		t.Fatal("landed reports a wake that never came")

@@ -173,9 +173,13 @@ type Table struct {
 
 // Config is what a Table is made of.
 type Config struct {
-	// Heap and Locks are the table's indexes; the table alone puts keys
-	// in them and takes keys out.
-	Heap  *preempt.Heap
+	// HeapSize bounds the claim heap, which the table owns (its index of
+	// the keys in the heap); InstantKinds have its instant lane.
+	HeapSize     int
+	InstantKinds []string
+	// Locks is the lock queue, shared with the attempts; its waiting and
+	// parked lines are the table's indexes, entered and left only by its
+	// moves.
 	Locks *Locks
 	// Dropped is called when a key is left out for lack of room.
 	Dropped func()
@@ -206,7 +210,9 @@ type keyState struct {
 
 // New returns an empty table over cfg's indexes.
 func New(cfg Config) *Table {
-	c := &Table{keys: map[string]*keyState{}, heap: cfg.Heap, locks: cfg.Locks, dropped: cfg.Dropped,
+	heap := preempt.NewHeap(cfg.HeapSize)
+	heap.SetInstant(cfg.InstantKinds)
+	c := &Table{keys: map[string]*keyState{}, heap: heap, locks: cfg.Locks, dropped: cfg.Dropped,
 		refused: cfg.Refused, strict: cfg.Strict, letGo: map[string]map[string]bool{}, letGoRoom: cfg.LetGoRoom,
 		rateParked: map[string]map[string]bool{}}
 	if c.dropped == nil {
@@ -217,6 +223,18 @@ func New(cfg Config) *Table {
 	}
 	return c
 }
+
+// HeapLen is how many keys are in the heap.
+func (c *Table) HeapLen() int { return c.heap.Len() }
+
+// Next is when the heap's first entry is due (preempt.Heap.Next).
+func (c *Table) Next() (time.Time, bool) { return c.heap.Next() }
+
+// NextInstant is when the instant lane's first entry is due.
+func (c *Table) NextInstant() (time.Time, bool) { return c.heap.NextInstant() }
+
+// Entry returns key's entry in the heap.
+func (c *Table) Entry(key string) (preempt.Entry, bool) { return c.heap.Entry(key) }
 
 // Len is how many keys the table holds a row for.
 func (c *Table) Len() int { return len(c.keys) }

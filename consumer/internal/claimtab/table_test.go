@@ -31,7 +31,7 @@ func stEntry(t *task.Task, at time.Time) preempt.Entry {
 // moves it refuses instead of panicking.
 func newTestTable(t *testing.T) (*Table, *[]string) {
 	var refused []string
-	tab := New(Config{Heap: preempt.NewHeap(8), Locks: NewLocks(), Refused: func(key string, from, to State) {
+	tab := New(Config{HeapSize: 8, Locks: NewLocks(), Refused: func(key string, from, to State) {
 		refused = append(refused, fmt.Sprintf("%s %s->%s", key, from, to))
 	}})
 	return tab, &refused
@@ -304,7 +304,7 @@ func TestClaimTableWakesTheBestWaiter(t *testing.T) {
 // line; past the room a task let go keeps no row, its line marked; and
 // the safety net's clear frees every line.
 func TestLetGoLines(t *testing.T) {
-	tab := New(Config{Heap: preempt.NewHeap(8), Locks: NewLocks(), Strict: true, LetGoRoom: 2})
+	tab := New(Config{HeapSize: 8, Locks: NewLocks(), Strict: true, LetGoRoom: 2})
 	a, b, c := stDoc("a", 1), stDoc("b", 1), stDoc("c", 1)
 	tab.LetGo("a", a, "dev")
 	tab.LetGo("b", b, LetGoPaused)
