@@ -161,3 +161,64 @@ func TestPageRowOlderThanFinishIsRefused(t *testing.T) {
 		t.Fatalf("after the page the key is %s, %d rows kept; want absent, none", got, sc.tab.Len())
 	}
 }
+
+// TestLetGoLineIsReadAgainWhenFreed: with the tasks held aside at their
+// bound, a task offered on a lock key busy here is let go, and so is a
+// later one on that key (the line keeps its order); neither is held,
+// nor counts against the heap. Once the key frees with none parked on
+// it, the tasks let go are dropped and the next refill reads from the
+// top; the line's freeing before that, parked tasks still waiting,
+// reads nothing.
+func TestLetGoLineIsReadAgainWhenFreed(t *testing.T) {
+	c, err := New(Config{Store: memstore.New(memstore.Config{}).Open(), WorkerID: "w1", HeapSize: 4, PageSize: 2,
+		Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := c.newScheduler()
+	now := sc.store.Now()
+	doc := func(key string) *task.Task {
+		d := stDoc(key, 1)
+		d.LockKeys = []string{stLock}
+		return d
+	}
+	sc.locks.Hold([]string{stLock}) // an attempt here holds the key
+	for _, key := range []string{"p1", "p2"} {
+		sc.tab.Queue(stEntry(doc(key), now))
+		e, _ := sc.tab.Pop(now)
+		sc.tab.Park(e, stLock)
+	}
+	sc.offer(doc("g1"), now)
+	sc.offer(doc("g2"), now)
+	for _, key := range []string{"g1", "g2"} {
+		if st := sc.tab.State(key); st != claimtab.LetGo {
+			t.Fatalf("%s is %s with the aside bound reached and its key busy; want let-go", key, st)
+		}
+	}
+	if sc.full() || sc.tab.Held() != 2 {
+		t.Fatalf("%d held with two parked and two let go; want 2", sc.tab.Held())
+	}
+	if err := sc.tab.Check(); err != nil {
+		t.Fatal(err)
+	}
+	sc.overflow = false
+	sc.freed(stLock) // still parked here: the line is not free
+	if sc.overflow || !sc.tab.LineLetGo(stLock) {
+		t.Fatalf("freed with tasks parked: overflow %v, line let go %v", sc.overflow, sc.tab.LineLetGo(stLock))
+	}
+	sc.locks.Unhold([]string{stLock})
+	sc.tab.WakeOne(stLock, now)
+	sc.tab.WakeOne(stLock, now)
+	sc.freed(stLock)
+	if !sc.overflow || sc.resume != nil || sc.tab.LineLetGo(stLock) {
+		t.Fatalf("the key freed: overflow %v, resume %v, line let go %v; want a refill from the top", sc.overflow, sc.resume, sc.tab.LineLetGo(stLock))
+	}
+	for _, key := range []string{"g1", "g2"} {
+		if st := sc.tab.State(key); st != claimtab.Absent {
+			t.Fatalf("%s is %s after its line freed; want absent, to be read again", key, st)
+		}
+	}
+	if err := sc.tab.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
