@@ -115,7 +115,7 @@ func (c *Consumer) failedHeartbeat(err error) {
 // heartbeat; reading it every ⌈W/peersPerRead⌉ heartbeats keeps that
 // near peersPerRead·W. A list that many heartbeats old costs at most
 // claim conflicts and the stand-by's bounded wait for a preferred worker
-// that died meanwhile (see standBy), never a claim.
+// that died meanwhile (see standby.Ranker.Delay), never a claim.
 const peersPerRead = 100
 
 // readEvery is after how many heartbeats the registry is read again:
