@@ -228,15 +228,12 @@ func (q *Locks) unparkLocked(key, taskKey string) {
 	}
 }
 
-// ParkedOn returns the entries parked on key, in no order.
-func (q *Locks) ParkedOn(key string) []preempt.Entry {
+// parkedEntry returns taskKey's entry parked on key.
+func (q *Locks) parkedEntry(key, taskKey string) (preempt.Entry, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	out := make([]preempt.Entry, 0, len(q.parked[key]))
-	for _, e := range q.parked[key] {
-		out = append(out, e)
-	}
-	return out
+	e, ok := q.parked[key][taskKey]
+	return e, ok
 }
 
 // nextParked returns the best task parked on key and drops it from the
@@ -258,8 +255,8 @@ func (q *Locks) HasParked(key string) bool {
 	return len(q.parked[key]) > 0
 }
 
-// ParkedCount is how many tasks the parked index holds.
-func (q *Locks) ParkedCount() int {
+// parkedCount is how many tasks the parked index holds.
+func (q *Locks) parkedCount() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n := 0

@@ -250,10 +250,15 @@ func (c *Table) Count(s State) int {
 // Paging reports whether a refill page is being read (see Idle).
 func (c *Table) Paging() bool { return c.paging }
 
-// AsideEntry returns the entry held in the row of a paused, gated or
-// rate-parked key.
+// AsideEntry returns the entry held out of the heap for a paused, gated,
+// lock-parked or rate-parked key.
 func (c *Table) AsideEntry(key string) (preempt.Entry, bool) {
-	if k := c.keys[key]; k != nil && (k.state.Aside() || k.state == RateParked) {
+	k := c.keys[key]
+	switch {
+	case k == nil:
+	case k.state == LockParked:
+		return c.locks.parkedEntry(k.lockKey, key)
+	case k.state.Aside() || k.state == RateParked:
 		return k.entry, true
 	}
 	return preempt.Entry{}, false

@@ -120,7 +120,7 @@ func TestClaimTableRefusesUndeclaredMoves(t *testing.T) {
 				if want != Dispatching && want != Idle && !want.InHeap() && tab.heap.Has(stKey) {
 					t.Fatalf("%s, and still in the heap", want)
 				}
-				if want != LockParked && tab.locks.ParkedCount() != 0 {
+				if want != LockParked && tab.locks.parkedCount() != 0 {
 					t.Fatalf("%s, and still parked", want)
 				}
 				if want != LockWaiting && len(tab.locks.waiting) != 0 {
