@@ -16,8 +16,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/ping"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/runtab"
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/internal/lifecycle"
 	"github.com/leasepool/leasepool/task"
@@ -64,8 +66,8 @@ type Consumer struct {
 	slots          slotTable
 	rules          *claimRules // this worker's claims: see claim.go
 
-	running *runTable
-	locks   *lockQueue // the scheduler's, but for heirs read by attempts
+	running *runtab.Table[*run]
+	locks   *claimtab.Locks // the scheduler's, but for heirs read by attempts
 	// peers is the live workers as the registry last listed them, for
 	// claim spreading (see Config.ClaimSpread).
 	peers atomic.Pointer[preempt.Peers]
@@ -82,7 +84,7 @@ type Consumer struct {
 
 type run struct {
 	lease   *ping.Renewer
-	seq     int64 // the claimed document's Seq and Version: see newer
+	seq     int64 // the claimed document's Seq and Version: see claimtab.Newer
 	version int64
 	cancel  context.CancelCauseFunc
 }
@@ -99,7 +101,7 @@ type attemptResult struct {
 	lockKeys []string // waiting for these locks, held by another process
 	ahead    string   // the task whose place in a lock's line stopped the claim
 	busy     []string // the lock keys dispatch marked busy for this attempt
-	wakes    []uint64 // busy's wake counts at dispatch (lockQueue.depart)
+	wakes    []uint64 // busy's wake counts at dispatch (claimtab.Locks.depart)
 	limited  bool     // retry waits for a rate limit's slot
 	// slotFreed: the slot was given back when the handler returned.
 	slotFreed bool
@@ -122,8 +124,8 @@ func New(cfg Config) (*Consumer, error) {
 		results:        make(chan attemptResult, cfg.Concurrency+InstantSlots),
 		handled:        make(chan bool, cfg.Concurrency+InstantSlots),
 		controlChanged: make(chan struct{}, 1),
-		running:        &runTable{m: map[string]*run{}},
-		locks:          newLockQueue(),
+		running:        runtab.New[*run](),
+		locks:          claimtab.NewLocks(),
 	}
 	c.rules = &claimRules{
 		store: c.store, self: c.self, controls: c.ctl.Load, slots: &c.slots,
@@ -138,7 +140,7 @@ func (c *Consumer) WorkerID() string { return c.cfg.WorkerID }
 // Stats returns counters since Start.
 func (c *Consumer) Stats() Stats {
 	return Stats{
-		Running: c.running.len(), Queued: int(c.queued.Load()),
+		Running: c.running.Len(), Queued: int(c.queued.Load()),
 		Claimed: c.claimed.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		LeaseLost: c.leaseLost.Load(), Released: c.released.Load(), Snoozed: c.snoozed.Load(),
 	}
@@ -175,7 +177,6 @@ func (c *Consumer) Start(ctx context.Context) error {
 	c.life.Go(func() {
 		defer close(c.scheduleDone)
 		s := c.newScheduler()
-		s.heap.SetInstant(c.cfg.InstantKinds)
 		s.run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow, control: c.controlChanged})
 		<-watchDone
 		<-beatDone

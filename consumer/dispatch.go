@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/task"
@@ -19,9 +20,11 @@ import (
 // heap those no pause holds any more; dispatch, which runs next, starts
 // them.
 func (s *scheduler) onControl() {
-	s.tab.lift(s.ctl.Load(), s.store.Now())
+	ctl := s.ctl.Load()
+	s.tab.Lift(func(t *task.Task) bool { _, paused := ctl.Paused(t); return paused }, s.store.Now())
 	if s.pausedOut {
 		s.pausedOut = false
+		s.tab.FreeLine(claimtab.LetGoPaused)
 		s.dropped() // the tasks let go may be free now: read them again
 	}
 }
@@ -31,7 +34,8 @@ func (s *scheduler) onControl() {
 // half of it: past that such a task is let go (letAside), so that a paused
 // backlog, or a long line on one key, never keeps the other tasks out.
 func (s *scheduler) asideFull() bool {
-	return s.tab.counts[statePaused]+s.tab.counts[stateGated]+s.tab.counts[stateLockParked] >= s.cfg.HeapSize/2
+	held := s.tab.Count(claimtab.Paused) + s.tab.Count(claimtab.Gated) + s.tab.Count(claimtab.LockParked) + s.tab.Count(claimtab.RateParked)
+	return held >= s.cfg.HeapSize/2
 }
 
 // letAside lets t, offered and not held here, go, and reports true, when
@@ -40,14 +44,15 @@ func (s *scheduler) asideFull() bool {
 // let go already (so that the key's line keeps its order: those held
 // here run first, then the rest as read again). It notes what reads t
 // again: the next reload, or the key's freeing (freed); the store keeps
-// t, unchanged. start lets go alike the entries it would hold aside.
+// t, unchanged. start lets go alike the entries it would hold aside. The
+// claim table holds the tasks and lines let go (claimtab.LetGo).
 func (s *scheduler) letAside(t *task.Task) bool {
 	if t == nil {
 		return false
 	}
 	for _, k := range t.LockKeys {
-		if s.letGo[k] {
-			s.tab.forget(t.Key)
+		if s.tab.LineLetGo(k) {
+			s.tab.LetGo(t.Key, t, k)
 			return true
 		}
 	}
@@ -55,17 +60,16 @@ func (s *scheduler) letAside(t *task.Task) bool {
 		return false
 	}
 	if _, paused := s.ctl.Load().Paused(t); paused {
-		s.tab.forget(t.Key)
+		s.tab.LetGo(t.Key, t, claimtab.LetGoPaused)
 		s.pausedOut = true
 		return true
 	}
-	if k, busy := s.locks.busyKey(t.LockKeys); busy {
-		s.tab.forget(t.Key)
-		s.letGo[k] = true
+	if k, busy := s.locks.BusyKey(t.LockKeys); busy {
+		s.tab.LetGo(t.Key, t, k)
 		return true
 	}
 	if hold, held := s.gateHolds(t); held {
-		s.tab.forget(t.Key)
+		s.tab.LetGo(t.Key, t, claimtab.LetGoGated)
 		s.watchLetGo(hold)
 		return true
 	}
@@ -76,11 +80,11 @@ func (s *scheduler) letAside(t *task.Task) bool {
 // on it, or by its holder elsewhere (its finish event). The tasks on k
 // let go meanwhile are read again. A claim refused for k's holder
 // elsewhere frees nothing: those tasks wait for that holder, or for the
-// next query of everything (letGo is cleared then), and the line does
+// next query of everything (every line is freed then), and the line does
 // not re-read itself with every refused claim.
 func (s *scheduler) freed(k string) {
-	if s.letGo[k] && !s.locks.hasParked(k) {
-		delete(s.letGo, k)
+	if s.tab.LineLetGo(k) && !s.locks.HasParked(k) {
+		s.tab.FreeLine(k)
 		s.dropped()
 	}
 }
@@ -99,14 +103,14 @@ const InstantSlots = 4
 // kinds never run more than Concurrency at once.
 func (s *scheduler) dispatch(ctx context.Context) {
 	for s.lane < InstantSlots {
-		e, ok := s.tab.popInstant(s.store.Now())
+		e, ok := s.tab.PopInstant(s.store.Now())
 		if !ok {
 			break
 		}
 		s.start(ctx, e, true)
 	}
 	for s.free > 0 {
-		e, ok := s.tab.pop(s.store.Now())
+		e, ok := s.tab.Pop(s.store.Now())
 		if !ok {
 			return
 		}
@@ -131,11 +135,11 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	ctl := s.ctl.Load()
 	if _, paused := ctl.Paused(e.Task); paused {
 		if s.asideFull() {
-			s.tab.forget(e.Key)
+			s.tab.LetGo(e.Key, nil, claimtab.LetGoPaused)
 			s.pausedOut = true
 			return
 		}
-		s.tab.pause(e)
+		s.tab.Pause(e)
 		return
 	}
 	if s.gated(e) {
@@ -149,19 +153,18 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	if e.Task != nil {
 		keys = e.Task.LockKeys
 	}
-	if k, busy := s.locks.busyKey(append(rate, keys...)); busy {
+	if k, busy := s.locks.BusyKey(append(rate, keys...)); busy {
 		if slices.Contains(keys, k) && s.asideFull() {
-			s.tab.forget(e.Key)
-			s.letGo[k] = true
+			s.tab.LetGo(e.Key, nil, k)
 			return
 		}
-		s.tab.park(e, k)
+		s.tab.Park(e, k)
 		return
 	}
-	s.locks.hold(keys)
-	s.locks.hold(rate)
-	wakes := s.locks.depart(keys)
-	s.tab.claim(e.Key)
+	s.locks.Hold(keys)
+	s.locks.Hold(rate)
+	wakes := s.locks.Depart(keys)
+	s.tab.Claim(e.Key)
 	if instant {
 		s.lane++
 	} else {
@@ -215,8 +218,8 @@ func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, boo
 		if at, full := s.slots.full(b, now); full {
 			// The tasks parked behind this limit's claims wait for the
 			// same slot: all go to the heap, where they start in order.
-			s.tab.rateFull(rateQueueKey(b), at)
-			s.tab.rateWait(e, at)
+			s.tab.RateFull(rateQueueKey(b), at)
+			s.tab.RateWait(e, at)
 			return nil, false
 		}
 		rate = append(rate, rateQueueKey(b))
@@ -225,6 +228,5 @@ func (s *scheduler) rateGate(e preempt.Entry, ctl *control.State) ([]string, boo
 }
 
 // rateQueueKey is b's key in the lock queue, where claims counted in b go
-// one at a time. It starts with a NUL byte, which no task's lock key
-// holds, so a task may take any lock key, "rate:kind:K" too.
-func rateQueueKey(b control.Bucket) string { return "\x00rate:" + b.Key }
+// one at a time (claimtab.RateQueueKey).
+func rateQueueKey(b control.Bucket) string { return claimtab.RateQueueKey(b.Key) }

@@ -8,6 +8,7 @@ package consumer
 import (
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 )
@@ -63,11 +64,11 @@ func (s *scheduler) gated(e preempt.Entry) bool {
 		return false
 	}
 	if s.asideFull() {
-		s.tab.forget(e.Key)
+		s.tab.LetGo(e.Key, nil, claimtab.LetGoGated)
 		s.watchLetGo(hold)
 		return true
 	}
-	s.tab.gate(e)
+	s.tab.Gate(e)
 	s.await(gateWake{key: e.Key}, hold)
 	return true
 }
@@ -125,25 +126,10 @@ func (s *scheduler) await(w gateWake, hold Hold) {
 // is ignored), and reads again the tasks let go on a wake.
 func (s *scheduler) onGateWake(w gateWake) {
 	if w.key != "" {
-		s.tab.ungate(w.key)
+		s.tab.Ungate(w.key)
 		return
 	}
 	delete(s.letGoWakes, w.wake)
+	s.tab.FreeLine(claimtab.LetGoGated)
 	s.dropped()
-}
-
-// gate holds a dispatched entry aside while its kind's Gate keeps it back.
-func (c *claimTable) gate(e preempt.Entry) {
-	if k, ok := c.move(e.Key, stateGated); ok {
-		k.entry = e
-	}
-}
-
-// ungate puts a gated key's entry back in the heap, where dispatch asks
-// the gate again; a key in any other state is left alone (its wake came
-// late).
-func (c *claimTable) ungate(key string) {
-	if k := c.keys[key]; k != nil && k.state == stateGated {
-		c.queue(k.entry)
-	}
 }

@@ -25,7 +25,7 @@ type fetchedPage struct {
 // later entries (delayed tasks, leases held elsewhere) must not keep a
 // ready backlog in the store waiting.
 func (s *scheduler) anyDue() bool {
-	at, ok := s.heap.Next()
+	at, ok := s.tab.Next()
 	return ok && !at.After(s.store.Now())
 }
 
@@ -151,7 +151,7 @@ func (s *scheduler) share() []int {
 	}
 	if !p.SameRanking(s.shareOf) {
 		s.shareBuckets = nil
-		if p.Len() > 1 && s.spread.Step > 0 {
+		if p.Len() > 1 && s.standBy.Spreading() {
 			s.shareBuckets = p.Share(s.cfg.WorkerID, s.cfg.Kinds)
 		}
 	}
@@ -170,7 +170,7 @@ func (s *scheduler) shareMoved() bool {
 // fetch reads the next page of ready tasks after the resume point in its
 // own goroutine; onPage takes it.
 func (s *scheduler) fetch(ctx context.Context) {
-	s.tab.beginPage()
+	s.tab.BeginPage()
 	s.lastQuery = time.Now()
 	q := task.CandidateQuery{
 		Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: s.store.Now(), Ready: true, After: s.resume, Share: s.resumeShare, Limit: s.cfg.PageSize,
@@ -191,7 +191,7 @@ func (s *scheduler) fetch(ctx context.Context) {
 // older), and moves the resume point. A short page ends the backlog: the
 // next refill queries everything.
 func (s *scheduler) onPage(p fetchedPage) {
-	defer s.tab.endPage()
+	defer s.tab.EndPage()
 	if s.resume != p.after {
 		return // a full query ran meanwhile and moved the cursor
 	}

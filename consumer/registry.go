@@ -32,7 +32,7 @@ func (c *Consumer) Instance() string { return c.self.Instance }
 
 func (c *Consumer) info() task.WorkerInfo {
 	now := c.store.Now()
-	running := c.running.len()
+	running := c.running.Len()
 	host, _ := os.Hostname()
 	return task.WorkerInfo{
 		ID: c.cfg.WorkerID, Instance: c.self.Instance, Host: host, PID: os.Getpid(),
@@ -115,7 +115,7 @@ func (c *Consumer) failedHeartbeat(err error) {
 // heartbeat; reading it every ⌈W/peersPerRead⌉ heartbeats keeps that
 // near peersPerRead·W. A list that many heartbeats old costs at most
 // claim conflicts and the stand-by's bounded wait for a preferred worker
-// that died meanwhile (see standBy), never a claim.
+// that died meanwhile (see standby.Ranker.Delay), never a claim.
 const peersPerRead = 100
 
 // readEvery is after how many heartbeats the registry is read again:

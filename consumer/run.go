@@ -175,7 +175,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 	hctx, cancel := context.WithCancelCause(tctx)
 	defer cancel(nil)
 	me := &run{lease: lease, seq: doc.Seq, version: doc.Version, cancel: cancel}
-	c.running.set(doc.Key, me)
+	c.running.Set(doc.Key, me)
 
 	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}
 	job.out.now = c.store.Now
@@ -190,7 +190,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 	ended := c.store.Now() // the work ended here, before its locks are freed
 	took := time.Since(began)
 	stopPing()
-	c.running.remove(doc.Key, me)
+	c.running.Remove(doc.Key, me)
 	handled()
 
 	// The handler is done with its resources: free them before the outcome
@@ -202,7 +202,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 	settled := job.settled()
 	if keys := lease.Doc().LockKeys; len(keys) > 0 && (settled != nil || !errors.Is(context.Cause(hctx), task.ErrLeaseLost)) {
 		now := c.store.Now()
-		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.heirs(keys, now)})
+		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.Heirs(keys, now)})
 	}
 	outcome := OutcomeSucceeded
 	if settled != nil {

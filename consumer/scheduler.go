@@ -1,11 +1,12 @@
 package consumer
 
-// The scheduler owns the claim heap: it turns change events, query pages
-// and attempt results into claim times, and starts claim attempts while
-// slots are free; due tasks a pause covers wait aside until it lifts, and
-// those over a rate limit until a slot frees. Where each task it holds
-// stands is the claim table's (states.go). It runs in one goroutine; the
-// run table and the lock queue are shared with the attempts.
+// The scheduler turns change events, query pages and attempt results into
+// claim times, and starts claim attempts while slots are free; due tasks
+// a pause covers wait aside until it lifts, and those over a rate limit
+// until a slot frees. Where each task it holds stands, and the claim heap
+// that orders them, are the claim table's (consumer/internal/claimtab).
+// It runs in one goroutine; the run table and the lock queue are shared
+// with the attempts.
 
 import (
 	"context"
@@ -15,7 +16,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/runtab"
+	"github.com/leasepool/leasepool/consumer/internal/standby"
 	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/task"
 )
@@ -24,7 +28,7 @@ type scheduler struct {
 	cfg     Config
 	store   task.Store
 	logger  *slog.Logger
-	running *runTable
+	running *runtab.Table[*run]
 	// attempt claims an entry's task and runs it; it is started in its own
 	// goroutine, counted by inflight, and reports to results. It calls
 	// decided once the claim is written or given up, before running.
@@ -35,11 +39,11 @@ type scheduler struct {
 	done     <-chan struct{} // closed once the scheduler returned
 	queued   *atomic.Int64
 
-	// tab is every task held here and its state; heap and locks are
-	// its indexes (the scheduler reads the heap, and only tab writes it).
-	tab   *claimTable
-	heap  *preempt.Heap
-	locks *lockQueue
+	// tab is every task held here and its state; the claim heap is its
+	// own index, and the lock queue's lines are too (locks: the busy keys
+	// and flights are the scheduler's and the attempts').
+	tab   *claimtab.Table
+	locks *claimtab.Locks
 	// ctl is the pauses and limits as last loaded (reload reads them
 	// again).
 	ctl    *atomic.Pointer[control.State]
@@ -64,11 +68,10 @@ type scheduler struct {
 	// loop wakes for waits a second (see untilQueryDue).
 	queryFailed bool
 	// pausedOut: a task a pause covers was let go, the tasks held aside
-	// being at their bound (asideFull): a reload queries again; letGo
-	// holds the lock keys busy here whose waiting tasks were let go: the
+	// being at their bound (asideFull): a reload queries again. The tasks
+	// let go on a lock key busy here are the claim table's (LetGo): the
 	// key's freeing queries again (freed), and so does the safety net.
 	pausedOut bool
-	letGo     map[string]bool
 	// gate is Config.Handler's, if it is a Gate (gate.go); gateWakes
 	// receives the holds that ended, and letGoWakes are the wakes watched
 	// for tasks a gate kept back and let go for lack of room.
@@ -80,17 +83,13 @@ type scheduler struct {
 	// waiting for the query (a page is a few milliseconds of reads and
 	// decoding); the claim table keeps, while one is in flight, the
 	// newest document of each task an event or attempt brought meanwhile,
-	// which the page's, read earlier, must not replace (stateIdle).
+	// which the page's, read earlier, must not replace (claimtab.Idle).
 	pages chan fetchedPage
-	// peers is the registry's live workers (claim spreading); ranks
-	// caches this worker's rank of unpinned tasks under ranksOf.
+	// peers is the registry's live workers (claim spreading); standBy
+	// is this worker's stand-by before each claim, by its rank of the
+	// task among them.
 	peers   *atomic.Pointer[preempt.Peers]
-	spread  preempt.Spread
-	ranks   map[string]int
-	ranksOf *preempt.Peers
-	// lag is the mean time from a write to its change event reaching this
-	// worker (see noteLag), which the stand-by step must exceed twice.
-	lag time.Duration
+	standBy *standby.Ranker
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -105,18 +104,19 @@ func (c *Consumer) newScheduler() *scheduler {
 	s := &scheduler{
 		cfg: c.cfg, store: c.store, logger: c.logger, running: c.running,
 		attempt: c.attempt, inflight: &c.runs, results: c.results, handled: c.handled, done: c.scheduleDone, queued: &c.queued,
-		heap: preempt.NewHeap(c.cfg.HeapSize), locks: c.locks, free: c.cfg.Concurrency,
+		locks: c.locks, free: c.cfg.Concurrency,
 		ctl: &c.ctl, reload: c.loadControl,
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency),
-		pages: make(chan fetchedPage, 1), letGo: map[string]bool{},
-		peers: &c.peers, spread: preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, ranks: map[string]int{},
+		pages:   make(chan fetchedPage, 1),
+		peers:   &c.peers,
+		standBy: standby.New(c.cfg.WorkerID, preempt.Spread{Step: c.cfg.ClaimSpread, MaxRank: preempt.DefaultSpread.MaxRank}, &c.peers, 4*c.cfg.HeapSize),
 	}
 	s.gate, _ = c.cfg.Handler.(Gate)
 	s.gateWakes, s.letGoWakes = make(chan gateWake, 64), map[<-chan struct{}]bool{}
-	s.tab = newClaimTable(s.heap, s.locks, s.dropped)
-	s.tab.refused = func(key string, from, to taskState) {
-		s.logger.Error("claim table refused a move", slog.String("task", key), slog.String("from", from.String()), slog.String("to", to.String()))
-	}
+	s.tab = claimtab.New(claimtab.Config{HeapSize: c.cfg.HeapSize, InstantKinds: c.cfg.InstantKinds, Locks: s.locks, Dropped: s.dropped, Strict: strictStates, LetGoRoom: 4 * c.cfg.HeapSize,
+		Refused: func(key string, from, to claimtab.State) {
+			s.logger.Error("claim table refused a move", slog.String("task", key), slog.String("from", from.String()), slog.String("to", to.String()))
+		}})
 	return s
 }
 
@@ -141,12 +141,12 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			// (no overflow) is kept true by the change stream alone: an
 			// idle worker does not query, so idle workers add no reads
 			// (the safety net still queries now and then).
-			low := (s.overflow || s.queryFailed) && (s.heap.Len() < s.cfg.HeapSize/4 || !s.anyDue())
+			low := (s.overflow || s.queryFailed) && (s.tab.HeapLen() < s.cfg.HeapSize/4 || !s.anyDue())
 			if low && s.shareMoved() {
 				s.resume, s.resumeShare = nil, nil
 			}
 			switch {
-			case s.tab.paging || !low || s.full():
+			case s.tab.Paging() || !low || s.full():
 			case s.resume != nil:
 				s.fetch(ctx) // the next page of a backlog, read aside
 			case s.free > 0 && s.queryDue():
@@ -161,7 +161,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 				refill = s.untilQueryDue()
 			}
 		}
-		s.queued.Store(int64(s.heap.Len()))
+		s.queued.Store(int64(s.tab.HeapLen()))
 		timer.Reset(min(s.wait(), refill))
 		select {
 		case <-ctx.Done():
@@ -187,7 +187,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.reload(ctx)
 			s.query(ctx)
 		case <-poll:
-			clear(s.letGo)
+			s.tab.ClearLetGo()
 			s.reload(ctx)
 			s.query(ctx)
 		case <-in.control:
@@ -202,12 +202,12 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.release(instant)
 		case keys := <-s.claimsDone:
 			now := s.store.Now()
-			for _, k := range s.locks.unhold(keys) {
-				s.tab.wakeOne(k, now)
+			for _, k := range s.locks.Unhold(keys) {
+				s.tab.WakeOne(k, now)
 			}
 		case <-timer.C:
 		case <-safety.C:
-			clear(s.letGo) // a finish event missed must not hold a line for good
+			s.tab.ClearLetGo() // a finish event missed must not hold a line for good
 			s.reload(ctx)
 			s.query(ctx)
 		}
@@ -217,13 +217,13 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 func (s *scheduler) wait() time.Duration {
 	if s.free <= 0 {
 		// Every slot is taken: only an instant task may start (dispatch).
-		at, ok := s.heap.NextInstant()
+		at, ok := s.tab.NextInstant()
 		if !ok || s.lane >= InstantSlots {
 			return time.Hour // a result will wake us
 		}
 		return max(time.Until(at)+time.Millisecond, 0)
 	}
-	at, ok := s.heap.Next()
+	at, ok := s.tab.Next()
 	if !ok {
 		return time.Second // the empty-heap query
 	}
@@ -236,26 +236,26 @@ func (s *scheduler) wants(t *task.Task) bool {
 
 // offer puts t in the heap at the time this worker may claim it, or drops
 // it. A document older than the one held is refused whatever the key's
-// state (newer); one of a key being claimed is kept for the result.
+// state (claimtab.Newer); one of a key being claimed is kept for the result.
 func (s *scheduler) offer(t *task.Task, now time.Time) {
-	if st := s.tab.state(t.Key); (st == stateLockWaiting || st == stateRateWaiting) && !newer(t, s.tab.doc(t.Key)) {
+	if st := s.tab.State(t.Key); (st == claimtab.LockWaiting || st == claimtab.RateWaiting) && !claimtab.Newer(t, s.tab.Doc(t.Key)) {
 		// Its wait stands: a query's row no newer than the document it
 		// waits on says nothing freed it. Made due, it would try a claim
 		// bound to fail, and a refill finding it due would read again.
 		return
 	}
-	if !s.wants(t) || !s.tab.see(t) || s.tab.state(t.Key) == stateClaiming {
+	if !s.wants(t) || !s.tab.See(t) || s.tab.State(t.Key) == claimtab.Claiming {
 		return
 	}
-	if !s.tab.state(t.Key).held() && s.letAside(t) {
+	if !s.tab.State(t.Key).Held() && s.letAside(t) {
 		return
 	}
-	runningHere := s.running.get(t.Key) != nil
+	runningHere := s.running.Get(t.Key) != nil
 	d := preempt.Decide(t, s.cfg.WorkerID, now)
 	at := now
 	switch {
 	case d.Verdict == preempt.Never, runningHere && d.Verdict == preempt.Later:
-		s.tab.forget(t.Key)
+		s.tab.Forget(t.Key)
 		return
 	case d.Verdict == preempt.Later:
 		at = d.At
@@ -266,105 +266,36 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	// worker's stand-by: of a backlog, each worker takes first the tasks
 	// it is preferred for, and a task retried or taken over still comes
 	// before those published after it.
-	delay := s.standBy(t, now)
+	delay := s.standBy.Delay(t, now)
 	order := t.CreatedAt
 	if order.IsZero() {
 		order = at
 	}
-	s.tab.place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
-}
-
-// standBy is how long this worker waits, past the moment t becomes
-// claimable, before it tries to claim t: none when it is t's preferred
-// worker among the live workers able to run t, a step more for each rank
-// after (preempt.Spread). A claim that lands is a change event that
-// reaches the others before their turn, so they never try; one that does
-// not (the preferred worker busy, dead or slow) leaves the task to the
-// next rank a step later, and to every worker after MaxRank steps.
-func (s *scheduler) standBy(t *task.Task, now time.Time) time.Duration {
-	if s.spread.Step <= 0 {
-		return 0
-	}
-	peers := s.peers.Load()
-	if peers.Len() <= 1 {
-		return 0
-	}
-	if peers != s.ranksOf {
-		if !peers.SameRanking(s.ranksOf) {
-			clear(s.ranks)
-		}
-		s.ranksOf = peers
-	}
-	if len(s.ranks) > 4*s.cfg.HeapSize {
-		clear(s.ranks)
-	}
-	rank, ok := s.ranks[t.Key]
-	if !ok || len(t.SpecificWorkerIDs) > 0 {
-		rank = peers.Rank(t, s.cfg.WorkerID, s.spread.MaxRank)
-		if len(t.SpecificWorkerIDs) == 0 {
-			s.ranks[t.Key] = rank
-		}
-	}
-	// A task run by several workers at once has a first place for each
-	// of its free slots.
-	if free := t.ConcurrentWorkerCnt - t.CountWorkers(now).Live; free > 1 {
-		rank = max(rank-(free-1), 0)
-	}
-	spread := s.spread
-	spread.Step = max(spread.Step, min(5*s.lag/2, maxSpreadStep))
-	return spread.Delay(rank)
-}
-
-// maxSpreadStep bounds the stand-by step however slow the change stream
-// is, so that a task whose preferred workers are busy or dead waits at
-// most a second (ten ranks) for the others.
-const maxSpreadStep = 100 * time.Millisecond
-
-// noteLag folds the lag of a change event, from its write to now, into
-// the mean. A stand-by step is only useful if it outlasts two of them:
-// the preferred worker hears of the task one lag after it became
-// claimable, and the next rank hears of its claim one write and one lag
-// after that; on a store whose events come slower than the configured
-// step (a remote MongoDB polled by its driver, say), the next rank would
-// otherwise try every task before it hears the claim, and conflict.
-// Events older than a second are a stream catching up, not its lag.
-func (s *scheduler) noteLag(t *task.Task, now time.Time) {
-	if t.UpdatedAt.IsZero() {
-		return
-	}
-	lag := now.Sub(t.UpdatedAt)
-	if lag < 0 || lag > time.Second {
-		return
-	}
-	if s.lag == 0 {
-		s.lag = lag
-		return
-	}
-	s.lag += (lag - s.lag) / 8
+	s.tab.Place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
 }
 
 func (s *scheduler) onEvent(ev task.Event) {
 	t := ev.Task
-	s.tab.see(t)
-	if r := s.running.get(t.Key); r != nil && !newerVersion(r.seq, r.version, t.Seq, t.Version) {
+	s.tab.See(t)
+	if r := s.running.Get(t.Key); r != nil && !claimtab.NewerVersion(r.seq, r.version, t.Seq, t.Version) {
 		if err := r.lease.Observe(t); err != nil {
 			r.cancel(err)
 		}
 	}
 	now := s.store.Now()
-	s.noteLag(t, now)
+	s.standBy.NoteLag(t, now)
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
-			s.tab.wakeOne(k, now)
+			s.tab.WakeOne(k, now)
 			if len(t.Attempts) > 0 {
 				s.freed(k) // an attempt ended, not a publish
 			}
 		}
 	}
-	if s.tab.state(t.Key) == stateClaiming {
+	if s.tab.State(t.Key) == claimtab.Claiming {
 		return // noted for the result: see offer
 	}
-	if !s.tab.state(t.Key).held() && s.full() {
+	if !s.tab.State(t.Key).Held() && s.full() {
 		// No room: a task of higher priority than some held takes the
 		// place of the lowest (queried again later), so an urgent task is
 		// not kept waiting behind a full heap of a long backlog.
@@ -372,7 +303,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 		if t.State.Finished() || !s.wants(t) {
 			return
 		}
-		if !s.tab.evictBelow(t.Priority) && !s.evictLater(t, now) {
+		if !s.tab.EvictBelow(t.Priority) && !s.evictLater(t, now) {
 			return
 		}
 	}
@@ -380,7 +311,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 }
 
 // onResult takes an attempt's result. The change events and queries that
-// came while it was in flight were only noted (stateClaiming): the task
+// came while it was in flight were only noted (claimtab.Claiming): the task
 // goes back to the heap by the newest document known, the attempt's or
 // theirs. A retry decided on an older document than one heard would
 // start a claim bound to conflict, and a document heard that is no newer
@@ -395,60 +326,60 @@ func (s *scheduler) onResult(r attemptResult) {
 		s.release(r.instant)
 	}
 	now := s.store.Now()
-	seen := s.tab.heard(r.key)
-	if s.locks.landed(r.busy, r.wakes) && r.retry != nil && len(r.lockKeys) > 0 {
-		r.retry.At = now // what stopped it may be gone: see lockQueue.flights
+	seen := s.tab.Heard(r.key)
+	if s.locks.Landed(r.busy, r.wakes) && r.retry != nil && len(r.lockKeys) > 0 {
+		r.retry.At = now // what stopped it may be gone: see claimtab.Locks.flights
 	}
 	retry := r.retry
-	if retry != nil && retry.Task != nil && newer(seen, retry.Task) {
+	if retry != nil && retry.Task != nil && claimtab.Newer(seen, retry.Task) {
 		retry = nil // decided on an older document than seen
 	}
 	if retry != nil && retry.Task != nil && len(r.lockKeys) == 0 && !r.limited {
 		// Not now (a peer's claim won, say): when the task is claimable
 		// again, this worker's turn comes after its stand-by as for any
 		// offer, or every worker that lost the race would try at once.
-		delay := s.standBy(retry.Task, now)
+		delay := s.standBy.Delay(retry.Task, now)
 		retry.At, retry.Order = retry.At.Add(delay), retry.Task.CreatedAt.Add(delay)
 	}
 	if retry != nil {
-		s.tab.queue(*retry)
+		s.tab.Queue(*retry)
 	} else {
 		// The newest document known, the attempt's or one heard: an
 		// attempt that ended with no write (its lease lost, its outcome
 		// not written) leaves the task claimable at its lease end with no
 		// change event to come, and an idle worker runs no query.
-		s.tab.forget(r.key)
+		s.tab.Forget(r.key)
 		latest := seen
-		if latest == nil || newer(r.doc, latest) {
+		if latest == nil || claimtab.Newer(r.doc, latest) {
 			latest = r.doc
 		}
 		if latest != nil {
 			s.offer(latest, now)
 		}
 	}
-	s.tab.note(r.doc)
+	s.tab.Note(r.doc)
 	if r.limited {
-		s.tab.noteRateWait(r.key)
+		s.tab.NoteRateWait(r.key)
 	}
-	if e, ok := s.heap.Entry(r.ahead); ok && e.At.After(now) {
+	if e, ok := s.tab.Entry(r.ahead); ok && e.At.After(now) {
 		// The key is free but a place ahead in its line stopped the
 		// claim: the task holding that place may wait here for a lease
 		// that has ended, since a holder's finish event wakes one waiter
 		// a process, and the line would stand still, the key idle, until
 		// that wait ended (up to a lease). It tries now.
-		s.tab.wake(e, now)
+		s.tab.Wake(e, now)
 	}
-	s.tab.waitLocks(r.key, r.lockKeys)
-	for _, k := range s.locks.unhold(r.busy) {
+	s.tab.WaitLocks(r.key, r.lockKeys)
+	for _, k := range s.locks.Unhold(r.busy) {
 		if len(r.lockKeys) > 0 {
 			// Stopped by another process's hold (or the line): the next
 			// task parked here tries in turn, while those already waiting
 			// wait on (for that holder's finish event or lease end); waking
 			// them would only have them fail again, round and round.
-			s.tab.wakeParked(k, now)
+			s.tab.WakeParked(k, now)
 			continue
 		}
-		s.tab.wakeOne(k, now)
+		s.tab.WakeOne(k, now)
 		s.freed(k)
 	}
 }
@@ -464,7 +395,7 @@ func (s *scheduler) dropped() {
 // full reports whether the bound on tasks held here (in the heap, parked
 // or paused) is reached.
 func (s *scheduler) full() bool {
-	return s.tab.held() >= s.cfg.HeapSize
+	return s.tab.Held() >= s.cfg.HeapSize
 }
 
 // evictLater makes room for t when it is claimable here before the latest
@@ -478,5 +409,5 @@ func (s *scheduler) evictLater(t *task.Task, now time.Time) bool {
 	case preempt.Later:
 		at = d.At
 	}
-	return s.tab.evictLater(t.Priority, at)
+	return s.tab.EvictLater(t.Priority, at)
 }

@@ -2,10 +2,10 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/memstore"
@@ -16,9 +16,8 @@ import (
 func init() { strictStates = true }
 
 const (
-	stKey   = "t1"
-	stLock  = "dev"
-	stOther = "t2" // a second task, parked or waiting beside t1
+	stKey  = "t1"
+	stLock = "dev"
 )
 
 func stDoc(key string, version int64) *task.Task {
@@ -30,247 +29,44 @@ func stEntry(t *task.Task, at time.Time) preempt.Entry {
 	return preempt.Entry{Key: t.Key, At: at, Order: at, Seq: t.Seq, Task: t}
 }
 
-// newTestTable is a claim table over a heap of room 8 that records the
-// moves it refuses instead of panicking.
-func newTestTable(t *testing.T) (*claimTable, *[]string) {
-	var refused []string
-	tab := newClaimTable(preempt.NewHeap(8), newLockQueue(), func() {})
-	tab.strict = false
-	tab.refused = func(key string, from, to taskState) {
-		refused = append(refused, fmt.Sprintf("%s %s->%s", key, from, to))
-	}
-	return tab, &refused
-}
-
 // putIn brings stKey (document doc) into s by the table's own moves.
-func putIn(t *testing.T, tab *claimTable, s taskState, doc *task.Task, now time.Time) {
+func putIn(t *testing.T, tab *claimtab.Table, s claimtab.State, doc *task.Task, now time.Time) {
 	t.Helper()
 	e := stEntry(doc, now)
-	if s == stateIdle {
-		tab.beginPage()
-		tab.note(doc)
+	if s == claimtab.Idle {
+		tab.BeginPage()
+		tab.Note(doc)
 	}
-	if s != stateAbsent && s != stateIdle {
-		tab.queue(e)
+	if s == claimtab.LetGo {
+		tab.LetGo(stKey, doc, stLock)
+	}
+	if s != claimtab.Absent && s != claimtab.Idle && s != claimtab.LetGo {
+		tab.Queue(e)
 	}
 	switch s {
-	case stateRateWaiting:
-		tab.noteRateWait(stKey)
-	case stateLockWaiting:
-		tab.waitLocks(stKey, []string{stLock})
-	case stateDispatching, statePaused, stateGated, stateLockParked, stateClaiming:
-		if _, ok := tab.pop(now); !ok {
+	case claimtab.RateWaiting:
+		tab.NoteRateWait(stKey)
+	case claimtab.LockWaiting:
+		tab.WaitLocks(stKey, []string{stLock})
+	case claimtab.Dispatching, claimtab.Paused, claimtab.Gated, claimtab.LockParked, claimtab.RateParked, claimtab.Claiming:
+		if _, ok := tab.Pop(now); !ok {
 			t.Fatal("nothing due to dispatch")
 		}
 		switch s {
-		case statePaused:
-			tab.pause(e)
-		case stateGated:
-			tab.gate(e)
-		case stateLockParked:
-			tab.park(e, stLock)
-		case stateClaiming:
-			tab.claim(stKey)
+		case claimtab.Paused:
+			tab.Pause(e)
+		case claimtab.Gated:
+			tab.Gate(e)
+		case claimtab.LockParked:
+			tab.Park(e, stLock)
+		case claimtab.RateParked:
+			tab.Park(e, claimtab.RateQueueKey("kind:k"))
+		case claimtab.Claiming:
+			tab.Claim(stKey)
 		}
 	}
-	if got := tab.state(stKey); got != s {
+	if got := tab.State(stKey); got != s {
 		t.Fatalf("putIn %s: the key is %s", s, got)
-	}
-}
-
-// checkTable fails t when the table disagrees with its indexes; a key
-// mid-dispatch is let through its claim first.
-func checkTable(t *testing.T, tab *claimTable) {
-	t.Helper()
-	if tab.state(stKey) == stateDispatching {
-		tab.claim(stKey)
-	}
-	if err := tab.check(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestClaimTableRefusesUndeclaredMoves: for every pair of states, move
-// makes the declared transitions, leaving the state's indexes (heap,
-// lock lines) behind, and refuses every other one, the table untouched.
-func TestClaimTableRefusesUndeclaredMoves(t *testing.T) {
-	now := time.Now()
-	for from := range numStates {
-		for to := range numStates {
-			t.Run(fmt.Sprintf("%s-%s", from, to), func(t *testing.T) {
-				tab, refused := newTestTable(t)
-				putIn(t, tab, from, stDoc(stKey, 1), now)
-				_, ok := tab.move(stKey, to)
-				if ok != allowed[from][to] {
-					t.Fatalf("move accepted %v; declared %v", ok, allowed[from][to])
-				}
-				want := to
-				if !ok {
-					want = from
-					if len(*refused) != 1 {
-						t.Fatalf("refused moves reported: %v; want this one", *refused)
-					}
-				}
-				if got := tab.state(stKey); got != want {
-					t.Fatalf("the key is %s; want %s", got, want)
-				}
-				if to.inHeap() && !from.inHeap() {
-					return // entering the heap is its caller's (queueAs)
-				}
-				if want != stateDispatching && want != stateIdle && !want.inHeap() && tab.heap.Has(stKey) {
-					t.Fatalf("%s, and still in the heap", want)
-				}
-				if want != stateLockParked && tab.locks.parkedCount() != 0 {
-					t.Fatalf("%s, and still parked", want)
-				}
-				if want != stateLockWaiting && len(tab.locks.waiting) != 0 {
-					t.Fatalf("%s, and still indexed as waiting", want)
-				}
-				if !ok || want == stateDispatching {
-					checkTable(t, tab)
-				}
-			})
-		}
-	}
-}
-
-// TestClaimTableTransitions makes every declared transition by the
-// method the scheduler makes it with, and checks the table and its
-// indexes after; a declared transition without a case here fails.
-func TestClaimTableTransitions(t *testing.T) {
-	now := time.Now()
-	type edge struct{ from, to taskState }
-	dropping := func(tab *claimTable) { tab.forget(stKey) }
-	paging := func(tab *claimTable) { tab.beginPage(); tab.forget(stKey) }
-	ops := map[edge]func(tab *claimTable){
-		{stateAbsent, stateQueued}: func(tab *claimTable) { tab.queue(stEntry(stDoc(stKey, 2), now)) },
-		{stateAbsent, stateIdle}:   func(tab *claimTable) { tab.beginPage(); tab.see(stDoc(stKey, 2)) },
-		{stateIdle, stateQueued}:   func(tab *claimTable) { tab.queue(stEntry(stDoc(stKey, 2), now)) },
-		{stateIdle, stateAbsent}:   func(tab *claimTable) { tab.endPage() },
-
-		{stateQueued, stateRateWaiting}:      func(tab *claimTable) { tab.noteRateWait(stKey) },
-		{stateQueued, stateLockWaiting}:      func(tab *claimTable) { tab.waitLocks(stKey, []string{stLock}) },
-		{stateQueued, stateDispatching}:      func(tab *claimTable) { tab.pop(now) },
-		{stateQueued, stateAbsent}:           dropping,
-		{stateQueued, stateIdle}:             paging,
-		{stateRateWaiting, stateQueued}:      func(tab *claimTable) { tab.lift(nil, now) },
-		{stateRateWaiting, stateDispatching}: func(tab *claimTable) { tab.pop(now) },
-		{stateRateWaiting, stateAbsent}:      func(tab *claimTable) { tab.evictBelow(1) },
-		{stateRateWaiting, stateIdle}:        paging,
-		{stateLockWaiting, stateQueued}:      func(tab *claimTable) { tab.wakeOne(stLock, now) },
-		{stateLockWaiting, stateDispatching}: func(tab *claimTable) { tab.pop(now) },
-		{stateLockWaiting, stateAbsent}:      func(tab *claimTable) { tab.evictBelow(1) },
-		{stateLockWaiting, stateIdle}:        paging,
-
-		{stateDispatching, statePaused}:      func(tab *claimTable) { tab.pause(stEntry(stDoc(stKey, 1), now)) },
-		{stateDispatching, stateGated}:       func(tab *claimTable) { tab.gate(stEntry(stDoc(stKey, 1), now)) },
-		{stateDispatching, stateRateWaiting}: func(tab *claimTable) { tab.rateWait(stEntry(stDoc(stKey, 1), now), now.Add(time.Hour)) },
-		{stateDispatching, stateLockParked}:  func(tab *claimTable) { tab.park(stEntry(stDoc(stKey, 1), now), stLock) },
-		{stateDispatching, stateClaiming}:    func(tab *claimTable) { tab.claim(stKey) },
-		{stateDispatching, stateAbsent}:      dropping,
-		{stateDispatching, stateIdle}:        paging,
-
-		{statePaused, stateQueued}:          func(tab *claimTable) { tab.lift(nil, now) },
-		{statePaused, stateAbsent}:          dropping,
-		{statePaused, stateIdle}:            paging,
-		{stateGated, stateQueued}:           func(tab *claimTable) { tab.ungate(stKey) },
-		{stateGated, stateAbsent}:           dropping,
-		{stateGated, stateIdle}:             paging,
-		{stateLockParked, stateQueued}:      func(tab *claimTable) { tab.wakeOne(stLock, now) },
-		{stateLockParked, stateRateWaiting}: func(tab *claimTable) { tab.rateFull(stLock, now.Add(time.Hour)) },
-		{stateLockParked, stateAbsent}:      dropping,
-		{stateLockParked, stateIdle}:        paging,
-
-		{stateClaiming, stateQueued}: func(tab *claimTable) { tab.queue(stEntry(stDoc(stKey, 3), now.Add(time.Hour))) },
-		{stateClaiming, stateAbsent}: dropping,
-		{stateClaiming, stateIdle}:   paging,
-	}
-	for from := range numStates {
-		for to := range numStates {
-			if !allowed[from][to] {
-				if _, ok := ops[edge{from, to}]; ok {
-					t.Errorf("%s -> %s has a case but is not declared", from, to)
-				}
-				continue
-			}
-			op, ok := ops[edge{from, to}]
-			if !ok {
-				t.Errorf("%s -> %s is declared but has no case", from, to)
-				continue
-			}
-			t.Run(fmt.Sprintf("%s-%s", from, to), func(t *testing.T) {
-				tab, refused := newTestTable(t)
-				putIn(t, tab, from, stDoc(stKey, 1), now)
-				op(tab)
-				if got := tab.state(stKey); got != to {
-					t.Fatalf("the key is %s; want %s", got, to)
-				}
-				if len(*refused) > 0 {
-					t.Fatalf("refused: %v", *refused)
-				}
-				if to == stateLockParked || to == stateLockWaiting {
-					if e, ok := tab.heap.Entry(stKey); to == stateLockParked && ok {
-						t.Fatalf("parked and in the heap at %v", e.At)
-					}
-				}
-				if to == stateQueued && (from == stateLockParked || from == stateLockWaiting) {
-					if e, _ := tab.heap.Entry(stKey); e.At.After(now) {
-						t.Fatalf("woken for %v, not now", e.At)
-					}
-				}
-				if to == stateRateWaiting && from != stateQueued {
-					if e, _ := tab.heap.Entry(stKey); !e.At.Equal(now.Add(time.Hour)) {
-						t.Fatalf("rate-waiting until %v; want the slot's time", e.At)
-					}
-				}
-				checkTable(t, tab)
-			})
-		}
-	}
-}
-
-// TestClaimTableWakesTheBestWaiter: of two tasks waiting for one lock
-// key, a wake takes the one of higher priority and leaves the other
-// waiting; the next wake takes it.
-func TestClaimTableWakesTheBestWaiter(t *testing.T) {
-	now := time.Now()
-	for _, parked := range []bool{false, true} {
-		t.Run(fmt.Sprintf("parked=%v", parked), func(t *testing.T) {
-			tab, _ := newTestTable(t)
-			low, high := stDoc(stKey, 1), stDoc(stOther, 1)
-			high.Priority = 5
-			for _, d := range []*task.Task{low, high} {
-				e := stEntry(d, now.Add(time.Hour))
-				e.Priority = d.Priority
-				if parked {
-					e.At = now
-					tab.queue(e)
-					tab.pop(now)
-					tab.park(e, stLock)
-				} else {
-					tab.queue(e)
-					tab.waitLocks(d.Key, []string{stLock})
-				}
-			}
-			checkTable(t, tab)
-			tab.wakeOne(stLock, now)
-			if tab.state(stOther) != stateQueued {
-				t.Fatalf("the high-priority task is %s after the wake", tab.state(stOther))
-			}
-			waiting := stateLockWaiting
-			if parked {
-				waiting = stateLockParked
-			}
-			if tab.state(stKey) != waiting {
-				t.Fatalf("the other task is %s after one wake; want %s", tab.state(stKey), waiting)
-			}
-			checkTable(t, tab)
-			tab.wakeOne(stLock, now)
-			if tab.state(stKey) != stateQueued {
-				t.Fatalf("the second wake left it %s", tab.state(stKey))
-			}
-			checkTable(t, tab)
-		})
 	}
 }
 
@@ -284,8 +80,8 @@ func newTestScheduler(t *testing.T) *scheduler {
 		t.Fatal(err)
 	}
 	s := c.newScheduler()
-	s.tab.strict = false
-	s.tab.refused = func(key string, from, to taskState) { t.Errorf("refused: %s %s -> %s", key, from, to) }
+	s.tab = claimtab.New(claimtab.Config{HeapSize: c.cfg.HeapSize, InstantKinds: c.cfg.InstantKinds, Locks: s.locks, Dropped: s.dropped,
+		Refused: func(key string, from, to claimtab.State) { t.Errorf("refused: %s %s -> %s", key, from, to) }})
 	return s
 }
 
@@ -295,8 +91,8 @@ func newTestScheduler(t *testing.T) *scheduler {
 // they were; and an attempt's retry decided on an older document than one
 // heard meanwhile does not replace it.
 func TestOlderDocumentNeverReplacesNewer(t *testing.T) {
-	for s := range numStates {
-		if s == stateAbsent || s == stateDispatching {
+	for s := range claimtab.NumStates {
+		if s == claimtab.Absent || s == claimtab.Dispatching {
 			continue // nothing held; never outlasts dispatch
 		}
 		t.Run(s.String(), func(t *testing.T) {
@@ -306,34 +102,30 @@ func TestOlderDocumentNeverReplacesNewer(t *testing.T) {
 			putIn(t, sc.tab, s, v2, now)
 			sc.offer(v1, now)
 			sc.onEvent(task.Event{Key: stKey, Task: v1})
-			if got := sc.tab.doc(stKey); got != v2 {
+			if got := sc.tab.Doc(stKey); got != v2 {
 				t.Fatalf("the table holds version %d; want 2", got.Version)
 			}
-			if got := sc.tab.state(stKey); got != s {
+			if got := sc.tab.State(stKey); got != s {
 				t.Fatalf("an older document moved the key to %s", got)
 			}
-			if e, ok := sc.heap.Entry(stKey); ok && e.Task != v2 {
+			if e, ok := sc.tab.Entry(stKey); ok && e.Task != v2 {
 				t.Fatalf("the heap's entry holds version %d", e.Task.Version)
 			}
-			if k := sc.tab.keys[stKey]; s.aside() && k.entry.Task != v2 {
-				t.Fatalf("the %s entry holds version %d", s, k.entry.Task.Version)
+			aside := s.Aside() || s == claimtab.LockParked || s == claimtab.RateParked
+			if e, ok := sc.tab.AsideEntry(stKey); aside && (!ok || e.Task != v2) {
+				t.Fatalf("the %s entry holds %+v", s, e.Task)
 			}
-			for _, e := range sc.locks.parkedOn(stLock) {
-				if e.Task != v2 {
-					t.Fatalf("the parked entry holds version %d", e.Task.Version)
-				}
-			}
-			if s == stateClaiming {
+			if s == claimtab.Claiming {
 				// The attempt, dispatched on v2, decided a retry on v2;
 				// v3 was heard meanwhile: v3 goes back, not the retry.
 				v3 := stDoc(stKey, 3)
 				sc.onEvent(task.Event{Key: stKey, Task: v3})
 				sc.onResult(attemptResult{key: stKey, doc: v2, retry: retryEntry(stEntry(v2, now), v2, now.Add(time.Hour)), slotFreed: true})
-				if e, ok := sc.heap.Entry(stKey); !ok || e.Task != v3 || sc.tab.doc(stKey) != v3 {
+				if e, ok := sc.tab.Entry(stKey); !ok || e.Task != v3 || sc.tab.Doc(stKey) != v3 {
 					t.Fatalf("after the result the heap holds %+v (in: %v); want version 3", e.Task, ok)
 				}
 			}
-			if err := sc.tab.check(); err != nil {
+			if err := sc.tab.Check(); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -349,19 +141,80 @@ func TestPageRowOlderThanFinishIsRefused(t *testing.T) {
 	now := sc.store.Now()
 	pending := stDoc(stKey, 1)
 	sc.offer(pending, now)
-	sc.tab.beginPage()
+	sc.tab.BeginPage()
 	sc.resume = pending // as fetch leaves it
 	done := stDoc(stKey, 2)
 	done.State = task.StateSucceeded
 	sc.onEvent(task.Event{Key: stKey, Task: done})
-	if got := sc.tab.state(stKey); got != stateIdle {
+	if got := sc.tab.State(stKey); got != claimtab.Idle {
 		t.Fatalf("a finished task is %s while a page is read; want idle", got)
 	}
 	sc.onPage(fetchedPage{after: pending, tasks: []*task.Task{pending}})
-	if sc.heap.Has(stKey) {
+	if _, ok := sc.tab.Entry(stKey); ok {
 		t.Fatal("the page's older pending row put a finished task back in the heap")
 	}
-	if got := sc.tab.state(stKey); got != stateAbsent || len(sc.tab.keys) != 0 {
-		t.Fatalf("after the page the key is %s, %d rows kept; want absent, none", got, len(sc.tab.keys))
+	if got := sc.tab.State(stKey); got != claimtab.Absent || sc.tab.Len() != 0 {
+		t.Fatalf("after the page the key is %s, %d rows kept; want absent, none", got, sc.tab.Len())
+	}
+}
+
+// TestLetGoLineIsReadAgainWhenFreed: with the tasks held aside at their
+// bound, a task offered on a lock key busy here is let go, and so is a
+// later one on that key (the line keeps its order); neither is held,
+// nor counts against the heap. Once the key frees with none parked on
+// it, the tasks let go are dropped and the next refill reads from the
+// top; the line's freeing before that, parked tasks still waiting,
+// reads nothing.
+func TestLetGoLineIsReadAgainWhenFreed(t *testing.T) {
+	c, err := New(Config{Store: memstore.New(memstore.Config{}).Open(), WorkerID: "w1", HeapSize: 4, PageSize: 2,
+		Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := c.newScheduler()
+	now := sc.store.Now()
+	doc := func(key string) *task.Task {
+		d := stDoc(key, 1)
+		d.LockKeys = []string{stLock}
+		return d
+	}
+	sc.locks.Hold([]string{stLock}) // an attempt here holds the key
+	for _, key := range []string{"p1", "p2"} {
+		sc.tab.Queue(stEntry(doc(key), now))
+		e, _ := sc.tab.Pop(now)
+		sc.tab.Park(e, stLock)
+	}
+	sc.offer(doc("g1"), now)
+	sc.offer(doc("g2"), now)
+	for _, key := range []string{"g1", "g2"} {
+		if st := sc.tab.State(key); st != claimtab.LetGo {
+			t.Fatalf("%s is %s with the aside bound reached and its key busy; want let-go", key, st)
+		}
+	}
+	if sc.full() || sc.tab.Held() != 2 {
+		t.Fatalf("%d held with two parked and two let go; want 2", sc.tab.Held())
+	}
+	if err := sc.tab.Check(); err != nil {
+		t.Fatal(err)
+	}
+	sc.overflow = false
+	sc.freed(stLock) // still parked here: the line is not free
+	if sc.overflow || !sc.tab.LineLetGo(stLock) {
+		t.Fatalf("freed with tasks parked: overflow %v, line let go %v", sc.overflow, sc.tab.LineLetGo(stLock))
+	}
+	sc.locks.Unhold([]string{stLock})
+	sc.tab.WakeOne(stLock, now)
+	sc.tab.WakeOne(stLock, now)
+	sc.freed(stLock)
+	if !sc.overflow || sc.resume != nil || sc.tab.LineLetGo(stLock) {
+		t.Fatalf("the key freed: overflow %v, resume %v, line let go %v; want a refill from the top", sc.overflow, sc.resume, sc.tab.LineLetGo(stLock))
+	}
+	for _, key := range []string{"g1", "g2"} {
+		if st := sc.tab.State(key); st != claimtab.Absent {
+			t.Fatalf("%s is %s after its line freed; want absent, to be read again", key, st)
+		}
+	}
+	if err := sc.tab.Check(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,28 +1,26 @@
-package consumer
+package claimtab
 
 import (
 	"testing"
 	"time"
-
-	"github.com/leasepool/leasepool/consumer/internal/preempt"
 )
 
 // TestWakeDuringClaimIsKept: the holder's finish event that comes while a
 // claim it will stop is in flight finds no waiter; landed reports it, so
 // that the stopped claim tries again at once instead of at the lease end.
 func TestWakeDuringClaimIsKept(t *testing.T) {
-	q := newLockQueue()
-	tab := newClaimTable(preempt.NewHeap(8), q, func() {})
-	quiet := q.depart([]string{"dev"})
-	if q.landed([]string{"dev"}, quiet) {
+	q := NewLocks()
+	tab := New(Config{HeapSize: 8, Locks: q})
+	quiet := q.Depart([]string{"dev"})
+	if q.Landed([]string{"dev"}, quiet) {
 		t.Fatal("landed reports a wake that never came")
 	}
-	woken := q.depart([]string{"dev", "other"})
-	tab.wakeOne("dev", time.Now())
+	woken := q.Depart([]string{"dev", "other"})
+	tab.WakeOne("dev", time.Now())
 	if tab.heap.Len() != 0 {
 		t.Fatal("a wake found a waiter in an empty queue")
 	}
-	if !q.landed([]string{"dev", "other"}, woken) {
+	if !q.Landed([]string{"dev", "other"}, woken) {
 		t.Fatal("a wake of dev during the claim was lost")
 	}
 	if len(q.flights) != 0 {

@@ -1,4 +1,4 @@
-package consumer
+package claimtab
 
 // The lock-waiting queue: tasks that wait for a lock key, so that the
 // holder's release wakes the best waiter (priority, then publish order) at
@@ -12,7 +12,7 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-// lockQueue holds the lock side of the claim path: the keys busy with an
+// Locks holds the lock side of the claim path: the keys busy with an
 // attempt here, the claims in flight on each key, and two indexes the
 // claim table keeps (which task is in which state is the table's to say;
 // these say which lock key each waits on, for the wakes).
@@ -21,7 +21,7 @@ import (
 // an attempt releasing its locks calls heirs from its own goroutine; one
 // lock over the whole queue means no map is ever read while another
 // goroutine writes it, whichever method a later change calls from where.
-type lockQueue struct {
+type Locks struct {
 	mu sync.Mutex
 	// waiting maps a lock key held by another process to the tasks here
 	// waiting for it (in the heap, due when that lease ends, in the
@@ -46,8 +46,9 @@ type flight struct {
 	wakes    uint64
 }
 
-func newLockQueue() *lockQueue {
-	return &lockQueue{
+// NewLocks returns an empty lock queue.
+func NewLocks() *Locks {
+	return &Locks{
 		waiting: map[string]map[string]bool{},
 		busy:    map[string]int{},
 		parked:  map[string]map[string]preempt.Entry{},
@@ -55,9 +56,9 @@ func newLockQueue() *lockQueue {
 	}
 }
 
-// depart notes a claim attempt on keys leaving and returns the keys' wake
+// Depart notes a claim attempt on keys leaving and returns the keys' wake
 // counts, for landed.
-func (q *lockQueue) depart(keys []string) []uint64 {
+func (q *Locks) Depart(keys []string) []uint64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	wakes := make([]uint64, len(keys))
@@ -73,9 +74,9 @@ func (q *lockQueue) depart(keys []string) []uint64 {
 	return wakes
 }
 
-// landed ends an attempt noted by depart and reports whether any of its
+// Landed ends an attempt noted by depart and reports whether any of its
 // keys was woken meanwhile.
-func (q *lockQueue) landed(keys []string, wakes []uint64) bool {
+func (q *Locks) Landed(keys []string, wakes []uint64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	woken := false
@@ -93,7 +94,7 @@ func (q *lockQueue) landed(keys []string, wakes []uint64) bool {
 }
 
 // woke counts a wake of lock key k for the attempts in flight on it.
-func (q *lockQueue) woke(k string) {
+func (q *Locks) woke(k string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if f := q.flights[k]; f != nil {
@@ -101,9 +102,9 @@ func (q *lockQueue) woke(k string) {
 	}
 }
 
-// heirs returns, for each of keys, the best task parked here on it, as a
+// Heirs returns, for each of keys, the best task parked here on it, as a
 // place in the key's line lasting two of its leases from now.
-func (q *lockQueue) heirs(keys []string, now time.Time) []task.LinePlace {
+func (q *Locks) Heirs(keys []string, now time.Time) []task.LinePlace {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var out []task.LinePlace
@@ -122,8 +123,8 @@ func (q *lockQueue) heirs(keys []string, now time.Time) []task.LinePlace {
 	return out
 }
 
-// busyKey returns the first of keys that an attempt here holds.
-func (q *lockQueue) busyKey(keys []string) (string, bool) {
+// BusyKey returns the first of keys that an attempt here holds.
+func (q *Locks) BusyKey(keys []string) (string, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, k := range keys {
@@ -134,8 +135,8 @@ func (q *lockQueue) busyKey(keys []string) (string, bool) {
 	return "", false
 }
 
-// hold marks keys busy for an attempt starting here.
-func (q *lockQueue) hold(keys []string) {
+// Hold marks keys busy for an attempt starting here.
+func (q *Locks) Hold(keys []string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, k := range keys {
@@ -143,8 +144,8 @@ func (q *lockQueue) hold(keys []string) {
 	}
 }
 
-// unhold ends an attempt's hold on keys and returns those now free here.
-func (q *lockQueue) unhold(keys []string) []string {
+// Unhold ends an attempt's hold on keys and returns those now free here.
+func (q *Locks) Unhold(keys []string) []string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var free []string
@@ -158,7 +159,7 @@ func (q *lockQueue) unhold(keys []string) []string {
 }
 
 // wait indexes taskKey as waiting for keys, held by another process.
-func (q *lockQueue) wait(taskKey string, keys []string) {
+func (q *Locks) wait(taskKey string, keys []string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, k := range keys {
@@ -170,7 +171,7 @@ func (q *lockQueue) wait(taskKey string, keys []string) {
 }
 
 // unwait drops taskKey from the waiters of keys.
-func (q *lockQueue) unwait(taskKey string, keys []string) {
+func (q *Locks) unwait(taskKey string, keys []string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, k := range keys {
@@ -182,7 +183,7 @@ func (q *lockQueue) unwait(taskKey string, keys []string) {
 }
 
 // waiters returns the tasks indexed as waiting for k.
-func (q *lockQueue) waiters(k string) []string {
+func (q *Locks) waiters(k string) []string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := make([]string, 0, len(q.waiting[k]))
@@ -193,7 +194,7 @@ func (q *lockQueue) waiters(k string) []string {
 }
 
 // park indexes e as waiting for key, busy with an attempt here.
-func (q *lockQueue) park(e preempt.Entry, key string) {
+func (q *Locks) park(e preempt.Entry, key string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.parked[key] == nil {
@@ -204,7 +205,7 @@ func (q *lockQueue) park(e preempt.Entry, key string) {
 
 // setParkedTask replaces the document of a task parked on key (the
 // claim table decided it is the newer).
-func (q *lockQueue) setParkedTask(key string, t *task.Task) {
+func (q *Locks) setParkedTask(key string, t *task.Task) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if e, ok := q.parked[key][t.Key]; ok {
@@ -214,33 +215,30 @@ func (q *lockQueue) setParkedTask(key string, t *task.Task) {
 }
 
 // unpark drops taskKey from the tasks parked on key.
-func (q *lockQueue) unpark(key, taskKey string) {
+func (q *Locks) unpark(key, taskKey string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.unparkLocked(key, taskKey)
 }
 
-func (q *lockQueue) unparkLocked(key, taskKey string) {
+func (q *Locks) unparkLocked(key, taskKey string) {
 	delete(q.parked[key], taskKey)
 	if len(q.parked[key]) == 0 {
 		delete(q.parked, key)
 	}
 }
 
-// parkedOn returns the entries parked on key, in no order.
-func (q *lockQueue) parkedOn(key string) []preempt.Entry {
+// parkedEntry returns taskKey's entry parked on key.
+func (q *Locks) parkedEntry(key, taskKey string) (preempt.Entry, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	out := make([]preempt.Entry, 0, len(q.parked[key]))
-	for _, e := range q.parked[key] {
-		out = append(out, e)
-	}
-	return out
+	e, ok := q.parked[key][taskKey]
+	return e, ok
 }
 
 // nextParked returns the best task parked on key and drops it from the
 // index.
-func (q *lockQueue) nextParked(key string) (preempt.Entry, bool) {
+func (q *Locks) nextParked(key string) (preempt.Entry, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	best, ok := bestOf(q.parked[key])
@@ -250,15 +248,15 @@ func (q *lockQueue) nextParked(key string) (preempt.Entry, bool) {
 	return best, ok
 }
 
-// hasParked reports whether a task is parked on key.
-func (q *lockQueue) hasParked(key string) bool {
+// HasParked reports whether a task is parked on key.
+func (q *Locks) HasParked(key string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.parked[key]) > 0
 }
 
 // parkedCount is how many tasks the parked index holds.
-func (q *lockQueue) parkedCount() int {
+func (q *Locks) parkedCount() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n := 0

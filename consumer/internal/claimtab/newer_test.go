@@ -1,4 +1,4 @@
-package consumer
+package claimtab
 
 import (
 	"testing"
@@ -24,15 +24,15 @@ func TestNewer(t *testing.T) {
 		{"nothing over anything", nil, doc(1, 1), false},
 		{"nothing over nothing", nil, nil, false},
 	} {
-		if got := newer(c.a, c.b); got != c.want {
+		if got := Newer(c.a, c.b); got != c.want {
 			t.Errorf("%s: newer = %v, want %v", c.name, got, c.want)
 		}
 		if c.a != nil && c.b != nil {
-			if got := newerVersion(c.a.Seq, c.a.Version, c.b.Seq, c.b.Version); got != c.want {
+			if got := NewerVersion(c.a.Seq, c.a.Version, c.b.Seq, c.b.Version); got != c.want {
 				t.Errorf("%s: newerVersion = %v, want %v", c.name, got, c.want)
 			}
 		}
-		if c.want && newer(c.b, c.a) {
+		if c.want && Newer(c.b, c.a) {
 			t.Errorf("%s: newer both ways", c.name)
 		}
 	}
