@@ -88,9 +88,10 @@ type scheduler struct {
 	spread  preempt.Spread
 	ranks   map[string]int
 	ranksOf *preempt.Peers
-	// lag is the mean time from a write to its change event reaching this
-	// worker (see noteLag), which the stand-by step must exceed twice.
-	lag time.Duration
+	// lags is the latest times from a write to its change event reaching
+	// this worker (see noteLag), whose slow tail the stand-by step must
+	// outlast twice.
+	lags preempt.EventLags
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -310,9 +311,7 @@ func (s *scheduler) standBy(t *task.Task, now time.Time) time.Duration {
 	if free := t.ConcurrentWorkerCnt - t.CountWorkers(now).Live; free > 1 {
 		rank = max(rank-(free-1), 0)
 	}
-	spread := s.spread
-	spread.Step = max(spread.Step, min(5*s.lag/2, maxSpreadStep))
-	return spread.Delay(rank)
+	return s.spread.Stretched(s.lags.High(), maxSpreadStep).Delay(rank)
 }
 
 // maxSpreadStep bounds the stand-by step however slow the change stream
@@ -320,27 +319,24 @@ func (s *scheduler) standBy(t *task.Task, now time.Time) time.Duration {
 // most a second (ten ranks) for the others.
 const maxSpreadStep = 100 * time.Millisecond
 
-// noteLag folds the lag of a change event, from its write to now, into
-// the mean. A stand-by step is only useful if it outlasts two of them:
-// the preferred worker hears of the task one lag after it became
-// claimable, and the next rank hears of its claim one write and one lag
-// after that; on a store whose events come slower than the configured
-// step (a remote MongoDB polled by its driver, say), the next rank would
-// otherwise try every task before it hears the claim, and conflict.
-// Events older than a second are a stream catching up, not its lag.
-func (s *scheduler) noteLag(t *task.Task, now time.Time) {
-	if t.UpdatedAt.IsZero() {
+// noteLag notes the lag of a change event, from its write to now. A
+// stand-by step is only useful if it outlasts two of them: the preferred
+// worker hears of the task one lag after it became claimable, and the
+// next rank hears of its claim one write and one lag after that; on a
+// store whose events come slower than the configured step (a remote
+// MongoDB polled by its driver, say), the next rank would otherwise try
+// before it hears the claim, and conflict (preempt.EventLags). Events
+// older than a second are a stream catching up, not its lag.
+func (s *scheduler) noteLag(ev task.Event, now time.Time) {
+	at, ok := preempt.WrittenAt(ev.Task, ev.Version)
+	if !ok {
 		return
 	}
-	lag := now.Sub(t.UpdatedAt)
+	lag := now.Sub(at)
 	if lag < 0 || lag > time.Second {
 		return
 	}
-	if s.lag == 0 {
-		s.lag = lag
-		return
-	}
-	s.lag += (lag - s.lag) / 8
+	s.lags.Note(lag)
 }
 
 func (s *scheduler) onEvent(ev task.Event) {
@@ -352,7 +348,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 		}
 	}
 	now := s.store.Now()
-	s.noteLag(t, now)
+	s.noteLag(ev, now)
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.tab.wakeOne(k, now)
