@@ -42,6 +42,12 @@ const (
 	// LagQuantile is the lag quantile the step covers twice.
 	LagQuantile  = 0.99
 	lagRecompute = 16
+	// MinLags is how many lags a worker notes before it goes by them:
+	// about ten tasks' events.
+	MinLags = 32
+	// UnknownLag is High's answer before MinLags lags: longer than any
+	// step's limit.
+	UnknownLag = time.Hour
 )
 
 // Note adds the lag of one event.
@@ -49,14 +55,22 @@ func (l *EventLags) Note(lag time.Duration) {
 	l.ring[l.next] = lag
 	l.next = (l.next + 1) % LagWindow
 	l.n = min(l.n+1, LagWindow)
-	if l.sinceHigh++; l.sinceHigh >= lagRecompute || l.n < lagRecompute {
+	if l.sinceHigh++; l.sinceHigh >= lagRecompute || l.n <= MinLags {
 		l.high, l.sinceHigh = l.quantile(LagQuantile), 0
 	}
 }
 
 // High is the LagQuantile of the lags noted (as of at most lagRecompute
-// samples ago); 0 before any.
-func (l *EventLags) High() time.Duration { return l.high }
+// samples ago), or UnknownLag while fewer than MinLags were: a worker
+// that has not yet heard its stream for long stands by the longest step.
+// Its first events are often its slowest (connections, and a server's
+// caches, warming up), and too few to tell a tail from.
+func (l *EventLags) High() time.Duration {
+	if l.n < MinLags {
+		return UnknownLag
+	}
+	return l.high
+}
 
 func (l *EventLags) quantile(q float64) time.Duration {
 	if l.n == 0 {
@@ -73,6 +87,9 @@ func (l *EventLags) quantile(q float64) time.Duration {
 // preferred worker's claim, and conflict. Limit bounds the wait a task
 // whose preferred workers are busy or dead pays however slow the stream.
 func (s Spread) Stretched(high, limit time.Duration) Spread {
+	if high > limit/2 {
+		high = limit / 2 // and no overflow doubling UnknownLag
+	}
 	s.Step = max(s.Step, min(2*high, limit))
 	return s
 }

@@ -18,12 +18,13 @@ func TestStretchedStep(t *testing.T) {
 	for _, c := range []struct {
 		high, want time.Duration
 	}{
-		{0, 20 * ms},         // no event heard yet
-		{8 * ms, 20 * ms},    // the embedded store: the configured step
-		{10 * ms, 20 * ms},   // two lags just fit
-		{30 * ms, 60 * ms},   // a slow tail: twice it
-		{80 * ms, 100 * ms},  // bounded
-		{900 * ms, 100 * ms}, // however slow
+		{0, 20 * ms},                   // no lag
+		{preempt.UnknownLag, 100 * ms}, // no stream heard yet: the longest
+		{8 * ms, 20 * ms},              // the embedded store: the configured step
+		{10 * ms, 20 * ms},             // two lags just fit
+		{30 * ms, 60 * ms},             // a slow tail: twice it
+		{80 * ms, 100 * ms},            // bounded
+		{900 * ms, 100 * ms},           // however slow
 	} {
 		s := base.Stretched(c.high, 100*ms)
 		if s.Step != c.want || s.MaxRank != base.MaxRank {
@@ -45,21 +46,24 @@ func TestStretchedStep(t *testing.T) {
 // one outlier, and forgets a slow spell once the window has moved past it.
 func TestEventLagsHigh(t *testing.T) {
 	var l preempt.EventLags
-	if l.High() != 0 {
+	if l.High() != preempt.UnknownLag {
 		t.Fatalf("no lag yet: high %s", l.High())
+	}
+	for range preempt.MinLags - 1 {
+		l.Note(7 * ms)
+	}
+	if l.High() != preempt.UnknownLag {
+		t.Fatalf("%d lags of 7ms: high %s, want unknown", preempt.MinLags-1, l.High())
 	}
 	l.Note(7 * ms)
 	if l.High() != 7*ms {
-		t.Fatalf("one lag of 7ms: high %s", l.High())
+		t.Fatalf("%d lags of 7ms: high %s", preempt.MinLags, l.High())
 	}
-	for range 200 {
+	for range preempt.LagWindow {
 		l.Note(5 * ms)
 	}
 	if l.High() != 5*ms {
 		t.Fatalf("steady 5ms: high %s", l.High())
-	}
-	for range preempt.LagWindow {
-		l.Note(5 * ms)
 	}
 	l.Note(90 * ms) // one outlier in the window: not the tail
 	for range 16 {
