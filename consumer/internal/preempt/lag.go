@@ -7,8 +7,9 @@ package preempt
 // lag, the claim's write included, since a write is stamped before it is
 // sent). On a store whose events come late and unevenly (MongoDB's change
 // stream, polled) the step must outlast two lags of the slow tail, not two
-// of the mean: a step drawn from the mean let the next rank try about one
-// task in ten at 8 processes on the wire test server.
+// of the mean: a step drawn from the mean let the next rank try before it
+// heard the claim for about one task in five at 8 processes on the wire
+// test server.
 
 import (
 	"slices"
