@@ -87,8 +87,9 @@ type Config struct {
 	// ClaimSpread, and so on up to 10 ranks, so that about one claim is
 	// tried per task however many workers watch. Default 20ms; negative:
 	// every worker claims at once. Where change events take longer to
-	// arrive, the step grows to two and a half times their mean lag (at
-	// most 100ms), so that the next rank hears the claim before its turn.
+	// arrive, the step grows to twice the 99th percentile of their recent
+	// lags (at most 100ms), so that the next rank hears the claim before
+	// its turn.
 	ClaimSpread time.Duration
 }
 

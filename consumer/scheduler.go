@@ -283,7 +283,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 		}
 	}
 	now := s.store.Now()
-	s.standBy.NoteLag(t, now)
+	s.standBy.NoteLag(ev, now)
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.tab.WakeOne(k, now)

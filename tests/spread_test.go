@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -185,26 +186,64 @@ func BenchmarkSpreadFigures(t *testing.B) {
 // printConflictFigures prints the claim conflicts per task with 1, 2, 4
 // and 8 idle worker processes of bin while tasks noop tasks are published,
 // one each interval, on a store of each run's own that open returns with
-// its --store URL.
+// its --store URL, and each task's wait from its publish to its start.
+// With LEASEPOOL_BENCH_BASELINE_BIN naming another build of the CLI (an
+// earlier commit's, say), each count runs on both builds, in turns that
+// alternate which goes first, so that the two meet the same load.
 func printConflictFigures(b *testing.B, bin string, tasks int, interval time.Duration, open func(*testing.B) (task.Store, string)) {
-	fmt.Println("| worker processes | tasks | claims | claim conflicts | conflicts per task |")
-	fmt.Println("|--:|--:|--:|--:|--:|")
-	for _, n := range []int{1, 2, 4, 8} {
-		b.Run(fmt.Sprintf("conflicts-%d", n), func(b *testing.B) {
-			st, url := open(b)
-			fw := startFigureWorkers(b, bin, url, n, 4, nil)
-			waitLive(b, st, n)
-			publishPaced(b, st, tasks, interval)
-			waitSucceeded(b, st, tasks)
-			var claims, conflicts float64
-			for _, a := range fw.addrs {
-				claims += metricSum(b, a, "leasepool_tasks_claimed_total")
-				conflicts += metricSum(b, a, "leasepool_claim_conflicts_total")
-			}
-			fmt.Printf("| %d | %d | %.0f | %.0f | %.3f |\n", n, tasks, claims, conflicts, conflicts/float64(tasks))
-			fw.stop()
-		})
+	builds := []string{"this"}
+	bins := map[string]string{"this": bin}
+	if base := os.Getenv("LEASEPOOL_BENCH_BASELINE_BIN"); base != "" {
+		builds = append(builds, "baseline")
+		bins["baseline"] = base
 	}
+	fmt.Println("| build | worker processes | tasks | claims | claim conflicts | conflicts per task | publish to start p50 | p99 |")
+	fmt.Println("|--|--:|--:|--:|--:|--:|--:|--:|")
+	for i, n := range []int{1, 2, 4, 8} {
+		order := slices.Clone(builds)
+		if i%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, build := range order {
+			b.Run(fmt.Sprintf("conflicts-%d-%s", n, build), func(b *testing.B) {
+				st, url := open(b)
+				fw := startFigureWorkers(b, bins[build], url, n, 4, nil)
+				waitLive(b, st, n)
+				publishPaced(b, st, tasks, interval)
+				waitSucceeded(b, st, tasks)
+				var claims, conflicts float64
+				for _, a := range fw.addrs {
+					claims += metricSum(b, a, "leasepool_tasks_claimed_total")
+					conflicts += metricSum(b, a, "leasepool_claim_conflicts_total")
+				}
+				p50, p99 := startWaits(b, st)
+				fmt.Printf("| %s | %d | %d | %.0f | %.0f | %.3f | %s | %s |\n", build, n, tasks, claims, conflicts, conflicts/float64(tasks),
+					p50.Round(100*time.Microsecond), p99.Round(100*time.Microsecond))
+				fw.stop()
+			})
+		}
+	}
+}
+
+// startWaits returns the median and 99th percentile of the time from each
+// task's publish to its first attempt's start, both in store time.
+func startWaits(b *testing.B, st task.Store) (p50, p99 time.Duration) {
+	ts, err := st.List(context.Background(), task.ListQuery{KeyPrefix: "c"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var waits []time.Duration
+	for _, t := range ts {
+		if len(t.Attempts) > 0 {
+			waits = append(waits, t.Attempts[0].StartedAt.Sub(t.CreatedAt))
+		}
+	}
+	if len(waits) == 0 {
+		b.Fatal("no task started")
+	}
+	slices.Sort(waits)
+	at := func(q float64) time.Duration { return waits[int(q*float64(len(waits)-1))] }
+	return at(0.5), at(0.99)
 }
 
 // TestRenewalsDoNotFanOut: on both backends, a task renewing every 100 ms

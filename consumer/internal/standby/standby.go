@@ -24,9 +24,10 @@ type Ranker struct {
 	room    int
 	ranks   map[string]int
 	ranksOf *preempt.Peers
-	// lag is the mean time from a write to its change event reaching this
-	// worker (see NoteLag), which the stand-by step must exceed twice.
-	lag time.Duration
+	// lags is the latest times from a write to its change event reaching
+	// this worker (see NoteLag), whose slow tail the stand-by step must
+	// outlast twice.
+	lags preempt.EventLags
 }
 
 // New returns the Ranker of worker self, spreading by spread among
@@ -74,9 +75,7 @@ func (r *Ranker) Delay(t *task.Task, now time.Time) time.Duration {
 	if free := t.ConcurrentWorkerCnt - t.CountWorkers(now).Live; free > 1 {
 		rank = max(rank-(free-1), 0)
 	}
-	spread := r.spread
-	spread.Step = max(spread.Step, min(5*r.lag/2, maxSpreadStep))
-	return spread.Delay(rank)
+	return r.spread.Stretched(r.lags.High(), maxSpreadStep).Delay(rank)
 }
 
 // maxSpreadStep bounds the stand-by step however slow the change stream
@@ -84,25 +83,22 @@ func (r *Ranker) Delay(t *task.Task, now time.Time) time.Duration {
 // most a second (ten ranks) for the others.
 const maxSpreadStep = 100 * time.Millisecond
 
-// NoteLag folds the lag of a change event, from its write to now, into
-// the mean. A stand-by step is only useful if it outlasts two of them:
-// the preferred worker hears of the task one lag after it became
-// claimable, and the next rank hears of its claim one write and one lag
-// after that; on a store whose events come slower than the configured
-// step (a remote MongoDB polled by its driver, say), the next rank would
-// otherwise try every task before it hears the claim, and conflict.
-// Events older than a second are a stream catching up, not its lag.
-func (r *Ranker) NoteLag(t *task.Task, now time.Time) {
-	if t.UpdatedAt.IsZero() {
+// NoteLag notes the lag of change event ev, from its write to now. A
+// stand-by step is only useful if it outlasts two of them: the preferred
+// worker hears of the task one lag after it became claimable, and the
+// next rank hears of its claim one write and one lag after that; on a
+// store whose events come slower than the configured step (a remote
+// MongoDB polled by its driver, say), the next rank would otherwise try
+// before it hears the claim, and conflict (preempt.EventLags). Events
+// older than a second are a stream catching up, not its lag.
+func (r *Ranker) NoteLag(ev task.Event, now time.Time) {
+	at, ok := preempt.WrittenAt(ev.Task, ev.Version)
+	if !ok {
 		return
 	}
-	lag := now.Sub(t.UpdatedAt)
+	lag := now.Sub(at)
 	if lag < 0 || lag > time.Second {
 		return
 	}
-	if r.lag == 0 {
-		r.lag = lag
-		return
-	}
-	r.lag += (lag - r.lag) / 8
+	r.lags.Note(lag)
 }

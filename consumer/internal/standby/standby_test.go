@@ -26,7 +26,7 @@ func pending(seq int) *task.Task {
 // TestDelayByRankAndLag: alone, a worker never stands by; among two, it
 // stands by a step for the tasks it ranks second for and none for the
 // others; a change stream slower than the step stretches the step to
-// outlast two and a half lags, never past maxSpreadStep.
+// outlast two lags of its slow tail, never past maxSpreadStep.
 func TestDelayByRankAndLag(t *testing.T) {
 	now := time.Now()
 	step := 5 * time.Millisecond
@@ -52,28 +52,33 @@ func TestDelayByRankAndLag(t *testing.T) {
 	if d := r.Delay(pending(first), now); d != 0 {
 		t.Fatalf("the preferred worker stands by %v", d)
 	}
-	if d := r.Delay(pending(second), now); d != step {
-		t.Fatalf("the second rank stands by %v; want %v", d, step)
+	if d := r.Delay(pending(second), now); d != maxSpreadStep {
+		t.Fatalf("before it knows its stream's lag the second rank stands by %v; want the bound %v", d, maxSpreadStep)
 	}
 	lagged := pending(1)
-	lagged.UpdatedAt = now.Add(-20 * time.Millisecond)
-	r.NoteLag(lagged, now)
-	if d := r.Delay(pending(second), now); d != 50*time.Millisecond {
-		t.Fatalf("after a 20ms lag the second rank stands by %v; want 2.5 lags", d)
+	lagged.Version = 2
+	note := func(lag time.Duration, n int) {
+		for range n {
+			lagged.UpdatedAt = now.Add(-lag)
+			r.NoteLag(task.Event{Task: lagged, Version: lagged.Version}, now)
+		}
 	}
-	for range 100 {
-		lagged.UpdatedAt = now.Add(-900 * time.Millisecond)
-		r.NoteLag(lagged, now)
+	note(time.Millisecond, preempt.MinLags)
+	if d := r.Delay(pending(second), now); d != step {
+		t.Fatalf("on a fast stream the second rank stands by %v; want the step %v", d, step)
 	}
+	note(20*time.Millisecond, preempt.LagWindow)
+	if d := r.Delay(pending(second), now); d != 40*time.Millisecond {
+		t.Fatalf("after 20ms lags the second rank stands by %v; want two lags", d)
+	}
+	note(900*time.Millisecond, preempt.LagWindow)
 	if d := r.Delay(pending(second), now); d != maxSpreadStep {
 		t.Fatalf("on a slow stream the second rank stands by %v; want the bound %v", d, maxSpreadStep)
 	}
-	old := pending(2)
-	old.UpdatedAt = now.Add(-time.Hour)
-	before := r.lag
-	r.NoteLag(old, now)
-	if r.lag != before {
-		t.Fatalf("an event an hour old moved the lag from %v to %v", before, r.lag)
+	before := r.lags
+	note(time.Hour, 1)
+	if r.lags != before {
+		t.Fatal("an event an hour old was noted as a lag")
 	}
 }
 
@@ -85,6 +90,9 @@ func TestRanksFollowTheLiveWorkers(t *testing.T) {
 	var peers atomic.Pointer[preempt.Peers]
 	peers.Store(peersOf(now, "a", "b"))
 	r := New("a", preempt.Spread{Step: time.Millisecond, MaxRank: 10}, &peers, 8)
+	for range preempt.MinLags { // a fast stream: the step is the configured one
+		r.NoteLag(task.Event{Task: &task.Task{Version: 1, UpdatedAt: now}}, now)
+	}
 	for i := range 20 {
 		r.Delay(pending(i), now)
 		if len(r.ranks) > 9 {
