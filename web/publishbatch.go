@@ -60,10 +60,10 @@ type BatchResponse struct {
 	Existing int         `json:"existing"`
 	Rerun    int         `json:"rerun"`
 	// Debounced counts the items that moved a pending task (debounce).
-	Debounced int `json:"debounced"`
-	Refused  int         `json:"refused"`
-	Failed   int         `json:"failed"`
-	Warnings []string    `json:"warnings,omitempty"`
+	Debounced int      `json:"debounced"`
+	Refused   int      `json:"refused"`
+	Failed    int      `json:"failed"`
+	Warnings  []string `json:"warnings,omitempty"`
 }
 
 // readBatch reads {"tasks": [...]} from r's body, item by item, refusing
