@@ -50,6 +50,18 @@ func Publish(ctx context.Context, s Store, p PublishParams) (t *Task, res Publis
 	if err != nil {
 		return nil, "", err
 	}
+	if p.Debounce > 0 {
+		// A burst publishes a key that mostly exists: read it first, so
+		// that each publish of the burst costs one write (the debounce's),
+		// not a refused insert as well.
+		stored, err := s.Get(ctx, p.Key)
+		switch {
+		case err == nil && stored.Debounceable():
+			return debounce(ctx, s, p, t, stored)
+		case err != nil && !errors.Is(err, ErrNotFound):
+			return nil, "", fmt.Errorf("publish %s: %w", p.Key, err)
+		}
+	}
 	stored, inserted, err := s.Insert(ctx, t)
 	if err != nil {
 		return nil, "", fmt.Errorf("publish %s: %w", p.Key, err)
