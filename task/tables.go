@@ -30,9 +30,13 @@ type TableTriggerStore interface {
 	// DrainOutbox publishes up to limit of the changes trigger name
 	// recorded, oldest first, each as build makes it, and deletes each
 	// change in the transaction that publishes its task: a change is
-	// published once, or, until that commits, not at all. It returns how
-	// many it published; zero when none wait.
-	DrainOutbox(ctx context.Context, name string, limit int, build func(OutboxChange) PublishParams) (int, error)
+	// published once, or, until that commits, not at all. The same
+	// transaction checks that the trigger's document def is still at
+	// def.Version (ErrConflict, or ErrNotFound, and nothing published,
+	// otherwise), so that nothing publishes once a pause, a replace or
+	// a remove committed. It returns how many it published; zero when
+	// none wait.
+	DrainOutbox(ctx context.Context, def Document, name string, limit int, build func(OutboxChange) PublishParams) (int, error)
 }
 
 // TableTrigger is the SQL side of a trigger on a table of the store's

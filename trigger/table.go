@@ -129,28 +129,34 @@ func (r *Runner) drainTables(ctx context.Context, ts task.TableTriggerStore) err
 	t := time.NewTicker(DefaultDrainEvery)
 	defer t.Stop()
 	var loadedAt time.Time
-	var active []*Trigger
+	var active []loaded
 	for {
 		if time.Since(loadedAt) >= r.cfg.Poll {
-			all, err := loadAll(ctx, r.cfg.Store)
+			all, err := loadVersions(ctx, r.cfg.Store)
 			if err != nil && ctx.Err() == nil {
 				r.log.Warn("triggers: not read; trying again next poll", slog.Any("err", err))
 			}
 			if err == nil {
 				active, loadedAt = active[:0], time.Now()
-				for _, tr := range all {
-					if tr.Table != "" && !tr.Paused {
-						active = append(active, tr)
+				for _, l := range all {
+					if l.t.Table != "" && !l.t.Paused {
+						active = append(active, l)
 					}
 				}
 			}
 		}
-		for _, tr := range active {
+		for _, l := range active {
+			def := task.Document{Namespace: Namespace, ID: l.t.Name, Version: l.version}
 			for ctx.Err() == nil {
-				n, err := ts.DrainOutbox(ctx, tr.Name, r.cfg.Batch, tr.tableBuild)
+				n, err := ts.DrainOutbox(ctx, def, l.t.Name, r.cfg.Batch, l.t.tableBuild)
+				if errors.Is(err, task.ErrConflict) || errors.Is(err, task.ErrNotFound) {
+					// Paused, replaced or removed since read: read again.
+					loadedAt = time.Time{}
+					break
+				}
 				if err != nil {
 					if ctx.Err() == nil {
-						r.log.Warn("trigger: changes not published; trying again", slog.String("trigger", tr.Name), slog.Any("err", err))
+						r.log.Warn("trigger: changes not published; trying again", slog.String("trigger", l.t.Name), slog.Any("err", err))
 					}
 					break
 				}

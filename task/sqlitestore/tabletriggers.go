@@ -259,7 +259,7 @@ func (s *Store) DropTableTrigger(ctx context.Context, name string, doc task.Docu
 
 // DrainOutbox publishes up to limit of name's recorded changes and
 // deletes them, in one transaction; see task.TableTriggerStore.
-func (s *Store) DrainOutbox(ctx context.Context, name string, limit int, build func(task.OutboxChange) task.PublishParams) (int, error) {
+func (s *Store) DrainOutbox(ctx context.Context, def task.Document, name string, limit int, build func(task.OutboxChange) task.PublishParams) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("%w: limit: must be positive", task.ErrInvalid)
 	}
@@ -281,6 +281,16 @@ func (s *Store) DrainOutbox(ctx context.Context, name string, limit int, build f
 	published := 0
 	err = s.InTx(ctx, func(tx *Tx) error {
 		published = 0
+		var version int64
+		err := tx.tx.QueryRowContext(tx.ctx, `SELECT version FROM documents WHERE namespace = ? AND id = ?`, def.Namespace, def.ID).Scan(&version)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("document %s/%s: %w", def.Namespace, def.ID, task.ErrNotFound)
+		case err != nil:
+			return mapErr(err)
+		case version != def.Version:
+			return fmt.Errorf("document %s/%s at version %d, not %d: %w", def.Namespace, def.ID, version, def.Version, task.ErrConflict)
+		}
 		rows, err := tx.tx.QueryContext(tx.ctx, `SELECT id, op, row FROM `+outboxTable+` WHERE name = ? ORDER BY id LIMIT ?`, name, limit)
 		if err != nil {
 			return mapErr(err)

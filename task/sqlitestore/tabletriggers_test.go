@@ -39,11 +39,11 @@ func mustExec(t *testing.T, db interface {
 
 // drained publishes every recorded change of name as a task of kind k
 // keyed by the change's id, and returns the payloads by key.
-func drained(t *testing.T, s *sqlitestore.Store, name string) map[string]string {
+func drained(t *testing.T, s *sqlitestore.Store, def task.Document, name string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for {
-		n, err := s.DrainOutbox(t.Context(), name, 3, func(c task.OutboxChange) task.PublishParams {
+		n, err := s.DrainOutbox(t.Context(), def, name, 3, func(c task.OutboxChange) task.PublishParams {
 			return task.PublishParams{Key: fmt.Sprintf("%s-%d", name, c.ID), Kind: "k",
 				Payload: json.RawMessage(fmt.Sprintf(`{"op":%q,"row":%s}`, c.Operation, c.Row))}
 		})
@@ -91,8 +91,9 @@ func TestTableTrigger(t *testing.T) {
 	s, db := tableStore(t)
 	mustExec(t, db, `CREATE TABLE readings (id INTEGER PRIMARY KEY, status TEXT, v REAL, raw BLOB, "odd col" TEXT)`)
 	doc := task.Document{Namespace: "leasepool.trigger", ID: "hot", Value: json.RawMessage(`{"name":"hot"}`)}
-	if _, err := s.SetTableTrigger(task.WithInternalWrite(t.Context()), task.TableTrigger{Name: "hot", Table: "Readings", Filter: json.RawMessage(`{"status":"it's new"}`),
-		Operations: []string{task.OpInsert, task.OpUpdate, task.OpDelete}}, doc); err != nil {
+	def, err := s.SetTableTrigger(task.WithInternalWrite(t.Context()), task.TableTrigger{Name: "hot", Table: "Readings", Filter: json.RawMessage(`{"status":"it's new"}`),
+		Operations: []string{task.OpInsert, task.OpUpdate, task.OpDelete}}, doc)
+	if err != nil {
 		t.Fatal(err)
 	}
 	mustExec(t, db, `INSERT INTO readings (id, status, v, raw, "odd col") VALUES (1, 'it''s new', 1.5, x'00ff', 'a'), (2, 'old', 2, NULL, 'b')`)
@@ -126,7 +127,7 @@ func TestTableTrigger(t *testing.T) {
 			t.Errorf("InTx %s: %v; want refused", q, err)
 		}
 	}
-	got := drained(t, s, "hot")
+	got := drained(t, s, def, "hot")
 	want := []string{
 		`{"op":"insert","row":{"id":1,"status":"it's new","v":1.5,"raw":"00FF","odd col":"a"}}`,
 		`{"op":"update","row":{"id":1,"status":"it's new","v":3.0,"raw":"00FF","odd col":"a"}}`,
@@ -157,7 +158,7 @@ func TestTableTrigger(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("%d tasks, want %d: %v", len(got), len(want), payloads)
 	}
-	if again := drained(t, s, "hot"); len(again) != len(got) {
+	if again := drained(t, s, def, "hot"); len(again) != len(got) {
 		t.Errorf("a second drain published more: %d tasks, then %d", len(got), len(again))
 	}
 
@@ -169,7 +170,7 @@ func TestTableTrigger(t *testing.T) {
 	if trs := sqlTriggers(t, db); len(trs) != 0 {
 		t.Errorf("SQL triggers left after the drop: %v", trs)
 	}
-	if n := drained(t, s, "hot"); len(n) != len(got) {
+	if n := drained(t, s, def, "hot"); len(n) != len(got) {
 		t.Errorf("a dropped trigger's change published: %d tasks, was %d", len(n), len(got))
 	}
 	if _, err := s.GetDocument(t.Context(), doc.Namespace, doc.ID); !errors.Is(err, task.ErrNotFound) {
