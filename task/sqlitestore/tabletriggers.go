@@ -217,6 +217,9 @@ func (s *Store) SetTableTrigger(ctx context.Context, t task.TableTrigger, doc ta
 		}
 		return s.putDocumentTx(ctx, tx, doc, value, out, &changeDoc)
 	})
+	if errors.Is(err, task.ErrInvalid) {
+		return task.Document{}, err // names its field, as it is
+	}
 	if err != nil {
 		return task.Document{}, fmt.Errorf("table trigger %s: %w", t.Name, err)
 	}
