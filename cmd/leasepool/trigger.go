@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -215,8 +216,13 @@ func triggerList(c *cli.Context) error {
 		if in.Table != "" {
 			on = "table " + in.Table
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", printable(in.Name), printable(on), strings.Join(in.Operations, ","),
-			printable(filter), state, printable(in.Kind), in.Position.Published, rescans, stamp(in.Position.At))
+		published, rescanned, at := strconv.FormatInt(in.Position.Published, 10), strconv.Itoa(rescans), stamp(in.Position.At)
+		if in.Table != "" {
+			// No position: what is not published waits in the outbox.
+			published, rescanned, at = "-", "-", "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(in.Name), printable(on), strings.Join(in.Operations, ","),
+			printable(filter), state, printable(in.Kind), published, rescanned, at)
 	}
 	return tw.Flush()
 }
