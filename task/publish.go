@@ -25,6 +25,8 @@ const (
 // Publish is the idempotent publish: insert p as a new task, or leave the
 // existing task of that key alone, or, when p.Rerun is set and it is
 // finished, reset it so it runs again. A running task is never reset.
+// With p.Debounce, a task of that key that is pending and was never
+// claimed takes p's payload and runs p.Debounce from now (Debounced).
 // Validation errors wrap ErrInvalid and nothing is written: p is checked
 // as Validate does, unless ctx comes from WithInternalWrite.
 //
