@@ -120,8 +120,10 @@ func TestTableTrigger(t *testing.T) {
 	}); err == nil {
 		t.Fatal("InTx returned nil")
 	}
-	// Nor touch the outbox itself.
-	for _, q := range []string{`DELETE FROM leasepool_outbox`, `INSERT INTO leasepool_outbox (name, op, row) VALUES ('hot', 'insert', '{}')`} {
+	// Nor touch the outbox itself, nor drop the SQL triggers (directly or
+	// with their table) behind the trigger's back.
+	for _, q := range []string{`DELETE FROM leasepool_outbox`, `INSERT INTO leasepool_outbox (name, op, row) VALUES ('hot', 'insert', '{}')`,
+		`DROP TRIGGER leasepool_trg_hot_insert`, `DROP TABLE readings`} {
 		err := s.InTx(t.Context(), func(tx *sqlitestore.Tx) error { _, err := tx.Exec(q); return err })
 		if !errors.Is(err, task.ErrInvalid) {
 			t.Errorf("InTx %s: %v; want refused", q, err)
