@@ -67,17 +67,20 @@ func filterColumns(f json.RawMessage) (map[string]string, error) {
 	return out, nil
 }
 
-// columnsOf returns the table's columns by their lowercase names, with
-// its name as the schema spells it; ErrInvalid naming table when there
-// is no such table.
+// columnsOf returns the table's name and columns as the schema spells
+// them; ErrInvalid naming table when there is no such table, or it is
+// one that takes no trigger (a virtual table).
 func columnsOf(ctx context.Context, tx *sql.Tx, table string) (string, []string, error) {
-	var name string
-	err := tx.QueryRowContext(ctx, `SELECT name FROM sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE`, table).Scan(&name)
+	var name, def string
+	err := tx.QueryRowContext(ctx, `SELECT name, coalesce(sql, '') FROM sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE`, table).Scan(&name, &def)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil, invalidField("table", "no table %s in the store's file", table)
 	}
 	if err != nil {
 		return "", nil, mapErr(err)
+	}
+	if strings.HasPrefix(strings.ToUpper(strings.Join(strings.Fields(def), " ")), "CREATE VIRTUAL TABLE") {
+		return "", nil, invalidField("table", "%s is a virtual table, which SQLite gives no triggers", name)
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT name FROM pragma_table_info(?) ORDER BY cid`, name)
 	if err != nil {
@@ -151,6 +154,17 @@ func (s *Store) SetTableTrigger(ctx context.Context, t task.TableTrigger, doc ta
 	}
 	changeDoc := string(change)
 	err = s.writeAtomic(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+		// SQLite's names ignore case: a trigger named like another but
+		// for case would drop and take over the other's SQL triggers.
+		var other string
+		err := tx.QueryRowContext(ctx, `SELECT id FROM documents WHERE namespace = ? AND id = ? COLLATE NOCASE AND id != ?`,
+			doc.Namespace, doc.ID, doc.ID).Scan(&other)
+		switch {
+		case err == nil:
+			return 0, invalidField("name", "%s differs from the trigger %s only in case", t.Name, other)
+		case !errors.Is(err, sql.ErrNoRows):
+			return 0, mapErr(err)
+		}
 		table, cols, err := columnsOf(ctx, tx, t.Table)
 		if err != nil {
 			return 0, err

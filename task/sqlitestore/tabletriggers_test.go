@@ -164,6 +164,14 @@ func TestTableTrigger(t *testing.T) {
 		t.Errorf("a second drain published more: %d tasks, then %d", len(got), len(again))
 	}
 
+	// Another trigger named alike but for case would take its SQL
+	// triggers over: refused.
+	if _, err := s.SetTableTrigger(task.WithInternalWrite(t.Context()), task.TableTrigger{Name: "HOT", Table: "readings",
+		Operations: []string{task.OpInsert}}, task.Document{Namespace: doc.Namespace, ID: "HOT", Value: json.RawMessage(`{}`)}); !errors.Is(err, task.ErrInvalid) ||
+		!strings.Contains(err.Error(), "name: ") {
+		t.Errorf("a trigger named HOT beside hot: %v; want refused naming name", err)
+	}
+
 	// Dropped: its SQL triggers and the changes not yet published go.
 	mustExec(t, db, `INSERT INTO readings (id, status) VALUES (6, 'it''s new')`)
 	if err := s.DropTableTrigger(t.Context(), "hot", doc); err != nil {
