@@ -90,7 +90,9 @@ func debounceBurst(t *testing.T, ctx context.Context, st task.Store, storeURL st
 	if done.State != task.StateSucceeded || done.AttemptsStarted != 1 {
 		t.Fatalf("task %s after %d attempts; want succeeded after 1", done.State, done.AttemptsStarted)
 	}
-	if started := done.Attempts[0].StartedAt; started.Before(lastAt.Add(debounce - 50*time.Millisecond)) {
+	// Store time against this process's: the store's clock estimate may
+	// be off by a round trip on a loaded machine.
+	if started := done.Attempts[0].StartedAt; started.Before(lastAt.Add(debounce - 250*time.Millisecond)) {
 		t.Errorf("the attempt started at %s, before the last publish (%s) + the debounce", started, lastAt)
 	}
 	b, err := os.ReadFile(logPath)
