@@ -2,8 +2,10 @@ package task
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/leasepool/leasepool/internal/tracing"
 )
@@ -15,11 +17,16 @@ const (
 	Inserted PublishResult = "inserted" // a new task
 	Rerun    PublishResult = "rerun"    // a finished task was reset to run again
 	Existing PublishResult = "existing" // left as it was
+	// Debounced: a pending task, never claimed, took the publish's
+	// payload and a later run_at (PublishParams.Debounce).
+	Debounced PublishResult = "debounced"
 )
 
 // Publish is the idempotent publish: insert p as a new task, or leave the
 // existing task of that key alone, or, when p.Rerun is set and it is
 // finished, reset it so it runs again. A running task is never reset.
+// With p.Debounce, a task of that key that is pending and was never
+// claimed takes p's payload and runs p.Debounce from now (Debounced).
 // Validation errors wrap ErrInvalid and nothing is written: p is checked
 // as Validate does, unless ctx comes from WithInternalWrite.
 //
@@ -45,12 +52,27 @@ func Publish(ctx context.Context, s Store, p PublishParams) (t *Task, res Publis
 	if err != nil {
 		return nil, "", err
 	}
+	if p.Debounce > 0 {
+		// A burst publishes a key that mostly exists: read it first, so
+		// that each publish of the burst costs one write (the debounce's),
+		// not a refused insert as well.
+		stored, err := s.Get(ctx, p.Key)
+		switch {
+		case err == nil && stored.Debounceable():
+			return debounce(ctx, s, p, t, stored)
+		case err != nil && !errors.Is(err, ErrNotFound):
+			return nil, "", fmt.Errorf("publish %s: %w", p.Key, err)
+		}
+	}
 	stored, inserted, err := s.Insert(ctx, t)
 	if err != nil {
 		return nil, "", fmt.Errorf("publish %s: %w", p.Key, err)
 	}
 	if inserted {
 		return stored, Inserted, nil
+	}
+	if p.Debounce > 0 && stored.Debounceable() {
+		return debounce(ctx, s, p, t, stored)
 	}
 	if !p.Rerun {
 		return stored, Existing, nil
@@ -62,6 +84,18 @@ func Publish(ctx context.Context, s Store, p PublishParams) (t *Task, res Publis
 		if !p.Trace.IsZero() {
 			t.Trace = p.Trace // the rerun's attempts continue the rerun's trace
 		}
+		if p.Debounce > 0 {
+			// A rerun of a debounced publish runs the new payload, after
+			// the same quiet period a first publish waits.
+			t.Payload = slices.Clone(p.Payload)
+			if len(t.Payload) == 0 {
+				t.Payload = json.RawMessage("{}")
+			}
+			if at := clampTime(p.debounceRunAt(s.Now())); at.After(t.RunAt) {
+				t.RunAt = at.UTC()
+				t.touch(s.Now())
+			}
+		}
 		return nil
 	})
 	switch {
@@ -71,6 +105,25 @@ func Publish(ctx context.Context, s Store, p PublishParams) (t *Task, res Publis
 		return nil, "", fmt.Errorf("publish %s: rerun: %w", p.Key, err)
 	}
 	return next, Rerun, nil
+}
+
+// debounce writes a debounced publish into stored, the pending task of
+// p.Key that Insert found, built as the insert would have been (fresh).
+// The write is the store's compare-and-set on stored's version: a claim
+// in between bumped the version, so the write conflicts, the task is
+// read again, and a claimed one is left as it is (Existing): a claimed
+// task's payload never changes.
+func debounce(ctx context.Context, s Store, p PublishParams, fresh, stored *Task) (*Task, PublishResult, error) {
+	next, err := ModifyFrom(ctx, s, p.Key, stored, func(t *Task) error {
+		return t.Debounce(fresh.Payload, fresh.Trace, p.debounceRunAt(s.Now()), s.Now())
+	})
+	switch {
+	case errors.Is(err, errClaimed):
+		return next, Existing, nil
+	case err != nil:
+		return nil, "", fmt.Errorf("publish %s: debounce: %w", p.Key, err)
+	}
+	return next, Debounced, nil
 }
 
 // Modify applies fn to the stored document of key and writes it with

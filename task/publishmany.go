@@ -27,7 +27,8 @@ const publishManyWorkers = 256
 //
 // Items of one key are published one after another in their order, as
 // separate Publish calls would be: the first inserts it, the later ones
-// find it (Existing) without another write unless they ask to rerun.
+// find it (Existing) without another write unless they ask to rerun or
+// debounce.
 // Items of different keys are published concurrently, so that the
 // embedded store commits many in one transaction. The error is ctx's when
 // it ended before every item was tried; the items not tried carry it too.
@@ -84,7 +85,7 @@ func publishGroup(ctx context.Context, s Store, ps []PublishParams, idx []int, o
 	var last *Task
 	for _, i := range idx {
 		p := ps[i]
-		if last != nil && !p.Rerun {
+		if last != nil && !p.Rerun && p.Debounce == 0 {
 			if err := p.validate(internal); err != nil {
 				out[i] = PublishOutcome{Err: err}
 			} else {

@@ -255,6 +255,12 @@ type PublishParams struct {
 	// Rerun clears a finished task's workers so it runs again. A running
 	// task is never reset.
 	Rerun bool
+	// Debounce, when set, makes the task wait this long after its latest
+	// publish: a publish of the key while the task is pending and never
+	// claimed replaces its payload and moves its run_at to now+Debounce
+	// (Debounced) instead of leaving it alone; a claimed, running or
+	// finished task is left as it is (Existing). At most MaxDebounce.
+	Debounce time.Duration
 }
 
 // Validate checks p as given, defaults included, and changes nothing, so
@@ -297,6 +303,9 @@ func (p PublishParams) validate(internal bool) error {
 		}
 	}
 	if err := ValidateTime("run_at", p.RunAt); err != nil {
+		return err
+	}
+	if err := validateDebounce(p.Debounce); err != nil {
 		return err
 	}
 	switch {
@@ -373,6 +382,9 @@ func newTask(p PublishParams, now time.Time, internal bool) (*Task, error) {
 	}
 	p = p.withDefaults()
 	runAt := p.RunAt
+	if p.Debounce > 0 {
+		runAt = clampTime(p.debounceRunAt(now))
+	}
 	if runAt.IsZero() || runAt.Before(now) {
 		runAt = now
 	}

@@ -89,9 +89,13 @@ type follower struct {
 }
 
 // Duty follows every active trigger until ctx ends: the duty an elector
-// runs while its process is elected. On a store with no collections to
-// watch it waits for ctx and does nothing.
+// runs while its process is elected. On the embedded store it publishes
+// what the table triggers recorded (drainTables); on a store with
+// neither collections nor tables it waits for ctx and does nothing.
 func (r *Runner) Duty(ctx context.Context) error {
+	if ts, ok := r.cfg.Store.(task.TableTriggerStore); ok {
+		return r.drainTables(ctx, ts)
+	}
 	cw, ok := r.cfg.Store.(task.CollectionWatcher)
 	if !ok {
 		<-ctx.Done()
@@ -114,7 +118,7 @@ func (r *Runner) Duty(ctx context.Context) error {
 		if err == nil {
 			want := map[string]loaded{}
 			for _, l := range all {
-				if !l.t.Paused {
+				if !l.t.Paused && l.t.Table == "" {
 					want[l.t.Name] = l
 				}
 			}

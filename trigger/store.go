@@ -94,6 +94,12 @@ func Add(ctx context.Context, s task.Store, t Trigger, replace bool) (*Trigger, 
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
+	if t.Table != "" {
+		return addTable(ctx, s, t, replace)
+	}
+	if _, ok := s.(task.TableTriggerStore); ok {
+		return nil, ErrCollectionOnTables
+	}
 	cw, err := watcher(s)
 	if err != nil {
 		return nil, err
@@ -245,10 +251,20 @@ func loadVersions(ctx context.Context, s task.Store) ([]loaded, error) {
 // Remove deletes the trigger of name and its position. Tasks already
 // published stay; the runner stops following it within a poll.
 func Remove(ctx context.Context, s task.Store, name string) error {
-	if _, err := get(ctx, s, name); err != nil {
+	d, err := get(ctx, s, name)
+	if err != nil {
 		return err
 	}
-	err := s.DeleteDocument(task.WithInternalWrite(ctx), Namespace, name, 0)
+	if ts, ok := s.(task.TableTriggerStore); ok {
+		// Its SQL triggers (a table trigger's) go with it, and what they
+		// recorded that is not published yet.
+		err := ts.DropTableTrigger(task.WithInternalWrite(ctx), name, d)
+		if errors.Is(err, task.ErrNotFound) {
+			return fmt.Errorf("%s: %w", name, ErrNotFound)
+		}
+		return err
+	}
+	err = s.DeleteDocument(task.WithInternalWrite(ctx), Namespace, name, 0)
 	if errors.Is(err, task.ErrNotFound) {
 		return fmt.Errorf("%s: %w", name, ErrNotFound)
 	}

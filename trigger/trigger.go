@@ -11,7 +11,10 @@
 // documents and publishes each under a key of its _id and version.
 //
 // The store must offer task.CollectionWatcher (the MongoDB backend does);
-// on another, Add refuses. docs/triggers.md has the guarantees.
+// on another, Add refuses. On the embedded store a trigger names a table
+// instead (Trigger.Table, table.go): SQL triggers record each change in
+// the user's own transaction, and the runner publishes what they
+// recorded. docs/triggers.md has the guarantees.
 package trigger
 
 import (
@@ -30,7 +33,11 @@ import (
 type Trigger struct {
 	Name string `json:"name"`
 	// Collection is DB.COLL: the database, a dot, the collection.
-	Collection string `json:"collection"`
+	Collection string `json:"collection,omitempty"`
+	// Table, instead of Collection, is a table of the embedded store's
+	// file (table.go): SQL triggers on it record each matching change in
+	// the user's own transaction.
+	Table string `json:"table,omitempty"`
 	// Filter is a match expression (MongoDB extended JSON) on the changed
 	// document; empty: every change. Deletes carry no document, so the
 	// filter does not apply to them.
@@ -118,6 +125,9 @@ func (t *Trigger) Watch() task.CollectionWatch {
 // one line. The server's checks (the collection exists, the filter's
 // operators) are Add's.
 func (t *Trigger) Validate() error {
+	if t.Table != "" {
+		return t.validateTable()
+	}
 	if err := validateName(t.Name); err != nil {
 		return err
 	}
@@ -192,6 +202,9 @@ func validateName(name string) error {
 
 // withDefaults fills what was left zero.
 func (t *Trigger) withDefaults() {
+	if len(t.Operations) == 0 && t.Table != "" {
+		t.Operations = slices.Clone(DefaultTableOperations)
+	}
 	if len(t.Operations) == 0 {
 		t.Operations = slices.Clone(DefaultOperations)
 	}

@@ -92,6 +92,9 @@ func TestHostilePublishBodies(t *testing.T) {
 		{"/api/v1/tasks", `{"key":"t","kind":"k","run_at":"0001-01-02T00:00:00Z"}`,
 			"run_at: 0001-01-02T00:00:00Z is outside 2000-01-01 .. 2200-01-01"},
 		{"/api/v1/tasks", `{"key":"t","kind":"k","delay":"2000000h"}`, "delay: ends after 2200-01-01"},
+		{"/api/v1/tasks", `{"key":"t","kind":"k","debounce":"0s"}`, "debounce: (0s) must be positive"},
+		{"/api/v1/tasks", `{"key":"t","kind":"k","debounce":"-5s"}`, "debounce: (-5s) must be positive"},
+		{"/api/v1/tasks", `{"key":"t","kind":"k","debounce":"25h"}`, "debounce: (25h0m0s) must be at most 24h0m0s"},
 	} {
 		e.want("POST", c.path, c.body, 400, errorBody(c.msg))
 	}

@@ -40,6 +40,8 @@ type publishBody struct {
 	WorkerTimeout        task.Duration `json:"worker_timeout"`
 	LockKeys             []string      `json:"lock_keys"`
 	Rerun                bool          `json:"rerun"`
+	// Debounce absent is off; given, it must be positive.
+	Debounce *task.Duration `json:"debounce"`
 }
 
 // params validates b completely, naming the field at fault, before the
@@ -59,6 +61,12 @@ func (b publishBody) params(now time.Time) (task.PublishParams, error) {
 		return p, badInput("delay", "ends after %s", task.MaxTime.Format(time.DateOnly))
 	case b.Delay > 0:
 		p.RunAt = now.Add(time.Duration(b.Delay))
+	}
+	if d := b.Debounce; d != nil {
+		if err := task.ValidateDebounce("debounce", time.Duration(*d)); err != nil {
+			return p, err
+		}
+		p.Debounce = time.Duration(*d)
 	}
 	if r := b.MaxUnexpectedRetries; r != nil {
 		switch {
@@ -80,7 +88,9 @@ func (b publishBody) params(now time.Time) (task.PublishParams, error) {
 		if err != nil {
 			return p, inPayload(err)
 		}
-		return mqttdev.PublishParams(p.Key, cmd, p.Options)
+		dp, err := mqttdev.PublishParams(p.Key, cmd, p.Options)
+		dp.Debounce = p.Debounce
+		return dp, err
 	case slices.Contains(builtin.Kinds, p.Kind):
 		if err := builtin.Validate(p.Kind, p.Payload); err != nil {
 			return p, err

@@ -36,7 +36,7 @@ func ParsePublish(b []byte, now time.Time) (task.PublishParams, error) {
 }
 
 // BatchItem is one task's outcome in a batch publish: Result is
-// inserted, existing or rerun (State is then the task's), refused (Error
+// inserted, existing, rerun or debounced (State is then the task's), refused (Error
 // names the field, as tasks[i].field: reason) or failed (a store error;
 // the task may or may not be stored: publish it again).
 type BatchItem struct {
@@ -59,9 +59,11 @@ type BatchResponse struct {
 	Inserted int         `json:"inserted"`
 	Existing int         `json:"existing"`
 	Rerun    int         `json:"rerun"`
-	Refused  int         `json:"refused"`
-	Failed   int         `json:"failed"`
-	Warnings []string    `json:"warnings,omitempty"`
+	// Debounced counts the items that moved a pending task (debounce).
+	Debounced int      `json:"debounced"`
+	Refused   int      `json:"refused"`
+	Failed    int      `json:"failed"`
+	Warnings  []string `json:"warnings,omitempty"`
 }
 
 // readBatch reads {"tasks": [...]} from r's body, item by item, refusing
@@ -219,6 +221,8 @@ func (a *api) publishBatch(w http.ResponseWriter, r *http.Request) {
 			resp.Existing++
 		case string(task.Rerun):
 			resp.Rerun++
+		case string(task.Debounced):
+			resp.Debounced++
 		case ResultRefused:
 			resp.Refused++
 		case ResultFailed:
@@ -229,7 +233,7 @@ func (a *api) publishBatch(w http.ResponseWriter, r *http.Request) {
 		a.log.Error("web: batch publish: store error", "err", failed, "failed", resp.Failed)
 	}
 	a.log.Info("web: batch published", "tasks", len(resp.Results), "inserted", resp.Inserted,
-		"existing", resp.Existing, "rerun", resp.Rerun, "refused", resp.Refused, "failed", resp.Failed)
+		"existing", resp.Existing, "rerun", resp.Rerun, "debounced", resp.Debounced, "refused", resp.Refused, "failed", resp.Failed)
 	writeJSON(w, http.StatusOK, resp)
 }
 

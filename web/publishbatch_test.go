@@ -154,3 +154,28 @@ func TestPublishBatchLimits(t *testing.T) {
 		t.Errorf("refused batches wrote:\nbefore %s\nafter  %s", before, after)
 	}
 }
+
+// TestPublishDebounce: a publish body's debounce replaces a pending
+// task's payload (200 debounced), in a batch too, counted apart.
+func TestPublishDebounce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{Token: token})
+	e.want("POST", "/api/v1/tasks", `{"key":"a","kind":"noop","payload":{"n":1},"debounce":"1m"}`, 201, `"inserted"`)
+	e.want("POST", "/api/v1/tasks", `{"key":"a","kind":"noop","payload":{"n":2},"debounce":"1m"}`, 200, `"debounced"`)
+	resp := e.batch("/api/v1/tasks/batch", `{"tasks":[
+		{"key":"a","kind":"noop","payload":{"n":3},"debounce":"1m"},
+		{"key":"a","kind":"noop","payload":{"n":4},"debounce":"30s"},
+		{"key":"a","kind":"noop","payload":{"n":5}},
+		{"key":"a","kind":"noop","payload":{"n":6},"debounce":"0s"}
+	]}`, 200)
+	if resp.Debounced != 2 || resp.Existing != 1 || resp.Refused != 1 || resp.Results[3].Error != "tasks[3].debounce: (0s) must be positive" {
+		t.Fatalf("batch: %+v", resp)
+	}
+	got, err := e.store.Get(t.Context(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got.Payload) != `{"n":4}` {
+		t.Errorf("payload %s; want the last debounce's", got.Payload)
+	}
+}

@@ -21,6 +21,7 @@ import (
 type triggerBody struct {
 	Name         string             `json:"name"`
 	Collection   string             `json:"collection"`
+	Table        string             `json:"table"`
 	Filter       json.RawMessage    `json:"filter"`
 	Operations   []string           `json:"operations"`
 	Fields       []string           `json:"fields"`
@@ -46,7 +47,7 @@ type triggerOptionsBody struct {
 
 func (b triggerBody) trigger() (trigger.Trigger, error) {
 	o := b.Options
-	t := trigger.Trigger{Name: b.Name, Collection: b.Collection, Operations: b.Operations, Fields: b.Fields,
+	t := trigger.Trigger{Name: b.Name, Collection: b.Collection, Table: b.Table, Operations: b.Operations, Fields: b.Fields,
 		VersionField: b.VersionField, Kind: b.Kind, Options: task.Options{
 			Priority: o.Priority, SpecificWorkerIDs: o.SpecificWorkerIDs, ConcurrentWorkerCnt: o.ConcurrentWorkerCnt,
 			SuccessWorkerCnt: o.SuccessWorkerCnt, PingInterval: time.Duration(o.PingInterval),
@@ -89,7 +90,7 @@ func (a *api) addTrigger(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	a.log.Info("web: added trigger", "name", added.Name, "collection", added.Collection)
+	a.log.Info("web: added trigger", "name", added.Name, "collection", added.Collection, "table", added.Table)
 	writeJSON(w, http.StatusCreated, added)
 }
 

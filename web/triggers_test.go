@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/task/mongostore"
+	"github.com/leasepool/leasepool/task/sqlitestore"
 	"github.com/leasepool/leasepool/trigger"
 	"github.com/leasepool/leasepool/web"
 )
@@ -81,10 +82,25 @@ func TestTriggers(t *testing.T) {
 	}
 }
 
-// On the embedded store there are no collections to watch.
-func TestTriggersNeedMongoDB(t *testing.T) {
+// On the embedded store there are no collections to watch: a trigger
+// names a table of its file.
+func TestTriggersOnTables(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, web.Config{Token: token})
-	e.want("POST", "/api/v1/triggers", `{"name":"b","collection":"app.orders","kind":"k"}`, 400, "triggers need the MongoDB backend")
+	e.want("POST", "/api/v1/triggers", `{"name":"b","collection":"app.orders","kind":"k"}`, 400, "collection: the embedded store has tables")
+	e.want("POST", "/api/v1/triggers", `{"name":"b","table":"orders","kind":"k"}`, 400, "table: no table orders")
+	e.want("GET", "/api/v1/triggers", "", 200, `[]`)
+	st := e.store.(*sqlitestore.Store)
+	if err := st.InTx(t.Context(), func(tx *sqlitestore.Tx) error {
+		_, err := tx.Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT)`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.want("POST", "/api/v1/triggers", `{"name":"b","table":"orders","filter":{"state":"new"},"kind":"k"}`, 400, "filter: table orders has no column state")
+	e.want("POST", "/api/v1/triggers", `{"name":"b","table":"orders","filter":{"status":"new"},"kind":"k"}`, 201, `"table":"orders"`)
+	e.want("GET", "/api/v1/triggers", "", 200, `"operations":["insert","update"]`)
+	e.want("POST", "/api/v1/triggers/b/pause", "", 200, `"paused":true`)
+	e.want("DELETE", "/api/v1/triggers/b", "", 200, `"changed":true`)
 	e.want("GET", "/api/v1/triggers", "", 200, `[]`)
 }

@@ -391,9 +391,11 @@ func (w *Worker) newElector() (*singleton.Elector, error) {
 		{Name: "rollout driver", Run: drv.Duty},
 		{Name: "retention", Run: retain.Duty},
 	}
-	// Triggers watch the user's collections: only a store that has them
-	// (MongoDB) runs them.
-	if _, ok := cfg.Store.(task.CollectionWatcher); ok {
+	// Triggers watch the user's collections (MongoDB) or publish what the
+	// SQL triggers on the user's tables recorded (the embedded store):
+	// only a store that has either runs them.
+	_, tables := cfg.Store.(task.TableTriggerStore)
+	if _, ok := cfg.Store.(task.CollectionWatcher); ok || tables {
 		trig, err := trigger.NewRunner(trigger.RunnerConfig{Store: cfg.Store, Logger: cfg.Logger})
 		if err != nil {
 			return nil, err

@@ -34,7 +34,7 @@ type fileLine struct {
 
 // fileTally counts a publish --file's outcomes.
 type fileTally struct {
-	lines, inserted, existing, rerun, refused, failed int
+	lines, inserted, existing, rerun, debounced, refused, failed int
 }
 
 // publishFile publishes every line of --file (- for standard input),
@@ -43,7 +43,7 @@ func publishFile(c *cli.Context) error {
 	if c.NArg() != 0 {
 		return badUsage(c, "--file takes no KEY argument (each line has its key)")
 	}
-	for _, name := range append([]string{"delay", "rerun", "json"}, taskFlagNames()...) {
+	for _, name := range append([]string{"delay", "rerun", "debounce", "json"}, taskFlagNames()...) {
 		if name != "strict" && c.IsSet(name) {
 			return badUsage(c, "--%s does not go with --file: each line gives its task's fields", name)
 		}
@@ -101,6 +101,8 @@ func publishFile(c *cli.Context) error {
 				tally.inserted++
 			case o.Result == task.Rerun:
 				tally.rerun++
+			case o.Result == task.Debounced:
+				tally.debounced++
 			default:
 				tally.existing++
 			}
@@ -153,8 +155,12 @@ func publishFile(c *cli.Context) error {
 	if !c.Bool("strict") && len(refs) > 0 {
 		warnKindsWithoutWorker(c, s, refs)
 	}
-	fmt.Fprintf(c.App.Writer, "inserted %d, existing %d, rerun %d, refused %d, failed %d (%d lines)\n",
-		tally.inserted, tally.existing, tally.rerun, tally.refused, tally.failed, tally.lines)
+	debounced := ""
+	if tally.debounced > 0 {
+		debounced = fmt.Sprintf(", debounced %d", tally.debounced)
+	}
+	fmt.Fprintf(c.App.Writer, "inserted %d, existing %d, rerun %d%s, refused %d, failed %d (%d lines)\n",
+		tally.inserted, tally.existing, tally.rerun, debounced, tally.refused, tally.failed, tally.lines)
 	if bad := tally.refused + tally.failed; bad > 0 {
 		return fmt.Errorf("%d of %d lines not published (see above)", bad, tally.lines)
 	}

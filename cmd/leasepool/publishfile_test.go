@@ -88,3 +88,42 @@ func TestPublishFile(t *testing.T) {
 		t.Errorf("a refused command line stored u")
 	}
 }
+
+// TestPublishDebounce: publish --debounce on a pending key replaces its
+// payload and says so; publish --file lines debounce alike, and a bad
+// debounce line is refused naming the field.
+func TestPublishDebounce(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	if out := c.must("publish", "--kind", "noop", "--debounce", "1m", "--payload", `{"n":1}`, "k"); !strings.HasPrefix(out, "inserted k ") {
+		t.Fatalf("first publish: %q", out)
+	}
+	if out := c.must("publish", "--kind", "noop", "--debounce", "1m", "--payload", `{"n":2}`, "k"); !strings.HasPrefix(out, "debounced k ") {
+		t.Fatalf("second publish: %q", out)
+	}
+	if got := c.show("k")["payload"]; strings.Join(strings.Fields(string(got)), "") != `{"n":2}` {
+		t.Errorf("k's payload %s; want the second publish's", got)
+	}
+	lines := `{"key":"k","kind":"noop","payload":{"n":3},"debounce":"1m"}
+{"key":"k","kind":"noop","payload":{"n":4},"debounce":"1m"}
+{"key":"k","kind":"noop","payload":{"n":5},"debounce":"0s"}
+{"key":"k","kind":"noop","payload":{"n":6},"debounce":"-1s"}
+{"key":"k","kind":"noop","payload":{"n":7},"debounce":"48h"}
+{"key":"k","kind":"noop","payload":{"n":8}}
+`
+	out, errOut, code := c.runStdin(lines, "publish", "--file", "-")
+	if code != exitFailed || out != "inserted 0, existing 1, rerun 0, debounced 2, refused 3, failed 0 (6 lines)\n" {
+		t.Errorf("exit %d, stdout %q; want 1 and the summary\n%s", code, out, errOut)
+	}
+	for _, want := range []string{"line 3: debounce: ", "line 4: debounce: ", "line 5: debounce: "} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+	if got := c.show("k")["payload"]; strings.Join(strings.Fields(string(got)), "") != `{"n":4}` {
+		t.Errorf("k's payload %s; want line 2's", got)
+	}
+	if _, _, code := c.runStdin("", "publish", "--file", "-", "--debounce", "1s"); code == exitOK {
+		t.Errorf("--debounce with --file accepted")
+	}
+}

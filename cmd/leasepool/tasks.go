@@ -29,6 +29,7 @@ func publishCommand() *cli.Command {
 			&cli.StringFlag{Name: "file", Usage: "publish every line of this file (- for stdin): JSON lines, each a task body as POST /api/v1/tasks takes it"},
 			&cli.DurationFlag{Name: "delay", Usage: "not claimable before this long from now", DefaultText: "none"},
 			&cli.BoolFlag{Name: "rerun", Usage: "run a finished task again"},
+			&cli.DurationFlag{Name: "debounce", Usage: "run this long after the key's latest publish: publishing the key again while its task is pending (never claimed) replaces the payload and moves the run time; at most " + task.MaxDebounce.String(), DefaultText: "off: publishing an existing key leaves it alone"},
 			&cli.BoolFlag{Name: "json", Usage: "print the task as JSON"},
 		}, taskFlags()...),
 		Action: func(c *cli.Context) error {
@@ -114,8 +115,15 @@ func publishParams(c *cli.Context) (task.PublishParams, error) {
 	if delay > 0 {
 		runAt = time.Now().Add(delay)
 	}
+	var debounce time.Duration
+	if c.IsSet("debounce") {
+		debounce = c.Duration("debounce")
+		if err := task.ValidateDebounce("--debounce", debounce); err != nil {
+			return task.PublishParams{}, err
+		}
+	}
 	p, err := taskParams(c, c.Args().First(), runAt)
-	p.Rerun = c.Bool("rerun")
+	p.Rerun, p.Debounce = c.Bool("rerun"), debounce
 	return p, err
 }
 

@@ -6,7 +6,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,7 +23,7 @@ import (
 func triggerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "trigger",
-		Usage: "a task per change of a MongoDB collection: the elected worker publishes one, keyed trigger:NAME:..., for every matching change",
+		Usage: "a task per change of a MongoDB collection or of a table of the embedded store: the elected worker publishes one, keyed trigger:NAME:..., for every matching change",
 		Subcommands: []*cli.Command{
 			triggerAddCommand(),
 			{
@@ -65,14 +67,16 @@ func triggerAddCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:      "add",
-		Usage:     "add a trigger: a MongoDB collection, which of its changes, and the task each change publishes (its payload is the changed document)",
+		Usage:     "add a trigger: a MongoDB collection (or a table of the embedded store), which of its changes, and the task each change publishes (its payload is the changed document or row)",
 		ArgsUsage: "NAME",
 		Flags: append([]cli.Flag{
-			&cli.StringFlag{Name: "collection", Usage: "the collection watched, DB.COLL (it must exist; not one of leasepool's own)"},
-			&cli.StringFlag{Name: "filter", Usage: `a match expression on the changed document, in MongoDB extended JSON, such as '{"status": "new"}' (deletes carry no document: not filtered)`},
-			&cli.StringFlag{Name: "operations", Value: strings.Join(trigger.DefaultOperations, ","),
-				Usage: "comma-separated kinds of change that publish: " + strings.Join(task.CollectionOperations, ", ")},
-			&cli.StringFlag{Name: "fields", Usage: "comma-separated fields (dotted paths) of the document that make the payload, with _id", DefaultText: "the whole document"},
+			&cli.StringFlag{Name: "collection", Usage: "MongoDB: the collection watched, DB.COLL (it must exist; not one of leasepool's own)"},
+			&cli.StringFlag{Name: "table", Usage: "the embedded store: the table of its file whose changes publish, through SQL triggers in the writer's own transaction (it must exist; not one of leasepool's own)"},
+			&cli.StringFlag{Name: "filter", Usage: `MongoDB: a match expression on the changed document, in MongoDB extended JSON, such as '{"status": "new"}' (deletes carry no document: not filtered); ` +
+				`a table: a JSON object of column values the new row (the old one, for a delete) must equal, such as '{"status": "new", "urgent": 1}'`},
+			&cli.StringFlag{Name: "operations", DefaultText: strings.Join(trigger.DefaultOperations, ",") + "; a table: " + strings.Join(trigger.DefaultTableOperations, ","),
+				Usage: "comma-separated kinds of change that publish: " + strings.Join(task.CollectionOperations, ", ") + " (a table: no replace)"},
+			&cli.StringFlag{Name: "fields", Usage: "comma-separated fields (dotted paths) of the document that make the payload, with _id; a table: its columns", DefaultText: "the whole document or row"},
 			&cli.StringFlag{Name: "version-field", Usage: "a field that changes with every write (a version, an updated-at): a rescan after lost history keys each document's task by _id and it",
 				DefaultText: "a hash of the document"},
 			&cli.BoolFlag{Name: "replace", Usage: "replace a trigger of that name (it keeps its position)"},
@@ -92,11 +96,18 @@ func triggerAddCommand() *cli.Command {
 			}
 			defer s.Close()
 			added, err := trigger.Add(c.Context, s, tr, c.Bool("replace"))
+			if errors.Is(err, task.ErrInvalid) {
+				return flagNamed(err) // the store's checks: the table, the filter's columns
+			}
 			if err != nil {
 				return err
 			}
 			warnKindsWithoutWorker(c, s, kinds)
-			fmt.Fprintf(c.App.Writer, "added %s (%s on %s, from %s)\n", added.Name, strings.Join(added.Operations, ","), added.Collection,
+			on := added.Collection
+			if added.Table != "" {
+				on = "table " + added.Table
+			}
+			fmt.Fprintf(c.App.Writer, "added %s (%s on %s, from %s)\n", added.Name, strings.Join(added.Operations, ","), on,
 				added.Since.Format(time.RFC3339))
 			return nil
 		},
@@ -110,9 +121,14 @@ func triggerFromFlags(c *cli.Context) (trigger.Trigger, error) {
 	if c.NArg() != 1 {
 		return tr, badUsage(c, "want exactly one NAME argument, got %d", c.NArg())
 	}
-	tr.Name, tr.Collection, tr.VersionField = c.Args().First(), c.String("collection"), c.String("version-field")
-	if !c.IsSet("collection") {
-		return tr, badFlag(c, "collection", "required: DB.COLL, the collection watched")
+	tr.Name, tr.Collection, tr.Table, tr.VersionField = c.Args().First(), c.String("collection"), c.String("table"), c.String("version-field")
+	switch {
+	case c.IsSet("collection") && c.IsSet("table"):
+		return tr, badFlag(c, "table", "give --collection (MongoDB) or --table (the embedded store), not both")
+	case !c.IsSet("collection") && !c.IsSet("table"):
+		return tr, badFlag(c, "collection", "required: DB.COLL, the collection watched (or --table TABLE on the embedded store)")
+	case c.IsSet("table") && tr.Table == "":
+		return tr, badFlag(c, "table", "must not be empty")
 	}
 	if c.IsSet("filter") {
 		tr.Filter = json.RawMessage(c.String("filter"))
@@ -140,6 +156,9 @@ func triggerFromFlags(c *cli.Context) (trigger.Trigger, error) {
 	check := tr
 	if len(check.Operations) == 0 {
 		check.Operations = trigger.DefaultOperations
+		if tr.Table != "" {
+			check.Operations = trigger.DefaultTableOperations
+		}
 	}
 	if err := check.Validate(); err != nil {
 		return tr, flagNamed(err)
@@ -150,7 +169,7 @@ func triggerFromFlags(c *cli.Context) (trigger.Trigger, error) {
 // flagNamed spells a trigger field as its flag.
 func flagNamed(err error) error {
 	msg := err.Error()
-	for _, f := range []string{"collection", "filter", "operations", "fields", "version_field", "name", "kind"} {
+	for _, f := range []string{"collection", "table", "filter", "operations", "fields", "version_field", "name", "kind"} {
 		if rest, ok := strings.CutPrefix(msg, task.ErrInvalid.Error()+": "+f); ok {
 			flag := "--" + strings.ReplaceAll(f, "_", "-")
 			if f == "name" {
@@ -193,8 +212,17 @@ func triggerList(c *cli.Context) error {
 		if in.Position.Rescan != nil {
 			rescans = in.Position.Rescan.Count
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", printable(in.Name), printable(in.Collection), strings.Join(in.Operations, ","),
-			printable(filter), state, printable(in.Kind), in.Position.Published, rescans, stamp(in.Position.At))
+		on := in.Collection
+		if in.Table != "" {
+			on = "table " + in.Table
+		}
+		published, rescanned, at := strconv.FormatInt(in.Position.Published, 10), strconv.Itoa(rescans), stamp(in.Position.At)
+		if in.Table != "" {
+			// No position: what is not published waits in the outbox.
+			published, rescanned, at = "-", "-", "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(in.Name), printable(on), strings.Join(in.Operations, ","),
+			printable(filter), state, printable(in.Kind), published, rescanned, at)
 	}
 	return tw.Flush()
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"database/sql"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -92,5 +93,70 @@ func TestTriggerAddRefusesBadInput(t *testing.T) {
 		if docs, err := s.Documents(t.Context(), ns); err != nil || len(docs) != 0 {
 			t.Errorf("%s after refused adds: %d documents (%v)", ns, len(docs), err)
 		}
+	}
+}
+
+// TestTriggerOnTable: on the embedded store, trigger add --table sets
+// SQL triggers on the user's table; ls, pause, resume and rm work; a
+// refusal is one line naming the flag, with nothing written.
+func TestTriggerOnTable(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.must("publish", "--kind", "noop", "first") // makes the store's file
+	db, err := sql.Open("sqlite", "file:"+c.path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT, total REAL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ok", "--table", "missing"}, "--table: no table missing"},
+		{[]string{"ok", "--table", "tasks"}, "--table: tasks is leasepool's"},
+		{[]string{"ok", "--table", "orders; DROP TABLE orders"}, "--table: "},
+		{[]string{"not-an-identifier", "--table", "orders"}, "NAME: "},
+		{[]string{"ok", "--table", "orders", "--filter", `{"status":`}, "--filter: "},
+		{[]string{"ok", "--table", "orders", "--filter", `{"state":"new"}`}, "--filter: table orders has no column state"},
+		{[]string{"ok", "--table", "orders", "--operations", "replace"}, "--operations: "},
+		{[]string{"ok", "--table", "orders", "--fields", "nope"}, "--fields: table orders has no column nope"},
+		{[]string{"ok", "--table", "orders", "--collection", "a.b"}, "--table: give --collection"},
+		{[]string{"ok", "--collection", "a.b"}, "collection: the embedded store has tables"},
+	} {
+		args := append(append([]string{"trigger", "add"}, tc.args...), "--kind", "order")
+		_, err := c.run(args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("leasepool %q: %v, want one line with %q", args, err, tc.want)
+		}
+	}
+	var n int
+	db.QueryRow(`SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' OR name LIKE 'leasepool_outbox%'`).Scan(&n)
+	if n != 0 {
+		t.Errorf("refused adds left %d SQL objects", n)
+	}
+	out := c.must("trigger", "add", "neworders", "--table", "orders", "--filter", `{"status": "new"}`, "--operations", "insert,delete",
+		"--kind", "order", "--priority", "2")
+	if !strings.Contains(out, "added neworders (insert,delete on table orders") {
+		t.Fatalf("add: %q", out)
+	}
+	if out := c.must("trigger", "ls"); !strings.Contains(out, "table orders") || !strings.Contains(out, "active") {
+		t.Errorf("ls: %q", out)
+	}
+	db.QueryRow(`SELECT count(*) FROM sqlite_schema WHERE type = 'trigger'`).Scan(&n)
+	if n != 2 {
+		t.Errorf("%d SQL triggers; want 2 (insert, delete)", n)
+	}
+	c.must("trigger", "pause", "neworders")
+	if out := c.must("trigger", "ls"); !strings.Contains(out, "paused") {
+		t.Errorf("ls after pause: %q", out)
+	}
+	c.must("trigger", "resume", "neworders")
+	c.must("trigger", "rm", "neworders")
+	db.QueryRow(`SELECT count(*) FROM sqlite_schema WHERE type = 'trigger'`).Scan(&n)
+	if n != 0 {
+		t.Errorf("%d SQL triggers after rm", n)
 	}
 }

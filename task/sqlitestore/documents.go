@@ -51,34 +51,40 @@ func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document
 	}
 	doc := string(change)
 	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		var res sql.Result
-		var err error
-		if d.Version == 0 {
-			res, err = tx.ExecContext(ctx, `INSERT INTO documents (namespace, id, version, value, updated_at)
-				VALUES (?, ?, 1, ?, ?) ON CONFLICT (namespace, id) DO NOTHING`, d.Namespace, d.ID, string(value), nanos(out.UpdatedAt))
-		} else {
-			res, err = tx.ExecContext(ctx, `UPDATE documents SET version = version + 1, value = ?, updated_at = ?
-				WHERE namespace = ? AND id = ? AND version = ?`, string(value), nanos(out.UpdatedAt), d.Namespace, d.ID, d.Version)
-		}
-		if err != nil {
-			return 0, mapErr(err)
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			if err != nil {
-				return 0, mapErr(err)
-			}
-			err := s.missedDocument(ctx, tx, d.Namespace, d.ID, d.Version)
-			if errors.Is(err, task.ErrNotFound) {
-				err = fmt.Errorf("no document stored, not version %d: %w", d.Version, task.ErrConflict)
-			}
-			return 0, err
-		}
-		return s.appendDocChange(ctx, tx, d.Namespace, d.ID, &doc)
+		return s.putDocumentTx(ctx, tx, d, value, out, &doc)
 	})
 	if err != nil {
 		return task.Document{}, fmt.Errorf("put document %s/%s: %w", d.Namespace, d.ID, err)
 	}
 	return out, nil
+}
+
+// putDocumentTx is PutDocument's write in tx: d by compare-and-set, its
+// value value, out (and its change doc) what it stores.
+func (s *Store) putDocumentTx(ctx context.Context, tx *sql.Tx, d task.Document, value json.RawMessage, out task.Document, doc *string) (int64, error) {
+	var res sql.Result
+	var err error
+	if d.Version == 0 {
+		res, err = tx.ExecContext(ctx, `INSERT INTO documents (namespace, id, version, value, updated_at)
+			VALUES (?, ?, 1, ?, ?) ON CONFLICT (namespace, id) DO NOTHING`, d.Namespace, d.ID, string(value), nanos(out.UpdatedAt))
+	} else {
+		res, err = tx.ExecContext(ctx, `UPDATE documents SET version = version + 1, value = ?, updated_at = ?
+			WHERE namespace = ? AND id = ? AND version = ?`, string(value), nanos(out.UpdatedAt), d.Namespace, d.ID, d.Version)
+	}
+	if err != nil {
+		return 0, mapErr(err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		if err != nil {
+			return 0, mapErr(err)
+		}
+		err := s.missedDocument(ctx, tx, d.Namespace, d.ID, d.Version)
+		if errors.Is(err, task.ErrNotFound) {
+			err = fmt.Errorf("no document stored, not version %d: %w", d.Version, task.ErrConflict)
+		}
+		return 0, err
+	}
+	return s.appendDocChange(ctx, tx, d.Namespace, d.ID, doc)
 }
 
 // missedDocument is the error of a compare-and-set on version that

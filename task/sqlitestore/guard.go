@@ -61,8 +61,14 @@ var infoPragmas = map[string]bool{
 // read on the writer goroutine alone: SQLite calls it from the prepare
 // that goroutine runs). A refusal is recorded in s.refused, for the
 // error to name what was refused rather than SQLite's "not authorized".
-func (s *Store) authorize(action sqlite.AuthorizerActionCode, arg1, arg2, _, _ string) sqlite.AuthorizerReturnCode {
+func (s *Store) authorize(action sqlite.AuthorizerActionCode, arg1, arg2, _, triggerOrView string) sqlite.AuthorizerReturnCode {
 	if !s.guarding {
+		return sqlite.AuthorizerOK
+	}
+	if action == sqlite.AuthInsert && strings.EqualFold(arg1, outboxTable) && isTableTrigger(triggerOrView) {
+		// A table trigger's SQL trigger records the user's change in the
+		// outbox, within the user's statement: that is its whole point.
+		// (The user's SQL cannot make a trigger of leasepool's name.)
 		return sqlite.AuthorizerOK
 	}
 	deny := func(why string) sqlite.AuthorizerReturnCode {

@@ -41,6 +41,7 @@ func Run(t *testing.T, open func(t *testing.T) Opened) {
 	t.Run("Update", s.update)
 	t.Run("Publish", s.publish)
 	t.Run("PublishMany", s.publishMany)
+	t.Run("Debounce", s.debounce)
 	t.Run("Candidates", s.candidates)
 	t.Run("List", s.list)
 	t.Run("ListFilters", s.listFilters)

@@ -69,6 +69,25 @@ class PublishTest(unittest.TestCase):
         self.assertEqual(res["result"], "rerun")
         self.assertEqual(client.get(key)["state"], "pending")
 
+    def test_publish_debounce_replaces_a_pending_payload(self) -> None:
+        key, kind = unique("debounce"), unique("kind")
+        first = client.publish(key, kind, {"n": 1}, debounce=60)
+        self.assertEqual(first["result"], "inserted")
+        second = client.publish(key, kind, {"n": 2}, debounce="1m")
+        self.assertEqual(second["result"], "debounced")
+        self.assertEqual(client.get(key)["payload"], {"n": 2})
+        self.assertGreater(parse_time(second["task"]["run_at"]), parse_time(first["task"]["run_at"]))
+        many = client.publish_many([
+            {"key": key, "kind": kind, "payload": {"n": 3}, "debounce": timedelta(minutes=1)},
+            {"key": key, "kind": kind, "payload": {"n": 4}, "debounce": 0},
+        ])
+        self.assertEqual((many["debounced"], many["refused"]), (1, 1))
+        self.assertTrue(many["results"][1]["error"].startswith("tasks[1].debounce: "), many["results"][1])
+        self.assertEqual(client.get(key)["payload"], {"n": 3})
+        with self.assertRaises(LeasepoolError) as cm:
+            client.publish(unique("bad"), kind, debounce=-1)
+        self.assertTrue(str(cm.exception).startswith("debounce: ") or "debounce: " in str(cm.exception), str(cm.exception))
+
     def test_run_at_datetime(self) -> None:
         key = unique("runat")
         at = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=2)

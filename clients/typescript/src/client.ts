@@ -88,7 +88,7 @@ export class Client {
       throw new TypeError(`chunkSize: must be 1–${MAX_BATCH_TASKS}`);
     }
     const bodies = tasks.map((t, i) => publishBody(t, `tasks[${i}]`));
-    const out: PublishManyResult = { results: [], inserted: 0, existing: 0, rerun: 0, refused: 0, failed: 0 };
+    const out: PublishManyResult = { results: [], inserted: 0, existing: 0, rerun: 0, debounced: 0, refused: 0, failed: 0 };
     const warnings = new Set<string>();
     const enc = new TextEncoder();
     // Room for {"tasks":[…]} and the commas.
@@ -116,6 +116,7 @@ export class Client {
       out.inserted += res.inserted;
       out.existing += res.existing;
       out.rerun += res.rerun;
+      out.debounced += res.debounced ?? 0;
       out.refused += res.refused;
       out.failed += res.failed;
       for (const w of res.warnings ?? []) warnings.add(reindexText(w, offset));

@@ -7,6 +7,7 @@ export function publishBody(t: PublishTask, field = ""): Record<string, unknown>
   const known = new Set([
     "key", "kind", "payload", "priority", "runAt", "delay", "specificWorkerIds", "concurrentWorkerCnt",
     "successWorkerCnt", "maxUnexpectedRetries", "pingInterval", "workerTimeout", "lockKeys", "rerun",
+    "debounce",
   ]);
   for (const name of Object.keys(t)) {
     if (!known.has(name)) throw new TypeError(`${at(name)}: unknown option (known: ${[...known].join(", ")})`);
@@ -24,6 +25,7 @@ export function publishBody(t: PublishTask, field = ""): Record<string, unknown>
   if (t.workerTimeout !== undefined) b.worker_timeout = duration(at("workerTimeout"), t.workerTimeout);
   if (t.lockKeys !== undefined) b.lock_keys = strings(at("lockKeys"), t.lockKeys);
   if (t.rerun !== undefined) b.rerun = Boolean(t.rerun);
+  if (t.debounce !== undefined) b.debounce = duration(at("debounce"), t.debounce);
   return b;
 }
 

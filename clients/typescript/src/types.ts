@@ -34,6 +34,13 @@ export interface PublishTask {
   lockKeys?: string[];
   /** Run a finished task of this key again. */
   rerun?: boolean;
+  /**
+   * Run this long after the key's latest publish: publishing the key again
+   * while its task is pending and never claimed replaces its payload and
+   * moves its run time ("debounced"); a claimed task is left alone.
+   * Positive, at most 24h.
+   */
+  debounce?: Duration;
 }
 
 /** One log line of an attempt. */
@@ -87,7 +94,7 @@ export interface Task {
   [field: string]: unknown;
 }
 
-export type PublishResultKind = "inserted" | "existing" | "rerun";
+export type PublishResultKind = "inserted" | "existing" | "rerun" | "debounced";
 
 export interface PublishResult {
   result: PublishResultKind;
@@ -99,7 +106,7 @@ export interface PublishResult {
 /** One item's outcome in a batch publish. */
 export interface BatchItemResult {
   key?: string;
-  result: "inserted" | "existing" | "rerun" | "refused" | "failed";
+  result: "inserted" | "existing" | "rerun" | "debounced" | "refused" | "failed";
   state?: TaskState;
   /** Why it was refused (`tasks[i].field: reason`, i its index in the whole call) or failed. */
   error?: string;
@@ -111,6 +118,7 @@ export interface PublishManyResult {
   inserted: number;
   existing: number;
   rerun: number;
+  debounced: number;
   refused: number;
   failed: number;
   warnings?: string[];

@@ -72,6 +72,25 @@ test("publish maps every option onto the stored document", async () => {
   assert.equal(dflt.task.max_unexpected_retries, 3, "absent takes the default");
 });
 
+test("publish with debounce replaces a pending task's payload; bad debounce names the field", async () => {
+  const key = unique("debounce");
+  const first = await client.publish({ key, kind: "ts-debounce", payload: { n: 1 }, debounce: "1m" });
+  assert.equal(first.result, "inserted");
+  const second = await client.publish({ key, kind: "ts-debounce", payload: { n: 2 }, debounce: 60_000 });
+  assert.equal(second.result, "debounced");
+  assert.deepEqual((await client.get(key)).payload, { n: 2 });
+  assert.ok(new Date(second.task.run_at).getTime() > new Date(first.task.run_at).getTime(), "run_at moved");
+  const many = await client.publishMany([
+    { key, kind: "ts-debounce", payload: { n: 3 }, debounce: "1m" },
+    { key, kind: "ts-debounce", payload: { n: 4 }, debounce: "0s" },
+  ]);
+  assert.equal(many.debounced, 1);
+  assert.equal(many.refused, 1);
+  assert.match(many.results[1].error ?? "", /^tasks\[1\]\.debounce: /);
+  assert.deepEqual((await client.get(key)).payload, { n: 3 });
+  await rejectsWith(client.publish({ key: unique("bad"), kind: "ts", debounce: "-1s" }), 400, "invalid", /^debounce: /);
+});
+
 test("publish: strict refuses a kind no worker runs; bad input names the field", async () => {
   await rejectsWith(client.publish({ key: unique("strict"), kind: "nobody-runs-this" }, { strict: true }), 400, "invalid", /kind/);
   await rejectsWith(client.publish({ key: unique("bad"), kind: "ts", pingInterval: 1 }), 400, "invalid", /^ping_interval: /);

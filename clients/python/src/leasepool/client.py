@@ -35,7 +35,7 @@ _LIST_FILTERS = (
 _TASK_FIELDS = (
     "key", "kind", "payload", "priority", "run_at", "delay", "specific_worker_ids",
     "concurrent_worker_cnt", "success_worker_cnt", "max_unexpected_retries",
-    "ping_interval", "worker_timeout", "lock_keys", "rerun",
+    "ping_interval", "worker_timeout", "lock_keys", "rerun", "debounce",
 )
 
 
@@ -81,6 +81,7 @@ def task_body(
     worker_timeout: Optional[Duration] = None,
     lock_keys: Optional[Sequence[str]] = None,
     rerun: bool = False,
+    debounce: Optional[Duration] = None,
 ) -> JSONObject:
     """The JSON body of one publish; options left at None are not sent (the server's defaults)."""
     body: JSONObject = {"key": key, "kind": kind}
@@ -108,6 +109,8 @@ def task_body(
         body["lock_keys"] = list(lock_keys)
     if rerun:
         body["rerun"] = True
+    if debounce is not None:
+        body["debounce"] = go_duration(debounce, "debounce")
     return body
 
 
@@ -174,17 +177,22 @@ class Client:
         worker_timeout: Optional[Duration] = None,
         lock_keys: Optional[Sequence[str]] = None,
         rerun: bool = False,
+        debounce: Optional[Duration] = None,
         strict: bool = False,
         traceparent: Optional[str] = None,
         tracestate: Optional[str] = None,
     ) -> PublishResult:
         """Publish one task, idempotently by ``key``.
 
-        Answers ``{"result": "inserted"|"existing"|"rerun", "task": {...}}``
+        Answers ``{"result": "inserted"|"existing"|"rerun"|"debounced", "task": {...}}``
         with ``warnings`` when no live worker runs ``kind`` (``strict``
         refuses such a kind instead: LeasepoolError 400 naming ``kind``).
         Durations are seconds, timedeltas or Go strings ("1.5s");
         ``max_unexpected_retries`` None is the server's default (3), 0 none.
+        ``debounce`` runs the task that long after the key's latest publish:
+        publishing the key again while its task is pending and never claimed
+        replaces its payload and moves its run time (``debounced``); a
+        claimed task is left alone (``existing``).
         ``traceparent`` (and ``tracestate``), a W3C trace context, is the
         span the task's attempts continue (sent as the headers of that name).
         """
@@ -193,6 +201,7 @@ class Client:
             specific_worker_ids=specific_worker_ids, concurrent_worker_cnt=concurrent_worker_cnt,
             success_worker_cnt=success_worker_cnt, max_unexpected_retries=max_unexpected_retries,
             ping_interval=ping_interval, worker_timeout=worker_timeout, lock_keys=lock_keys, rerun=rerun,
+            debounce=debounce,
         )
         res: PublishResult = self._http.request("POST", "/api/v1/tasks", body, {"strict": True} if strict else None,
                                                 extra_headers=_trace_headers(traceparent, tracestate))
@@ -212,7 +221,8 @@ class Client:
         written and publishing all again is safe.
         """
         trace = _trace_headers(traceparent, tracestate)
-        total: BatchResult = {"results": [], "inserted": 0, "existing": 0, "rerun": 0, "refused": 0, "failed": 0, "warnings": []}
+        total: BatchResult = {"results": [], "inserted": 0, "existing": 0, "rerun": 0, "debounced": 0, "refused": 0,
+                              "failed": 0, "warnings": []}
         chunk: List[bytes] = []
         size = 0
         offset = 0
@@ -241,7 +251,7 @@ class Client:
             if err and offset:
                 item["error"] = _ITEM_INDEX.sub(lambda m: f"tasks[{int(m.group(1)) + offset}]", err, count=1)
             total["results"].append(item)
-        for n in ("inserted", "existing", "rerun", "refused", "failed"):
+        for n in ("inserted", "existing", "rerun", "debounced", "refused", "failed"):
             total[n] += int(res.get(n, 0))
         for w in res.get("warnings") or []:
             if w not in total["warnings"]:

@@ -63,7 +63,7 @@ class _PublishResult(TypedDict):
 
 
 class PublishResult(_PublishResult, total=False):
-    """What a publish did: ``inserted``, ``existing`` or ``rerun``, and the task as stored.
+    """What a publish did: ``inserted``, ``existing``, ``rerun`` or ``debounced``, and the task as stored.
 
     ``warnings`` names a kind no live worker runs.
     """
@@ -74,7 +74,7 @@ class PublishResult(_PublishResult, total=False):
 class BatchItem(TypedDict, total=False):
     """One item's outcome in a batch publish.
 
-    ``result`` is ``inserted``, ``existing``, ``rerun`` (with ``state``),
+    ``result`` is ``inserted``, ``existing``, ``rerun``, ``debounced`` (with ``state``),
     ``refused`` (``error`` names the field as ``tasks[i].field: reason``,
     ``i`` counting from the start of the whole list) or ``failed`` (a store
     error: publish it again, which is idempotent).
@@ -93,6 +93,7 @@ class BatchResult(TypedDict):
     inserted: int
     existing: int
     rerun: int
+    debounced: int
     refused: int
     failed: int
     warnings: List[str]
