@@ -131,8 +131,9 @@ type Spec struct {
 
 // Limits.
 const (
-	// MaxSteps bounds a flow's steps.
-	MaxSteps = 100
+	// MaxSteps bounds a flow's steps. A flow of more than 100 is stored
+	// in parts (split.go): no step count fits one document.
+	MaxSteps = 10000
 	// MaxKeyLen leaves room in a step's task key for the step part.
 	MaxKeyLen = 256
 	// MaxNameLen bounds a step name.
@@ -324,6 +325,16 @@ type Flow struct {
 	// tasks to cancel.
 	started []runRef
 	stops   []string
+
+	g     *graph // the DAG's indexes (graph.go)
+	split *split // where a split flow's parts are; nil: one document
+	// shared: partCache's copy, never changed (clone to change it).
+	shared bool
+	// base is paramsFor's parameters of no succeeded step, computed once.
+	base map[string]json.RawMessage
+	// allDirty: every state part is to be written (retry deletes results
+	// without changing every record).
+	allDirty bool
 }
 
 // MaxEvents bounds the events kept on a document (the oldest go first).

@@ -94,7 +94,8 @@ func stepEnvelope(t *task.Task) (envelope, bool) {
 func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, job *consumer.Job, env envelope) error {
 	ref := env.Flow
 	log := cfg.Logger.With(slog.String("flow", ref.Flow), slog.String("task", job.Task.Key), slog.Int("attempt", job.Attempt))
-	f, err := Get(ctx, cfg.Store, ref.Flow)
+	// Read only: a split flow is not copied for it.
+	f, err := read(ctx, cfg.Store, ref.Flow)
 	if err != nil {
 		return fmt.Errorf("flow step %s: %w", job.Task.Key, err)
 	}

@@ -33,14 +33,22 @@ var movedMarker = json.RawMessage(`{"moved_to":"` + Namespace + `"}`)
 // errUnchanged leaves a document as it was.
 var errUnchanged = errors.New("flow unchanged")
 
-func decode(d task.Document) (*Flow, error) {
-	var f Flow
-	if err := json.Unmarshal(d.Value, &f); err != nil {
+// decode reads document d: a flow in one document (the caller's to
+// change), or a split flow's head and the parts it names (shared: see
+// split.go; Get and modify clone it).
+func decode(ctx context.Context, s task.Store, d task.Document) (*Flow, error) {
+	var h headDoc
+	if err := json.Unmarshal(d.Value, &h); err != nil {
 		return nil, fmt.Errorf("flow document %s: %w", d.ID, err)
 	}
+	f := &h.Flow
 	if f.Key != d.ID {
 		return nil, fmt.Errorf("flow document %s: holds flow %q", d.ID, f.Key)
 	}
+	if h.Split != nil {
+		return decodeSplit(ctx, s, d, &h)
+	}
+	f.Steps, f.Progress, f.Params = h.Steps, h.Progress, h.Params
 	if len(f.Progress) != len(f.Steps) {
 		return nil, fmt.Errorf("flow document %s: %d steps but %d progress entries", d.ID, len(f.Steps), len(f.Progress))
 	}
@@ -48,7 +56,23 @@ func decode(d task.Document) (*Flow, error) {
 	// Each step's summary as this version reads its runs, whenever the
 	// document was written.
 	f.summarise()
-	return &f, nil
+	return f, nil
+}
+
+// read reads the flow of key for a caller that only looks: a split flow
+// is partCache's, shared.
+func read(ctx context.Context, s task.Store, key string) (*Flow, error) {
+	for {
+		d, err := load(ctx, s, key)
+		if err != nil {
+			return nil, err
+		}
+		f, err := decode(ctx, s, d)
+		if errors.Is(err, errPartGone) {
+			continue // a newer write replaced it: read its head
+		}
+		return f, err
+	}
 }
 
 // load reads the document of flow key, adopting a legacy one.
@@ -131,9 +155,16 @@ func modify(ctx context.Context, s task.Store, key string, fn func(f *Flow) erro
 		if err != nil {
 			return nil, err
 		}
-		f, err := decode(d)
+		before, err := decode(ctx, s, d)
+		if errors.Is(err, errPartGone) {
+			continue
+		}
 		if err != nil {
 			return nil, err
+		}
+		f := before
+		if before.shared {
+			f = before.clone()
 		}
 		if err := fn(f); errors.Is(err, errUnchanged) {
 			return f, nil
@@ -142,6 +173,20 @@ func modify(ctx context.Context, s task.Store, key string, fn func(f *Flow) erro
 		}
 		f.UpdatedAt = s.Now().UTC()
 		f.summarise()
+		if f.split != nil {
+			stored, err := putSplit(ctx, s, before, f)
+			if errors.Is(err, task.ErrConflict) {
+				continue
+			}
+			if err != nil {
+				return f, err
+			}
+			f.Version = stored.Version
+			c := f.clone()
+			c.shared = true
+			cachePut(c)
+			return f, nil
+		}
 		b, err := json.Marshal(f)
 		if err != nil {
 			return nil, err
@@ -183,29 +228,47 @@ func Publish(ctx context.Context, s task.Store, spec Spec) (f *Flow, res task.Pu
 			return nil, "", invalid("params", err.Error())
 		}
 	}
-	b, err := json.Marshal(f)
-	if err != nil {
-		return nil, "", err
-	}
-	res = task.Inserted
-	d, err := load(ctx, s, spec.Key)
+	res = task.Existing
+	_, err = load(ctx, s, spec.Key)
 	if errors.Is(err, ErrNotFound) {
-		d, err = s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: spec.Key, Value: b})
+		res = task.Inserted
+		_, err = store(ctx, s, f)
 		if errors.Is(err, task.ErrConflict) { // published meanwhile
-			d, err = load(ctx, s, spec.Key)
-			res = task.Existing
+			res, err = task.Existing, nil
 		}
-	} else {
-		res = task.Existing
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("flow %s: %w", spec.Key, err)
 	}
-	if f, err = decode(d); err != nil {
+	if f, err = read(ctx, s, spec.Key); err != nil {
 		return nil, "", err
+	}
+	if f.shared {
+		f = f.clone()
 	}
 	f, err = ensure(ctx, s, f)
 	return f, res, err
+}
+
+// store writes the new flow f: one document, or, past inlineSteps steps,
+// its parts and then its head. task.ErrConflict: one of its key exists.
+func store(ctx context.Context, s task.Store, f *Flow) (task.Document, error) {
+	if len(f.Steps) <= inlineSteps {
+		b, err := json.Marshal(f)
+		if err != nil {
+			return task.Document{}, err
+		}
+		return s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: f.Key, Value: b})
+	}
+	b, written, err := newSplit(ctx, s, f)
+	var d task.Document
+	if err == nil {
+		d, err = s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: f.Key, Value: b})
+	}
+	if err != nil {
+		deleteParts(ctx, s, written)
+	}
+	return d, err
 }
 
 // Get returns the flow of key, or ErrNotFound.
@@ -213,11 +276,14 @@ func Get(ctx context.Context, s task.Store, key string) (*Flow, error) {
 	if err := task.ValidateName("key", key); err != nil {
 		return nil, fmt.Errorf("%s: %w", key, ErrNotFound)
 	}
-	d, err := load(ctx, s, key)
+	f, err := read(ctx, s, key)
 	if err != nil {
 		return nil, err
 	}
-	return decode(d)
+	if f.shared {
+		f = f.clone()
+	}
+	return f, nil
 }
 
 // ListQuery selects flows.
@@ -239,7 +305,16 @@ func List(ctx context.Context, s task.Store, q ListQuery) ([]*Flow, error) {
 	}
 	var out []*Flow
 	for _, d := range docs {
-		f, err := decode(d)
+		if q.Active && finishedHead(d) {
+			continue // not reading a split flow's parts to leave it out
+		}
+		f, err := decode(ctx, s, d)
+		if errors.Is(err, errPartGone) {
+			f, err = read(ctx, s, d.ID)
+		}
+		if f != nil && f.shared {
+			f = f.clone()
+		}
 		if err != nil {
 			// One unreadable document must not fail every list of flows
 			// (the API, the dashboard, flow ls, /metrics).
@@ -262,31 +337,64 @@ func List(ctx context.Context, s task.Store, q ListQuery) ([]*Flow, error) {
 	return out, nil
 }
 
+// headFields are the fields of a flow's document that say whether it
+// stopped, read without a split flow's parts.
+type headFields struct {
+	Key       string    `json:"key"`
+	State     State     `json:"state"`
+	UpdatedAt time.Time `json:"updated_at"`
+	Split     *split    `json:"split"`
+}
+
+// finishedHead reports whether document d holds a flow that stopped.
+func finishedHead(d task.Document) bool {
+	var h headFields
+	return json.Unmarshal(d.Value, &h) == nil && h.State.Finished()
+}
+
 // DeleteStopped deletes the documents of flows that stopped (Finished)
 // before before, at most limit of them, and returns how many. A flow
 // retried since it was read is not deleted (compare-and-set on version).
+// A split flow's parts go with it, and any a write that died left.
 func DeleteStopped(ctx context.Context, s task.Store, before time.Time, limit int) (int, error) {
 	docs, err := s.Documents(ctx, Namespace)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
+	var gone []string // split flows deleted: key~token~
 	for _, d := range docs {
 		if n >= limit {
 			break
 		}
-		f, err := decode(d)
-		if err != nil || !f.State.Finished() || !f.UpdatedAt.Before(before) {
+		var h headFields
+		if json.Unmarshal(d.Value, &h) != nil || h.Key != d.ID || !h.State.Finished() || !h.UpdatedAt.Before(before) {
 			continue
 		}
 		err = s.DeleteDocument(ctx, Namespace, d.ID, d.Version)
 		switch {
 		case err == nil:
 			n++
+			if h.Split != nil {
+				gone = append(gone, d.ID+"~"+h.Split.Token+"~")
+			}
 		case errors.Is(err, task.ErrConflict), errors.Is(err, task.ErrNotFound):
 		default:
 			return n, err
 		}
+	}
+	if len(gone) > 0 {
+		parts, err := s.Documents(ctx, PartNamespace)
+		if err != nil {
+			return n, err
+		}
+		var ids []string
+		for _, p := range parts {
+			if slices.ContainsFunc(gone, func(prefix string) bool { return strings.HasPrefix(p.ID, prefix) }) {
+				ids = append(ids, p.ID)
+			}
+		}
+		deleteParts(ctx, s, ids)
 	}
 	return n, nil
 }
