@@ -156,8 +156,13 @@ func (f *Flow) timer(i int) bool { return f.Steps[i].StepType() != TypeTask }
 // timerOutcome is what step i's timer firing at at means: a sleep step
 // succeeds; a signal step takes its default or fails.
 func (f *Flow) timerOutcome(i int, at time.Time) outcome {
-	st := f.Steps[i]
-	o := outcome{Step: i, Gen: f.Gen, At: at, Success: true, Final: true}
+	return timerOutcome(f.Steps[i], f.Gen, i, at)
+}
+
+// timerOutcome is what the timer of step i (st) of run gen firing at at
+// means.
+func timerOutcome(st Step, gen, i int, at time.Time) outcome {
+	o := outcome{Step: i, Gen: gen, At: at, Success: true, Final: true}
 	if st.StepType() == TypeSignal {
 		if len(st.Default) > 0 {
 			o.Result = st.Default

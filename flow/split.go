@@ -157,12 +157,61 @@ func (f *Flow) clone() *Flow {
 	return &c
 }
 
+// specCache keeps the steps of the split flows this process read, by key
+// and token: a stored flow's steps never change.
+var specCache = struct {
+	sync.Mutex
+	m map[string]*specEntry
+}{m: map[string]*specEntry{}}
+
+type specEntry struct {
+	steps []Step
+	g     *graph
+}
+
+// specOf returns the steps of the split flow of head d and their graph,
+// shared: read once per process.
+func specOf(ctx context.Context, s task.Store, id string, sp *split) (*specEntry, error) {
+	k := cacheKey(id, sp.Token)
+	specCache.Lock()
+	e := specCache.m[k]
+	specCache.Unlock()
+	if e != nil {
+		return e, nil
+	}
+	var steps []Step
+	for n, first := range sp.Spec {
+		var p specPart
+		if err := getPart(ctx, s, specID(id, sp.Token, n), &p); err != nil {
+			return nil, err
+		}
+		if p.First != first || len(steps) != first {
+			return nil, fmt.Errorf("flow document %s: spec part %d starts at step %d, not %d", id, n, p.First, first)
+		}
+		steps = append(steps, p.Steps...)
+	}
+	if len(steps) != sp.Steps {
+		return nil, fmt.Errorf("flow document %s: %d steps in its parts but %d named", id, len(steps), sp.Steps)
+	}
+	e = &specEntry{steps: steps, g: newGraph(steps)}
+	specCache.Lock()
+	defer specCache.Unlock()
+	if len(specCache.m) >= cachedFlows {
+		for x := range specCache.m {
+			delete(specCache.m, x)
+			break
+		}
+	}
+	specCache.m[k] = e
+	return e, nil
+}
+
 // decodeSplit reads the parts the head d names and returns the flow,
 // shared (partCache's: the caller clones it to change it).
 func decodeSplit(ctx context.Context, s task.Store, d task.Document, h *headDoc) (*Flow, error) {
 	sp := h.Split
 	f := &h.Flow
-	f.Version, f.split, f.shared = d.Version, sp, true
+	f.Version, f.split = d.Version, sp
 	sp.base = h.Params
 	if sp.base == nil {
 		sp.base = map[string]json.RawMessage{}
@@ -175,26 +224,16 @@ func decodeSplit(ctx context.Context, s task.Store, d task.Document, h *headDoc)
 	if old != nil && old.Version == d.Version {
 		return old, nil
 	}
-	if old != nil && len(old.Steps) == sp.Steps {
-		f.Steps, f.g = old.Steps, old.g
+	spec, err := specOf(ctx, s, d.ID, sp)
+	if err != nil {
+		return nil, err
+	}
+	f.Steps, f.g = spec.steps, spec.g
+	if old != nil && len(old.Progress) == sp.Steps {
 		f.Progress = slices.Clone(old.Progress)
 		f.Params = maps.Clone(old.Params)
 	} else {
 		old = nil
-		for n, first := range sp.Spec {
-			var p specPart
-			if err := getPart(ctx, s, specID(d.ID, sp.Token, n), &p); err != nil {
-				return nil, err
-			}
-			if p.First != first || len(f.Steps) != first {
-				return nil, fmt.Errorf("flow document %s: spec part %d starts at step %d, not %d", d.ID, n, p.First, first)
-			}
-			f.Steps = append(f.Steps, p.Steps...)
-		}
-		if len(f.Steps) != sp.Steps {
-			return nil, fmt.Errorf("flow document %s: %d steps in its parts but %d named", d.ID, len(f.Steps), sp.Steps)
-		}
-		f.g = newGraph(f.Steps)
 		f.Progress = make([]Progress, sp.Steps)
 		f.Params = maps.Clone(sp.base)
 	}
@@ -203,31 +242,106 @@ func decodeSplit(ctx context.Context, s task.Store, d task.Document, h *headDoc)
 			continue
 		}
 		lo, hi := n*partSteps, min(sp.Steps, (n+1)*partSteps)
+		p, err := readPart(ctx, s, f, n, suffix)
+		if err != nil {
+			return nil, err
+		}
+		copy(f.Progress[lo:hi], p.Progress)
 		for i := lo; i < hi; i++ {
-			f.Progress[i] = Progress{}
 			delete(f.Params, f.Steps[i].Name)
 			if v, ok := sp.base[f.Steps[i].Name]; ok {
 				f.Params[f.Steps[i].Name] = v
 			}
 		}
-		if suffix == "" {
-			continue
-		}
-		var p statePart
-		if err := getPart(ctx, s, partID(d.ID, sp.Token, n, suffix), &p); err != nil {
-			return nil, err
-		}
-		if p.First != lo || len(p.Progress) != hi-lo {
-			return nil, fmt.Errorf("flow document %s: state part %d holds steps %d+%d, not %d-%d", d.ID, n, p.First, len(p.Progress), lo, hi)
-		}
-		copy(f.Progress[lo:hi], p.Progress)
 		for k, v := range p.Params {
 			f.Params[k] = v
 		}
 	}
 	f.summarise()
+	f.shared = true
 	cachePut(f)
 	return f, nil
+}
+
+// readPart reads state part n of the split flow f, stored under suffix
+// ("": never written: its steps' records are empty).
+func readPart(ctx context.Context, s task.Store, f *Flow, n int, suffix string) (statePart, error) {
+	lo, hi := n*partSteps, min(f.split.Steps, (n+1)*partSteps)
+	p := statePart{First: lo, Progress: make([]Progress, hi-lo)}
+	if suffix == "" {
+		return p, nil
+	}
+	if err := getPart(ctx, s, partID(f.Key, f.split.Token, n, suffix), &p); err != nil {
+		return p, err
+	}
+	if p.First != lo || len(p.Progress) != hi-lo {
+		return p, fmt.Errorf("flow document %s: state part %d holds steps %d+%d, not %d-%d", f.Key, n, p.First, len(p.Progress), lo, hi)
+	}
+	return p, nil
+}
+
+// stepRun is what a step's worker reads of its flow: whether the flow
+// waits on its run, and the step.
+type stepRun struct {
+	State State
+	Gen   int
+	Step  Step
+	Prog  Progress
+}
+
+// readStep reads what ref's worker needs of its flow: of a split flow,
+// the head and the one part that holds the step, not the whole flow.
+func readStep(ctx context.Context, s task.Store, ref StepRef) (stepRun, error) {
+	for {
+		d, err := load(ctx, s, ref.Flow)
+		if err != nil {
+			return stepRun{}, err
+		}
+		var h headDoc
+		if err := json.Unmarshal(d.Value, &h); err != nil || h.Split == nil || h.Key != d.ID {
+			f, err := decode(ctx, s, d)
+			if errors.Is(err, errPartGone) {
+				continue
+			}
+			if err != nil {
+				return stepRun{}, err
+			}
+			r := stepRun{State: f.State, Gen: f.Gen}
+			if ref.Step >= 0 && ref.Step < len(f.Steps) {
+				r.Step, r.Prog = f.Steps[ref.Step], f.Progress[ref.Step]
+			}
+			return r, nil
+		}
+		f, sp := &h.Flow, h.Split
+		f.split = sp
+		r := stepRun{State: f.State, Gen: f.Gen}
+		if ref.Step < 0 || ref.Step >= sp.Steps || len(sp.Parts) != (sp.Steps+partSteps-1)/partSteps {
+			return r, nil
+		}
+		spec, err := specOf(ctx, s, d.ID, sp)
+		if err != nil {
+			return r, err
+		}
+		n := ref.Step / partSteps
+		p, err := readPart(ctx, s, f, n, sp.Parts[n])
+		if errors.Is(err, errPartGone) {
+			continue
+		}
+		if err != nil {
+			return r, err
+		}
+		r.Step, r.Prog = spec.steps[ref.Step], p.Progress[ref.Step-n*partSteps]
+		return r, nil
+	}
+}
+
+// waitsOn reports whether the flow waits on the run ref names.
+func (r stepRun) waitsOn(ref StepRef) bool {
+	run := r.Prog.Do
+	if ref.Undo {
+		run = r.Prog.Undo
+	}
+	return !r.State.Finished() && r.Gen == ref.Gen && r.Step.Name == ref.Name && run.State == RunActive
 }
 
 // errPartGone: a part the head named was deleted by a newer write after

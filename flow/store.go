@@ -300,7 +300,7 @@ func modifyBatch(s task.Store, key string, batch []*modReq) {
 		}
 		f := before
 		if before.shared {
-			f = before.clone()
+			f = before.clone() // before stays as read: the parts a write changes are told from it
 		}
 		changed := false
 		for _, r := range batch {
@@ -346,11 +346,11 @@ func modifyBatch(s task.Store, key string, batch []*modReq) {
 				return
 			}
 			f.Version = stored.Version
-			if f.split != nil {
-				c := f.clone()
-				c.shared = true
-				cachePut(c)
-			}
+		}
+		if f.split != nil && changed {
+			// Kept as written, shared: the callers only read it.
+			f.shared = true
+			cachePut(f)
 		}
 		for _, r := range batch {
 			v := *f
