@@ -264,20 +264,60 @@ func decodeSplit(ctx context.Context, s task.Store, d task.Document, h *headDoc)
 }
 
 // readPart reads state part n of the split flow f, stored under suffix
-// ("": never written: its steps' records are empty).
+// ("": never written: its steps' records are empty). The parts read and
+// written last are kept (stateParts): a part id names one content.
 func readPart(ctx context.Context, s task.Store, f *Flow, n int, suffix string) (statePart, error) {
 	lo, hi := n*partSteps, min(f.split.Steps, (n+1)*partSteps)
 	p := statePart{First: lo, Progress: make([]Progress, hi-lo)}
 	if suffix == "" {
 		return p, nil
 	}
-	if err := getPart(ctx, s, partID(f.Key, f.split.Token, n, suffix), &p); err != nil {
+	id := partID(f.Key, f.split.Token, n, suffix)
+	if c, ok := stateParts.get(id); ok {
+		return c, nil
+	}
+	if err := getPart(ctx, s, id, &p); err != nil {
 		return p, err
 	}
 	if p.First != lo || len(p.Progress) != hi-lo {
 		return p, fmt.Errorf("flow document %s: state part %d holds steps %d+%d, not %d-%d", f.Key, n, p.First, len(p.Progress), lo, hi)
 	}
+	stateParts.put(id, p)
 	return p, nil
+}
+
+// stateParts keeps the state parts read or written last, by id; shared,
+// never changed.
+var stateParts = partLRU{m: map[string]statePart{}}
+
+// keptParts bounds stateParts (a part is some KiB).
+const keptParts = 512
+
+type partLRU struct {
+	sync.Mutex
+	m     map[string]statePart
+	order []string
+}
+
+func (c *partLRU) get(id string) (statePart, bool) {
+	c.Lock()
+	defer c.Unlock()
+	p, ok := c.m[id]
+	return p, ok
+}
+
+func (c *partLRU) put(id string, p statePart) {
+	c.Lock()
+	defer c.Unlock()
+	if _, ok := c.m[id]; ok {
+		return
+	}
+	c.m[id] = p
+	c.order = append(c.order, id)
+	if len(c.order) > keptParts {
+		delete(c.m, c.order[0])
+		c.order = c.order[1:]
+	}
 }
 
 // stepRun is what a step's worker reads of its flow: whether the flow
@@ -446,7 +486,7 @@ func writeParts(ctx context.Context, s task.Store, before, f *Flow, fresh bool) 
 		if !changed {
 			continue
 		}
-		p := statePart{First: lo, Progress: f.Progress[lo:hi]}
+		p := statePart{First: lo, Progress: slices.Clone(f.Progress[lo:hi])}
 		for i := lo; i < hi; i++ {
 			if v, ok := f.Params[f.Steps[i].Name]; ok {
 				if p.Params == nil {
@@ -464,6 +504,7 @@ func writeParts(ctx context.Context, s task.Store, before, f *Flow, fresh bool) 
 		if err := putPart(ctx, s, id, p); err != nil {
 			return written, err
 		}
+		stateParts.put(id, p)
 		written = append(written, id)
 		sp.Parts[n] = suffix
 	}
@@ -513,6 +554,7 @@ func putSplit(ctx context.Context, s task.Store, before, f *Flow) (task.Document
 			replaced = append(replaced, partID(f.Key, f.split.Token, n, suffix))
 		}
 	}
-	deleteParts(ctx, s, replaced)
+	// Off the write's path: the next write of the flow need not wait.
+	go deleteParts(ctx, s, replaced)
 	return stored, nil
 }

@@ -305,6 +305,8 @@ func modifyBatch(s task.Store, key string, batch []*modReq) {
 		changed := false
 		for _, r := range batch {
 			r.err, r.changed = nil, false
+			r.started = [2]int{len(f.started), len(f.started)}
+			r.stops = [2]int{len(f.stops), len(f.stops)}
 			if err := r.ctx.Err(); err != nil && len(batch) > 1 {
 				r.err = err
 				continue
