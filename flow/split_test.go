@@ -155,3 +155,30 @@ func TestLargeFanOutRollsBack(t *testing.T) {
 	}
 	partsNamed(t, r.store, "big-fail")
 }
+
+// TestLevelsFailingFirst: flow.Levels gives each level's counts by state
+// and its steps failing first, then moving, then the rest in step order.
+func TestLevelsFailingFirst(t *testing.T) {
+	steps := fanOut(1, 6, "")
+	f := &flow.Flow{Key: "k", Steps: steps, Progress: make([]flow.Progress, len(steps))}
+	states := []flow.StepState{flow.StepSucceeded, flow.StepSucceeded,
+		flow.StepSucceeded, flow.StepWaiting, flow.StepFailed, flow.StepRunning, flow.StepRollbackFailed, flow.StepSkipped}
+	for i, st := range states {
+		f.Progress[i].State = st
+	}
+	levels := flow.Levels(f)
+	if len(levels) != 3 || len(levels[2].Steps) != 6 {
+		t.Fatalf("levels %+v", levels)
+	}
+	var got []string
+	for _, i := range levels[2].Steps {
+		got = append(got, f.Steps[i].Name+":"+string(f.Progress[i].State))
+	}
+	want := "l0-4:rollback_failed l0-2:failed l0-3:running l0-5:skipped l0-1:waiting l0-0:succeeded"
+	if strings.Join(got, " ") != want {
+		t.Errorf("level 3 in order %v; want %s", got, want)
+	}
+	if c := levels[2].Counts; c[flow.StepFailed] != 1 || c[flow.StepSucceeded] != 1 || c[flow.StepWaiting] != 1 {
+		t.Errorf("counts %v", c)
+	}
+}
