@@ -3,6 +3,7 @@ package flow_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,13 +15,19 @@ import (
 
 // BenchmarkTenThousandStepFlow runs a flow of flow.MaxSteps steps (a
 // root, 99 steps needing it, 100 leaves needing each) of instant steps
-// on one in-process worker of 32 slots, on the embedded store:
+// on one in-process worker of 32 slots, on the embedded store. With
+// LEASEPOOL_BENCH_KEEP=DIR the store is DIR/tasks.db and stays, for the
+// flow page and flow show to be timed on it (docs/performance.md):
 //
 //	go test -run '^$' -bench TenThousandStepFlow -benchtime 1x ./flow/
 func BenchmarkTenThousandStepFlow(b *testing.B) {
 	for b.Loop() {
 		ctx := context.Background()
-		s, err := sqlitestore.Open(ctx, filepath.Join(b.TempDir(), "tasks.db"), nil)
+		dir := os.Getenv("LEASEPOOL_BENCH_KEEP")
+		if dir == "" {
+			dir = b.TempDir()
+		}
+		s, err := sqlitestore.Open(ctx, filepath.Join(dir, "tasks.db"), nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -338,18 +338,19 @@ func modifyBatch(s task.Store, key string, batch []*modReq) {
 				continue
 			}
 			if err != nil {
+				// Nothing stored: no caller has tasks to publish or stop.
+				f.started, f.stops = nil, nil
 				for _, r := range batch {
+					r.started, r.stops = [2]int{}, [2]int{}
 					if r.changed {
-						r.f, r.err = f, err
-					} else {
-						r.f = f
+						r.err = err
 					}
 				}
-				return
+			} else {
+				f.Version = stored.Version
 			}
-			f.Version = stored.Version
 		}
-		if f.split != nil && changed {
+		if f.split != nil && changed && f.Version != d.Version {
 			// Kept as written, shared: the callers only read it.
 			f.shared = true
 			cachePut(f)

@@ -4,9 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,7 +60,7 @@ func TestFlowTenThousandSteps(t *testing.T) {
 	published := time.Since(start)
 	workers := map[string]*workerProc{}
 	for _, id := range []string{"w1", "w2", "w3"} {
-		workers[id] = startWorker(t, storeURL, id, "--concurrency", fmt.Sprint(concurrency))
+		workers[id] = startPlainWorker(t, storeURL, id, "--concurrency", fmt.Sprint(concurrency))
 	}
 	succeeded := func() (int, *flow.Flow) {
 		f, err := flow.Get(ctx, store, spec.Key)
@@ -169,7 +173,7 @@ func TestFlowTenThousandSteps(t *testing.T) {
 	}
 
 	// The page and flow show, at 10,000 steps.
-	addr := startServe(t, storeURL, nil)
+	addr := startPlainServe(t, storeURL)
 	get := func(path string) (time.Duration, int, string) {
 		t0 := time.Now()
 		resp, err := http.Get("http://" + addr + path)
@@ -201,7 +205,14 @@ func TestFlowTenThousandSteps(t *testing.T) {
 		t.Errorf("level 3's last page does not say which steps it shows")
 	}
 	t0 := time.Now()
-	out, stderr, code := runCLI(t, "--store", storeURL, "flow", "show", spec.Key)
+	cmd := exec.Command(plainBin(t), "--store", storeURL, "flow", "show", spec.Key)
+	var outb, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &outb, &errb
+	code := 0
+	if err := cmd.Run(); err != nil {
+		code = -1
+	}
+	out, stderr := outb.String(), errb.String()
 	show := time.Since(t0)
 	if code != 0 || !strings.Contains(out, "level 3: 9900 steps: 9900 succeeded") || strings.Count(out, "\n") > 120 {
 		t.Errorf("flow show: exit %d, %d lines:\n%.3000s\n%s", code, strings.Count(out, "\n"), out, stderr)
@@ -231,4 +242,77 @@ func pollSlowly(t *testing.T, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+var plain struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// plainBin builds the CLI without the race detector, once per test binary.
+func plainBin(t *testing.T) string {
+	t.Helper()
+	plain.once.Do(func() {
+		dir, err := os.MkdirTemp("", "leasepool-plain-")
+		if err != nil {
+			plain.err = err
+			return
+		}
+		plain.path = filepath.Join(dir, "leasepool")
+		if out, err := exec.Command("go", "build", "-o", plain.path, "../cmd/leasepool").CombinedOutput(); err != nil {
+			plain.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if plain.err != nil {
+		t.Fatal(plain.err)
+	}
+	return plain.path
+}
+
+// startPlainWorker is startWorker with plainBin's build.
+func startPlainWorker(t *testing.T, store, id string, extra ...string) *workerProc {
+	t.Helper()
+	args := append([]string{"--store", store, "--log-level", "warn", "worker", "--id", id}, extra...)
+	return startProc(t, id, exec.Command(plainBin(t), args...))
+}
+
+func startProc(t *testing.T, name string, cmd *exec.Cmd) *workerProc {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("%s log:\n%s", name, tail(string(b), 3000))
+		}
+	})
+	return &workerProc{id: name, cmd: cmd}
+}
+
+// startPlainServe runs plainBin's `leasepool serve` and returns its address
+// once it answers.
+func startPlainServe(t *testing.T, storeURL string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	startProc(t, "serve", exec.Command(plainBin(t), "--store", storeURL, "--log-level", "warn", "serve", "--listen", addr))
+	pollSlowly(t, 30*time.Second, "serve to listen", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return addr
 }
