@@ -25,10 +25,10 @@ func TestFlowShowLargeByLevels(t *testing.T) {
 		}
 	}
 	file := filepath.Join(t.TempDir(), "big.json")
-	if err := os.WriteFile(file, []byte(`{"key":"big","steps":[`+strings.Join(steps, ",")+`]}`), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(`{"steps":[`+strings.Join(steps, ",")+`]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c.must("flow", "publish", "--file", file)
+	c.must("flow", "publish", "big", "--file", file)
 	out := c.must("flow", "show", "big")
 	for _, want := range []string{"flow big: running, 313 steps in 3 levels", "level 1: 1 steps: 1 running",
 		"level 2: 12 steps: 12 waiting", "level 3: 300 steps: 300 waiting", "(page 1 of 15, failing steps first"} {
