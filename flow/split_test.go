@@ -4,11 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
+	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
 // fanOut is a root step fanning out to mids steps, each fanning out to
@@ -181,4 +187,72 @@ func TestLevelsFailingFirst(t *testing.T) {
 	if c := levels[2].Counts; c[flow.StepFailed] != 1 || c[flow.StepSucceeded] != 1 || c[flow.StepWaiting] != 1 {
 		t.Errorf("counts %v", c)
 	}
+}
+
+// TestLargeFanOutTwoWriters runs a 253-step fan-out on two workers, each
+// on its own handle of one store file (two processes' worth of writers:
+// their writes to the flow race by compare-and-set on its head, and a
+// loser's parts are deleted): every step runs once, the flow succeeds,
+// and no part is left but those it names.
+func TestLargeFanOutTwoWriters(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "tasks.db")
+	var first task.Store
+	var ranMu sync.Mutex
+	ran := map[string]int{}
+	for i := range 2 {
+		s, err := sqlitestore.Open(ctx, path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if first == nil {
+			first = s
+		}
+		mux := consumer.NewMux()
+		if err := flow.Register(mux, flow.Config{Store: s}); err != nil {
+			t.Fatal(err)
+		}
+		mux.RegisterFunc("test.step", func(ctx context.Context, job *consumer.Job) error {
+			ref, _ := flow.CurrentStep(ctx)
+			ranMu.Lock()
+			ran[ref.Name]++
+			ranMu.Unlock()
+			return job.SetResult(ref.Name)
+		})
+		c, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: fmt.Sprintf("w%d", i), Concurrency: 8, RetryPolicy: consumer.NoBackoff})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Stop(context.Background()) })
+	}
+	steps := fanOut(12, 20, "")
+	if _, _, err := flow.Publish(ctx, first, flow.Spec{Key: "two", Steps: steps}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	f, err := waitFinished(wctx, first, "two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.State != flow.StateSucceeded {
+		t.Fatalf("flow %s: %s", f.State, f.Error)
+	}
+	ranMu.Lock()
+	defer ranMu.Unlock()
+	for _, st := range steps {
+		if ran[st.Name] != 1 {
+			t.Errorf("step %s ran %d times; want once", st.Name, ran[st.Name])
+		}
+	}
+	// Replaced parts are deleted off the write's path: wait for them.
+	testutil.Eventually(t, 10*time.Second, "replaced parts deleted", func() bool {
+		docs, err := first.Documents(ctx, flow.PartNamespace)
+		return err == nil && len(docs) == len(f.Steps)/50+2
+	})
+	partsNamed(t, first, "two")
 }
