@@ -162,26 +162,27 @@ func modify(ctx context.Context, s task.Store, key string, fn func(f *Flow) erro
 	r := &modReq{ctx: ctx, fn: fn}
 	q.mu.Lock()
 	q.pending = append(q.pending, r)
-	if q.running {
-		for !r.answered {
-			q.cond.Wait()
-		}
+	for q.running && !r.answered {
+		q.cond.Wait()
+	}
+	if r.answered {
 		q.mu.Unlock()
 		return r.f, r.err
 	}
+	// Lead one batch, the calls waiting now (this one among them), then
+	// hand the queue to the next caller: a caller waits for one batch
+	// before its own at most, and leads none but its own.
 	q.running = true
-	for len(q.pending) > 0 {
-		batch := q.pending
-		q.pending = nil
-		q.mu.Unlock()
-		modifyBatch(s, key, batch)
-		q.mu.Lock()
-		for _, b := range batch {
-			b.answered = true
-		}
-		q.cond.Broadcast()
+	batch := q.pending
+	q.pending = nil
+	q.mu.Unlock()
+	modifyBatch(s, key, batch)
+	q.mu.Lock()
+	for _, b := range batch {
+		b.answered = true
 	}
 	q.running = false
+	q.cond.Broadcast()
 	q.mu.Unlock()
 	releaseQueue(s, key, q)
 	return r.f, r.err
