@@ -1,6 +1,7 @@
 // Package flow runs multi-step jobs with rollback on top of the task queue.
 //
-// A flow is a stored document: its steps (a task kind and payload with its
+// A flow is a stored document (past 100 steps, a document and the parts
+// it names: split.go): its steps (a task kind and payload with its
 // own timeout and retries and an optional rollback, or a wait for a signal,
 // or a timer), the steps each needs (a DAG; none named: each step needs the
 // one before), the shared parameters (the request's, plus each finished

@@ -11,12 +11,14 @@ package flow
 //
 // A state part is copied on write: a write stores the parts whose steps
 // changed under new ids and then swaps the head by compare-and-set on its
-// version, naming them; only then are the parts it replaced deleted. The
+// version, naming them; only then are the parts it replaced deleted (off
+// the write's path: the flow's next write need not wait for it). The
 // head is the one point of the compare-and-set, so a flow still moves by
 // one write that applies once, and a reader sees the parts one head names:
 // a consistent flow. A writer that lost the head's compare-and-set deletes
-// the parts it wrote; one that died in between leaves parts no head names,
-// which DeleteStopped removes with the flow (decision 0021).
+// the parts it wrote; one that died in between (or before its deletes)
+// leaves parts no head names, which DeleteStopped removes with the flow
+// (decision 0021).
 //
 // Part ids are unique for ever (the flow's random token and a random
 // suffix per write), so a process keeps the parts it read (partCache) and

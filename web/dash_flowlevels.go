@@ -130,7 +130,7 @@ func awaitingSignals(f *flow.Flow) []awaitingSignal {
 	return out
 }
 
-// levelsNote sums a large flow up in a line.
+// Note says which steps of which level the page shows.
 func (l flowLevels) Note() string {
 	return fmt.Sprintf("level %d, steps %d to %d of %d", l.Level, l.First, l.Last, l.Levels[l.Level-1].Total)
 }
