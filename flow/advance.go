@@ -63,15 +63,54 @@ func ensure(ctx context.Context, s task.Store, f *Flow) (*Flow, error) {
 			return f, err
 		}
 	}
-	var errs []error
+	return f, publishRuns(ctx, s, f, f.activeRuns(), endedAttempt{})
+}
+
+// activeRuns lists the runs the flow waits on that have a task.
+func (f *Flow) activeRuns() []runRef {
+	var out []runRef
 	for i := range f.Steps {
 		for _, undo := range []bool{false, true} {
 			if r := f.run(i, undo); r.State == RunActive && r.Task != "" {
-				errs = append(errs, publishStep(ctx, s, f, i, undo, endedAttempt{}))
+				out = append(out, runRef{Step: i, Undo: undo})
 			}
 		}
 	}
-	return f, errors.Join(errs...)
+	return out
+}
+
+// publishRuns publishes the tasks of runs, many at once (task.PublishMany:
+// the steps a fan-out starts commit together), each idempotently by key.
+func publishRuns(ctx context.Context, s task.Store, f *Flow, runs []runRef, ended endedAttempt) error {
+	var errs []error
+	ps := make([]task.PublishParams, 0, len(runs))
+	for _, ref := range runs {
+		p, err := stepParams(ctx, s, f, ref.Step, ref.Undo, ended)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ps = append(ps, p)
+	}
+	ictx := task.WithInternalWrite(ctx)
+	switch len(ps) {
+	case 0:
+	case 1:
+		if _, _, err := task.Publish(ictx, s, ps[0]); err != nil {
+			errs = append(errs, fmt.Errorf("flow %s: publish step %s: %w", f.Key, ps[0].Key, err))
+		}
+	default:
+		outs, err := task.PublishMany(ictx, s, ps)
+		for i, o := range outs {
+			if o.Err != nil {
+				errs = append(errs, fmt.Errorf("flow %s: publish step %s: %w", f.Key, ps[i].Key, o.Err))
+			}
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // follow does what the write that produced f asked: publish the tasks of
@@ -92,12 +131,13 @@ type endedAttempt struct {
 
 // followEnded is follow for a write that recorded the outcome of ended.
 func followEnded(ctx context.Context, s task.Store, f *Flow, ended endedAttempt) error {
-	var errs []error
+	var runs []runRef
 	for _, ref := range f.started {
 		if r := f.run(ref.Step, ref.Undo); r.State == RunActive && r.Task != "" {
-			errs = append(errs, publishStep(ctx, s, f, ref.Step, ref.Undo, ended))
+			runs = append(runs, ref)
 		}
 	}
+	errs := []error{publishRuns(ctx, s, f, runs, ended)}
 	for _, key := range f.stops {
 		errs = append(errs, stopTask(ctx, s, key))
 	}
@@ -116,8 +156,13 @@ func (f *Flow) timer(i int) bool { return f.Steps[i].StepType() != TypeTask }
 // timerOutcome is what step i's timer firing at at means: a sleep step
 // succeeds; a signal step takes its default or fails.
 func (f *Flow) timerOutcome(i int, at time.Time) outcome {
-	st := f.Steps[i]
-	o := outcome{Step: i, Gen: f.Gen, At: at, Success: true, Final: true}
+	return timerOutcome(f.Steps[i], f.Gen, i, at)
+}
+
+// timerOutcome is what the timer of step i (st) of run gen firing at at
+// means.
+func timerOutcome(st Step, gen, i int, at time.Time) outcome {
+	o := outcome{Step: i, Gen: gen, At: at, Success: true, Final: true}
 	if st.StepType() == TypeSignal {
 		if len(st.Default) > 0 {
 			o.Result = st.Default
@@ -135,50 +180,65 @@ func (f *Flow) paramsFor(i int, undo bool) map[string]json.RawMessage {
 	if undo {
 		return f.Params
 	}
-	needs := Needs(f.Steps)
-	ancestor := make([]bool, len(f.Steps))
-	stack := slices.Clone(needs[i])
-	for len(stack) > 0 {
+	needs := f.graph().needs
+	out := maps.Clone(f.baseParams())
+	seen := map[int]bool{}
+	for stack := slices.Clone(needs[i]); len(stack) > 0; {
 		k := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		if !ancestor[k] {
-			ancestor[k] = true
-			stack = append(stack, needs[k]...)
+		if seen[k] {
+			continue
 		}
-	}
-	out := maps.Clone(f.Params)
-	for j, st := range f.Steps {
-		if !ancestor[j] {
-			if _, ok := f.Params[st.Name]; ok && f.Progress[j].Do.State == RunSucceeded {
-				delete(out, st.Name)
+		seen[k] = true
+		if name := f.Steps[k].Name; f.Progress[k].Do.State == RunSucceeded {
+			if v, ok := f.Params[name]; ok {
+				out[name] = v
 			}
 		}
+		stack = append(stack, needs[k]...)
 	}
 	return out
 }
 
-func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool, ended endedAttempt) error {
+// baseParams are the shared parameters but the results of succeeded
+// steps, computed once per flow read: the steps a fan-out starts each add
+// only their ancestors' results to them.
+func (f *Flow) baseParams() map[string]json.RawMessage {
+	if f.base == nil {
+		idx := f.graph().index
+		f.base = make(map[string]json.RawMessage, len(f.Params))
+		for k, v := range f.Params {
+			if j, ok := idx[k]; ok && f.Progress[j].Do.State == RunSucceeded {
+				continue
+			}
+			f.base[k] = v
+		}
+	}
+	return f.base
+}
+
+// stepParams is the publish of run (i, undo)'s task.
+func stepParams(ctx context.Context, s task.Store, f *Flow, i int, undo bool, ended endedAttempt) (task.PublishParams, error) {
 	st := f.Steps[i]
 	ref := StepRef{Flow: f.Key, Gen: f.Gen, Step: i, Name: st.Name, Undo: undo}
 	if !undo && f.timer(i) {
 		b, err := json.Marshal(envelope{Flow: ref})
 		if err != nil {
-			return err
+			return task.PublishParams{}, err
 		}
-		p := task.PublishParams{Key: ref.TaskKey(), Kind: TimerKind, Payload: b, Trace: f.Trace,
-			Options: task.Options{RunAt: f.Progress[i].Do.Due, MaxUnexpectedRetries: timerRetries}}
-		if _, _, err := task.Publish(task.WithInternalWrite(ctx), s, p); err != nil {
-			return fmt.Errorf("flow %s: publish timer %s: %w", f.Key, p.Key, err)
-		}
-		return nil
+		return task.PublishParams{Key: ref.TaskKey(), Kind: TimerKind, Payload: b, Trace: f.Trace,
+			Options: task.Options{RunAt: f.Progress[i].Do.Due, MaxUnexpectedRetries: timerRetries}}, nil
 	}
 	act := st.Action
 	if undo {
 		act = *st.Rollback
 	}
+	// The envelope wraps the parameters and the payload, each checked
+	// against task.MaxJSONDepth when the flow was published (and the
+	// results as their attempts ended), a level or two deeper.
 	b, err := json.Marshal(envelope{Flow: ref, Params: f.paramsFor(i, undo), Payload: act.Payload})
 	if err != nil {
-		return err
+		return task.PublishParams{}, err
 	}
 	p := task.PublishParams{Key: ref.TaskKey(), Kind: act.Kind, Payload: b, Trace: f.Trace,
 		Options: task.Options{LockKeys: act.LockKeys, Priority: act.Priority}}
@@ -189,15 +249,9 @@ func publishStep(ctx context.Context, s task.Store, f *Flow, i int, undo bool, e
 		}
 	}
 	if p.RunAt, err = afterEarlier(ctx, s, f, i, undo, ended); err != nil {
-		return err
+		return task.PublishParams{}, err
 	}
-	// The envelope wraps the parameters and the payload, each checked
-	// against task.MaxJSONDepth when the flow was published (and the
-	// results as their attempts ended), a level or two deeper.
-	if _, _, err := task.Publish(task.WithInternalWrite(ctx), s, p); err != nil {
-		return fmt.Errorf("flow %s: publish step %s: %w", f.Key, p.Key, err)
-	}
-	return nil
+	return p, nil
 }
 
 // afterEarlier returns when step i's action may start without overlapping
@@ -314,20 +368,70 @@ func Reconcile(ctx context.Context, s task.Store, log *slog.Logger) (ReconcileSt
 	return st, errors.Join(errs...)
 }
 
+// reconcileListFrom is the number of runs waited on from which a pass
+// reads the flow's step tasks in pages of a list rather than one by one.
+const reconcileListFrom = 64
+
 func reconcileOne(ctx context.Context, s task.Store, f *Flow, st *ReconcileStats, log *slog.Logger) error {
 	if f.State == StatePending {
 		_, err := ensure(ctx, s, f)
 		return err
 	}
-	var errs []error
-	for i := range f.Steps {
-		for _, undo := range []bool{false, true} {
-			if r := f.run(i, undo); r.State == RunActive && r.Task != "" {
-				errs = append(errs, reconcileRun(ctx, s, f, i, undo, st, log))
-			}
+	runs := f.activeRuns()
+	var tasks map[string]*task.Task
+	if len(runs) >= reconcileListFrom {
+		var err error
+		if tasks, err = stepTasks(ctx, s, f.Key); err != nil {
+			return err
 		}
 	}
+	var errs []error
+	var missing []runRef
+	for _, r := range runs {
+		ref := StepRef{Flow: f.Key, Gen: f.Gen, Step: r.Step, Name: f.Steps[r.Step].Name, Undo: r.Undo}
+		var t *task.Task
+		var err error
+		if tasks != nil {
+			if t = tasks[ref.TaskKey()]; t == nil {
+				err = task.ErrNotFound
+			}
+		} else {
+			t, err = s.Get(ctx, ref.TaskKey())
+		}
+		if errors.Is(err, task.ErrNotFound) {
+			missing = append(missing, r)
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, reconcileTask(ctx, s, f, ref, t, st, log))
+	}
+	if len(missing) > 0 {
+		st.Published += len(missing)
+		errs = append(errs, publishRuns(ctx, s, f, missing, endedAttempt{}))
+	}
 	return errors.Join(errs...)
+}
+
+// stepTasks reads every task under the flow's key prefix, by key.
+func stepTasks(ctx context.Context, s task.Store, key string) (map[string]*task.Task, error) {
+	out := map[string]*task.Task{}
+	q := task.ListQuery{KeyPrefix: key + "/", Limit: 1000}
+	for {
+		page, err := s.List(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range page {
+			out[t.Key] = t
+		}
+		if len(page) < q.Limit {
+			return out, nil
+		}
+		q.AfterSeq = page[len(page)-1].Seq
+	}
 }
 
 // reconcileRun publishes run (i, undo)'s task when missing, and records
@@ -337,11 +441,21 @@ func reconcileRun(ctx context.Context, s task.Store, f *Flow, i int, undo bool, 
 	t, err := s.Get(ctx, ref.TaskKey())
 	if errors.Is(err, task.ErrNotFound) {
 		st.Published++
-		return publishStep(ctx, s, f, i, undo, endedAttempt{})
+		return publishRuns(ctx, s, f, []runRef{{Step: i, Undo: undo}}, endedAttempt{})
 	}
-	if err != nil || !t.State.Finished() {
+	if err != nil {
 		return err
 	}
+	return reconcileTask(ctx, s, f, ref, t, st, log)
+}
+
+// reconcileTask records the outcome of t, run ref's task, when it
+// finished without it reaching the flow.
+func reconcileTask(ctx context.Context, s task.Store, f *Flow, ref StepRef, t *task.Task, st *ReconcileStats, log *slog.Logger) error {
+	if !t.State.Finished() {
+		return nil
+	}
+	i, undo := ref.Step, ref.Undo
 	o := outcome{At: t.UpdatedAt, Attempt: t.AttemptsStarted}
 	switch {
 	case !undo && f.timer(i):
@@ -358,7 +472,7 @@ func reconcileRun(ctx context.Context, s task.Store, f *Flow, i int, undo bool, 
 	log = log.With(slog.String("flow", f.Key))
 	log.Info("flow: step task finished without its outcome recorded; moving on",
 		slog.String("task", t.Key), slog.String("state", string(t.State)))
-	_, err = record(ctx, s, ref, o, endedAttempt{}, log)
+	_, err := record(ctx, s, ref, o, endedAttempt{}, log)
 	return err
 }
 

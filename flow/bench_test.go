@@ -34,3 +34,37 @@ func BenchmarkReconcile(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkValidateTenThousand validates flows of MaxSteps steps: a
+// chain (each step needing the one before, the deepest cycle search) and
+// a fan-in (one step needing every other):
+//
+//	go test -run '^$' -bench ValidateTenThousand ./flow
+func BenchmarkValidateTenThousand(b *testing.B) {
+	chain := Spec{Key: "chain"}
+	fanIn := Spec{Key: "fan-in"}
+	var all []string
+	for i := range MaxSteps {
+		st := Step{Name: fmt.Sprintf("s%d", i), Action: Action{Kind: "noop"}}
+		if i > 0 {
+			st.Needs = []string{fmt.Sprintf("s%d", i-1)}
+		}
+		chain.Steps = append(chain.Steps, st)
+		last := Step{Name: st.Name, Action: st.Action}
+		if i == MaxSteps-1 {
+			last.Needs = all
+		} else {
+			all = append(all, st.Name)
+		}
+		fanIn.Steps = append(fanIn.Steps, last)
+	}
+	for _, s := range []Spec{chain, fanIn} {
+		b.Run(s.Key, func(b *testing.B) {
+			for b.Loop() {
+				if err := s.Validate(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

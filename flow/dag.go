@@ -155,16 +155,20 @@ func validateNeeds(steps []Step) error {
 		if len(st.Needs) > len(steps) {
 			return invalid(field, fmt.Sprintf("names %d steps; the flow has %d", len(st.Needs), len(steps)))
 		}
-		for j, n := range st.Needs {
+		// A set, not a scan of the names before: a fan-in may need
+		// thousands of steps.
+		named := make(map[int]bool, len(st.Needs))
+		for _, n := range st.Needs {
 			k, ok := index[n]
 			switch {
 			case !ok:
 				return invalid(field, fmt.Sprintf("%.80q names no step", n))
 			case k == i:
 				return invalid(field, fmt.Sprintf("%q needs itself", n))
-			case slices.Contains(st.Needs[:j], n):
+			case named[k]:
 				return invalid(field, fmt.Sprintf("%q named twice", n))
 			}
+			named[k] = true
 		}
 	}
 	if cyc := findCycle(Needs(steps)); cyc != nil {
@@ -173,6 +177,10 @@ func validateNeeds(steps []Step) error {
 			names[i] = steps[k].Name
 		}
 		names = append(names, steps[cyc[0]].Name)
+		if n := len(names); n > 12 {
+			// A cycle through thousands of steps, named in one line.
+			names = slices.Concat(names[:5], []string{fmt.Sprintf("(%d more)", n-10)}, names[n-5:])
+		}
 		return invalid(fmt.Sprintf("steps[%d].needs", cyc[0]), "a cycle: "+strings.Join(names, " needs "))
 	}
 	return nil

@@ -182,7 +182,7 @@ func (f *Flow) stopTask(key string) {
 // (running), or rollbacks whose dependents are done (rolling_back), and
 // ends the flow when nothing is left to run.
 func (f *Flow) advance(at time.Time) {
-	needs := Needs(f.Steps)
+	needs := f.graph().needs
 	switch f.State {
 	case StateRunning:
 		for started := true; started; {
@@ -267,19 +267,16 @@ func (f *Flow) startUndos(needs [][]int, at time.Time) {
 	for _, p := range f.Progress {
 		failed = failed || p.Undo.State == RunFailed
 	}
-	deps := dependents(needs)
 	if !failed {
 		kept := f.contained()
+		clear, last := f.undoWay(needs, kept)
 		for i := range f.Steps {
 			if !f.undoes(i, kept) || f.Progress[i].Undo.State != RunNone || f.Progress[i].Do.State == RunActive {
 				continue
 			}
 			st, p := f.Steps[i], f.Progress[i]
-			if !slices.ContainsFunc(deps[i], func(d int) bool { return !f.undone(d, kept) }) {
-				start := latest(at, p.Do.EndedAt)
-				for _, d := range deps[i] {
-					start = latest(start, f.Progress[d].Undo.EndedAt)
-				}
+			if clear[i] {
+				start := latest(latest(at, p.Do.EndedAt), last[i])
 				f.State, f.Cursor = StateRollingBack, i
 				f.Progress[i].Undo = Run{State: RunActive, Task: StepKey(f.Key, f.Gen, i, st.Name, true), StartedAt: start}
 				f.started = append(f.started, runRef{Step: i, Undo: true})
@@ -297,6 +294,35 @@ func (f *Flow) startUndos(needs [][]int, at time.Time) {
 	}
 	f.State = StateFailed
 	f.addEvent(Event{At: at, Type: EventRolledBack, Message: f.Error})
+}
+
+// undoWay returns, for each step, whether every step that needs it,
+// directly or through others, is undone (no longer in its rollback's
+// way), and the latest end of their rollbacks: one pass over the steps,
+// dependents first, rather than each step's dependents walked anew.
+func (f *Flow) undoWay(needs [][]int, kept []bool) (clear []bool, last []time.Time) {
+	n := len(f.Steps)
+	clear, last = make([]bool, n), make([]time.Time, n)
+	g := f.graph()
+	if g.topo == nil { // a cycle: not in a stored flow; walk each step's dependents
+		deps := dependents(needs)
+		for i := range n {
+			clear[i] = !slices.ContainsFunc(deps[i], func(d int) bool { return !f.undone(d, kept) })
+			for _, d := range deps[i] {
+				last[i] = latest(last[i], f.Progress[d].Undo.EndedAt)
+			}
+		}
+		return clear, last
+	}
+	for j := n - 1; j >= 0; j-- {
+		i := g.topo[j]
+		clear[i] = true
+		for _, d := range g.direct[i] {
+			clear[i] = clear[i] && clear[d] && f.undone(d, kept)
+			last[i] = latest(last[i], latest(last[d], f.Progress[d].Undo.EndedAt))
+		}
+	}
+	return clear, last
 }
 
 func latest(a, b time.Time) time.Time {
@@ -398,6 +424,7 @@ func (f *Flow) retry(at time.Time) error {
 		f.Progress[j] = Progress{}
 		delete(f.Params, f.Steps[j].Name) // a result of the run before
 	}
+	f.allDirty = true
 	f.Error = ""
 	f.addEvent(Event{At: at, Type: EventRetried, Message: fmt.Sprintf("from step %d", from+1)})
 	f.State = StateRunning
@@ -408,7 +435,7 @@ func (f *Flow) retry(at time.Time) error {
 // summarise sets each step's State from its runs, and a skipped step's
 // Reason.
 func (f *Flow) summarise() {
-	needs := Needs(f.Steps)
+	needs := f.graph().needs
 	for i := range f.Progress {
 		p := &f.Progress[i]
 		p.Reason = ""

@@ -1,6 +1,7 @@
 // Package flow runs multi-step jobs with rollback on top of the task queue.
 //
-// A flow is a stored document: its steps (a task kind and payload with its
+// A flow is a stored document (past 100 steps, a document and the parts
+// it names: split.go): its steps (a task kind and payload with its
 // own timeout and retries and an optional rollback, or a wait for a signal,
 // or a timer), the steps each needs (a DAG; none named: each step needs the
 // one before), the shared parameters (the request's, plus each finished
@@ -131,8 +132,9 @@ type Spec struct {
 
 // Limits.
 const (
-	// MaxSteps bounds a flow's steps.
-	MaxSteps = 100
+	// MaxSteps bounds a flow's steps. A flow of more than 100 is stored
+	// in parts (split.go): no step count fits one document.
+	MaxSteps = 10000
 	// MaxKeyLen leaves room in a step's task key for the step part.
 	MaxKeyLen = 256
 	// MaxNameLen bounds a step name.
@@ -324,6 +326,16 @@ type Flow struct {
 	// tasks to cancel.
 	started []runRef
 	stops   []string
+
+	g     *graph // the DAG's indexes (graph.go)
+	split *split // where a split flow's parts are; nil: one document
+	// shared: partCache's copy, never changed (clone to change it).
+	shared bool
+	// base is paramsFor's parameters of no succeeded step, computed once.
+	base map[string]json.RawMessage
+	// allDirty: every state part is to be written (retry deletes results
+	// without changing every record).
+	allDirty bool
 }
 
 // MaxEvents bounds the events kept on a document (the oldest go first).

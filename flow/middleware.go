@@ -94,7 +94,8 @@ func stepEnvelope(t *task.Task) (envelope, bool) {
 func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, job *consumer.Job, env envelope) error {
 	ref := env.Flow
 	log := cfg.Logger.With(slog.String("flow", ref.Flow), slog.String("task", job.Task.Key), slog.Int("attempt", job.Attempt))
-	f, err := Get(ctx, cfg.Store, ref.Flow)
+	// Of a large flow, only the head and the part that holds the step.
+	f, err := readStep(ctx, cfg.Store, ref)
 	if err != nil {
 		return fmt.Errorf("flow step %s: %w", job.Task.Key, err)
 	}
@@ -104,9 +105,9 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 		log.Info("flow step not current; not run", slog.String("state", string(f.State)))
 		return nil
 	}
-	if !ref.Undo && f.timer(ref.Step) {
+	if !ref.Undo && f.Step.StepType() != TypeTask {
 		// A sleep step's or a signal step's timer: its time has come.
-		o := f.timerOutcome(ref.Step, time.Time{}) // its time is the recording write's
+		o := timerOutcome(f.Step, f.Gen, ref.Step, time.Time{}) // its time is the recording write's
 		o.Attempt = job.Attempt
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 		defer cancel()
@@ -115,9 +116,9 @@ func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, j
 		}
 		return nil
 	}
-	act := f.Steps[ref.Step].Action
+	act := f.Step.Action
 	if ref.Undo {
-		act = *f.Steps[ref.Step].Rollback
+		act = *f.Step.Rollback
 	}
 	sc := &stepCtx{ref: ref, params: env.Params}
 	hctx := context.WithValue(ctx, stepCtxKey{}, sc)

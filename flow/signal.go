@@ -61,12 +61,7 @@ func Signal(ctx context.Context, s task.Store, key, step string, payload json.Ra
 }
 
 func (f *Flow) signal(name string, payload json.RawMessage, at time.Time) error {
-	i := -1
-	for j, st := range f.Steps {
-		if st.Name == name {
-			i = j
-		}
-	}
+	i := f.stepIndex(name)
 	switch {
 	case i < 0:
 		return fmt.Errorf("flow %s: step %.80q: %w", f.Key, name, ErrStepNotFound)

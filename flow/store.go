@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leasepool/leasepool/internal/tracing"
@@ -33,14 +35,22 @@ var movedMarker = json.RawMessage(`{"moved_to":"` + Namespace + `"}`)
 // errUnchanged leaves a document as it was.
 var errUnchanged = errors.New("flow unchanged")
 
-func decode(d task.Document) (*Flow, error) {
-	var f Flow
-	if err := json.Unmarshal(d.Value, &f); err != nil {
+// decode reads document d: a flow in one document (the caller's to
+// change), or a split flow's head and the parts it names (shared: see
+// split.go; Get and modify clone it).
+func decode(ctx context.Context, s task.Store, d task.Document) (*Flow, error) {
+	var h headDoc
+	if err := json.Unmarshal(d.Value, &h); err != nil {
 		return nil, fmt.Errorf("flow document %s: %w", d.ID, err)
 	}
+	f := &h.Flow
 	if f.Key != d.ID {
 		return nil, fmt.Errorf("flow document %s: holds flow %q", d.ID, f.Key)
 	}
+	if h.Split != nil {
+		return decodeSplit(ctx, s, d, &h)
+	}
+	f.Steps, f.Progress, f.Params = h.Steps, h.Progress, h.Params
 	if len(f.Progress) != len(f.Steps) {
 		return nil, fmt.Errorf("flow document %s: %d steps but %d progress entries", d.ID, len(f.Steps), len(f.Progress))
 	}
@@ -48,7 +58,23 @@ func decode(d task.Document) (*Flow, error) {
 	// Each step's summary as this version reads its runs, whenever the
 	// document was written.
 	f.summarise()
-	return &f, nil
+	return f, nil
+}
+
+// read reads the flow of key for a caller that only looks: a split flow
+// is partCache's, shared.
+func read(ctx context.Context, s task.Store, key string) (*Flow, error) {
+	for {
+		d, err := load(ctx, s, key)
+		if err != nil {
+			return nil, err
+		}
+		f, err := decode(ctx, s, d)
+		if errors.Is(err, errPartGone) {
+			continue // a newer write replaced it: read its head
+		}
+		return f, err
+	}
 }
 
 // load reads the document of flow key, adopting a legacy one.
@@ -121,40 +147,225 @@ func adoptAll(ctx context.Context, s task.Store) error {
 
 // modify applies fn to the stored flow of key under compare-and-set,
 // again on the newer document when another write came first. fn
-// returning errUnchanged writes nothing and is no error.
+// returning errUnchanged writes nothing and is no error; fn returning
+// another error has changed nothing.
+//
+// The calls of one process on one flow at the same time are applied
+// together: the first caller reads the flow, applies every fn waiting in
+// turn, and writes once (a group commit of the flow's transitions), so
+// the outcomes of a fan-out's steps recorded at once do not each lose the
+// compare-and-set to the others and read and write the flow again.
+// Each caller gets the flow as written, with only its own fn's tasks to
+// publish and stop.
 func modify(ctx context.Context, s task.Store, key string, fn func(f *Flow) error) (*Flow, error) {
+	q := queueFor(s, key)
+	r := &modReq{ctx: ctx, fn: fn}
+	q.mu.Lock()
+	q.pending = append(q.pending, r)
+	for q.running && !r.answered {
+		q.cond.Wait()
+	}
+	if r.answered {
+		q.mu.Unlock()
+		return r.f, r.err
+	}
+	// Lead one batch, the calls waiting now (this one among them), then
+	// hand the queue to the next caller: a caller waits for one batch
+	// before its own at most, and leads none but its own.
+	q.running = true
+	batch := q.pending
+	q.pending = nil
+	q.mu.Unlock()
+	modifyBatch(s, key, batch)
+	q.mu.Lock()
+	for _, b := range batch {
+		b.answered = true
+	}
+	q.running = false
+	q.cond.Broadcast()
+	q.mu.Unlock()
+	releaseQueue(s, key, q)
+	return r.f, r.err
+}
+
+// modReq is one modify call waiting in its flow's queue.
+type modReq struct {
+	ctx context.Context
+	fn  func(f *Flow) error
+	// The answer: the flow and fn's error, and the started runs and
+	// stopped tasks of f that are fn's.
+	f        *Flow
+	err      error
+	changed  bool
+	started  [2]int
+	stops    [2]int
+	answered bool
+}
+
+// modQueue is the modify calls of one process on one flow.
+type modQueue struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	pending []*modReq
+	running bool
+}
+
+var modQueues = struct {
+	sync.Mutex
+	m map[queueKey]*modQueue
+}{m: map[queueKey]*modQueue{}}
+
+type queueKey struct {
+	store uintptr
+	key   string
+}
+
+// storeID tells stores apart for the queues: a pointer's address (stores
+// are pointers; anything else gets a queue of its own per call).
+func storeID(s task.Store) uintptr {
+	v := reflect.ValueOf(s)
+	if v.Kind() == reflect.Pointer {
+		return v.Pointer()
+	}
+	return 0
+}
+
+func queueFor(s task.Store, key string) *modQueue {
+	id := storeID(s)
+	if id == 0 {
+		q := &modQueue{}
+		q.cond = sync.NewCond(&q.mu)
+		return q
+	}
+	modQueues.Lock()
+	defer modQueues.Unlock()
+	k := queueKey{id, key}
+	q := modQueues.m[k]
+	if q == nil {
+		q = &modQueue{}
+		q.cond = sync.NewCond(&q.mu)
+		modQueues.m[k] = q
+	}
+	return q
+}
+
+// releaseQueue drops q once idle. A call that found q just before joins
+// it anyway and leads it; a second queue for the flow meanwhile only
+// means compare-and-set between the two.
+func releaseQueue(s task.Store, key string, q *modQueue) {
+	id := storeID(s)
+	if id == 0 {
+		return
+	}
+	modQueues.Lock()
+	defer modQueues.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.running && len(q.pending) == 0 {
+		delete(modQueues.m, queueKey{id, key})
+	}
+}
+
+// modifyBatch applies the fns of batch to the flow of key and writes the
+// flow once, again from a fresh read after a lost compare-and-set.
+func modifyBatch(s task.Store, key string, batch []*modReq) {
+	ctx := batch[0].ctx
+	if len(batch) > 1 {
+		// Shared by the calls: no one caller's end stops the others'.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		defer cancel()
+	}
+	answer := func(f *Flow, err error) {
+		for _, r := range batch {
+			r.f, r.err = f, err
+		}
+	}
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			answer(nil, err)
+			return
 		}
 		d, err := load(ctx, s, key)
 		if err != nil {
-			return nil, err
+			answer(nil, err)
+			return
 		}
-		f, err := decode(d)
-		if err != nil {
-			return nil, err
-		}
-		if err := fn(f); errors.Is(err, errUnchanged) {
-			return f, nil
-		} else if err != nil {
-			return f, err
-		}
-		f.UpdatedAt = s.Now().UTC()
-		f.summarise()
-		b, err := json.Marshal(f)
-		if err != nil {
-			return nil, err
-		}
-		stored, err := s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: key, Version: d.Version, Value: b})
-		if errors.Is(err, task.ErrConflict) {
+		before, err := decode(ctx, s, d)
+		if errors.Is(err, errPartGone) {
 			continue
 		}
 		if err != nil {
-			return f, err
+			answer(nil, err)
+			return
 		}
-		f.Version = stored.Version
-		return f, nil
+		f := before
+		if before.shared {
+			f = before.clone() // before stays as read: the parts a write changes are told from it
+		}
+		changed := false
+		for _, r := range batch {
+			r.err, r.changed = nil, false
+			r.started = [2]int{len(f.started), len(f.started)}
+			r.stops = [2]int{len(f.stops), len(f.stops)}
+			if err := r.ctx.Err(); err != nil && len(batch) > 1 {
+				r.err = err
+				continue
+			}
+			r.started[0], r.stops[0] = len(f.started), len(f.stops)
+			err := r.fn(f)
+			r.started[1], r.stops[1] = len(f.started), len(f.stops)
+			switch {
+			case errors.Is(err, errUnchanged):
+			case err != nil:
+				r.err = err
+			default:
+				r.changed, changed = true, true
+			}
+		}
+		if changed {
+			f.UpdatedAt = s.Now().UTC()
+			f.summarise()
+			var stored task.Document
+			if f.split != nil {
+				stored, err = putSplit(ctx, s, before, f)
+			} else {
+				var b []byte
+				if b, err = json.Marshal(f); err == nil {
+					stored, err = s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: key, Version: d.Version, Value: b})
+				}
+			}
+			if errors.Is(err, task.ErrConflict) {
+				continue
+			}
+			if err != nil {
+				// Nothing stored: no caller has tasks to publish or stop.
+				f.started, f.stops = nil, nil
+				for _, r := range batch {
+					r.started, r.stops = [2]int{}, [2]int{}
+					if r.changed {
+						r.err = err
+					}
+				}
+			} else {
+				f.Version = stored.Version
+			}
+		}
+		if f.split != nil && changed && f.Version != d.Version {
+			// Kept as written, shared: the callers only read it.
+			f.shared = true
+			cachePut(f)
+		}
+		for _, r := range batch {
+			v := *f
+			v.started = f.started[r.started[0]:r.started[1]:r.started[1]]
+			v.stops = f.stops[r.stops[0]:r.stops[1]:r.stops[1]]
+			if len(batch) == 1 {
+				v = *f
+			}
+			r.f = &v
+		}
+		return
 	}
 }
 
@@ -183,29 +394,47 @@ func Publish(ctx context.Context, s task.Store, spec Spec) (f *Flow, res task.Pu
 			return nil, "", invalid("params", err.Error())
 		}
 	}
-	b, err := json.Marshal(f)
-	if err != nil {
-		return nil, "", err
-	}
-	res = task.Inserted
-	d, err := load(ctx, s, spec.Key)
+	res = task.Existing
+	_, err = load(ctx, s, spec.Key)
 	if errors.Is(err, ErrNotFound) {
-		d, err = s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: spec.Key, Value: b})
+		res = task.Inserted
+		_, err = store(ctx, s, f)
 		if errors.Is(err, task.ErrConflict) { // published meanwhile
-			d, err = load(ctx, s, spec.Key)
-			res = task.Existing
+			res, err = task.Existing, nil
 		}
-	} else {
-		res = task.Existing
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("flow %s: %w", spec.Key, err)
 	}
-	if f, err = decode(d); err != nil {
+	if f, err = read(ctx, s, spec.Key); err != nil {
 		return nil, "", err
+	}
+	if f.shared {
+		f = f.clone()
 	}
 	f, err = ensure(ctx, s, f)
 	return f, res, err
+}
+
+// store writes the new flow f: one document, or, past inlineSteps steps,
+// its parts and then its head. task.ErrConflict: one of its key exists.
+func store(ctx context.Context, s task.Store, f *Flow) (task.Document, error) {
+	if len(f.Steps) <= inlineSteps {
+		b, err := json.Marshal(f)
+		if err != nil {
+			return task.Document{}, err
+		}
+		return s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: f.Key, Value: b})
+	}
+	b, written, err := newSplit(ctx, s, f)
+	var d task.Document
+	if err == nil {
+		d, err = s.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: Namespace, ID: f.Key, Value: b})
+	}
+	if err != nil {
+		deleteParts(ctx, s, written)
+	}
+	return d, err
 }
 
 // Get returns the flow of key, or ErrNotFound.
@@ -213,11 +442,14 @@ func Get(ctx context.Context, s task.Store, key string) (*Flow, error) {
 	if err := task.ValidateName("key", key); err != nil {
 		return nil, fmt.Errorf("%s: %w", key, ErrNotFound)
 	}
-	d, err := load(ctx, s, key)
+	f, err := read(ctx, s, key)
 	if err != nil {
 		return nil, err
 	}
-	return decode(d)
+	if f.shared {
+		f = f.clone()
+	}
+	return f, nil
 }
 
 // ListQuery selects flows.
@@ -239,7 +471,16 @@ func List(ctx context.Context, s task.Store, q ListQuery) ([]*Flow, error) {
 	}
 	var out []*Flow
 	for _, d := range docs {
-		f, err := decode(d)
+		if q.Active && finishedHead(d) {
+			continue // not reading a split flow's parts to leave it out
+		}
+		f, err := decode(ctx, s, d)
+		if errors.Is(err, errPartGone) {
+			f, err = read(ctx, s, d.ID)
+		}
+		if f != nil && f.shared {
+			f = f.clone()
+		}
 		if err != nil {
 			// One unreadable document must not fail every list of flows
 			// (the API, the dashboard, flow ls, /metrics).
@@ -262,31 +503,64 @@ func List(ctx context.Context, s task.Store, q ListQuery) ([]*Flow, error) {
 	return out, nil
 }
 
+// headFields are the fields of a flow's document that say whether it
+// stopped, read without a split flow's parts.
+type headFields struct {
+	Key       string    `json:"key"`
+	State     State     `json:"state"`
+	UpdatedAt time.Time `json:"updated_at"`
+	Split     *split    `json:"split"`
+}
+
+// finishedHead reports whether document d holds a flow that stopped.
+func finishedHead(d task.Document) bool {
+	var h headFields
+	return json.Unmarshal(d.Value, &h) == nil && h.State.Finished()
+}
+
 // DeleteStopped deletes the documents of flows that stopped (Finished)
 // before before, at most limit of them, and returns how many. A flow
 // retried since it was read is not deleted (compare-and-set on version).
+// A split flow's parts go with it, and any a write that died left.
 func DeleteStopped(ctx context.Context, s task.Store, before time.Time, limit int) (int, error) {
 	docs, err := s.Documents(ctx, Namespace)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
+	var gone []string // split flows deleted: key~token~
 	for _, d := range docs {
 		if n >= limit {
 			break
 		}
-		f, err := decode(d)
-		if err != nil || !f.State.Finished() || !f.UpdatedAt.Before(before) {
+		var h headFields
+		if json.Unmarshal(d.Value, &h) != nil || h.Key != d.ID || !h.State.Finished() || !h.UpdatedAt.Before(before) {
 			continue
 		}
 		err = s.DeleteDocument(ctx, Namespace, d.ID, d.Version)
 		switch {
 		case err == nil:
 			n++
+			if h.Split != nil {
+				gone = append(gone, d.ID+"~"+h.Split.Token+"~")
+			}
 		case errors.Is(err, task.ErrConflict), errors.Is(err, task.ErrNotFound):
 		default:
 			return n, err
 		}
+	}
+	if len(gone) > 0 {
+		parts, err := s.Documents(ctx, PartNamespace)
+		if err != nil {
+			return n, err
+		}
+		var ids []string
+		for _, p := range parts {
+			if slices.ContainsFunc(gone, func(prefix string) bool { return strings.HasPrefix(p.ID, prefix) }) {
+				ids = append(ids, p.ID)
+			}
+		}
+		deleteParts(ctx, s, ids)
 	}
 	return n, nil
 }

@@ -94,7 +94,7 @@ func (f *Flow) contained() []bool {
 	if !tolerant {
 		return out
 	}
-	direct := directDependents(Needs(f.Steps))
+	direct := f.graph().direct
 	for i := range f.Steps {
 		_, _, out[i] = failureReach(f.Steps, direct, i)
 	}
@@ -107,8 +107,9 @@ func (f *Flow) contained() []bool {
 // reports true. Otherwise it changes nothing and says why, when a
 // counting step's limit was passed.
 func (f *Flow) tolerate(k int, at time.Time) (string, bool) {
-	needs := Needs(f.Steps)
-	blocked, counting, contained := failureReach(f.Steps, directDependents(needs), k)
+	g := f.graph()
+	needs := g.needs
+	blocked, counting, contained := failureReach(f.Steps, g.direct, k)
 	if !contained {
 		return "", false
 	}

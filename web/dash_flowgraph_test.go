@@ -231,7 +231,7 @@ func TestFlowPageSignalForm(t *testing.T) {
 }
 
 // BenchmarkFlowPage is the flow page of a finished run of the largest
-// flow (flow.MaxSteps steps, 10 levels of 10, each step needing every step
+// flow drawn in full (100 steps, 10 levels of 10, each step needing every step
 // of the level before), its step tasks in the store:
 //
 //	go test -run '^$' -bench FlowPage -benchtime 50x ./web/

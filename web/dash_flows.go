@@ -85,10 +85,23 @@ func (d *dashboard) flow(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, err)
 		return
 	}
+	if len(f.Steps) > largeFlowSteps {
+		levels, err := levelsOf(f, r.URL.Query())
+		if err != nil {
+			d.fail(w, r, err)
+			return
+		}
+		d.render(w, r, http.StatusOK, "flow", "Flow "+f.Key, struct {
+			Flow    *flow.Flow
+			Steps   []flowStep
+			Picture flowPicture
+			Levels  *flowLevels
+		}{f, levels.Steps, flowPicture{Signals: awaitingSignals(f)}, &levels})
+		return
+	}
 	steps := make([]flowStep, len(f.Steps))
-	for i, st := range f.Steps {
-		steps[i] = flowStep{N: i + 1, Step: st, Prog: f.Progress[i], Result: prettyJSON(f.Params[st.Name]),
-			Current: f.Progress[i].Do.State == flow.RunActive || f.Progress[i].Undo.State == flow.RunActive}
+	for i := range f.Steps {
+		steps[i] = stepRow(f, i)
 	}
 	pic, err := d.picture(r.Context(), f)
 	if err != nil {
@@ -99,7 +112,8 @@ func (d *dashboard) flow(w http.ResponseWriter, r *http.Request) {
 		Flow    *flow.Flow
 		Steps   []flowStep
 		Picture flowPicture
-	}{f, steps, pic})
+		Levels  *flowLevels
+	}{f, steps, pic, nil})
 }
 
 func (d *dashboard) cancelFlow(r *http.Request) (string, string, error) {

@@ -34,8 +34,11 @@ func flowCommand() *cli.Command {
 			{
 				Name: "show", Usage: "print a flow: state, its steps level by level (state, attempts, time, needs, rollback), the rollback order, shared parameters, events",
 				ArgsUsage: "KEY",
-				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the stored document as JSON, with the levels and rollback order under \"graph\""}},
-				Action:    flowShow,
+				Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the stored document as JSON, with the levels and rollback order under \"graph\""},
+					&cli.BoolFlag{Name: "all", Usage: "a flow of more than 200 steps: print every step, not its levels with a page of each"},
+					&cli.IntFlag{Name: "level", Usage: "a flow of more than 200 steps: print only this level (from 1)"},
+					&cli.IntFlag{Name: "page", Value: 1, Usage: "a flow of more than 200 steps: the page of each level's steps to print, failing steps first"}},
+				Action: flowShow,
 			},
 			{
 				Name: "ls", Usage: "list flows in publish order",
