@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/leasepool/leasepool/bench"
+	"github.com/leasepool/leasepool/internal/bench"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
