@@ -3,7 +3,7 @@
 //
 // A test here calls t.Parallel only when it mostly waits and what it
 // asserts survives a busy CPU (no lease or heartbeat tight enough for a
-// slowed process to miss): those run side by side, four at once (TestMain),
+// slowed process to miss): those run side by side, GOMAXPROCS at once,
 // after the rest have run one at a time.
 package tests
 
