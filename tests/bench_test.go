@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leasepool/leasepool/bench"
+	"github.com/leasepool/leasepool/internal/bench"
 )
 
 // TestBenchCommand runs a small `leasepool bench` on an embedded store:

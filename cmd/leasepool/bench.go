@@ -13,7 +13,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/leasepool/leasepool/bench"
+	"github.com/leasepool/leasepool/internal/bench"
 	"github.com/leasepool/leasepool/store"
 	"github.com/leasepool/leasepool/task"
 )

@@ -34,7 +34,7 @@ var (
 	// features are built on the consumer, so the consumer and the layers
 	// under it must not import them.
 	features = []string{"builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol",
-		"flow", "internal/retention", "rollout", "bench", "web", "metrics", "internal/stats", "store"}
+		"flow", "internal/retention", "rollout", "internal/bench", "web", "metrics", "internal/stats", "store"}
 	// basics import task (and the lifecycle contract and the singleton
 	// runner) only. The singleton runner is one: schedule, flow, retention
 	// and mqttdev/broker are built on it. The engine packages (claim
@@ -79,7 +79,7 @@ func every(string) bool { return true }
 
 // program reports whether path is a program: the CLI, or an example of
 // a program of your own.
-func program(path string) bool { return under("cmd")(path) || under("examples")(path) }
+func program(path string) bool { return under("cmd")(path) || under("internal/examples")(path) }
 
 func production(path string) bool {
 	for _, t := range testOnly {
@@ -159,7 +159,7 @@ var rules = []rule{
 	},
 	{
 		name:    "only what assembles a program imports metrics or web",
-		applies: is("builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol", "flow", "internal/retention", "bench", "store", "web", "metrics"),
+		applies: is("builtin", "mqttdev", "mqttdev/broker", "mqttdev/device", "mqttdev/protocol", "flow", "internal/retention", "internal/bench", "store", "web", "metrics"),
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, is("metrics", "web"))
 		},
@@ -193,7 +193,7 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "a backend is imported directly only by store and programs (cmd, examples)",
+		name:    "a backend is imported directly only by store and programs (cmd, internal/examples)",
 		applies: func(path string) bool { return production(path) && path != "store" && !program(path) },
 		check: func(_ string, p pkg) []string {
 			return in(p.Imports, is(backends...))
@@ -214,7 +214,7 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "no package imports cmd or examples",
+		name:    "no package imports cmd or internal/examples",
 		applies: every,
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, program)

@@ -15,7 +15,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 
-	"github.com/leasepool/leasepool/bench"
+	"github.com/leasepool/leasepool/internal/bench"
 )
 
 // curveMain turns the points `leasepool bench curve --json` printed into

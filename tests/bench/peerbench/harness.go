@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/leasepool/leasepool/bench"
+	"github.com/leasepool/leasepool/internal/bench"
 )
 
 // peer is one queue system under test, as seen by the producer process.

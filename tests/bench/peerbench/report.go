@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/leasepool/leasepool/bench"
+	"github.com/leasepool/leasepool/internal/bench"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -216,7 +216,7 @@ func markdown(results []result, command, mode, png string, plotted []string) str
 		fmt.Fprintf(&b, " Not plotted (no raw samples): %s.", strings.Join(missing, ", "))
 	}
 	b.WriteString("\n\n## Method\n\n")
-	b.WriteString(`The same for every system; the peers' harness (tests/bench/peerbench, tests/bench/bullmq) mirrors package bench (leasepool bench) and uses its statistics.
+	b.WriteString(`The same for every system; the peers' harness (tests/bench/peerbench, tests/bench/bullmq) mirrors package internal/bench (leasepool bench) and uses its statistics.
 Producer and workers are separate processes on this host; start times are taken in the worker's handler and compared with the producer's on the same host clock.
 
 - **publish→start**: ` + "`latency_tasks`" + ` jobs published one at a time, 2 ms apart, to an idle worker process at concurrency 8; from just after the publish call returns to the handler's start. Nearest-rank percentiles.

@@ -93,7 +93,7 @@ func TestReportJSONMatchesResults(t *testing.T) {
 		{"leasepool.json", &Report{}},
 		{"leasepool.samples.json", &Samples{}},
 	} {
-		data, err := os.ReadFile(filepath.Join("..", "tests", "bench", "results", c.file))
+		data, err := os.ReadFile(filepath.Join("..", "..", "tests", "bench", "results", c.file))
 		if err != nil {
 			t.Fatal(err)
 		}
