@@ -145,6 +145,18 @@ func (t *StateTracker) writer(ctx context.Context) {
 	}
 }
 
+// statusWriters is how many store writes a tracker's flush has in flight
+// at once. Side by side, they share the store's group commits (SQLite
+// commits a burst of connects in a few hundred commits rather than one
+// per device); bounded, a burst of thousands of devices never holds more
+// of the store's write queue than this, and the rest waits in the
+// tracker's dirty set, where a device's newer status replaces its older
+// one. Lease renewals go before document writes in the embedded store
+// (a lane of their own), so they never wait behind these.
+const statusWriters = 32
+
+// flush writes what Observe marked dirty: every device's latest state,
+// then the attributes announced, statusWriters at a time.
 func (t *StateTracker) flush(ctx context.Context) {
 	t.mu.Lock()
 	batch := t.dirty
@@ -152,26 +164,48 @@ func (t *StateTracker) flush(ctx context.Context) {
 	announced := t.announced
 	t.announced = map[string]DeviceState{}
 	t.mu.Unlock()
-	for _, s := range batch {
-		if err := t.putState(ctx, s, announced); err != nil {
+	var amu sync.Mutex // guards announced while the states are written
+	forEach(batch, func(s DeviceState) {
+		if err := t.putState(ctx, s, announced, &amu); err != nil {
 			t.logger.Warn("device state not stored", slog.String("device", s.ID), slog.Any("error", err))
 		}
-	}
-	for _, s := range announced {
+	})
+	forEach(announced, func(s DeviceState) {
 		if err := t.inv.PutAttributes(ctx, s.ID, s.Attributes, s.SeenAt); err != nil {
 			t.logger.Warn("device attributes not stored", slog.String("device", s.ID), slog.Any("error", err))
 			t.mu.Lock()
 			delete(t.attrs, s.ID) // the next announcement tries again
 			t.mu.Unlock()
 		}
+	})
+}
+
+// forEach runs fn on every state of m, statusWriters at a time, and
+// returns when all are done.
+func forEach(m map[string]DeviceState, fn func(DeviceState)) {
+	if len(m) == 1 {
+		for _, s := range m {
+			fn(s)
+		}
+		return
 	}
+	sem := make(chan struct{}, statusWriters)
+	var wg sync.WaitGroup
+	for _, s := range m {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			fn(s)
+		})
+	}
+	wg.Wait()
 }
 
 // putState stores s. When that creates the device's record, as after the
 // device was forgotten (Forget), its entry went too: the attributes last
 // seen, which an unchanged announcement would not write, are added to
-// announced to be written again.
-func (t *StateTracker) putState(ctx context.Context, s DeviceState, announced map[string]DeviceState) error {
+// announced (guarded by amu) to be written again.
+func (t *StateTracker) putState(ctx context.Context, s DeviceState, announced map[string]DeviceState, amu *sync.Mutex) error {
 	sc, ok := t.store.(stateCreator)
 	if !ok {
 		return t.store.PutDeviceState(ctx, s)
@@ -180,6 +214,8 @@ func (t *StateTracker) putState(ctx context.Context, s DeviceState, announced ma
 	if err != nil || !created || t.inv == nil {
 		return err
 	}
+	amu.Lock()
+	defer amu.Unlock()
 	if _, queued := announced[s.ID]; queued {
 		return nil
 	}

@@ -25,9 +25,11 @@ func StoreStates(ds task.DocumentStore) DeviceStateStore { return storeStates{ds
 
 type storeStates struct{ ds task.DocumentStore }
 
-// PutDeviceState stores s unless the stored state was seen later: the
-// workers tracking one device race to store each status message, and an
-// older one must not overwrite a newer one. It writes by compare-and-set,
+// PutDeviceState stores s unless the stored state was seen later or is
+// the same status message (same online state and device time): the
+// workers tracking one device race to store each status message, an
+// older one must not overwrite a newer one, and the first to store one
+// leaves the others nothing to write. It writes by compare-and-set,
 // again on the newer document when another write came first.
 func (r storeStates) PutDeviceState(ctx context.Context, s DeviceState) error {
 	_, err := r.putDeviceState(ctx, s)
@@ -50,7 +52,7 @@ func (r storeStates) putDeviceState(ctx context.Context, s DeviceState) (created
 		case err != nil:
 			return false, fmt.Errorf("device state %s: %w", s.ID, err)
 		default:
-			if old, err := decodeState(d); err == nil && old.SeenAt.After(s.SeenAt) {
+			if old, err := decodeState(d); err == nil && (old.SeenAt.After(s.SeenAt) || sameStatus(old, s)) {
 				return false, nil
 			}
 		}
@@ -65,6 +67,13 @@ func (r storeStates) putDeviceState(ctx context.Context, s DeviceState) (created
 			return false, err
 		}
 	}
+}
+
+// sameStatus reports whether old was stored from the same status message
+// as s: every tracker hears each message, and the first to store it
+// leaves the others nothing to write.
+func sameStatus(old, s DeviceState) bool {
+	return old.Online == s.Online && old.At.Equal(s.At)
 }
 
 // stateCreator is a DeviceStateStore that tells when a put created the

@@ -50,7 +50,7 @@ func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document
 		return task.Document{}, err
 	}
 	doc := string(change)
-	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+	err = s.writeBulk(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		return s.putDocumentTx(ctx, tx, d, value, out, &doc)
 	})
 	if err != nil {
@@ -110,7 +110,7 @@ func (s *Store) DeleteDocument(ctx context.Context, namespace, id string, versio
 	if err := task.CheckDocumentName(namespace, id); err != nil {
 		return err
 	}
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+	err := s.writeBulk(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		res, err := tx.ExecContext(ctx, `DELETE FROM documents WHERE namespace = ? AND id = ? AND (? = 0 OR version = ?)`,
 			namespace, id, version, version)
 		if err != nil {

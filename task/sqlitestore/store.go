@@ -124,7 +124,8 @@ type Store struct {
 	writeLock *os.File
 	wmu       sync.Mutex // holds writeLock within this process
 	writeQ    chan *writeReq
-	rdb       *sql.DB // several read-only connections
+	bulkQ     chan *writeReq // the bulk lane (writeBulk)
+	rdb       *sql.DB        // several read-only connections
 
 	// Prepared statements on wdb.
 	insTask, selTaskW, updTask, updHot, existsW, insChange, insDocChange, pruneChanges, selStored, upsertCount, userVersion *sql.Stmt
@@ -152,6 +153,9 @@ type Store struct {
 	cdb        *sql.DB      // the checkpointer's connection
 	// committed, lockWait and lockHeld are WriteStats' counts.
 	committed, lockWait, lockHeld atomic.Int64
+	// mainLag is the most commits a main-lane write waited for, its own
+	// included (noteMainLag).
+	mainLag atomic.Int64
 	// txBegin, txStatements and txCommit split the write transactions'
 	// time under the lock (WriteStats).
 	txBegin, txStatements, txCommit atomic.Int64
@@ -209,6 +213,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	s.initClock(ctx)
 	if !c.ReadOnly {
 		s.writeQ = make(chan *writeReq, maxBatch)
+		s.bulkQ = make(chan *writeReq, maxBatch)
 		s.bg.Add(1)
 		go s.writer()
 		if err := s.startCheckpointer(); err != nil {

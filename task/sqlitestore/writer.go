@@ -26,6 +26,14 @@ func (s *Store) write(ctx context.Context, fn func(ctx context.Context, tx *sql.
 	return s.submit(&writeReq{ctx: ctx, fn: fn})
 }
 
+// writeBulk is write in the bulk lane (documents: device states, the
+// inventory, credentials), which the writer serves after the main lane
+// (tasks, lease renewals, locks): a flood of document writes waits for
+// its turn instead of holding a renewal back past its lease.
+func (s *Store) writeBulk(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) (change int64, err error)) error {
+	return s.submit(&writeReq{ctx: ctx, fn: fn, bulk: true})
+}
+
 // writeAtomic is write for a fn of several statements that must all
 // apply or none: it runs inside its own savepoint.
 func (s *Store) writeAtomic(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) (change int64, err error)) error {
@@ -44,8 +52,15 @@ func (s *Store) submit(req *writeReq) error {
 	}
 	ctx := req.ctx
 	req.done = make(chan error, 1)
+	q := s.writeQ
+	req.after = s.commits.Load()
+	if req.bulk {
+		// A full bulk lane blocks here: the back-pressure of a flood of
+		// document writes falls on their callers, not on the main lane.
+		q = s.bulkQ
+	}
 	select {
-	case s.writeQ <- req:
+	case q <- req:
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-s.done:
@@ -80,6 +95,10 @@ type writeReq struct {
 	// ErrNotFound, ErrInvalid: the batch goes on), or fail with any other
 	// error, which rolls the whole batch back.
 	savepoint bool
+	// bulk puts the request in the bulk lane (writeBulk).
+	bulk bool
+	// after is the count of commits before the request was queued.
+	after int64
 	// onCommit runs after the commit, before watchers are woken.
 	onCommit func()
 	// counts are the moves in task_counts of fn's writes, applied with
@@ -93,28 +112,43 @@ func clean(err error) bool {
 	return errors.Is(err, task.ErrConflict) || errors.Is(err, task.ErrNotFound) || errors.Is(err, task.ErrInvalid)
 }
 
-const maxBatch = 128
+// maxBatch is the most main-lane requests one commit carries; bulkShare
+// the bulk-lane requests a commit takes at least, when any wait, so that
+// a busy main lane cannot starve the bulk one. A commit carries at most
+// maxBatch+bulkShare requests.
+const (
+	maxBatch  = 128
+	bulkShare = 32
+)
 
 // writer owns the write connection: it runs queued writes in batches until
-// the store closes, then fails what is still queued.
+// the store closes, then fails what is still queued. Each batch takes
+// every main-lane request queued (up to maxBatch) before the bulk lane's,
+// so a main-lane request (a lease renewal) waits at most for the commit
+// in progress, however many bulk writes are queued behind it.
 func (s *Store) writer() {
 	defer s.bg.Done()
 	s.writerGoroutine.Store(goroutineID())
-	batch := make([]*writeReq, 0, maxBatch)
+	batch := make([]*writeReq, 0, maxBatch+bulkShare)
 	last := 0
 	for {
 		select {
 		case req := <-s.writeQ:
 			batch = append(batch[:0], req)
+		case req := <-s.bulkQ:
+			batch = append(batch[:0], req)
 		case <-s.done:
-			for {
-				select {
-				case req := <-s.writeQ:
-					req.done <- errClosed
-				default:
-					return
+			for _, q := range []chan *writeReq{s.writeQ, s.bulkQ} {
+				for drained := false; !drained; {
+					select {
+					case req := <-q:
+						req.done <- errClosed
+					default:
+						drained = true
+					}
 				}
 			}
+			return
 		}
 		s.fill(&batch)
 		if last >= busyBatch {
@@ -129,16 +163,49 @@ func (s *Store) writer() {
 	}
 }
 
+// noteMainLag keeps the most commits a main-lane request waited for,
+// its own included: 2 when it came during a commit (that one, then its
+// own), more only when the main lane alone held more than one batch.
+func (s *Store) noteMainLag(n int64) {
+	for {
+		cur := s.mainLag.Load()
+		if n <= cur || s.mainLag.CompareAndSwap(cur, n) {
+			return
+		}
+	}
+}
+
 // busyBatch is the batch size from which the writer yields once before
 // committing the next batch.
 const busyBatch = 8
 
-// fill adds to batch what is queued, up to maxBatch.
+// fill adds to batch what is queued: the main lane's first, up to
+// maxBatch requests of it, then the bulk lane's, up to maxBatch requests
+// in all or bulkShare of the bulk lane, whichever is more.
 func (s *Store) fill(batch *[]*writeReq) {
-	for len(*batch) < maxBatch {
+	main, bulk := 0, 0
+	for _, r := range *batch {
+		if r.bulk {
+			bulk++
+		} else {
+			main++
+		}
+	}
+main:
+	for main < maxBatch {
 		select {
 		case req := <-s.writeQ:
 			*batch = append(*batch, req)
+			main++
+		default:
+			break main
+		}
+	}
+	for len(*batch) < maxBatch || bulk < bulkShare {
+		select {
+		case req := <-s.bulkQ:
+			*batch = append(*batch, req)
+			bulk++
 		default:
 			return
 		}
@@ -209,8 +276,13 @@ func (s *Store) commit(batch []*writeReq) []*writeReq {
 		return batch
 	}
 	s.clock.hwmAt = max(s.clock.hwmAt, hwm)
-	s.commits.Add(1)
+	n := s.commits.Add(1)
 	s.committed.Add(int64(len(batch)))
+	for _, r := range batch {
+		if !r.bulk {
+			s.noteMainLag(n - r.after)
+		}
+	}
 	for i, r := range batch {
 		if errs[i] == nil && r.onCommit != nil {
 			r.onCommit()
