@@ -164,8 +164,29 @@ type Rollout struct {
 	// Wave is the index of the wave being run (or the last one run).
 	Wave  int    `json:"wave"`
 	Waves []Wave `json:"waves"`
-	// Devices are the executions, in wave then id order.
-	Devices []Exec `json:"devices"`
+	// Devices are the executions, in wave then id order (which is id
+	// order). They are stored outside the rollout's document, ShardSize
+	// to a shard document (shards.go); Get loads them, GetHead does not.
+	Devices []Exec `json:"-"`
+	// DeviceCount is len(Devices), kept in the document for readers of
+	// the aggregates alone.
+	DeviceCount int `json:"device_count"`
+	// ShardKey names the rollout's shard documents (ShardNamespace, id
+	// ShardKey/N): unique to this creation, so a deleted rollout's
+	// shards never stand for a new one's of the same name.
+	ShardKey string `json:"shard_key,omitempty"`
+	// Shards are the versions of the shard documents whose executions the
+	// aggregates (Waves[i].Counts, RolledBack) were counted from.
+	Shards []int64 `json:"shards,omitempty"`
+	// RolledBack counts the rollback's outcomes.
+	RolledBack Counts `json:"rolled_back,omitzero"`
+	// base are the shards' executions as read (version Shards[i]): a
+	// write stores only the shards that differ from them.
+	base [][]Exec
+	// stale: a shard was read at a later version than the aggregates
+	// were counted from; the next write counts them again.
+	stale   bool
+	staleAt time.Time // the latest store write of such a shard
 	// Dispatches are the store times of the last Rate.N dispatches, the
 	// rate's window: a dispatch is recorded before its task is published.
 	Dispatches []time.Time `json:"dispatches,omitempty"`
@@ -205,6 +226,9 @@ type Wave struct {
 	// ran (EndedAt is then the rollout's ended_at): its queued commands
 	// were withdrawn.
 	Stopped bool `json:"stopped,omitempty"`
+	// Counts are the wave's executions by outcome, counted from the
+	// shards at every write of the rollout.
+	Counts Counts `json:"counts"`
 }
 
 // Gate is what a wave waits for before it starts.
@@ -281,9 +305,16 @@ const (
 // Bounds.
 const (
 	MaxNameLen = 64
-	// MaxDevices bounds a rollout: every execution lives in its document
-	// (task.MaxDocumentSize).
-	MaxDevices = 1000
+	// MaxDevices bounds a rollout. Its executions live in shard
+	// documents of ShardSize each; its own document holds aggregates.
+	MaxDevices = 100_000
+	// MaxRate bounds Rate.N: the rate's window of dispatch times lives in
+	// the rollout's document.
+	MaxRate = 1000
+	// MaxSpecDevices is how many devices named in Spec.Devices the
+	// rollout's document keeps in its spec; a longer list is in the
+	// executions alone.
+	MaxSpecDevices = 1000
 	MaxWaves   = 32
 	MaxRetries = 10
 	MaxEvents  = 100

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +39,31 @@ type Stepper struct {
 	// driver that read it running before it was cancelled).
 	skipPublish, forcePublish bool
 	orphanAfter               time.Duration
+
+	// cache holds each rollout's shards as this Stepper last read or
+	// wrote them: a step reads only the rollout's document and the
+	// shards written by others since.
+	cache map[string]*shardCache
+	// The feed (follow) of the rollouts' device tasks that ended: while
+	// it runs, a step reads only the tasks it names (and those no one is
+	// known to have published), not every running execution's.
+	feed
+}
+
+// feed is what follow learned from the store's change stream.
+type feed struct {
+	// on: a stream is open, opened as the gen-th; synced holds the gen
+	// at which each rollout's executions were last all read (a rollout
+	// not synced under the current gen is read whole at its next step).
+	on     bool
+	gen    int
+	synced map[string]int
+	// ended are the keys of device tasks written finished (or written
+	// where the stream could not say), by rollout name.
+	ended map[string]map[string]bool
+	// known are the keys of the running executions known to have a task
+	// (published by this Stepper or seen stored).
+	known map[string]bool
 }
 
 // OrphanAfter is how long a dispatch recorded by another driver may stay
@@ -47,7 +73,93 @@ const OrphanAfter = 5 * time.Second
 
 // NewStepper returns a Stepper over st.
 func NewStepper(st Store) *Stepper {
-	return &Stepper{st: st, recorded: map[string]bool{}, orphanAfter: OrphanAfter}
+	return &Stepper{st: st, recorded: map[string]bool{}, orphanAfter: OrphanAfter, cache: map[string]*shardCache{},
+		feed: feed{synced: map[string]int{}, ended: map[string]map[string]bool{}, known: map[string]bool{}}}
+}
+
+// Follow keeps the feed from the store's change stream until ctx ends,
+// opening the stream again after an error; it returns at once where the
+// store cannot push (task.ErrWatchUnsupported), leaving every step to
+// read each running execution's task. A Driver runs it.
+func (s *Stepper) Follow(ctx context.Context) {
+	for ctx.Err() == nil {
+		cs, err := s.st.Watch(ctx, task.WatchParams{SkipQuiet: true})
+		if errors.Is(err, task.ErrWatchUnsupported) {
+			return
+		}
+		if err != nil {
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		s.mu.Lock()
+		// Writes from here on are seen: each rollout is read whole once.
+		s.on, s.gen = true, s.gen+1
+		s.mu.Unlock()
+		for {
+			ev, err := cs.Next(ctx)
+			if err != nil {
+				break
+			}
+			rest, ok := strings.CutPrefix(ev.Key, "rollout:")
+			if !ok || (ev.Task != nil && !ev.Task.State.Finished()) {
+				continue
+			}
+			name, _, _ := strings.Cut(rest, ":")
+			s.mu.Lock()
+			if s.ended[name] == nil {
+				s.ended[name] = map[string]bool{}
+			}
+			s.ended[name][ev.Key] = true
+			s.mu.Unlock()
+		}
+		_ = cs.Close()
+		s.mu.Lock()
+		s.on = false
+		s.mu.Unlock()
+	}
+}
+
+// watching returns, while the feed runs, the keys of rollout name's
+// tasks that ended since the last call, and whether the rollout was read
+// whole under the current stream (else the step reads it whole: whole
+// is false) with the gen to mark it synced at.
+func (s *Stepper) watching(name string) (keys map[string]bool, whole bool, gen int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys = s.ended[name]
+	delete(s.ended, name)
+	return keys, !s.on || s.synced[name] != s.gen, s.gen
+}
+
+func (s *Stepper) markSynced(name string, gen int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen < 0 {
+		delete(s.feed.synced, name)
+	} else {
+		s.feed.synced[name] = gen
+	}
+}
+
+func (s *Stepper) know(key string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.known[key] = true
+	} else {
+		delete(s.known, key)
+	}
+}
+
+func (s *Stepper) isKnown(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.known[key]
 }
 
 func (s *Stepper) mine(key string) bool {
@@ -75,20 +187,43 @@ func (s *Stepper) pending() bool {
 // Step advances rollout name once. It returns task.ErrConflict when
 // another writer changed the rollout first (nothing of this step was
 // written or sent; the next step starts over).
-func (s *Stepper) Step(ctx context.Context, name string) error {
-	r, err := Get(ctx, s.st, name)
+func (s *Stepper) Step(ctx context.Context, name string) (err error) {
+	r, err := GetHead(ctx, s.st, name)
 	if err != nil {
 		return err
 	}
 	if r.Over() {
+		delete(s.cache, name)
 		return nil
 	}
+	if err := load(ctx, s.st, r, s.cache[name]); err != nil {
+		delete(s.cache, name)
+		return err
+	}
+	if r.stale && s.st.Now().Sub(r.staleAt) < s.orphanAfter {
+		// A shard written since the rollout's document: its writer may
+		// be about to write the document (which counts its dispatches in
+		// the rate's window). Let it, rather than write first and make
+		// its dispatches records no window counted.
+		delete(s.cache, name)
+		return fmt.Errorf("rollout %s: shard written since its document, %w", name, task.ErrConflict)
+	}
+	ended, whole, gen := s.watching(name)
+	defer func() {
+		if err != nil {
+			// What the feed named may not be recorded: read it all again.
+			s.markSynced(name, -1)
+		} else if whole {
+			s.markSynced(name, gen)
+		}
+	}()
 	now := s.st.Now().UTC()
 	before := r.Version
-	changed, err := s.refresh(ctx, r, now)
+	changed, err := s.refresh(ctx, r, now, whole, ended)
 	if err != nil {
 		return err
 	}
+	changed = changed || r.stale
 	if r.active() {
 		changed = r.checkAbort(now) || changed
 	}
@@ -100,7 +235,7 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 		changed = c || changed
 	}
 	if r.State == StateAborted && r.Rollback != nil && r.Rollback.EndedAt.IsZero() {
-		c, err := s.rollback(ctx, r, now)
+		c, err := s.rollback(ctx, r, now, whole, ended)
 		if err != nil {
 			return err
 		}
@@ -117,7 +252,7 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 	if s.skipPublish {
 		if changed {
 			r.UpdatedAt = now
-			if err := put(ctx, s.st, r); err != nil {
+			if err := s.put(ctx, r); err != nil {
 				return err
 			}
 			for _, i := range dispatched {
@@ -128,7 +263,7 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 	}
 	if !changed {
 		if s.pending() {
-			return s.publishRecorded(ctx, r.Name)
+			return s.publishRecorded(ctx, r)
 		}
 		return nil
 	}
@@ -136,13 +271,24 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 		s.record(TaskKey(r.Name, r.Devices[i].Device, r.Devices[i].Attempt), true)
 	}
 	r.UpdatedAt = now
-	if err := put(ctx, s.st, r); err != nil {
+	if err := s.put(ctx, r); err != nil {
 		for _, i := range dispatched {
 			s.record(TaskKey(r.Name, r.Devices[i].Device, r.Devices[i].Attempt), false)
 		}
 		return fmt.Errorf("rollout %s step at version %d: %w", name, before, err)
 	}
-	return s.publishRecorded(ctx, r.Name)
+	return s.publishRecorded(ctx, r)
+}
+
+// put writes r and keeps its shards for the next step; after a failed
+// write the next step reads them again.
+func (s *Stepper) put(ctx context.Context, r *Rollout) error {
+	if err := put(ctx, s.st, r); err != nil {
+		delete(s.cache, r.Name)
+		return err
+	}
+	s.cache[r.Name] = r.cache()
+	return nil
 }
 
 // active reports whether the rollout may still dispatch or advance.
@@ -150,8 +296,10 @@ func (r *Rollout) active() bool {
 	return r.State == StateRunning || r.State == StatePaused || r.State == StateWaiting
 }
 
-// refresh learns how the dispatched commands ended.
-func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time) (bool, error) {
+// refresh learns how the dispatched commands ended. With whole, it
+// reads the task of every running execution; else those of ended (the
+// feed's) and of the executions no one is known to have published yet.
+func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time, whole bool, ended map[string]bool) (bool, error) {
 	changed := false
 	for i := range r.Devices {
 		e := &r.Devices[i]
@@ -159,6 +307,9 @@ func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time) (bool,
 			continue
 		}
 		key := TaskKey(r.Name, e.Device, e.Attempt)
+		if !whole && !ended[key] && (e.Published || s.isKnown(key) || s.mine(key)) {
+			continue // the feed names it once it ends
+		}
 		t, err := s.st.Get(ctx, key)
 		if errors.Is(err, task.ErrNotFound) {
 			if s.mine(key) || !r.active() || now.Sub(e.DispatchedAt) < s.orphanAfter {
@@ -177,6 +328,7 @@ func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time) (bool,
 			e.Published, changed = true, true
 			s.record(key, false)
 		}
+		s.know(key, !t.State.Finished())
 		if why := foreign(t, r, r.Spec.command(e.Device, false)); why != "" {
 			// Never counted as this rollout's, nor retried under its key.
 			e.Outcome, e.EndedAt, e.Error = OutcomeFailed, now, foreignError(key, why)
