@@ -73,6 +73,20 @@ const (
 	OutcomeSkipped   Outcome = "skipped"   // in a wave the rollout never started
 )
 
+// Outcomes are every outcome, in the order of a rollout's life.
+var Outcomes = []Outcome{OutcomeQueued, OutcomeRunning, OutcomeSucceeded, OutcomeFailed, OutcomeRefused,
+	OutcomeTimedOut, OutcomeOffline, OutcomeCancelled, OutcomeSkipped}
+
+// ParseOutcome reads an outcome's name (field names it in the error).
+func ParseOutcome(field, s string) (Outcome, error) {
+	for _, o := range Outcomes {
+		if string(o) == s {
+			return o, nil
+		}
+	}
+	return "", invalid(field, "%q is not an outcome (queued, running, succeeded, failed, refused, timed_out, offline, cancelled, skipped)", s)
+}
+
 // FailureKinds are the outcomes abort rules and retries count.
 var FailureKinds = []Outcome{OutcomeFailed, OutcomeRefused, OutcomeTimedOut, OutcomeOffline}
 
@@ -315,9 +329,9 @@ const (
 	// rollout's document keeps in its spec; a longer list is in the
 	// executions alone.
 	MaxSpecDevices = 1000
-	MaxWaves   = 32
-	MaxRetries = 10
-	MaxEvents  = 100
+	MaxWaves       = 32
+	MaxRetries     = 10
+	MaxEvents      = 100
 	// DefaultOfflineLimit is Spec.OfflineLimit's default.
 	DefaultOfflineLimit = 10 * time.Minute
 )
