@@ -56,12 +56,12 @@ type rolloutPage struct {
 	// Page is the page of executions shown (DevicePage of them), of
 	// Outcome alone when set; Prev and Next the offsets of the pages
 	// around it (-1: none).
-	Page       rollout.Page
-	Outcome    rollout.Outcome
-	Outcomes   []rollout.Outcome
+	Page                   rollout.Page
+	Outcome                rollout.Outcome
+	Outcomes               []rollout.Outcome
 	PrevOffset, NextOffset int
-	CanPause   bool
-	CanResume  bool
+	CanPause               bool
+	CanResume              bool
 	// CanApprove: the next wave's gate waits for an operator.
 	CanApprove bool
 }
