@@ -194,9 +194,10 @@ type Rollout struct {
 	Shards []int64 `json:"shards,omitempty"`
 	// RolledBack counts the rollback's outcomes.
 	RolledBack Counts `json:"rolled_back,omitzero"`
-	// base are the shards' executions as read (version Shards[i]): a
-	// write stores only the shards that differ from them.
-	base [][]Exec
+	// sums are fingerprints of the shards' executions as stored (version
+	// Shards[i]): a write stores only the shards whose executions no
+	// longer match them.
+	sums []uint64
 	// stale: a shard was read at a later version than the aggregates
 	// were counted from; the next write counts them again.
 	stale   bool

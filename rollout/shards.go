@@ -8,10 +8,12 @@ package rollout
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 
 	"github.com/leasepool/leasepool/task"
@@ -65,52 +67,58 @@ func GetHead(ctx context.Context, ds task.DocumentStore, name string) (*Rollout,
 	return decode(d)
 }
 
-// shardCache is what a reader keeps of a rollout's shards between reads:
-// the executions of each shard at the version it read.
+// shardCache is what a reader keeps of a rollout's executions between
+// reads: as of the shard versions it read or wrote, with each shard's
+// fingerprint.
 type shardCache struct {
 	key      string
 	versions []int64
-	base     [][]Exec
+	sums     []uint64
+	all      []Exec
 }
 
-// load reads r's executions: each shard whose version c holds from c,
-// every other from the store. A shard stored at a later version than the
-// rollout's document counted (a writer that stopped between its shard
-// and its rollout writes) is taken as stored and marks r stale: its
-// aggregates are counted again at its next write.
+// load reads r's executions: from c when it holds every shard at the
+// version r names (r.Devices is then c's, changed in place: a caller
+// whose write fails drops c), else each shard c holds at that version
+// from c and every other from the store. A shard stored at a later
+// version than the rollout's document counted (a writer that stopped
+// between its shard and its rollout writes) is taken as stored and marks
+// r stale: its aggregates are counted again at its next write.
 func load(ctx context.Context, ds task.DocumentStore, r *Rollout, c *shardCache) error {
 	if r.ShardKey == "" {
 		return nil // a rollout stored before shards: its executions came with it
 	}
-	r.base = make([][]Exec, len(r.Shards))
+	if c != nil && c.key != r.ShardKey {
+		c = nil
+	}
+	if c != nil && slices.Equal(c.versions, r.Shards) && len(c.all) == r.DeviceCount {
+		r.Devices, r.sums = c.all, slices.Clone(c.sums)
+		return nil
+	}
+	r.sums = make([]uint64, len(r.Shards))
 	r.Devices = make([]Exec, 0, r.DeviceCount)
 	for i, v := range r.Shards {
-		var execs []Exec
-		if c != nil && c.key == r.ShardKey && i < len(c.versions) && c.versions[i] == v {
-			execs = c.base[i]
-		} else {
-			d, err := ds.GetDocument(ctx, ShardNamespace, shardID(r.ShardKey, i))
-			if err != nil {
-				return fmt.Errorf("rollout %s shard %d: %w", r.Name, i, err)
-			}
-			var sd shardDoc
-			if err := json.Unmarshal(d.Value, &sd); err != nil {
-				return fmt.Errorf("rollout %s shard %d: %w", r.Name, i, err)
-			}
-			execs = sd.Devices
-			if d.Version != v {
-				r.Shards[i], r.stale = d.Version, true
-				if d.UpdatedAt.After(r.staleAt) {
-					r.staleAt = d.UpdatedAt
-				}
+		if c != nil && i < len(c.versions) && c.versions[i] == v && i < len(c.sums) && i*ShardSize < len(c.all) {
+			r.Devices = append(r.Devices, shard(c.all, i)...)
+			r.sums[i] = c.sums[i]
+			continue
+		}
+		d, err := ds.GetDocument(ctx, ShardNamespace, shardID(r.ShardKey, i))
+		if err != nil {
+			return fmt.Errorf("rollout %s shard %d: %w", r.Name, i, err)
+		}
+		var sd shardDoc
+		if err := json.Unmarshal(d.Value, &sd); err != nil {
+			return fmt.Errorf("rollout %s shard %d: %w", r.Name, i, err)
+		}
+		if d.Version != v {
+			r.Shards[i], r.stale = d.Version, true
+			if d.UpdatedAt.After(r.staleAt) {
+				r.staleAt = d.UpdatedAt
 			}
 		}
-		r.base[i] = execs
-		for _, e := range execs {
-			// A step appends to Dispatched: never into the shared array.
-			e.Dispatched = slices.Clip(e.Dispatched)
-			r.Devices = append(r.Devices, e)
-		}
+		r.sums[i] = fingerprint(sd.Devices)
+		r.Devices = append(r.Devices, sd.Devices...)
 	}
 	if len(r.Devices) != r.DeviceCount {
 		return fmt.Errorf("rollout %s: %d executions in its shards, %d in its document", r.Name, len(r.Devices), r.DeviceCount)
@@ -121,33 +129,29 @@ func load(ctx context.Context, ds task.DocumentStore, r *Rollout, c *shardCache)
 // cache is what load needs to read r again without reading the shards
 // it has not changed.
 func (r *Rollout) cache() *shardCache {
-	return &shardCache{key: r.ShardKey, versions: slices.Clone(r.Shards), base: r.base}
+	return &shardCache{key: r.ShardKey, versions: slices.Clone(r.Shards), sums: slices.Clone(r.sums), all: r.Devices}
 }
 
-// putShards writes the shards whose executions differ from those read
-// (r.base), each by compare-and-set on its version, and counts the
+// putShards writes the shards whose executions changed since read
+// (r.sums), each by compare-and-set on its version, and counts the
 // aggregates. A rollout stored before shards gets its shard key and every
 // shard here.
 func putShards(ctx context.Context, ds task.DocumentStore, r *Rollout) error {
 	if r.ShardKey == "" {
-		r.ShardKey, r.Shards, r.base = newShardKey(r.Name), nil, nil
+		r.ShardKey, r.Shards, r.sums = newShardKey(r.Name), nil, nil
 	}
 	n := shardCount(len(r.Devices))
 	for len(r.Shards) < n {
 		r.Shards = append(r.Shards, 0)
 	}
-	base := make([][]Exec, n)
+	for len(r.sums) < n {
+		r.sums = append(r.sums, 0)
+	}
 	for i := range n {
 		cur := shard(r.Devices, i)
-		if r.Shards[i] > 0 && i < len(r.base) && execsEqual(r.base[i], cur) {
-			base[i] = r.base[i]
+		sum := fingerprint(cur)
+		if r.Shards[i] > 0 && r.sums[i] == sum {
 			continue
-		}
-		// What was written, apart from the executions the caller goes on
-		// changing.
-		cur = slices.Clone(cur)
-		for j := range cur {
-			cur[j].Dispatched = slices.Clone(cur[j].Dispatched)
 		}
 		value, err := encodeJSON(shardDoc{Rollout: r.Name, Index: i, Devices: cur})
 		if err != nil {
@@ -157,11 +161,51 @@ func putShards(ctx context.Context, ds task.DocumentStore, r *Rollout) error {
 		if err != nil {
 			return fmt.Errorf("rollout %s shard %d: %w", r.Name, i, err)
 		}
-		r.Shards[i], base[i] = d.Version, cur
+		r.Shards[i], r.sums[i] = d.Version, sum
 	}
-	r.base, r.stale = base, false
+	r.stale = false
 	r.tally()
 	return nil
+}
+
+// seed keys the fingerprints, which are compared within a process only.
+var seed = maphash.MakeSeed()
+
+// fingerprint is a hash of every field of the executions.
+func fingerprint(execs []Exec) uint64 {
+	var h maphash.Hash
+	h.SetSeed(seed)
+	var b [8]byte
+	num := func(n int64) {
+		binary.LittleEndian.PutUint64(b[:], uint64(n))
+		h.Write(b[:])
+	}
+	str := func(s string) {
+		num(int64(len(s)))
+		h.WriteString(s)
+	}
+	for i := range execs {
+		e := &execs[i]
+		str(e.Device)
+		str(string(e.Outcome))
+		str(e.Error)
+		str(string(e.Rollback))
+		num(int64(e.Wave))
+		num(int64(e.Attempt))
+		num(int64(e.Lost))
+		if e.Published {
+			num(1)
+		} else {
+			num(0)
+		}
+		num(e.DispatchedAt.UnixNano())
+		num(e.EndedAt.UnixNano())
+		num(int64(len(e.Dispatched)))
+		for _, t := range e.Dispatched {
+			num(t.UnixNano())
+		}
+	}
+	return h.Sum64()
 }
 
 // deleteShards deletes the shards of a rollout whose document is gone;
@@ -196,26 +240,6 @@ func (r *Rollout) tally() {
 			r.RolledBack.add(e.Rollback)
 		}
 	}
-}
-
-func execsEqual(a, b []Exec) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := &a[i], &b[i]
-		if x.Device != y.Device || x.Wave != y.Wave || x.Outcome != y.Outcome || x.Attempt != y.Attempt || x.Lost != y.Lost ||
-			!x.DispatchedAt.Equal(y.DispatchedAt) || x.Published != y.Published || !x.EndedAt.Equal(y.EndedAt) ||
-			x.Error != y.Error || x.Rollback != y.Rollback || len(x.Dispatched) != len(y.Dispatched) {
-			return false
-		}
-		for j := range x.Dispatched {
-			if !x.Dispatched[j].Equal(y.Dispatched[j]) {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // Page is one page of a rollout's executions, in wave then id order.

@@ -165,7 +165,7 @@ func (r *Rollout) MaxSize() (int, error) {
 	far := farTime()
 	quotes := func(n int) string { return strings.Repeat(`"`, n/2) }
 	w := *r
-	w.Devices, w.base = nil, nil
+	w.Devices, w.sums = nil, nil
 	w.Spec.Args, w.Spec.RollbackArgs = unescapeHTML(r.Spec.Args), unescapeHTML(r.Spec.RollbackArgs)
 	w.State, w.Reason = StateCancelling, quotes(MaxReasonLen)
 	w.Wave = len(r.Waves) - 1

@@ -211,6 +211,8 @@ func (s *Stepper) Step(ctx context.Context, name string) (err error) {
 	ended, whole, gen := s.watching(name)
 	defer func() {
 		if err != nil {
+			// r's executions are the cache's, changed in place.
+			delete(s.cache, name)
 			// What the feed named may not be recorded: read it all again.
 			s.markSynced(name, -1)
 		} else if whole {
