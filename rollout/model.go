@@ -62,7 +62,7 @@ type Outcome string
 // The outcomes of a device execution. Refused, Failed, TimedOut and
 // Offline are the failure kinds abort rules and retries count.
 const (
-	OutcomeQueued    Outcome = "queued"    // in a started wave, not dispatched yet
+	OutcomeQueued    Outcome = "queued"    // in a started wave, not dispatched yet (stored as "" until first dispatched)
 	OutcomeRunning   Outcome = "running"   // its device task is published
 	OutcomeSucceeded Outcome = "succeeded" // the device reported success
 	OutcomeFailed    Outcome = "failed"    // the device reported failure (or the task failed otherwise)

@@ -97,6 +97,7 @@ func load(ctx context.Context, ds task.DocumentStore, r *Rollout, c *shardCache)
 	}
 	r.sums = make([]uint64, len(r.Shards))
 	r.Devices = make([]Exec, 0, r.DeviceCount)
+	var buf []Exec // each shard decoded into the same array, then copied
 	for i, v := range r.Shards {
 		if c != nil && i < len(c.versions) && c.versions[i] == v && i < len(c.sums) && i*ShardSize < len(c.all) {
 			r.Devices = append(r.Devices, shard(c.all, i)...)
@@ -107,9 +108,18 @@ func load(ctx context.Context, ds task.DocumentStore, r *Rollout, c *shardCache)
 		if err != nil {
 			return fmt.Errorf("rollout %s shard %d: %w", r.Name, i, err)
 		}
-		var sd shardDoc
+		sd := shardDoc{Devices: buf[:0]}
 		if err := json.Unmarshal(d.Value, &sd); err != nil {
 			return fmt.Errorf("rollout %s shard %d: %w", r.Name, i, err)
+		}
+		buf = sd.Devices
+		for j := range sd.Devices {
+			// One string per outcome, not one per execution.
+			if o := sd.Devices[j].Outcome; o != "" {
+				if k := slices.Index(Outcomes, o); k >= 0 {
+					sd.Devices[j].Outcome = Outcomes[k]
+				}
+			}
 		}
 		if d.Version != v {
 			r.Shards[i], r.stale = d.Version, true

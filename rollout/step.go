@@ -61,9 +61,6 @@ type feed struct {
 	// ended are the keys of device tasks written finished (or written
 	// where the stream could not say), by rollout name.
 	ended map[string]map[string]bool
-	// known are the keys of the running executions known to have a task
-	// (published by this Stepper or seen stored).
-	known map[string]bool
 }
 
 // OrphanAfter is how long a dispatch recorded by another driver may stay
@@ -74,7 +71,7 @@ const OrphanAfter = 5 * time.Second
 // NewStepper returns a Stepper over st.
 func NewStepper(st Store) *Stepper {
 	return &Stepper{st: st, recorded: map[string]bool{}, orphanAfter: OrphanAfter, cache: map[string]*shardCache{},
-		feed: feed{synced: map[string]int{}, ended: map[string]map[string]bool{}, known: map[string]bool{}}}
+		feed: feed{synced: map[string]int{}, ended: map[string]map[string]bool{}}}
 }
 
 // Follow keeps the feed from the store's change stream until ctx ends,
@@ -146,21 +143,6 @@ func (s *Stepper) markSynced(name string, gen int) {
 	}
 }
 
-func (s *Stepper) know(key string, on bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if on {
-		s.known[key] = true
-	} else {
-		delete(s.known, key)
-	}
-}
-
-func (s *Stepper) isKnown(key string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.known[key]
-}
 
 func (s *Stepper) mine(key string) bool {
 	s.mu.Lock()
@@ -308,9 +290,12 @@ func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time, whole 
 		if e.Outcome != OutcomeRunning {
 			continue
 		}
-		key := TaskKey(r.Name, e.Device, e.Attempt)
-		if !whole && !ended[key] && (e.Published || s.isKnown(key) || s.mine(key)) {
+		if !whole && e.Published && len(ended) == 0 {
 			continue // the feed names it once it ends
+		}
+		key := TaskKey(r.Name, e.Device, e.Attempt)
+		if !whole && !ended[key] && (e.Published || s.mine(key)) {
+			continue
 		}
 		t, err := s.st.Get(ctx, key)
 		if errors.Is(err, task.ErrNotFound) {
@@ -330,7 +315,6 @@ func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time, whole 
 			e.Published, changed = true, true
 			s.record(key, false)
 		}
-		s.know(key, !t.State.Finished())
 		if why := foreign(t, r, r.Spec.command(e.Device, false)); why != "" {
 			// Never counted as this rollout's, nor retried under its key.
 			e.Outcome, e.EndedAt, e.Error = OutcomeFailed, now, foreignError(key, why)
@@ -503,12 +487,9 @@ func (r *Rollout) advanceWaves(now time.Time) bool {
 func (r *Rollout) startWave(w int, now time.Time) {
 	r.Wave = w
 	wave := &r.Waves[w]
+	// Its executions stay as they are (no outcome: queued once their
+	// wave started), so starting a wave writes no shard.
 	wave.StartedAt = now
-	for i := wave.Start; i < wave.End; i++ {
-		if r.Devices[i].Outcome == "" {
-			r.Devices[i].Outcome = OutcomeQueued
-		}
-	}
 	r.event(now, EventWaveStarted, fmt.Sprintf("wave %d: %d devices", w+1, wave.End-wave.Start))
 }
 
@@ -518,7 +499,7 @@ func (r *Rollout) dispatch(now time.Time) []int {
 	var out []int
 	for i := range r.Devices {
 		e := &r.Devices[i]
-		if e.Outcome != OutcomeQueued || e.Wave > r.Wave {
+		if e.Outcome != OutcomeQueued && (e.Outcome != "" || r.Waves[e.Wave].StartedAt.IsZero()) || e.Wave > r.Wave {
 			continue
 		}
 		at, ok := r.token(now)

@@ -29,6 +29,10 @@ func (s *Stepper) withdraw(ctx context.Context, r *Rollout, now time.Time) (bool
 		e := &r.Devices[i]
 		switch e.Outcome {
 		case "":
+			if !r.Waves[e.Wave].StartedAt.IsZero() {
+				e.Outcome, e.EndedAt, changed = OutcomeCancelled, now, true // queued in a started wave
+				continue
+			}
 			e.Outcome, changed = OutcomeSkipped, true
 		case OutcomeQueued:
 			e.Outcome, e.EndedAt, changed = OutcomeCancelled, now, true
@@ -255,9 +259,10 @@ func (s *Stepper) publishRecorded(ctx context.Context, r *Rollout) error {
 		if _, _, err := task.Publish(ctx, s.st, p); err != nil {
 			return err
 		}
-		// Published: the feed names it once it ends.
+		// Published: the feed names it once it ends. Known here, stored
+		// with the shard's next write (a driver taking over reads it).
 		s.record(key, false)
-		s.know(key, true)
+		e.Published = true
 	}
 	return nil
 }

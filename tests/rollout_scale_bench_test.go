@@ -60,7 +60,9 @@ func BenchmarkRolloutAtFleetScale(b *testing.B) {
 	}
 	b.Logf("created a rollout of %d devices in %s", devices, time.Since(start).Round(time.Millisecond))
 
-	worker := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "worker", "--id", "w1", "--kinds", "noop", "--concurrency", "4")
+	metricsAddr := freeAddr(b)
+	worker := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "worker", "--id", "w1", "--kinds", "noop", "--concurrency", "4",
+		"--metrics-addr", metricsAddr)
 	worker.Stderr = os.Stderr
 	if err := worker.Start(); err != nil {
 		b.Fatal(err)
@@ -87,7 +89,7 @@ func BenchmarkRolloutAtFleetScale(b *testing.B) {
 		return r.Progress().Total.Running >= dispatched
 	})
 	rss, hwm := procMemory(b, worker.Process.Pid)
-	b.Logf("worker with the rollout active (%d running): VmRSS %.1f MiB, VmHWM %.1f MiB", dispatched, rss, hwm)
+	b.Logf("worker with the rollout active (%d running): VmRSS %.1f MiB, VmHWM %.1f MiB; Go heap %s", dispatched, rss, hwm, goHeap(b, "http://"+metricsAddr+"/metrics"))
 	if hwm > 150 {
 		b.Errorf("the worker's peak resident set is %.1f MiB, over 150 MiB", hwm)
 	}
@@ -134,6 +136,27 @@ func BenchmarkRolloutAtFleetScale(b *testing.B) {
 			b.Errorf("leasepool %s took %s, over 1 s", strings.Join(args, " "), took)
 		}
 	}
+}
+
+// goHeap is what a process's metrics say of its Go heap, in MiB.
+func goHeap(t testing.TB, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var out []string
+	for _, line := range strings.Split(string(body), "\n") {
+		for _, m := range []string{"go_memstats_heap_inuse_bytes ", "go_memstats_heap_sys_bytes ", "go_memstats_sys_bytes "} {
+			if v, ok := strings.CutPrefix(line, m); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				out = append(out, fmt.Sprintf("%s%.1f", strings.TrimPrefix(m, "go_memstats_"), f/(1<<20)))
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // procMemory reads a process's resident set now and at its peak, in MiB.
