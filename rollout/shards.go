@@ -108,6 +108,9 @@ func load(ctx context.Context, ds task.DocumentStore, r *Rollout, c *shardCache)
 		if err != nil {
 			return fmt.Errorf("rollout %s shard %d: %w", r.Name, i, err)
 		}
+		// Cleared: Unmarshal decodes into the array's elements, leaving a
+		// field the JSON leaves out as the previous shard had it.
+		clear(buf[:cap(buf)])
 		sd := shardDoc{Devices: buf[:0]}
 		if err := json.Unmarshal(d.Value, &sd); err != nil {
 			return fmt.Errorf("rollout %s shard %d: %w", r.Name, i, err)

@@ -3,7 +3,7 @@ package rollout
 // Rollouts at fleet scale on virtual time: the in-memory store in a
 // testing/synctest bubble, real consumers running the device tasks, a
 // Stepper with its feed stepping as a driver does. The device count is
-// LEASEPOOL_ROLLOUT_SIM_DEVICES (default 1,000, so the package's test run
+// LEASEPOOL_ROLLOUT_SIM_DEVICES (default 2,000, so the package's test run
 // stays short; docs/performance.md runs 100,000).
 
 import (
@@ -256,7 +256,7 @@ func isConflict(err error) bool { return errors.Is(err, task.ErrConflict) }
 // the executions counted one by one. Printed: store writes per device,
 // driver time per wave.
 func TestSimRolloutAtFleetScale(t *testing.T) {
-	n := simDevices(t, 1000)
+	n := simDevices(t, 2000)
 	ids := make([]string, n)
 	index := map[string]int{}
 	for i := range ids {
@@ -310,7 +310,7 @@ func TestSimRolloutAtFleetScale(t *testing.T) {
 			t.Fatal(err)
 		}
 		if hp := head.Progress(); hp.Total != p.Total || hp.RolledBack != p.RolledBack || fmt.Sprint(hp.Waves) != fmt.Sprint(p.Waves) {
-			t.Fatalf("aggregates %+v differ from the executions' %+v", hp.Total, p.Total)
+			t.Fatalf("aggregates %+v %+v %+v differ from the executions' %+v %+v %+v", hp.Total, hp.RolledBack, hp.Waves, p.Total, p.RolledBack, p.Waves)
 		}
 		if r.State != StateAborted {
 			t.Fatalf("state %s, want aborted: %+v", r.State, p.Total)
@@ -390,7 +390,7 @@ func TestSimRolloutAtFleetScale(t *testing.T) {
 // away nothing is written for them (no task write, no rollout write) and
 // the driver reads no task; each runs within a second of its return.
 func TestSimRolloutWithOfflineDevices(t *testing.T) {
-	n := simDevices(t, 1000)
+	n := simDevices(t, 2000)
 	ids := make([]string, n)
 	var away []string
 	for i := range ids {
