@@ -143,7 +143,6 @@ func (s *Stepper) markSynced(name string, gen int) {
 	}
 }
 
-
 func (s *Stepper) mine(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
