@@ -227,6 +227,10 @@ func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
 	if err := dead.Step(ctx, "crash"); err != nil {
 		t.Fatal(err)
 	}
+	seen, err := Get(ctx, st, "crash") // what the dead driver wrote
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Cancel(ctx, st, "crash"); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +240,7 @@ func TestCrashBetweenRecordAndPublishAndALatePublishAfterAbort(t *testing.T) {
 	}
 	dead.skipPublish = false
 	dead.forcePublish = true
-	if err := dead.publishRecorded(ctx, "crash"); err != nil {
+	if err := dead.publishRecorded(ctx, seen); err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range r.Devices[4:8] {

@@ -113,6 +113,16 @@ func (d *Driver) loop(ctx context.Context) error {
 	// A new holder starts from what the document says: keys another
 	// holder recorded are its to dispatch again, not to publish.
 	d.stepper = NewStepper(d.cfg.Store)
+	feedCtx, stopFeed := context.WithCancel(ctx)
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		d.stepper.Follow(feedCtx)
+	}()
+	defer func() {
+		stopFeed()
+		<-fed
+	}()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	active := false

@@ -62,7 +62,7 @@ type Outcome string
 // The outcomes of a device execution. Refused, Failed, TimedOut and
 // Offline are the failure kinds abort rules and retries count.
 const (
-	OutcomeQueued    Outcome = "queued"    // in a started wave, not dispatched yet
+	OutcomeQueued    Outcome = "queued"    // in a started wave, not dispatched yet (stored as "" until first dispatched)
 	OutcomeRunning   Outcome = "running"   // its device task is published
 	OutcomeSucceeded Outcome = "succeeded" // the device reported success
 	OutcomeFailed    Outcome = "failed"    // the device reported failure (or the task failed otherwise)
@@ -72,6 +72,20 @@ const (
 	OutcomeCancelled Outcome = "cancelled" // withdrawn by an abort or a cancel
 	OutcomeSkipped   Outcome = "skipped"   // in a wave the rollout never started
 )
+
+// Outcomes are every outcome, in the order of a rollout's life.
+var Outcomes = []Outcome{OutcomeQueued, OutcomeRunning, OutcomeSucceeded, OutcomeFailed, OutcomeRefused,
+	OutcomeTimedOut, OutcomeOffline, OutcomeCancelled, OutcomeSkipped}
+
+// ParseOutcome reads an outcome's name (field names it in the error).
+func ParseOutcome(field, s string) (Outcome, error) {
+	for _, o := range Outcomes {
+		if string(o) == s {
+			return o, nil
+		}
+	}
+	return "", invalid(field, "%q is not an outcome (queued, running, succeeded, failed, refused, timed_out, offline, cancelled, skipped)", s)
+}
 
 // FailureKinds are the outcomes abort rules and retries count.
 var FailureKinds = []Outcome{OutcomeFailed, OutcomeRefused, OutcomeTimedOut, OutcomeOffline}
@@ -164,8 +178,30 @@ type Rollout struct {
 	// Wave is the index of the wave being run (or the last one run).
 	Wave  int    `json:"wave"`
 	Waves []Wave `json:"waves"`
-	// Devices are the executions, in wave then id order.
-	Devices []Exec `json:"devices"`
+	// Devices are the executions, in wave then id order (which is id
+	// order). They are stored outside the rollout's document, ShardSize
+	// to a shard document (shards.go); Get loads them, GetHead does not.
+	Devices []Exec `json:"-"`
+	// DeviceCount is len(Devices), kept in the document for readers of
+	// the aggregates alone.
+	DeviceCount int `json:"device_count"`
+	// ShardKey names the rollout's shard documents (ShardNamespace, id
+	// ShardKey/N): unique to this creation, so a deleted rollout's
+	// shards never stand for a new one's of the same name.
+	ShardKey string `json:"shard_key,omitempty"`
+	// Shards are the versions of the shard documents whose executions the
+	// aggregates (Waves[i].Counts, RolledBack) were counted from.
+	Shards []int64 `json:"shards,omitempty"`
+	// RolledBack counts the rollback's outcomes.
+	RolledBack Counts `json:"rolled_back,omitzero"`
+	// sums are fingerprints of the shards' executions as stored (version
+	// Shards[i]): a write stores only the shards whose executions no
+	// longer match them.
+	sums []uint64
+	// stale: a shard was read at a later version than the aggregates
+	// were counted from; the next write counts them again.
+	stale   bool
+	staleAt time.Time // the latest store write of such a shard
 	// Dispatches are the store times of the last Rate.N dispatches, the
 	// rate's window: a dispatch is recorded before its task is published.
 	Dispatches []time.Time `json:"dispatches,omitempty"`
@@ -205,6 +241,9 @@ type Wave struct {
 	// ran (EndedAt is then the rollout's ended_at): its queued commands
 	// were withdrawn.
 	Stopped bool `json:"stopped,omitempty"`
+	// Counts are the wave's executions by outcome, counted from the
+	// shards at every write of the rollout.
+	Counts Counts `json:"counts"`
 }
 
 // Gate is what a wave waits for before it starts.
@@ -281,12 +320,19 @@ const (
 // Bounds.
 const (
 	MaxNameLen = 64
-	// MaxDevices bounds a rollout: every execution lives in its document
-	// (task.MaxDocumentSize).
-	MaxDevices = 1000
-	MaxWaves   = 32
-	MaxRetries = 10
-	MaxEvents  = 100
+	// MaxDevices bounds a rollout. Its executions live in shard
+	// documents of ShardSize each; its own document holds aggregates.
+	MaxDevices = 100_000
+	// MaxRate bounds Rate.N: the rate's window of dispatch times lives in
+	// the rollout's document.
+	MaxRate = 1000
+	// MaxSpecDevices is how many devices named in Spec.Devices the
+	// rollout's document keeps in its spec; a longer list is in the
+	// executions alone.
+	MaxSpecDevices = 1000
+	MaxWaves       = 32
+	MaxRetries     = 10
+	MaxEvents      = 100
 	// DefaultOfflineLimit is Spec.OfflineLimit's default.
 	DefaultOfflineLimit = 10 * time.Minute
 )

@@ -14,6 +14,7 @@ func (r *Rollout) Progress() Progress {
 		GateFailures: r.Spec.gateFailures(), Rollback: r.Rollback,
 		Events: r.Events, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, EndedAt: r.EndedAt, Version: r.Version,
 	}
+	counts, rolledBack := r.counts()
 	if rule, ok := r.Spec.tightestRule(); ok {
 		p.AbortAt, p.AbortAfter = rule.Percent, rule.After
 	}
@@ -27,18 +28,12 @@ func (r *Rollout) Progress() Progress {
 			// rollout.
 			wp.Ended, wp.EndedAt = true, r.EndedAt
 		}
-		for _, e := range r.Devices[w.Start:w.End] {
-			wp.Counts.add(e.Outcome)
-		}
+		wp.Counts = counts[i]
+		add(&p.Total, wp.Counts)
 		wp.FailureRate = percent(wp.Counts.Failures(), wp.Counts.Ended())
 		p.Waves = append(p.Waves, wp)
 	}
-	for _, e := range r.Devices {
-		p.Total.add(e.Outcome)
-		if e.Rollback != "" {
-			p.RolledBack.add(e.Rollback)
-		}
-	}
+	p.RolledBack = rolledBack
 	p.FailureRate = percent(p.Total.Failures(), p.Total.Ended())
 	if next := r.Wave + 1; !r.State.Final() && next < len(r.Waves) {
 		g := &GateState{Wave: next, Gate: r.Waves[next].Gate, State: "closed"}
@@ -52,6 +47,43 @@ func (r *Rollout) Progress() Progress {
 		p.Next = g
 	}
 	return p
+}
+
+// counts are each wave's executions and the rollback's by outcome:
+// counted from Devices when they are loaded, else as stored.
+func (r *Rollout) counts() ([]Counts, Counts) {
+	out := make([]Counts, len(r.Waves))
+	if r.Devices == nil {
+		for i, w := range r.Waves {
+			out[i] = w.Counts
+		}
+		return out, r.RolledBack
+	}
+	var rb Counts
+	for i, w := range r.Waves {
+		for _, e := range r.Devices[w.Start:w.End] {
+			out[i].add(e.Outcome)
+		}
+	}
+	for _, e := range r.Devices {
+		if e.Rollback != "" {
+			rb.add(e.Rollback)
+		}
+	}
+	return out, rb
+}
+
+func add(to *Counts, c Counts) {
+	to.Total += c.Total
+	to.Queued += c.Queued
+	to.Running += c.Running
+	to.Succeeded += c.Succeeded
+	to.Failed += c.Failed
+	to.Refused += c.Refused
+	to.TimedOut += c.TimedOut
+	to.Offline += c.Offline
+	to.Cancelled += c.Cancelled
+	to.Skipped += c.Skipped
 }
 
 // Plan is what a rollout will send where: each wave's target, gate and

@@ -41,11 +41,13 @@ const (
 
 // encode is the document as stored: JSON without HTML escaping, so that
 // '<', '>' and '&' take one byte each, as counted at create.
-func encode(r *Rollout) ([]byte, error) {
+func encode(r *Rollout) ([]byte, error) { return encodeJSON(r) }
+
+func encodeJSON(v any) ([]byte, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(r); err != nil {
+	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
@@ -152,36 +154,33 @@ func compactArgs(args json.RawMessage) json.RawMessage {
 	return b.Bytes()
 }
 
-// MaxSize is the largest document r can grow to over its life: every
-// execution at its longest (the longest outcome, error and dispatch
-// history, an attempt count no rollout reaches), every wave approved,
+// MaxSize is the largest document r's own can grow to over its life
+// (its executions are in shards: MaxShardSize): every wave approved,
 // started, ended and stopped (an abort or a cancel after retry-failed
-// reopened every wave stops them all), every event at its longest, the
-// rate's window full, every time at its longest. Only the name, spec,
-// devices and waves, fixed at create, are r's own.
+// reopened every wave stops them all) and its counts at their longest,
+// every event at its longest, the rate's window full, every time and
+// version at its longest. Only the name, spec, devices and waves, fixed
+// at create, are r's own.
 func (r *Rollout) MaxSize() (int, error) {
-	far := time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC)
+	far := farTime()
 	quotes := func(n int) string { return strings.Repeat(`"`, n/2) }
 	w := *r
+	w.Devices, w.sums = nil, nil
 	w.Spec.Args, w.Spec.RollbackArgs = unescapeHTML(r.Spec.Args), unescapeHTML(r.Spec.RollbackArgs)
 	w.State, w.Reason = StateCancelling, quotes(MaxReasonLen)
 	w.Wave = len(r.Waves) - 1
 	w.Waves = slices.Clone(r.Waves)
+	most := Counts{Total: MaxDevices, Queued: MaxDevices, Running: MaxDevices, Succeeded: MaxDevices, Failed: MaxDevices,
+		Refused: MaxDevices, TimedOut: MaxDevices, Offline: MaxDevices, Cancelled: MaxDevices, Skipped: MaxDevices}
 	for i := range w.Waves {
 		w.Waves[i].Approved, w.Waves[i].StartedAt, w.Waves[i].EndedAt, w.Waves[i].Stopped = true, far, far, true
+		w.Waves[i].Counts = most
 	}
-	dispatched := make([]time.Time, MaxDispatched)
-	for i := range dispatched {
-		dispatched[i] = far
-	}
-	w.Devices = slices.Clone(r.Devices)
-	for i := range w.Devices {
-		e := &w.Devices[i]
-		e.Outcome, e.Attempt, e.Lost, e.Published = OutcomeTimedOut, math.MaxInt, MaxLost, true
-		e.DispatchedAt, e.EndedAt, e.Dispatched, e.Error = far, far, dispatched, quotes(MaxErrorLen)
-		if r.Spec.RollbackCommand != "" {
-			e.Rollback = OutcomeTimedOut
-		}
+	w.RolledBack, w.DeviceCount = most, MaxDevices
+	w.ShardKey = newShardKey(r.Name)
+	w.Shards = make([]int64, shardCount(len(r.Devices)))
+	for i := range w.Shards {
+		w.Shards[i] = math.MaxInt64
 	}
 	w.Dispatches = make([]time.Time, r.Spec.Rate.N)
 	for i := range w.Dispatches {
@@ -200,12 +199,49 @@ func (r *Rollout) MaxSize() (int, error) {
 	return len(b), err
 }
 
+func farTime() time.Time { return time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC) }
+
+// MaxShardSize is the largest shard document of r's can grow to: every
+// execution at its longest (the longest outcome, error and dispatch
+// history, an attempt count no rollout reaches).
+func (r *Rollout) MaxShardSize() (int, error) {
+	far := farTime()
+	quotes := func(n int) string { return strings.Repeat(`"`, n/2) }
+	dispatched := make([]time.Time, MaxDispatched)
+	for i := range dispatched {
+		dispatched[i] = far
+	}
+	most := 0
+	for i := range shardCount(len(r.Devices)) {
+		execs := slices.Clone(shard(r.Devices, i))
+		for j := range execs {
+			e := &execs[j]
+			e.Outcome, e.Attempt, e.Lost, e.Published = OutcomeTimedOut, math.MaxInt, MaxLost, true
+			e.DispatchedAt, e.EndedAt, e.Dispatched, e.Error = far, far, dispatched, quotes(MaxErrorLen)
+			if r.Spec.RollbackCommand != "" {
+				e.Rollback = OutcomeTimedOut
+			}
+		}
+		b, err := encodeJSON(shardDoc{Rollout: r.Name, Index: math.MaxInt, Devices: execs})
+		if err != nil {
+			return 0, err
+		}
+		most = max(most, len(b))
+	}
+	return most, nil
+}
+
 // checkSize refuses a rollout whose document could outgrow the store's
 // limit (task.MaxDocumentSize) less SizeMargin over its life.
 func (r *Rollout) checkSize() error {
 	n, err := r.MaxSize()
 	if err != nil {
 		return err
+	}
+	if shard, err := r.MaxShardSize(); err != nil {
+		return err
+	} else if most := task.MaxDocumentSize - SizeMargin; shard > most {
+		return invalid("devices", "a shard of %d executions could grow to %d bytes, more than %d: use shorter device ids", ShardSize, shard, most)
 	}
 	if most := task.MaxDocumentSize - SizeMargin; n > most {
 		return invalid("args", "with %d devices and these args and rollback_args, the rollout's document could grow to %d bytes, more than %d (the store's %d less %d to spare): send smaller args or fewer devices",

@@ -29,18 +29,19 @@ func storedSize(t *testing.T, st task.Store, name string) int {
 	return len(d.Value)
 }
 
-// The largest rollout Create accepts (every device, args and
-// rollback_args of 64 KiB of '<>&', the widest rate window) is stored
-// without HTML escapes, and then every execution, event and text driven
-// to its longest, through the one write path every step takes, stays
-// within MaxSize and the store's limit.
+// A rollout at the bounds of its document (args and rollback_args of
+// 64 KiB of '<>&', the widest rate window, executions over three shards)
+// is stored without HTML escapes, and then every execution, event and
+// text driven to its longest, through the one write path every step
+// takes, stays within MaxSize (its document), MaxShardSize (each shard)
+// and the store's limit.
 func TestStoredFormAndMaxSizeBoundEveryWrite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := openStore(t)
 	args := htmlArgs(MaxArgsLen)
-	spec := Spec{Command: "update", Args: args, Devices: devices(MaxDevices), Retries: MaxRetries,
-		Rate: Rate{N: MaxDevices, Per: task.Duration(time.Hour)}, RollbackCommand: "rollback", RollbackArgs: args}
+	spec := Spec{Command: "update", Args: args, Devices: devices(2*ShardSize + 7), Retries: MaxRetries,
+		Rate: Rate{N: MaxRate, Per: task.Duration(time.Hour)}, RollbackCommand: "rollback", RollbackArgs: args}
 	r, err := Create(ctx, st, "big", spec)
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +73,7 @@ func TestStoredFormAndMaxSizeBoundEveryWrite(t *testing.T) {
 			e.Dispatched = append(e.Dispatched, far)
 		}
 	}
-	for range MaxDevices {
+	for range MaxRate {
 		r.Dispatches = append(r.Dispatches, far)
 	}
 	r.Rollback = &Rollback{Command: "rollback", StartedAt: far, EndedAt: far}
@@ -90,6 +91,13 @@ func TestStoredFormAndMaxSizeBoundEveryWrite(t *testing.T) {
 	if n > limit {
 		t.Fatalf("the grown rollout is %d bytes, over its MaxSize %d", n, limit)
 	}
+	shardLimit, err := r.MaxShardSize()
+	if err != nil || shardLimit > task.MaxDocumentSize {
+		t.Fatalf("MaxShardSize %d, %v", shardLimit, err)
+	}
+	if got := largestShard(t, st, r); got > shardLimit {
+		t.Fatalf("a grown shard is %d bytes, over MaxShardSize %d", got, shardLimit)
+	}
 	got, err := Get(ctx, st, "big")
 	if err != nil {
 		t.Fatal(err)
@@ -100,23 +108,48 @@ func TestStoredFormAndMaxSizeBoundEveryWrite(t *testing.T) {
 	t.Logf("grown to every bound: %d bytes", n)
 }
 
-// A rollout whose document could outgrow the store's limit is refused at
-// create, naming args, and nothing is written.
-func TestCreateRefusesARolloutThatCouldOutgrowTheStore(t *testing.T) {
-	r := &Rollout{Name: "huge", Spec: Spec{Command: "update", Args: htmlArgs(MaxArgsLen), RollbackCommand: "r", RollbackArgs: htmlArgs(MaxArgsLen)}}
+// The largest rollout Create can be asked for (MaxDevices devices of the
+// longest ids, of the character JSON stores in two bytes, args and
+// rollback_args of MaxArgsLen of '<>&', MaxWaves waves) fits the store
+// at every bound: its document and each of its shards.
+func TestTheLargestRolloutFitsTheStore(t *testing.T) {
+	r := &Rollout{Name: "huge", Spec: Spec{Command: "update", Args: htmlArgs(MaxArgsLen), RollbackCommand: "r", RollbackArgs: htmlArgs(MaxArgsLen),
+		Rate: Rate{N: MaxRate, Per: task.Duration(time.Hour)}}}
 	for i := range MaxDevices {
-		// The longest ids, of the character JSON stores in two bytes.
-		r.Devices = append(r.Devices, Exec{Device: fmt.Sprintf("%04d", i) + strings.Repeat(`"`, 124)})
+		r.Devices = append(r.Devices, Exec{Device: fmt.Sprintf("%06d", i) + strings.Repeat(`"`, 122)})
 	}
-	r.Waves = []Wave{{End: MaxDevices}}
-	err := r.checkSize()
-	if !errors.Is(err, task.ErrInvalid) || !strings.Contains(err.Error(), "args") || strings.Contains(err.Error(), "\n") {
-		t.Fatalf("checkSize = %v, want a one-line invalid args error", err)
+	for i := range MaxWaves {
+		r.Waves = append(r.Waves, Wave{Start: i * MaxDevices / MaxWaves, End: (i + 1) * MaxDevices / MaxWaves})
 	}
-	r.Devices = r.Devices[:100]
 	if err := r.checkSize(); err != nil {
-		t.Fatalf("100 such devices: %v", err)
+		t.Fatalf("checkSize = %v", err)
 	}
+	head, err := r.MaxSize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shard, err := r.MaxShardSize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most := task.MaxDocumentSize - SizeMargin; head > most || shard > most {
+		t.Fatalf("document at most %d bytes, shard %d: over %d", head, shard, most)
+	}
+	t.Logf("document at most %d bytes, a shard at most %d, of the store's %d", head, shard, task.MaxDocumentSize)
+}
+
+// largestShard is the size of r's largest shard as stored.
+func largestShard(t *testing.T, st task.DocumentStore, r *Rollout) int {
+	t.Helper()
+	most := 0
+	for i := range r.Shards {
+		d, err := st.GetDocument(context.Background(), ShardNamespace, shardID(r.ShardKey, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, len(d.Value))
+	}
+	return most
 }
 
 // retry-failed, round after round on a device that always fails, keeps
@@ -168,14 +201,22 @@ func TestRetryFailedRoundsDoNotGrowTheDocument(t *testing.T) {
 
 // legacyEncode is how a rollout's document was written by json.Marshal:
 // '<', '>' and '&' escaped, six bytes each.
+// Its executions were in it, under "devices".
 func legacyEncode(t *testing.T, r *Rollout) []byte {
 	t.Helper()
-	b, err := json.Marshal(r)
+	b, err := json.Marshal(struct {
+		*Rollout
+		Devices []Exec `json:"devices"`
+	}{r, r.Devices})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
 }
+
+// legacyMaxDevices was MaxDevices while the executions lived in the
+// rollout's document.
+const legacyMaxDevices = 1000
 
 // A document written HTML-escaped to just under the store's limit, which
 // no write could grow without passing it: cancel takes effect, the
@@ -188,8 +229,8 @@ func TestCancelOfAWedgedLegacyRolloutTakesEffect(t *testing.T) {
 	now := st.Now().UTC()
 	r := &Rollout{Name: "wedged", State: StateRunning, CreatedAt: now, UpdatedAt: now,
 		Spec: Spec{Command: "update", Args: htmlArgs(MaxArgsLen), RollbackCommand: "update", RollbackArgs: htmlArgs(MaxArgsLen),
-			Waves: []WaveTarget{{Percent: 100}}}, Waves: []Wave{{Target: WaveTarget{Percent: 100}, End: MaxDevices, Gate: GateAuto, StartedAt: now}}}
-	for _, d := range devices(MaxDevices) {
+			Waves: []WaveTarget{{Percent: 100}}}, Waves: []Wave{{Target: WaveTarget{Percent: 100}, End: legacyMaxDevices, Gate: GateAuto, StartedAt: now}}}
+	for _, d := range devices(legacyMaxDevices) {
 		r.Devices = append(r.Devices, Exec{Device: d, Outcome: OutcomeQueued})
 	}
 	r.event(now, EventCreated, "")
@@ -307,44 +348,28 @@ func TestUnescapeHTMLAndClip(t *testing.T) {
 	}
 }
 
-// A rollout Create accepts at the edge of the store's limit (32 waves,
-// args as long as the size check lets through), grown to every bound
-// with every wave reopened by retry-failed, is cancelled: the write that
-// records it cancelled, every running wave stopped, fits in the store.
+// The largest rollout document Create accepts (32 waves, args and
+// rollback_args of MaxArgsLen, the longest device list its spec keeps
+// of long ids, the widest rate window), grown to every bound with every
+// wave reopened by retry-failed, is cancelled: the write that records it
+// cancelled, every running wave stopped, fits in the store.
 func TestCancelAtTheSizeLimitStopsEveryWave(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := openStore(t)
 	var ids []string
-	for i := range MaxDevices {
+	for i := range MaxSpecDevices {
 		// Long ids, of the character JSON stores in two bytes.
-		ids = append(ids, fmt.Sprintf("%04d", i)+strings.Repeat(`"`, 70))
+		ids = append(ids, fmt.Sprintf("%04d", i)+strings.Repeat(`"`, 124))
 	}
 	var waves []WaveTarget
 	for i := 1; i < MaxWaves; i++ {
 		waves = append(waves, WaveTarget{Count: i})
 	}
 	waves = append(waves, WaveTarget{Percent: 100})
-	spec := func(n int) Spec {
-		return Spec{Command: "update", Args: json.RawMessage(`{"a":"` + strings.Repeat("x", n) + `"}`), Devices: ids, Waves: waves,
-			Rate: Rate{N: MaxDevices, Per: task.Duration(time.Hour)}}
-	}
-	// The longest args Create accepts.
-	lo, hi := 0, MaxArgsLen-8
-	if _, err := DryRun(ctx, st, "edge", spec(lo)); err != nil {
-		t.Fatalf("the shortest args: %v", err)
-	}
-	if _, err := DryRun(ctx, st, "edge", spec(hi)); err == nil || !strings.Contains(err.Error(), "could grow") {
-		t.Fatalf("the longest args: %v, want refused for its size", err)
-	}
-	for hi-lo > 1 {
-		if mid := (lo + hi) / 2; func() bool { _, err := DryRun(ctx, st, "edge", spec(mid)); return err == nil }() {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	r, err := Create(ctx, st, "edge", spec(lo))
+	spec := Spec{Command: "update", Args: htmlArgs(MaxArgsLen), RollbackCommand: "rollback", RollbackArgs: htmlArgs(MaxArgsLen),
+		Devices: ids, Waves: waves, Rate: Rate{N: MaxRate, Per: task.Duration(time.Hour)}}
+	r, err := Create(ctx, st, "edge", spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +391,7 @@ func TestCancelAtTheSizeLimitStopsEveryWave(t *testing.T) {
 			e.Dispatched = append(e.Dispatched, far)
 		}
 	}
-	for range MaxDevices {
+	for range MaxRate {
 		r.Dispatches = append(r.Dispatches, far)
 	}
 	for range MaxEvents {
@@ -395,8 +420,12 @@ func TestCancelAtTheSizeLimitStopsEveryWave(t *testing.T) {
 		}
 	}
 	most, err := got.MaxSize()
-	if n := storedSize(t, st, "edge"); err != nil || n > most {
+	if n := storedSize(t, st, "edge"); err != nil || n > most || n > task.MaxDocumentSize {
 		t.Fatalf("cancelled: %d bytes stored, over MaxSize %d (%v)", n, most, err)
 	}
-	t.Logf("args of %d bytes accepted; cancelled: %d bytes stored, MaxSize %d, store limit %d", lo+8, storedSize(t, st, "edge"), most, task.MaxDocumentSize)
+	shardMost, err := got.MaxShardSize()
+	if n := largestShard(t, st, got); err != nil || n > shardMost {
+		t.Fatalf("cancelled: a shard of %d bytes, over MaxShardSize %d (%v)", n, shardMost, err)
+	}
+	t.Logf("cancelled: %d bytes stored, MaxSize %d, store limit %d", storedSize(t, st, "edge"), most, task.MaxDocumentSize)
 }

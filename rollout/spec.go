@@ -164,8 +164,8 @@ func (r Rate) validate() error {
 	if r.N == 0 && r.Per == 0 {
 		return nil
 	}
-	if r.N < 1 || r.N > MaxDevices {
-		return invalid("rate", "N must be 1 to %d, got %d", MaxDevices, r.N)
+	if r.N < 1 || r.N > MaxRate {
+		return invalid("rate", "N must be 1 to %d, got %d", MaxRate, r.N)
 	}
 	if p := time.Duration(r.Per); p < time.Millisecond || p > 24*time.Hour {
 		return invalid("rate", "the duration must be from 1ms to 24h, got %s", p)

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +39,28 @@ type Stepper struct {
 	// driver that read it running before it was cancelled).
 	skipPublish, forcePublish bool
 	orphanAfter               time.Duration
+
+	// cache holds each rollout's shards as this Stepper last read or
+	// wrote them: a step reads only the rollout's document and the
+	// shards written by others since.
+	cache map[string]*shardCache
+	// The feed (follow) of the rollouts' device tasks that ended: while
+	// it runs, a step reads only the tasks it names (and those no one is
+	// known to have published), not every running execution's.
+	feed
+}
+
+// feed is what follow learned from the store's change stream.
+type feed struct {
+	// on: a stream is open, opened as the gen-th; synced holds the gen
+	// at which each rollout's executions were last all read (a rollout
+	// not synced under the current gen is read whole at its next step).
+	on     bool
+	gen    int
+	synced map[string]int
+	// ended are the keys of device tasks written finished (or written
+	// where the stream could not say), by rollout name.
+	ended map[string]map[string]bool
 }
 
 // OrphanAfter is how long a dispatch recorded by another driver may stay
@@ -47,7 +70,77 @@ const OrphanAfter = 5 * time.Second
 
 // NewStepper returns a Stepper over st.
 func NewStepper(st Store) *Stepper {
-	return &Stepper{st: st, recorded: map[string]bool{}, orphanAfter: OrphanAfter}
+	return &Stepper{st: st, recorded: map[string]bool{}, orphanAfter: OrphanAfter, cache: map[string]*shardCache{},
+		feed: feed{synced: map[string]int{}, ended: map[string]map[string]bool{}}}
+}
+
+// Follow keeps the feed from the store's change stream until ctx ends,
+// opening the stream again after an error; it returns at once where the
+// store cannot push (task.ErrWatchUnsupported), leaving every step to
+// read each running execution's task. A Driver runs it.
+func (s *Stepper) Follow(ctx context.Context) {
+	for ctx.Err() == nil {
+		cs, err := s.st.Watch(ctx, task.WatchParams{SkipQuiet: true})
+		if errors.Is(err, task.ErrWatchUnsupported) {
+			return
+		}
+		if err != nil {
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		s.mu.Lock()
+		// Writes from here on are seen: each rollout is read whole once.
+		s.on, s.gen = true, s.gen+1
+		s.mu.Unlock()
+		for {
+			ev, err := cs.Next(ctx)
+			if err != nil {
+				break
+			}
+			rest, ok := strings.CutPrefix(ev.Key, "rollout:")
+			if !ok || (ev.Task != nil && !ev.Task.State.Finished()) {
+				continue
+			}
+			name, _, _ := strings.Cut(rest, ":")
+			s.mu.Lock()
+			if s.ended[name] == nil {
+				s.ended[name] = map[string]bool{}
+			}
+			s.ended[name][ev.Key] = true
+			s.mu.Unlock()
+		}
+		_ = cs.Close()
+		s.mu.Lock()
+		s.on = false
+		s.mu.Unlock()
+	}
+}
+
+// watching returns, while the feed runs, the keys of rollout name's
+// tasks that ended since the last call, and whether the rollout was read
+// whole under the current stream (else the step reads it whole: whole
+// is false) with the gen to mark it synced at.
+func (s *Stepper) watching(name string) (keys map[string]bool, whole bool, gen int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys = s.ended[name]
+	delete(s.ended, name)
+	return keys, !s.on || s.synced[name] != s.gen, s.gen
+}
+
+func (s *Stepper) markSynced(name string, gen int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen < 0 {
+		delete(s.feed.synced, name)
+	} else {
+		s.feed.synced[name] = gen
+	}
 }
 
 func (s *Stepper) mine(key string) bool {
@@ -75,20 +168,45 @@ func (s *Stepper) pending() bool {
 // Step advances rollout name once. It returns task.ErrConflict when
 // another writer changed the rollout first (nothing of this step was
 // written or sent; the next step starts over).
-func (s *Stepper) Step(ctx context.Context, name string) error {
-	r, err := Get(ctx, s.st, name)
+func (s *Stepper) Step(ctx context.Context, name string) (err error) {
+	r, err := GetHead(ctx, s.st, name)
 	if err != nil {
 		return err
 	}
 	if r.Over() {
+		delete(s.cache, name)
 		return nil
 	}
+	if err := load(ctx, s.st, r, s.cache[name]); err != nil {
+		delete(s.cache, name)
+		return err
+	}
+	if r.stale && s.st.Now().Sub(r.staleAt) < s.orphanAfter {
+		// A shard written since the rollout's document: its writer may
+		// be about to write the document (which counts its dispatches in
+		// the rate's window). Let it, rather than write first and make
+		// its dispatches records no window counted.
+		delete(s.cache, name)
+		return fmt.Errorf("rollout %s: shard written since its document, %w", name, task.ErrConflict)
+	}
+	ended, whole, gen := s.watching(name)
+	defer func() {
+		if err != nil {
+			// r's executions are the cache's, changed in place.
+			delete(s.cache, name)
+			// What the feed named may not be recorded: read it all again.
+			s.markSynced(name, -1)
+		} else if whole {
+			s.markSynced(name, gen)
+		}
+	}()
 	now := s.st.Now().UTC()
 	before := r.Version
-	changed, err := s.refresh(ctx, r, now)
+	changed, err := s.refresh(ctx, r, now, whole, ended)
 	if err != nil {
 		return err
 	}
+	changed = changed || r.stale
 	if r.active() {
 		changed = r.checkAbort(now) || changed
 	}
@@ -100,7 +218,7 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 		changed = c || changed
 	}
 	if r.State == StateAborted && r.Rollback != nil && r.Rollback.EndedAt.IsZero() {
-		c, err := s.rollback(ctx, r, now)
+		c, err := s.rollback(ctx, r, now, whole, ended)
 		if err != nil {
 			return err
 		}
@@ -117,7 +235,7 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 	if s.skipPublish {
 		if changed {
 			r.UpdatedAt = now
-			if err := put(ctx, s.st, r); err != nil {
+			if err := s.put(ctx, r); err != nil {
 				return err
 			}
 			for _, i := range dispatched {
@@ -128,7 +246,7 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 	}
 	if !changed {
 		if s.pending() {
-			return s.publishRecorded(ctx, r.Name)
+			return s.publishRecorded(ctx, r)
 		}
 		return nil
 	}
@@ -136,13 +254,24 @@ func (s *Stepper) Step(ctx context.Context, name string) error {
 		s.record(TaskKey(r.Name, r.Devices[i].Device, r.Devices[i].Attempt), true)
 	}
 	r.UpdatedAt = now
-	if err := put(ctx, s.st, r); err != nil {
+	if err := s.put(ctx, r); err != nil {
 		for _, i := range dispatched {
 			s.record(TaskKey(r.Name, r.Devices[i].Device, r.Devices[i].Attempt), false)
 		}
 		return fmt.Errorf("rollout %s step at version %d: %w", name, before, err)
 	}
-	return s.publishRecorded(ctx, r.Name)
+	return s.publishRecorded(ctx, r)
+}
+
+// put writes r and keeps its shards for the next step; after a failed
+// write the next step reads them again.
+func (s *Stepper) put(ctx context.Context, r *Rollout) error {
+	if err := put(ctx, s.st, r); err != nil {
+		delete(s.cache, r.Name)
+		return err
+	}
+	s.cache[r.Name] = r.cache()
+	return nil
 }
 
 // active reports whether the rollout may still dispatch or advance.
@@ -150,15 +279,23 @@ func (r *Rollout) active() bool {
 	return r.State == StateRunning || r.State == StatePaused || r.State == StateWaiting
 }
 
-// refresh learns how the dispatched commands ended.
-func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time) (bool, error) {
+// refresh learns how the dispatched commands ended. With whole, it
+// reads the task of every running execution; else those of ended (the
+// feed's) and of the executions no one is known to have published yet.
+func (s *Stepper) refresh(ctx context.Context, r *Rollout, now time.Time, whole bool, ended map[string]bool) (bool, error) {
 	changed := false
 	for i := range r.Devices {
 		e := &r.Devices[i]
 		if e.Outcome != OutcomeRunning {
 			continue
 		}
+		if !whole && e.Published && len(ended) == 0 {
+			continue // the feed names it once it ends
+		}
 		key := TaskKey(r.Name, e.Device, e.Attempt)
+		if !whole && !ended[key] && (e.Published || s.mine(key)) {
+			continue
+		}
 		t, err := s.st.Get(ctx, key)
 		if errors.Is(err, task.ErrNotFound) {
 			if s.mine(key) || !r.active() || now.Sub(e.DispatchedAt) < s.orphanAfter {
@@ -349,12 +486,9 @@ func (r *Rollout) advanceWaves(now time.Time) bool {
 func (r *Rollout) startWave(w int, now time.Time) {
 	r.Wave = w
 	wave := &r.Waves[w]
+	// Its executions stay as they are (no outcome: queued once their
+	// wave started), so starting a wave writes no shard.
 	wave.StartedAt = now
-	for i := wave.Start; i < wave.End; i++ {
-		if r.Devices[i].Outcome == "" {
-			r.Devices[i].Outcome = OutcomeQueued
-		}
-	}
 	r.event(now, EventWaveStarted, fmt.Sprintf("wave %d: %d devices", w+1, wave.End-wave.Start))
 }
 
@@ -364,7 +498,7 @@ func (r *Rollout) dispatch(now time.Time) []int {
 	var out []int
 	for i := range r.Devices {
 		e := &r.Devices[i]
-		if e.Outcome != OutcomeQueued || e.Wave > r.Wave {
+		if e.Outcome != OutcomeQueued && (e.Outcome != "" || r.Waves[e.Wave].StartedAt.IsZero()) || e.Wave > r.Wave {
 			continue
 		}
 		at, ok := r.token(now)

@@ -27,19 +27,17 @@ var (
 	ErrState = errors.New("rollout state does not allow it")
 )
 
-// Get returns the rollout named name.
+// Get returns the rollout named name with every execution (Devices),
+// read from its shards. Readers of the aggregates alone use GetHead.
 func Get(ctx context.Context, ds task.DocumentStore, name string) (*Rollout, error) {
-	if err := ValidateName(name); err != nil {
-		return nil, err
-	}
-	d, err := ds.GetDocument(ctx, Namespace, name)
-	if errors.Is(err, task.ErrNotFound) {
-		return nil, fmt.Errorf("%s: %w", name, ErrNotFound)
-	}
+	r, err := GetHead(ctx, ds, name)
 	if err != nil {
 		return nil, err
 	}
-	return decode(d)
+	if err := load(ctx, ds, r, nil); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 func decode(d task.Document) (*Rollout, error) {
@@ -48,11 +46,22 @@ func decode(d task.Document) (*Rollout, error) {
 		return nil, fmt.Errorf("rollout %s: %w", d.ID, err)
 	}
 	r.Name, r.Version = d.ID, d.Version
+	if r.ShardKey == "" {
+		// Stored before shards: the executions are in the document.
+		var legacy struct {
+			Devices []Exec `json:"devices"`
+		}
+		if err := json.Unmarshal(d.Value, &legacy); err != nil {
+			return nil, fmt.Errorf("rollout %s: %w", d.ID, err)
+		}
+		r.Devices = legacy.Devices
+		r.tally()
+	}
 	return &r, nil
 }
 
-// List returns every rollout, newest first. A malformed document is
-// skipped (task.SkipMalformed).
+// List returns every rollout, newest first, without executions (as
+// GetHead). A malformed document is skipped (task.SkipMalformed).
 func List(ctx context.Context, ds task.DocumentStore) ([]*Rollout, error) {
 	docs, err := ds.Documents(ctx, Namespace)
 	if err != nil {
@@ -86,6 +95,9 @@ func put(ctx context.Context, ds task.DocumentStore, r *Rollout) error {
 		}
 	}
 	r.bound()
+	if err := putShards(ctx, ds, r); err != nil {
+		return err
+	}
 	value, err := encode(r)
 	if err != nil {
 		return err
@@ -118,6 +130,8 @@ func Create(ctx context.Context, st Store, name string, spec Spec) (_ *Rollout, 
 	defer func() { span.End(err) }()
 	r.Trace.Traceparent, r.Trace.Tracestate = tracing.Inject(ctx)
 	if err := put(ctx, st, r); err != nil {
+		// Its shards, under a key of this creation's, are no one's.
+		_ = deleteShards(context.WithoutCancel(ctx), st, r)
 		if errors.Is(err, task.ErrConflict) {
 			return nil, fmt.Errorf("%s: %w", name, ErrExists)
 		}
@@ -154,6 +168,10 @@ func DryRun(ctx context.Context, st Store, name string, spec Spec) (*Rollout, er
 		}
 	}
 	slices.Sort(devices)
+	if len(spec.Devices) > MaxSpecDevices {
+		// They are the executions' devices: not kept twice.
+		spec.Devices = nil
+	}
 	spec.Args, spec.RollbackArgs = compactArgs(spec.Args), compactArgs(spec.RollbackArgs)
 	if len(spec.Waves) == 0 {
 		spec.Waves = []WaveTarget{{Percent: 100}}
@@ -396,7 +414,7 @@ func (r *Rollout) Over() bool {
 // deletes them.
 func Delete(ctx context.Context, st Store, name string) (*Rollout, error) {
 	for {
-		r, err := Get(ctx, st, name)
+		r, err := GetHead(ctx, st, name)
 		if err != nil {
 			return nil, err
 		}
@@ -412,6 +430,9 @@ func Delete(ctx context.Context, st Store, name string) (*Rollout, error) {
 			return nil, fmt.Errorf("rollout %s: %w: cannot delete a rollout that is %s: delete it once it is over", name, ErrState, what)
 		}
 		err = st.DeleteDocument(task.WithInternalWrite(ctx), Namespace, name, r.Version)
+		if err == nil {
+			err = deleteShards(ctx, st, r)
+		}
 		switch {
 		case errors.Is(err, task.ErrConflict):
 			if err := ctx.Err(); err != nil {

@@ -29,6 +29,10 @@ func (s *Stepper) withdraw(ctx context.Context, r *Rollout, now time.Time) (bool
 		e := &r.Devices[i]
 		switch e.Outcome {
 		case "":
+			if !r.Waves[e.Wave].StartedAt.IsZero() {
+				e.Outcome, e.EndedAt, changed = OutcomeCancelled, now, true // queued in a started wave
+				continue
+			}
 			e.Outcome, changed = OutcomeSkipped, true
 		case OutcomeQueued:
 			e.Outcome, e.EndedAt, changed = OutcomeCancelled, now, true
@@ -147,8 +151,9 @@ func settled(t *task.Task, r *Rollout, want mqttdev.Command, key string) (Outcom
 }
 
 // rollback publishes the rollback command to each device that succeeded
-// and records how it ended.
-func (s *Stepper) rollback(ctx context.Context, r *Rollout, now time.Time) (bool, error) {
+// and records how it ended: with whole, reading every running rollback's
+// task, else those the feed named (ended).
+func (s *Stepper) rollback(ctx context.Context, r *Rollout, now time.Time, whole bool, ended map[string]bool) (bool, error) {
 	changed, open := false, 0
 	for i := range r.Devices {
 		e := &r.Devices[i]
@@ -165,6 +170,10 @@ func (s *Stepper) rollback(ctx context.Context, r *Rollout, now time.Time) (bool
 			e.Rollback, changed = OutcomeRunning, true
 			open++
 		case OutcomeRunning:
+			if !whole && !ended[key] {
+				open++
+				continue
+			}
 			t, err := s.st.Get(ctx, key)
 			if errors.Is(err, task.ErrNotFound) {
 				e.Rollback, changed = OutcomeQueued, true // publish again
@@ -217,19 +226,30 @@ func publishParams(r *Rollout, device, key string, rollback bool) (task.PublishP
 // rollout, read again, is still running and still holds them as running
 // (an abort or a cancel written since is never followed by a publish of
 // this Stepper's; a driver that is late anyway finds the keys taken by
-// withdraw's cancelled tasks).
-func (s *Stepper) publishRecorded(ctx context.Context, name string) error {
-	r, err := Get(ctx, s.st, name)
+// withdraw's cancelled tasks). r is the rollout as this Stepper read or
+// wrote it last: its executions are read again only when its document
+// changed since.
+func (s *Stepper) publishRecorded(ctx context.Context, r *Rollout) error {
+	head, err := GetHead(ctx, s.st, r.Name)
 	if err != nil {
 		return err
 	}
-	if !s.forcePublish && r.State != StateRunning && r.State != StatePaused && r.State != StateWaiting {
+	if !s.forcePublish && head.State != StateRunning && head.State != StatePaused && head.State != StateWaiting {
 		return nil
+	}
+	if head.Version != r.Version {
+		if err := load(ctx, s.st, head, s.cache[r.Name]); err != nil {
+			return err
+		}
+		r = head
 	}
 	for i := range r.Devices {
 		e := &r.Devices[i]
+		if e.Outcome != OutcomeRunning || e.Published {
+			continue
+		}
 		key := TaskKey(r.Name, e.Device, e.Attempt)
-		if e.Outcome != OutcomeRunning || e.Published || !s.mine(key) {
+		if !s.mine(key) {
 			continue
 		}
 		p, err := publishParams(r, e.Device, key, false)
@@ -239,6 +259,10 @@ func (s *Stepper) publishRecorded(ctx context.Context, name string) error {
 		if _, _, err := task.Publish(ctx, s.st, p); err != nil {
 			return err
 		}
+		// Published: the feed names it once it ends. Known here, stored
+		// with the shard's next write (a driver taking over reads it).
+		s.record(key, false)
+		e.Published = true
 	}
 	return nil
 }

@@ -302,11 +302,12 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(of))
 	},
-	"taskURL":    func(key string) string { return "/task?key=" + url.QueryEscape(key) },
-	"rangeURL":   rangeURL,
-	"rolloutURL": rolloutURL,
-	"inc":        func(i int) int { return i + 1 },
-	"join":       strings.Join,
+	"taskURL":           func(key string) string { return "/task?key=" + url.QueryEscape(key) },
+	"rangeURL":          rangeURL,
+	"rolloutURL":        rolloutURL,
+	"rolloutDevicesURL": rolloutDevicesURL,
+	"inc":               func(i int) int { return i + 1 },
+	"join":              strings.Join,
 	// visible escapes control and format characters (U+202E and kin) in
 	// text the store holds: shown as what it is, it reorders nothing.
 	"visible": safetext.Escape,

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 
 	"github.com/leasepool/leasepool/rollout"
 )
@@ -29,7 +30,7 @@ func (d *dashboard) rollouts(w http.ResponseWriter, r *http.Request) {
 	}
 	rows := make([]rolloutRow, 0, len(list))
 	for _, ro := range list {
-		rows = append(rows, rolloutRow{Progress: ro.Progress(), Devices: len(ro.Devices)})
+		rows = append(rows, rolloutRow{Progress: ro.Progress(), Devices: ro.DeviceCount})
 	}
 	// Active first, then the newest.
 	slices.SortFunc(rows, func(a, b rolloutRow) int {
@@ -50,10 +51,17 @@ type rolloutPage struct {
 	rollout.Progress
 	Chart template.HTML
 	// Events are the rollout's events, newest first.
-	Events    []rollout.Event
-	Devices   int
-	CanPause  bool
-	CanResume bool
+	Events  []rollout.Event
+	Devices int
+	// Page is the page of executions shown (DevicePage of them), of
+	// Outcome alone when set; Prev and Next the offsets of the pages
+	// around it (-1: none).
+	Page                   rollout.Page
+	Outcome                rollout.Outcome
+	Outcomes               []rollout.Outcome
+	PrevOffset, NextOffset int
+	CanPause               bool
+	CanResume              bool
 	// CanApprove: the next wave's gate waits for an operator.
 	CanApprove bool
 }
@@ -64,12 +72,29 @@ func (d *dashboard) rollout(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, badInput("name", "must not be empty"))
 		return
 	}
-	ro, err := rollout.Get(r.Context(), d.store, name)
+	offset, _, outcome, err := devicePageQuery(r, DevicePage)
 	if err != nil {
 		d.fail(w, r, err)
 		return
 	}
-	p := rolloutPage{Progress: ro.Progress(), Devices: len(ro.Devices)}
+	// The aggregates and one page of executions: a few documents read,
+	// however many devices the rollout has.
+	ro, err := rollout.GetHead(r.Context(), d.store, name)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	p := rolloutPage{Progress: ro.Progress(), Devices: ro.DeviceCount, Outcome: outcome, Outcomes: knownOutcomes, PrevOffset: -1, NextOffset: -1}
+	if p.Page, err = rollout.Devices(r.Context(), d.store, ro, offset, DevicePage, outcome); err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	if offset > 0 {
+		p.PrevOffset = max(offset-DevicePage, 0)
+	}
+	if offset+DevicePage < p.Page.Total {
+		p.NextOffset = offset + DevicePage
+	}
 	p.Chart = rolloutChart("rollout-waves", rolloutBarsOf(p.Progress))
 	p.Events = slices.Clone(p.Progress.Events)
 	slices.Reverse(p.Events)
@@ -113,7 +138,7 @@ func (d *dashboard) rolloutAction(op string) func(r *http.Request) (string, stri
 			return "", "", badInput("name", "must not be empty")
 		}
 		to := "/rollout?name=" + url.QueryEscape(name)
-		before, err := rollout.Get(r.Context(), d.store, name)
+		before, err := rollout.GetHead(r.Context(), d.store, name)
 		if err != nil {
 			return "", "", err
 		}
@@ -132,6 +157,22 @@ func (d *dashboard) rolloutAction(op string) func(r *http.Request) (string, stri
 		}
 		return to, map[string]string{"pause": "rollout-paused", "resume": "rollout-resumed", "approve": "rollout-approved"}[op], nil
 	}
+}
+
+// DevicePage is how many executions a rollout's page lists.
+const DevicePage = 50
+
+// rolloutDevicesURL is the page of rollout name listing its executions
+// of outcome (all: "") from offset.
+func rolloutDevicesURL(name string, outcome rollout.Outcome, offset int) string {
+	q := url.Values{"name": {name}}
+	if outcome != "" {
+		q.Set("outcome", string(outcome))
+	}
+	if offset > 0 {
+		q.Set("offset", strconv.Itoa(offset))
+	}
+	return "/rollout?" + q.Encode() + "#rollout-devices"
 }
 
 // rolloutURL is the page of rollout name.

@@ -156,12 +156,13 @@ func (a *api) createRollout(w http.ResponseWriter, r *http.Request) {
 		a.rolloutFail(w, r, err)
 		return
 	}
-	a.log.Info("web: rollout created", "name", ro.Name, "devices", len(ro.Devices))
+	a.log.Info("web: rollout created", "name", ro.Name, "devices", ro.DeviceCount)
 	writeJSON(w, http.StatusCreated, ro.Progress())
 }
 
-// getRollout answers the progress; ?devices=true the whole rollout with
-// every device's execution.
+// getRollout answers the progress, read from the rollout's aggregates;
+// ?devices=true the whole rollout with every device's execution (every
+// shard read: GET .../devices pages them instead).
 func (a *api) getRollout(w http.ResponseWriter, r *http.Request) {
 	devices := false
 	if v := r.URL.Query().Get("devices"); v != "" {
@@ -171,17 +172,73 @@ func (a *api) getRollout(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ro, err := rollout.Get(r.Context(), a.store, r.PathValue("name"))
+	get := rollout.GetHead
+	if devices {
+		get = rollout.Get
+	}
+	ro, err := get(r.Context(), a.store, r.PathValue("name"))
 	if err != nil {
 		a.rolloutFail(w, r, err)
 		return
 	}
 	if devices {
-		writeJSON(w, http.StatusOK, ro)
+		writeJSON(w, http.StatusOK, struct {
+			*rollout.Rollout
+			Devices []rollout.Exec `json:"devices"`
+		}{ro, ro.Devices})
 		return
 	}
 	writeJSON(w, http.StatusOK, ro.Progress())
 }
+
+// rolloutDevices serves GET /api/v1/rollouts/{name}/devices: one page of
+// the executions (?offset, ?limit up to maxDevicePage, ?outcome), reading
+// only the shards that hold it.
+func (a *api) rolloutDevices(w http.ResponseWriter, r *http.Request) {
+	offset, limit, outcome, err := devicePageQuery(r, 100)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	ro, err := rollout.GetHead(r.Context(), a.store, r.PathValue("name"))
+	if err != nil {
+		a.rolloutFail(w, r, err)
+		return
+	}
+	page, err := rollout.Devices(r.Context(), a.store, ro, offset, limit, outcome)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+// maxDevicePage bounds a page of a rollout's executions.
+const maxDevicePage = 1000
+
+// devicePageQuery reads ?offset, ?limit (def when absent) and ?outcome.
+func devicePageQuery(r *http.Request, def int) (offset, limit int, outcome rollout.Outcome, err error) {
+	q := r.URL.Query()
+	limit = def
+	if v := q.Get("offset"); v != "" {
+		if offset, err = strconv.Atoi(v); err != nil || offset < 0 {
+			return 0, 0, "", badInput("offset", "%q is not a count from 0", v)
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > maxDevicePage {
+			return 0, 0, "", badInput("limit", "%q is not a count from 1 to %d", v, maxDevicePage)
+		}
+	}
+	if v := q.Get("outcome"); v != "" {
+		if outcome, err = rollout.ParseOutcome("outcome", v); err != nil {
+			return 0, 0, "", err
+		}
+	}
+	return offset, limit, outcome, nil
+}
+
+var knownOutcomes = rollout.Outcomes
 
 // deleteRollout serves DELETE /api/v1/rollouts/{name}: a rollout that is
 // over is deleted (its device tasks stay); any other is 409.

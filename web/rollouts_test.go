@@ -156,7 +156,7 @@ func TestRolloutHTMLArgsCancelAndDeleteAPI(t *testing.T) {
 	e := newEnv(t, web.Config{Token: token, ReadToken: readToken})
 	args := `{"a":"` + strings.Repeat("<>&", (rollout.MaxArgsLen-8)/3) + `"}`
 	var ids []string
-	for i := range rollout.MaxDevices {
+	for i := range rollout.MaxSpecDevices {
 		ids = append(ids, fmt.Sprintf("dev-%03d", i))
 	}
 	devs, _ := json.Marshal(ids)

@@ -181,6 +181,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /api/v1/rollouts", a.listRollouts)
 	mux.HandleFunc("POST /api/v1/rollouts", a.write(a.createRollout))
 	mux.HandleFunc("GET /api/v1/rollouts/{name}", a.getRollout)
+	mux.HandleFunc("GET /api/v1/rollouts/{name}/devices", a.rolloutDevices)
 	mux.HandleFunc("DELETE /api/v1/rollouts/{name}", a.write(a.deleteRollout))
 	mux.HandleFunc("POST /api/v1/rollouts/{name}/pause", a.write(a.rolloutAction("paused", a.pauseRollout)))
 	mux.HandleFunc("POST /api/v1/rollouts/{name}/resume", a.write(a.rolloutAction("resumed", a.resumeRollout)))

@@ -73,7 +73,10 @@ func rolloutCommand() *cli.Command {
 				Name: "show", Usage: "print a rollout: state, waves with their counts and gates, thresholds, events", ArgsUsage: "NAME",
 				Flags: []cli.Flag{
 					&cli.BoolFlag{Name: "json", Usage: "print the progress as JSON"},
-					&cli.BoolFlag{Name: "devices", Usage: "list every device's execution too"},
+					&cli.BoolFlag{Name: "devices", Usage: "list the devices' executions too, a page of them (--offset, --limit, --outcome)"},
+					&cli.IntFlag{Name: "offset", Usage: "with --devices: the first execution listed, counted from 0"},
+					&cli.IntFlag{Name: "limit", Value: 1000, Usage: "with --devices: how many executions to list (0: every one)"},
+					&cli.StringFlag{Name: "outcome", Usage: "with --devices: list the executions of this outcome alone (queued, running, succeeded, failed, ...)"},
 				},
 				Action: rolloutShow,
 			},
@@ -210,7 +213,7 @@ func rolloutCreate(c *cli.Context) error {
 	if c.Bool("json") {
 		return writeJSON(c.App.Writer, r.Progress())
 	}
-	fmt.Fprintf(c.App.Writer, "rollout %s created: %d devices in %d waves\n", r.Name, len(r.Devices), len(r.Waves))
+	fmt.Fprintf(c.App.Writer, "rollout %s created: %d devices in %d waves\n", r.Name, r.DeviceCount, len(r.Waves))
 	return nil
 }
 
@@ -276,20 +279,47 @@ func rolloutShow(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
-	r, err := rollout.Get(c.Context, s, name)
+	// The aggregates: one document, however many devices.
+	r, err := rollout.GetHead(c.Context, s, name)
 	if err != nil {
 		return err
 	}
+	var page *rollout.Page
+	if c.Bool("devices") {
+		offset, limit := c.Int("offset"), c.Int("limit")
+		var outcome rollout.Outcome
+		if v := c.String("outcome"); v != "" {
+			if outcome, err = rollout.ParseOutcome("outcome", v); err != nil {
+				return err
+			}
+		}
+		switch {
+		case offset < 0:
+			return fmt.Errorf("--offset: %d is negative", offset)
+		case limit < 0:
+			return fmt.Errorf("--limit: %d is negative", limit)
+		case limit == 0:
+			limit = r.DeviceCount
+		}
+		p, err := rollout.Devices(c.Context, s, r, offset, limit, outcome)
+		if err != nil {
+			return err
+		}
+		page = &p
+	}
 	if c.Bool("json") {
-		if c.Bool("devices") {
-			return writeJSON(c.App.Writer, r)
+		if page != nil {
+			return writeJSON(c.App.Writer, struct {
+				rollout.Progress
+				Devices rollout.Page `json:"devices"`
+			}{r.Progress(), *page})
 		}
 		return writeJSON(c.App.Writer, r.Progress())
 	}
-	return printRollout(c.App.Writer, r, c.Bool("devices"))
+	return printRollout(c.App.Writer, r, page)
 }
 
-func printRollout(w io.Writer, r *rollout.Rollout, devices bool) error {
+func printRollout(w io.Writer, r *rollout.Rollout, page *rollout.Page) error {
 	p := r.Progress()
 	fmt.Fprintf(w, "rollout %s: %s%s\n", p.Name, p.State, reasonSuffix(p.Reason))
 	fmt.Fprintf(w, "command %s %s", p.Spec.Command, string(p.Spec.Args))
@@ -324,14 +354,17 @@ func printRollout(w io.Writer, r *rollout.Rollout, devices bool) error {
 		fmt.Fprintf(w, "rollback %s: %d rolled back, %d failed, %d running\n", p.Rollback.Command,
 			p.RolledBack.Succeeded, p.RolledBack.Failures(), p.RolledBack.Running+p.RolledBack.Queued)
 	}
-	if devices {
+	if page != nil {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "DEVICE\tWAVE\tOUTCOME\tATTEMPT\tROLLBACK\tERROR")
-		for _, e := range r.Devices {
+		for _, e := range page.Devices {
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\n", printable(e.Device), e.Wave+1, dash(string(e.Outcome)), e.Attempt, dash(string(e.Rollback)), printable(dash(e.Error)))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+		if n := page.Offset + len(page.Devices); n < page.Total {
+			fmt.Fprintf(w, "%d more: --offset %d\n", page.Total-n, n)
 		}
 	}
 	for _, e := range p.Events {
@@ -350,12 +383,12 @@ func registerRolloutMetrics(reg *prometheus.Registry, s task.Store, elected func
 			out := make([]metrics.RolloutCount, 0, len(list))
 			for _, r := range list {
 				rc := metrics.RolloutCount{Name: r.Name, State: string(r.State), Outcomes: map[string]int64{}}
-				for _, e := range r.Devices {
-					o := e.Outcome
-					if o == "" {
-						o = rollout.OutcomeQueued
+				// The aggregates: no shard is read.
+				total := r.Progress().Total
+				for _, o := range metrics.RolloutOutcomes {
+					if n := total.Of(rollout.Outcome(o)); n > 0 {
+						rc.Outcomes[o] = int64(n)
 					}
-					rc.Outcomes[string(o)]++
 				}
 				out = append(out, rc)
 			}
