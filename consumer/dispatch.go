@@ -129,6 +129,7 @@ func (s *scheduler) release(instant bool) {
 // key busy here holds it back (aside, or let go: see letAside).
 func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	ctl := s.ctl.Load()
+	s.fair.popped(e) // groups.go
 	if _, paused := ctl.Paused(e.Task); paused {
 		if s.asideFull() {
 			s.tab.forget(e.Key)
@@ -142,7 +143,7 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 		return
 	}
 	rate, ok := s.rateGate(e, ctl)
-	if !ok {
+	if !ok || !s.concurrencyGate(e, ctl) {
 		return
 	}
 	var keys []string

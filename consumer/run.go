@@ -166,6 +166,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 		if keys := doc.LockKeys; len(keys) > 0 {
 			c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 		}
+		c.rules.releaseSlots(doc, lease.Holder())
 		return doc
 	}
 	tctx, span := tracing.StartRun(c.handlerCtx, tracing.Run{
@@ -203,6 +204,9 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 	if keys := lease.Doc().LockKeys; len(keys) > 0 && (settled != nil || !errors.Is(context.Cause(hctx), task.ErrLeaseLost)) {
 		now := c.store.Now()
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.heirs(keys, now)})
+	}
+	if settled != nil || !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
+		c.rules.releaseSlots(lease.Doc(), lease.Holder()) // groups.go
 	}
 	outcome := OutcomeSucceeded
 	if settled != nil {

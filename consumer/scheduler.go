@@ -91,6 +91,8 @@ type scheduler struct {
 	// lag is the mean time from a write to its change event reaching this
 	// worker (see noteLag), which the stand-by step must exceed twice.
 	lag time.Duration
+	// fair orders grouped tasks by their share (groups.go).
+	fair fairClock
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -267,10 +269,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	// it is preferred for, and a task retried or taken over still comes
 	// before those published after it.
 	delay := s.standBy(t, now)
-	order := t.CreatedAt
-	if order.IsZero() {
-		order = at
-	}
+	order := s.fairOrder(t, at) // groups.go
 	s.tab.place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
 }
 
@@ -353,6 +352,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 	}
 	now := s.store.Now()
 	s.noteLag(t, now)
+	s.concurrencyEnded(t, now) // groups.go
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.tab.wakeOne(k, now)
@@ -372,7 +372,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 		if t.State.Finished() || !s.wants(t) {
 			return
 		}
-		if !s.tab.evictBelow(t.Priority) && !s.evictLater(t, now) {
+		if !s.tab.evictBelow(t.Priority) && !s.evictLater(t, now) && !s.evictFair(t, now) {
 			return
 		}
 	}
@@ -408,7 +408,7 @@ func (s *scheduler) onResult(r attemptResult) {
 		// again, this worker's turn comes after its stand-by as for any
 		// offer, or every worker that lost the race would try at once.
 		delay := s.standBy(retry.Task, now)
-		retry.At, retry.Order = retry.At.Add(delay), retry.Task.CreatedAt.Add(delay)
+		retry.At, retry.Order = retry.At.Add(delay), s.fairOrder(retry.Task, now).Add(delay)
 	}
 	if retry != nil {
 		s.tab.queue(*retry)

@@ -220,6 +220,9 @@ const (
 	// cluster (internal/singleton: the flow reconciler, retention, the
 	// embedded MQTT broker's host).
 	LockSingleton LockNamespace = "singleton"
+	// LockConcurrency holds concurrency-limit slots (control.Slots): a
+	// running task holds one of a limit's N with its lease.
+	LockConcurrency LockNamespace = "concurrency"
 )
 
 // LockParams takes or frees lock keys.

@@ -80,6 +80,10 @@ func appendJSON(b []byte, t *task.Task) ([]byte, error) {
 		e.field(`lock_keys`)
 		e.strs(t.LockKeys)
 	}
+	if t.Group != "" {
+		e.field(`group`)
+		e.str(t.Group)
+	}
 	e.field(`workers`)
 	e.workers(t.Attempts)
 	e.field(`attempts`)
@@ -230,6 +234,10 @@ func (e *jsonAppender) worker(w *task.Attempt) {
 	if !w.EndedAt.IsZero() {
 		e.field(`ended_at`)
 		e.time(w.EndedAt)
+	}
+	if len(w.Slots) > 0 {
+		e.field(`slots`)
+		e.strs(w.Slots)
 	}
 	if w.Error != "" {
 		e.field(`error`)

@@ -1,0 +1,298 @@
+package consumer
+
+// Groups (tenants) share the workers by weight, and concurrency limits
+// bound how many tasks of a kind, a group or a lock key run at once.
+//
+// Fair order: among due tasks of one priority, a worker orders the tasks
+// of groups by start-time fair queueing. Each grouped task it admits gets
+// a start tag, max(the worker's virtual time, its group's last tag) plus
+// fairStep/weight, and the virtual time is the tag of the last task
+// dispatched; the tag is the entry's Order, which ranks due entries of a
+// priority. So a group's backlog admitted ahead does not stand before a
+// group that publishes later (its first tag is about the virtual time),
+// two backlogged groups are dispatched in the ratio of their weights, and
+// a group with nothing ready costs nothing and builds no credit. A full
+// heap lets a grouped task in by evicting the entry ordered last
+// (preempt.Heap.EvictOrderAfter). Tasks with no group keep their publish
+// time as Order. See docs/decisions/0016-groups-by-start-time-fair-queueing.md.
+//
+// Concurrency: a limited task holds one of the limit's N slot locks in
+// task.LockConcurrency with its lease, taken in the claim (claimRules),
+// recorded in its attempt (task.Attempt.Slots), extended by renewals and
+// freed by its finish, so a dead worker's slot frees at its lease's end.
+// A worker keeps back a due task whose slots it knows taken and wakes it
+// when it hears a task of the same limits end.
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/task"
+)
+
+// fairStep is the virtual time a task of weight 1 takes; one of weight w
+// takes fairStep/w (control.MaxWeight divides it).
+const fairStep = time.Millisecond
+
+// concurrencyRetry bounds how long a task refused for a full concurrency
+// limit waits before it tries again, when no end of a task of the limit
+// is heard first (a slot held by a dead worker frees at its lease's end,
+// with no event).
+const concurrencyRetry = 250 * time.Millisecond
+
+// fairClock is a worker's start-time fair queueing state. Only the
+// scheduler's goroutine uses it.
+type fairClock struct {
+	vclock time.Time
+	last   map[string]time.Time // group → its last start tag
+	tags   map[string]time.Time // task key → its start tag, while held here
+	bound  int
+}
+
+// order is t's Order before any stand-by: its start tag when it has a
+// group (the same for the same key while known), else its publish time.
+func (f *fairClock) order(t *task.Task, weight int, now time.Time) time.Time {
+	if t.Group == "" {
+		if t.CreatedAt.IsZero() {
+			return now
+		}
+		return t.CreatedAt
+	}
+	if tag, ok := f.tags[t.Key]; ok {
+		return tag
+	}
+	if f.last == nil || len(f.tags) > f.bound {
+		f.last, f.tags = map[string]time.Time{}, map[string]time.Time{}
+	}
+	if f.vclock.IsZero() {
+		f.vclock = now
+	}
+	tag := f.vclock
+	if l := f.last[t.Group]; l.After(tag) {
+		tag = l
+	}
+	tag = tag.Add(fairStep / time.Duration(max(weight, 1)))
+	f.last[t.Group], f.tags[t.Key] = tag, tag
+	return tag
+}
+
+// popped advances the virtual time to a dispatched entry's tag.
+func (f *fairClock) popped(e preempt.Entry) {
+	if e.Task == nil {
+		return
+	}
+	tag, ok := f.tags[e.Key]
+	if !ok && e.Task.Group == "" {
+		tag = e.Task.CreatedAt
+	}
+	if tag.After(f.vclock) {
+		f.vclock = tag
+	}
+}
+
+// fairOrder is t's Order before its stand-by (see fairClock.order).
+func (s *scheduler) fairOrder(t *task.Task, now time.Time) time.Time {
+	s.fair.bound = 4 * s.cfg.HeapSize
+	return s.fair.order(t, s.ctl.Load().Weight(t.Group), now)
+}
+
+// evictFair makes room for a grouped task ordered before the last entry
+// of its priority.
+func (s *scheduler) evictFair(t *task.Task, now time.Time) bool {
+	if t.Group == "" {
+		return false
+	}
+	e, ok := s.heap.EvictOrderAfter(t.Priority, s.fairOrder(t, now))
+	if ok {
+		s.tab.forget(e.Key)
+	}
+	return ok
+}
+
+// concurrencyBucket is the slot table's view of a concurrency limit: its
+// keys are apart from the rate limits' (a NUL byte no name holds).
+func concurrencyBucket(c control.Slots) control.Bucket {
+	return control.Bucket{Key: "\x00c:" + c.Key, N: c.N}
+}
+
+// concurrencyTableKey is a concurrency slot's key in the slot table.
+func concurrencyTableKey(slot string) string { return "\x00c:" + slot }
+
+// concurrencyGate keeps back a due task whose concurrency slots are all
+// known taken here: it waits until the first known lease end, or until a
+// task of the limit is heard to end (concurrencyEnded), with no store trip.
+func (s *scheduler) concurrencyGate(e preempt.Entry, ctl *control.State) bool {
+	conc := ctl.Concurrency(e.Task)
+	if len(conc) == 0 {
+		return true
+	}
+	now := s.store.Now()
+	for _, c := range conc {
+		if at, full := s.slots.full(concurrencyBucket(c), now); full {
+			s.tab.rateWait(e, earliest(at, now.Add(concurrencyRetry)))
+			return false
+		}
+	}
+	return true
+}
+
+// concurrencyEnded hears a task's write: the slots of its attempts that
+// ended are free now, and as many tasks waiting for those limits here are
+// made due.
+func (s *scheduler) concurrencyEnded(t *task.Task, now time.Time) {
+	var freed map[string]int // limit key → slots freed
+	for _, list := range [][]task.Attempt{t.Attempts, t.History} {
+		for _, a := range list {
+			if len(a.Slots) == 0 || a.Live(now) {
+				continue
+			}
+			for _, k := range a.Slots {
+				tk := concurrencyTableKey(k)
+				until, known := s.slots.known(tk)
+				s.slots.forget([]string{tk})
+				// Counted once: while this process knew it taken, or
+				// (its own finish forgot it) just after it ended.
+				if (known && until.After(now)) || (!a.EndedAt.IsZero() && now.Sub(a.EndedAt) < 2*time.Second) {
+					if freed == nil {
+						freed = map[string]int{}
+					}
+					limit, _, _ := strings.Cut(k, "#")
+					freed[limit]++
+				}
+			}
+		}
+	}
+	if len(freed) == 0 || s.tab.counts[stateRateWaiting] == 0 {
+		return
+	}
+	ctl := s.ctl.Load()
+	s.tab.wakeWaiting(now, func(e preempt.Entry) bool {
+		for _, c := range ctl.Concurrency(e.Task) {
+			if freed[c.Key] > 0 {
+				freed[c.Key]--
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// wakeWaiting makes due now the rate-waiting entries wake picks, best
+// first.
+func (c *claimTable) wakeWaiting(now time.Time, wake func(preempt.Entry) bool) {
+	var waiting []preempt.Entry
+	for key, k := range c.keys {
+		if k.state != stateRateWaiting {
+			continue
+		}
+		if e, ok := c.heap.Entry(key); ok && e.At.After(now) {
+			waiting = append(waiting, e)
+		}
+	}
+	slices.SortFunc(waiting, func(a, b preempt.Entry) int {
+		if better(a, &b) {
+			return -1
+		}
+		return 1
+	})
+	for _, e := range waiting {
+		if wake(e) {
+			e.At = now
+			c.heap.Put(e)
+		}
+	}
+}
+
+// takeConcurrency takes one slot of each concurrency limit for holder's
+// run until its lease ends (until), and records the slots in the claim's
+// attempt entry of t. When a limit has no free slot it takes nothing and
+// returns *rateLimited with when to try again.
+func (r *claimRules) takeConcurrency(ctx context.Context, conc []control.Slots, t *task.Task, holder task.Holder, now, until time.Time) ([]task.LockParams, error) {
+	var held []task.LockParams
+	giveBack := func() {
+		for _, p := range held {
+			r.releaseLocks(p)
+			r.forgetSlots(p)
+		}
+	}
+	var keys []string
+	for _, c := range conc {
+		p, err := r.takeConcurrencySlot(ctx, c, holder, now, until)
+		if err != nil {
+			giveBack()
+			return nil, err
+		}
+		held = append(held, p)
+		keys = append(keys, p.Keys...)
+	}
+	if i := t.Entry(holder); i >= 0 {
+		t.Attempts[i].Slots = keys
+	}
+	return held, nil
+}
+
+func (r *claimRules) takeConcurrencySlot(ctx context.Context, c control.Slots, holder task.Holder, now, until time.Time) (task.LockParams, error) {
+	b := concurrencyBucket(c)
+	for _, i := range r.slots.free(b, now) {
+		p := task.LockParams{Namespace: task.LockConcurrency, Keys: []string{c.SlotKey(i)}, Holder: holder, Now: now, Until: until}
+		err := r.store.AcquireLocks(ctx, p)
+		var locked *task.LockedError
+		switch {
+		case err == nil:
+			r.slots.note(concurrencyTableKey(p.Keys[0]), until, now)
+			return p, nil
+		case errors.As(err, &locked):
+			r.slots.note(concurrencyTableKey(p.Keys[0]), locked.Until, now)
+		default:
+			return task.LockParams{}, err
+		}
+	}
+	return task.LockParams{}, &rateLimited{bucket: "concurrency " + c.Key, until: earliest(r.slots.earliest(b, now), now.Add(concurrencyRetry))}
+}
+
+// forgetSlots drops what the slot table knows of p's keys.
+func (r *claimRules) forgetSlots(p task.LockParams) {
+	if p.Namespace == task.LockConcurrency {
+		keys := make([]string, len(p.Keys))
+		for i, k := range p.Keys {
+			keys[i] = concurrencyTableKey(k)
+		}
+		r.slots.forget(keys)
+		return
+	}
+	r.slots.forget(p.Keys)
+}
+
+// releaseSlots frees the concurrency slots of holder's attempt of t.
+func (r *claimRules) releaseSlots(t *task.Task, holder task.Holder) {
+	if t == nil {
+		return
+	}
+	i := t.Entry(holder)
+	if i < 0 || len(t.Attempts[i].Slots) == 0 {
+		return
+	}
+	p := task.LockParams{Namespace: task.LockConcurrency, Keys: t.Attempts[i].Slots, Holder: holder, Now: r.store.Now()}
+	r.releaseLocks(p)
+	r.forgetSlots(p)
+}
+
+// known is when slot frees as last seen here, if known.
+func (s *slotTable) known(slot string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.until[slot]
+	return u, ok
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
