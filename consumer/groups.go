@@ -19,7 +19,8 @@ package consumer
 // Concurrency: a limited task holds one of the limit's N slot locks in
 // task.LockConcurrency with its lease, taken in the claim (claimRules),
 // recorded in its attempt (task.Attempt.Slots), extended by renewals and
-// freed by its finish, so a dead worker's slot frees at its lease's end.
+// freed once its outcome is written, so a dead worker's slot frees at its
+// lease's end and the history never shows more than N running.
 // A worker keeps back a due task whose slots it knows taken and wakes it
 // when it hears a task of the same limits end.
 
@@ -232,6 +233,12 @@ func (r *claimRules) takeConcurrency(ctx context.Context, conc []control.Slots, 
 	}
 	if i := t.Entry(holder); i >= 0 {
 		t.Attempts[i].Slots = keys
+		// Started once it holds its slots: the store's time now is after
+		// the slot's previous holder wrote its outcome (and ended_at), so
+		// the history shows a limit's runs one after another.
+		if at := r.store.Now(); at.After(t.Attempts[i].StartedAt) {
+			t.Attempts[i].StartedAt = at
+		}
 	}
 	return held, nil
 }
@@ -266,6 +273,19 @@ func (r *claimRules) forgetSlots(p task.LockParams) {
 		return
 	}
 	r.slots.forget(p.Keys)
+}
+
+// releaseSlotsAfter frees the concurrency slots of holder's attempt of t
+// once its outcome is written: a slot is free only when the store shows
+// its attempt over, so the attempt history never shows more running than
+// the limit, through crashes included. After a lost lease, or an outcome
+// not written, the slots run out at the lease's end instead, since the
+// attempt may still run elsewhere (the handler's last side effect).
+func (r *claimRules) releaseSlotsAfter(t *task.Task, holder task.Holder, outcome Outcome) {
+	switch outcome {
+	case OutcomeSucceeded, OutcomeRetried, OutcomeFailed, OutcomeSnoozed, OutcomeReleased, OutcomeCancelled, OutcomeTaskDone:
+		r.releaseSlots(t, holder)
+	}
 }
 
 // releaseSlots frees the concurrency slots of holder's attempt of t.

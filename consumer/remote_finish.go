@@ -128,7 +128,7 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 	if keys := ren.Doc().LockKeys; len(keys) > 0 {
 		rules.releaseLocks(task.LockParams{Keys: keys, Holder: h, Now: ended})
 	}
-	rules.releaseSlots(ren.Doc(), h) // groups.go
+	running := ren.Doc()
 	err = ren.Write(ctx, func(t *task.Task) error {
 		appendLog(t, h, o.Log, ended)
 		if o.Outcome == OutcomeSucceeded && len(o.Result) > 0 {
@@ -141,6 +141,7 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 	if err != nil {
 		return nil, "", err
 	}
+	rules.releaseSlots(running, h) // after the outcome: groups.go
 	doc := ren.Doc()
 	out := o.Outcome
 	if out == OutcomeFailed && !doc.State.Finished() {

@@ -205,9 +205,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 		now := c.store.Now()
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.heirs(keys, now)})
 	}
-	if settled != nil || !errors.Is(context.Cause(hctx), task.ErrLeaseLost) {
-		c.rules.releaseSlots(lease.Doc(), lease.Holder()) // groups.go
-	}
+	running := lease.Doc() // its entry names the concurrency slots held
 	outcome := OutcomeSucceeded
 	if settled != nil {
 		_ = lease.Observe(settled) // the newest document; it shows the attempt over
@@ -215,6 +213,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 	} else {
 		outcome = c.settle(hctx, lease, err, ended, log)
 	}
+	c.rules.releaseSlotsAfter(running, lease.Holder(), outcome) // groups.go
 	if span != nil {
 		span.SetAttributes(tracing.String("leasepool.outcome", string(outcome)))
 		switch outcome {
