@@ -235,10 +235,6 @@ func (e *jsonAppender) worker(w *task.Attempt) {
 		e.field(`ended_at`)
 		e.time(w.EndedAt)
 	}
-	if len(w.Slots) > 0 {
-		e.field(`slots`)
-		e.strs(w.Slots)
-	}
 	if w.Error != "" {
 		e.field(`error`)
 		e.str(w.Error)
@@ -258,6 +254,10 @@ func (e *jsonAppender) worker(w *task.Attempt) {
 	if w.OutputDropped {
 		e.field(`output_dropped`)
 		e.b = append(e.b, "true"...)
+	}
+	if len(w.Slots) > 0 {
+		e.field(`slots`)
+		e.strs(w.Slots)
 	}
 	e.raw('}')
 }

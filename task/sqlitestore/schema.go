@@ -203,9 +203,16 @@ const recordNamespace = `CASE WHEN kind IN ('schedule', 'schedule-cursor', 'devi
 // it: the candidate queries read only what may still run, however many
 // finished tasks the store keeps. It is read one priority at a time
 // (candidateSQL), each a range seek on next_claim_at.
+//
+// tasks_group serves a group's head (CandidateQuery.Group): partial on
+// tasks with a group, so ungrouped ones are never in it.
 var hotIndexes = `CREATE INDEX IF NOT EXISTS tasks_ready ON tasks (priority DESC, next_claim_at) WHERE ` + unfinished + `;
 CREATE INDEX IF NOT EXISTS tasks_finished_updated ON tasks (state, updated_at) WHERE ` + finished + `;
+CREATE INDEX IF NOT EXISTS tasks_group ON tasks (` + groupSQL + `, priority DESC, next_claim_at) WHERE ` + unfinished + ` AND ` + groupSQL + ` IS NOT NULL;
 `
+
+// groupSQL is a row's task group, from its document.
+const groupSQL = `json_extract(doc, '$.group')`
 
 // listIndexes serve List (version 6). An SQLite index ends with the
 // rowid, which is seq, so each keeps its matches in seq order: a page

@@ -72,6 +72,31 @@ func (s suite) groups(t *testing.T) {
 		t.Fatalf("candidates %v; want g1 with its group", keys(page))
 	}
 
+	// A group's head: Candidates with Group keeps that group's tasks.
+	for _, p := range []task.PublishParams{
+		{Key: "o1", Kind: "k", Options: task.Options{Group: "other"}},
+		{Key: "u1", Kind: "k"},
+		{Key: "g2", Kind: "k", Options: task.Options{Group: "acme", Priority: 1}},
+	} {
+		if _, _, err := task.Publish(ctx, st, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	later := st.Now().Add(time.Minute)
+	for _, q := range []task.CandidateQuery{{Ready: true, Now: later, Group: "acme", Limit: 10}, {Now: st.Now().Add(-time.Hour), Group: "acme", Limit: 10}} {
+		page, err := st.Candidates(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"g2", "g1"}
+		if !q.Ready {
+			want = []string{"g1", "g2"} // by claim time: g1 was published first
+		}
+		if got := keys(page); !slicesEqual(got, want) {
+			t.Fatalf("candidates of group acme (ready %v): %v; want %v", q.Ready, got, want)
+		}
+	}
+
 	// Slot locks: N holders at most; a key of a concurrency slot is not a
 	// task's lock key; a renewal by the holder extends it; a dead
 	// holder's lapses at its lease end; a release frees it.
@@ -105,4 +130,16 @@ func (s suite) groups(t *testing.T) {
 	if err := take(task.LockConcurrency, b, base.Add(2200*time.Millisecond), base.Add(time.Minute)); !errors.As(err, &le) {
 		t.Fatalf("b on a's slot again: %v, want LockedError", err)
 	}
+}
+
+func slicesEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
