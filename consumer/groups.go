@@ -53,7 +53,19 @@ type fairClock struct {
 	last   map[string]time.Time // group → its last start tag
 	tags   map[string]time.Time // task key → its start tag, while held here
 	bound  int
+	// seen is the groups heard of lately (offers), for topUp; drained
+	// holds those whose head read came back short until then.
+	seen      map[string]time.Time
+	drained   map[string]time.Time
+	lastTopUp time.Time
 }
+
+// maxTopUpGroups bounds the groups a worker tops its heap up with at
+// once: the ones heard of last.
+const maxTopUpGroups = 64
+
+// topUpInterval is how often topUp looks at the groups' shares of the heap.
+const topUpInterval = 50 * time.Millisecond
 
 // order is t's Order before any stand-by: its start tag when it has a
 // group (the same for the same key while known), else its publish time.
@@ -64,9 +76,14 @@ func (f *fairClock) order(t *task.Task, weight int, now time.Time) time.Time {
 		}
 		return t.CreatedAt
 	}
+	if f.seen == nil || len(f.seen) > 4*maxTopUpGroups {
+		f.seen, f.drained = map[string]time.Time{}, map[string]time.Time{}
+	}
+	f.seen[t.Group] = now
 	if tag, ok := f.tags[t.Key]; ok {
 		return tag
 	}
+	delete(f.drained, t.Group) // a new task: its head may be longer now
 	if f.last == nil || len(f.tags) > f.bound {
 		f.last, f.tags = map[string]time.Time{}, map[string]time.Time{}
 	}
@@ -113,6 +130,69 @@ func (s *scheduler) evictFair(t *task.Task, now time.Time) bool {
 		s.tab.forget(e.Key)
 	}
 	return ok
+}
+
+// topUp keeps one group's backlog from holding the others out of the
+// heap. The refill reads the store in claim-time order, so a heap full of
+// a backlog published first holds no task of a group published after it
+// (its tasks come in by their publish events, evicting the backlog's
+// last: evictFair, but not those published before this worker read).
+// While the store holds more than the heap (overflow), every
+// topUpInterval, the
+// groups heard of lately that hold less than half their share of the
+// heap (HeapSize × weight / the weights' sum) have their head read
+// (task.CandidateQuery.Group; this worker's share of it when it is one of
+// several) into it, in place of the entries ordered last.
+func (s *scheduler) topUp(ctx context.Context) {
+	f := &s.fair
+	if !s.overflow || len(f.seen) < 2 || time.Since(f.lastTopUp) < topUpInterval || s.tab.paging {
+		return
+	}
+	f.lastTopUp = time.Now()
+	now := s.store.Now()
+	held := map[string]int{}
+	s.heap.Each(func(e preempt.Entry) {
+		if e.Task != nil {
+			held[e.Task.Group]++
+		}
+	})
+	ctl := s.ctl.Load()
+	groups := make([]string, 0, len(f.seen))
+	for g, at := range f.seen {
+		if now.Sub(at) > time.Minute && held[g] == 0 {
+			delete(f.seen, g)
+			continue
+		}
+		groups = append(groups, g)
+	}
+	slices.SortFunc(groups, func(a, b string) int { return f.seen[b].Compare(f.seen[a]) })
+	groups = groups[:min(len(groups), maxTopUpGroups)]
+	sum := 0
+	for _, g := range groups {
+		sum += ctl.Weight(g)
+	}
+	for _, g := range groups {
+		share := s.cfg.HeapSize * ctl.Weight(g) / sum
+		if held[g] >= share/2 || now.Before(f.drained[g]) {
+			continue
+		}
+		// This worker's share of the group's head, as past the head of
+		// the whole queue (refill.go): tasks it is preferred for.
+		q := task.CandidateQuery{Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: true, Group: g, Share: s.share(), Limit: max(min(share, s.cfg.PageSize), 1)}
+		page, err := s.store.Candidates(ctx, q)
+		if err != nil {
+			return // the next refill tries again
+		}
+		for _, t := range page {
+			if !s.tab.state(t.Key).held() && s.full() && !s.evictFair(t, now) {
+				break
+			}
+			s.offer(t, now)
+		}
+		if len(page) < q.Limit {
+			f.drained[g] = now.Add(time.Second) // or until its next publish is heard
+		}
+	}
 }
 
 // concurrencyBucket is the slot table's view of a concurrency limit: its

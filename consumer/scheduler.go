@@ -163,6 +163,9 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 				refill = s.untilQueryDue()
 			}
 		}
+		if ready {
+			s.topUp(ctx) // groups.go
+		}
 		s.queued.Store(int64(s.heap.Len()))
 		timer.Reset(min(s.wait(), refill))
 		select {

@@ -38,11 +38,13 @@ func BenchmarkFairness(b *testing.B) {
 	}
 	bin := plainBinary(b)
 	for range b.N {
-		off := headOfLine(b, bin, backlog, false)
-		on := headOfLine(b, bin, backlog, true)
-		b.Logf("head-of-line, %d tasks of A then 100 of B, 1 worker process of 32 slots:", backlog)
-		b.Logf("  without groups: B start p50 %s p99 %s, %.0f tasks/s", off.p50, off.p99, off.rate)
-		b.Logf("  with groups:    B start p50 %s p99 %s, %.0f tasks/s (%.0f%% of without)", on.p50, on.p99, on.rate, 100*on.rate/off.rate)
+		if os.Getenv("FAIRNESS_ONLY") != "weights" {
+			off := headOfLine(b, bin, backlog, false)
+			on := headOfLine(b, bin, backlog, true)
+			b.Logf("head-of-line, %d tasks of A then 100 of B, 1 worker process of 32 slots:", backlog)
+			b.Logf("  without groups: B start p50 %s p99 %s, %.0f tasks/s", off.p50, off.p99, off.rate)
+			b.Logf("  with groups:    B start p50 %s p99 %s, %.0f tasks/s (%.0f%% of without)", on.p50, on.p99, on.rate, 100*on.rate/off.rate)
+		}
 		lo, hi, n := weights(b, bin)
 		b.Logf("weights 3:1, 4 worker processes of 16 slots: A's share of every window of 1,000 consecutive claims (%d windows): %.1f%% to %.1f%%", n, 100*lo, 100*hi)
 	}
@@ -215,6 +217,17 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 	for i, c := range claims {
 		if c.a {
 			end = i + 1
+		}
+	}
+	if os.Getenv("FAIRNESS_DEBUG") != "" {
+		for i := 0; i+1000 <= end; i += 2000 {
+			n := 0
+			for _, c := range claims[i : i+1000] {
+				if c.a {
+					n++
+				}
+			}
+			b.Logf("  claims %5d..: A %d/1000 at %s", i, n, claims[i].at.Sub(claims[0].at).Round(time.Millisecond))
 		}
 	}
 	// Every window: claims i to i+999, for each i.
