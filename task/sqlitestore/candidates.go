@@ -163,7 +163,8 @@ func candidateSQL(q task.CandidateQuery, cols string, priority, limit int) (stri
 	// INDEXED BY: without statistics the planner prefers the index on
 	// state, which reads every unfinished task and sorts them.
 	if q.Group != "" {
-		b.WriteString("SELECT " + cols + " FROM tasks INDEXED BY tasks_group WHERE " + unfinished + " AND " + groupSQL + " IS NOT NULL AND " + groupSQL + " = ? AND priority = ?")
+		// No index on the group: see hotIndexes.
+		b.WriteString("SELECT " + cols + " FROM tasks INDEXED BY tasks_ready WHERE " + unfinished + " AND " + groupSQL + " = ? AND priority = ?")
 		args = append(args, q.Group, priority)
 	} else {
 		b.WriteString("SELECT " + cols + " FROM tasks INDEXED BY tasks_ready WHERE " + unfinished + " AND priority = ?")

@@ -29,7 +29,7 @@ const ReservedPrefix = "leasepool_"
 // or drops them).
 var ReservedNames = []string{
 	"tasks", "changes", "task_counts", "locks", "lock_lines", "workers", "documents", "clock",
-	"tasks_ready", "tasks_group", "tasks_finished_updated", "tasks_state_seq", "tasks_kind_seq", "lock_lines_rank",
+	"tasks_ready", "tasks_finished_updated", "tasks_state_seq", "tasks_kind_seq", "lock_lines_rank",
 	"records", "changes_v9", "locks_v11", "lock_lines_v11",
 	"tasks_state_next_claim", "tasks_state_priority", "tasks_state_updated", "tasks_due", "tasks_kind_state_seq",
 }

@@ -204,11 +204,14 @@ const recordNamespace = `CASE WHEN kind IN ('schedule', 'schedule-cursor', 'devi
 // finished tasks the store keeps. It is read one priority at a time
 // (candidateSQL), each a range seek on next_claim_at.
 //
-// tasks_group serves a group's head (CandidateQuery.Group): partial on
-// tasks with a group, so ungrouped ones are never in it.
+// A group's head (CandidateQuery.Group) has no index: it is read along
+// tasks_ready, matching the group in each row's document (groupSQL), on
+// the read connection. An index on the group would be written on every
+// write of a document (SQLite cannot tell an expression's value kept), in
+// the writer goroutine; a worker reads a group's head only when the group
+// is short in its heap, and at most once a second while it is drained.
 var hotIndexes = `CREATE INDEX IF NOT EXISTS tasks_ready ON tasks (priority DESC, next_claim_at) WHERE ` + unfinished + `;
 CREATE INDEX IF NOT EXISTS tasks_finished_updated ON tasks (state, updated_at) WHERE ` + finished + `;
-CREATE INDEX IF NOT EXISTS tasks_group ON tasks (` + groupSQL + `, priority DESC, next_claim_at) WHERE ` + unfinished + ` AND ` + groupSQL + ` IS NOT NULL;
 `
 
 // groupSQL is a row's task group, from its document.
