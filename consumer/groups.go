@@ -58,6 +58,9 @@ type fairClock struct {
 	seen      map[string]time.Time
 	drained   map[string]time.Time
 	lastTopUp time.Time
+	// maxTag is the latest tag given: a task tagged after it finds no
+	// grouped entry to take the place of.
+	maxTag time.Time
 }
 
 // maxTopUpGroups bounds the groups a worker tops its heap up with at
@@ -70,18 +73,25 @@ const topUpInterval = 50 * time.Millisecond
 // order is t's Order before any stand-by: its start tag when it has a
 // group (the same for the same key while known), else its publish time.
 func (f *fairClock) order(t *task.Task, weight int, now time.Time) time.Time {
+	tag, _ := f.tag(t, weight, now, true)
+	return tag
+}
+
+// tag is t's start tag and whether it is new; kept only when keep is set
+// (a task the heap may have no room for must not move its group's clock).
+func (f *fairClock) tag(t *task.Task, weight int, now time.Time, keep bool) (time.Time, bool) {
 	if t.Group == "" {
 		if t.CreatedAt.IsZero() {
-			return now
+			return now, false
 		}
-		return t.CreatedAt
+		return t.CreatedAt, false
 	}
 	if f.seen == nil || len(f.seen) > 4*maxTopUpGroups {
 		f.seen, f.drained = map[string]time.Time{}, map[string]time.Time{}
 	}
 	f.seen[t.Group] = now
 	if tag, ok := f.tags[t.Key]; ok {
-		return tag
+		return tag, false
 	}
 	delete(f.drained, t.Group) // a new task: its head may be longer now
 	if f.last == nil || len(f.tags) > f.bound {
@@ -95,8 +105,13 @@ func (f *fairClock) order(t *task.Task, weight int, now time.Time) time.Time {
 		tag = l
 	}
 	tag = tag.Add(fairStep / time.Duration(max(weight, 1)))
-	f.last[t.Group], f.tags[t.Key] = tag, tag
-	return tag
+	if keep {
+		f.last[t.Group], f.tags[t.Key] = tag, tag
+		if tag.After(f.maxTag) {
+			f.maxTag = tag
+		}
+	}
+	return tag, true
 }
 
 // popped advances the virtual time to a dispatched entry's tag.
@@ -125,7 +140,11 @@ func (s *scheduler) evictFair(t *task.Task, now time.Time) bool {
 	if t.Group == "" {
 		return false
 	}
-	e, ok := s.heap.EvictOrderAfter(t.Priority, s.fairOrder(t, now))
+	tag, _ := s.fair.tag(t, s.ctl.Load().Weight(t.Group), now, false)
+	if !tag.Before(s.fair.maxTag) {
+		return false // a backlog's own next task: nothing held is ordered later
+	}
+	e, ok := s.heap.EvictOrderAfter(t.Priority, tag)
 	if ok {
 		s.tab.forget(e.Key)
 	}
