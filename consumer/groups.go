@@ -68,7 +68,7 @@ type fairClock struct {
 const maxTopUpGroups = 64
 
 // topUpInterval is how often topUp looks at the groups' shares of the heap.
-const topUpInterval = 50 * time.Millisecond
+const topUpInterval = 20 * time.Millisecond
 
 // order is t's Order before any stand-by: its start tag when it has a
 // group (the same for the same key while known), else its publish time.
@@ -161,7 +161,9 @@ func (s *scheduler) evictFair(t *task.Task, now time.Time) bool {
 // groups heard of lately that hold less than half their share of the
 // heap (HeapSize × weight / the weights' sum) have their head read
 // (task.CandidateQuery.Group; this worker's share of it when it is one of
-// several) into it, in place of the entries ordered last.
+// several) into it up to their share, in place of the entries ordered
+// last: a group drained faster than the pages bring it (a weight of 3
+// against 1 in batches published alike) is kept in the heap.
 func (s *scheduler) topUp(ctx context.Context) {
 	f := &s.fair
 	if !s.overflow || len(f.seen) < 2 || time.Since(f.lastTopUp) < topUpInterval || s.tab.paging {
@@ -197,7 +199,7 @@ func (s *scheduler) topUp(ctx context.Context) {
 		}
 		// This worker's share of the group's head, as past the head of
 		// the whole queue (refill.go): tasks it is preferred for.
-		q := task.CandidateQuery{Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: true, Group: g, Share: s.share(), Limit: max(min(share, s.cfg.PageSize), 1)}
+		q := task.CandidateQuery{Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: true, Group: g, Share: s.share(), Limit: max(share-held[g], 1)}
 		page, err := s.store.Candidates(ctx, q)
 		if err != nil {
 			return // the next refill tries again

@@ -26,11 +26,14 @@ import (
 //     groups and with;
 //   - weights: A (weight 3) and B (weight 1) both backlogged on four
 //     worker processes: A's share of every window of 1,000 consecutive
-//     claims, by start time, while A had tasks left (the lowest and
-//     highest).
+//     claims, by start time, while both had a window's worth left (the
+//     lowest and highest).
 //
 // Run: go test ./tests -run '^$' -bench Fairness -benchtime 1x
-// (FAIRNESS_BACKLOG sets A's backlog, 100000 by default).
+// (FAIRNESS_BACKLOG sets A's backlog, 100000 by default;
+// FAIRNESS_ONLY=hol or weights runs one part; FAIRNESS_WEIGHT_PROCS
+// spreads the 64 slots of the weights run over other than 4 processes;
+// FAIRNESS_DEBUG prints A's share along the weights run).
 func BenchmarkFairness(b *testing.B) {
 	backlog := 100_000
 	if v := os.Getenv("FAIRNESS_BACKLOG"); v != "" {
@@ -41,15 +44,15 @@ func BenchmarkFairness(b *testing.B) {
 		if os.Getenv("FAIRNESS_ONLY") != "weights" {
 			off := headOfLine(b, bin, backlog, false)
 			on := headOfLine(b, bin, backlog, true)
-			b.Logf("head-of-line, %d tasks of A then 100 of B, 1 worker process of 32 slots:", backlog)
-			b.Logf("  without groups: B start p50 %s p99 %s, %.0f tasks/s", off.p50, off.p99, off.rate)
-			b.Logf("  with groups:    B start p50 %s p99 %s, %.0f tasks/s (%.0f%% of without)", on.p50, on.p99, on.rate, 100*on.rate/off.rate)
+			fmt.Printf("head-of-line, %d tasks of A then 100 of B, 1 worker process of 32 slots:\n", backlog)
+			fmt.Printf("  without groups: B start p50 %s p99 %s, %.0f tasks/s\n", off.p50, off.p99, off.rate)
+			fmt.Printf("  with groups:    B start p50 %s p99 %s, %.0f tasks/s (%.0f%% of without)\n", on.p50, on.p99, on.rate, 100*on.rate/off.rate)
 		}
 		if os.Getenv("FAIRNESS_ONLY") == "hol" {
 			continue
 		}
 		lo, hi, n := weights(b, bin)
-		b.Logf("weights 3:1, 4 worker processes of 16 slots: A's share of every window of 1,000 consecutive claims (%d windows): %.1f%% to %.1f%%", n, 100*lo, 100*hi)
+		fmt.Printf("weights 3:1, 64 slots over $FAIRNESS_WEIGHT_PROCS (4) worker processes: A's share of every window of 1,000 consecutive claims (%d windows): %.1f%% to %.1f%%\n", n, 100*lo, 100*hi)
 	}
 }
 
@@ -204,7 +207,12 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 		publishBatches(b, ctx, st, as[i:i+1000])
 		publishBatches(b, ctx, st, bs[i:i+1000])
 	}
-	benchWorkers(b, bin, "sqlite:"+path, 4, 16)
+	procs, slots := 4, 16
+	if v := os.Getenv("FAIRNESS_WEIGHT_PROCS"); v != "" {
+		fmt.Sscan(v, &procs)
+		slots = 64 / procs
+	}
+	benchWorkers(b, bin, "sqlite:"+path, procs, slots)
 	all := waitAll(b, ctx, st, 2*each)
 	type claim struct {
 		at time.Time
@@ -215,11 +223,15 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 		claims = append(claims, claim{t.Attempts[len(t.Attempts)-1].StartedAt, t.Group == "A"})
 	}
 	slices.SortFunc(claims, func(x, y claim) int { return x.at.Compare(y.at) })
-	// Until A's backlog ran out: past it B runs alone.
-	end := 0
+	// While both are backlogged: until fewer than a window's 1,000 of A's
+	// tasks are left to claim (past it B runs alone).
+	end, left := 0, each
 	for i, c := range claims {
 		if c.a {
-			end = i + 1
+			if left--; left < 1000 {
+				end = i + 1
+				break
+			}
 		}
 	}
 	if os.Getenv("FAIRNESS_DEBUG") != "" {
@@ -230,7 +242,7 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 					n++
 				}
 			}
-			b.Logf("  claims %5d..: A %d/1000 at %s", i, n, claims[i].at.Sub(claims[0].at).Round(time.Millisecond))
+			fmt.Printf("  claims %5d..: A %d/1000 at %s\n", i, n, claims[i].at.Sub(claims[0].at).Round(time.Millisecond))
 		}
 	}
 	// Every window: claims i to i+999, for each i.
