@@ -233,7 +233,7 @@ func TestBadInput(t *testing.T) {
 		{"PUT", "/api/v1/limits", `{"scope":"kind","name":"mail","rate":"ten"}`, "rate: "},
 		{"PUT", "/api/v1/limits", `{"scope":"kind","name":"mail","rate":"0/1s"}`, "rate: limit kind:mail: N must be 1 to"},
 		{"PUT", "/api/v1/limits", `{"scope":"kind","name":"mail"}`, "rate: "},
-		{"PUT", "/api/v1/limits", `{"scope":"all","rate":"2/1s"}`, "scope: a limit applies to a kind or a lock key"},
+		{"PUT", "/api/v1/limits", `{"scope":"all","rate":"2/1s"}`, "scope: a limit applies to a kind, a lock key or a group, not all"},
 		{"PUT", "/api/v1/limits", `{"scope":"kind","rate":"2/1s"}`, "name: kind: must not be empty"},
 		{"DELETE", "/api/v1/limits?scope=kind&name=", "", "name: kind: must not be empty"},
 	} {
