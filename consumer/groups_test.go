@@ -106,62 +106,70 @@ func TestGroupsWeights(t *testing.T) {
 }
 
 // TestGroupsConcurrency: a group limited to 3 never runs more than 3 at
-// once on two workers of 8 slots each, and another group is not held up
-// by it.
+// once on two workers of 8 slots each, on each backend, and another
+// group is not held up by it; the slots are recorded and given back.
 func TestGroupsConcurrency(t *testing.T) {
-	e := setup(t)
-	ctx := context.Background()
-	if err := control.SetLimit(ctx, e.store, control.Limit{Target: control.Group("a"), Concurrency: 3}); err != nil {
-		t.Fatal(err)
-	}
-	var running, most atomic.Int64
-	h := func(ctx context.Context, job *consumer.Job) error {
-		if job.Task.Group == "a" {
-			n := running.Add(1)
-			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+	eachBackend(t, func(t *testing.T, e *env, st task.Store, another func() task.Store, _ string) {
+		ctx := context.Background()
+		if err := control.SetLimit(ctx, st, control.Limit{Target: control.Group("a"), Concurrency: 3}); err != nil {
+			t.Fatal(err)
+		}
+		var running, most atomic.Int64
+		h := func(ctx context.Context, job *consumer.Job) error {
+			if job.Task.Group == "a" {
+				n := running.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				defer running.Add(-1)
 			}
-			defer running.Add(-1)
-		}
-		select {
-		case <-time.After(20 * time.Millisecond):
-		case <-ctx.Done():
-		}
-		return nil
-	}
-	e.worker("w1", h, concurrency(8))
-	e.worker("w2", h, concurrency(8), onStore(e.open()))
-	e.awaitControls("w1", 0, 1)
-	e.awaitControls("w2", 0, 1)
-	var ps []task.PublishParams
-	for i := range 60 {
-		ps = append(ps, params(fmt.Sprintf("a-%02d", i), group("a")))
-	}
-	for i := range 20 {
-		ps = append(ps, params(fmt.Sprintf("b-%02d", i), group("b")))
-	}
-	e.publishAll(ps)
-	testutil.Eventually(t, time.Minute, "every task done", func() bool {
-		for _, k := range ps {
-			if e.get(k.Key).State != task.StateSucceeded {
-				return false
+			select {
+			case <-time.After(20 * time.Millisecond):
+			case <-ctx.Done():
 			}
+			return nil
 		}
-		return true
-	})
-	if m := most.Load(); m > 3 {
-		t.Fatalf("%d tasks of group a ran at once; the limit is 3", m)
-	}
-	// The slots are recorded in each attempt and were all given back.
-	doc := e.get("a-00")
-	if len(doc.Attempts) != 1 || len(doc.Attempts[0].Slots) != 1 {
-		t.Fatalf("a-00 attempts %+v; want one with one slot", doc.Attempts)
-	}
-	// Each is freed just after its outcome's write.
-	for i := range 3 {
-		key := fmt.Sprintf("group:a#%d", i)
-		testutil.Eventually(t, waitLong, "slot "+key+" freed", func() bool {
-			now := e.store.Now()
-			return e.store.AcquireLocks(ctx, task.LockParams{Namespace: task.LockConcurrency, Keys: []string{key}, Holder: task.Holder{TaskKey: "probe", WorkerID: "probe"}, Now: now, Until: now.Add(time.Second)}) == nil
+		e.worker("w1", h, concurrency(8), onStore(st))
+		e.worker("w2", h, concurrency(8), onStore(another()))
+		e.awaitControls("w1", 0, 1)
+		e.awaitControls("w2", 0, 1)
+		var ps []task.PublishParams
+		for i := range 60 {
+			ps = append(ps, params(fmt.Sprintf("a-%02d", i), group("a")))
+		}
+		for i := range 20 {
+			ps = append(ps, params(fmt.Sprintf("b-%02d", i), group("b")))
+		}
+		if _, err := task.PublishMany(ctx, st, ps); err != nil {
+			t.Fatal(err)
+		}
+		get := func(key string) *task.Task {
+			doc, err := st.Get(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return doc
+		}
+		testutil.Eventually(t, time.Minute, "every task done", func() bool {
+			for _, p := range ps {
+				if get(p.Key).State != task.StateSucceeded {
+					return false
+				}
+			}
+			return true
 		})
-	}
+		if m := most.Load(); m > 3 {
+			t.Fatalf("%d tasks of group a ran at once; the limit is 3", m)
+		}
+		if doc := get("a-00"); len(doc.Attempts) != 1 || len(doc.Attempts[0].Slots) != 1 {
+			t.Fatalf("a-00 attempts %+v; want one with one slot", doc.Attempts)
+		}
+		// Each is freed just after its outcome's write.
+		for i := range 3 {
+			key := fmt.Sprintf("group:a#%d", i)
+			testutil.Eventually(t, waitLong, "slot "+key+" freed", func() bool {
+				now := st.Now()
+				return st.AcquireLocks(ctx, task.LockParams{Namespace: task.LockConcurrency, Keys: []string{key}, Holder: task.Holder{TaskKey: "probe", WorkerID: "probe"}, Now: now, Until: now.Add(time.Second)}) == nil
+			})
+		}
+	})
 }
