@@ -355,7 +355,11 @@ func (r *claimRules) takeConcurrencySlot(ctx context.Context, c control.Slots, h
 			r.slots.note(concurrencyTableKey(p.Keys[0]), until, now)
 			return p, nil
 		case errors.As(err, &locked):
-			r.slots.note(concurrencyTableKey(p.Keys[0]), locked.Until, now)
+			// Known taken for a moment only: a holder's slot frees at its
+			// finish, long before its lease ends, and a process that
+			// hears of no finish (a serve answering remote workers, or a
+			// peer's finish through another serve) asks the store again.
+			r.slots.note(concurrencyTableKey(p.Keys[0]), earliest(locked.Until, now.Add(concurrencyRetry)), now)
 		default:
 			return task.LockParams{}, err
 		}

@@ -124,7 +124,7 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 	}
 	// Locks before the outcome, whose change event wakes their waiters
 	// (as run does); slots are never given back early.
-	rules := claimRules{store: r.cfg.Store, logger: r.cfg.Logger, slots: &slotTable{}}
+	rules := claimRules{store: r.cfg.Store, logger: r.cfg.Logger, slots: &r.slots}
 	if keys := ren.Doc().LockKeys; len(keys) > 0 {
 		rules.releaseLocks(task.LockParams{Keys: keys, Holder: h, Now: ended})
 	}
