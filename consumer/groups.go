@@ -166,7 +166,24 @@ func (s *scheduler) evictFair(t *task.Task, now time.Time) bool {
 // against 1 in batches published alike) is kept in the heap.
 func (s *scheduler) topUp(ctx context.Context) {
 	f := &s.fair
-	if !s.overflow || len(f.seen) < 2 || time.Since(f.lastTopUp) < topUpInterval || s.tab.paging {
+	if !s.overflow || time.Since(f.lastTopUp) < topUpInterval || s.tab.paging {
+		return
+	}
+	ctl := s.ctl.Load()
+	if ctl != nil {
+		// A group with a limit or weight is known before any of its tasks
+		// is heard of: a worker reading another's backlog first looks for
+		// it all the same.
+		for _, l := range ctl.Limits {
+			if _, ok := f.seen[l.Target.Name]; l.Target.Scope == control.ScopeGroup && !ok && len(f.seen) < maxTopUpGroups {
+				if f.seen == nil {
+					f.seen, f.drained = map[string]time.Time{}, map[string]time.Time{}
+				}
+				f.seen[l.Target.Name] = time.Time{}
+			}
+		}
+	}
+	if len(f.seen) < 2 {
 		return
 	}
 	f.lastTopUp = time.Now()
@@ -177,10 +194,9 @@ func (s *scheduler) topUp(ctx context.Context) {
 			held[e.Task.Group]++
 		}
 	})
-	ctl := s.ctl.Load()
 	groups := make([]string, 0, len(f.seen))
 	for g, at := range f.seen {
-		if now.Sub(at) > time.Minute && held[g] == 0 {
+		if !at.IsZero() && now.Sub(at) > time.Minute && held[g] == 0 {
 			delete(f.seen, g)
 			continue
 		}
