@@ -226,7 +226,13 @@ func (s *scheduler) topUp(ctx context.Context) {
 			}
 			s.offer(t, now)
 		}
-		if len(page) < q.Limit {
+		switch {
+		case len(page) == 0:
+			// Nothing ready: not read again before its next publish is
+			// heard (or half a minute): on SQLite the read scans the
+			// backlog ahead of it.
+			f.drained[g] = now.Add(30 * time.Second)
+		case len(page) < q.Limit:
 			f.drained[g] = now.Add(time.Second) // or until its next publish is heard
 		}
 	}

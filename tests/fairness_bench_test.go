@@ -20,10 +20,11 @@ import (
 // worker` processes (built without the race detector) sharing one
 // store file, with tasks of the sleep kind that sleep 1 ms:
 //
-//   - head-of-line: tenant A publishes 100,000 tasks, then tenant B 100,
-//     with and without groups: B's publish-to-start p50 and p99 while A's
-//     backlog drains, and the throughput of the whole run, without
-//     groups and with;
+//   - head-of-line: tenant A publishes 100,000 tasks, a worker starts,
+//     and once it ran 1,000 of them tenant B publishes 100, with and
+//     without groups: B's publish-to-start p50 and p99 while A's backlog
+//     drains, and the throughput of the whole run, without groups and
+//     with;
 //   - weights: A (weight 3) and B (weight 1) both backlogged on four
 //     worker processes: A's share of every window of 1,000 consecutive
 //     claims, by start time, while both had a window's worth left (the
@@ -110,8 +111,8 @@ func publishBatches(b *testing.B, ctx context.Context, st task.Store, ps []task.
 	}
 }
 
-// waitAll waits until n tasks succeeded and returns them all.
-func waitAll(b *testing.B, ctx context.Context, st task.Store, n int) []*task.Task {
+// waitAll waits until n tasks succeeded and, with list, returns them all.
+func waitAll(b *testing.B, ctx context.Context, st task.Store, n int, list bool) []*task.Task {
 	for {
 		c, err := st.Stats(ctx)
 		if err != nil {
@@ -125,6 +126,9 @@ func waitAll(b *testing.B, ctx context.Context, st task.Store, n int) []*task.Ta
 			b.Fatalf("%d of %d tasks succeeded before the deadline", c.ByState()[task.StateSucceeded], n)
 		case <-time.After(250 * time.Millisecond):
 		}
+	}
+	if !list {
+		return nil
 	}
 	var all []*task.Task
 	q := task.ListQuery{Limit: 5000}
@@ -159,10 +163,12 @@ func headOfLine(b *testing.B, bin string, backlog int, groups bool) holResult {
 	if groups {
 		ga, gb = "A", "B"
 	}
-	benchWorkers(b, bin, "sqlite:"+path, 1, 32)
+	// A's backlog is in the store, and draining, when B publishes.
 	publishBatches(b, ctx, st, sleepTasks("a", ga, backlog))
+	benchWorkers(b, bin, "sqlite:"+path, 1, 32)
+	waitAll(b, ctx, st, min(1000, backlog/10), false)
 	publishBatches(b, ctx, st, sleepTasks("b", gb, 100))
-	all := waitAll(b, ctx, st, backlog+100)
+	all := waitAll(b, ctx, st, backlog+100, true)
 	var waits []time.Duration
 	var first, last time.Time
 	for _, t := range all {
@@ -213,7 +219,7 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 		slots = 64 / procs
 	}
 	benchWorkers(b, bin, "sqlite:"+path, procs, slots)
-	all := waitAll(b, ctx, st, 2*each)
+	all := waitAll(b, ctx, st, 2*each, true)
 	type claim struct {
 		at time.Time
 		a  bool
