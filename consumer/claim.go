@@ -2,8 +2,8 @@ package consumer
 
 // The claim rules a Go worker and a remote one (RemoteWorkers) claim by:
 // one decision on the document the claim writes (preempt.Decide), the
-// pauses, the rate limits' slots and the lock keys, then the claim in
-// the same compare-and-set.
+// pauses, the rate limits' slots, the concurrency limits' slots (groups.go)
+// and the lock keys, then the claim in the same compare-and-set.
 
 import (
 	"context"
@@ -55,7 +55,7 @@ type claimTry struct {
 func (ct *claimTry) free() {
 	for _, p := range ct.held {
 		ct.r.releaseLocks(p)
-		ct.r.slots.forget(p.Keys)
+		ct.r.forgetSlots(p)
 	}
 	ct.held = nil
 }
@@ -106,6 +106,14 @@ func (ct *claimTry) claim(t *task.Task) error {
 			return err
 		}
 		ct.held = append(ct.held, slots...)
+	}
+	if conc := ctl.Concurrency(t); len(conc) > 0 {
+		held, err := r.takeConcurrency(ct.ctx, conc, t, ct.holder, now, t.Attempts[len(t.Attempts)-1].LeaseUntil)
+		if err != nil {
+			ct.free()
+			return err
+		}
+		ct.held = append(ct.held, held...)
 	}
 	if len(t.LockKeys) > 0 {
 		// In line: across workers the keys go to waiting tasks by

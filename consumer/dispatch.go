@@ -133,6 +133,7 @@ func (s *scheduler) release(instant bool) {
 // key busy here holds it back (aside, or let go: see letAside).
 func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	ctl := s.ctl.Load()
+	s.fair.popped(e) // groups.go
 	if _, paused := ctl.Paused(e.Task); paused {
 		if s.asideFull() {
 			s.tab.LetGo(e.Key, nil, claimtab.LetGoPaused)
@@ -146,7 +147,7 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 		return
 	}
 	rate, ok := s.rateGate(e, ctl)
-	if !ok {
+	if !ok || !s.concurrencyGate(e, ctl) {
 		return
 	}
 	var keys []string

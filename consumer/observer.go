@@ -24,7 +24,9 @@ type Observer interface {
 
 // ClaimEvent describes a claim this worker wrote.
 type ClaimEvent struct {
-	Kind    string
+	Kind string
+	// Group is the task's group, empty when it has none.
+	Group   string
 	Attempt int
 	// Wait is how long the task had been claimable: the claim time (store
 	// clock) minus the latest of its created_at, its run_at and the end of
@@ -63,7 +65,9 @@ const (
 
 // FinishEvent describes the end of an attempt this worker claimed.
 type FinishEvent struct {
-	Kind    string
+	Kind string
+	// Group is the task's group, empty when it has none.
+	Group   string
 	Attempt int
 	Outcome Outcome
 	// Started reports whether the handler ran: false when the claim landed

@@ -124,10 +124,11 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 	}
 	// Locks before the outcome, whose change event wakes their waiters
 	// (as run does); slots are never given back early.
+	rules := claimRules{store: r.cfg.Store, logger: r.cfg.Logger, slots: &r.slots}
 	if keys := ren.Doc().LockKeys; len(keys) > 0 {
-		rules := claimRules{store: r.cfg.Store, logger: r.cfg.Logger}
 		rules.releaseLocks(task.LockParams{Keys: keys, Holder: h, Now: ended})
 	}
+	running := ren.Doc()
 	err = ren.Write(ctx, func(t *task.Task) error {
 		appendLog(t, h, o.Log, ended)
 		if o.Outcome == OutcomeSucceeded && len(o.Result) > 0 {
@@ -140,6 +141,7 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 	if err != nil {
 		return nil, "", err
 	}
+	rules.releaseSlots(running, h) // after the outcome: groups.go
 	doc := ren.Doc()
 	out := o.Outcome
 	if out == OutcomeFailed && !doc.State.Finished() {

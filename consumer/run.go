@@ -161,11 +161,12 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 		// The claim took about as long as the lease (a store outage): a
 		// peer may claim it any moment, so do not start.
 		c.leaseLost.Add(1)
-		c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Attempt: attempt, Outcome: OutcomeLeaseLost})
+		c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Group: doc.Group, Attempt: attempt, Outcome: OutcomeLeaseLost})
 		c.logger.Warn("claim landed after its lease ended; not starting", slog.String("task", doc.Key), slog.Int("attempt", attempt))
 		if keys := doc.LockKeys; len(keys) > 0 {
 			c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 		}
+		c.rules.releaseSlots(doc, lease.Holder())
 		return doc
 	}
 	tctx, span := tracing.StartRun(c.handlerCtx, tracing.Run{
@@ -204,6 +205,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 		now := c.store.Now()
 		c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder(), Now: now, Heirs: c.locks.Heirs(keys, now)})
 	}
+	running := lease.Doc() // its entry names the concurrency slots held
 	outcome := OutcomeSucceeded
 	if settled != nil {
 		_ = lease.Observe(settled) // the newest document; it shows the attempt over
@@ -211,6 +213,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 	} else {
 		outcome = c.settle(hctx, lease, err, ended, log)
 	}
+	c.rules.releaseSlotsAfter(running, lease.Holder(), outcome) // groups.go
 	if span != nil {
 		span.SetAttributes(tracing.String("leasepool.outcome", string(outcome)))
 		switch outcome {
@@ -219,7 +222,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 		}
 		span.End(err)
 	}
-	c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Attempt: attempt, Outcome: outcome, Started: true, Duration: took})
+	c.cfg.Observer.Finished(FinishEvent{Kind: doc.Kind, Group: doc.Group, Attempt: attempt, Outcome: outcome, Started: true, Duration: took})
 	return lease.Doc()
 }
 
@@ -229,7 +232,7 @@ func (ct *claimTry) wait() time.Duration { return max(ct.claimedAt.Sub(ct.readyA
 // observeClaim tells the observer of the claim try wrote.
 func (c *Consumer) observeClaim(doc *task.Task, try *claimTry) {
 	c.cfg.Observer.Claimed(ClaimEvent{
-		Kind: doc.Kind, Attempt: try.holder.Attempt,
+		Kind: doc.Kind, Group: doc.Group, Attempt: try.holder.Attempt,
 		Wait: try.wait(), TakenOver: try.takenOver,
 	})
 }

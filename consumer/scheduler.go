@@ -90,6 +90,8 @@ type scheduler struct {
 	// task among them.
 	peers   *atomic.Pointer[preempt.Peers]
 	standBy *standby.Ranker
+	// fair orders grouped tasks by their share (groups.go).
+	fair fairClock
 }
 
 // scheduleInputs are what wakes the scheduler.
@@ -160,6 +162,9 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 				// store's ready backlog would wait for the safety net.
 				refill = s.untilQueryDue()
 			}
+		}
+		if ready {
+			s.topUp(ctx) // groups.go
 		}
 		s.queued.Store(int64(s.tab.HeapLen()))
 		timer.Reset(min(s.wait(), refill))
@@ -267,10 +272,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	// it is preferred for, and a task retried or taken over still comes
 	// before those published after it.
 	delay := s.standBy.Delay(t, now)
-	order := t.CreatedAt
-	if order.IsZero() {
-		order = at
-	}
+	order := s.fairOrder(t, at) // groups.go
 	s.tab.Place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
 }
 
@@ -284,6 +286,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 	}
 	now := s.store.Now()
 	s.standBy.NoteLag(ev, now)
+	s.concurrencyEnded(t, now) // groups.go
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.tab.WakeOne(k, now)
@@ -303,7 +306,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 		if t.State.Finished() || !s.wants(t) {
 			return
 		}
-		if !s.tab.EvictBelow(t.Priority) && !s.evictLater(t, now) {
+		if !s.tab.EvictBelow(t.Priority) && !s.evictLater(t, now) && !s.evictFair(t, now) {
 			return
 		}
 	}
@@ -339,7 +342,7 @@ func (s *scheduler) onResult(r attemptResult) {
 		// again, this worker's turn comes after its stand-by as for any
 		// offer, or every worker that lost the race would try at once.
 		delay := s.standBy.Delay(retry.Task, now)
-		retry.At, retry.Order = retry.At.Add(delay), retry.Task.CreatedAt.Add(delay)
+		retry.At, retry.Order = retry.At.Add(delay), s.fairOrder(retry.Task, now).Add(delay)
 	}
 	if retry != nil {
 		s.tab.Queue(*retry)

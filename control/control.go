@@ -39,9 +39,10 @@ const (
 type Scope string
 
 const (
-	ScopeAll  Scope = "all"  // every task
-	ScopeKind Scope = "kind" // tasks of one kind
-	ScopeLock Scope = "lock" // tasks taking one lock key; a name ending in * is a prefix pattern
+	ScopeAll   Scope = "all"   // every task
+	ScopeKind  Scope = "kind"  // tasks of one kind
+	ScopeLock  Scope = "lock"  // tasks taking one lock key; a name ending in * is a prefix pattern
+	ScopeGroup Scope = "group" // tasks of one group (task.Options.Group)
 )
 
 // Target is what a pause or a limit applies to.
@@ -60,7 +61,11 @@ func Kind(kind string) Target { return Target{Scope: ScopeKind, Name: kind} }
 // ending in "*" targets every key with that prefix ("device:*").
 func Lock(key string) Target { return Target{Scope: ScopeLock, Name: key} }
 
-// String is the target's stored id: "all", "kind:NAME" or "lock:KEY".
+// Group targets the tasks of group (a tenant).
+func Group(group string) Target { return Target{Scope: ScopeGroup, Name: group} }
+
+// String is the target's stored id: "all", "kind:NAME", "lock:KEY" or
+// "group:NAME".
 func (t Target) String() string {
 	if t.Scope == ScopeAll {
 		return string(ScopeAll)
@@ -76,7 +81,7 @@ func ParseTarget(s string) (Target, error) {
 	scope, name, ok := strings.Cut(s, ":")
 	t := Target{Scope: Scope(scope), Name: name}
 	if !ok {
-		return Target{}, fmt.Errorf("%w: target %q: want all, kind:NAME or lock:KEY", task.ErrInvalid, s)
+		return Target{}, fmt.Errorf("%w: target %q: want all, kind:NAME, lock:KEY or group:NAME", task.ErrInvalid, s)
 	}
 	return t, t.Validate()
 }
@@ -89,10 +94,10 @@ func (t Target) Validate() error {
 			return fmt.Errorf("%w: target all takes no name", task.ErrInvalid)
 		}
 		return nil
-	case ScopeKind, ScopeLock:
+	case ScopeKind, ScopeLock, ScopeGroup:
 		return task.ValidateName(string(t.Scope), t.Name)
 	}
-	return fmt.Errorf("%w: target scope %q: want all, kind or lock", task.ErrInvalid, t.Scope)
+	return fmt.Errorf("%w: target scope %q: want all, kind, lock or group", task.ErrInvalid, t.Scope)
 }
 
 // PauseInfo is one pause in force.
@@ -101,11 +106,17 @@ type PauseInfo struct {
 	Since  time.Time `json:"since"`
 }
 
-// Limit allows at most N starts per Per for its target, cluster-wide.
+// Limit is what bounds its target, cluster-wide: a rate (at most N
+// starts per Per), a concurrency (at most Concurrency running at once,
+// each on its own for a lock pattern), and for a group its Weight, its
+// share of the workers against other groups. A zero part is not set: a
+// target needs at least one.
 type Limit struct {
-	Target Target        `json:"target"`
-	N      int           `json:"n"`
-	Per    time.Duration `json:"per"`
+	Target      Target        `json:"target"`
+	N           int           `json:"n,omitempty"`
+	Per         time.Duration `json:"per,omitempty"`
+	Weight      int           `json:"weight,omitempty"`
+	Concurrency int           `json:"concurrency,omitempty"`
 }
 
 // MaxLimitN bounds N: each start takes one of N slot locks.
@@ -116,13 +127,39 @@ const MaxLimitN = 1000
 // the nanoseconds overflow and the slot reads as long expired.
 const MaxLimitPer = 100 * 365 * 24 * time.Hour
 
-// Validate checks the target (kind or lock, not all) and the rate.
+// MaxWeight bounds a group's weight; DefaultWeight is a group's without one.
+const (
+	MaxWeight     = 1000
+	DefaultWeight = 1
+)
+
+// MaxConcurrency bounds a concurrency limit: each running task holds one
+// of its slot locks.
+const MaxConcurrency = 1000
+
+// Validate checks the target (kind, lock or group, not all) and each part
+// set: the rate, the weight (groups only), the concurrency.
 func (l Limit) Validate() error {
 	if l.Target.Scope == ScopeAll {
-		return fmt.Errorf("%w: a limit applies to a kind or a lock key, not all", task.ErrInvalid)
+		return fmt.Errorf("%w: a limit applies to a kind, a lock key or a group, not all", task.ErrInvalid)
 	}
 	if err := l.Target.Validate(); err != nil {
 		return err
+	}
+	if l.Weight < 0 || l.Weight > MaxWeight {
+		return fmt.Errorf("%w: limit %s: weight must be 1 to %d, got %d", task.ErrInvalid, l.Target, MaxWeight, l.Weight)
+	}
+	if l.Weight != 0 && l.Target.Scope != ScopeGroup {
+		return fmt.Errorf("%w: limit %s: weight applies to a group only", task.ErrInvalid, l.Target)
+	}
+	if l.Concurrency < 0 || l.Concurrency > MaxConcurrency {
+		return fmt.Errorf("%w: limit %s: concurrency must be 1 to %d, got %d", task.ErrInvalid, l.Target, MaxConcurrency, l.Concurrency)
+	}
+	if l.N == 0 && l.Per == 0 {
+		if l.Weight == 0 && l.Concurrency == 0 {
+			return fmt.Errorf("%w: limit %s: give a rate, a weight or a concurrency", task.ErrInvalid, l.Target)
+		}
+		return nil
 	}
 	if l.N < 1 || l.N > MaxLimitN {
 		return fmt.Errorf("%w: limit %s: N must be 1 to %d, got %d", task.ErrInvalid, l.Target, MaxLimitN, l.N)
@@ -133,8 +170,13 @@ func (l Limit) Validate() error {
 	return nil
 }
 
-// String is the rate as the CLI reads it: "N/DURATION".
-func (l Limit) String() string { return fmt.Sprintf("%d/%s", l.N, l.Per) }
+// String is the rate as the CLI reads it: "N/DURATION"; "-" for none.
+func (l Limit) String() string {
+	if l.N == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%s", l.N, l.Per)
+}
 
 // ParseRate reads "N/DURATION" (e.g. "2/1s"; "2/s" means 2/1s).
 func ParseRate(s string) (n int, per time.Duration, err error) {
@@ -164,9 +206,14 @@ type pauseValue struct {
 }
 
 type limitValue struct {
-	N   int           `json:"n,omitempty"`
-	Per task.Duration `json:"per,omitempty"`
+	N           int           `json:"n,omitempty"`
+	Per         task.Duration `json:"per,omitempty"`
+	Weight      int           `json:"weight,omitempty"`
+	Concurrency int           `json:"concurrency,omitempty"`
 }
+
+// set reports whether v bounds anything.
+func (v limitValue) set() bool { return v.N > 0 || v.Weight > 0 || v.Concurrency > 0 }
 
 // errNoChange is put's fn saying the stored value already holds.
 var errNoChange = errors.New("no change")
@@ -256,8 +303,10 @@ func doorbellVersion(ctx context.Context, st task.Store) (int64, error) {
 // MarshalJSON writes Per as a duration string ("1s").
 func (l Limit) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
-		Target Target        `json:"target"`
-		N      int           `json:"n"`
-		Per    task.Duration `json:"per"`
-	}{l.Target, l.N, task.Duration(l.Per)})
+		Target      Target        `json:"target"`
+		N           int           `json:"n"`
+		Per         task.Duration `json:"per"`
+		Weight      int           `json:"weight,omitempty"`
+		Concurrency int           `json:"concurrency,omitempty"`
+	}{l.Target, l.N, task.Duration(l.Per), l.Weight, l.Concurrency})
 }

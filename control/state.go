@@ -50,13 +50,28 @@ func setPause(ctx context.Context, st task.Store, target Target, paused bool) (c
 	return changed, err
 }
 
-// SetLimit stores l, replacing the limit of its target.
+// SetLimit stores the parts l sets (the rate, the weight, the
+// concurrency) as its target's, keeping the parts it leaves zero as
+// stored.
 func SetLimit(ctx context.Context, st task.Store, l Limit) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
-	return put(ctx, st, LimitNamespace, l.Target.String(), func(json.RawMessage) (any, error) {
-		return limitValue{N: l.N, Per: task.Duration(l.Per)}, nil
+	return put(ctx, st, LimitNamespace, l.Target.String(), func(old json.RawMessage) (any, error) {
+		var v limitValue
+		if old != nil {
+			_ = json.Unmarshal(old, &v) // unreadable counts as none
+		}
+		if l.N > 0 {
+			v.N, v.Per = l.N, task.Duration(l.Per)
+		}
+		if l.Weight > 0 {
+			v.Weight = l.Weight
+		}
+		if l.Concurrency > 0 {
+			v.Concurrency = l.Concurrency
+		}
+		return v, nil
 	})
 }
 
@@ -71,7 +86,7 @@ func RemoveLimit(ctx context.Context, st task.Store, target Target) (removed boo
 		if old != nil {
 			_ = json.Unmarshal(old, &v)
 		}
-		if v.N == 0 {
+		if !v.set() {
 			return nil, errNoChange
 		}
 		removed = true
@@ -111,7 +126,7 @@ func Load(ctx context.Context, st task.Store) (*State, error) {
 		return nil, err
 	}
 	err = each(ctx, st, LimitNamespace, func(target Target, v limitValue) {
-		if l := (Limit{Target: target, N: v.N, Per: time.Duration(v.Per)}); v.N > 0 && l.Validate() == nil {
+		if l := (Limit{Target: target, N: v.N, Per: time.Duration(v.Per), Weight: v.Weight, Concurrency: v.Concurrency}); v.set() && l.Validate() == nil {
 			limits = append(limits, l)
 		}
 	})
@@ -150,18 +165,19 @@ type State struct {
 	Pauses []PauseInfo
 	Limits []Limit
 
-	pauseAll   bool
-	pauseKinds map[string]bool
-	pauseLocks patterns[bool]
-	kindLimits map[string]Limit
-	lockLimits patterns[Limit]
+	pauseAll    bool
+	pauseKinds  map[string]bool
+	pauseLocks  patterns[bool]
+	kindLimits  map[string]Limit
+	lockLimits  patterns[Limit]
+	groupLimits map[string]Limit
 }
 
 // NewState indexes pauses and limits (sorted by target).
 func NewState(pauses []PauseInfo, limits []Limit) *State {
 	s := &State{
 		Pauses: slices.Clone(pauses), Limits: slices.Clone(limits),
-		pauseKinds: map[string]bool{}, kindLimits: map[string]Limit{},
+		pauseKinds: map[string]bool{}, kindLimits: map[string]Limit{}, groupLimits: map[string]Limit{},
 	}
 	slices.SortFunc(s.Pauses, func(a, b PauseInfo) int { return strings.Compare(a.Target.String(), b.Target.String()) })
 	slices.SortFunc(s.Limits, func(a, b Limit) int { return strings.Compare(a.Target.String(), b.Target.String()) })
@@ -181,6 +197,8 @@ func NewState(pauses []PauseInfo, limits []Limit) *State {
 			s.kindLimits[l.Target.Name] = l
 		case ScopeLock:
 			s.lockLimits.add(l.Target.Name, l)
+		case ScopeGroup:
+			s.groupLimits[l.Target.Name] = l
 		}
 	}
 	return s
@@ -226,13 +244,16 @@ func (s *State) Buckets(t *task.Task) []Bucket {
 		return nil
 	}
 	var out []Bucket
-	if l, ok := s.kindLimits[t.Kind]; ok {
+	if l, ok := s.kindLimits[t.Kind]; ok && l.N > 0 {
 		out = append(out, Bucket{Key: Kind(t.Kind).String(), N: l.N, Per: l.Per})
 	}
 	for _, k := range t.LockKeys {
-		if _, l, ok := s.lockLimits.match(k); ok {
+		if _, l, ok := s.lockLimits.match(k); ok && l.N > 0 {
 			out = append(out, Bucket{Key: Lock(k).String(), N: l.N, Per: l.Per})
 		}
+	}
+	if l, ok := s.groupLimits[t.Group]; ok && t.Group != "" && l.N > 0 {
+		out = append(out, Bucket{Key: Group(t.Group).String(), N: l.N, Per: l.Per})
 	}
 	return out
 }

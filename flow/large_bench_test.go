@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasepool/leasepool/consumer"
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
@@ -57,19 +58,16 @@ func BenchmarkTenThousandStepFlow(b *testing.B) {
 		if _, _, err := flow.Publish(ctx, s, flow.Spec{Key: "big", Steps: steps}); err != nil {
 			b.Fatal(err)
 		}
-		for {
+		testutil.EventuallyEvery(b, time.Hour, 100*time.Millisecond, "the flow to finish", func() bool {
 			f, err := flow.Get(ctx, s, "big")
 			if err != nil {
 				b.Fatal(err)
 			}
-			if f.State.Finished() {
-				if f.State != flow.StateSucceeded {
-					b.Fatalf("flow %s: %s", f.State, f.Error)
-				}
-				break
+			if f.State.Finished() && f.State != flow.StateSucceeded {
+				b.Fatalf("flow %s: %s", f.State, f.Error)
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return f.State.Finished()
+		})
 		b.ReportMetric(time.Since(start).Seconds(), "s/flow")
 		c.Stop(ctx)
 		s.Close()
@@ -109,16 +107,13 @@ func BenchmarkReconcileTenThousand(b *testing.B) {
 	if _, _, err := flow.Publish(ctx, s, flow.Spec{Key: "wide", Steps: steps}); err != nil {
 		b.Fatal(err)
 	}
-	for {
+	testutil.EventuallyEvery(b, time.Hour, 50*time.Millisecond, "the root to succeed", func() bool {
 		f, err := flow.Get(ctx, s, "wide")
 		if err != nil {
 			b.Fatal(err)
 		}
-		if f.Progress[0].Do.State == flow.RunSucceeded {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return f.Progress[0].Do.State == flow.RunSucceeded
+	})
 	// The root's write comes before its publish of the 9,999: a first
 	// pass publishes what is not yet there (by key: once).
 	if _, err := flow.Reconcile(ctx, s, nil); err != nil {

@@ -44,6 +44,9 @@ type Metrics struct {
 	wait        *prometheus.HistogramVec
 	commands    *prometheus.CounterVec
 	commandTrip prometheus.Histogram
+	// Per group (tenant), for grouped tasks only.
+	groupClaimed *prometheus.CounterVec
+	groupRunning *prometheus.GaugeVec
 }
 
 var (
@@ -90,8 +93,16 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "From the start of a device command attempt to the device's result (ok or device_failed).",
 			Buckets: durationBuckets,
 		}),
+		groupClaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "group_tasks_claimed_total",
+			Help: "Claims this worker wrote of grouped tasks, by group: the groups' shares of the workers (weights).",
+		}, []string{"group"}),
+		groupRunning: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "group_tasks_running",
+			Help: "Attempts of grouped tasks this worker runs now, by group: summed over workers, at most the group's concurrency limit.",
+		}, []string{"group"}),
 	}
-	for _, c := range []prometheus.Collector{m.claimed, m.finished, m.takenOver, m.conflicts, m.duration, m.wait, m.commands, m.commandTrip} {
+	for _, c := range []prometheus.Collector{m.claimed, m.finished, m.takenOver, m.conflicts, m.duration, m.wait, m.commands, m.commandTrip, m.groupClaimed, m.groupRunning} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -103,6 +114,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) Claimed(e consumer.ClaimEvent) {
 	m.claimed.WithLabelValues(e.Kind).Inc()
 	m.wait.WithLabelValues(e.Kind).Observe(e.Wait.Seconds())
+	if e.Group != "" {
+		m.groupClaimed.WithLabelValues(e.Group).Inc()
+		m.groupRunning.WithLabelValues(e.Group).Inc()
+	}
 	if e.TakenOver > 0 {
 		m.takenOver.WithLabelValues(e.Kind).Add(float64(e.TakenOver))
 	}
@@ -114,6 +129,9 @@ func (m *Metrics) ClaimConflict(kind string) { m.conflicts.WithLabelValues(kind)
 // Finished implements consumer.Observer.
 func (m *Metrics) Finished(e consumer.FinishEvent) {
 	m.finished.WithLabelValues(e.Kind, string(e.Outcome)).Inc()
+	if e.Group != "" {
+		m.groupRunning.WithLabelValues(e.Group).Dec()
+	}
 	if e.Started {
 		m.duration.WithLabelValues(e.Kind, string(e.Outcome)).Observe(e.Duration.Seconds())
 	}

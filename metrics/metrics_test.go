@@ -369,3 +369,24 @@ func TestFlowGauges(t *testing.T) {
 		t.Errorf("leasepool_flows series = %d (%v), want %d", n, err, len(metrics.FlowStates))
 	}
 }
+
+// TestGroupMetrics: claims and running attempts per group, for grouped
+// tasks only.
+func TestGroupMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		m.Claimed(consumer.ClaimEvent{Kind: "k", Group: "acme"})
+	}
+	m.Claimed(consumer.ClaimEvent{Kind: "k"})
+	m.Finished(consumer.FinishEvent{Kind: "k", Group: "acme", Outcome: consumer.OutcomeSucceeded, Started: true})
+	if got := value(t, reg, "leasepool_group_tasks_claimed_total", "group", "acme"); got != 3 {
+		t.Errorf("group_tasks_claimed_total{acme} = %v, want 3", got)
+	}
+	if got := value(t, reg, "leasepool_group_tasks_running", "group", "acme"); got != 2 {
+		t.Errorf("group_tasks_running{acme} = %v, want 2", got)
+	}
+}

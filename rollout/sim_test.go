@@ -228,6 +228,18 @@ func (d *simDriver) close() {
 }
 
 // step steps name once and returns the rollout's document.
+// stepUntil steps the driver on name every period of virtual time, as
+// the elected worker's duty does, until done says the last step's
+// rollout is where the test wants it, and returns that rollout.
+func (d *simDriver) stepUntil(t *testing.T, name string, every time.Duration, done func(*Rollout) bool) *Rollout {
+	for {
+		if r := d.step(t, name); done(r) {
+			return r
+		}
+		time.Sleep(every)
+	}
+}
+
 func (d *simDriver) step(t *testing.T, name string) *Rollout {
 	start := realNow()
 	err := d.stepper.Step(context.Background(), name)
@@ -284,20 +296,16 @@ func TestSimRolloutAtFleetScale(t *testing.T) {
 		writes0, docWrites0 := w.taskWrites(), w.driver.docWrites.Load()
 		start := time.Now()
 		tookOver := false
-		for {
-			r := d.step(t, "fleet")
-			if r.Over() {
-				break
-			}
+		d.stepUntil(t, "fleet", DefaultEvery, func(r *Rollout) bool {
 			if r.Wave == 1 && !tookOver {
 				d.takeOver()
 				tookOver = true
 			}
-			time.Sleep(DefaultEvery)
-			if time.Since(start) > 24*time.Hour {
+			if !r.Over() && time.Since(start) > 24*time.Hour {
 				t.Fatalf("not over after a day: %s, %+v", r.State, r.Progress().Total)
 			}
-		}
+			return r.Over()
+		})
 		elapsed := time.Since(start)
 		d.close()
 		synctest.Wait()
@@ -415,27 +423,25 @@ func TestSimRolloutWithOfflineDevices(t *testing.T) {
 		d := newSimDriver(w.driver)
 		defer d.close()
 		online := n - len(away)
-		for r := d.step(t, "away"); r.Waves[0].Counts.Succeeded < online; r = d.step(t, "away") {
-			time.Sleep(DefaultEvery)
-		}
+		d.stepUntil(t, "away", DefaultEvery, func(r *Rollout) bool { return r.Waves[0].Counts.Succeeded >= online })
 		// Every online device done; the offline ones' commands published
 		// and held. A few steps settle what is in flight.
-		for range 10 {
-			d.step(t, "away")
-			time.Sleep(DefaultEvery)
-		}
+		settle := 0
+		d.stepUntil(t, "away", DefaultEvery, func(*Rollout) bool { settle++; return settle == 10 })
 		synctest.Wait()
 		writes, docWrites, reads := w.taskWrites(), w.driver.docWrites.Load(), w.drvMem.Counts().Reads
 		// A step every 2 s rather than every 200 ms: what a step reads
 		// and writes does not depend on how often it comes, and the hour
 		// costs a tenth of the wall time.
 		steps := 0
-		for hour := time.Now().Add(time.Hour); time.Now().Before(hour); steps++ {
-			if r := d.step(t, "away"); r.Waves[0].Counts.Running != len(away) {
+		hour := time.Now().Add(time.Hour)
+		d.stepUntil(t, "away", 10*DefaultEvery, func(r *Rollout) bool {
+			if r.Waves[0].Counts.Running != len(away) {
 				t.Fatalf("%+v, want %d running", r.Waves[0].Counts, len(away))
 			}
-			time.Sleep(10 * DefaultEvery)
-		}
+			steps++
+			return !time.Now().Before(hour)
+		})
 		dw, ddw, dr := w.taskWrites()-writes, w.driver.docWrites.Load()-docWrites, w.drvMem.Counts().Reads-reads
 		t.Logf("an hour with %d devices offline, %d driver steps: %d task writes, %d rollout writes, %d task reads by the driver",
 			len(away), steps, dw, ddw, dr)
@@ -453,9 +459,7 @@ func TestSimRolloutWithOfflineDevices(t *testing.T) {
 				time.Sleep(10 * time.Second / time.Duration(len(away)))
 			}
 		}()
-		for r := d.step(t, "away"); !r.Over(); r = d.step(t, "away") {
-			time.Sleep(DefaultEvery)
-		}
+		d.stepUntil(t, "away", DefaultEvery, (*Rollout).Over)
 		<-returned
 		var slowest time.Duration
 		f.mu.Lock()

@@ -105,6 +105,10 @@ type CandidateQuery struct {
 	// among many is preferred for, so that W workers reading a long
 	// queue read each task about once between them, not W times.
 	Share []int
+	// Group, when not empty, keeps the tasks of that group alone: a
+	// worker tops up its heap with a group's head when another group's
+	// backlog fills it (consumer/groups.go).
+	Group string
 	// Limit is the page size; required.
 	Limit int
 }
@@ -220,6 +224,9 @@ const (
 	// cluster (internal/singleton: the flow reconciler, retention, the
 	// embedded MQTT broker's host).
 	LockSingleton LockNamespace = "singleton"
+	// LockConcurrency holds concurrency-limit slots (control.Slots): a
+	// running task holds one of a limit's N with its lease.
+	LockConcurrency LockNamespace = "concurrency"
 )
 
 // LockParams takes or frees lock keys.

@@ -79,6 +79,10 @@ type Attempt struct {
 	// OutputDropped says that History left out this entry's result and
 	// log and cut its error to the first line (MaxHistoryOutput).
 	OutputDropped bool `json:"output_dropped,omitempty"`
+	// Slots are the concurrency-limit slot locks (LockConcurrency) the
+	// claim took, held with the lease: renewals extend them, the finish
+	// frees them, and a dead holder's run out at its lease's end.
+	Slots []string `json:"slots,omitempty"`
 }
 
 // Holder is the holder identity of w's attempt of the task with key.
@@ -140,15 +144,19 @@ type Task struct {
 	RunAt    time.Time `json:"run_at"`
 	// Seq orders tasks of equal priority by publish; the backend assigns it
 	// and it grows with publish time.
-	Seq                  int64     `json:"seq"`
-	SpecificWorkerIDs    []string  `json:"specific_worker_ids,omitempty"`
-	ConcurrentWorkerCnt  int       `json:"concurrent_worker_cnt"`
-	SuccessWorkerCnt     int       `json:"success_worker_cnt"`
-	MaxUnexpectedRetries int       `json:"max_unexpected_retries"`
-	PingInterval         Duration  `json:"ping_interval"`
-	WorkerTimeout        Duration  `json:"worker_timeout"`
-	LockKeys             []string  `json:"lock_keys,omitempty"`
-	Attempts             []Attempt `json:"workers"`
+	Seq                  int64    `json:"seq"`
+	SpecificWorkerIDs    []string `json:"specific_worker_ids,omitempty"`
+	ConcurrentWorkerCnt  int      `json:"concurrent_worker_cnt"`
+	SuccessWorkerCnt     int      `json:"success_worker_cnt"`
+	MaxUnexpectedRetries int      `json:"max_unexpected_retries"`
+	PingInterval         Duration `json:"ping_interval"`
+	WorkerTimeout        Duration `json:"worker_timeout"`
+	LockKeys             []string `json:"lock_keys,omitempty"`
+	// Group is the tenant (or any key) the task shares the workers as:
+	// claims interleave groups by weight, and a group's concurrency
+	// limit counts its running tasks (docs/tasks.md#groups).
+	Group    string    `json:"group,omitempty"`
+	Attempts []Attempt `json:"workers"`
 	// AttemptsStarted is the highest attempt number ever handed out; it survives
 	// entries being released or cleared so the fencing token only grows.
 	AttemptsStarted int `json:"attempts"`
@@ -186,6 +194,7 @@ func cloneAttempts(ws []Attempt) []Attempt {
 	for i := range c {
 		c[i].Result = slices.Clone(c[i].Result)
 		c[i].Log = slices.Clone(c[i].Log)
+		c[i].Slots = slices.Clone(c[i].Slots)
 	}
 	return c
 }
@@ -230,6 +239,9 @@ type Options struct {
 	WorkerTimeout time.Duration
 	// LockKeys are resources held exclusively while the task runs.
 	LockKeys []string
+	// Group is the tenant the task runs as, for fair sharing and
+	// concurrency limits; empty means none (a name like a key).
+	Group string
 }
 
 // Trace is a W3C trace context as a task keeps it: the traceparent and
@@ -299,6 +311,11 @@ func (p PublishParams) validate(internal bool) error {
 	}
 	for _, k := range p.LockKeys {
 		if err := ValidateLockKey("lock_keys", k); err != nil {
+			return err
+		}
+	}
+	if p.Group != "" {
+		if err := ValidateName("group", p.Group); err != nil {
 			return err
 		}
 	}
@@ -402,6 +419,7 @@ func newTask(p PublishParams, now time.Time, internal bool) (*Task, error) {
 		PingInterval:         Duration(p.PingInterval),
 		WorkerTimeout:        Duration(p.WorkerTimeout),
 		LockKeys:             p.LockKeys,
+		Group:                p.Group,
 		Attempts:             []Attempt{},
 		Version:              1,
 		CreatedAt:            now.UTC(),

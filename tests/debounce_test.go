@@ -50,10 +50,11 @@ func debounceBurst(t *testing.T, ctx context.Context, st task.Store, storeURL st
 	began := time.Now()
 	var lastAt time.Time
 	var maxGap time.Duration
+	pace := time.NewTicker(burst / n) // the burst's pace: n publishes in burst
+	defer pace.Stop()
 	for i := range n {
-		// The burst's pace: publish i is due at i*burst/n.
-		if d := time.Until(began.Add(time.Duration(i) * burst / n)); d > 0 {
-			time.Sleep(d)
+		if i > 0 {
+			<-pace.C
 		}
 		_, res, err := task.Publish(ctx, st, task.PublishParams{Key: key, Kind: "exec", Payload: payload(i), Debounce: debounce})
 		if err != nil {

@@ -46,11 +46,16 @@ var plainBuild struct {
 }
 
 // plainLeasepoolBin builds the CLI without the race detector, once per
-// test binary: the fleet's processes are measured, and a race build runs
-// several times slower.
-func plainLeasepoolBin(t *testing.T) string {
+// test binary (tests/run builds it beforehand: LEASEPOOL_TEST_PLAIN_BIN):
+// the processes of the fleet, flow and fairness runs are measured, and a
+// race build runs several times slower.
+func plainLeasepoolBin(t testing.TB) string {
 	t.Helper()
 	plainBuild.once.Do(func() {
+		if bin := os.Getenv("LEASEPOOL_TEST_PLAIN_BIN"); bin != "" {
+			plainBuild.path = bin
+			return
+		}
 		dir, err := os.MkdirTemp("", "leasepool-plain-")
 		if err != nil {
 			plainBuild.err = err

@@ -17,10 +17,8 @@ import (
 )
 
 // fleetRolloutDevices is the failing rollout's fleet in
-// TestFleetRollouts; the healthy one has a fifth as many. It is 1,000
-// because a rollout holds at most rollout.MaxDevices devices today: raise
-// it to 10_000 once rollouts take that many.
-const fleetRolloutDevices = 1_000
+// TestFleetRollouts; the healthy one has a fifth as many.
+const fleetRolloutDevices = 10_000
 
 // TestFleetRollouts is TestRolloutsOnAFleet at fleet scale, in real
 // processes only: fleetRolloutDevices simulated devices (every tenth

@@ -10,11 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/leasepool/leasepool/flow"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -75,14 +75,14 @@ func TestFlowTenThousandSteps(t *testing.T) {
 		}
 		return n, f
 	}
-	pollSlowly(t, 5*time.Minute, "a fifth of the steps to succeed", func() bool {
+	testutil.EventuallyEvery(t, 5*time.Minute, 200*time.Millisecond, "a fifth of the steps to succeed", func() bool {
 		n, _ := succeeded()
 		return n >= flow.MaxSteps/5
 	})
 	workers["w2"].kill(t)
 	killedAt, _ := succeeded()
 	var f *flow.Flow
-	pollSlowly(t, 8*time.Minute, "the flow to finish", func() bool {
+	testutil.EventuallyEvery(t, 8*time.Minute, 200*time.Millisecond, "the flow to finish", func() bool {
 		_, f = succeeded()
 		return f.State.Finished()
 	})
@@ -209,7 +209,7 @@ func TestFlowTenThousandSteps(t *testing.T) {
 		t.Errorf("level 3's last page does not say which steps it shows, or links no page before")
 	}
 	t0 := time.Now()
-	cmd := exec.Command(plainBin(t), "--store", storeURL, "flow", "show", spec.Key)
+	cmd := exec.Command(plainLeasepoolBin(t), "--store", storeURL, "flow", "show", spec.Key)
 	var outb, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &outb, &errb
 	code := 0
@@ -244,49 +244,11 @@ func pageLimit() time.Duration {
 	return 500 * time.Millisecond
 }
 
-// pollSlowly is eventually at 200 ms: each check reads a 10,000-step flow.
-func pollSlowly(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-var plain struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-// plainBin builds the CLI without the race detector, once per test binary.
-func plainBin(t *testing.T) string {
-	t.Helper()
-	plain.once.Do(func() {
-		dir, err := os.MkdirTemp("", "leasepool-plain-")
-		if err != nil {
-			plain.err = err
-			return
-		}
-		plain.path = filepath.Join(dir, "leasepool")
-		if out, err := exec.Command("go", "build", "-o", plain.path, "../cmd/leasepool").CombinedOutput(); err != nil {
-			plain.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if plain.err != nil {
-		t.Fatal(plain.err)
-	}
-	return plain.path
-}
-
-// startPlainWorker is startWorker with plainBin's build.
+// startPlainWorker is startWorker with plainLeasepoolBin's build.
 func startPlainWorker(t *testing.T, store, id string, extra ...string) *workerProc {
 	t.Helper()
 	args := append([]string{"--store", store, "--log-level", "warn", "worker", "--id", id}, extra...)
-	return startProc(t, id, exec.Command(plainBin(t), args...))
+	return startProc(t, id, exec.Command(plainLeasepoolBin(t), args...))
 }
 
 func startProc(t *testing.T, name string, cmd *exec.Cmd) *workerProc {
@@ -318,8 +280,8 @@ func startProc(t *testing.T, name string, cmd *exec.Cmd) *workerProc {
 func startPlainServe(t *testing.T, storeURL string) string {
 	t.Helper()
 	addr := freeAddr(t)
-	startProc(t, "serve", exec.Command(plainBin(t), "--store", storeURL, "--log-level", "warn", "serve", "--listen", addr))
-	pollSlowly(t, 30*time.Second, "serve to listen", func() bool {
+	startProc(t, "serve", exec.Command(plainLeasepoolBin(t), "--store", storeURL, "--log-level", "warn", "serve", "--listen", addr))
+	testutil.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "serve to listen", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()

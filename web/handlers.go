@@ -38,8 +38,10 @@ func (t targetBody) target() (control.Target, error) {
 		ct = control.Kind(t.Name)
 	case control.ScopeLock:
 		ct = control.Lock(t.Name)
+	case control.ScopeGroup:
+		ct = control.Group(t.Name)
 	default:
-		return ct, badInput("scope", "%q is not one of all, kind, lock", t.Scope)
+		return ct, badInput("scope", "%q is not one of all, kind, lock, group", t.Scope)
 	}
 	if err := ct.Validate(); err != nil {
 		return ct, badInput("name", "%s", reason(err))
@@ -194,11 +196,14 @@ func (a *api) removeTarget(w http.ResponseWriter, r *http.Request, verb string,
 	writeJSON(w, http.StatusOK, changedBody{Changed: changed})
 }
 
-// limitBody is PUT /api/v1/limits: a target and a rate as the CLI's
-// --rate reads it ("2/1s").
+// limitBody is PUT /api/v1/limits: a target and the parts to set: a rate
+// as the CLI's --rate reads it ("2/1s"), a group's weight, a
+// concurrency. Parts left out stay as stored; at least one is given.
 type limitBody struct {
 	targetBody
-	Rate string `json:"rate"`
+	Rate        string `json:"rate"`
+	Weight      *int   `json:"weight"`
+	Concurrency *int   `json:"concurrency"`
 }
 
 // setLimit answers the limit stored.
@@ -228,13 +233,30 @@ func (b limitBody) limit() (control.Limit, error) {
 		return control.Limit{}, err
 	}
 	if t.Scope == control.ScopeAll {
-		return control.Limit{}, badInput("scope", "a limit applies to a kind or a lock key, not all")
+		return control.Limit{}, badInput("scope", "a limit applies to a kind, a lock key or a group, not all")
+	}
+	l := control.Limit{Target: t}
+	if b.Weight != nil {
+		if l.Weight = *b.Weight; l.Weight < 1 || l.Weight > control.MaxWeight {
+			return l, badInput("weight", "must be 1 to %d, got %d", control.MaxWeight, l.Weight)
+		}
+		if t.Scope != control.ScopeGroup {
+			return l, badInput("weight", "applies to scope group only")
+		}
+	}
+	if b.Concurrency != nil {
+		if l.Concurrency = *b.Concurrency; l.Concurrency < 1 || l.Concurrency > control.MaxConcurrency {
+			return l, badInput("concurrency", "must be 1 to %d, got %d", control.MaxConcurrency, l.Concurrency)
+		}
+	}
+	if b.Rate == "" && (b.Weight != nil || b.Concurrency != nil) {
+		return l, nil
 	}
 	n, per, err := control.ParseRate(b.Rate)
 	if err != nil {
 		return control.Limit{}, badInput("rate", "%s", reason(err))
 	}
-	l := control.Limit{Target: t, N: n, Per: per}
+	l.N, l.Per = n, per
 	if err := l.Validate(); err != nil {
 		return l, badInput("rate", "%s", reason(err))
 	}

@@ -39,6 +39,7 @@ type publishBody struct {
 	PingInterval         task.Duration `json:"ping_interval"`
 	WorkerTimeout        task.Duration `json:"worker_timeout"`
 	LockKeys             []string      `json:"lock_keys"`
+	Group                string        `json:"group"`
 	Rerun                bool          `json:"rerun"`
 	// Debounce absent is off; given, it must be positive.
 	Debounce *task.Duration `json:"debounce"`
@@ -51,6 +52,7 @@ func (b publishBody) params(now time.Time) (task.PublishParams, error) {
 		Priority: b.Priority, RunAt: b.RunAt, SpecificWorkerIDs: b.SpecificWorkerIDs,
 		ConcurrentWorkerCnt: b.ConcurrentWorkerCnt, SuccessWorkerCnt: b.SuccessWorkerCnt,
 		PingInterval: time.Duration(b.PingInterval), WorkerTimeout: time.Duration(b.WorkerTimeout), LockKeys: b.LockKeys,
+		Group: b.Group,
 	}}
 	switch {
 	case b.Delay < 0:

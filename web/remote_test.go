@@ -411,3 +411,34 @@ func TestRemoteFinishMany(t *testing.T) {
 	big := strings.Repeat(`{"key":"x","attempt":1,"outcome":"released"},`, 257)
 	e.want("POST", "/api/v1/workers/w1/finish", `{"instance":"i1","outcomes":[`+big[:len(big)-1]+`]}`, 400, `outcomes`)
 }
+
+// TestRemoteClaimHoldsConcurrency: remote workers claim by the same rules:
+// a group limited to 2 hands out 2 jobs, renewals keep the slots, and a
+// finish frees its slot for the next claim.
+func TestRemoteClaimHoldsConcurrency(t *testing.T) {
+	e := newEnv(t, web.Config{})
+	if err := control.SetLimit(t.Context(), e.store, control.Limit{Target: control.Group("acme"), Concurrency: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		e.post(fmt.Sprintf(`{"key":"g%d","kind":"k","group":"acme"}`, i))
+	}
+	e.register("w1", "i1", "k")
+	jobs := e.claim("w1", "i1", 4, 0)
+	if len(jobs) != 2 {
+		t.Fatalf("claimed %d jobs of a group limited to 2", len(jobs))
+	}
+	for _, j := range jobs {
+		if s := e.task(j.Key).Attempts[0].Slots; len(s) != 1 || !strings.HasPrefix(s[0], "group:acme#") {
+			t.Fatalf("%s holds slots %v; want one of group:acme's", j.Key, s)
+		}
+		e.want("POST", renewPath("w1", j.Key), `{"instance":"i1","attempt":1}`, 200, `"lease_until"`)
+	}
+	if more := e.claim("w1", "i1", 4, 0); len(more) != 0 {
+		t.Fatalf("claimed %+v beside 2 running of a group limited to 2", more)
+	}
+	e.want("POST", finishPath("w1", jobs[0].Key), `{"instance":"i1","attempt":1,"outcome":"succeeded"}`, 200, `"outcome":"succeeded"`)
+	if more := e.claim("w1", "i1", 4, 5*time.Second); len(more) != 1 {
+		t.Fatalf("after a finish claimed %d jobs, want 1 (its slot freed)", len(more))
+	}
+}

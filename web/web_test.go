@@ -166,6 +166,39 @@ func TestLimits(t *testing.T) {
 	}
 }
 
+// TestGroupLimits: a group's weight and concurrency over the API, the
+// publish body's group, and bad input refused naming the field with
+// nothing written; the Controls page shows them.
+func TestGroupLimits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, web.Config{Token: token})
+	for _, bad := range []struct{ body, field string }{
+		{`{"scope":"group","name":"acme","weight":0}`, "weight"},
+		{`{"scope":"group","name":"acme","weight":1001}`, "weight"},
+		{`{"scope":"group","name":"acme","concurrency":0}`, "concurrency"},
+		{`{"scope":"lock","name":"tenant:*","weight":2}`, "weight"},
+		{`{"scope":"group","name":"ac\u0001me","weight":2}`, "name"},
+	} {
+		e.want("PUT", "/api/v1/limits", bad.body, 400, bad.field)
+	}
+	e.want("POST", "/api/v1/tasks", `{"key":"g","kind":"noop","group":"a\u0007b"}`, 400, "group")
+	if ls, err := control.Limits(t.Context(), e.store); err != nil || len(ls) != 0 {
+		t.Fatalf("limits after refused PUTs: %+v, %v", ls, err)
+	}
+	e.want("PUT", "/api/v1/limits", `{"scope":"group","name":"acme","weight":3}`, 200, `"weight":3`)
+	e.want("PUT", "/api/v1/limits", `{"scope":"group","name":"acme","concurrency":5}`, 200, `"concurrency":5`)
+	ls, err := control.Limits(t.Context(), e.store)
+	if err != nil || len(ls) != 1 || ls[0] != (control.Limit{Target: control.Group("acme"), Weight: 3, Concurrency: 5}) {
+		t.Fatalf("limits after PUTs: %+v, %v", ls, err)
+	}
+	e.want("POST", "/api/v1/tasks", `{"key":"g","kind":"noop","group":"acme"}`, 201, `"group":"acme"`)
+	d := newEnv(t, web.Config{})
+	if err := control.SetLimit(t.Context(), d.store, control.Limit{Target: control.Group("acme"), Weight: 3, Concurrency: 5}); err != nil {
+		t.Fatal(err)
+	}
+	d.wantPage("/controls", 200, "group:acme", "<td>3</td><td>5</td>")
+}
+
 func TestSchedules(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, web.Config{Token: token})
@@ -200,7 +233,7 @@ func TestBadInput(t *testing.T) {
 		{"PUT", "/api/v1/limits", `{"scope":"kind","name":"mail","rate":"ten"}`, "rate: "},
 		{"PUT", "/api/v1/limits", `{"scope":"kind","name":"mail","rate":"0/1s"}`, "rate: limit kind:mail: N must be 1 to"},
 		{"PUT", "/api/v1/limits", `{"scope":"kind","name":"mail"}`, "rate: "},
-		{"PUT", "/api/v1/limits", `{"scope":"all","rate":"2/1s"}`, "scope: a limit applies to a kind or a lock key"},
+		{"PUT", "/api/v1/limits", `{"scope":"all","rate":"2/1s"}`, "scope: a limit applies to a kind, a lock key or a group, not all"},
 		{"PUT", "/api/v1/limits", `{"scope":"kind","rate":"2/1s"}`, "name: kind: must not be empty"},
 		{"DELETE", "/api/v1/limits?scope=kind&name=", "", "name: kind: must not be empty"},
 	} {

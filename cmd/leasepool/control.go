@@ -132,48 +132,96 @@ func printList[T any](c *cli.Context, read func(context.Context, task.Store) ([]
 	})
 }
 
-// limitTarget reads the lock key argument or --kind.
+// limitTarget reads the lock key argument, --kind or --group.
 func limitTarget(c *cli.Context) (control.Target, error) {
 	switch {
-	case c.NArg() == 1 && !c.IsSet("kind"):
+	case c.NArg() == 1 && !c.IsSet("kind") && !c.IsSet("group"):
 		t := control.Lock(c.Args().First())
 		return t, t.Validate()
-	case c.NArg() == 0 && c.IsSet("kind"):
+	case c.NArg() == 0 && c.IsSet("kind") && !c.IsSet("group"):
 		t := control.Kind(c.String("kind"))
 		return t, t.Validate()
+	case c.NArg() == 0 && c.IsSet("group") && !c.IsSet("kind"):
+		t := control.Group(c.String("group"))
+		if err := t.Validate(); err != nil {
+			return t, badFlag(c, "group", "%v", err)
+		}
+		return t, nil
 	}
-	return control.Target{}, badUsage(c, "give one lock KEY (device:ID, or device:* for every device) or --kind KIND")
+	return control.Target{}, badUsage(c, "give one lock KEY (device:ID, or device:* for every device), --kind KIND or --group GROUP")
+}
+
+// limitParts reads --rate, --weight and --concurrency: at least one.
+func limitParts(c *cli.Context, target control.Target) (control.Limit, error) {
+	l := control.Limit{Target: target}
+	if c.IsSet("rate") {
+		n, per, err := control.ParseRate(c.String("rate"))
+		if err != nil {
+			return l, badFlag(c, "rate", "%v", err)
+		}
+		l.N, l.Per = n, per
+	}
+	if c.IsSet("weight") {
+		if l.Weight = c.Int("weight"); l.Weight < 1 || l.Weight > control.MaxWeight {
+			return l, badFlag(c, "weight", "must be 1 to %d, got %d", control.MaxWeight, l.Weight)
+		}
+		if target.Scope != control.ScopeGroup {
+			return l, badFlag(c, "weight", "applies to a --group only")
+		}
+	}
+	if c.IsSet("concurrency") {
+		if l.Concurrency = c.Int("concurrency"); l.Concurrency < 1 || l.Concurrency > control.MaxConcurrency {
+			return l, badFlag(c, "concurrency", "must be 1 to %d, got %d", control.MaxConcurrency, l.Concurrency)
+		}
+	}
+	if !c.IsSet("rate") && !c.IsSet("weight") && !c.IsSet("concurrency") {
+		return l, badUsage(c, "give --rate N/DURATION, --weight W or --concurrency N")
+	}
+	return l, l.Validate()
+}
+
+// limitRow is a limit's row in limit ls.
+func limitRow(l control.Limit) string {
+	weight, conc := "-", "-"
+	if l.Weight > 0 {
+		weight = fmt.Sprint(l.Weight)
+	}
+	if l.Concurrency > 0 {
+		conc = fmt.Sprint(l.Concurrency)
+	}
+	return fmt.Sprintf("%s\t%s\t%s\t%s", l.Target, l, weight, conc)
 }
 
 func limitCommand() *cli.Command {
 	kind := &cli.StringFlag{Name: "kind", Usage: "limit a kind instead of a lock key"}
+	group := &cli.StringFlag{Name: "group", Usage: "limit a group (tenant) instead of a lock key"}
 	return &cli.Command{
 		Name:  "limit",
-		Usage: "rate limits shared by every worker: at most N starts per duration per lock key or kind",
+		Usage: "limits shared by every worker: starts per duration, tasks running at once, a group's weight",
 		Subcommands: []*cli.Command{
 			{
 				Name:      "set",
-				Usage:     "set a limit; device:* is the default of every device without its own",
+				Usage:     "set a limit's parts (those not given stay as they are); device:* is the default of every device without its own",
 				ArgsUsage: "KEY",
-				Flags:     []cli.Flag{kind, &cli.StringFlag{Name: "rate", Usage: "N/DURATION, e.g. 2/1s (required)"}},
+				Flags: []cli.Flag{kind, group,
+					&cli.StringFlag{Name: "rate", Usage: "N/DURATION, e.g. 2/1s: at most N starts per duration"},
+					&cli.IntFlag{Name: "weight", Usage: "a group's share of the workers against other groups, 1 to 1000 (default 1)"},
+					&cli.IntFlag{Name: "concurrency", Usage: "at most N running at once, cluster-wide (each key of a pattern on its own)"},
+				},
 				Action: func(c *cli.Context) error {
 					target, err := limitTarget(c)
 					if err != nil {
 						return err
 					}
-					n, per, err := control.ParseRate(c.String("rate"))
+					l, err := limitParts(c, target)
 					if err != nil {
-						return badFlag(c, "rate", "%v", err)
-					}
-					l := control.Limit{Target: target, N: n, Per: per}
-					if err := l.Validate(); err != nil {
 						return err
 					}
 					return withStore(c, false, func(s task.Store) error {
 						if err := control.SetLimit(c.Context, s, l); err != nil {
 							return err
 						}
-						fmt.Fprintf(c.App.Writer, "limit %s: %s\n", target, l)
+						fmt.Fprintf(c.App.Writer, "limit %s: %s\n", target, limitRow(l))
 						return nil
 					})
 				},
@@ -183,16 +231,14 @@ func limitCommand() *cli.Command {
 				Usage: "list the limits",
 				Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON, one array"}},
 				Action: func(c *cli.Context) error {
-					return printList(c, control.Limits, "TARGET\tRATE", func(l control.Limit) string {
-						return fmt.Sprintf("%s\t%s", l.Target, l)
-					})
+					return printList(c, control.Limits, "TARGET\tRATE\tWEIGHT\tCONCURRENCY", limitRow)
 				},
 			},
 			{
 				Name:      "rm",
-				Usage:     "remove a limit",
+				Usage:     "remove a limit (every part)",
 				ArgsUsage: "KEY",
-				Flags:     []cli.Flag{kind},
+				Flags:     []cli.Flag{kind, group},
 				Action: func(c *cli.Context) error {
 					target, err := limitTarget(c)
 					if err != nil {

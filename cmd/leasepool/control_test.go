@@ -52,3 +52,27 @@ func TestPauseAndLimitCommands(t *testing.T) {
 		t.Errorf("ls after control writes = %s, want no tasks", out)
 	}
 }
+
+// TestGroupLimitCommands: limit set --group sets the parts given and
+// keeps the others; limit ls shows them; publish --group stores the group.
+func TestGroupLimitCommands(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.must("limit", "set", "--group", "acme", "--weight", "3")
+	c.must("limit", "set", "--group", "acme", "--concurrency", "5")
+	c.must("limit", "set", "tenant:*", "--concurrency", "2")
+	out := c.must("limit", "ls")
+	for _, want := range []string{"group:acme  -     3       5", "lock:tenant:*  -     -       2"} {
+		if !strings.Contains(strings.Join(strings.Fields(out), " "), strings.Join(strings.Fields(want), " ")) {
+			t.Errorf("limit ls:\n%s\nwant a row %q", out, want)
+		}
+	}
+	c.must("publish", "job-1", "--kind", "noop", "--group", "acme")
+	if show := c.must("show", "job-1"); !strings.Contains(show, "acme") {
+		t.Errorf("show job-1 does not name its group:\n%s", show)
+	}
+	c.must("limit", "rm", "--group", "acme")
+	if out := c.must("limit", "ls"); strings.Contains(out, "acme") {
+		t.Errorf("limit ls after rm:\n%s", out)
+	}
+}

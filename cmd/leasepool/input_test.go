@@ -102,6 +102,13 @@ func TestPublishRefusesPoisonInput(t *testing.T) {
 		{"limit rate does not parse", "", []string{"limit", "set", "device:*", "--rate", "2/fast"}, "--rate"},
 		{"limit key and kind", "", []string{"limit", "set", "device:x", "--kind", "k", "--rate", "1/s"}, "KEY"},
 		{"limit rm no target", "", []string{"limit", "rm"}, "KEY"},
+		{"group control", "", []string{"publish", "k", "--kind", "noop", "--group", "ac\x01me"}, "--group"},
+		{"limit group control", "", []string{"limit", "set", "--group", "a\tb", "--weight", "2"}, "--group"},
+		{"weight 0", "", []string{"limit", "set", "--group", "acme", "--weight", "0"}, "--weight"},
+		{"weight above 1000", "", []string{"limit", "set", "--group", "acme", "--weight", "1001"}, "--weight"},
+		{"weight on a lock key", "", []string{"limit", "set", "tenant:*", "--weight", "2"}, "--weight"},
+		{"concurrency 0", "", []string{"limit", "set", "--group", "acme", "--concurrency", "0"}, "--concurrency"},
+		{"limit group and kind", "", []string{"limit", "set", "--group", "acme", "--kind", "k", "--weight", "2"}, "--group"},
 	}
 	for _, tt := range tests {
 		_, stderr, code := runMain(t, tt.stdin, append([]string{"--store", c.store}, tt.args...)...)
@@ -114,6 +121,9 @@ func TestPublishRefusesPoisonInput(t *testing.T) {
 	}
 	if n := c.count(); n != 1 {
 		t.Errorf("%d tasks after refused publishes, want 1", n)
+	}
+	if out := strings.TrimSpace(c.must("limit", "ls", "--json")); out != "[]" {
+		t.Errorf("limits after refused limit sets: %s, want none", out)
 	}
 }
 

@@ -89,6 +89,7 @@ func taskFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "timeout", Usage: fmt.Sprintf("lease length; above --ping and at least %s", task.MinWorkerTimeout),
 			DefaultText: "4s, or 4×--ping (at least 100ms) when only that is given"},
 		&cli.StringFlag{Name: "lock", Usage: "comma-separated resources held exclusively while it runs"},
+		&cli.StringFlag{Name: "group", Usage: "the group (tenant) it runs as: groups share the workers by weight, and a group's concurrency limit counts it"},
 	}
 }
 
@@ -178,6 +179,12 @@ func taskParams(c *cli.Context, key string, runAt time.Time) (task.PublishParams
 	}
 	if p.LockKeys, err = listFlag(c, "lock"); err != nil {
 		return p, err
+	}
+	if c.IsSet("group") {
+		p.Group = c.String("group")
+		if err := task.ValidateName("group", p.Group); err != nil {
+			return p, badFlag(c, "group", "%v", err)
+		}
 	}
 	if p.Kind == mqttdev.Kind {
 		// A device command: the device's lock key serialises it cluster-wide.
@@ -348,6 +355,9 @@ func printTask(w io.Writer, t *task.Task, waiting string) error {
 	row("max_unexpected_retries", t.MaxUnexpectedRetries)
 	row("ping_interval", time.Duration(t.PingInterval))
 	row("worker_timeout", time.Duration(t.WorkerTimeout))
+	if t.Group != "" {
+		row("group", t.Group)
+	}
 	if len(t.LockKeys) > 0 {
 		row("lock_keys", strings.Join(t.LockKeys, ","))
 	}

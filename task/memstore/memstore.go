@@ -425,6 +425,7 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 		switch {
 		case len(q.Kinds) > 0 && !slices.Contains(q.Kinds, t.Kind),
 			q.WorkerID != "" && !t.Allows(q.WorkerID),
+			q.Group != "" && t.Group != q.Group,
 			share != nil && len(t.SpecificWorkerIDs) == 0 && !share[task.ShareBucket(t.Seq)],
 			q.Ready == t.NextClaimAt.After(q.Now),
 			q.After != nil && !q.Less(q.After, t):

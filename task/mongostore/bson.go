@@ -36,18 +36,21 @@ type taskDoc struct {
 	PingInterval         int64         `bson:"ping_interval"`
 	WorkerTimeout        int64         `bson:"worker_timeout"`
 	LockKeys             []string      `bson:"lock_keys"`
-	Workers              []attemptDoc  `bson:"workers"`
-	Attempts             int64         `bson:"attempts"`
-	History              []attemptDoc  `bson:"history"` // not omitempty: Update $sets every field
-	HistoryDropped       int64         `bson:"history_dropped"`
-	Cancelled            bool          `bson:"cancelled"`
-	State                string        `bson:"state"`
-	NextClaimAt          time.Time     `bson:"next_claim_at"`
-	Version              int64         `bson:"version"`
-	CreatedAt            time.Time     `bson:"created_at"`
-	UpdatedAt            time.Time     `bson:"updated_at"`
-	ChangesVersion       int64         `bson:"changes_version"`
-	Changes              []changeDoc   `bson:"changes"`
+	// Group is set at publish and never changes, so leaving it out of a
+	// $set of a task without one never leaves a stale one behind.
+	Group          string       `bson:"group,omitempty"`
+	Workers        []attemptDoc `bson:"workers"`
+	Attempts       int64        `bson:"attempts"`
+	History        []attemptDoc `bson:"history"` // not omitempty: Update $sets every field
+	HistoryDropped int64        `bson:"history_dropped"`
+	Cancelled      bool         `bson:"cancelled"`
+	State          string       `bson:"state"`
+	NextClaimAt    time.Time    `bson:"next_claim_at"`
+	Version        int64        `bson:"version"`
+	CreatedAt      time.Time    `bson:"created_at"`
+	UpdatedAt      time.Time    `bson:"updated_at"`
+	ChangesVersion int64        `bson:"changes_version"`
+	Changes        []changeDoc  `bson:"changes"`
 }
 
 // traceDoc is a task.Trace. A task's trace is set at publish (and by a
@@ -84,6 +87,7 @@ type attemptDoc struct {
 	Log           []logDoc      `bson:"log,omitempty"`
 	LogDropped    int64         `bson:"log_dropped,omitempty"`
 	OutputDropped bool          `bson:"output_dropped,omitempty"`
+	Slots         []string      `bson:"slots,omitempty"`
 }
 
 // logDoc is a task.LogLine.
@@ -130,6 +134,7 @@ func toDoc(t *task.Task) (*taskDoc, error) {
 		PingInterval:         int64(t.PingInterval),
 		WorkerTimeout:        int64(t.WorkerTimeout),
 		LockKeys:             nonNil(t.LockKeys),
+		Group:                t.Group,
 		Workers:              make([]attemptDoc, len(t.Attempts)),
 		Attempts:             int64(t.AttemptsStarted),
 		Cancelled:            t.Cancelled,
@@ -177,6 +182,7 @@ func toAttemptDoc(w task.Attempt) (attemptDoc, error) {
 		Error:         w.Error,
 		LogDropped:    int64(w.LogDropped),
 		OutputDropped: w.OutputDropped,
+		Slots:         w.Slots,
 	}
 	if len(w.Result) > 0 {
 		r, err := jsonToBSON(w.Result)
@@ -204,6 +210,7 @@ func fromAttemptDoc(d attemptDoc) (task.Attempt, error) {
 		Error:         d.Error,
 		LogDropped:    int(d.LogDropped),
 		OutputDropped: d.OutputDropped,
+		Slots:         d.Slots,
 	}
 	r, err := bsonToJSON(d.Result)
 	if err != nil {
@@ -246,6 +253,7 @@ func fromDoc(d *taskDoc) (*task.Task, error) {
 		PingInterval:         task.Duration(d.PingInterval),
 		WorkerTimeout:        task.Duration(d.WorkerTimeout),
 		LockKeys:             d.LockKeys,
+		Group:                d.Group,
 		Attempts:             make([]task.Attempt, len(d.Workers)),
 		AttemptsStarted:      int(d.Attempts),
 		Cancelled:            d.Cancelled,

@@ -231,6 +231,10 @@ func (s *Store) init(ctx context.Context, reach *reachWatch) error {
 		{Keys: bson.D{{Key: "key", Value: 1}}, Options: options.Index().SetUnique(true).SetName("key_unique")},
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "next_claim_at", Value: 1}, {Key: "priority", Value: -1}}, Options: options.Index().SetName("state_next_claim_at_priority")},
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "priority", Value: -1}, {Key: "next_claim_at", Value: 1}, {Key: "seq", Value: 1}}, Options: options.Index().SetName("state_priority_next_claim_at_seq")},
+		// A group's head (CandidateQuery.Group); tasks without a group
+		// stay out of it.
+		{Keys: bson.D{{Key: "group", Value: 1}, {Key: "state", Value: 1}, {Key: "priority", Value: -1}, {Key: "next_claim_at", Value: 1}, {Key: "seq", Value: 1}},
+			Options: options.Index().SetName("group_state_priority_next_claim_at_seq").SetPartialFilterExpression(bson.D{{Key: "group", Value: bson.D{{Key: "$exists", Value: true}}}})},
 		// Retention deletes finished tasks by state and age.
 		{Keys: bson.D{{Key: "state", Value: 1}, {Key: "updated_at", Value: 1}}, Options: options.Index().SetName("state_updated_at")},
 		// List pages by seq, filtered by state and/or kind (list.go).
@@ -484,6 +488,9 @@ func (s *Store) Candidates(ctx context.Context, q task.CandidateQuery) ([]*task.
 			bson.D{{Key: "specific_worker_ids", Value: bson.D{{Key: "$size", Value: 0}}}},
 			bson.D{{Key: "specific_worker_ids", Value: q.WorkerID}},
 		}}})
+	}
+	if q.Group != "" {
+		and = append(and, bson.D{{Key: "group", Value: q.Group}})
 	}
 	if len(q.Share) > 0 {
 		and = append(and, bson.D{{Key: "$or", Value: bson.A{

@@ -83,6 +83,10 @@ func upcomingCandidates(ctx context.Context, tx *sql.Tx, q task.CandidateQuery) 
 	text = strings.Replace(text, " ORDER BY", " AND (next_claim_at < ? OR (next_claim_at = ? AND seq < ?)) ORDER BY", 1)
 	bound := len(args) - 1 // the three arguments before the limit
 	args = slices.Insert(args, bound, any(nil), any(nil), any(nil))
+	prioArg := 0 // the priority's argument: after the group's, if any
+	if q.Group != "" {
+		prioArg = 1
+	}
 	st, err := tx.PrepareContext(ctx, text)
 	if err != nil {
 		return nil, mapErr(err)
@@ -93,7 +97,7 @@ func upcomingCandidates(ctx context.Context, tx *sql.Tx, q task.CandidateQuery) 
 		if len(best) == q.Limit {
 			worst = best[len(best)-1]
 		}
-		args[0], args[bound], args[bound+1], args[bound+2] = prio, worst.at, worst.at, worst.seq
+		args[prioArg], args[bound], args[bound+1], args[bound+2] = prio, worst.at, worst.at, worst.seq
 		rows, err := st.QueryContext(ctx, args...)
 		if err != nil {
 			return false, mapErr(err)
@@ -158,8 +162,14 @@ func candidateSQL(q task.CandidateQuery, cols string, priority, limit int) (stri
 	args := make([]any, 0, 8)
 	// INDEXED BY: without statistics the planner prefers the index on
 	// state, which reads every unfinished task and sorts them.
-	b.WriteString("SELECT " + cols + " FROM tasks INDEXED BY tasks_ready WHERE " + unfinished + " AND priority = ?")
-	args = append(args, priority)
+	if q.Group != "" {
+		// No index on the group: see hotIndexes.
+		b.WriteString("SELECT " + cols + " FROM tasks INDEXED BY tasks_ready WHERE " + unfinished + " AND " + groupSQL + " = ? AND priority = ?")
+		args = append(args, q.Group, priority)
+	} else {
+		b.WriteString("SELECT " + cols + " FROM tasks INDEXED BY tasks_ready WHERE " + unfinished + " AND priority = ?")
+		args = append(args, priority)
+	}
 	now := q.Now.UnixNano()
 	if q.Ready {
 		b.WriteString(" AND next_claim_at <= ?")

@@ -332,6 +332,8 @@ func (d *jsonDecoder) task(t *task.Task) bool {
 			return d.duration(&t.WorkerTimeout)
 		case "lock_keys":
 			return d.strs(&t.LockKeys)
+		case "group":
+			return d.str(&t.Group)
 		case "workers":
 			return d.workers(&t.Attempts)
 		case "attempts":
@@ -382,6 +384,8 @@ func (d *jsonDecoder) worker(w *task.Attempt) bool {
 			return d.int(&w.ClaimVersion)
 		case "ended_at":
 			return d.time(&w.EndedAt)
+		case "slots":
+			return d.strs(&w.Slots)
 		case "error":
 			return d.str(&w.Error)
 		case "result":

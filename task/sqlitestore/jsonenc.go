@@ -80,6 +80,10 @@ func appendJSON(b []byte, t *task.Task) ([]byte, error) {
 		e.field(`lock_keys`)
 		e.strs(t.LockKeys)
 	}
+	if t.Group != "" {
+		e.field(`group`)
+		e.str(t.Group)
+	}
 	e.field(`workers`)
 	e.workers(t.Attempts)
 	e.field(`attempts`)
@@ -250,6 +254,10 @@ func (e *jsonAppender) worker(w *task.Attempt) {
 	if w.OutputDropped {
 		e.field(`output_dropped`)
 		e.b = append(e.b, "true"...)
+	}
+	if len(w.Slots) > 0 {
+		e.field(`slots`)
+		e.strs(w.Slots)
 	}
 	e.raw('}')
 }

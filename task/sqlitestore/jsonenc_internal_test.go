@@ -50,11 +50,12 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 		ConcurrentWorkerCnt: 2, SuccessWorkerCnt: 3, MaxUnexpectedRetries: -1,
 		PingInterval: task.Duration(1500 * time.Millisecond), WorkerTimeout: task.Duration(3 * time.Microsecond),
 		LockKeys: []string{"device:1", "rate:x#2"},
+		Group:    "acme",
 		Attempts: []task.Attempt{
 			{WorkerID: "w1", Instance: "i1", State: task.AttemptRunning, Attempt: 3, LeaseUntil: t0.Add(time.Second), StartedAt: t0, ClaimVersion: 17},
 			{WorkerID: "w2", State: task.AttemptFail, Attempt: 2, LeaseUntil: t0.In(east), StartedAt: t0.Add(-time.Hour), ClaimVersion: 9, EndedAt: t0.Add(-time.Minute),
 				Error: "boom" + awkward, Result: json.RawMessage(`{"r": true}`), Log: []task.LogLine{{At: t0, Msg: awkward}, {At: t0.Add(time.Nanosecond), Msg: ""}},
-				LogDropped: 4, OutputDropped: true},
+				LogDropped: 4, OutputDropped: true, Slots: []string{"group:acme#1"}},
 		},
 		AttemptsStarted: 3,
 		History:         []task.Attempt{{WorkerID: "w0", State: "SNOOZED", Attempt: 1, StartedAt: t0.Add(-2 * time.Hour), EndedAt: t0.Add(-90 * time.Minute)}},

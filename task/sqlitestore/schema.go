@@ -203,9 +203,19 @@ const recordNamespace = `CASE WHEN kind IN ('schedule', 'schedule-cursor', 'devi
 // it: the candidate queries read only what may still run, however many
 // finished tasks the store keeps. It is read one priority at a time
 // (candidateSQL), each a range seek on next_claim_at.
+//
+// A group's head (CandidateQuery.Group) has no index: it is read along
+// tasks_ready, matching the group in each row's document (groupSQL), on
+// the read connection. An index on the group would be written on every
+// write of a document (SQLite cannot tell an expression's value kept), in
+// the writer goroutine; a worker reads a group's head only when the group
+// is short in its heap, and at most once a second while it is drained.
 var hotIndexes = `CREATE INDEX IF NOT EXISTS tasks_ready ON tasks (priority DESC, next_claim_at) WHERE ` + unfinished + `;
 CREATE INDEX IF NOT EXISTS tasks_finished_updated ON tasks (state, updated_at) WHERE ` + finished + `;
 `
+
+// groupSQL is a row's task group, from its document.
+const groupSQL = `json_extract(doc, '$.group')`
 
 // listIndexes serve List (version 6). An SQLite index ends with the
 // rowid, which is seq, so each keeps its matches in seq order: a page

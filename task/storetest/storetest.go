@@ -54,6 +54,7 @@ func Run(t *testing.T, open func(t *testing.T) Opened) {
 	t.Run("LockInstances", s.lockInstances)
 	t.Run("LockLines", s.lockLines)
 	t.Run("LockNamespaces", s.lockNamespaces)
+	t.Run("Groups", s.groups)
 	t.Run("Registry", s.registry)
 	t.Run("Hostile", s.hostile)
 	t.Run("Now", func(t *testing.T) {

@@ -673,6 +673,46 @@ func (c *Table) Lift(paused func(*task.Task) bool, now time.Time) {
 	}
 }
 
+// EvictOrderAfter makes room for a grouped task of priority p ordered at
+// order (preempt.Heap.EvictOrderAfter).
+func (c *Table) EvictOrderAfter(p int, order time.Time) bool {
+	e, ok := c.heap.EvictOrderAfter(p, order)
+	if ok {
+		c.Forget(e.Key)
+	}
+	return ok
+}
+
+// EachQueued calls fn with every entry in the heap; fn must not change
+// the table.
+func (c *Table) EachQueued(fn func(preempt.Entry)) { c.heap.Each(fn) }
+
+// WakeWaiting makes due now the rate-waiting entries wake picks, best
+// first.
+func (c *Table) WakeWaiting(now time.Time, wake func(preempt.Entry) bool) {
+	var waiting []preempt.Entry
+	for key, k := range c.keys {
+		if k.state != RateWaiting {
+			continue
+		}
+		if e, ok := c.heap.Entry(key); ok && e.At.After(now) {
+			waiting = append(waiting, e)
+		}
+	}
+	slices.SortFunc(waiting, func(a, b preempt.Entry) int {
+		if better(a, &b) {
+			return -1
+		}
+		return 1
+	})
+	for _, e := range waiting {
+		if wake(e) {
+			e.At = now
+			c.heap.Put(e)
+		}
+	}
+}
+
 // EvictLater makes room for a task of priority p claimable at at
 // (preempt.Heap.EvictLater).
 func (c *Table) EvictLater(p int, at time.Time) bool {

@@ -127,6 +127,18 @@ func (l *Renewer) RenewAnd(ctx context.Context, also func(t *task.Task, now time
 			return err
 		}
 	}
+	// The concurrency limits' slots the claim took (task.Attempt.Slots)
+	// are held the same way.
+	if i := l.Doc().Entry(l.Holder()); i >= 0 && len(l.Doc().Attempts[i].Slots) > 0 {
+		until := now.Add(time.Duration(l.Doc().WorkerTimeout))
+		err := l.store.AcquireLocks(ctx, task.LockParams{Namespace: task.LockConcurrency, Keys: l.Doc().Attempts[i].Slots, Holder: l.Holder(), Now: now, Until: until})
+		if errors.Is(err, task.ErrLocked) {
+			return fmt.Errorf("%w: %w", task.ErrLeaseLost, err)
+		}
+		if err != nil {
+			return err
+		}
+	}
 	err := l.Write(ctx, func(t *task.Task) error {
 		if err := t.Renew(l.holder, now); err != nil {
 			return err

@@ -1,0 +1,416 @@
+package consumer
+
+// Groups (tenants) share the workers by weight, and concurrency limits
+// bound how many tasks of a kind, a group or a lock key run at once.
+//
+// Fair order: among due tasks of one priority, a worker orders the tasks
+// of groups by start-time fair queueing. Each grouped task it admits gets
+// a start tag, max(the worker's virtual time, its group's last tag) plus
+// fairStep/weight, and the virtual time is the tag of the last task
+// dispatched; the tag is the entry's Order, which ranks due entries of a
+// priority. So a group's backlog admitted ahead does not stand before a
+// group that publishes later (its first tag is about the virtual time),
+// two backlogged groups are dispatched in the ratio of their weights, and
+// a group with nothing ready costs nothing and builds no credit. A full
+// heap lets a grouped task in by evicting the entry ordered last
+// (preempt.Heap.EvictOrderAfter). Tasks with no group keep their publish
+// time as Order. See docs/decisions/0016-groups-by-start-time-fair-queueing.md.
+//
+// Concurrency: a limited task holds one of the limit's N slot locks in
+// task.LockConcurrency with its lease, taken in the claim (claimRules),
+// recorded in its attempt (task.Attempt.Slots), extended by renewals and
+// freed once its outcome is written, so a dead worker's slot frees at its
+// lease's end and the history never shows more than N running.
+// A worker keeps back a due task whose slots it knows taken and wakes it
+// when it hears a task of the same limits end.
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/control"
+	"github.com/leasepool/leasepool/task"
+)
+
+// fairStep is the virtual time a task of weight 1 takes; one of weight w
+// takes fairStep/w (control.MaxWeight divides it).
+const fairStep = time.Millisecond
+
+// concurrencyRetry bounds how long a task refused for a full concurrency
+// limit waits before it tries again, when no end of a task of the limit
+// is heard first (a slot held by a dead worker frees at its lease's end,
+// with no event).
+const concurrencyRetry = 250 * time.Millisecond
+
+// fairClock is a worker's start-time fair queueing state. Only the
+// scheduler's goroutine uses it.
+type fairClock struct {
+	vclock time.Time
+	last   map[string]time.Time // group → its last start tag
+	tags   map[string]time.Time // task key → its start tag, while held here
+	bound  int
+	// seen is the groups heard of lately (offers), for topUp; drained
+	// holds those whose head read came back short until then.
+	seen      map[string]time.Time
+	drained   map[string]time.Time
+	lastTopUp time.Time
+	// maxTag is the latest tag given: a task tagged after it finds no
+	// grouped entry to take the place of.
+	maxTag time.Time
+}
+
+// maxTopUpGroups bounds the groups a worker tops its heap up with at
+// once: the ones heard of last.
+const maxTopUpGroups = 64
+
+// topUpInterval is how often topUp looks at the groups' shares of the heap.
+const topUpInterval = 20 * time.Millisecond
+
+// order is t's Order before any stand-by: its start tag when it has a
+// group (the same for the same key while known), else its publish time.
+func (f *fairClock) order(t *task.Task, weight int, now time.Time) time.Time {
+	tag, _ := f.tag(t, weight, now, true)
+	return tag
+}
+
+// tag is t's start tag and whether it is new; kept only when keep is set
+// (a task the heap may have no room for must not move its group's clock).
+func (f *fairClock) tag(t *task.Task, weight int, now time.Time, keep bool) (time.Time, bool) {
+	if t.Group == "" {
+		if t.CreatedAt.IsZero() {
+			return now, false
+		}
+		return t.CreatedAt, false
+	}
+	if f.seen == nil || len(f.seen) > 4*maxTopUpGroups {
+		f.seen, f.drained = map[string]time.Time{}, map[string]time.Time{}
+	}
+	f.seen[t.Group] = now
+	if tag, ok := f.tags[t.Key]; ok {
+		return tag, false
+	}
+	delete(f.drained, t.Group) // a new task: its head may be longer now
+	if f.last == nil || len(f.tags) > f.bound {
+		f.last, f.tags = map[string]time.Time{}, map[string]time.Time{}
+	}
+	if f.vclock.IsZero() {
+		f.vclock = now
+	}
+	tag := f.vclock
+	if l := f.last[t.Group]; l.After(tag) {
+		tag = l
+	}
+	tag = tag.Add(fairStep / time.Duration(max(weight, 1)))
+	if keep {
+		f.last[t.Group], f.tags[t.Key] = tag, tag
+		if tag.After(f.maxTag) {
+			f.maxTag = tag
+		}
+	}
+	return tag, true
+}
+
+// popped advances the virtual time to a dispatched entry's tag.
+func (f *fairClock) popped(e preempt.Entry) {
+	if e.Task == nil {
+		return
+	}
+	tag, ok := f.tags[e.Key]
+	if !ok && e.Task.Group == "" {
+		tag = e.Task.CreatedAt
+	}
+	if tag.After(f.vclock) {
+		f.vclock = tag
+	}
+}
+
+// fairOrder is t's Order before its stand-by (see fairClock.order).
+func (s *scheduler) fairOrder(t *task.Task, now time.Time) time.Time {
+	s.fair.bound = 4 * s.cfg.HeapSize
+	return s.fair.order(t, s.ctl.Load().Weight(t.Group), now)
+}
+
+// evictFair makes room for a grouped task ordered before the last entry
+// of its priority.
+func (s *scheduler) evictFair(t *task.Task, now time.Time) bool {
+	if t.Group == "" {
+		return false
+	}
+	tag, _ := s.fair.tag(t, s.ctl.Load().Weight(t.Group), now, false)
+	if !tag.Before(s.fair.maxTag) {
+		return false // a backlog's own next task: nothing held is ordered later
+	}
+	return s.tab.EvictOrderAfter(t.Priority, tag)
+}
+
+// topUp keeps one group's backlog from holding the others out of the
+// heap. The refill reads the store in claim-time order, so a heap full of
+// a backlog published first holds no task of a group published after it
+// (its tasks come in by their publish events, evicting the backlog's
+// last: evictFair, but not those published before this worker read).
+// While the store holds more than the heap (overflow), every
+// topUpInterval, the
+// groups heard of lately that hold less than half their share of the
+// heap (HeapSize × weight / the weights' sum) have their head read
+// (task.CandidateQuery.Group; this worker's share of it when it is one of
+// several) into it up to their share, in place of the entries ordered
+// last: a group drained faster than the pages bring it (a weight of 3
+// against 1 in batches published alike) is kept in the heap.
+func (s *scheduler) topUp(ctx context.Context) {
+	f := &s.fair
+	if !s.overflow || time.Since(f.lastTopUp) < topUpInterval || s.tab.Paging() {
+		return
+	}
+	ctl := s.ctl.Load()
+	if ctl != nil {
+		// A group with a limit or weight is known before any of its tasks
+		// is heard of: a worker reading another's backlog first looks for
+		// it all the same.
+		for _, l := range ctl.Limits {
+			if _, ok := f.seen[l.Target.Name]; l.Target.Scope == control.ScopeGroup && !ok && len(f.seen) < maxTopUpGroups {
+				if f.seen == nil {
+					f.seen, f.drained = map[string]time.Time{}, map[string]time.Time{}
+				}
+				f.seen[l.Target.Name] = time.Time{}
+			}
+		}
+	}
+	if len(f.seen) < 2 {
+		return
+	}
+	f.lastTopUp = time.Now()
+	now := s.store.Now()
+	held := map[string]int{}
+	s.tab.EachQueued(func(e preempt.Entry) {
+		if e.Task != nil {
+			held[e.Task.Group]++
+		}
+	})
+	groups := make([]string, 0, len(f.seen))
+	for g, at := range f.seen {
+		if !at.IsZero() && now.Sub(at) > time.Minute && held[g] == 0 {
+			delete(f.seen, g)
+			continue
+		}
+		groups = append(groups, g)
+	}
+	slices.SortFunc(groups, func(a, b string) int { return f.seen[b].Compare(f.seen[a]) })
+	groups = groups[:min(len(groups), maxTopUpGroups)]
+	sum := 0
+	for _, g := range groups {
+		sum += ctl.Weight(g)
+	}
+	for _, g := range groups {
+		share := s.cfg.HeapSize * ctl.Weight(g) / sum
+		if held[g] >= share/2 || now.Before(f.drained[g]) {
+			continue
+		}
+		// This worker's share of the group's head, as past the head of
+		// the whole queue (refill.go): tasks it is preferred for.
+		q := task.CandidateQuery{Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: true, Group: g, Share: s.share(), Limit: max(share-held[g], 1)}
+		page, err := s.store.Candidates(ctx, q)
+		if err != nil {
+			return // the next refill tries again
+		}
+		for _, t := range page {
+			if !s.tab.State(t.Key).Held() && s.full() && !s.evictFair(t, now) {
+				break
+			}
+			s.offer(t, now)
+		}
+		switch {
+		case len(page) == 0:
+			// Nothing ready: not read again before its next publish is
+			// heard (or half a minute): on SQLite the read scans the
+			// backlog ahead of it.
+			f.drained[g] = now.Add(30 * time.Second)
+		case len(page) < q.Limit:
+			f.drained[g] = now.Add(time.Second) // or until its next publish is heard
+		}
+	}
+}
+
+// concurrencyBucket is the slot table's view of a concurrency limit: its
+// keys are apart from the rate limits' (a NUL byte no name holds).
+func concurrencyBucket(c control.Slots) control.Bucket {
+	return control.Bucket{Key: "\x00c:" + c.Key, N: c.N}
+}
+
+// concurrencyTableKey is a concurrency slot's key in the slot table.
+func concurrencyTableKey(slot string) string { return "\x00c:" + slot }
+
+// concurrencyGate keeps back a due task whose concurrency slots are all
+// known taken here: it waits until the first known lease end, or until a
+// task of the limit is heard to end (concurrencyEnded), with no store trip.
+func (s *scheduler) concurrencyGate(e preempt.Entry, ctl *control.State) bool {
+	conc := ctl.Concurrency(e.Task)
+	if len(conc) == 0 {
+		return true
+	}
+	now := s.store.Now()
+	for _, c := range conc {
+		if at, full := s.slots.full(concurrencyBucket(c), now); full {
+			s.tab.RateWait(e, earliest(at, now.Add(concurrencyRetry)))
+			return false
+		}
+	}
+	return true
+}
+
+// concurrencyEnded hears a task's write: the slots of its attempts that
+// ended are free now, and as many tasks waiting for those limits here are
+// made due.
+func (s *scheduler) concurrencyEnded(t *task.Task, now time.Time) {
+	var freed map[string]int // limit key → slots freed
+	for _, list := range [][]task.Attempt{t.Attempts, t.History} {
+		for _, a := range list {
+			if len(a.Slots) == 0 || a.Live(now) {
+				continue
+			}
+			for _, k := range a.Slots {
+				tk := concurrencyTableKey(k)
+				until, known := s.slots.known(tk)
+				s.slots.forget([]string{tk})
+				// Counted once: while this process knew it taken, or
+				// (its own finish forgot it) just after it ended.
+				if (known && until.After(now)) || (!a.EndedAt.IsZero() && now.Sub(a.EndedAt) < 2*time.Second) {
+					if freed == nil {
+						freed = map[string]int{}
+					}
+					limit, _, _ := strings.Cut(k, "#")
+					freed[limit]++
+				}
+			}
+		}
+	}
+	if len(freed) == 0 || s.tab.Count(claimtab.RateWaiting) == 0 {
+		return
+	}
+	ctl := s.ctl.Load()
+	s.tab.WakeWaiting(now, func(e preempt.Entry) bool {
+		for _, c := range ctl.Concurrency(e.Task) {
+			if freed[c.Key] > 0 {
+				freed[c.Key]--
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// takeConcurrency takes one slot of each concurrency limit for holder's
+// run until its lease ends (until), and records the slots in the claim's
+// attempt entry of t. When a limit has no free slot it takes nothing and
+// returns *rateLimited with when to try again.
+func (r *claimRules) takeConcurrency(ctx context.Context, conc []control.Slots, t *task.Task, holder task.Holder, now, until time.Time) ([]task.LockParams, error) {
+	var held []task.LockParams
+	giveBack := func() {
+		for _, p := range held {
+			r.releaseLocks(p)
+			r.forgetSlots(p)
+		}
+	}
+	var keys []string
+	for _, c := range conc {
+		p, err := r.takeConcurrencySlot(ctx, c, holder, now, until)
+		if err != nil {
+			giveBack()
+			return nil, err
+		}
+		held = append(held, p)
+		keys = append(keys, p.Keys...)
+	}
+	if i := t.Entry(holder); i >= 0 {
+		t.Attempts[i].Slots = keys
+		// Started once it holds its slots: the store's time now is after
+		// the slot's previous holder wrote its outcome (and ended_at), so
+		// the history shows a limit's runs one after another.
+		if at := r.store.Now(); at.After(t.Attempts[i].StartedAt) {
+			t.Attempts[i].StartedAt = at
+		}
+	}
+	return held, nil
+}
+
+func (r *claimRules) takeConcurrencySlot(ctx context.Context, c control.Slots, holder task.Holder, now, until time.Time) (task.LockParams, error) {
+	b := concurrencyBucket(c)
+	for _, i := range r.slots.free(b, now) {
+		p := task.LockParams{Namespace: task.LockConcurrency, Keys: []string{c.SlotKey(i)}, Holder: holder, Now: now, Until: until}
+		err := r.store.AcquireLocks(ctx, p)
+		var locked *task.LockedError
+		switch {
+		case err == nil:
+			r.slots.note(concurrencyTableKey(p.Keys[0]), until, now)
+			return p, nil
+		case errors.As(err, &locked):
+			// Known taken for a moment only: a holder's slot frees at its
+			// finish, long before its lease ends, and a process that
+			// hears of no finish (a serve answering remote workers, or a
+			// peer's finish through another serve) asks the store again.
+			r.slots.note(concurrencyTableKey(p.Keys[0]), earliest(locked.Until, now.Add(concurrencyRetry)), now)
+		default:
+			return task.LockParams{}, err
+		}
+	}
+	return task.LockParams{}, &rateLimited{bucket: "concurrency " + c.Key, until: earliest(r.slots.earliest(b, now), now.Add(concurrencyRetry))}
+}
+
+// forgetSlots drops what the slot table knows of p's keys.
+func (r *claimRules) forgetSlots(p task.LockParams) {
+	if p.Namespace == task.LockConcurrency {
+		keys := make([]string, len(p.Keys))
+		for i, k := range p.Keys {
+			keys[i] = concurrencyTableKey(k)
+		}
+		r.slots.forget(keys)
+		return
+	}
+	r.slots.forget(p.Keys)
+}
+
+// releaseSlotsAfter frees the concurrency slots of holder's attempt of t
+// once its outcome is written: a slot is free only when the store shows
+// its attempt over, so the attempt history never shows more running than
+// the limit, through crashes included. After a lost lease, or an outcome
+// not written, the slots run out at the lease's end instead, since the
+// attempt may still run elsewhere (the handler's last side effect).
+func (r *claimRules) releaseSlotsAfter(t *task.Task, holder task.Holder, outcome Outcome) {
+	switch outcome {
+	case OutcomeSucceeded, OutcomeRetried, OutcomeFailed, OutcomeSnoozed, OutcomeReleased, OutcomeCancelled, OutcomeTaskDone:
+		r.releaseSlots(t, holder)
+	}
+}
+
+// releaseSlots frees the concurrency slots of holder's attempt of t.
+func (r *claimRules) releaseSlots(t *task.Task, holder task.Holder) {
+	if t == nil {
+		return
+	}
+	i := t.Entry(holder)
+	if i < 0 || len(t.Attempts[i].Slots) == 0 {
+		return
+	}
+	p := task.LockParams{Namespace: task.LockConcurrency, Keys: t.Attempts[i].Slots, Holder: holder, Now: r.store.Now()}
+	r.releaseLocks(p)
+	r.forgetSlots(p)
+}
+
+// known is when slot frees as last seen here, if known.
+func (s *slotTable) known(slot string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.until[slot]
+	return u, ok
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
