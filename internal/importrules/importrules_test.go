@@ -79,7 +79,7 @@ func every(string) bool { return true }
 
 // program reports whether path is a program: the CLI, or an example of
 // a program of your own.
-func program(path string) bool { return under("cmd")(path) || under("internal/examples")(path) }
+func program(path string) bool { return under("cmd")(path) || under("examples")(path) }
 
 func production(path string) bool {
 	for _, t := range testOnly {
@@ -193,7 +193,7 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "a backend is imported directly only by store and programs (cmd, internal/examples)",
+		name:    "a backend is imported directly only by store and programs (cmd, examples)",
 		applies: func(path string) bool { return production(path) && path != "store" && !program(path) },
 		check: func(_ string, p pkg) []string {
 			return in(p.Imports, is(backends...))
@@ -214,7 +214,7 @@ var rules = []rule{
 		},
 	},
 	{
-		name:    "no package imports cmd or internal/examples",
+		name:    "no package imports cmd or examples",
 		applies: every,
 		check: func(_ string, p pkg) []string {
 			return in(p.Deps, program)
@@ -425,4 +425,28 @@ func rels(paths []string) []string {
 		}
 	}
 	return out
+}
+
+// maxPublic bounds the importable packages outside internal/, tests and
+// cmd: what a user needs (the model and its stores, the worker and what
+// runs on it, the controls, the HTTP surface), the engine behind consumer.
+const maxPublic = 21
+
+// TestPublicSurface: a new public package is a decision, not a drift.
+func TestPublicSurface(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{if ne .Name "main"}}{{.ImportPath}}{{end}}`, module+"/...").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var public []string
+	for _, path := range strings.Fields(string(out)) {
+		rel := strings.TrimPrefix(strings.TrimPrefix(path, module), "/")
+		if strings.Contains("/"+rel+"/", "/internal/") || under("tests")(rel) || under("cmd")(rel) {
+			continue
+		}
+		public = append(public, rel)
+	}
+	if len(public) > maxPublic || len(public) == 0 {
+		t.Fatalf("%d importable packages outside internal/, tests and cmd, at most %d: %v", len(public), maxPublic, public)
+	}
 }

@@ -11,7 +11,7 @@
 // Everything runs in this one process for the demonstration: the store
 // file, a worker hosting the embedded MQTT broker, and simulated devices.
 //
-//	go run ./internal/examples/whitelist [--store FILE] [--devices 3] [--people 4] [--rate 2/1s] [--fail-rate 0.1]
+//	go run ./examples/whitelist [--store FILE] [--devices 3] [--people 4] [--rate 2/1s] [--fail-rate 0.1]
 package main
 
 import (
