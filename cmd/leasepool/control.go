@@ -205,7 +205,7 @@ func limitCommand() *cli.Command {
 				ArgsUsage: "KEY",
 				Flags: []cli.Flag{kind, group,
 					&cli.StringFlag{Name: "rate", Usage: "N/DURATION, e.g. 2/1s: at most N starts per duration"},
-					&cli.IntFlag{Name: "weight", Usage: "a group's share of the workers against other groups, 1 to 1000 (default 1)"},
+					&cli.IntFlag{Name: "weight", Usage: "a group's share of the workers against other groups, 1 to 1000; a group given none weighs 1"},
 					&cli.IntFlag{Name: "concurrency", Usage: "at most N running at once, cluster-wide (each key of a pattern on its own)"},
 				},
 				Action: func(c *cli.Context) error {
