@@ -1,7 +1,6 @@
 package sqlitestore
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -62,7 +62,7 @@ func TestRenewalsOvertakeADocumentFlood(t *testing.T) {
 		wg.Wait()
 	}()
 	queued := func() int { return len(s.writeQ) + len(s.bulkQ) }
-	waitFor(t, time.Minute, "a write queue full and every flooder writing", func() bool {
+	testutil.Eventually(t, time.Minute, "a write queue full and every flooder writing", func() bool {
 		return queued() >= maxBatch && total.Load() >= flooders
 	})
 
@@ -128,18 +128,4 @@ func TestRenewalsOvertakeADocumentFlood(t *testing.T) {
 	}
 	t.Logf("%d renewals, slowest %s, at most %d commits each; %d document writes meanwhile, %d in all",
 		rounds, slowest, s.mainLag.Load(), during, total.Load())
-}
-
-// waitFor polls cond until it holds, failing t after d.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), d)
-	defer cancel()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waited %s for %s", d, what)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
 }
