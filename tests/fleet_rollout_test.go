@@ -2,7 +2,6 @@ package tests
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,9 +9,7 @@ import (
 
 	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev"
-	"github.com/leasepool/leasepool/mqttdev/device"
 	"github.com/leasepool/leasepool/rollout"
-	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/worker"
 )
 
@@ -142,96 +139,4 @@ func testFleetRollouts(t *testing.T, faultyCount, healthyCount int) {
 	pa := a.Progress()
 	t.Logf("fw-a: %d succeeded, %d failed, %d offline, %d timed out, %d skipped; fw-b: %d succeeded; %s in all",
 		pa.Total.Succeeded, pa.Total.Failed, pa.Total.Offline, pa.Total.TimedOut, pa.Total.Skipped, b.Progress().Total.Succeeded, since())
-}
-
-// checkFleetRollouts checks TestRolloutsOnAFleet's invariants on the
-// failing rollout a, the healthy rollout b and what the devices saw.
-func checkFleetRollouts(t *testing.T, a, b *rollout.Rollout, rep *device.Report, tasks map[string]*task.Task, healthyCount int) {
-	t.Helper()
-	if len(rep.Overlaps) > 0 {
-		t.Errorf("devices ran two commands at once: %+v", rep.Overlaps)
-	}
-	if a.State != rollout.StateAborted {
-		t.Fatalf("fw-a: %s (%s), want aborted; events %+v", a.State, a.Reason, a.Events)
-	}
-	checkRolloutAbortWave(t, a, a.Spec.AbortWhen[0])
-	for _, run := range rep.Runs {
-		if run.Command == "update" && run.SentAt.After(a.EndedAt) {
-			t.Errorf("%s ran update (%s attempt %d) sent at %s, after the abort was recorded at %s", run.Device, run.TaskKey, run.Attempt, run.SentAt, a.EndedAt)
-		}
-	}
-	for key, tk := range tasks {
-		if !strings.HasPrefix(key, "rollout:fw-a:") || strings.HasSuffix(key, ":rollback") {
-			continue
-		}
-		for _, w := range append(slices.Clone(tk.History), tk.Attempts...) {
-			if w.StartedAt.After(a.EndedAt) {
-				t.Errorf("%s claimed at %s, after the abort was recorded at %s", key, w.StartedAt, a.EndedAt)
-			}
-		}
-	}
-	var succeeded, rolledBack []string
-	for _, e := range a.Devices {
-		if e.Outcome == rollout.OutcomeSucceeded {
-			succeeded = append(succeeded, e.Device)
-		}
-	}
-	okUpdate := map[string]bool{}
-	for _, run := range rep.Runs {
-		if run.Command == "rollback" && !slices.Contains(rolledBack, run.Device) {
-			rolledBack = append(rolledBack, run.Device)
-		}
-		if run.Command == "update" && run.OK {
-			okUpdate[run.Device] = true
-		}
-	}
-	slices.Sort(succeeded)
-	slices.Sort(rolledBack)
-	if len(succeeded) == 0 || !slices.Equal(succeeded, rolledBack) {
-		t.Errorf("rollback ran on %v\nthe devices that succeeded: %v", rolledBack, succeeded)
-	}
-	for _, d := range succeeded {
-		if !okUpdate[d] {
-			t.Errorf("%s counted succeeded, but the device never ran update successfully", d)
-		}
-	}
-	if b.State != rollout.StateCompleted {
-		t.Fatalf("fw-b: %s (%s), want completed; events %+v", b.State, b.Reason, b.Events)
-	}
-	var started []int
-	for _, e := range b.Events {
-		if e.Type == rollout.EventWaveStarted {
-			started = append(started, e.Wave)
-		}
-	}
-	if fmt.Sprint(started) != "[0 1 2 3]" {
-		t.Errorf("fw-b waves started %v, want [0 1 2 3]", started)
-	}
-	for i := 1; i < len(b.Waves); i++ {
-		if b.Waves[i].StartedAt.Before(b.Waves[i-1].EndedAt) {
-			t.Errorf("fw-b wave %d started before wave %d ended", i+1, i)
-		}
-	}
-	if p := b.Progress(); p.Total.Succeeded != healthyCount {
-		t.Errorf("fw-b: %+v, want %d succeeded", p.Total, healthyCount)
-	}
-	for _, r := range []*rollout.Rollout{a, b} {
-		var at []time.Time
-		for _, e := range r.Devices {
-			at = append(at, e.Dispatched...)
-			for n := 1; n <= e.Attempt && n <= len(e.Dispatched); n++ {
-				if tk := tasks[rollout.TaskKey(r.Name, e.Device, n)]; tk != nil && tk.CreatedAt.Before(e.Dispatched[0]) {
-					t.Errorf("%s created at %s, before its first dispatch %s", tk.Key, tk.CreatedAt, e.Dispatched[0])
-				}
-			}
-		}
-		slices.SortFunc(at, time.Time.Compare)
-		rate := r.Spec.Rate
-		for i := rate.N; i < len(at); i++ {
-			if at[i].Sub(at[i-rate.N]) < time.Duration(rate.Per) {
-				t.Errorf("%s: %d dispatches within %s: %s .. %s", r.Name, rate.N+1, time.Duration(rate.Per), at[i-rate.N], at[i])
-				break
-			}
-		}
-	}
 }
