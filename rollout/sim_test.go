@@ -236,7 +236,7 @@ func (d *simDriver) stepUntil(t *testing.T, name string, every time.Duration, do
 		if r := d.step(t, name); done(r) {
 			return r
 		}
-		time.Sleep(every)
+		time.Sleep(every) // virtual time (synctest): the driver's period is the point
 	}
 }
 
@@ -456,7 +456,7 @@ func TestSimRolloutWithOfflineDevices(t *testing.T) {
 			defer close(returned)
 			for _, dev := range away {
 				back[dev] = f.comeBack(dev)
-				time.Sleep(10 * time.Second / time.Duration(len(away)))
+				time.Sleep(10 * time.Second / time.Duration(len(away))) // virtual time: the returns' pace is the point
 			}
 		}()
 		d.stepUntil(t, "away", DefaultEvery, (*Rollout).Over)
