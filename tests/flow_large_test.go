@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -249,30 +248,6 @@ func startPlainWorker(t *testing.T, store, id string, extra ...string) *workerPr
 	t.Helper()
 	args := append([]string{"--store", store, "--log-level", "warn", "worker", "--id", id}, extra...)
 	return startProc(t, id, exec.Command(plainLeasepoolBin(t), args...))
-}
-
-func startProc(t *testing.T, name string, cmd *exec.Cmd) *workerProc {
-	t.Helper()
-	logf, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("%s log:\n%s", name, tail(string(b), 3000))
-		}
-	})
-	return &workerProc{id: name, cmd: cmd}
 }
 
 // startPlainServe runs plainBin's `leasepool serve` and returns its address

@@ -265,3 +265,29 @@ func testContext(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// startProc starts cmd with its output in a log of the test's, kills it
+// at cleanup if it still runs, and shows the log's tail if t failed.
+func startProc(t *testing.T, name string, cmd *exec.Cmd) *workerProc {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("%s log:\n%s", name, tail(string(b), 3000))
+		}
+	})
+	return &workerProc{id: name, cmd: cmd}
+}

@@ -29,26 +29,7 @@ func resizeWorkerBin(t *testing.T) string {
 // the registry lists it live.
 func startResizeWorker(t *testing.T, storeURL, id string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(resizeWorkerBin(t), "--store", storeURL, "--id", id)
-	logf, err := os.Create(filepath.Join(t.TempDir(), id+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("%s log:\n%s", id, tail(string(b), 4000))
-		}
-	})
+	cmd := startProc(t, id, exec.Command(resizeWorkerBin(t), "--store", storeURL, "--id", id)).cmd
 	eventually(t, 30*time.Second, id+" in the registry", func() bool {
 		out, _, code := runCLI(t, "--store", storeURL, "--log-level", "error", "workers", "--json")
 		var ws []task.WorkerInfo
