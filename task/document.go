@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Document is a versioned JSON document of state that is not a task, such
@@ -22,6 +25,12 @@ type Document struct {
 	Value   json.RawMessage `json:"value"`
 	// UpdatedAt is the store's time of the last write, set by PutDocument.
 	UpdatedAt time.Time `json:"updated_at,omitzero"`
+	// Terms are the strings DocumentsByTerms finds the document by (such
+	// as "label:region=eu"), kept in an index that every write of the
+	// document replaces in the same transaction, and a delete removes:
+	// the index never disagrees with the documents. A put stores them
+	// sorted, without duplicates; see CheckTerms for their limits.
+	Terms []string `json:"terms,omitempty"`
 }
 
 // DocumentStore keeps versioned documents, part of every Store. Every
@@ -48,6 +57,15 @@ type DocumentStore interface {
 	DeleteDocument(ctx context.Context, namespace, id string, version int64) error
 	// Documents returns every document of namespace, by id.
 	Documents(ctx context.Context, namespace string) ([]Document, error)
+	// DocumentsByTerms returns the documents of namespace whose Terms
+	// include every one of terms (at least one), by id, read from the
+	// index rather than the whole namespace. It also returns every
+	// document of namespace stored by a version of the store that kept
+	// no terms (a database from before them, never written since; on
+	// MongoDB also one a process of such a version wrote since): the
+	// index cannot tell what terms those would carry, so they come with
+	// Terms nil, and the caller checks each document it gets.
+	DocumentsByTerms(ctx context.Context, namespace string, terms []string) ([]Document, error)
 }
 
 // DocumentPrefix starts the namespaces of leasepool's own documents
@@ -59,7 +77,8 @@ const MaxDocumentSize = 1 << 20
 
 // CheckDocument is the check every backend's PutDocument makes: valid
 // names, a namespace under DocumentPrefix only in a context from
-// WithInternalWrite, and a value of valid JSON within MaxDocumentSize. It
+// WithInternalWrite, a value of valid JSON within MaxDocumentSize, and
+// valid terms (CheckTerms: the backend stores what it returns). It
 // returns the value to store ("null" for none).
 func CheckDocument(ctx context.Context, d Document) (json.RawMessage, error) {
 	if err := CheckDocumentName(d.Namespace, d.ID); err != nil {
@@ -81,7 +100,72 @@ func CheckDocument(ctx context.Context, d Document) (json.RawMessage, error) {
 	if !json.Valid(v) {
 		return nil, invalid("document value", "is not valid JSON")
 	}
+	if _, err := CheckTerms("document terms", d.Terms); err != nil {
+		return nil, err
+	}
 	return v, nil
+}
+
+// MaxDocumentTerms bounds a document's terms, and the terms of one
+// DocumentsByTerms query.
+const MaxDocumentTerms = 128
+
+// MaxTermLen bounds a term, in bytes.
+const MaxTermLen = 256
+
+// CheckTerms validates the terms of a document (field "document terms")
+// or of a query ("terms"): at most MaxDocumentTerms, each 1 to MaxTermLen
+// bytes of UTF-8 without control characters. It returns them sorted,
+// without duplicates, in a new slice (nil for none).
+func CheckTerms(field string, terms []string) ([]string, error) {
+	if len(terms) > MaxDocumentTerms {
+		return nil, invalid(field, fmt.Sprintf("%d terms, more than %d", len(terms), MaxDocumentTerms))
+	}
+	for i, t := range terms {
+		switch {
+		case t == "":
+			return nil, invalid(field, fmt.Sprintf("term %d: must not be empty", i))
+		case len(t) > MaxTermLen:
+			return nil, invalid(field, fmt.Sprintf("term %d: is %d bytes, more than %d", i, len(t), MaxTermLen))
+		case !utf8.ValidString(t):
+			return nil, invalid(field, fmt.Sprintf("term %d: is not valid UTF-8", i))
+		}
+		for _, c := range t {
+			if unicode.IsControl(c) {
+				return nil, invalid(field, fmt.Sprintf("term %d: control character %U", i, c))
+			}
+		}
+	}
+	if len(terms) == 0 {
+		return nil, nil
+	}
+	out := slices.Clone(terms)
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// CheckTermsQuery validates the terms of a DocumentsByTerms query: a
+// valid namespace and 1 to MaxDocumentTerms valid terms, returned sorted
+// without duplicates.
+func CheckTermsQuery(namespace string, terms []string) ([]string, error) {
+	if err := ValidateName("document namespace", namespace); err != nil {
+		return nil, err
+	}
+	if len(terms) == 0 {
+		return nil, invalid("terms", "give at least one")
+	}
+	return CheckTerms("terms", terms)
+}
+
+// HasTerms reports whether a document's terms (sorted, as stored) include
+// every one of terms.
+func HasTerms(stored, terms []string) bool {
+	for _, t := range terms {
+		if _, ok := slices.BinarySearch(stored, t); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // CheckDocumentName validates a document's namespace and id.

@@ -117,12 +117,15 @@ type DB struct {
 	// lanes are the delivery schedules of the handles that watch;
 	// shared holds those of Config.Lanes by number, opened the number
 	// of handles opened.
-	lanes   []*lane
-	shared  []*lane
-	opened  int
-	locks   map[string]lockRow
-	lines   map[string]map[string]task.LockLine // lock key → task key → place
-	docs    map[string]map[string]task.Document // namespace → id → document
+	lanes  []*lane
+	shared []*lane
+	opened int
+	locks  map[string]lockRow
+	lines  map[string]map[string]task.LockLine // lock key → task key → place
+	docs   map[string]map[string]task.Document // namespace → id → document
+	// terms index docs: namespace → term → ids of the documents
+	// carrying it, changed with docs under mu.
+	terms   map[string]map[string]map[string]struct{}
 	workers map[string]task.WorkerInfo
 	// workerIDs are the keys of workers in order, so that listing a
 	// thousand workers does not sort them on every heartbeat.
@@ -166,6 +169,7 @@ func New(cfg Config) *DB {
 	return &DB{cfg: cfg, tasks: map[string]*task.Task{}, open: map[string]*task.Task{},
 		locks: map[string]lockRow{}, lines: map[string]map[string]task.LockLine{},
 		docs:    map[string]map[string]task.Document{},
+		terms:   map[string]map[string]map[string]struct{}{},
 		workers: map[string]task.WorkerInfo{}}
 }
 

@@ -18,7 +18,10 @@ import (
 )
 
 // DocumentsCollection holds task.Documents: {_id: {ns, id}, ns, id,
-// version, value, updated_at}.
+// version, value, updated_at, terms}. Every put writes terms, an array
+// (empty for none) under the multikey index ns_terms; a document without
+// the field was written by a version that kept no terms, and
+// DocumentsByTerms returns it too.
 const DocumentsCollection = "documents"
 
 type documentDoc struct {
@@ -27,6 +30,7 @@ type documentDoc struct {
 	Version   int64         `bson:"version"`
 	Value     bson.RawValue `bson:"value"`
 	UpdatedAt time.Time     `bson:"updated_at"`
+	Terms     []string      `bson:"terms,omitempty"`
 }
 
 func documentID(namespace, id string) bson.D {
@@ -41,7 +45,11 @@ func (d documentDoc) document() (task.Document, error) {
 	if v == nil {
 		v = []byte("null")
 	}
-	return task.Document{Namespace: d.Namespace, ID: d.ID, Version: d.Version, Value: v, UpdatedAt: utc(d.UpdatedAt)}, nil
+	var terms []string
+	if len(d.Terms) > 0 {
+		terms = d.Terms
+	}
+	return task.Document{Namespace: d.Namespace, ID: d.ID, Version: d.Version, Value: v, UpdatedAt: utc(d.UpdatedAt), Terms: terms}, nil
 }
 
 // GetDocument implements task.DocumentStore.
@@ -75,10 +83,14 @@ func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document
 	if err != nil {
 		return task.Document{}, fmt.Errorf("%w: document value: %w", task.ErrInvalid, err)
 	}
+	terms, _ := task.CheckTerms("document terms", d.Terms) // checked by CheckDocument
 	now := s.Now().UTC().Truncate(time.Millisecond)
 	doc := bson.D{
 		{Key: "_id", Value: documentID(d.Namespace, d.ID)}, {Key: "ns", Value: d.Namespace}, {Key: "id", Value: d.ID},
 		{Key: "version", Value: d.Version + 1}, {Key: "value", Value: bv}, {Key: "updated_at", Value: now},
+		// Always an array, empty for none: a document without the field
+		// is one a version without terms wrote.
+		{Key: "terms", Value: append([]string{}, terms...)},
 	}
 	coll := s.db.Collection(DocumentsCollection)
 	if d.Version == 0 {
@@ -93,7 +105,7 @@ func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document
 	if err != nil {
 		return task.Document{}, fmt.Errorf("put document %s/%s: %w", d.Namespace, d.ID, mapErr(err))
 	}
-	return task.Document{Namespace: d.Namespace, ID: d.ID, Version: d.Version + 1, Value: append([]byte(nil), value...), UpdatedAt: now}, nil
+	return task.Document{Namespace: d.Namespace, ID: d.ID, Version: d.Version + 1, Value: append([]byte(nil), value...), UpdatedAt: now, Terms: terms}, nil
 }
 
 // DeleteDocument implements task.DocumentStore.
@@ -132,17 +144,48 @@ func (s *Store) Documents(ctx context.Context, namespace string) ([]task.Documen
 	if err := task.ValidateName("document namespace", namespace); err != nil {
 		return nil, err
 	}
-	cur, err := s.db.Collection(DocumentsCollection).Find(ctx, bson.D{{Key: "ns", Value: namespace}},
-		options.Find().SetSort(bson.D{{Key: "id", Value: 1}}))
+	out, err := s.findDocuments(ctx, bson.D{{Key: "ns", Value: namespace}})
 	if err != nil {
-		return nil, fmt.Errorf("documents %s: %w", namespace, mapErr(err))
+		return nil, fmt.Errorf("documents %s: %w", namespace, err)
+	}
+	return out, nil
+}
+
+// DocumentsByTerms implements task.DocumentStore: the documents of
+// namespace whose terms hold all of terms, off the multikey index
+// ns_terms, and those without the field (written by a version that kept
+// no terms), whose index key is null.
+func (s *Store) DocumentsByTerms(ctx context.Context, namespace string, terms []string) ([]task.Document, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	terms, err := task.CheckTermsQuery(namespace, terms)
+	if err != nil {
+		return nil, err
+	}
+	filter := bson.D{{Key: "ns", Value: namespace}, {Key: "$or", Value: bson.A{
+		bson.D{{Key: "terms", Value: bson.D{{Key: "$all", Value: terms}}}},
+		bson.D{{Key: "terms", Value: bson.D{{Key: "$exists", Value: false}}}},
+	}}}
+	out, err := s.findDocuments(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("documents %s by terms: %w", namespace, err)
+	}
+	return out, nil
+}
+
+// findDocuments returns the documents filter finds, by id.
+func (s *Store) findDocuments(ctx context.Context, filter bson.D) ([]task.Document, error) {
+	cur, err := s.db.Collection(DocumentsCollection).Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "id", Value: 1}}))
+	if err != nil {
+		return nil, mapErr(err)
 	}
 	defer cur.Close(context.WithoutCancel(ctx))
 	var out []task.Document
 	for cur.Next(ctx) {
 		var d documentDoc
 		if err := cur.Decode(&d); err != nil {
-			return nil, fmt.Errorf("documents %s: %w", namespace, err)
+			return nil, err
 		}
 		doc, err := d.document()
 		if err != nil {
@@ -151,7 +194,7 @@ func (s *Store) Documents(ctx context.Context, namespace string) ([]task.Documen
 		out = append(out, doc)
 	}
 	if err := cur.Err(); err != nil {
-		return nil, fmt.Errorf("documents %s: %w", namespace, mapErr(err))
+		return nil, mapErr(err)
 	}
 	return out, nil
 }

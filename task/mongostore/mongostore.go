@@ -256,8 +256,12 @@ func (s *Store) init(ctx context.Context, reach *reachWatch) error {
 	}
 	// Documents lists a namespace by id; the index also creates the
 	// collection, which a stream asking for documents watches.
-	_, err = s.db.Collection(DocumentsCollection).Indexes().CreateOne(ctx, mongo.IndexModel{
-		Keys: bson.D{{Key: "ns", Value: 1}, {Key: "id", Value: 1}}, Options: options.Index().SetName("ns_id")})
+	// DocumentsByTerms finds a namespace's documents by term on the
+	// multikey ns_terms.
+	_, err = s.db.Collection(DocumentsCollection).Indexes().CreateMany(ctx, []mongo.IndexModel{
+		{Keys: bson.D{{Key: "ns", Value: 1}, {Key: "id", Value: 1}}, Options: options.Index().SetName("ns_id")},
+		{Keys: bson.D{{Key: "ns", Value: 1}, {Key: "terms", Value: 1}}, Options: options.Index().SetName("ns_terms")},
+	})
 	if err != nil {
 		return fmt.Errorf("mongostore: create indexes: %w", mapErr(err))
 	}

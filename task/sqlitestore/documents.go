@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/leasepool/leasepool/task"
@@ -25,8 +26,9 @@ func (s *Store) GetDocument(ctx context.Context, namespace, id string) (task.Doc
 	d := task.Document{Namespace: namespace, ID: id}
 	var value string
 	var at int64
-	err := s.rdb.QueryRowContext(ctx, `SELECT version, value, updated_at FROM `+s.documentsTable()+` WHERE namespace = ? AND id = ?`,
-		namespace, id).Scan(&d.Version, &value, &at)
+	var terms sql.NullString
+	err := s.rdb.QueryRowContext(ctx, `SELECT version, value, updated_at, terms FROM `+s.documentsTable()+` WHERE namespace = ? AND id = ?`,
+		namespace, id).Scan(&d.Version, &value, &at, &terms)
 	if errors.Is(err, sql.ErrNoRows) {
 		return task.Document{}, fmt.Errorf("document %s/%s: %w", namespace, id, task.ErrNotFound)
 	}
@@ -34,6 +36,9 @@ func (s *Store) GetDocument(ctx context.Context, namespace, id string) (task.Doc
 		return task.Document{}, fmt.Errorf("document %s/%s: %w", namespace, id, mapErr(err))
 	}
 	d.Value, d.UpdatedAt = json.RawMessage(value), time.Unix(0, at).UTC()
+	if d.Terms, err = decodeTerms(terms); err != nil {
+		return task.Document{}, fmt.Errorf("document %s/%s: %w", namespace, id, err)
+	}
 	return d, nil
 }
 
@@ -43,8 +48,9 @@ func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document
 	if err != nil {
 		return task.Document{}, err
 	}
+	terms, _ := task.CheckTerms("document terms", d.Terms) // checked by CheckDocument
 	out := task.Document{Namespace: d.Namespace, ID: d.ID, Version: d.Version + 1,
-		Value: append(json.RawMessage(nil), value...), UpdatedAt: s.Now().UTC()}
+		Value: append(json.RawMessage(nil), value...), UpdatedAt: s.Now().UTC(), Terms: terms}
 	change, err := json.Marshal(out)
 	if err != nil {
 		return task.Document{}, err
@@ -60,31 +66,129 @@ func (s *Store) PutDocument(ctx context.Context, d task.Document) (task.Document
 }
 
 // putDocumentTx is PutDocument's write in tx: d by compare-and-set, its
-// value value, out (and its change doc) what it stores.
+// value value, out (and its change doc) what it stores, out.Terms
+// replacing the document's terms in the index. It runs in the bulk lane
+// without a savepoint: it either writes nothing and returns a task
+// sentinel (the compare-and-set is decided before any write), or fails
+// the whole batch (termsErr) once the document row is written.
 func (s *Store) putDocumentTx(ctx context.Context, tx *sql.Tx, d task.Document, value json.RawMessage, out task.Document, doc *string) (int64, error) {
-	var res sql.Result
-	var err error
+	terms := encodeTerms(out.Terms)
+	var old []string
 	if d.Version == 0 {
-		res, err = tx.ExecContext(ctx, `INSERT INTO documents (namespace, id, version, value, updated_at)
-			VALUES (?, ?, 1, ?, ?) ON CONFLICT (namespace, id) DO NOTHING`, d.Namespace, d.ID, string(value), nanos(out.UpdatedAt))
-	} else {
-		res, err = tx.ExecContext(ctx, `UPDATE documents SET version = version + 1, value = ?, updated_at = ?
-			WHERE namespace = ? AND id = ? AND version = ?`, string(value), nanos(out.UpdatedAt), d.Namespace, d.ID, d.Version)
-	}
-	if err != nil {
-		return 0, mapErr(err)
-	}
-	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		res, err := tx.ExecContext(ctx, `INSERT INTO documents (namespace, id, version, value, updated_at, terms)
+			VALUES (?, ?, 1, ?, ?, ?) ON CONFLICT (namespace, id) DO NOTHING`, d.Namespace, d.ID, string(value), nanos(out.UpdatedAt), terms)
 		if err != nil {
 			return 0, mapErr(err)
 		}
-		err := s.missedDocument(ctx, tx, d.Namespace, d.ID, d.Version)
-		if errors.Is(err, task.ErrNotFound) {
-			err = fmt.Errorf("no document stored, not version %d: %w", d.Version, task.ErrConflict)
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			if err != nil {
+				return 0, mapErr(err)
+			}
+			return 0, task.ErrConflict
 		}
-		return 0, err
+	} else {
+		// The stored version and terms first: one writer, so nothing
+		// comes between this read and the update.
+		var stored int64
+		var was sql.NullString
+		err := s.txStmt(tx, s.selDocTerms).QueryRowContext(ctx, d.Namespace, d.ID).Scan(&stored, &was)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return 0, fmt.Errorf("no document stored, not version %d: %w", d.Version, task.ErrConflict)
+		case err != nil:
+			return 0, mapErr(err)
+		case stored != d.Version:
+			return 0, fmt.Errorf("stored version %d, not %d: %w", stored, d.Version, task.ErrConflict)
+		}
+		if old, err = decodeTerms(was); err != nil {
+			return 0, err
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE documents SET version = version + 1, value = ?, updated_at = ?, terms = ?
+			WHERE namespace = ? AND id = ? AND version = ?`, string(value), nanos(out.UpdatedAt), terms, d.Namespace, d.ID, d.Version)
+		if err != nil {
+			return 0, mapErr(err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return 0, termsErr(fmt.Errorf("updated %d rows (%v)", n, err))
+		}
 	}
-	return s.appendDocChange(ctx, tx, d.Namespace, d.ID, doc)
+	gone, added := diffTerms(old, out.Terms)
+	if len(gone) > 0 {
+		if _, err := s.txStmt(tx, s.delTerms).ExecContext(ctx, d.Namespace, d.ID, encodeTerms(gone)); err != nil {
+			return 0, termsErr(err)
+		}
+	}
+	if len(added) > 0 {
+		if _, err := s.txStmt(tx, s.insTerms).ExecContext(ctx, d.Namespace, d.ID, encodeTerms(added)); err != nil {
+			return 0, termsErr(err)
+		}
+	}
+	seq, err := s.appendDocChange(ctx, tx, d.Namespace, d.ID, doc)
+	if err != nil {
+		return 0, termsErr(err)
+	}
+	return seq, nil
+}
+
+// dropTermsTx removes the terms of a document just deleted, which were
+// terms (NULL: stored before terms, none in the index).
+func (s *Store) dropTermsTx(ctx context.Context, tx *sql.Tx, namespace, id string, terms sql.NullString) error {
+	old, err := decodeTerms(terms)
+	if err != nil || len(old) == 0 {
+		return err
+	}
+	_, err = s.txStmt(tx, s.delTerms).ExecContext(ctx, namespace, id, encodeTerms(old))
+	return err
+}
+
+// termsErr is an error after a document's row was written: never a task
+// sentinel, so that the writer rolls the batch back (a sentinel would
+// let it commit the row without its terms).
+func termsErr(err error) error {
+	return fmt.Errorf("sqlitestore: document write: %s", mapErr(err))
+}
+
+// encodeTerms is terms as documents.terms and the term statements take
+// them: a JSON array, "[]" for none.
+func encodeTerms(terms []string) string {
+	if len(terms) == 0 {
+		return "[]"
+	}
+	b, _ := json.Marshal(terms)
+	return string(b)
+}
+
+// decodeTerms reads documents.terms: nil for NULL (stored before terms)
+// and for none.
+func decodeTerms(s sql.NullString) ([]string, error) {
+	if !s.Valid || s.String == "[]" {
+		return nil, nil
+	}
+	var terms []string
+	if err := json.Unmarshal([]byte(s.String), &terms); err != nil {
+		return nil, fmt.Errorf("document terms: %w", err)
+	}
+	return terms, nil
+}
+
+// diffTerms returns the terms of old not in next, and of next not in old;
+// both are sorted.
+func diffTerms(old, next []string) (gone, added []string) {
+	i, j := 0, 0
+	for i < len(old) || j < len(next) {
+		switch {
+		case j == len(next) || (i < len(old) && old[i] < next[j]):
+			gone = append(gone, old[i])
+			i++
+		case i == len(old) || next[j] < old[i]:
+			added = append(added, next[j])
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	return gone, added
 }
 
 // missedDocument is the error of a compare-and-set on version that
@@ -111,18 +215,23 @@ func (s *Store) DeleteDocument(ctx context.Context, namespace, id string, versio
 		return err
 	}
 	err := s.writeBulk(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		res, err := tx.ExecContext(ctx, `DELETE FROM documents WHERE namespace = ? AND id = ? AND (? = 0 OR version = ?)`,
-			namespace, id, version, version)
+		var terms sql.NullString
+		err := tx.QueryRowContext(ctx, `DELETE FROM documents WHERE namespace = ? AND id = ? AND (? = 0 OR version = ?) RETURNING terms`,
+			namespace, id, version, version).Scan(&terms)
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0, s.missedDocument(ctx, tx, namespace, id, max(version, 1))
+		}
 		if err != nil {
 			return 0, mapErr(err)
 		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			if err != nil {
-				return 0, mapErr(err)
-			}
-			return 0, s.missedDocument(ctx, tx, namespace, id, max(version, 1))
+		if err := s.dropTermsTx(ctx, tx, namespace, id, terms); err != nil {
+			return 0, termsErr(err)
 		}
-		return s.appendDocChange(ctx, tx, namespace, id, nil)
+		seq, err := s.appendDocChange(ctx, tx, namespace, id, nil)
+		if err != nil {
+			return 0, termsErr(err)
+		}
+		return seq, nil
 	})
 	if err != nil {
 		return fmt.Errorf("delete document %s/%s: %w", namespace, id, err)
@@ -138,9 +247,54 @@ func (s *Store) Documents(ctx context.Context, namespace string) ([]task.Documen
 	if s.closed.Load() {
 		return nil, errClosed
 	}
-	rows, err := s.rdb.QueryContext(ctx, `SELECT id, version, value, updated_at FROM `+s.documentsTable()+` WHERE namespace = ? ORDER BY id`, namespace)
+	out, err := s.queryDocuments(ctx, namespace, `SELECT id, version, value, updated_at, terms FROM `+s.documentsTable()+` WHERE namespace = ? ORDER BY id`, namespace)
 	if err != nil {
-		return nil, fmt.Errorf("documents %s: %w", namespace, mapErr(err))
+		return nil, fmt.Errorf("documents %s: %w", namespace, err)
+	}
+	return out, nil
+}
+
+// DocumentsByTerms returns the documents of namespace carrying every one
+// of terms; see task.DocumentStore. The ids come off the index's primary
+// key, a range per term intersected, then each document by its own; the
+// documents stored before terms (terms NULL) off their partial index.
+func (s *Store) DocumentsByTerms(ctx context.Context, namespace string, terms []string) ([]task.Document, error) {
+	terms, err := task.CheckTermsQuery(namespace, terms)
+	if err != nil {
+		return nil, err
+	}
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if s.readVersion < 13 {
+		// A file not upgraded yet (a read-only open): no document has
+		// terms, every one is returned, as stored before them.
+		return s.Documents(ctx, namespace)
+	}
+	ids := make([]string, len(terms))
+	args := []any{}
+	for i, t := range terms {
+		ids[i] = `SELECT id FROM leasepool_document_terms WHERE namespace = ? AND term = ?`
+		args = append(args, namespace, t)
+	}
+	args = append(args, namespace, namespace)
+	q := `SELECT d.id, d.version, d.value, d.updated_at, d.terms FROM (` + strings.Join(ids, ` INTERSECT `) + `) t
+		JOIN documents d ON d.namespace = ? AND d.id = t.id
+		UNION ALL SELECT id, version, value, updated_at, terms FROM documents INDEXED BY leasepool_documents_unindexed
+		WHERE namespace = ? AND terms IS NULL ORDER BY 1`
+	out, err := s.queryDocuments(ctx, namespace, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("documents %s by terms: %w", namespace, err)
+	}
+	return out, nil
+}
+
+// queryDocuments runs q, a query of (id, version, value, updated_at,
+// terms) rows of namespace, on the read connections.
+func (s *Store) queryDocuments(ctx context.Context, namespace, q string, args ...any) ([]task.Document, error) {
+	rows, err := s.rdb.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, mapErr(err)
 	}
 	defer rows.Close()
 	var out []task.Document
@@ -148,14 +302,18 @@ func (s *Store) Documents(ctx context.Context, namespace string) ([]task.Documen
 		d := task.Document{Namespace: namespace}
 		var value string
 		var at int64
-		if err := rows.Scan(&d.ID, &d.Version, &value, &at); err != nil {
-			return nil, fmt.Errorf("documents %s: %w", namespace, mapErr(err))
+		var terms sql.NullString
+		if err := rows.Scan(&d.ID, &d.Version, &value, &at, &terms); err != nil {
+			return nil, mapErr(err)
 		}
 		d.Value, d.UpdatedAt = json.RawMessage(value), time.Unix(0, at).UTC()
+		if d.Terms, err = decodeTerms(terms); err != nil {
+			return nil, fmt.Errorf("%s: %w", d.ID, err)
+		}
 		out = append(out, d)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("documents %s: %w", namespace, mapErr(err))
+		return nil, mapErr(err)
 	}
 	return out, nil
 }
@@ -163,14 +321,17 @@ func (s *Store) Documents(ctx context.Context, namespace string) ([]task.Documen
 // documentsTable is what readers read documents from: the documents
 // table, and on a file a writer has not upgraded yet (read-only opens)
 // the shared records that version 11 moves into it, each read as the
-// document the upgrade will make of it.
+// document the upgrade will make of it, and before version 13 every
+// document without terms.
 func (s *Store) documentsTable() string {
-	const records = `SELECT ` + recordNamespace + ` AS namespace, id, 1 AS version, value, at AS updated_at FROM records`
+	const records = `SELECT ` + recordNamespace + ` AS namespace, id, 1 AS version, value, at AS updated_at, NULL AS terms FROM records`
 	switch {
-	case s.readVersion >= 11:
+	case s.readVersion >= 13:
 		return "documents"
+	case s.readVersion >= 11:
+		return "(SELECT namespace, id, version, value, updated_at, NULL AS terms FROM documents)"
 	case s.readVersion >= 10:
-		return `(SELECT namespace, id, version, value, updated_at FROM documents UNION ALL ` + records +
+		return `(SELECT namespace, id, version, value, updated_at, NULL AS terms FROM documents UNION ALL ` + records +
 			` WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.namespace = ` + recordNamespace + ` AND d.id = records.id))`
 	}
 	return "(" + records + ")"

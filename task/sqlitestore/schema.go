@@ -10,7 +10,7 @@ import (
 )
 
 // schemaVersion is recorded in PRAGMA user_version.
-const schemaVersion = 12
+const schemaVersion = 13
 
 // minReadVersion is the oldest schema a read-only open reads as it is (4
 // added an index, 5 changes.doc, read as NULL before it, 6 the list and
@@ -21,8 +21,9 @@ const schemaVersion = 12
 // empty before it, and changes.ns, read as NULL, 11 the records moved
 // into documents, read from the records table before it (documents.go),
 // 12 locks and lock_lines
-// by namespace, which no read-only command reads), so read-only commands
-// work before a writer upgrades.
+// by namespace, which no read-only command reads, 13 documents' terms,
+// every document read as stored before them), so read-only commands work
+// before a writer upgrades.
 const minReadVersion = 3
 
 var schema = `
@@ -53,7 +54,7 @@ CREATE TABLE IF NOT EXISTS workers (
 	until INTEGER NOT NULL,
 	info TEXT NOT NULL
 );
-` + lockLines + documents
+` + lockLines + documents + documentTerms
 
 // documents holds task.Documents (version 10). A write of one appends a
 // change whose ns is the document's namespace and key its id (ns is NULL
@@ -67,6 +68,25 @@ CREATE TABLE IF NOT EXISTS documents (
 	updated_at INTEGER NOT NULL,
 	PRIMARY KEY (namespace, id)
 ) WITHOUT ROWID;
+`
+
+// documentTerms indexes task.Document.Terms (version 13): a row per
+// document and term, replaced with the document in the transaction of
+// each write (documents.go), so DocumentsByTerms reads a term's
+// documents off the primary key. documents.terms keeps each document's
+// terms (a JSON array) for reads and for the next write's difference;
+// NULL marks a document stored before version 13, which has no rows
+// here: the partial index finds those few (DocumentsByTerms returns them
+// too, not knowing their terms), and each leaves it when next written.
+const documentTerms = `
+ALTER TABLE documents ADD COLUMN terms TEXT;
+CREATE TABLE IF NOT EXISTS leasepool_document_terms (
+	namespace TEXT NOT NULL,
+	term TEXT NOT NULL,
+	id TEXT NOT NULL,
+	PRIMARY KEY (namespace, term, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS leasepool_documents_unindexed ON documents (namespace) WHERE terms IS NULL;
 `
 
 // taskCounts holds the number of tasks per kind and state, kept by every
@@ -190,6 +210,9 @@ DELETE FROM tasks WHERE key = 'leasepool:control';`,
 DROP TABLE records;`,
 	// Lock keys in namespaces (task.LockNamespace).
 	11: upgradeLocksToNamespaces,
+	// Documents' terms, indexed; the documents stored so far carry none
+	// (terms NULL).
+	12: documentTerms,
 }
 
 // recordNamespace is the SQL for the namespace of a shared record's
@@ -305,6 +328,12 @@ func (s *Store) prepare(ctx context.Context) error {
 			ON CONFLICT (ns, lock_key, task_key) DO UPDATE SET priority = excluded.priority, seq = excluded.seq, until = excluded.until`},
 		{&s.delPlace, `DELETE FROM lock_lines WHERE ns = ? AND lock_key = ? AND task_key = ?`},
 		{&s.pruneLine, `DELETE FROM lock_lines WHERE ns = ? AND lock_key = ? AND until <= ?`},
+		{&s.selDocTerms, `SELECT version, terms FROM documents WHERE namespace = ? AND id = ?`},
+		// A document's terms in and out of the index, a JSON array of them
+		// at once.
+		{&s.insTerms, `INSERT INTO leasepool_document_terms (namespace, term, id) SELECT ?, value, ? FROM json_each(?) WHERE true
+			ON CONFLICT (namespace, term, id) DO NOTHING`},
+		{&s.delTerms, `DELETE FROM leasepool_document_terms WHERE namespace = ? AND id = ? AND term IN (SELECT value FROM json_each(?))`},
 	}
 	for _, p := range w {
 		st, err := s.wdb.PrepareContext(ctx, p.q)

@@ -131,6 +131,7 @@ type Store struct {
 	insTask, selTaskW, updTask, updHot, existsW, insChange, insDocChange, pruneChanges, selStored, upsertCount, userVersion *sql.Stmt
 	selLock, upsertLock, delLock                                                                                            *sql.Stmt
 	selAhead, upsertPlace, delPlace, pruneLine                                                                              *sql.Stmt
+	selDocTerms, insTerms, delTerms                                                                                         *sql.Stmt
 	// txStmts are the writer's statements bound to its current
 	// transaction (see txStmt).
 	txStmts map[*sql.Stmt]*sql.Stmt

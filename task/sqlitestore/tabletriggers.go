@@ -259,12 +259,16 @@ func (s *Store) DropTableTrigger(ctx context.Context, name string, doc task.Docu
 				return 0, mapErr(err)
 			}
 		}
-		res, err := tx.ExecContext(ctx, `DELETE FROM documents WHERE namespace = ? AND id = ?`, doc.Namespace, doc.ID)
+		var terms sql.NullString
+		err := tx.QueryRowContext(ctx, `DELETE FROM documents WHERE namespace = ? AND id = ? RETURNING terms`, doc.Namespace, doc.ID).Scan(&terms)
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0, task.ErrNotFound
+		}
 		if err != nil {
 			return 0, mapErr(err)
 		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			return 0, errors.Join(mapErr(err), task.ErrNotFound)
+		if err := s.dropTermsTx(ctx, tx, doc.Namespace, doc.ID, terms); err != nil {
+			return 0, mapErr(err)
 		}
 		return s.appendDocChange(ctx, tx, doc.Namespace, doc.ID, nil)
 	})

@@ -50,6 +50,7 @@ func Run(t *testing.T, open func(t *testing.T) Opened) {
 	t.Run("Watch", s.watch)
 	t.Run("Locks", s.locks)
 	t.Run("Documents", s.documents)
+	t.Run("DocumentTerms", s.terms)
 	t.Run("DeleteFinished", s.deleteFinished)
 	t.Run("LockInstances", s.lockInstances)
 	t.Run("LockLines", s.lockLines)
