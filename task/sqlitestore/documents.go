@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -271,22 +272,35 @@ func (s *Store) DocumentsByTerms(ctx context.Context, namespace string, terms []
 		// terms, every one is returned, as stored before them.
 		return s.Documents(ctx, namespace)
 	}
-	ids := make([]string, len(terms))
-	args := []any{}
-	for i, t := range terms {
-		ids[i] = `SELECT id FROM leasepool_document_terms WHERE namespace = ? AND term = ?`
+	var args []any
+	for _, t := range terms {
 		args = append(args, namespace, t)
 	}
 	args = append(args, namespace, namespace)
-	q := `SELECT d.id, d.version, d.value, d.updated_at, d.terms FROM (` + strings.Join(ids, ` INTERSECT `) + `) t
-		JOIN documents d ON d.namespace = ? AND d.id = t.id
-		UNION ALL SELECT id, version, value, updated_at, terms FROM documents INDEXED BY leasepool_documents_unindexed
-		WHERE namespace = ? AND terms IS NULL ORDER BY 1`
-	out, err := s.queryDocuments(ctx, namespace, q, args...)
+	out, err := s.queryDocuments(ctx, namespace, documentsByTermsSQL(len(terms)), args...)
 	if err != nil {
 		return nil, fmt.Errorf("documents %s by terms: %w", namespace, err)
 	}
+	slices.SortFunc(out, func(a, b task.Document) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
+}
+
+// documentsByTermsSQL is the query of DocumentsByTerms for n terms, whose
+// arguments are each term with its namespace, then the namespace twice.
+// The CROSS JOIN makes the index's ids the outer loop: without
+// statistics the planner would rather walk the namespace's documents and
+// look each one up in the index, the scan the index is there to avoid.
+// Sorted by the caller (the ids come in order, the documents without
+// terms after them).
+func documentsByTermsSQL(n int) string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = `SELECT id FROM leasepool_document_terms WHERE namespace = ? AND term = ?`
+	}
+	return `SELECT d.id, d.version, d.value, d.updated_at, d.terms FROM (` + strings.Join(ids, ` INTERSECT `) + `) t
+		CROSS JOIN documents d ON d.namespace = ? AND d.id = t.id
+		UNION ALL SELECT id, version, value, updated_at, terms FROM documents INDEXED BY leasepool_documents_unindexed
+		WHERE namespace = ? AND terms IS NULL`
 }
 
 // queryDocuments runs q, a query of (id, version, value, updated_at,
