@@ -116,7 +116,8 @@ func updateInventory(ctx context.Context, ds task.DocumentStore, id string, fn f
 		if err != nil {
 			return Inventory{}, err
 		}
-		d, err := ds.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: InventoryNamespace, ID: id, Version: inv.Version, Value: value})
+		d, err := ds.PutDocument(task.WithInternalWrite(ctx), task.Document{Namespace: InventoryNamespace, ID: id, Version: inv.Version, Value: value,
+			Terms: inventoryTerms(inv)})
 		if errors.Is(err, task.ErrConflict) {
 			continue
 		}
@@ -126,6 +127,57 @@ func updateInventory(ctx context.Context, ds task.DocumentStore, id string, fn f
 		inv.Version = d.Version
 		return inv, nil
 	}
+}
+
+// inventoryTerms are the index terms of an entry (task.Document.Terms),
+// as Select looks them up: "label:k=v" per operator label, "attr:k=v"
+// per announced attribute. A pair no selector could name (written around
+// the API) has none.
+func inventoryTerms(inv Inventory) []string {
+	terms := make([]string, 0, len(inv.Labels)+len(inv.Attributes))
+	for _, src := range []struct {
+		source Source
+		labels Labels
+	}{{SourceLabel, inv.Labels}, {SourceAttribute, inv.Attributes}} {
+		for k, v := range src.labels {
+			if ValidateLabelKey(k) == nil && ValidateLabelValue(k, v) == nil {
+				terms = append(terms, Requirement{Source: src.source, Key: k, Value: v}.Term())
+			}
+		}
+	}
+	return terms
+}
+
+// unindexedTerm is a term no entry carries (they all start with label: or
+// attr:): a query for it returns the entries stored without terms alone.
+const unindexedTerm = "index:none"
+
+// IndexInventory gives their terms to the inventory entries stored before
+// entries had any (written by an older leasepool), so that selections
+// read them off the index again; it returns how many it wrote. Until
+// then Select takes them as candidates of every selection: none is ever
+// missed, they only cost a decode each. An entry written meanwhile by
+// someone else got its terms from that write, and is left alone.
+func IndexInventory(ctx context.Context, ds task.DocumentStore) (int, error) {
+	docs, err := ds.DocumentsByTerms(ctx, InventoryNamespace, []string{unindexedTerm})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, d := range docs {
+		inv, err := decodeInventory(d)
+		if err != nil {
+			continue // left as it is: Select skips it as malformed anyway
+		}
+		d.Terms = inventoryTerms(inv)
+		switch _, err := ds.PutDocument(task.WithInternalWrite(ctx), d); {
+		case err == nil:
+			n++
+		case !errors.Is(err, task.ErrConflict):
+			return n, fmt.Errorf("index device inventory %s: %w", d.ID, err)
+		}
+	}
+	return n, nil
 }
 
 // LabelChange is an operator's edit of a device's labels: keys to set and

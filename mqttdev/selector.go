@@ -116,6 +116,12 @@ func (s Selector) String() string {
 	return strings.Join(parts, ",")
 }
 
+// Term is the index term of a device that meets r, were r key=value:
+// "label:k=v" or "attr:k=v" (inventoryTerms).
+func (r Requirement) Term() string {
+	return string(r.Source) + ":" + r.Key + "=" + r.Value
+}
+
 // String is the term as ParseSelector reads it.
 func (r Requirement) String() string {
 	op := "="
@@ -140,26 +146,55 @@ type Selection struct {
 
 // Select returns the devices of the inventory that match sel, the
 // vouched apart from the new.
+//
+// The candidates come from the inventory's index: the entries carrying
+// the terms of every key=value requirement of sel, intersected by the
+// store (task.DocumentStore.DocumentsByTerms), plus any entry stored
+// before entries had terms (see IndexInventory); Matches then checks
+// each in full (the != requirements among them). A selector of !=
+// requirements alone, which an entry matches by lacking a pair, has no
+// term to look up: it reads the whole inventory.
 func Select(ctx context.Context, ds task.DocumentStore, sel Selector) (Selection, error) {
-	invs, err := Inventories(ctx, ds)
+	var docs []task.Document
+	var err error
+	if terms := sel.terms(); len(terms) > 0 {
+		docs, err = ds.DocumentsByTerms(ctx, InventoryNamespace, terms)
+	} else {
+		docs, err = ds.Documents(ctx, InventoryNamespace)
+	}
 	if err != nil {
 		return Selection{}, err
 	}
 	var out Selection
-	for id, inv := range invs {
+	for _, d := range docs {
+		inv, err := decodeInventory(d)
 		switch {
+		case err != nil:
+			task.SkipMalformed(InventoryNamespace, d.ID, err)
 		// A document under an id ValidateID refuses (written around the
 		// API) is no device to command.
-		case ValidateID("device", id) != nil, !sel.Matches(inv.Labels, inv.Attributes):
+		case ValidateID("device", d.ID) != nil, !sel.Matches(inv.Labels, inv.Attributes):
 		case inv.New():
-			out.New = append(out.New, id)
+			out.New = append(out.New, d.ID)
 		default:
-			out.Devices = append(out.Devices, id)
+			out.Devices = append(out.Devices, d.ID)
 		}
 	}
 	slices.Sort(out.Devices)
 	slices.Sort(out.New)
 	return out, nil
+}
+
+// terms are the index terms of sel's key=value requirements: a device
+// that matches sel carries every one of them.
+func (s Selector) terms() []string {
+	var terms []string
+	for _, r := range s {
+		if !r.Not {
+			terms = append(terms, r.Term())
+		}
+	}
+	return terms
 }
 
 // SelectDevices returns the ids, sorted, of the vouched devices in the

@@ -74,6 +74,11 @@ type Wiring struct {
 	Handler *Handler
 	// Host hosts the embedded broker by turns; nil with an external one.
 	Host *broker.Host
+
+	// stopIndex stops IndexInventory, started by Wire; indexed is closed
+	// when it returned.
+	stopIndex context.CancelFunc
+	indexed   chan struct{}
 }
 
 // Wire makes a worker process run device tasks: it starts the embedded
@@ -125,7 +130,27 @@ func Wire(ctx context.Context, cfg WireConfig) (*Wiring, error) {
 	}
 	w.Handler = h
 	cfg.Mux.Register(Kind, h)
+	w.indexInventory(ctx, cfg)
 	return w, nil
+}
+
+// indexInventory runs IndexInventory once, in the background: a store
+// written by an older leasepool has inventory entries without terms,
+// which every selection decodes until they have some. Every process
+// wired does it; their writes are compare-and-sets, the losers' skipped.
+func (w *Wiring) indexInventory(ctx context.Context, cfg WireConfig) {
+	ctx, w.stopIndex = context.WithCancel(ctx)
+	w.indexed = make(chan struct{})
+	go func() {
+		defer close(w.indexed)
+		n, err := IndexInventory(ctx, cfg.Store)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			cfg.Logger.Warn("device inventory: giving entries their index terms", "indexed", n, "err", err)
+		case n > 0:
+			cfg.Logger.Info("device inventory: gave entries stored before index terms their terms", "indexed", n)
+		}
+	}()
 }
 
 func startHost(ctx context.Context, cfg WireConfig) (*broker.Host, error) {
@@ -166,6 +191,14 @@ func LoopbackBroker(url string) bool {
 // a third of it. It may be called again; ctx bounds the wait.
 func (w *Wiring) Stop(ctx context.Context) error {
 	var errs []error
+	if w.stopIndex != nil {
+		w.stopIndex()
+		select {
+		case <-w.indexed:
+		case <-ctx.Done():
+			errs = append(errs, fmt.Errorf("device inventory index: %w", ctx.Err()))
+		}
+	}
 	if w.Handler != nil {
 		errs = append(errs, w.Handler.Stop(ctx))
 	}

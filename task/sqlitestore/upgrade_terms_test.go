@@ -24,6 +24,7 @@ func TestUpgradeDocumentTerms(t *testing.T) {
 		t.Fatalf("read-only open of a version 12 store: %v", err)
 	}
 	all := byTerm(t, ro, mqttdev.InventoryNamespace, "label:region=eu")
+	checkV12Selection(t, "read-only, before the upgrade", ro)
 	ro.Close()
 	if len(all) != 20 {
 		t.Fatalf("read-only, before the upgrade: %d documents by term; want all 20, stored before terms", len(all))
@@ -46,6 +47,7 @@ func TestUpgradeDocumentTerms(t *testing.T) {
 	if !slices.Equal(got, all) {
 		t.Fatalf("after the upgrade: by term %q; want every document %q", got, all)
 	}
+	checkV12Selection(t, "after the upgrade", st)
 
 	// A write gives dev-00 terms: the queries it does not match leave it
 	// out from now on, the others find it on the index.
@@ -53,7 +55,7 @@ func TestUpgradeDocumentTerms(t *testing.T) {
 	if err != nil || d.Terms != nil {
 		t.Fatalf("dev-00 before a write: terms %q, %v; want none", d.Terms, err)
 	}
-	d.Terms = []string{"label:region=eu"}
+	d.Terms = []string{"label:region=eu", "attr:model=x", "attr:fw=1.0"} // as mqttdev writes them
 	if _, err := st.PutDocument(task.WithInternalWrite(ctx), d); err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +81,40 @@ func TestUpgradeDocumentTerms(t *testing.T) {
 	}
 	if got := byTerm(t, st, "app", "t"); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("app by term t: %q; want [a]", got)
+	}
+
+	// The devices' entries get their terms: the 18 left without.
+	if n, err := mqttdev.IndexInventory(ctx, st); err != nil || n != 18 {
+		t.Fatalf("IndexInventory = %d, %v; want 18", n, err)
+	}
+	if got := byTerm(t, st, mqttdev.InventoryNamespace, "label:region=us"); len(got) != 10 || got[0] != "dev-10" {
+		t.Fatalf("region=us after IndexInventory: %q; want dev-10..dev-19 alone", got)
+	}
+	sel, _ := mqttdev.ParseSelector("region=eu,attr:model=x")
+	if got, err := mqttdev.Select(ctx, st, sel); err != nil || !slices.Equal(got.Devices, []string{"dev-00", "dev-02", "dev-06", "dev-08"}) ||
+		!slices.Equal(got.New, []string{"dev-04"}) {
+		t.Fatalf("Select %s after IndexInventory: %+v, %v", sel, got, err)
+	}
+}
+
+// checkV12Selection checks what selectors pick of v12-inventory.db's
+// devices (dev-00..19: region eu below 10, model x when even, dev-04,
+// -09, -14 and -19 new), its entries stored without terms.
+func checkV12Selection(t *testing.T, when string, st task.Store) {
+	t.Helper()
+	for s, want := range map[string][2][]string{
+		"region=eu,attr:model=x":  {{"dev-00", "dev-02", "dev-06", "dev-08"}, {"dev-04"}},
+		"region=us":               {{"dev-10", "dev-11", "dev-12", "dev-13", "dev-15", "dev-16", "dev-17", "dev-18"}, {"dev-14", "dev-19"}},
+		"attr:model=y,region!=eu": {{"dev-11", "dev-13", "dev-15", "dev-17"}, {"dev-19"}},
+	} {
+		sel, err := mqttdev.ParseSelector(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := mqttdev.Select(t.Context(), st, sel)
+		if err != nil || !slices.Equal(got.Devices, want[0]) || !slices.Equal(got.New, want[1]) {
+			t.Fatalf("%s: Select %s = %+v, %v; want devices %q, new %q", when, s, got, err, want[0], want[1])
+		}
 	}
 }
 
