@@ -31,7 +31,7 @@ func (s *scans) Documents(ctx context.Context, namespace string) ([]task.Documen
 
 // scanSelect is Select as it was before the index: every entry decoded
 // and matched.
-func scanSelect(t *testing.T, ds task.DocumentStore, sel Selector) Selection {
+func scanSelect(t testing.TB, ds task.DocumentStore, sel Selector) Selection {
 	t.Helper()
 	invs, err := Inventories(t.Context(), ds)
 	if err != nil {
