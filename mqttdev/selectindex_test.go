@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/memstore"
+	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 )
 
@@ -52,7 +54,7 @@ func scanSelect(t testing.TB, ds task.DocumentStore, sel Selector) Selection {
 	return out
 }
 
-// TestSelectReadsTheIndex: on memstore and on SQLite, Select picks the
+// TestSelectReadsTheIndex: on memstore, SQLite and MongoDB, Select picks the
 // same devices as matching every entry would, for selectors of one and
 // several key=value terms, with != terms, on labels and attributes;
 // it reads the whole inventory only for a selector of != terms alone;
@@ -62,6 +64,17 @@ func TestSelectReadsTheIndex(t *testing.T) {
 	for name, open := range map[string]func(t *testing.T) task.Store{
 		"memstore": func(t *testing.T) task.Store { return memstore.New(memstore.Config{}).Open() },
 		"sqlite":   openInventoryStore,
+		"mongo": func(t *testing.T) task.Store {
+			st, err := mongostore.Open(t.Context(), testservers.MongoURI(t), &mongostore.Config{Database: fmt.Sprintf("select_index_%d", time.Now().UnixNano()%1e12)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = st.Database().Drop(context.Background())
+				st.Close()
+			})
+			return st
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			st := &scans{Store: open(t)}
