@@ -19,15 +19,23 @@ import (
 
 // TestWireEmbeddedBroker: with no broker URL, Wire hosts the embedded
 // broker by lease, registers a handler that runs a command on a simulated
-// device through it, and Stop closes the broker.
+// device through it, gives the inventory entries stored before index
+// terms their terms, and Stop closes the broker.
 func TestWireEmbeddedBroker(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t, 30*time.Second)
-	store, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "store.db"), nil)
+	path := filepath.Join(t.TempDir(), "store.db")
+	store, err := sqlitestore.Open(ctx, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
+	for _, id := range []string{"old-1", "old-2"} {
+		if _, err := SetLabels(ctx, store, id, LabelChange{Set: Labels{"ring": "prod"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forgetTerms(t, path)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -46,6 +54,10 @@ func TestWireEmbeddedBroker(t *testing.T) {
 		t.Fatalf("host %v, mux kinds %v: want a broker host and the device kind registered", w.Host, mux.Kinds())
 	}
 	testutil.Eventually(t, 10*time.Second, "the broker hosted here", w.Host.Hosting)
+	testutil.Eventually(t, 10*time.Second, "the inventory's old entries indexed", func() bool {
+		docs, err := store.DocumentsByTerms(ctx, InventoryNamespace, []string{"label:ring=prod"})
+		return err == nil && len(docs) == 2 && docs[0].Terms != nil && docs[1].Terms != nil
+	})
 	secret, err := credential.Add(ctx, store, prefix+"-dev-0", false)
 	if err != nil {
 		t.Fatal(err)
