@@ -165,7 +165,9 @@ func (s *Store) DocumentsByTerms(ctx context.Context, namespace string, terms []
 	}
 	filter := bson.D{{Key: "ns", Value: namespace}, {Key: "$or", Value: bson.A{
 		bson.D{{Key: "terms", Value: bson.D{{Key: "$all", Value: terms}}}},
-		bson.D{{Key: "terms", Value: bson.D{{Key: "$exists", Value: false}}}},
+		// No field: null on the index (an equality the planner bounds,
+		// where $exists: false could cost the $or its index).
+		bson.D{{Key: "terms", Value: nil}},
 	}}}
 	out, err := s.findDocuments(ctx, filter)
 	if err != nil {
