@@ -3,10 +3,12 @@ package tests
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,12 +197,14 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 	benchWorkers(b, bin, "sqlite:"+path, procs, slots)
 	all := waitAll(b, ctx, st, 2*each, true)
 	type claim struct {
-		at time.Time
-		a  bool
+		at     time.Time
+		a      bool
+		worker string
 	}
 	var claims []claim
 	for _, t := range all {
-		claims = append(claims, claim{t.Attempts[len(t.Attempts)-1].StartedAt, t.Group == "A"})
+		at := t.Attempts[len(t.Attempts)-1]
+		claims = append(claims, claim{at.StartedAt, t.Group == "A", at.WorkerID})
 	}
 	slices.SortFunc(claims, func(x, y claim) int { return x.at.Compare(y.at) })
 	// While both are backlogged: until fewer than a window's 1,000 of A's
@@ -215,14 +219,30 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 		}
 	}
 	if os.Getenv("FAIRNESS_DEBUG") != "" {
-		for i := 0; i+1000 <= end; i += 2000 {
+		for i := 0; i+1000 <= end; i += 1000 {
 			n := 0
 			for _, c := range claims[i : i+1000] {
 				if c.a {
 					n++
 				}
 			}
-			fmt.Printf("  claims %5d..: A %d/1000 at %s\n", i, n, claims[i].at.Sub(claims[0].at).Round(time.Millisecond))
+			// Each worker's claims and A's part of them: a worker whose
+			// own order skews shows apart from one that claims less.
+			byWorker := map[string][2]int{}
+			for _, c := range claims[i : i+1000] {
+				w := byWorker[c.worker]
+				w[0]++
+				if c.a {
+					w[1]++
+				}
+				byWorker[c.worker] = w
+			}
+			ws := slices.Sorted(maps.Keys(byWorker))
+			var per []string
+			for _, w := range ws {
+				per = append(per, fmt.Sprintf("%s %d/%d", w, byWorker[w][1], byWorker[w][0]))
+			}
+			fmt.Printf("  claims %5d..: A %d/1000 at %s (%s)\n", i, n, claims[i].at.Sub(claims[0].at).Round(time.Millisecond), strings.Join(per, ", "))
 		}
 	}
 	// Every window: claims i to i+999, for each i.
