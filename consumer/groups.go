@@ -73,14 +73,26 @@ const topUpInterval = 20 * time.Millisecond
 
 // order is t's Order before any stand-by: its start tag when it has a
 // group (the same for the same key while known), else its publish time.
-func (f *fairClock) order(t *task.Task, weight int, now time.Time) time.Time {
-	tag, _ := f.tag(t, weight, now, true)
+// charge is whether this worker is t's preferred worker (see tag).
+func (f *fairClock) order(t *task.Task, weight int, now time.Time, charge bool) time.Time {
+	tag, _ := f.tag(t, weight, now, true, charge)
 	return tag
 }
 
 // tag is t's start tag and whether it is new; kept only when keep is set
 // (a task the heap may have no room for must not move its group's clock).
-func (f *fairClock) tag(t *task.Task, weight int, now time.Time, keep bool) (time.Time, bool) {
+// A kept tag moves the group's clock only when charge is set: for the
+// tasks this worker is preferred for (its share, rank 0), which it runs.
+// Those it stands by for (the head of the queue every worker reads) are
+// its peers' to run: charged here as well, each worker would count its
+// peers' share of a group as its own, and the group at the head of the
+// queue (the one drained slowest, so the one whose tasks lie oldest)
+// would find its own tasks here tagged behind the ones its peers take,
+// far past the other groups'. Not charged, such a task is tagged at the
+// group's clock (its place in the fair order, the stand-by after it),
+// and one a peer leaves to this worker is served once, uncounted here
+// and counted by the peer that did not run it: the sum stays fair.
+func (f *fairClock) tag(t *task.Task, weight int, now time.Time, keep, charge bool) (time.Time, bool) {
 	if t.Group == "" {
 		if t.CreatedAt.IsZero() {
 			return now, false
@@ -95,7 +107,7 @@ func (f *fairClock) tag(t *task.Task, weight int, now time.Time, keep bool) (tim
 		return tag, false
 	}
 	delete(f.drained, t.Group) // a new task: its head may be longer now
-	if f.last == nil || len(f.tags) > f.bound {
+	if f.last == nil {
 		f.last, f.tags = map[string]time.Time{}, map[string]time.Time{}
 	}
 	if f.vclock.IsZero() {
@@ -107,12 +119,45 @@ func (f *fairClock) tag(t *task.Task, weight int, now time.Time, keep bool) (tim
 	}
 	tag = tag.Add(fairStep / time.Duration(max(weight, 1)))
 	if keep {
-		f.last[t.Group], f.tags[t.Key] = tag, tag
+		f.tags[t.Key] = tag
+		if charge {
+			f.last[t.Group] = tag
+		}
 		if tag.After(f.maxTag) {
 			f.maxTag = tag
 		}
 	}
 	return tag, true
+}
+
+// prune forgets the tags of the tasks no longer held here (kept tells
+// which are) and the groups' last tags the virtual time has passed (the
+// next tag starts from the virtual time anyway), once more than bound
+// tags are kept. The tags of held tasks and the groups' clocks must
+// outlive it: forgotten while their entries keep their Order, the next
+// tasks of a group would be tagged from the virtual time again, before
+// the entries of the other groups tagged earlier up to their backlog's
+// span ahead, and one group would run alone until the virtual time
+// caught up with those.
+func (f *fairClock) prune(kept func(key string) bool) {
+	if len(f.tags) <= f.bound {
+		return
+	}
+	for k := range f.tags {
+		if !kept(k) {
+			delete(f.tags, k)
+		}
+	}
+	for g, l := range f.last {
+		if !l.After(f.vclock) {
+			delete(f.last, g)
+		}
+	}
+	if len(f.tags) > f.bound {
+		// More held than the bound (it is several heaps' worth): start
+		// over rather than grow.
+		f.last, f.tags = map[string]time.Time{}, map[string]time.Time{}
+	}
 }
 
 // popped advances the virtual time to a dispatched entry's tag.
@@ -130,9 +175,13 @@ func (f *fairClock) popped(e preempt.Entry) {
 }
 
 // fairOrder is t's Order before its stand-by (see fairClock.order).
-func (s *scheduler) fairOrder(t *task.Task, now time.Time) time.Time {
+func (s *scheduler) fairOrder(t *task.Task, now time.Time, preferred bool) time.Time {
 	s.fair.bound = 4 * s.cfg.HeapSize
-	return s.fair.order(t, s.ctl.Load().Weight(t.Group), now)
+	s.fair.prune(func(key string) bool {
+		st := s.tab.State(key)
+		return st.Held() || st == claimtab.Claiming
+	})
+	return s.fair.order(t, s.ctl.Load().Weight(t.Group), now, preferred)
 }
 
 // evictFair makes room for a grouped task ordered before the last entry
@@ -141,7 +190,7 @@ func (s *scheduler) evictFair(t *task.Task, now time.Time) bool {
 	if t.Group == "" {
 		return false
 	}
-	tag, _ := s.fair.tag(t, s.ctl.Load().Weight(t.Group), now, false)
+	tag, _ := s.fair.tag(t, s.ctl.Load().Weight(t.Group), now, false, false)
 	if !tag.Before(s.fair.maxTag) {
 		return false // a backlog's own next task: nothing held is ordered later
 	}
@@ -154,13 +203,13 @@ func (s *scheduler) evictFair(t *task.Task, now time.Time) bool {
 // (its tasks come in by their publish events, evicting the backlog's
 // last: evictFair, but not those published before this worker read).
 // While the store holds more than the heap (overflow), every
-// topUpInterval, the
-// groups heard of lately that hold less than half their share of the
-// heap (HeapSize × weight / the weights' sum) have their head read
-// (task.CandidateQuery.Group; this worker's share of it when it is one of
-// several) into it up to their share, in place of the entries ordered
-// last: a group drained faster than the pages bring it (a weight of 3
-// against 1 in batches published alike) is kept in the heap.
+// topUpInterval, the groups heard of lately that hold less than half
+// their share of the heap (HeapSize × weight / the weights' sum) have
+// their head read (task.CandidateQuery.Group; this worker's share of it
+// when it is one of several), on from the task of theirs held last
+// (heldByGroup), into it up to their share, in place of the entries
+// ordered last: a group drained faster than the pages bring it (a weight
+// of 3 against 1 in batches published alike) is kept in the heap.
 func (s *scheduler) topUp(ctx context.Context) {
 	f := &s.fair
 	if !s.overflow || time.Since(f.lastTopUp) < topUpInterval || s.tab.Paging() {
@@ -185,12 +234,7 @@ func (s *scheduler) topUp(ctx context.Context) {
 	}
 	f.lastTopUp = time.Now()
 	now := s.store.Now()
-	held := map[string]int{}
-	s.tab.EachQueued(func(e preempt.Entry) {
-		if e.Task != nil {
-			held[e.Task.Group]++
-		}
-	})
+	held, tail := heldByGroup(s.tab.EachQueued, now)
 	groups := make([]string, 0, len(f.seen))
 	for g, at := range f.seen {
 		if !at.IsZero() && now.Sub(at) > time.Minute && held[g] == 0 {
@@ -212,7 +256,7 @@ func (s *scheduler) topUp(ctx context.Context) {
 		}
 		// This worker's share of the group's head, as past the head of
 		// the whole queue (refill.go): tasks it is preferred for.
-		q := task.CandidateQuery{Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: true, Group: g, Share: s.share(), Limit: max(share-held[g], 1)}
+		q := task.CandidateQuery{Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: true, Group: g, Share: s.share(), After: tail[g], Limit: max(share-held[g], 1)}
 		page, err := s.store.Candidates(ctx, q)
 		if err != nil {
 			return // the next refill tries again
@@ -233,6 +277,28 @@ func (s *scheduler) topUp(ctx context.Context) {
 			f.drained[g] = now.Add(time.Second) // or until its next publish is heard
 		}
 	}
+}
+
+// heldByGroup counts the entries of each group in the heap (each walks
+// them), and finds each group's tail: its ready task held last in the
+// store's candidate order. topUp reads a group's head on from its tail,
+// past what is held: read from the top, the head would be the tasks held
+// already, and bring nothing. A task waiting for a later claim time
+// stands past every ready one in that order and would skip them.
+func heldByGroup(each func(func(preempt.Entry)), now time.Time) (held map[string]int, tail map[string]*task.Task) {
+	held, tail = map[string]int{}, map[string]*task.Task{}
+	ready := task.CandidateQuery{Ready: true}
+	each(func(e preempt.Entry) {
+		t := e.Task
+		if t == nil {
+			return
+		}
+		held[t.Group]++
+		if !t.NextClaimAt.After(now) && (tail[t.Group] == nil || ready.Less(tail[t.Group], t)) {
+			tail[t.Group] = t
+		}
+	})
+	return held, tail
 }
 
 // concurrencyBucket is the slot table's view of a concurrency limit: its

@@ -272,7 +272,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	// it is preferred for, and a task retried or taken over still comes
 	// before those published after it.
 	delay := s.standBy.Delay(t, now)
-	order := s.fairOrder(t, at) // groups.go
+	order := s.fairOrder(t, at, delay == 0) // groups.go
 	s.tab.Place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
 }
 
@@ -342,7 +342,7 @@ func (s *scheduler) onResult(r attemptResult) {
 		// again, this worker's turn comes after its stand-by as for any
 		// offer, or every worker that lost the race would try at once.
 		delay := s.standBy.Delay(retry.Task, now)
-		retry.At, retry.Order = retry.At.Add(delay), s.fairOrder(retry.Task, now).Add(delay)
+		retry.At, retry.Order = retry.At.Add(delay), s.fairOrder(retry.Task, now, delay == 0).Add(delay)
 	}
 	if retry != nil {
 		s.tab.Queue(*retry)

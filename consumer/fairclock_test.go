@@ -1,0 +1,127 @@
+package consumer
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/task"
+)
+
+var fairT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func groupTask(group string, i int) *task.Task {
+	return &task.Task{Key: fmt.Sprintf("%s-%04d", group, i), Group: group, Seq: int64(i), NextClaimAt: fairT0}
+}
+
+// TestFairClockPeersTasksDoNotMoveItsClock: one of four workers reads the
+// head of the queue whole (200 of B, the group drained slowest, of which
+// it is preferred for one in four) and past it its share alone (150 more
+// of B, 450 of A). The tasks its peers run must not count against B
+// here: of the first 200 it dispatches, A (weight 3) has 150, as it
+// would with no peers. Charged for the peers' tasks too, B's own tasks
+// stood tagged behind 200 ms of B's clock, and A had about 185.
+func TestFairClockPeersTasksDoNotMoveItsClock(t *testing.T) {
+	f := fairClock{bound: 4000}
+	weight := map[string]int{"A": 3, "B": 1}
+	type held struct {
+		key string
+		tag time.Time
+		t   *task.Task
+	}
+	var own []held
+	offer := func(tk *task.Task, preferred bool) {
+		tag := f.order(tk, weight[tk.Group], fairT0, preferred)
+		if preferred {
+			own = append(own, held{tk.Key, tag, tk})
+		}
+	}
+	for i := range 200 {
+		offer(groupTask("B", i), i%4 == 0)
+	}
+	for i := range 150 {
+		offer(groupTask("B", 200+i), true)
+	}
+	for i := range 450 {
+		offer(groupTask("A", i), true)
+	}
+	// The peers claim the rest; this worker dispatches its own in order.
+	slices.SortStableFunc(own, func(a, b held) int { return a.tag.Compare(b.tag) })
+	a := 0
+	for _, h := range own[:200] {
+		f.popped(preempt.Entry{Key: h.key, Task: h.t})
+		if h.t.Group == "A" {
+			a++
+		}
+	}
+	if a < 148 || a > 152 {
+		t.Fatalf("A had %d of the first 200 dispatched; want 150 (weight 3 against 1)", a)
+	}
+}
+
+// TestFairClockPruneKeepsHeldTags: past its bound the clock forgets the
+// tags of tasks no longer held, but keeps those held and the groups'
+// clocks: a group's next task is tagged after its last, not from the
+// virtual time, where it would stand before the other groups' tasks
+// tagged already.
+func TestFairClockPruneKeepsHeldTags(t *testing.T) {
+	f := fairClock{bound: 10}
+	tags := map[string]time.Time{}
+	for i := range 6 {
+		for _, g := range []string{"A", "B"} {
+			tk := groupTask(g, i)
+			tags[tk.Key] = f.order(tk, 1, fairT0, true)
+		}
+	}
+	gone := map[string]bool{}
+	for _, k := range []string{"A-0000", "B-0000", "A-0001", "B-0001"} {
+		f.popped(preempt.Entry{Key: k, Task: &task.Task{Key: k, Group: k[:1]}})
+		gone[k] = true
+	}
+	lastA := f.last["A"]
+	f.prune(func(key string) bool { return !gone[key] })
+	if len(f.tags) != 8 {
+		t.Fatalf("%d tags kept; want the 8 held", len(f.tags))
+	}
+	for k, tag := range f.tags {
+		if !tag.Equal(tags[k]) {
+			t.Fatalf("%s's tag moved from %s to %s", k, tags[k], tag)
+		}
+	}
+	next := f.order(groupTask("A", 6), 1, fairT0, true)
+	if want := lastA.Add(fairStep); !next.Equal(want) {
+		t.Fatalf("A's next tag %s; want %s, after its last", next.Sub(fairT0), want.Sub(fairT0))
+	}
+}
+
+// TestHeldByGroupTail: a group's tail is its ready task held last in the
+// store's order (priority, then claim time, then seq); one waiting for a
+// later claim time is counted but is not the tail.
+func TestHeldByGroupTail(t *testing.T) {
+	now := fairT0.Add(time.Minute)
+	mk := func(key, group string, prio int, at time.Time, seq int64) preempt.Entry {
+		return preempt.Entry{Key: key, Task: &task.Task{Key: key, Group: group, Priority: prio, NextClaimAt: at, Seq: seq}}
+	}
+	entries := []preempt.Entry{
+		mk("a1", "A", 0, fairT0, 5),
+		mk("a2", "A", 0, fairT0.Add(time.Second), 3),
+		mk("a3", "A", 0, fairT0, 9),
+		mk("a4", "A", 0, now.Add(time.Hour), 1), // a retry waiting
+		mk("b1", "B", 5, fairT0, 20),
+		mk("b2", "B", 0, fairT0, 10), // a lower priority comes after
+		{Key: "x"},                   // no document
+	}
+	held, tail := heldByGroup(func(fn func(preempt.Entry)) {
+		for _, e := range entries {
+			fn(e)
+		}
+	}, now)
+	if held["A"] != 4 || held["B"] != 2 {
+		t.Fatalf("held %v; want A 4, B 2", held)
+	}
+	if tail["A"].Key != "a2" || tail["B"].Key != "b2" {
+		t.Fatalf("tails A %s, B %s; want a2 and b2", tail["A"].Key, tail["B"].Key)
+	}
+}
