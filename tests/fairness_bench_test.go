@@ -247,7 +247,7 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 	}
 	// Every window: claims i to i+999, for each i.
 	lo, hi = 1, 0
-	n := 0
+	n, loAt, hiAt := 0, 0, 0
 	for i, c := range claims[:end] {
 		if c.a {
 			n++
@@ -257,8 +257,17 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 		}
 		if i >= 999 {
 			share := float64(n) / 1000
-			lo, hi, windows = min(lo, share), max(hi, share), windows+1
+			if share < lo {
+				lo, loAt = share, i-999
+			}
+			if share > hi {
+				hi, hiAt = share, i-999
+			}
+			windows++
 		}
+	}
+	if os.Getenv("FAIRNESS_DEBUG") != "" {
+		fmt.Printf("  lowest from claim %d, highest from claim %d, of %d while both had a window's worth left\n", loAt, hiAt, end)
 	}
 	return lo, hi, windows
 }
