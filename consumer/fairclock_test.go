@@ -3,10 +3,14 @@ package consumer
 import (
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/consumer/internal/claimtab"
 	"github.com/leasepool/leasepool/consumer/internal/preempt"
+	"github.com/leasepool/leasepool/consumer/internal/standby"
+	"github.com/leasepool/leasepool/control"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -123,5 +127,65 @@ func TestHeldByGroupTail(t *testing.T) {
 	}
 	if tail["A"].Key != "a2" || tail["B"].Key != "b2" {
 		t.Fatalf("tails A %s, B %s; want a2 and b2", tail["A"].Key, tail["B"].Key)
+	}
+}
+
+// TestRetagOnPeersChange: a worker alone tags every task it holds as its
+// own; once a peer joins, the tasks the peer is now preferred for would
+// leave holes in its groups' clocks. retag gives its own tasks of each
+// group consecutive tags again from the virtual time, and moves the
+// peer's behind them by the stand-by, in their claim time too.
+func TestRetagOnPeersChange(t *testing.T) {
+	now := fairT0
+	self := task.WorkerInfo{ID: "w1", Concurrency: 1, Until: now.Add(time.Hour)}
+	peers := &atomic.Pointer[preempt.Peers]{}
+	peers.Store(preempt.NewPeers(nil, self, now))
+	s := &scheduler{
+		cfg:     Config{HeapSize: 1000, WorkerID: "w1"},
+		tab:     claimtab.New(claimtab.Config{HeapSize: 1000, Locks: claimtab.NewLocks()}),
+		ctl:     &atomic.Pointer[control.State]{},
+		peers:   peers,
+		standBy: standby.New("w1", preempt.DefaultSpread, peers, 4000),
+	}
+	place := func(tk *task.Task) {
+		delay := s.standBy.Delay(tk, now)
+		s.tab.Place(preempt.Entry{Key: tk.Key, At: now.Add(delay), Order: s.fairOrder(tk, now, delay), Seq: tk.Seq, Task: tk})
+	}
+	for i := range 40 {
+		place(groupTask("A", 2*i))
+		place(groupTask("B", 2*i+1))
+	}
+	s.retag(now) // the first peers seen: nothing moves
+	peer := task.WorkerInfo{ID: "w2", Concurrency: 1, Until: now.Add(time.Hour)}
+	peers.Store(preempt.NewPeers([]task.WorkerInfo{self, peer}, self, now))
+	s.retag(now)
+
+	own := map[string][]time.Time{}
+	theirs := 0
+	s.tab.EachQueued(func(e preempt.Entry) {
+		delay := s.standBy.Delay(e.Task, now)
+		if delay == 0 {
+			own[e.Task.Group] = append(own[e.Task.Group], e.Order)
+			return
+		}
+		theirs++
+		if !e.At.Equal(now.Add(delay)) {
+			t.Errorf("%s, a peer's now, due at +%s; want its stand-by, +%s", e.Key, e.At.Sub(now), delay)
+		}
+		if e.Order.Sub(now) <= delay {
+			t.Errorf("%s, a peer's now, ordered at +%s; want after its stand-by, %s", e.Key, e.Order.Sub(now), delay)
+		}
+	})
+	if theirs == 0 || len(own["A"]) == 0 || len(own["B"]) == 0 {
+		t.Fatalf("own A %d, own B %d, the peer's %d: want some of each", len(own["A"]), len(own["B"]), theirs)
+	}
+	for g, orders := range own {
+		slices.SortFunc(orders, func(a, b time.Time) int { return a.Compare(b) })
+		for i, o := range orders {
+			// The virtual time is fairT0 (nothing dispatched).
+			if want := now.Add(time.Duration(i+1) * fairStep); !o.Equal(want) {
+				t.Fatalf("%s's %dth own task ordered at +%s; want +%s, its tags consecutive", g, i+1, o.Sub(now), want.Sub(now))
+			}
+		}
 	}
 }

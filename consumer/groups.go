@@ -25,6 +25,7 @@ package consumer
 // when it hears a task of the same limits end.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -62,6 +63,9 @@ type fairClock struct {
 	// maxTag is the latest tag given: a task tagged after it finds no
 	// grouped entry to take the place of.
 	maxTag time.Time
+	// rankedOf is the live workers the held entries were tagged under
+	// (retag).
+	rankedOf *preempt.Peers
 }
 
 // maxTopUpGroups bounds the groups a worker tops its heap up with at
@@ -174,14 +178,73 @@ func (f *fairClock) popped(e preempt.Entry) {
 	}
 }
 
-// fairOrder is t's Order before its stand-by (see fairClock.order).
-func (s *scheduler) fairOrder(t *task.Task, now time.Time, preferred bool) time.Time {
+// fairOrder is t's Order (see fairClock.order) and delay, its stand-by,
+// after it: a task this worker is preferred for (delay 0) moves its
+// group's clock; any other stands behind them by its stand-by.
+func (s *scheduler) fairOrder(t *task.Task, now time.Time, delay time.Duration) time.Time {
 	s.fair.bound = 4 * s.cfg.HeapSize
 	s.fair.prune(func(key string) bool {
 		st := s.tab.State(key)
 		return st.Held() || st == claimtab.Claiming
 	})
-	return s.fair.order(t, s.ctl.Load().Weight(t.Group), now, preferred)
+	return s.fair.order(t, s.ctl.Load().Weight(t.Group), now, delay == 0).Add(delay)
+}
+
+// retag tags the grouped entries in the heap again, in their order,
+// once the live workers rank tasks otherwise (workers came or went, or
+// this one first heard of its peers): the tasks this worker was preferred
+// for moved its groups' clocks (fairClock.tag), and those that are now a
+// peer's would leave holes in them, the group's own tasks tagged behind
+// them, until the heap turned over (at four workers starting together,
+// a second's claims at up to 90 % A, weight 3 against 1). Each entry's
+// stand-by moves to its new rank too, in its claim time and its Order.
+func (s *scheduler) retag(now time.Time) {
+	f := &s.fair
+	p := s.peers.Load()
+	if p == f.rankedOf || p.SameRanking(f.rankedOf) {
+		f.rankedOf = p
+		return
+	}
+	f.rankedOf = p
+	type held struct {
+		e     preempt.Entry
+		tag   time.Time
+		delay time.Duration // the stand-by its entry was placed with
+	}
+	var hs []held
+	s.tab.EachQueued(func(e preempt.Entry) {
+		if e.Task == nil || e.Task.Group == "" {
+			return
+		}
+		tag, ok := f.tags[e.Key]
+		if !ok {
+			tag = e.Order
+		}
+		hs = append(hs, held{e, tag, e.Order.Sub(tag)})
+	})
+	if len(hs) == 0 {
+		return
+	}
+	slices.SortFunc(hs, func(a, b held) int {
+		if c := a.tag.Compare(b.tag); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.e.Seq, b.e.Seq)
+	})
+	for _, h := range hs {
+		delete(f.tags, h.e.Key)
+	}
+	clear(f.last)
+	f.maxTag = f.vclock
+	for _, h := range hs {
+		e := h.e
+		delay := s.standBy.Delay(e.Task, now)
+		if s.tab.State(e.Key) == claimtab.Queued {
+			e.At = e.At.Add(delay - h.delay)
+		}
+		e.Order = s.fairOrder(e.Task, now, delay)
+		s.tab.Queue(e)
+	}
 }
 
 // evictFair makes room for a grouped task ordered before the last entry

@@ -219,7 +219,7 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 		}
 	}
 	if os.Getenv("FAIRNESS_DEBUG") != "" {
-		for i := 0; i+1000 <= end; i += 1000 {
+		for i := 0; i+1000 <= len(claims); i += 1000 {
 			n := 0
 			for _, c := range claims[i : i+1000] {
 				if c.a {
@@ -242,7 +242,11 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 			for _, w := range ws {
 				per = append(per, fmt.Sprintf("%s %d/%d", w, byWorker[w][1], byWorker[w][0]))
 			}
-			fmt.Printf("  claims %5d..: A %d/1000 at %s (%s)\n", i, n, claims[i].at.Sub(claims[0].at).Round(time.Millisecond), strings.Join(per, ", "))
+			past := ""
+			if i+1000 > end {
+				past = " past the end"
+			}
+			fmt.Printf("  claims %5d..: A %d/1000 at %s (%s)%s\n", i, n, claims[i].at.Sub(claims[0].at).Round(time.Millisecond), strings.Join(per, ", "), past)
 		}
 	}
 	// Every window: claims i to i+999, for each i.
