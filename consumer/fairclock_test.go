@@ -3,6 +3,7 @@ package consumer
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -187,5 +188,58 @@ func TestRetagOnPeersChange(t *testing.T) {
 				t.Fatalf("%s's %dth own task ordered at +%s; want +%s, its tags consecutive", g, i+1, o.Sub(now), want.Sub(now))
 			}
 		}
+	}
+}
+
+// TestAdoptTailsTakesTheLongerSharesEnds: of 20 tasks left, w1's share
+// has 2, w2's 10 and w3's 8; each should have 7. w1, the one taker,
+// takes the ends of the longer shares beyond 7 (the tasks their owners
+// reach last); w2 and w3 take nothing.
+func TestAdoptTailsTakesTheLongerSharesEnds(t *testing.T) {
+	owner := map[string]string{}
+	var rest []*task.Task
+	for i, w := range []string{"w2", "w3", "w2", "w1", "w2", "w3", "w2", "w3", "w2", "w3", "w2", "w1", "w3", "w2", "w3", "w2", "w3", "w2", "w3", "w2"} {
+		tk := groupTask("A", i)
+		owner[tk.Key] = w
+		rest = append(rest, tk)
+	}
+	preferred := func(tk *task.Task) (string, []string) { return owner[tk.Key], []string{"w1", "w2", "w3"} }
+	none := func(*task.Task) bool { return false }
+	var want []string
+	count := map[string]int{}
+	for _, tk := range rest {
+		if count[owner[tk.Key]]++; count[owner[tk.Key]] > 7 {
+			want = append(want, tk.Key)
+		}
+	}
+	slices.SortFunc(want, func(a, b string) int { // w2's, then w3's
+		if owner[a] != owner[b] {
+			return strings.Compare(owner[a], owner[b])
+		}
+		return strings.Compare(a, b)
+	})
+	var got []string
+	for _, tk := range adoptTails(rest, "w1", preferred, none, 100) {
+		got = append(got, tk.Key)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("w1 takes %v; want %v, the ends of w2's and w3's shares", got, want)
+	}
+	if n := len(adoptTails(rest, "w1", preferred, none, 2)); n != 2 {
+		t.Fatalf("w1 wanting 2 takes %d", n)
+	}
+	for _, w := range []string{"w2", "w3"} {
+		if got := adoptTails(rest, w, preferred, none, 100); len(got) != 0 {
+			t.Fatalf("%s, over its part, takes %d", w, len(got))
+		}
+	}
+	// Read again before any is run: what it took counts as its own, and
+	// it takes no more.
+	took := map[string]bool{}
+	for _, k := range want {
+		took[k] = true
+	}
+	if got := adoptTails(rest, "w1", preferred, func(tk *task.Task) bool { return took[tk.Key] }, 100); len(got) != 0 {
+		t.Fatalf("w1 read again takes %d more", len(got))
 	}
 }

@@ -66,6 +66,10 @@ type fairClock struct {
 	// rankedOf is the live workers the held entries were tagged under
 	// (retag).
 	rankedOf *preempt.Peers
+	// adopted is the tasks of its peers' shares this worker took over
+	// (adoptTails), lastAdopt when it last looked for some.
+	adopted   map[string]bool
+	lastAdopt time.Time
 }
 
 // maxTopUpGroups bounds the groups a worker tops its heap up with at
@@ -74,6 +78,12 @@ const maxTopUpGroups = 64
 
 // topUpInterval is how often topUp looks at the groups' shares of the heap.
 const topUpInterval = 20 * time.Millisecond
+
+// adoptInterval is how often topUp reads a group's backlog whole for
+// tasks to take over (adoptTails), once this worker's share of it is
+// drained: at most once for all groups, so that many small groups do not
+// cost a read each.
+const adoptInterval = 100 * time.Millisecond
 
 // order is t's Order before any stand-by: its start tag when it has a
 // group (the same for the same key while known), else its publish time.
@@ -152,6 +162,11 @@ func (f *fairClock) prune(kept func(key string) bool) {
 			delete(f.tags, k)
 		}
 	}
+	for k := range f.adopted {
+		if !kept(k) {
+			delete(f.adopted, k)
+		}
+	}
 	for g, l := range f.last {
 		if !l.After(f.vclock) {
 			delete(f.last, g)
@@ -180,13 +195,19 @@ func (f *fairClock) popped(e preempt.Entry) {
 
 // fairOrder is t's Order (see fairClock.order) and delay, its stand-by,
 // after it: a task this worker is preferred for (delay 0) moves its
-// group's clock; any other stands behind them by its stand-by.
+// group's clock; any other stands behind them by its stand-by, but one
+// it took over from a peer (adoptTails), which moves the clock as its
+// own and takes its place among them (due after its stand-by all the
+// same).
 func (s *scheduler) fairOrder(t *task.Task, now time.Time, delay time.Duration) time.Time {
 	s.fair.bound = 4 * s.cfg.HeapSize
 	s.fair.prune(func(key string) bool {
 		st := s.tab.State(key)
 		return st.Held() || st == claimtab.Claiming
 	})
+	if s.fair.adopted[t.Key] {
+		return s.fair.order(t, s.ctl.Load().Weight(t.Group), now, true)
+	}
 	return s.fair.order(t, s.ctl.Load().Weight(t.Group), now, delay == 0).Add(delay)
 }
 
@@ -220,7 +241,11 @@ func (s *scheduler) retag(now time.Time) {
 		if !ok {
 			tag = e.Order
 		}
-		hs = append(hs, held{e, tag, e.Order.Sub(tag)})
+		delay := e.Order.Sub(tag)
+		if f.adopted[e.Key] {
+			delay = 0 // none in its Order, and its claim time stays
+		}
+		hs = append(hs, held{e, tag, delay})
 	})
 	if len(hs) == 0 {
 		return
@@ -239,7 +264,7 @@ func (s *scheduler) retag(now time.Time) {
 	for _, h := range hs {
 		e := h.e
 		delay := s.standBy.Delay(e.Task, now)
-		if s.tab.State(e.Key) == claimtab.Queued {
+		if s.tab.State(e.Key) == claimtab.Queued && !f.adopted[e.Key] {
 			e.At = e.At.Add(delay - h.delay)
 		}
 		e.Order = s.fairOrder(e.Task, now, delay)
@@ -324,6 +349,25 @@ func (s *scheduler) topUp(ctx context.Context) {
 		if err != nil {
 			return // the next refill tries again
 		}
+		read, adopted := len(page), 0
+		if read < q.Limit && q.Share != nil && time.Since(f.lastAdopt) >= adoptInterval {
+			// Its share of the group is drained, perhaps not the group's
+			// backlog: see adoptTails.
+			f.lastAdopt = time.Now()
+			all := task.CandidateQuery{Kinds: s.cfg.Kinds, WorkerID: s.cfg.WorkerID, Now: now, Ready: true, Group: g, Limit: s.cfg.HeapSize}
+			rest, err := s.store.Candidates(ctx, all)
+			if err != nil {
+				return
+			}
+			picked := adoptTails(rest, s.cfg.WorkerID, s.peers.Load().Preferred, func(t *task.Task) bool { return f.adopted[t.Key] }, share-held[g])
+			if f.adopted == nil {
+				f.adopted = map[string]bool{}
+			}
+			for _, t := range picked {
+				f.adopted[t.Key] = true
+			}
+			page, read, adopted = append(page, picked...), len(rest), len(picked)
+		}
 		for _, t := range page {
 			if !s.tab.State(t.Key).Held() && s.full() && !s.evictFair(t, now) {
 				break
@@ -331,15 +375,79 @@ func (s *scheduler) topUp(ctx context.Context) {
 			s.offer(t, now)
 		}
 		switch {
-		case len(page) == 0:
+		case adopted > 0:
+			f.drained[g] = now.Add(adoptInterval) // what is left is weighed again
+		case read == 0:
 			// Nothing ready: not read again before its next publish is
 			// heard (or half a minute): on SQLite the read scans the
 			// backlog ahead of it.
 			f.drained[g] = now.Add(30 * time.Second)
-		case len(page) < q.Limit:
+		case read < q.Limit:
 			f.drained[g] = now.Add(time.Second) // or until its next publish is heard
 		}
 	}
+}
+
+// adoptTails picks the tasks worker self takes over from its peers'
+// shares of a group's backlog, from rest, the group's ready tasks in the
+// store's order (preferred names each task's preferred worker and the
+// workers able to run it). The shares are of unequal size (rendezvous
+// buckets a few per cent apart), so the workers would run out of a
+// group 100-200 ms apart, the first then running the other groups alone
+// (at four workers, weight 3 against 1, A fell to 68 % of the window).
+// Every worker reading the same backlog computes the same split: each
+// should hold an equal part of it, and those short of that part (the
+// takers, in ID order) share out the tail of each longer share beyond
+// its part, one in turn, self at most want of them. The tail is what its
+// owner reaches last, and its owner charged it last, so taking it leaves
+// no hole in the owner's fair order; the taker charges it as its own
+// (fairOrder). The tasks self took over before (taken) count as its own:
+// the store does not know them taken, and read again their owner would
+// look long still, and self short. Nothing when self is not short.
+func adoptTails(rest []*task.Task, self string, preferred func(*task.Task) (string, []string), taken func(*task.Task) bool, want int) []*task.Task {
+	byOwner := map[string][]*task.Task{}
+	workers := map[string]bool{}
+	for _, t := range rest {
+		owner, able := preferred(t)
+		if taken(t) {
+			owner = self // taken over before: self's now, not its owner's
+		}
+		byOwner[owner] = append(byOwner[owner], t)
+		for _, w := range able {
+			workers[w] = true
+		}
+	}
+	if len(workers) < 2 || !workers[self] || want <= 0 {
+		return nil
+	}
+	part := (len(rest) + len(workers) - 1) / len(workers)
+	var takers, owners []string
+	for w := range workers {
+		if len(byOwner[w]) < part {
+			takers = append(takers, w)
+		} else if len(byOwner[w]) > part {
+			owners = append(owners, w)
+		}
+	}
+	slices.Sort(takers)
+	slices.Sort(owners)
+	turn := slices.Index(takers, self)
+	if turn < 0 {
+		return nil
+	}
+	want = min(want, part-len(byOwner[self]))
+	var picked []*task.Task
+	for _, o := range owners {
+		for j, t := range byOwner[o][part:] {
+			if len(picked) == want {
+				return picked
+			}
+			if j%len(takers) == turn {
+				picked = append(picked, t)
+			}
+		}
+	}
+	return picked
 }
 
 // heldByGroup counts the entries of each group in the heap (each walks
