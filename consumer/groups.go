@@ -14,7 +14,11 @@ package consumer
 // a group with nothing ready costs nothing and builds no credit. A full
 // heap lets a grouped task in by evicting the entry ordered last
 // (preempt.Heap.EvictOrderAfter). Tasks with no group keep their publish
-// time as Order. See docs/decisions/0016-groups-by-start-time-fair-queueing.md.
+// time as Order. Among several workers the cluster's order is the sum of
+// theirs: only the tasks a worker is preferred for (and those it takes
+// over, adoptTails) move its groups' tags, which are given again when the
+// workers' ranking moves (retag). See
+// docs/decisions/0016-groups-by-start-time-fair-queueing.md.
 //
 // Concurrency: a limited task holds one of the limit's N slot locks in
 // task.LockConcurrency with its lease, taken in the claim (claimRules),
