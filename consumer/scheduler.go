@@ -164,7 +164,8 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			}
 		}
 		if ready {
-			s.topUp(ctx) // groups.go
+			s.retag(s.store.Now()) // groups.go
+			s.topUp(ctx)
 		}
 		s.queued.Store(int64(s.tab.HeapLen()))
 		timer.Reset(min(s.wait(), refill))
@@ -272,8 +273,8 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 	// it is preferred for, and a task retried or taken over still comes
 	// before those published after it.
 	delay := s.standBy.Delay(t, now)
-	order := s.fairOrder(t, at) // groups.go
-	s.tab.Place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order.Add(delay), Priority: t.Priority, Seq: t.Seq, Task: t})
+	order := s.fairOrder(t, at, delay) // groups.go
+	s.tab.Place(preempt.Entry{Key: t.Key, At: at.Add(delay), Order: order, Priority: t.Priority, Seq: t.Seq, Task: t})
 }
 
 func (s *scheduler) onEvent(ev task.Event) {
@@ -342,7 +343,7 @@ func (s *scheduler) onResult(r attemptResult) {
 		// again, this worker's turn comes after its stand-by as for any
 		// offer, or every worker that lost the race would try at once.
 		delay := s.standBy.Delay(retry.Task, now)
-		retry.At, retry.Order = retry.At.Add(delay), s.fairOrder(retry.Task, now).Add(delay)
+		retry.At, retry.Order = retry.At.Add(delay), s.fairOrder(retry.Task, now, delay)
 	}
 	if retry != nil {
 		s.tab.Queue(*retry)

@@ -3,10 +3,12 @@ package tests
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,12 +197,14 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 	benchWorkers(b, bin, "sqlite:"+path, procs, slots)
 	all := waitAll(b, ctx, st, 2*each, true)
 	type claim struct {
-		at time.Time
-		a  bool
+		at     time.Time
+		a      bool
+		worker string
 	}
 	var claims []claim
 	for _, t := range all {
-		claims = append(claims, claim{t.Attempts[len(t.Attempts)-1].StartedAt, t.Group == "A"})
+		at := t.Attempts[len(t.Attempts)-1]
+		claims = append(claims, claim{at.StartedAt, t.Group == "A", at.WorkerID})
 	}
 	slices.SortFunc(claims, func(x, y claim) int { return x.at.Compare(y.at) })
 	// While both are backlogged: until fewer than a window's 1,000 of A's
@@ -215,19 +219,39 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 		}
 	}
 	if os.Getenv("FAIRNESS_DEBUG") != "" {
-		for i := 0; i+1000 <= end; i += 2000 {
+		for i := 0; i+1000 <= len(claims); i += 1000 {
 			n := 0
 			for _, c := range claims[i : i+1000] {
 				if c.a {
 					n++
 				}
 			}
-			fmt.Printf("  claims %5d..: A %d/1000 at %s\n", i, n, claims[i].at.Sub(claims[0].at).Round(time.Millisecond))
+			// Each worker's claims and A's part of them: a worker whose
+			// own order skews shows apart from one that claims less.
+			byWorker := map[string][2]int{}
+			for _, c := range claims[i : i+1000] {
+				w := byWorker[c.worker]
+				w[0]++
+				if c.a {
+					w[1]++
+				}
+				byWorker[c.worker] = w
+			}
+			ws := slices.Sorted(maps.Keys(byWorker))
+			var per []string
+			for _, w := range ws {
+				per = append(per, fmt.Sprintf("%s %d/%d", w, byWorker[w][1], byWorker[w][0]))
+			}
+			past := ""
+			if i+1000 > end {
+				past = " past the end"
+			}
+			fmt.Printf("  claims %5d..: A %d/1000 at %s (%s)%s\n", i, n, claims[i].at.Sub(claims[0].at).Round(time.Millisecond), strings.Join(per, ", "), past)
 		}
 	}
 	// Every window: claims i to i+999, for each i.
 	lo, hi = 1, 0
-	n := 0
+	n, loAt, hiAt := 0, 0, 0
 	for i, c := range claims[:end] {
 		if c.a {
 			n++
@@ -237,8 +261,17 @@ func weights(b *testing.B, bin string) (lo, hi float64, windows int) {
 		}
 		if i >= 999 {
 			share := float64(n) / 1000
-			lo, hi, windows = min(lo, share), max(hi, share), windows+1
+			if share < lo {
+				lo, loAt = share, i-999
+			}
+			if share > hi {
+				hi, hiAt = share, i-999
+			}
+			windows++
 		}
+	}
+	if os.Getenv("FAIRNESS_DEBUG") != "" {
+		fmt.Printf("  lowest from claim %d, highest from claim %d, of %d while both had a window's worth left\n", loAt, hiAt, end)
 	}
 	return lo, hi, windows
 }

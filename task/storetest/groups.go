@@ -95,6 +95,19 @@ func (s suite) groups(t *testing.T) {
 		if got := keys(page); !slicesEqual(got, want) {
 			t.Fatalf("candidates of group acme (ready %v): %v; want %v", q.Ready, got, want)
 		}
+		if !q.Ready {
+			continue
+		}
+		// On from a task held (a worker reads a group's head past what
+		// it holds): the next priority's tasks follow.
+		q.After = page[0]
+		next, err := st.Candidates(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := keys(next); !slicesEqual(got, []string{"g1"}) {
+			t.Fatalf("candidates of group acme after g2: %v; want [g1]", got)
+		}
 	}
 
 	// Slot locks: N holders at most; a key of a concurrency slot is not a

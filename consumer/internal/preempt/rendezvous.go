@@ -163,6 +163,29 @@ func (p *Peers) Rank(t *task.Task, self string, limit int) int {
 	return rank
 }
 
+// Preferred returns the ID of t's preferred worker (the one of rank 0),
+// and the IDs of all the live workers able to run t, in ID order; none
+// when no live worker may run it.
+func (p *Peers) Preferred(t *task.Task) (string, []string) {
+	if p == nil {
+		return "", nil
+	}
+	kh := bucketHash(task.ShareBucket(t.Seq))
+	best, bestScore := "", 0.0
+	var able []string
+	for j := range p.list {
+		q := &p.list[j]
+		if !t.Allows(q.ID) || (len(q.Kinds) > 0 && !slices.Contains(q.Kinds, t.Kind)) {
+			continue
+		}
+		able = append(able, q.ID)
+		if s := score(kh, *q); best == "" || s > bestScore {
+			best, bestScore = q.ID, s
+		}
+	}
+	return best, able
+}
+
 // Share returns the share buckets (task.ShareBucket) whose tasks self may
 // rank first for: those where it ranks first among the workers able to run
 // every one of kinds (all kinds when empty), a superset of where it ranks

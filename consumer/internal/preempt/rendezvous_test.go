@@ -219,3 +219,22 @@ func BenchmarkShare(b *testing.B) {
 		})
 	}
 }
+
+// TestPreferredIsRankZero: the worker Preferred names is the one that
+// ranks t first, and the workers it lists are all the live ones.
+func TestPreferredIsRankZero(t *testing.T) {
+	now := time.Now()
+	ws := workers(now, 5)
+	p := preempt.NewPeers(ws, ws[0], now)
+	for k := range 500 {
+		task := tk(fmt.Sprintf("task-%d", k))
+		task.Seq = int64(k)
+		id, able := p.Preferred(task)
+		if len(able) != len(ws) {
+			t.Fatalf("%s: %d workers able; want %d", task.Key, len(able), len(ws))
+		}
+		if r := p.Rank(task, id, 100); r != 0 {
+			t.Fatalf("%s: Preferred names %s, which ranks %d", task.Key, id, r)
+		}
+	}
+}
