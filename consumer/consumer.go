@@ -106,6 +106,10 @@ type attemptResult struct {
 	// slotFreed: the slot was given back when the handler returned.
 	slotFreed bool
 	instant   bool // the slot was the instant lane's (dispatch)
+	// attempt is the claim table's number of the attempt; landed, that
+	// its claim landed and it ran (the scheduler was sent a notice).
+	attempt uint64
+	landed  bool
 }
 
 // New validates cfg and returns a consumer ready to Start.
