@@ -174,6 +174,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 		}
 		s.queued.Store(int64(s.tab.HeapLen()))
 		timer.Reset(min(s.wait(), refill))
+	wait:
 		select {
 		case <-ctx.Done():
 			return
@@ -206,7 +207,11 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 		case r := <-s.results:
 			s.onResult(r)
 		case <-s.landed.wake:
-			// A claim landed: drainLanded, at the top of the loop, takes it.
+			// A claim landed: nothing is freed or due by it, so the turn
+			// only takes the notices and waits on (the top of the next
+			// turn takes them too).
+			s.drainLanded()
+			goto wait
 		case p := <-s.pages:
 			s.onPage(p)
 		case w := <-s.gateWakes:
