@@ -68,6 +68,9 @@ type Consumer struct {
 
 	running *runtab.Table[*run]
 	locks   *claimtab.Locks // the scheduler's, but for heirs read by attempts
+	// sched is the scheduler Start made; the package's tests read its
+	// claim table while the bubble they run in is still (synctest.Wait).
+	sched *scheduler
 	// peers is the live workers as the registry last listed them, for
 	// claim spreading (see Config.ClaimSpread).
 	peers atomic.Pointer[preempt.Peers]
@@ -106,6 +109,10 @@ type attemptResult struct {
 	// slotFreed: the slot was given back when the handler returned.
 	slotFreed bool
 	instant   bool // the slot was the instant lane's (dispatch)
+	// attempt is the claim table's number of the attempt; landed, that
+	// its claim landed and it ran (the scheduler was sent a notice).
+	attempt uint64
+	landed  bool
 }
 
 // New validates cfg and returns a consumer ready to Start.
@@ -165,6 +172,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	schedCtx, cancel := context.WithCancel(run) // ends at Stop
 	context.AfterFunc(ctx, cancel)              // or when ctx does
 	c.scheduleDone = make(chan struct{})
+	c.sched = c.newScheduler()
 	watchDone, beatDone := make(chan struct{}), make(chan struct{})
 	c.life.Go(func() {
 		defer close(watchDone)
@@ -176,8 +184,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	})
 	c.life.Go(func() {
 		defer close(c.scheduleDone)
-		s := c.newScheduler()
-		s.run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow, control: c.controlChanged})
+		c.sched.run(schedCtx, scheduleInputs{events: c.events, requery: c.requery, pollNow: c.pollNow, control: c.controlChanged})
 		<-watchDone
 		<-beatDone
 	})

@@ -165,7 +165,7 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 	s.locks.Hold(keys)
 	s.locks.Hold(rate)
 	wakes := s.locks.Depart(keys)
-	s.tab.Claim(e.Key)
+	attempt := s.tab.Claim(e.Key)
 	if instant {
 		s.lane++
 	} else {
@@ -193,9 +193,15 @@ func (s *scheduler) start(ctx context.Context, e preempt.Entry, instant bool) {
 			case <-s.done:
 			}
 		}
-		r := s.attempt(ctx, e, decided, handled)
+		landed := false // the attempt's own goroutine calls land
+		land := func() {
+			landed = true
+			s.landed.post(e.Key, attempt)
+		}
+		r := s.attempt(ctx, e, decided, land, handled)
 		decided()
 		r.busy, r.wakes, r.slotFreed, r.instant = keys, wakes, slotFreed.Load(), instant
+		r.attempt, r.landed = attempt, landed
 		select {
 		case s.results <- r:
 		case <-s.done:

@@ -20,9 +20,10 @@ import (
 // Each try decides the claim once on the document it writes, takes the
 // task's lock keys and rate-limit slots for the new attempt, and writes
 // the claim with compare-and-set; a lost race re-reads and tries again.
-// decided is called once the claim is written or given up; handled, when
-// a claimed attempt's handler has returned (see run).
-func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handled func()) attemptResult {
+// decided is called once the claim is written or given up; landed and
+// handled, when a claimed attempt's handler starts and has returned (see
+// run).
+func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, landed, handled func()) attemptResult {
 	res := attemptResult{key: e.Key}
 	try := &claimTry{r: c.rules, ctx: ctx}
 	// A claim that lands after its own lease would have ended is no claim:
@@ -56,7 +57,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 		}
 	case err == nil:
 		c.observeClaim(doc, try)
-		res.doc = c.run(doc, try.holder, try.wait(), handled)
+		res.doc = c.run(doc, try.holder, try.wait(), landed, handled)
 	case errors.As(err, &wait):
 		if wait.Verdict == preempt.Later {
 			res.retry = retryEntry(e, doc, wait.At)
@@ -85,7 +86,7 @@ func (c *Consumer) attempt(ctx context.Context, e preempt.Entry, decided, handle
 	default:
 		if doc, ok := c.adoptClaim(ctx, e.Key, try); ok {
 			c.observeClaim(doc, try)
-			res.doc = c.run(doc, try.holder, try.wait(), handled)
+			res.doc = c.run(doc, try.holder, try.wait(), landed, handled)
 			break
 		}
 		try.free()
@@ -145,7 +146,10 @@ func retryEntry(e preempt.Entry, doc *task.Task, at time.Time) *preempt.Entry {
 
 // run executes a claimed attempt: pings while the handler runs, then writes
 // the outcome (or releases the lease on shutdown); it returns the newest
-// document the attempt knows (its outcome write). handled is called as
+// document the attempt knows (its outcome write). landed is called as the
+// handler is about to start (the scheduler moves the task to running;
+// the call does not wait for it), not for a claim that landed too late
+// to run. handled is called as
 // soon as the handler has returned, before the outcome write: the slot is
 // free then, and the next claim, dispatched at once, goes to the store
 // with this outcome, often in the same commit, rather than after it.
@@ -153,7 +157,7 @@ func retryEntry(e preempt.Entry, doc *task.Task, at time.Time) *preempt.Entry {
 // The attempt is a span (see internal/tracing) in the task's trace, from
 // the claim to the outcome's write; wait is how long the task was
 // claimable before the claim.
-func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, handled func()) *task.Task {
+func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, landed, handled func()) *task.Task {
 	c.claimed.Add(1)
 	attempt := holder.Attempt
 	lease := ping.New(c.store, doc, holder, c.logger)
@@ -176,6 +180,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, h
 	hctx, cancel := context.WithCancelCause(tctx)
 	defer cancel(nil)
 	me := &run{lease: lease, seq: doc.Seq, version: doc.Version, cancel: cancel}
+	landed() // before the run table shows it: see checkStates
 	c.running.Set(doc.Key, me)
 
 	job := &Job{Task: doc, Attempt: attempt, WorkerID: c.cfg.WorkerID, holder: holder, lease: lease}

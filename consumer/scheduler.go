@@ -31,13 +31,18 @@ type scheduler struct {
 	running *runtab.Table[*run]
 	// attempt claims an entry's task and runs it; it is started in its own
 	// goroutine, counted by inflight, and reports to results. It calls
-	// decided once the claim is written or given up, before running.
-	attempt  func(ctx context.Context, e preempt.Entry, decided, handled func()) attemptResult
+	// decided once the claim is written or given up, before running, and
+	// landed as the handler of a claim landed starts.
+	attempt  func(ctx context.Context, e preempt.Entry, decided, landed, handled func()) attemptResult
 	inflight *sync.WaitGroup
 	results  chan attemptResult
-	handled  chan bool       // a claimed attempt's handler returned: its slot is free (true: the instant lane's)
-	done     <-chan struct{} // closed once the scheduler returned
-	queued   *atomic.Int64
+	// landed is the attempts' notices of claims landed, and spare the
+	// list the loop last took from it (drainLanded).
+	landed  *landings
+	spare   []landing
+	handled chan bool       // a claimed attempt's handler returned: its slot is free (true: the instant lane's)
+	done    <-chan struct{} // closed once the scheduler returned
+	queued  *atomic.Int64
 
 	// tab is every task held here and its state; the claim heap is its
 	// own index, and the lock queue's lines are too (locks: the busy keys
@@ -106,7 +111,7 @@ func (c *Consumer) newScheduler() *scheduler {
 	s := &scheduler{
 		cfg: c.cfg, store: c.store, logger: c.logger, running: c.running,
 		attempt: c.attempt, inflight: &c.runs, results: c.results, handled: c.handled, done: c.scheduleDone, queued: &c.queued,
-		locks: c.locks, free: c.cfg.Concurrency,
+		locks: c.locks, free: c.cfg.Concurrency, landed: newLandings(),
 		ctl: &c.ctl, reload: c.loadControl,
 		slots: &c.slots, claimsDone: make(chan []string, c.cfg.Concurrency),
 		pages:   make(chan fetchedPage, 1),
@@ -131,6 +136,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 	defer timer.Stop()
 	ready := false // a first query has run (after the stream opened)
 	for {
+		s.drainLanded()
 		if strictStates {
 			s.checkStates()
 		}
@@ -169,6 +175,7 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 		}
 		s.queued.Store(int64(s.tab.HeapLen()))
 		timer.Reset(min(s.wait(), refill))
+	wait:
 		select {
 		case <-ctx.Done():
 			return
@@ -200,6 +207,12 @@ func (s *scheduler) run(ctx context.Context, in scheduleInputs) {
 			s.onControl()
 		case r := <-s.results:
 			s.onResult(r)
+		case <-s.landed.wake:
+			// A claim landed: nothing is freed or due by it, so the turn
+			// only takes the notices and waits on (the top of the next
+			// turn takes them too).
+			s.drainLanded()
+			goto wait
 		case p := <-s.pages:
 			s.onPage(p)
 		case w := <-s.gateWakes:
@@ -250,7 +263,7 @@ func (s *scheduler) offer(t *task.Task, now time.Time) {
 		// bound to fail, and a refill finding it due would read again.
 		return
 	}
-	if !s.wants(t) || !s.tab.See(t) || s.tab.State(t.Key) == claimtab.Claiming {
+	if !s.wants(t) || !s.tab.See(t) || s.tab.State(t.Key).InFlight() {
 		return
 	}
 	if !s.tab.State(t.Key).Held() && s.letAside(t) {
@@ -296,7 +309,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 			}
 		}
 	}
-	if s.tab.State(t.Key) == claimtab.Claiming {
+	if s.tab.State(t.Key).InFlight() {
 		return // noted for the result: see offer
 	}
 	if !s.tab.State(t.Key).Held() && s.full() {
@@ -314,8 +327,10 @@ func (s *scheduler) onEvent(ev task.Event) {
 	s.offer(t, now)
 }
 
-// onResult takes an attempt's result. The change events and queries that
-// came while it was in flight were only noted (claimtab.Claiming): the task
+// onResult takes an attempt's result. The notices of claims landed are
+// taken first, so the key is running if its claim landed and claiming if
+// not (claimtab.Table.Result checks it). The change events and queries
+// that came while it was in flight were only noted: the task
 // goes back to the heap by the newest document known, the attempt's or
 // theirs. A retry decided on an older document than one heard would
 // start a claim bound to conflict, and a document heard that is no newer
@@ -326,6 +341,13 @@ func (s *scheduler) onEvent(ev task.Event) {
 // and an older retry put back would stand until the next query: a task
 // snoozed for 10 ms would wait for the lease its claim saw to end.
 func (s *scheduler) onResult(r attemptResult) {
+	s.drainLanded()
+	if err := s.tab.Result(r.key, r.attempt, r.landed); err != nil {
+		if strictStates {
+			panic("claim table: " + err.Error())
+		}
+		s.logger.Error("claim table: an attempt's result out of step", slog.Any("err", err))
+	}
 	if !r.slotFreed {
 		s.release(r.instant)
 	}
@@ -386,6 +408,16 @@ func (s *scheduler) onResult(r attemptResult) {
 		s.tab.WakeOne(k, now)
 		s.freed(k)
 	}
+}
+
+// drainLanded moves to running the keys whose claims landed since the
+// last drain (landings).
+func (s *scheduler) drainLanded() {
+	list := s.landed.take(s.spare)
+	for _, n := range list {
+		s.tab.Land(n.key, n.attempt)
+	}
+	s.spare = list
 }
 
 // dropped notes that a task was left out for lack of room: query again

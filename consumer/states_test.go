@@ -48,7 +48,7 @@ func putIn(t *testing.T, tab *claimtab.Table, s claimtab.State, doc *task.Task, 
 		tab.NoteRateWait(stKey)
 	case claimtab.LockWaiting:
 		tab.WaitLocks(stKey, []string{stLock})
-	case claimtab.Dispatching, claimtab.Paused, claimtab.Gated, claimtab.LockParked, claimtab.RateParked, claimtab.Claiming:
+	case claimtab.Dispatching, claimtab.Paused, claimtab.Gated, claimtab.LockParked, claimtab.RateParked, claimtab.Claiming, claimtab.Running:
 		if _, ok := tab.Pop(now); !ok {
 			t.Fatal("nothing due to dispatch")
 		}
@@ -63,6 +63,8 @@ func putIn(t *testing.T, tab *claimtab.Table, s claimtab.State, doc *task.Task, 
 			tab.Park(e, claimtab.RateQueueKey("kind:k"))
 		case claimtab.Claiming:
 			tab.Claim(stKey)
+		case claimtab.Running:
+			tab.Land(stKey, tab.Claim(stKey))
 		}
 	}
 	if got := tab.State(stKey); got != s {
@@ -115,12 +117,18 @@ func TestOlderDocumentNeverReplacesNewer(t *testing.T) {
 			if e, ok := sc.tab.AsideEntry(stKey); aside && (!ok || e.Task != v2) {
 				t.Fatalf("the %s entry holds %+v", s, e.Task)
 			}
-			if s == claimtab.Claiming {
-				// The attempt, dispatched on v2, decided a retry on v2;
-				// v3 was heard meanwhile: v3 goes back, not the retry.
+			if s.InFlight() {
+				// The attempt, dispatched on v2, decided a retry on v2 (a
+				// claim not landed), or ran and knows v2 as its newest (a
+				// run asks no retry); v3 was heard meanwhile: v3 goes back,
+				// not the retry nor v2.
 				v3 := stDoc(stKey, 3)
 				sc.onEvent(task.Event{Key: stKey, Task: v3})
-				sc.onResult(attemptResult{key: stKey, doc: v2, retry: retryEntry(stEntry(v2, now), v2, now.Add(time.Hour)), slotFreed: true})
+				r := attemptResult{key: stKey, doc: v2, slotFreed: true, attempt: sc.tab.Attempt(stKey), landed: s == claimtab.Running}
+				if !r.landed {
+					r.retry = retryEntry(stEntry(v2, now), v2, now.Add(time.Hour))
+				}
+				sc.onResult(r)
 				if e, ok := sc.tab.Entry(stKey); !ok || e.Task != v3 || sc.tab.Doc(stKey) != v3 {
 					t.Fatalf("after the result the heap holds %+v (in: %v); want version 3", e.Task, ok)
 				}

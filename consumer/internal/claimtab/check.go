@@ -26,8 +26,10 @@ func (c *Table) Check() error {
 			return fmt.Errorf("%s: dispatching outside dispatch", key)
 		case k.state == Idle && (!c.paging || !slices.Contains(c.idle, key)):
 			return fmt.Errorf("%s: idle while no page is read, or not listed for endPage", key)
-		case k.state != Claiming && k.heard:
+		case !k.state.InFlight() && k.heard:
 			return fmt.Errorf("%s: %s with a document heard", key, k.state)
+		case k.state.InFlight() != (k.attempt != 0):
+			return fmt.Errorf("%s: %s with attempt number %d", key, k.state, k.attempt)
 		}
 		if k.state.InHeap() {
 			inHeap++

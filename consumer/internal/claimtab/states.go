@@ -33,11 +33,19 @@ const (
 	// an attempt here frees (Locks.parked indexes them by that key, for
 	// the heirs an attempt names in its release).
 	LockParked
-	// Claiming: an attempt is in flight here, from dispatch to its
-	// result: its claim, then its run (the run table holds the running
-	// attempt's lease, for the events that reach it). The documents that
+	// Claiming: an attempt is in flight here, dispatched, its claim not
+	// known to have landed: its claim's tries, then, when the claim was
+	// lost, refused or failed, its result on the way. The documents that
 	// come meanwhile are only noted; the result is weighed against them.
 	Claiming
+	// Running: the attempt's claim landed and its handler runs (then its
+	// outcome is written), until its result. The attempt posts a notice
+	// of the landing without waiting for the scheduler, which drains the
+	// notices at each turn of its loop and before it applies any result:
+	// a result finds its key running when the claim landed, claiming when
+	// not. The run table holds the running attempt's lease, for the
+	// events that reach it; documents are noted as while claiming.
+	Running
 	// Idle: known but not held (finished, not claimable here, or
 	// left out for lack of room), kept only while a refill page is read,
 	// so that the page's older row of the task does not bring it back.
@@ -67,7 +75,7 @@ const (
 )
 
 var stateNames = [NumStates]string{
-	"absent", "queued", "rate-waiting", "lock-waiting", "dispatching", "paused", "gated", "lock-parked", "claiming", "idle", "rate-parked", "let-go",
+	"absent", "queued", "rate-waiting", "lock-waiting", "dispatching", "paused", "gated", "lock-parked", "claiming", "running", "idle", "rate-parked", "let-go",
 }
 
 func (s State) String() string {
@@ -86,6 +94,10 @@ func (s State) InHeap() bool {
 func (s State) Held() bool {
 	return s.InHeap() || s == Paused || s == Gated || s == LockParked || s == RateParked
 }
+
+// InFlight reports whether an attempt on keys in s is in flight here:
+// claiming or running. It holds a slot, and no place in the heap.
+func (s State) InFlight() bool { return s == Claiming || s == Running }
 
 // Aside reports whether s holds a due entry out of the heap (keyState.entry).
 func (s State) Aside() bool { return s == Paused || s == Gated }
@@ -110,9 +122,15 @@ var transitions = map[State][]State{
 	Gated:       {Queued, Absent, Idle},
 	LockParked:  {Queued, Absent, Idle},
 	RateParked:  {Queued, RateWaiting, Absent, Idle},
-	// A result goes back to the heap, or drops the key; rate and lock
-	// waits are noted on the queued key after (see onResult).
-	Claiming: {Queued, Absent, Idle},
+	// The claim landed: the attempt runs. Otherwise its result goes back
+	// to the heap, or drops the key; rate and lock waits are noted on the
+	// queued key after (see onResult).
+	Claiming: {Running, Queued, Absent, Idle},
+	// A run's result drops the key (to absent, or idle while a page is
+	// read); the scheduler offers it again, by the newest document known,
+	// from there. A run asks for no retry: its outcome write says when the
+	// task is due again.
+	Running: {Absent, Idle},
 }
 
 var allowed = func() (a [NumStates][NumStates]bool) {

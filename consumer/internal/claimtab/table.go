@@ -44,6 +44,9 @@ type Table struct {
 	// the table left as it was. strict panics instead.
 	refused func(key string, from, to State)
 	strict  bool
+	// attempts numbers the attempts dispatched (Claim), so that a notice
+	// of one attempt never moves another.
+	attempts uint64
 }
 
 // Config is what a Table is made of.
@@ -74,9 +77,11 @@ type keyState struct {
 	// doc is the newest document of the task known here, by the one rule
 	// of newer: no older document replaces it, in any state.
 	doc *task.Task
-	// heard (claiming): a document came from an event, query or page
-	// since dispatch; the result is weighed against doc then.
-	heard    bool
+	// heard (claiming, running): a document came from an event, query or
+	// page since dispatch; the result is weighed against doc then.
+	heard bool
+	// attempt (claiming, running): the number Claim gave the attempt.
+	attempt  uint64
 	entry    preempt.Entry // paused, gated, rateParked: the entry held aside
 	lockKey  string        // lockParked, rateParked: the busy key it is parked on
 	line     string        // letGo: the line it was let go on
@@ -204,8 +209,10 @@ func (c *Table) move(key string, to State) (*keyState, bool) {
 		k.lockKey, k.entry = "", preempt.Entry{}
 	case Paused, Gated:
 		k.entry = preempt.Entry{}
-	case Claiming:
-		k.heard = false
+	case Claiming, Running:
+		if !to.InFlight() {
+			k.heard, k.attempt = false, 0
+		}
 	case LetGo:
 		delete(c.letGo[k.line], key) // the line stays marked until it frees
 		k.line = ""
@@ -263,19 +270,20 @@ func (c *Table) Note(t *task.Task) bool {
 }
 
 // See is note for a document heard from a change event, query or page:
-// on a key being claimed it is kept for the result (heard).
+// on a key in flight (claiming, running) it is kept for the result
+// (heard).
 func (c *Table) See(t *task.Task) bool {
 	ok := c.Note(t)
-	if k := c.keys[t.Key]; k != nil && k.state == Claiming {
+	if k := c.keys[t.Key]; k != nil && k.state.InFlight() {
 		k.heard = true
 	}
 	return ok
 }
 
 // Heard returns the newest document heard of key since its dispatch, or
-// nil when none came (or key is not being claimed).
+// nil when none came (or no attempt on key is in flight).
 func (c *Table) Heard(key string) *task.Task {
-	if k := c.keys[key]; k != nil && k.state == Claiming && k.heard {
+	if k := c.keys[key]; k != nil && k.state.InFlight() && k.heard {
 		return k.doc
 	}
 	return nil

@@ -56,7 +56,7 @@ func putIn(t *testing.T, tab *Table, s State, doc *task.Task, now time.Time) {
 		tab.NoteRateWait(stKey)
 	case LockWaiting:
 		tab.WaitLocks(stKey, []string{stLock})
-	case Dispatching, Paused, Gated, LockParked, RateParked, Claiming:
+	case Dispatching, Paused, Gated, LockParked, RateParked, Claiming, Running:
 		if _, ok := tab.Pop(now); !ok {
 			t.Fatal("nothing due to dispatch")
 		}
@@ -71,6 +71,8 @@ func putIn(t *testing.T, tab *Table, s State, doc *task.Task, now time.Time) {
 			tab.Park(e, stRate)
 		case Claiming:
 			tab.Claim(stKey)
+		case Running:
+			tab.Land(stKey, tab.Claim(stKey))
 		}
 	}
 	if got := tab.State(stKey); got != s {
@@ -197,9 +199,12 @@ func TestClaimTableTransitions(t *testing.T) {
 		{LockParked, Absent}:      dropping,
 		{LockParked, Idle}:        paging,
 
-		{Claiming, Queued}: func(tab *Table) { tab.Queue(stEntry(stDoc(stKey, 3), now.Add(time.Hour))) },
-		{Claiming, Absent}: dropping,
-		{Claiming, Idle}:   paging,
+		{Claiming, Running}: func(tab *Table) { tab.Land(stKey, tab.Attempt(stKey)) },
+		{Claiming, Queued}:  func(tab *Table) { tab.Queue(stEntry(stDoc(stKey, 3), now.Add(time.Hour))) },
+		{Claiming, Absent}:  dropping,
+		{Claiming, Idle}:    paging,
+		{Running, Absent}:   dropping,
+		{Running, Idle}:     paging,
 	}
 	for from := range NumStates {
 		for to := range NumStates {
@@ -337,6 +342,60 @@ func TestLetGoLines(t *testing.T) {
 	tab.ClearLetGo()
 	if tab.Len() != 0 || tab.LineLetGo("dev") || tab.Count(LetGo) != 0 {
 		t.Fatalf("after the clear: %d rows, dev marked %v", tab.Len(), tab.LineLetGo("dev"))
+	}
+	if err := tab.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClaimTableLandsOnlyItsAttempt: a landed notice moves the key to
+// running only while the attempt it names is the one claiming; a stale
+// notice (another attempt's, or one after the result) moves nothing. A
+// result finds the key running when its claim landed, claiming when not,
+// and anything else is reported.
+func TestClaimTableLandsOnlyItsAttempt(t *testing.T) {
+	now := time.Now()
+	tab := New(Config{HeapSize: 8, Locks: NewLocks(), Strict: true})
+	dispatch := func() uint64 {
+		t.Helper()
+		tab.Queue(stEntry(stDoc(stKey, 1), now))
+		if _, ok := tab.Pop(now); !ok {
+			t.Fatal("nothing due to dispatch")
+		}
+		return tab.Claim(stKey)
+	}
+	first := dispatch()
+	if first == 0 || tab.Attempt(stKey) != first {
+		t.Fatalf("claim numbered the attempt %d, the row holds %d", first, tab.Attempt(stKey))
+	}
+	if tab.Land(stKey, first+1) || tab.State(stKey) != Claiming {
+		t.Fatalf("another attempt's notice moved the key to %s", tab.State(stKey))
+	}
+	if err := tab.Result(stKey, first, false); err != nil {
+		t.Fatalf("a claim not landed, its key claiming: %v", err)
+	}
+	if tab.Result(stKey, first, true) == nil {
+		t.Fatal("a landed claim's result accepted on a key still claiming")
+	}
+	if !tab.Land(stKey, first) || tab.State(stKey) != Running {
+		t.Fatalf("its own notice left the key %s", tab.State(stKey))
+	}
+	if err := tab.Result(stKey, first, true); err != nil {
+		t.Fatalf("a landed claim, its key running: %v", err)
+	}
+	if tab.Result(stKey, first, false) == nil || tab.Result(stKey, first+1, true) == nil {
+		t.Fatal("a result of a claim not landed, or of another attempt, accepted on a running key")
+	}
+	tab.Forget(stKey)
+	if tab.Land(stKey, first) || tab.State(stKey) != Absent {
+		t.Fatalf("a notice after the result moved the key to %s", tab.State(stKey))
+	}
+	second := dispatch()
+	if second == first {
+		t.Fatalf("two attempts numbered %d", first)
+	}
+	if tab.Land(stKey, first) || tab.State(stKey) != Claiming {
+		t.Fatalf("the first attempt's notice moved the second's key to %s", tab.State(stKey))
 	}
 	if err := tab.Check(); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ package claimtab
 // lock keys, rate and concurrency slots, and room in the heap.
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -50,8 +51,54 @@ const rateQueuePrefix = "\x00rate:"
 // queue, where the claims here counted in it go one at a time.
 func RateQueueKey(bucket string) string { return rateQueuePrefix + bucket }
 
-// Claim notes an attempt on a dispatched key leaving.
-func (c *Table) Claim(key string) { c.move(key, Claiming) }
+// Claim notes an attempt on a dispatched key leaving, and returns its
+// number, which the attempt's landed notice (Land) and result (Result)
+// name it by; 0 when the move was refused.
+func (c *Table) Claim(key string) uint64 {
+	k, ok := c.move(key, Claiming)
+	if !ok {
+		return 0
+	}
+	c.attempts++
+	k.attempt = c.attempts
+	return k.attempt
+}
+
+// Land moves key to running on the notice that attempt's claim landed,
+// and reports whether it did. A notice naming another attempt than the
+// one in flight on key (a stale one) moves nothing.
+func (c *Table) Land(key string, attempt uint64) bool {
+	k := c.keys[key]
+	if k == nil || k.state != Claiming || k.attempt != attempt || attempt == 0 {
+		return false
+	}
+	_, ok := c.move(key, Running)
+	return ok
+}
+
+// Attempt returns the number of the attempt in flight on key (0: none).
+func (c *Table) Attempt(key string) uint64 {
+	if k := c.keys[key]; k != nil {
+		return k.attempt
+	}
+	return 0
+}
+
+// Result checks the row an attempt's result is about to be applied to:
+// the attempt in flight on key, running when its claim landed (landed),
+// claiming when not. The scheduler drains the landed notices first, so
+// any other row is a bug; the error says which.
+func (c *Table) Result(key string, attempt uint64, landed bool) error {
+	want := Claiming
+	if landed {
+		want = Running
+	}
+	k := c.keys[key]
+	if k == nil || k.state != want || k.attempt != attempt {
+		return fmt.Errorf("%s: the result of attempt %d (landed %v) finds the key %s, attempt %d", key, attempt, landed, c.State(key), c.Attempt(key))
+	}
+	return nil
+}
 
 // RateWait puts a dispatched or parked entry back in the heap, due at at,
 // when a rate limit's slot frees.

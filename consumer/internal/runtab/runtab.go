@@ -1,10 +1,11 @@
 // Package runtab is the attempts a worker is running, by task key.
 //
 // The attempts' goroutines write it, and the scheduler reads it to pass
-// change events to a running attempt's lease. Running is a phase of the
-// claim table's claiming state (consumer/internal/claimtab): a run is
-// added after its dispatch and removed before its result reaches the
-// scheduler, so the table never shows a running key in another state.
+// change events to a running attempt's lease. A run is added after its
+// attempt posted the notice that its claim landed, and removed before its
+// result reaches the scheduler, so the claim table
+// (consumer/internal/claimtab) shows a key here running, or claiming
+// with that notice not yet taken, never in another state.
 package runtab
 
 import "sync"
