@@ -36,10 +36,7 @@ import (
 func BenchmarkRolloutAtFleetScale(b *testing.B) {
 	const devices, dispatched = 100_000, 20_000
 	dir := b.TempDir()
-	bin := filepath.Join(dir, "leasepool")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/leasepool").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := plainLeasepoolBin(b)
 	storeURL := "sqlite:" + filepath.Join(dir, "s.db")
 	ctx := context.Background()
 	st, err := store.Open(ctx, storeURL, store.Options{})

@@ -19,7 +19,10 @@ import (
 	"github.com/leasepool/leasepool/task"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// tuneGC's follower of the live heap runs for the process's life.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/leasepool/leasepool/cmd/leasepool.followLiveHeap"))
+}
 
 // harness runs the leasepool CLI as main does, against one store.
 type harness struct {
@@ -429,6 +432,21 @@ func TestEmbeddedProcs(t *testing.T) {
 	}{{"", 2, 4}, {"", 1, 3}, {"2", 2, 2}, {"8", 8, 8}} {
 		if got := embeddedProcsFor(c.env, c.procs); got != c.want {
 			t.Errorf("embeddedProcsFor(%q, %d) = %d, want %d", c.env, c.procs, got, c.want)
+		}
+	}
+}
+
+// TestGCPercentFor: 400 % while the garbage it allows stays within 64
+// MiB, then what keeps it there, down to Go's default.
+func TestGCPercentFor(t *testing.T) {
+	for _, c := range []struct {
+		live uint64
+		want int
+	}{
+		{0, 400}, {1 << 20, 400}, {16 << 20, 400}, {32 << 20, 200}, {25 << 20, 256}, {64 << 20, 100}, {1 << 30, 100},
+	} {
+		if got := gcPercentFor(c.live); got != c.want {
+			t.Errorf("gcPercentFor(%d MiB) = %d, want %d", c.live>>20, got, c.want)
 		}
 	}
 }
