@@ -26,6 +26,7 @@ import (
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/mongostore"
 	"github.com/leasepool/leasepool/trigger"
+	"github.com/leasepool/leasepool/worker"
 )
 
 // triggerChanges is how many changes the kill test makes:
@@ -128,8 +129,9 @@ func witnessKeys(t *testing.T, ctx context.Context, coll *mongo.Collection) (key
 }
 
 // TestMongoTriggerSurvivesKills: a writer process makes the changes
-// while the worker running the trigger is SIGKILLed 10 times, each time
-// at a random point of the publishing, and a new one started: every
+// while the worker running the trigger (the election's lease holder,
+// beside a standby) is SIGKILLed 10 times, each time at a random point
+// of the publishing, and a new one started: every
 // matching change has exactly one task (the keys are the witness's, one
 // each), and no change the filter excludes has one.
 func TestMongoTriggerSurvivesKills(t *testing.T) {
@@ -140,7 +142,18 @@ func TestMongoTriggerSurvivesKills(t *testing.T) {
 	writer := exec.Command(buildBinary(t, "./testdata/triggerwriter"), "-uri", uri, "-db", strings.TrimPrefix(u.Path, "/"),
 		"-coll", "orders", "-n", strconv.Itoa(n))
 	start := time.Now()
-	w := startWorker(t, uri, "trig-0")
+	// Two workers live at once, the elected one and a standby: a kill then
+	// costs the rest of the election's lease, the replacement's process
+	// start overlapping it rather than following it. Each kill is of the
+	// lease's holder, told by the store.
+	live, started := map[string]*workerProc{}, 0
+	standby := func() {
+		id := fmt.Sprintf("trig-%d", started)
+		live[id] = startWorker(t, uri, id)
+		started++
+	}
+	standby()
+	standby()
 	writerOut := make(chan error, 1)
 	go func() {
 		out, err := writer.CombinedOutput()
@@ -158,9 +171,16 @@ func TestMongoTriggerSurvivesKills(t *testing.T) {
 		eventually(t, 3*time.Minute, fmt.Sprintf("%d tasks published before kill %d", at, k), func() bool {
 			return countOrderTasks(t, ctx, st) >= at
 		})
-		w.kill(t)
-		t.Logf("kill %d at %d tasks (%s)", k, countOrderTasks(t, ctx, st), time.Since(start).Round(time.Millisecond))
-		w = startWorker(t, uri, fmt.Sprintf("trig-%d", k))
+		var holder string
+		eventually(t, time.Minute, fmt.Sprintf("a live worker holding the election's lease at kill %d", k), func() bool {
+			h, err := leaseHolder(t, st, worker.ElectionKey)
+			holder = h
+			return err == nil && live[h] != nil
+		})
+		live[holder].kill(t)
+		delete(live, holder)
+		t.Logf("kill %d of %s at %d tasks (%s)", k, holder, countOrderTasks(t, ctx, st), time.Since(start).Round(time.Millisecond))
+		standby()
 	}
 	if err := <-writerOut; err != nil {
 		t.Fatalf("writer: %v", err)
