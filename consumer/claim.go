@@ -2,7 +2,7 @@ package consumer
 
 // The claim rules a Go worker and a remote one (RemoteWorkers) claim by:
 // one decision on the document the claim writes (preempt.Decide), the
-// pauses, the rate limits' slots, the concurrency limits' slots (groups.go)
+// pauses, the rate limits' slots, the concurrency limits' slots (concurrency.go)
 // and the lock keys, then the claim in the same compare-and-set.
 
 import (

@@ -141,7 +141,7 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 	if err != nil {
 		return nil, "", err
 	}
-	rules.releaseSlots(running, h) // after the outcome: groups.go
+	rules.releaseSlots(running, h) // after the outcome: concurrency.go
 	doc := ren.Doc()
 	out := o.Outcome
 	if out == OutcomeFailed && !doc.State.Finished() {

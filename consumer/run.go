@@ -218,7 +218,7 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, l
 	} else {
 		outcome = c.settle(hctx, lease, err, ended, log)
 	}
-	c.rules.releaseSlotsAfter(running, lease.Holder(), outcome) // groups.go
+	c.rules.releaseSlotsAfter(running, lease.Holder(), outcome) // concurrency.go
 	if span != nil {
 		span.SetAttributes(tracing.String("leasepool.outcome", string(outcome)))
 		switch outcome {

@@ -300,7 +300,7 @@ func (s *scheduler) onEvent(ev task.Event) {
 	}
 	now := s.store.Now()
 	s.standBy.NoteLag(ev, now)
-	s.concurrencyEnded(t, now) // groups.go
+	s.concurrencyEnded(t, now) // concurrency.go
 	if len(t.LockKeys) > 0 && t.CountWorkers(now).Live == 0 {
 		for _, k := range t.LockKeys {
 			s.tab.WakeOne(k, now)
