@@ -94,7 +94,7 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 	sim := startSim(t, ctx, provisioned(t, ctx, store, device.Config{
 		BrokerURL: "tcp://" + addr, Prefix: prefix, IDPrefix: "dev-", Count: 10, Seed: 1,
 		// Slow enough that most commands are still to run at the kill.
-		Latency: 400 * time.Millisecond, Heartbeat: time.Minute,
+		Latency: 500 * time.Millisecond, Heartbeat: time.Minute,
 	}))
 	var devices []string
 	for _, d := range sim.Devices() {
@@ -111,8 +111,12 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 	}
 	n := len(cmds)
 
-	eventually(t, 30*time.Second, "a quarter of the commands to succeed", func() bool {
-		return countStates(t, ctx, store)[task.StateSucceeded] >= n/4
+	// A tenth, so the kill lands while more than half are still to run
+	// even when this process is slow to see it: ten devices finish about
+	// 20 commands a second, and with a quarter as the mark a stall of
+	// 1.5 s on a busy machine left too few.
+	eventually(t, 30*time.Second, "a tenth of the commands to succeed", func() bool {
+		return countStates(t, ctx, store)[task.StateSucceeded] >= n/10
 	})
 	var host string
 	for id := range brokerHosts(t, logs) {
