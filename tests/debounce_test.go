@@ -34,15 +34,31 @@ func TestMongoDebounceBurstRunsOnce(t *testing.T) {
 // debounceBurst publishes 1,000 exec tasks of one key, each appending
 // its own number to a log, one every 2 ms with a 500 ms debounce, while
 // a worker runs exec tasks: the log must end up holding the last
-// number alone.
+// number alone. A burst the machine stalled for longer than the
+// debounce lets the task run mid-burst, as it should: that burst proves
+// nothing, and another key is tried, three at most.
 func debounceBurst(t *testing.T, ctx context.Context, st task.Store, storeURL string) {
+	startWorker(t, storeURL, "w1", "--concurrency", "4", "--kinds", "exec")
+	for try := 1; ; try++ {
+		stalled := debounceBurstOf(t, ctx, st, fmt.Sprintf("sensor-%d", try))
+		if stalled == "" {
+			return
+		}
+		if try == 3 {
+			t.Fatalf("every burst stalled; the last: %s", stalled)
+		}
+		t.Logf("burst %d stalled (%s): another key", try, stalled)
+	}
+}
+
+// debounceBurstOf runs one burst of debounceBurst on key; it returns why
+// the burst stalled, or "" once it has checked the outcome.
+func debounceBurstOf(t *testing.T, ctx context.Context, st task.Store, key string) (stalled string) {
 	const (
 		n        = 1000
 		burst    = 2 * time.Second
 		debounce = 500 * time.Millisecond
-		key      = "sensor-7"
 	)
-	startWorker(t, storeURL, "w1", "--concurrency", "4", "--kinds", "exec")
 	logPath := filepath.Join(t.TempDir(), "runs.log")
 	payload := func(i int) json.RawMessage {
 		return json.RawMessage(fmt.Sprintf(`{"argv":["sh","-c",%q]}`, fmt.Sprintf("echo %d >> %s", i, logPath)))
@@ -71,11 +87,11 @@ func debounceBurst(t *testing.T, ctx context.Context, st task.Store, storeURL st
 		if i == 0 {
 			want = task.Inserted
 		}
+		if res != want && gap > debounce {
+			return fmt.Sprintf("publish %d after %s came %s after the previous one, above the %s debounce: %s", i, time.Since(began), gap, debounce, res)
+		}
 		if res != want {
-			// A publish that took longer than the debounce lets the task
-			// run mid-burst, as it should: say so, apart from a bug.
-			t.Fatalf("publish %d after %s: %s; want %s (this publish came %s after the previous one: above the %s debounce, the machine stalled the burst)",
-				i, time.Since(began), res, want, gap, debounce)
+			t.Fatalf("publish %d after %s: %s; want %s (%s after the previous one)", i, time.Since(began), res, want, gap)
 		}
 	}
 	t.Logf("%d publishes in %s, longest gap %s", n, time.Since(began), maxGap)
@@ -103,4 +119,5 @@ func debounceBurst(t *testing.T, ctx context.Context, st task.Store, storeURL st
 	if got := strings.Fields(string(b)); len(got) != 1 || got[0] != fmt.Sprint(n-1) {
 		t.Fatalf("the handler ran with payloads %v; want once, with the last (%d)", got, n-1)
 	}
+	return ""
 }
