@@ -49,7 +49,7 @@ func TestWorkerRunsExecOnlyWhenNamed(t *testing.T) {
 	if _, stderr, code := runCLI(t, "--store", url, "publish", "plain", "--kind", "noop"); code != 0 {
 		t.Fatalf("publish: exit %d: %s", code, stderr)
 	}
-	w := startWorker(t, url, "default", "--embedded-broker", freeAddr(t))
+	w := startRaceGuardedWorker(t, url, "default", "--embedded-broker", freeAddr(t))
 	eventually(t, 30*time.Second, "the noop task to succeed", func() bool {
 		d, err := s.Get(context.Background(), "plain")
 		return err == nil && d.State == task.StateSucceeded
@@ -73,7 +73,7 @@ func TestWorkerRunsExecOnlyWhenNamed(t *testing.T) {
 	}
 	w.kill(t)
 
-	startWorker(t, url, "named", "--kinds", "exec")
+	startRaceGuardedWorker(t, url, "named", "--kinds", "exec")
 	eventually(t, 30*time.Second, "the exec task to run on a worker naming exec", func() bool {
 		_, err := os.Stat(marker)
 		return err == nil
@@ -98,7 +98,7 @@ func TestWorkerExecAllowRefuses(t *testing.T) {
 	marker := filepath.Join(dir, "pwned")
 	publishExec(t, url, "shell", []string{"sh", "-c", "id > " + marker}, "--retries", "1")
 	publishExec(t, url, "allowed", []string{"touch", filepath.Join(dir, "made")})
-	startWorker(t, url, "w", "--kinds", "exec", "--backoff", "10ms", "--exec-allow", touch+",/nonexistent/*")
+	startRaceGuardedWorker(t, url, "w", "--kinds", "exec", "--backoff", "10ms", "--exec-allow", touch+",/nonexistent/*")
 	eventually(t, 30*time.Second, "the refused task to fail and the allowed one to succeed", func() bool {
 		a, err1 := s.Get(context.Background(), "allowed")
 		r, err2 := s.Get(context.Background(), "shell")

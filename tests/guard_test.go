@@ -145,9 +145,9 @@ func TestGuardForkingProgramDiesWithKilledWorker(t *testing.T) {
 	const lease = 1500 * time.Millisecond
 	r.publish(t, "forky", forkingHeartbeat(40), 250*time.Millisecond, lease)
 
-	a := startWorker(t, r.url, "A", "--kinds", "exec")
+	a := startRaceGuardedWorker(t, r.url, "A", "--kinds", "exec")
 	eventually(t, 30*time.Second, "A's program to beat", func() bool { return len(r.heartbeats(t, "A")) >= 3 })
-	startWorker(t, r.url, "B", "--kinds", "exec")
+	startRaceGuardedWorker(t, r.url, "B", "--kinds", "exec")
 	killedAt := a.kill(t)
 	eventually(t, 30*time.Second, "B to take over", func() bool { return len(r.heartbeats(t, "B")) > 0 })
 	// By the end of B's run, an escaped grandchild of A would have beaten
@@ -176,9 +176,9 @@ func TestGuardFrozenWorkerLosesItsProgram(t *testing.T) {
 	const lease, freeze = 2 * time.Second, 5 * time.Second
 	r.publish(t, "frozen", forkingHeartbeat(50), 250*time.Millisecond, lease)
 
-	a := startWorker(t, r.url, "A", "--kinds", "exec")
+	a := startRaceGuardedWorker(t, r.url, "A", "--kinds", "exec")
 	eventually(t, 30*time.Second, "A's program to beat", func() bool { return len(r.heartbeats(t, "A")) >= 3 })
-	startWorker(t, r.url, "B", "--kinds", "exec")
+	startRaceGuardedWorker(t, r.url, "B", "--kinds", "exec")
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ while true; do date +%s%N >> "$DIR/hb.polite.1"; sleep 0.1; done`, 250*time.Mill
 	r.publish(t, "stubborn", `echo $$ >> "$DIR/pgids"; trap '' TERM
 while true; do date +%s%N >> "$DIR/hb.stubborn.1"; sleep 0.1; done`, 250*time.Millisecond, 2*time.Second)
 
-	w := startWorker(t, r.url, "W", "--kinds", "exec", "--concurrency", "2", "--shutdown-timeout", shutdown.String(), "--kill-grace", grace.String())
+	w := startRaceGuardedWorker(t, r.url, "W", "--kinds", "exec", "--concurrency", "2", "--shutdown-timeout", shutdown.String(), "--kill-grace", grace.String())
 	eventually(t, 30*time.Second, "both programs to beat", func() bool {
 		return len(r.heartbeats(t, "polite")) >= 2 && len(r.heartbeats(t, "stubborn")) >= 2
 	})
