@@ -36,9 +36,8 @@ const sqliteChaosTasks = 300
 
 // TestMongoChaos runs the chaos on the MongoDB wire test server: a server
 // of its own (in memory, a fresh database in it), because the shared
-// server's oplog is never trimmed and every change-stream poll scans it, so
-// on the shared server this run's throughput would depend on what ran
-// before it.
+// server serves every other test beside it, so on the shared server this
+// run's throughput would depend on what else runs.
 func TestMongoChaos(t *testing.T) {
 	ctx := testContext(t, 7*time.Minute)
 	base, _, _ := testservers.StartMongo(t, "")

@@ -48,9 +48,9 @@ func triggerChanges(t *testing.T) int {
 // to be counted).
 func triggerSetup(t *testing.T, ctx context.Context) (uri string, st *mongostore.Store, coll *mongo.Collection) {
 	t.Helper()
-	// A server of the test's own: the shared one's change streams scan
-	// an oplog holding every other test's writes, each getMore, and so
-	// would measure the other tests.
+	// A server of the test's own: the shared one serves every other
+	// test's writes and change streams beside this one's, and so would
+	// measure the other tests.
 	base, _, _ := testservers.StartMongo(t, "")
 	uri = mongoDBURI(t, base)
 	st = openMongoStore(t, ctx, uri, nil)
