@@ -56,7 +56,7 @@ func brokerHosts(t *testing.T, logs map[string]string) map[string]int {
 // TestDevicesEmbeddedBrokerTakeover runs 120 device commands on ten
 // simulated devices through three worker processes sharing one SQLite store
 // and the embedded broker (no --mqtt: the workers host it among
-// themselves), SIGKILLs the worker hosting the broker once a quarter of the
+// themselves), SIGKILLs the worker hosting the broker once a tenth of the
 // commands succeeded, and checks that a surviving worker hosts it again
 // within about one broker lease, that devices and workers reconnect, and
 // that every command succeeded: no attempt failed (none burned by a broker
@@ -89,8 +89,7 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 		t.Fatalf("workers hosting the broker: %v, want exactly one", h)
 	}
 
-	// Heartbeat long: see TestDevicesEmbeddedBroker (a mochi-mqtt race
-	// between a retained publish and a wildcard subscribe).
+	// Heartbeat long: devices publish their status once, on connect.
 	sim := startSim(t, ctx, provisioned(t, ctx, store, device.Config{
 		BrokerURL: "tcp://" + addr, Prefix: prefix, IDPrefix: "dev-", Count: 10, Seed: 1,
 		// Slow enough that most commands are still to run at the kill.
@@ -111,10 +110,13 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 	}
 	n := len(cmds)
 
-	// A tenth, so the kill lands while more than half are still to run
-	// even when this process is slow to see it: ten devices finish about
-	// 20 commands a second, and with a quarter as the mark a stall of
-	// 1.5 s on a busy machine left too few.
+	// A tenth, so the kill lands while a quarter are still to run even
+	// when this process is slow to see it: ten devices finish about 20
+	// commands a second, so that allows a stall of almost 4 s. (A quarter
+	// as the mark and half as the bound failed after a stall of 1.5 s on a
+	// busy machine, a tenth and half after one of 2.6 s.) Without a broker
+	// no command runs, so the ones left all wait for the takeover, and
+	// one is enough to show it.
 	eventually(t, 30*time.Second, "a tenth of the commands to succeed", func() bool {
 		return countStates(t, ctx, store)[task.StateSucceeded] >= n/10
 	})
@@ -125,8 +127,8 @@ func TestDevicesEmbeddedBrokerTakeover(t *testing.T) {
 	killedAt := workers[host].kill(t)
 	before := countStates(t, ctx, store)[task.StateSucceeded]
 	t.Logf("killed %s, the broker's host, after %d of %d commands succeeded", host, before, n)
-	if before > n/2 {
-		t.Fatalf("%d of %d commands succeeded before the kill: too few left to show the takeover", before, n)
+	if left := n - before; left < n/4 {
+		t.Fatalf("%d of %d commands succeeded before the kill: %d left, too few to show the takeover", before, n, left)
 	}
 
 	// Takeover: the broker accepts again, hosted by a survivor, and a
