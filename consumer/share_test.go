@@ -233,9 +233,11 @@ func TestBacklogReadAboutOnceOnSQLite(t *testing.T) {
 	}
 	t.Logf("%d candidate rows for %d tasks", rows, n)
 	// Each reading all of it would be over 1.1 a task here (the change
-	// events bring many tasks before any query).
-	if per := float64(rows) / n; per > 0.8 {
-		t.Errorf("three workers read %.2f candidate rows per task of a backlog; want at most 0.8", per)
+	// events bring many tasks before any query). Shared, it is 0.33 to
+	// 0.58 alone and was 0.83 in a whole run on the saturated machine
+	// (more turns at the write lock, more refills): under one a task.
+	if per := float64(rows) / n; per > 1 {
+		t.Errorf("three workers read %.2f candidate rows per task of a backlog; want at most 1 (each worker reading all of it is over 1.1)", per)
 	}
 }
 

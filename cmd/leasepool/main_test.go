@@ -21,7 +21,8 @@ import (
 
 func TestMain(m *testing.M) {
 	// tuneGC's follower of the live heap runs for the process's life.
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/leasepool/leasepool/cmd/leasepool.followLiveHeap"))
+	goleak.VerifyTestMain(m, append(testutil.PahoShutdownGoroutines(),
+		goleak.IgnoreTopFunction("github.com/leasepool/leasepool/cmd/leasepool.followLiveHeap"))...)
 }
 
 // harness runs the leasepool CLI as main does, against one store.

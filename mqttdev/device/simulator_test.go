@@ -11,17 +11,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/leasepool/leasepool/internal/lifecycle"
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 	"github.com/leasepool/leasepool/mqttdev/protocol"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// paho's reconnect goroutine of a client disconnected between
-		// attempts exits at the end of its backoff sleep.
-		goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*client).reconnect"),
-		goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*client).Disconnect.func1"),
-	)
+	goleak.VerifyTestMain(m, testutil.PahoShutdownGoroutines()...)
 }
 
 // TestSimulatorStartStop: devices connect and say online on Start; a
