@@ -80,9 +80,9 @@ type workerProc struct {
 
 // startWorker starts a race-enabled worker whose exec programs run under
 // the CLI's plain build as their guard (the hidden --exec-guard): a
-// race-enabled guard costs three times the CPU to start (30 ms against 10),
-// and the chaos runs start hundreds, which cut TestMongoChaos from 58 to 43
-// CPU-seconds. The guard's own code runs race-enabled in package builtin's
+// race-enabled guard costs three times the CPU to start, and the chaos
+// runs start hundreds (docs/performance.md, "Two lanes"). The guard's own
+// code runs race-enabled in package builtin's
 // tests and in the tests of this package that start their workers with
 // startRaceGuardedWorker.
 func startWorker(t *testing.T, store, id string, extra ...string) *workerProc {

@@ -15,8 +15,8 @@
 //
 // The oplog is indexed (IndexedOplog below): the server's own reads its
 // whole oplog on every change stream's getMore, so a server slowed down as
-// it aged, and its CPU went there (75 % of it in a 10,000-change trigger
-// test).
+// it aged and spent most of its CPU there (docs/performance.md, "Two
+// lanes").
 import de.bwaldvogel.mongo.MongoBackend;
 import de.bwaldvogel.mongo.MongoCollection;
 import de.bwaldvogel.mongo.MongoDatabase;
