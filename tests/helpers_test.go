@@ -82,9 +82,8 @@ type workerProc struct {
 // the CLI's plain build as their guard (the hidden --exec-guard): a
 // race-enabled guard costs three times the CPU to start, and the chaos
 // runs start hundreds (docs/performance.md, "Two lanes"). The guard's own
-// code runs race-enabled in package builtin's
-// tests and in the tests of this package that start their workers with
-// startRaceGuardedWorker.
+// code runs race-enabled in package builtin's tests and in the tests of
+// this package that start their workers with startRaceGuardedWorker.
 func startWorker(t *testing.T, store, id string, extra ...string) *workerProc {
 	t.Helper()
 	return startWorkerEnv(t, []string{"LEASEPOOL_EXEC_GUARD=" + plainLeasepoolBin(t)}, store, id, extra...)
