@@ -20,7 +20,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -32,16 +31,15 @@ import (
 
 // Environment variables printed by tests/servers.
 const (
-	EnvMongoURI      = "LEASEPOOL_TEST_MONGO_URI"
-	EnvMongoLib      = "LEASEPOOL_TEST_MONGO_LIB"
-	EnvMongoLauncher = "LEASEPOOL_TEST_MONGO_LAUNCHER"
-	EnvMQTTURL       = "LEASEPOOL_TEST_MQTT_URL"
-	EnvChromium      = "LEASEPOOL_TEST_CHROMIUM"
+	EnvMongoURI     = "LEASEPOOL_TEST_MONGO_URI"
+	EnvMongoLib     = "LEASEPOOL_TEST_MONGO_LIB"
+	EnvMongoClasses = "LEASEPOOL_TEST_MONGO_CLASSES"
+	EnvMQTTURL      = "LEASEPOOL_TEST_MQTT_URL"
+	EnvChromium     = "LEASEPOOL_TEST_CHROMIUM"
 )
 
 // StartTimeout bounds how long a started server may take to accept
-// connections. The JVM compiles the launcher first, which is slow on a
-// loaded machine.
+// connections: a JVM starts slowly on a loaded machine.
 var StartTimeout = 60 * time.Second
 
 // MongoURI returns the URI of the shared MongoDB test server
@@ -84,23 +82,6 @@ func need(t testing.TB, name string) string {
 	return v
 }
 
-// launcher returns the path of tests/mongo/Launcher.java.
-func launcher(t testing.TB) string {
-	t.Helper()
-	if p := os.Getenv(EnvMongoLauncher); p != "" {
-		return p
-	}
-	_, file, _, ok := runtime.Caller(0)
-	if ok {
-		p := filepath.Join(filepath.Dir(file), "..", "..", "tests", "mongo", "Launcher.java")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	t.Fatalf("%s is not set and tests/mongo/Launcher.java was not found: run tests via the README's test command, which starts the servers", EnvMongoLauncher)
-	return ""
-}
-
 // StartMongo starts a mongo-java-server process of t's own on a free
 // loopback port: in memory when h2File is empty, else backed by that H2
 // file. It returns its URI, stop (SIGTERM and wait, so H2 writes its file;
@@ -110,11 +91,11 @@ func launcher(t testing.TB) string {
 func StartMongo(t testing.TB, h2File string) (uri string, stop func(), restart func()) {
 	t.Helper()
 	lib := need(t, EnvMongoLib)
-	src := launcher(t)
+	classes := need(t, EnvMongoClasses)
 	dir := t.TempDir()
 	port := freePort(t)
 	p := startProc(t, "mongo-java-server", port, 30*time.Second, func() *exec.Cmd {
-		args := []string{"-cp", lib + "/*", src, "--port", strconv.Itoa(port)}
+		args := []string{"-cp", lib + "/*:" + classes, "Launcher", "--port", strconv.Itoa(port)}
 		if h2File != "" {
 			args = append(args, "--h2", h2File)
 		}
