@@ -95,7 +95,10 @@ func StartMongo(t testing.TB, h2File string) (uri string, stop func(), restart f
 	dir := t.TempDir()
 	port := freePort(t)
 	p := startProc(t, "mongo-java-server", port, 30*time.Second, func() *exec.Cmd {
-		args := []string{"-cp", lib + "/*:" + classes, "Launcher", "--port", strconv.Itoa(port)}
+		// A test's server lives for seconds: the JIT's first tier alone
+		// and one GC thread cost it less CPU than the optimising tiers
+		// and parallel GC would win back (docs/performance.md).
+		args := []string{"-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", lib + "/*:" + classes, "Launcher", "--port", strconv.Itoa(port)}
 		if h2File != "" {
 			args = append(args, "--h2", h2File)
 		}

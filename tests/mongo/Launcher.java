@@ -7,9 +7,13 @@
 // It reports MongoDB 4.4 (wire version 9): the server's own default is wire
 // version 8, which go.mongodb.org/mongo-driver/v2 >= 2.9 refuses.
 //
-// Run with Java 17+ as a single source file:
+// Run with Java 17+ as tests/servers does, compiled once into CLASSES:
 //
-//	java -cp 'lib/*' Launcher.java --port 27017 [--h2 /path/to/file.mv]
+//	java -cp 'lib/*:CLASSES' Launcher --port 27017 [--h2 /path/to/file.mv]
+//
+// or as a single source file, compiled again at each start:
+//
+//	java -cp 'lib/*' Launcher.java --port 27017
 //
 // It prints "leasepool-test-mongo listening on 127.0.0.1:PORT" when ready.
 //
