@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer/internal/ping"
+	"github.com/leasepool/leasepool/internal/tracing"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -147,5 +148,33 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 	if out == OutcomeFailed && !doc.State.Finished() {
 		out = OutcomeRetried
 	}
+	traceAttempt(ctx, running, h, o, out, ended)
 	return doc, out, nil
+}
+
+// traceAttempt records the span of a remote attempt that ended as out,
+// as a Go worker's run records its own (tracing.StartRun): the remote
+// process has no tracer of leasepool's, so the server that writes the
+// outcome records the span, from the attempt's start as stored (the
+// store's clock, moved to this host's) to now.
+func traceAttempt(ctx context.Context, running *task.Task, h task.Holder, o RemoteOutcome, out Outcome, ended time.Time) {
+	if !tracing.On() {
+		return
+	}
+	i := running.Entry(h)
+	if i < 0 {
+		return
+	}
+	now := time.Now()
+	_, span := tracing.StartRun(ctx, tracing.Run{
+		Kind: running.Kind, Key: running.Key, WorkerID: h.WorkerID, Attempt: h.Attempt, Wait: -1,
+		Started:     now.Add(-ended.Sub(running.Attempts[i].StartedAt)),
+		Traceparent: running.Trace.Traceparent, Tracestate: running.Trace.Tracestate,
+	})
+	span.SetAttributes(tracing.String("leasepool.outcome", string(out)))
+	var err error
+	if o.Outcome == OutcomeFailed {
+		err = errors.New(o.Error)
+	}
+	span.EndAt(err, now)
 }

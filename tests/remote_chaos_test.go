@@ -66,8 +66,15 @@ type serveProc struct {
 
 func startServeProc(t *testing.T, storeURL string) *serveProc {
 	t.Helper()
+	return startServeProcEnv(t, storeURL, nil)
+}
+
+// startServeProcEnv is startServeProc with env added to the process's.
+func startServeProcEnv(t *testing.T, storeURL string, env []string) *serveProc {
+	t.Helper()
 	addr := freeAddr(t)
 	cmd := exec.Command(leasepoolBin(t), "--store", storeURL, "--log-level", "warn", "serve", "--listen", addr)
+	cmd.Env = append(os.Environ(), env...)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "serve.log"))
 	if err != nil {
 		t.Fatal(err)

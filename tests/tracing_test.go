@@ -604,3 +604,115 @@ new Client({ url: process.argv[2] }).publish({ key: "from-ts", kind: "noop" }, {
 		}
 	}
 }
+
+// TestTracingRemoteAttempts: a remote worker's attempts, which the client
+// packages run without a tracer, are spans of the task's trace recorded by
+// `serve` (tracing on) as it writes each outcome. A task published over
+// HTTP in a caller's trace runs on a Python and a TypeScript worker: the
+// first attempt fails, the retry succeeds; each attempt is a consumer span
+// of the server's publish span, from the attempt's start to its outcome,
+// with its worker, attempt number and outcome, the failure marked as an
+// error with its message.
+func TestTracingRemoteAttempts(t *testing.T) {
+	needClients(t)
+	ctx := testContext(t, 2*time.Minute)
+	storeURL := "sqlite:" + filepath.Join(t.TempDir(), "s.db")
+	recv := startOTLPReceiver(t)
+	srv := startServeProcEnv(t, storeURL, tracingEnv(recv, "serve"))
+	url := "http://" + srv.addr
+
+	roots := map[string]string{ // language: traceparent of the publishing caller's span
+		"py": "00-" + "3cf0c0d3a3b24c44b8f7c1b2d3e4f503" + "-3333333333333333-01",
+		"ts": "00-" + "4df0c0d3a3b24c44b8f7c1b2d3e4f504" + "-4444444444444444-01",
+	}
+	for lang, root := range roots {
+		req, err := http.NewRequestWithContext(ctx, "POST", url+"/api/v1/tasks",
+			strings.NewReader(fmt.Sprintf(`{"key":"remote-%s","kind":"rk-%s"}`, lang, lang)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("traceparent", root)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
+			t.Fatalf("publish remote-%s: %s", lang, resp.Status)
+		}
+	}
+
+	workers := map[string]*exec.Cmd{
+		"py": exec.CommandContext(ctx, "python3", "-c", `
+import sys
+sys.path.insert(0, sys.argv[1])
+from leasepool import Worker
+def handle(job):
+    if job.attempt == 1:
+        raise RuntimeError("first try fails")
+    return {"ok": True}
+Worker(sys.argv[2], "py-traced", {"rk-py": handle}, concurrency=1).run()
+`, filepath.Join(clientDir("python"), "src"), url),
+		"ts": exec.CommandContext(ctx, "node", "-e", `
+const { Worker } = require(process.argv[1]);
+const w = new Worker({ url: process.argv[2], id: "ts-traced", concurrency: 1, handlers: {
+  "rk-ts": async (job) => { if (job.attempt === 1) throw new Error("first try fails"); return { ok: true }; },
+} });
+w.start({ signals: true }).catch((e) => { console.error(e); process.exit(1); });
+`, clientDir("typescript"), url),
+	}
+	for lang, cmd := range workers {
+		var out lockedBuffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			if t.Failed() {
+				t.Logf("%s worker output:\n%s", lang, tail(out.String(), 3000))
+			}
+		})
+	}
+
+	for lang, root := range roots {
+		traceID, caller := root[3:35], root[36:52]
+		kind := "rk-" + lang
+		var attempts []span
+		eventually(t, time.Minute, lang+"'s two attempts as spans of serve", func() bool {
+			attempts = find(recv.trace(traceID), named("process "+kind))
+			return len(attempts) == 2
+		})
+		pubs := find(recv.trace(traceID), named("publish "+kind))
+		if len(pubs) != 1 || pubs[0].parent != caller || pubs[0].service != "serve" {
+			t.Fatalf("%s: publish spans %s, want one of serve, child of the caller's span %s", lang, describe(pubs), caller)
+		}
+		slices.SortFunc(attempts, func(a, b span) int { return strings.Compare(a.attrs["leasepool.attempt"], b.attrs["leasepool.attempt"]) })
+		want := []struct {
+			attempt, outcome string
+			status           tracepb.Status_StatusCode
+			message          string
+		}{
+			{"1", "retried", tracepb.Status_STATUS_CODE_ERROR, "first try fails"},
+			{"2", "succeeded", tracepb.Status_STATUS_CODE_UNSET, ""},
+		}
+		for i, w := range want {
+			s, a := attempts[i], attempts[i].attrs
+			if s.service != "serve" || s.kind != tracepb.Span_SPAN_KIND_CONSUMER || s.parent != pubs[0].id ||
+				a["leasepool.attempt"] != w.attempt || a["leasepool.outcome"] != w.outcome || a["messaging.client.id"] != lang+"-traced" ||
+				a["messaging.message.id"] != "remote-"+lang || s.status != w.status || !strings.Contains(s.statusMessage, w.message) {
+				t.Errorf("%s attempt %s: span %+v, want a consumer span of serve, child of publish %s, worker %s-traced, outcome %s, status %v %q",
+					lang, w.attempt, s, pubs[0].id, lang, w.outcome, w.status, w.message)
+			}
+			if !s.start.Before(s.end) || s.start.Before(pubs[0].start) {
+				t.Errorf("%s attempt %s: span from %s to %s, publish at %s: want it to start after the publish and end after it starts",
+					lang, w.attempt, s.start.Format(time.RFC3339Nano), s.end.Format(time.RFC3339Nano), pubs[0].start.Format(time.RFC3339Nano))
+			}
+		}
+		if attempts[1].start.Before(attempts[0].end) {
+			t.Errorf("%s: the retry's span starts at %s, before the first attempt's ends at %s", lang, attempts[1].start, attempts[0].end)
+		}
+	}
+}

@@ -177,7 +177,11 @@ func (s *Span) SetAttributes(attrs ...Attr) {
 }
 
 // End ends the span, marked as an error when err is not nil.
-func (s *Span) End(err error) {
+func (s *Span) End(err error) { s.EndAt(err, time.Time{}) }
+
+// EndAt is End at a time past (zero: now), for a span recorded once what
+// it stands for is over.
+func (s *Span) EndAt(err error, at time.Time) {
 	if s == nil {
 		return
 	}
@@ -185,7 +189,11 @@ func (s *Span) End(err error) {
 		s.s.RecordError(err)
 		s.s.SetStatus(codes.Error, firstLine(err.Error()))
 	}
-	s.s.End()
+	if at.IsZero() {
+		s.s.End()
+		return
+	}
+	s.s.End(trace.WithTimestamp(at))
 }
 
 func firstLine(s string) string {
@@ -270,8 +278,12 @@ type Run struct {
 	Attempt             int
 	// Wait is how long the task waited between becoming claimable (its
 	// publish, run_at, retry time or the lease it took over ending) and
-	// the claim.
+	// the claim; negative when not known (not recorded).
 	Wait time.Duration
+	// Started is when the attempt began, for a span recorded once the
+	// attempt is over (a remote worker's, recorded by the server that
+	// writes its outcome); zero: now.
+	Started time.Time
 	// Traceparent and Tracestate are the task's stored trace context,
 	// the span's parent; empty: the span starts a trace.
 	Traceparent, Tracestate string
@@ -287,7 +299,7 @@ func StartRun(ctx context.Context, r Run) (context.Context, *Span) {
 	if t == nil {
 		return ctx, nil
 	}
-	ctx, s := t.Start(ctx, "process "+r.Kind, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+	attrs := []Attr{
 		attribute.String("messaging.system", System),
 		attribute.String("messaging.operation.name", "process"),
 		attribute.String("messaging.operation.type", "process"),
@@ -295,7 +307,14 @@ func StartRun(ctx context.Context, r Run) (context.Context, *Span) {
 		attribute.String("messaging.message.id", r.Key),
 		attribute.String("messaging.client.id", r.WorkerID),
 		attribute.Int("leasepool.attempt", r.Attempt),
-		attribute.Float64("leasepool.wait", r.Wait.Seconds()),
-	))
+	}
+	if r.Wait >= 0 {
+		attrs = append(attrs, attribute.Float64("leasepool.wait", r.Wait.Seconds()))
+	}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
+	if !r.Started.IsZero() {
+		opts = append(opts, trace.WithTimestamp(r.Started))
+	}
+	ctx, s := t.Start(ctx, "process "+r.Kind, opts...)
 	return ctx, &Span{s}
 }
