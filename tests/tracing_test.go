@@ -689,7 +689,9 @@ w.start({ signals: true }).catch((e) => { console.error(e); process.exit(1); });
 		if len(pubs) != 1 || pubs[0].parent != caller || pubs[0].service != "serve" {
 			t.Fatalf("%s: publish spans %s, want one of serve, child of the caller's span %s", lang, describe(pubs), caller)
 		}
-		slices.SortFunc(attempts, func(a, b span) int { return strings.Compare(a.attrs["leasepool.attempt"], b.attrs["leasepool.attempt"]) })
+		slices.SortFunc(attempts, func(a, b span) int {
+			return strings.Compare(a.attrs["leasepool.attempt"], b.attrs["leasepool.attempt"])
+		})
 		want := []struct {
 			attempt, outcome string
 			status           tracepb.Status_StatusCode
