@@ -241,18 +241,7 @@ printf '%%s' "$TRACEPARENT" > %s
 	w := exec.Command(bin, "--store", storeURL, "--log-level", "info", "worker", "--id", "traced-w",
 		"--kinds", "exec,device", "--mqtt", brk.URL(), "--prefix", prefix, "--shutdown-timeout", "2s")
 	w.Env = append(append(os.Environ(), raceGuardEnv()...), tracingEnv(recv, "worker")...)
-	var wlog lockedBuffer
-	w.Stdout, w.Stderr = &wlog, &wlog
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = w.Process.Kill()
-		_ = w.Wait()
-		if t.Failed() {
-			t.Logf("worker log:\n%s", tail(wlog.String(), 4000))
-		}
-	})
+	startLogged(t, "worker", w)
 	awaitOnline(t, ctx, store, 1)
 
 	// The caller's own span: the trace every span below belongs to.
@@ -398,6 +387,24 @@ func describe(spans []span) string {
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
+// startLogged starts cmd with its output kept, and kills it when t ends,
+// logging the output's tail if t failed.
+func startLogged(t *testing.T, name string, cmd *exec.Cmd) {
+	t.Helper()
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, tail(out.String(), 4000))
+		}
+	})
+}
+
 // lockedBuffer is a process's output, read while it writes.
 type lockedBuffer struct {
 	mu sync.Mutex
@@ -445,18 +452,7 @@ func TestTracingFlows(t *testing.T) {
 	}
 	w := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "worker", "--id", "flow-w", "--kinds", "noop")
 	w.Env = append(os.Environ(), tracingEnv(recv, "worker")...)
-	var wlog lockedBuffer
-	w.Stdout, w.Stderr = &wlog, &wlog
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = w.Process.Kill()
-		_ = w.Wait()
-		if t.Failed() {
-			t.Logf("worker log:\n%s", tail(wlog.String(), 4000))
-		}
-	})
+	startLogged(t, "worker", w)
 	flows := []string{"f1", "f2"}
 	for _, key := range flows {
 		cli("flow", "publish", key, "--file", spec)
@@ -580,18 +576,7 @@ new Client({ url: process.argv[2] }).publish({ key: "from-ts", kind: "noop" }, {
 
 	w := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "worker", "--id", "traced-go", "--kinds", "noop")
 	w.Env = append(append(os.Environ(), raceGuardEnv()...), tracingEnv(recv, "worker")...)
-	var wlog lockedBuffer
-	w.Stdout, w.Stderr = &wlog, &wlog
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = w.Process.Kill()
-		_ = w.Wait()
-		if t.Failed() {
-			t.Logf("worker log:\n%s", tail(wlog.String(), 4000))
-		}
-	})
+	startLogged(t, "worker", w)
 	for lang, root := range roots {
 		traceID, parent := root[3:35], root[36:52]
 		eventually(t, time.Minute, lang+"'s task to be run in its publisher's trace", func() bool {
@@ -663,18 +648,7 @@ w.start({ signals: true }).catch((e) => { console.error(e); process.exit(1); });
 `, clientDir("typescript"), url),
 	}
 	for lang, cmd := range workers {
-		var out lockedBuffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			if t.Failed() {
-				t.Logf("%s worker output:\n%s", lang, tail(out.String(), 3000))
-			}
-		})
+		startLogged(t, lang+" worker", cmd)
 	}
 
 	for lang, root := range roots {
