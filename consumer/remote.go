@@ -47,9 +47,13 @@ type RemoteConfig struct {
 	// RetryPolicy is how long a failed attempt waits (default as
 	// Config.RetryPolicy's).
 	RetryPolicy RetryPolicy
-	// Reaped is called with a task a claim wrote as failed because
-	// expired attempts used up its retries (see Config.Reaped).
-	Reaped func(ctx context.Context, t *task.Task)
+	// Finished, when set, is called with a task that a claim or a finish
+	// wrote finished: a claim that found expired attempts had used up its
+	// retries (see Config.Reaped), or a remote attempt's last outcome. No
+	// Go handler ran in this process to tell whoever waits on it (the flow
+	// engine moves the task's flow on with it: flow.TaskFinished). It
+	// runs on the call's goroutine and should return promptly.
+	Finished func(ctx context.Context, t *task.Task)
 	// SafetyPoll bounds a waiting claim's sleep between store queries
 	// (default 1s): change events wake it sooner, but a lease that ends
 	// is no write.

@@ -271,8 +271,8 @@ func (r *RemoteWorkers) claimTask(ctx context.Context, rules *claimRules, t *tas
 	switch {
 	case err == nil && try.reaped:
 		r.cfg.Logger.Warn("task failed: workers expired and retries are exhausted", slog.String("task", t.Key))
-		if r.cfg.Reaped != nil {
-			r.cfg.Reaped(ctx, doc)
+		if r.cfg.Finished != nil {
+			r.cfg.Finished(ctx, doc)
 		}
 	case err == nil:
 		i := doc.Entry(try.holder)

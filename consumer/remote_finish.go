@@ -149,6 +149,9 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 		out = OutcomeRetried
 	}
 	traceAttempt(ctx, running, h, o, out, ended)
+	if doc.State.Finished() && r.cfg.Finished != nil {
+		r.cfg.Finished(ctx, doc)
+	}
 	return doc, out, nil
 }
 

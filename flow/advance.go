@@ -476,16 +476,21 @@ func reconcileTask(ctx context.Context, s task.Store, f *Flow, ref StepRef, t *t
 	return err
 }
 
-// Reaped moves the flow of t on at once: t is a task its worker found
-// with expired leases and no retries left, and wrote failed with no
-// handler run to record the outcome, which the reconciler would find only
-// at its next pass (a lease of three periods later when its holder died
-// with the step's worker). A task of no flow, or one the flow no longer
-// waits on, is left alone; a reconciler pass at the same time records the
-// outcome once (compare-and-set).
-func Reaped(ctx context.Context, s task.Store, t *task.Task, log *slog.Logger) error {
-	var env envelope
-	if t == nil || !t.State.Finished() || json.Unmarshal(t.Payload, &env) != nil || env.Flow.TaskKey() != t.Key {
+// TaskFinished moves the flow of t on at once: t is a task written
+// finished with no flow middleware to record its outcome, which the
+// reconciler would find only at its next pass (a lease of three periods
+// later when its holder died with the step's worker). Such a task is one
+// a worker found with expired leases and no retries left and wrote failed
+// (consumer.Config.Reaped), or one a remote worker ran, whose outcome
+// `serve` wrote (consumer.RemoteConfig.Finished). A task of no flow, or
+// one the flow no longer waits on, is left alone; a reconciler pass at the
+// same time records the outcome once (compare-and-set).
+func TaskFinished(ctx context.Context, s task.Store, t *task.Task, log *slog.Logger) error {
+	if t == nil || !t.State.Finished() {
+		return nil
+	}
+	env, ok := stepEnvelope(t)
+	if !ok {
 		return nil
 	}
 	f, err := Get(ctx, s, env.Flow.Flow)
@@ -503,11 +508,34 @@ func Reaped(ctx context.Context, s task.Store, t *task.Task, log *slog.Logger) e
 // is a flow step task at all, so that what looks at a task before its
 // handler runs (a consumer.Gate) reads what the handler will.
 func StepPayload(t *task.Task) (json.RawMessage, bool) {
-	var env envelope
-	if t == nil || json.Unmarshal(t.Payload, &env) != nil || env.Flow.TaskKey() != t.Key {
-		return nil, false
+	payload, _, ok := UnwrapStep(t)
+	return payload, ok
+}
+
+// StepView is what a flow step's handler is told of its step, which a Go
+// handler reads through CurrentStep and Params: a remote worker's job
+// carries it (docs/http-api.md#remote-workers).
+type StepView struct {
+	Flow string `json:"flow"`
+	Step string `json:"step"`
+	// Undo is set on a step's rollback.
+	Undo bool `json:"undo,omitempty"`
+	// Params are the shared parameters as they stood when the step was
+	// published: the request's and each finished step's result by name.
+	Params map[string]json.RawMessage `json:"params,omitempty"`
+}
+
+// UnwrapStep returns the payload a flow step task's handler sees and its
+// step, and whether t is a flow step task at all.
+func UnwrapStep(t *task.Task) (payload json.RawMessage, step StepView, ok bool) {
+	if t == nil {
+		return nil, StepView{}, false
 	}
-	return env.Payload, true
+	env, ok := stepEnvelope(t)
+	if !ok {
+		return nil, StepView{}, false
+	}
+	return env.Payload, StepView{Flow: env.Flow.Flow, Step: env.Flow.Name, Undo: env.Flow.Undo, Params: env.Params}, true
 }
 
 func lastError(t *task.Task) string {

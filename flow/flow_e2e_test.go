@@ -472,7 +472,7 @@ func TestReapedStepMovesTheFlowOnAtOnce(t *testing.T) {
 	mux.RegisterFunc("test.never", func(context.Context, *consumer.Job) error { ran <- struct{}{}; return nil })
 	w, err := consumer.New(consumer.Config{Store: s, Handler: mux, WorkerID: "w1", Logger: log,
 		Reaped: func(ctx context.Context, tk *task.Task) {
-			if err := flow.Reaped(ctx, s, tk, log); err != nil {
+			if err := flow.TaskFinished(ctx, s, tk, log); err != nil {
 				t.Errorf("reaped: %v", err)
 			}
 		}})

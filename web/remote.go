@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/leasepool/leasepool/consumer"
+	"github.com/leasepool/leasepool/flow"
 	"github.com/leasepool/leasepool/task"
 )
 
@@ -119,6 +120,10 @@ type remoteJob struct {
 	// remote worker's span of the attempt to continue.
 	Traceparent string `json:"traceparent,omitempty"`
 	Tracestate  string `json:"tracestate,omitempty"`
+	// FlowStep is set on a flow step's task: its flow, step and shared
+	// parameters; Payload is then the step's own payload, out of the
+	// envelope the flow wraps it in.
+	FlowStep *flow.StepView `json:"flow_step,omitempty"`
 }
 
 // defaultClaimWait is a claim's wait when the body names none.
@@ -169,11 +174,16 @@ func (a *api) claimFor(w http.ResponseWriter, r *http.Request, instance string, 
 	for _, j := range jobs {
 		t := j.Task
 		p := t.Payload
+		var step *flow.StepView
+		if sp, sv, ok := flow.UnwrapStep(t); ok {
+			p, step = sp, &sv
+		}
 		if len(p) == 0 {
 			p = json.RawMessage("null")
 		}
 		out = append(out, remoteJob{
-			Key: t.Key, Kind: t.Kind, Attempt: j.Holder.Attempt, Payload: p, Priority: t.Priority,
+			FlowStep: step,
+			Key:      t.Key, Kind: t.Kind, Attempt: j.Holder.Attempt, Payload: p, Priority: t.Priority,
 			LeaseUntil: j.LeaseUntil().UTC(), LeaseMS: time.Duration(t.WorkerTimeout).Milliseconds(),
 			RenewMS: time.Duration(t.PingInterval).Milliseconds(), CreatedAt: t.CreatedAt.UTC(),
 			Traceparent: t.Trace.Traceparent, Tracestate: t.Trace.Tracestate,

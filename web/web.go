@@ -121,12 +121,14 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	a := &api{store: cfg.Store, log: cfg.Logger, readOnly: cfg.ReadOnly, heartbeat: cfg.Heartbeat, stop: cfg.Stop,
 		writeTimeout: cfg.Limits.withDefaults().WriteTimeout, remote: cfg.Remote}
 	if a.remote == nil {
-		reaped := func(ctx context.Context, t *task.Task) {
-			if err := flow.Reaped(ctx, cfg.Store, t, cfg.Logger); err != nil {
-				cfg.Logger.Warn("flow of a failed task not moved on; the reconciler will", slog.String("task", t.Key), slog.Any("error", err))
+		// A remote worker's step tasks tell their flows here: the flow
+		// middleware runs in Go workers only.
+		finished := func(ctx context.Context, t *task.Task) {
+			if err := flow.TaskFinished(ctx, cfg.Store, t, cfg.Logger); err != nil {
+				cfg.Logger.Warn("flow of a finished task not moved on; the reconciler will", slog.String("task", t.Key), slog.Any("error", err))
 			}
 		}
-		rw, err := consumer.NewRemoteWorkers(consumer.RemoteConfig{Store: cfg.Store, Logger: cfg.Logger, Reaped: reaped})
+		rw, err := consumer.NewRemoteWorkers(consumer.RemoteConfig{Store: cfg.Store, Logger: cfg.Logger, Finished: finished})
 		if err != nil {
 			return nil, err
 		}

@@ -259,7 +259,7 @@ func New(cfg Config) (*Worker, error) {
 		Concurrency: cfg.Concurrency, ShutdownTimeout: cfg.ShutdownTimeout, RetryPolicy: cfg.RetryPolicy,
 		Logger: cfg.Logger, Observer: observer,
 		Reaped: func(ctx context.Context, t *task.Task) {
-			if err := flow.Reaped(ctx, cfg.Store, t, cfg.Logger); err != nil {
+			if err := flow.TaskFinished(ctx, cfg.Store, t, cfg.Logger); err != nil {
 				cfg.Logger.Warn("flow of a failed task not moved on; the reconciler will", slog.String("task", t.Key), slog.Any("error", err))
 			}
 		},

@@ -4,4 +4,4 @@ export { LeasepoolError, SnoozeError, RetryableError } from "./errors.js";
 export type { ConnectionOptions } from "./transport.js";
 export * from "./types.js";
 export { Worker } from "./worker.js";
-export type { Job, Handler, WorkerOptions, WorkerLogger, StartOptions, AbortReason } from "./worker.js";
+export type { Job, FlowStep, Handler, WorkerOptions, WorkerLogger, StartOptions, AbortReason } from "./worker.js";

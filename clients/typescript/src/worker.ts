@@ -31,6 +31,12 @@ export interface Job {
    */
   readonly traceparent?: string;
   readonly tracestate?: string;
+  /**
+   * Set on a flow step's task: its flow, step and the flow's shared
+   * parameters (the request's and each finished step's result by name);
+   * `payload` is then the step's own.
+   */
+  readonly flowStep?: FlowStep;
   /** How long the lease lasts without a renew. */
   readonly leaseMs: number;
   /** How often the worker renews it. */
@@ -112,6 +118,15 @@ type Outcome =
   | { outcome: "snoozed"; snooze_ms: number }
   | { outcome: "released" };
 
+/** The flow step a job runs (see Job.flowStep). */
+export interface FlowStep {
+  readonly flow: string;
+  readonly step: string;
+  /** Set on a step's rollback. */
+  readonly undo?: boolean;
+  readonly params?: Readonly<Record<string, unknown>>;
+}
+
 /** A claimed attempt and the worker's bookkeeping of it. */
 class ActiveJob implements Job {
   readonly key: string;
@@ -122,6 +137,7 @@ class ActiveJob implements Job {
   readonly createdAt: Date;
   readonly traceparent?: string;
   readonly tracestate?: string;
+  readonly flowStep?: FlowStep;
   leaseMs: number;
   readonly renewMs: number;
   readonly controller = new AbortController();
@@ -149,6 +165,7 @@ class ActiveJob implements Job {
     this.createdAt = new Date(doc.created_at);
     this.traceparent = doc.traceparent || undefined;
     this.tracestate = doc.tracestate || undefined;
+    this.flowStep = doc.flow_step || undefined;
     this.leaseMs = doc.lease_ms > 0 ? doc.lease_ms : 4000;
     this.renewMs = doc.renew_ms > 0 ? doc.renew_ms : 1000;
     this.lastOk = sentAt;
@@ -202,6 +219,7 @@ interface ClaimedJob {
   created_at: string;
   traceparent?: string;
   tracestate?: string;
+  flow_step?: FlowStep;
 }
 
 /**

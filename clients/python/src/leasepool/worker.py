@@ -91,6 +91,10 @@ class Job:
         # give it to your tracer as the parent of the handler's span.
         self.traceparent: Optional[str] = doc.get("traceparent") or None
         self.tracestate: Optional[str] = doc.get("tracestate") or None
+        # Set on a flow step's task: {"flow", "step", "undo"?, "params"?}
+        # (params: the flow's request and each finished step's result by
+        # name); payload is then the step's own.
+        self.flow_step: Optional[Mapping[str, Any]] = doc.get("flow_step") or None
         self.lease_ms: int = int(doc.get("lease_ms") or 15_000)
         self.renew_ms: int = int(doc.get("renew_ms") or 5_000)
         self.doc: Mapping[str, Any] = doc
