@@ -150,10 +150,17 @@ func (r *RemoteWorkers) Finish(ctx context.Context, a RemoteAttempt, o RemoteOut
 	}
 	traceAttempt(ctx, running, h, o, out, ended)
 	if doc.State.Finished() && r.cfg.Finished != nil {
-		r.cfg.Finished(ctx, doc)
+		// The outcome is written: tell whoever waits on it even if the
+		// caller hangs up now.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishedTimeout)
+		r.cfg.Finished(fctx, doc)
+		cancel()
 	}
 	return doc, out, nil
 }
+
+// finishedTimeout bounds RemoteConfig.Finished's call after a finish.
+const finishedTimeout = 30 * time.Second
 
 // traceAttempt records the span of a remote attempt that ended as out,
 // as a Go worker's run records its own (tracing.StartRun): the remote

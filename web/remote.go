@@ -182,11 +182,10 @@ func (a *api) claimFor(w http.ResponseWriter, r *http.Request, instance string, 
 			p = json.RawMessage("null")
 		}
 		out = append(out, remoteJob{
-			FlowStep: step,
-			Key:      t.Key, Kind: t.Kind, Attempt: j.Holder.Attempt, Payload: p, Priority: t.Priority,
+			Key: t.Key, Kind: t.Kind, Attempt: j.Holder.Attempt, Payload: p, Priority: t.Priority,
 			LeaseUntil: j.LeaseUntil().UTC(), LeaseMS: time.Duration(t.WorkerTimeout).Milliseconds(),
 			RenewMS: time.Duration(t.PingInterval).Milliseconds(), CreatedAt: t.CreatedAt.UTC(),
-			Traceparent: t.Trace.Traceparent, Tracestate: t.Trace.Tracestate,
+			Traceparent: t.Trace.Traceparent, Tracestate: t.Trace.Tracestate, FlowStep: step,
 		})
 	}
 	return out, nil
