@@ -34,6 +34,9 @@ type envelope struct {
 	Flow    StepRef                    `json:"flow"`
 	Params  map[string]json.RawMessage `json:"params"`
 	Payload json.RawMessage            `json:"payload,omitempty"`
+	// Timeout is the action's, for a remote worker's job (StepView): the
+	// middleware reads the flow's own.
+	Timeout task.Duration `json:"timeout,omitempty"`
 }
 
 // TimerKind is the kind of the timer tasks of sleep steps and of signal
@@ -236,7 +239,7 @@ func stepParams(ctx context.Context, s task.Store, f *Flow, i int, undo bool, en
 	// The envelope wraps the parameters and the payload, each checked
 	// against task.MaxJSONDepth when the flow was published (and the
 	// results as their attempts ended), a level or two deeper.
-	b, err := json.Marshal(envelope{Flow: ref, Params: f.paramsFor(i, undo), Payload: act.Payload})
+	b, err := json.Marshal(envelope{Flow: ref, Params: f.paramsFor(i, undo), Payload: act.Payload, Timeout: act.Timeout})
 	if err != nil {
 		return task.PublishParams{}, err
 	}
@@ -523,6 +526,9 @@ type StepView struct {
 	// Params are the shared parameters as they stood when the step was
 	// published: the request's and each finished step's result by name.
 	Params map[string]json.RawMessage `json:"params,omitempty"`
+	// TimeoutMS is the step's timeout (0: none), which a Go worker's
+	// middleware keeps by cancelling the handler and failing the attempt.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
 
 // UnwrapStep returns the payload a flow step task's handler sees and its
@@ -535,7 +541,8 @@ func UnwrapStep(t *task.Task) (payload json.RawMessage, step StepView, ok bool) 
 	if !ok {
 		return nil, StepView{}, false
 	}
-	return env.Payload, StepView{Flow: env.Flow.Flow, Step: env.Flow.Name, Undo: env.Flow.Undo, Params: env.Params}, true
+	return env.Payload, StepView{Flow: env.Flow.Flow, Step: env.Flow.Name, Undo: env.Flow.Undo, Params: env.Params,
+		TimeoutMS: time.Duration(env.Timeout).Milliseconds()}, true
 }
 
 func lastError(t *task.Task) string {

@@ -14,6 +14,8 @@ export type AbortReason =
   | "lease_expired"
   /** The worker stops: the attempt is given back (`released`). */
   | "shutdown"
+  /** A flow step's timeout passed: a failure the handler gives is the step's timeout. */
+  | "step_timeout"
   | string;
 
 /** One claimed attempt, as a handler sees it. */
@@ -125,6 +127,8 @@ export interface FlowStep {
   /** Set on a step's rollback. */
   readonly undo?: boolean;
   readonly params?: Readonly<Record<string, unknown>>;
+  /** The step's timeout: the signal aborts with `step_timeout` once it passes. */
+  readonly timeout_ms?: number;
 }
 
 /** A claimed attempt and the worker's bookkeeping of it. */
@@ -552,7 +556,18 @@ export class Worker {
       job.controller.abort("shutdown");
       outcome = { outcome: "released" };
     } else {
-      outcome = await this.call(job);
+      // A flow step's timeout, kept as a Go worker's flow middleware
+      // keeps it: the handler is aborted, and its failure says why.
+      const timeoutMs = job.flowStep?.timeout_ms ?? 0;
+      const timer = timeoutMs > 0 ? setTimeout(() => job.controller.abort("step_timeout"), timeoutMs) : undefined;
+      try {
+        outcome = await this.call(job);
+      } finally {
+        clearTimeout(timer);
+      }
+      if (outcome.outcome === "failed" && job.signal.reason === "step_timeout") {
+        outcome = { outcome: "failed", error: `step timeout ${timeoutMs} ms: ${outcome.error}` };
+      }
     }
     if (job.lost || job.finishing) return;
     if (job.stopping && outcome.outcome !== "succeeded") outcome = { outcome: "released" };

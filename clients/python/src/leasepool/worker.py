@@ -32,6 +32,7 @@ log = logging.getLogger("leasepool.worker")
 
 # Cancel reasons that are not a server's 409 code.
 SHUTDOWN = "shutdown"  # the worker stops: the attempt is released
+STEP_TIMEOUT = "step_timeout"  # a flow step's timeout passed: a failure says so
 LEASE_EXPIRED = "lease_expired"  # no renew succeeded for 9/10 of lease_ms
 
 # Bounds of the protocol: a claim's max and its wait, and the attempts a
@@ -627,7 +628,21 @@ class Worker:
                 self._submit(job, {"outcome": "released"})
                 return True
             return False
-        outcome = self._call(job)
+        # A flow step's timeout, kept as a Go worker's flow middleware
+        # keeps it: the handler is cancelled, and its failure says why.
+        timeout_ms = int((job.flow_step or {}).get("timeout_ms") or 0)
+        timer = None
+        if timeout_ms > 0:
+            timer = threading.Timer(timeout_ms / 1000, job._cancel, (STEP_TIMEOUT, False))
+            timer.daemon = True
+            timer.start()
+        try:
+            outcome = self._call(job)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if outcome["outcome"] == "failed" and job.cancel_reason == STEP_TIMEOUT:
+            outcome["error"] = f"step timeout {timeout_ms} ms: {outcome['error']}"
         if job.cancelled.is_set() and job.cancel_reason == SHUTDOWN and outcome["outcome"] != "succeeded":
             outcome = {"outcome": "released"}
         if not job._begin_finish():
