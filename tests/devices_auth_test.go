@@ -121,7 +121,8 @@ func TestDeviceImpostorsRefusedByTheBroker(t *testing.T) {
 	awaitAttr(t, ctx, store, "real-0", "ring", "canary")
 
 	// The impostor of issue 38, and one with a wrong secret for real-0:
-	// neither connects, and each gives up at its --start-timeout.
+	// neither connects, and each exits saying the broker refused it (not
+	// at its --start-timeout, which a refusal would otherwise wait for).
 	creds := filepath.Join(t.TempDir(), "creds")
 	if err := os.WriteFile(creds, []byte("real-0:not-its-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -130,8 +131,8 @@ func TestDeviceImpostorsRefusedByTheBroker(t *testing.T) {
 		{"device", "simulate", "--mqtt", url, "--prefix", prefix, "--count", "1", "--id-prefix", "0-fake-", "--attr", "ring=prod", "--duration", "3s", "--start-timeout", "3s"},
 		{"device", "simulate", "--mqtt", url, "--prefix", prefix, "--count", "1", "--id-prefix", "real-", "--attr", "ring=prod", "--duration", "3s", "--start-timeout", "3s", "--credentials", creds},
 	} {
-		if out, stderr, code := runCLI(t, args...); code == 0 {
-			t.Errorf("leasepool %v ran (exit 0):\n%s\n%s", args, tail(out, 1000), tail(stderr, 1000))
+		if out, stderr, code := runCLI(t, args...); code == 0 || !strings.Contains(stderr, "the broker refused the connection") {
+			t.Errorf("leasepool %v: exit %d, want a refusal named:\n%s\n%s", args, code, tail(out, 1000), tail(stderr, 1000))
 		}
 	}
 	topics := mqttdev.Topics{Prefix: prefix}

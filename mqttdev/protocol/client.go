@@ -171,6 +171,11 @@ type ClientOptions struct {
 // ErrDisconnected is what OnLost gets after Disconnect.
 var ErrDisconnected = errors.New("mqtt: disconnected")
 
+// ErrRefused is wrapped by Connect's error when the broker refused the
+// client's credentials (CONNACK return code 4 or 5): trying again with
+// the same ones cannot help.
+var ErrRefused = errors.New("mqtt: the broker refused the connection")
+
 // defaultMaxReconnect caps the time between connection attempts: a broker
 // that comes back (a restart, or another host taking it over) is found
 // again within it. A dial per half second to a dead loopback or LAN
@@ -188,6 +193,9 @@ type Client struct {
 	// subscribed is closed once the subscriptions are made on a
 	// connection opened since the last Connect or Disconnect.
 	subscribed chan struct{}
+	// refused gets the broker's refusal of a connection attempt (paho
+	// retries those silently until Connect's context ends).
+	refused chan error
 }
 
 var _ Transport = (*Client)(nil)
@@ -207,7 +215,7 @@ func NewClient(cfg ClientConfig, o ClientOptions) (*Client, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	t := &Client{logger: o.Logger, onLost: o.OnLost, subscribed: make(chan struct{})}
+	t := &Client{logger: o.Logger, onLost: o.OnLost, subscribed: make(chan struct{}), refused: make(chan error, 1)}
 	if o.MaxReconnect == 0 {
 		o.MaxReconnect = defaultMaxReconnect
 	}
@@ -268,13 +276,53 @@ func NewClient(cfg ClientConfig, o ClientOptions) (*Client, error) {
 			return tc
 		})
 	}
-	if o.Dial != nil {
-		opts.SetCustomOpenConnectionFn(func(u *url.URL, _ mqtt.ClientOptions) (net.Conn, error) {
-			return o.Dial(u, tc)
-		})
+	dial := o.Dial
+	if dial == nil {
+		dial = DialBroker
 	}
+	opts.SetCustomOpenConnectionFn(func(u *url.URL, _ mqtt.ClientOptions) (net.Conn, error) {
+		nc, err := dial(u, tc)
+		if err != nil {
+			return nil, err
+		}
+		return &connackConn{Conn: nc, refused: t.refuse}, nil
+	})
 	t.client = mqtt.NewClient(opts)
 	return t, nil
+}
+
+// refuse records the broker's refusal of a connection attempt for
+// Connect; a refusal while none waits (a reconnect) is dropped.
+func (t *Client) refuse(code byte) {
+	reason := "not authorized"
+	if code == 4 {
+		reason = "bad user name or password"
+	}
+	select {
+	case t.refused <- fmt.Errorf("%w: %s (CONNACK return code %d)", ErrRefused, reason, code):
+	default:
+	}
+}
+
+// connackConn watches the first packet the broker sends, the CONNACK, for
+// a refusal of the client's credentials: return code 4 (bad user name or
+// password) or 5 (not authorized). paho reads a connection from one
+// goroutine at a time.
+type connackConn struct {
+	net.Conn
+	head    []byte // the first bytes read, up to the CONNACK's four
+	refused func(code byte)
+}
+
+func (c *connackConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if len(c.head) < 4 && n > 0 {
+		c.head = append(c.head, b[:min(n, 4-len(c.head))]...)
+		if h := c.head; len(h) == 4 && h[0] == 0x20 && h[1] == 2 && (h[3] == 4 || h[3] == 5) {
+			c.refused(h[3])
+		}
+	}
+	return n, err
 }
 
 // copyingStore is paho's memory store keeping its own copy of each publish.
@@ -293,19 +341,27 @@ func (s copyingStore) Put(key string, m packets.ControlPacket) {
 	s.MemoryStore.Put(key, m)
 }
 
-// Connect connects, retrying until ctx ends, and returns once the
+// Connect connects, retrying until ctx ends or the broker refuses the
+// credentials (an error wrapping ErrRefused), and returns once the
 // subscriptions are made: a message published after it returns reaches
 // OnMessage.
 func (t *Client) Connect(ctx context.Context) error {
 	t.mu.Lock()
 	subscribed := t.subscribed
 	t.mu.Unlock()
+	select {
+	case <-t.refused: // from a reconnect before this call
+	default:
+	}
 	tok := t.client.Connect()
 	select {
 	case <-tok.Done():
 		if err := tok.Error(); err != nil {
 			return err
 		}
+	case err := <-t.refused:
+		t.client.Disconnect(0)
+		return fmt.Errorf("mqtt connect: %w", err)
 	case <-ctx.Done():
 		t.client.Disconnect(0)
 		return fmt.Errorf("mqtt connect: %w", context.Cause(ctx))

@@ -2,12 +2,14 @@ package protocol
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testservers"
 	"github.com/leasepool/leasepool/mqttdev/broker"
 )
 
@@ -67,6 +69,30 @@ func TestConnectReturnsSubscribed(t *testing.T) {
 			seen[topic] = true
 		case <-deadline:
 			t.Fatalf("%d of %d messages published right after Connect arrived: %v", len(seen), clients, seen)
+		}
+	}
+}
+
+// TestConnectRefused: a broker that refuses the client's credentials
+// (Mosquitto allowing no anonymous client) makes Connect fail with
+// ErrRefused, not wait for its context to end: paho would retry the
+// refusal silently for as long as it is let.
+func TestConnectRefused(t *testing.T) {
+	t.Parallel()
+	url, _, _ := testservers.StartMosquittoAuth(t, "allow_anonymous false\n")
+	for _, cfg := range []ClientConfig{
+		{BrokerURL: url, ClientID: "anonymous"},
+		{BrokerURL: url, ClientID: "stranger", Username: "stranger", Password: "guess"},
+	} {
+		c, err := NewClient(cfg, ClientOptions{Role: "test", CleanSession: true, OnMessage: func(Message) {}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		err = c.Connect(ctx)
+		cancel()
+		if !errors.Is(err, ErrRefused) {
+			t.Errorf("%s: Connect: %v, want an error wrapping ErrRefused", cfg.ClientID, err)
 		}
 	}
 }
