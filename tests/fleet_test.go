@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -334,18 +333,7 @@ func TestFleetOnTheEmbeddedBroker(t *testing.T) {
 	}
 	addr := freeLoopbackAddr(t)
 	broker := exec.Command(bin, "--store", storeURL, "--log-level", "warn", "device", "broker", "--listen", addr)
-	var brokerOut bytes.Buffer
-	broker.Stdout, broker.Stderr = &brokerOut, &brokerOut
-	if err := broker.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = broker.Process.Kill()
-		_ = broker.Wait()
-		if t.Failed() {
-			t.Logf("broker output:\n%s", tail(brokerOut.String(), 3000))
-		}
-	})
+	startLogged(t, "broker", broker)
 	awaitListening(t, 20*time.Second, addr)
 	sim := startSimProc(t, ctx, "--store", storeURL, "--mqtt", "tcp://"+addr, "--count", strconv.Itoa(fleetDevices), "--id-prefix", "efleet-", "--heartbeat", "30m")
 	sim.logMu.Lock()
