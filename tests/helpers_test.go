@@ -9,6 +9,7 @@ package tests
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -308,4 +309,40 @@ func startProc(t *testing.T, name string, cmd *exec.Cmd) *workerProc {
 		}
 	})
 	return &workerProc{id: name, cmd: cmd}
+}
+
+// startLogged starts cmd with its output kept, and kills it when t ends,
+// logging the output's tail if t failed.
+func startLogged(t *testing.T, name string, cmd *exec.Cmd) {
+	t.Helper()
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, tail(out.String(), 4000))
+		}
+	})
+}
+
+// lockedBuffer is a process's output, read while it writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
