@@ -442,3 +442,56 @@ func TestRemoteClaimHoldsConcurrency(t *testing.T) {
 		t.Fatalf("after a finish claimed %d jobs, want 1 (its slot freed)", len(more))
 	}
 }
+
+// TestRemoteWorkerRunsAFlowStep: a flow step's task claimed over the
+// protocol is answered with the step's own payload and its flow_step (the
+// flow, step, shared parameters and timeout), not the envelope; a failure
+// that leaves retries does not move the flow on, and the success of the
+// retry does at once (no reconciler runs here): the next step is claimed
+// with the first's result in its parameters.
+func TestRemoteWorkerRunsAFlowStep(t *testing.T) {
+	e := newEnv(t, web.Config{})
+	e.want("POST", "/api/v1/flows", `{"key":"f","params":{"order":7},"steps":[
+		{"name":"a","kind":"step-a","payload":{"x":1},"timeout":"2s","retries":1},
+		{"name":"b","kind":"step-b","needs":["a"]}]}`, 201, `"key":"f"`)
+	e.register("w1", "i1", "step-a", "step-b")
+	type stepJob struct {
+		Key      string          `json:"key"`
+		Attempt  int             `json:"attempt"`
+		Payload  json.RawMessage `json:"payload"`
+		FlowStep struct {
+			Flow      string                     `json:"flow"`
+			Step      string                     `json:"step"`
+			Params    map[string]json.RawMessage `json:"params"`
+			TimeoutMS int64                      `json:"timeout_ms"`
+		} `json:"flow_step"`
+	}
+	claim := func() stepJob {
+		t.Helper()
+		out := e.want("POST", "/api/v1/workers/w1/claim", `{"instance":"i1","max":1,"wait_ms":5000}`, 200, `"jobs"`)
+		var b struct{ Jobs []stepJob }
+		if err := json.Unmarshal([]byte(out), &b); err != nil || len(b.Jobs) != 1 {
+			t.Fatalf("claim answered %s, want one job", out)
+		}
+		return b.Jobs[0]
+	}
+	a := claim()
+	if string(a.Payload) != `{"x":1}` || a.FlowStep.Flow != "f" || a.FlowStep.Step != "a" || a.FlowStep.TimeoutMS != 2000 ||
+		string(a.FlowStep.Params["order"]) != `7` {
+		t.Fatalf("step a's job %+v: want its own payload, flow f, step a, timeout 2000 ms and the flow's params", a)
+	}
+	path := finishPath("w1", strings.ReplaceAll(a.Key, "/", "%2F"))
+	e.want("POST", path, `{"instance":"i1","attempt":1,"outcome":"failed","error":"not yet"}`, 200, `"outcome":"retried"`)
+	if f := e.want("GET", "/api/v1/flows/f", "", 200, `"state":"running"`); strings.Contains(f, `"b/do"`) {
+		t.Fatalf("flow after a retried failure: %s, want step b not published", f)
+	}
+	a = claim() // after the retry's backoff
+	if a.Attempt != 2 || a.FlowStep.Step != "a" {
+		t.Fatalf("second claim %+v, want step a's attempt 2", a)
+	}
+	e.want("POST", path, `{"instance":"i1","attempt":2,"outcome":"succeeded","result":{"y":2}}`, 200, `"outcome":"succeeded"`)
+	b := claim()
+	if b.FlowStep.Step != "b" || string(b.FlowStep.Params["a"]) != `{"y":2}` || b.FlowStep.TimeoutMS != 0 || string(b.Payload) != "null" {
+		t.Fatalf("step b's job %+v: want step b with a's result in its parameters, no timeout, no payload", b)
+	}
+}
