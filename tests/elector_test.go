@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasepool/leasepool/internal/testutil"
 	"github.com/leasepool/leasepool/task"
 	"github.com/leasepool/leasepool/task/sqlitestore"
 	"github.com/leasepool/leasepool/task/storetest"
@@ -30,7 +31,7 @@ func TestElectionAcrossProcesses(t *testing.T) {
 	// The test's own store writes too (electedHolderOrNone's probe), so it
 	// may be the one whose fence kills a holder frozen in a write: its log
 	// is read below beside the workers'.
-	var storeLog lockedBuffer
+	var storeLog testutil.SyncBuffer
 	store, err := sqlitestore.Open(ctx, dbPath, &sqlitestore.Config{Logger: slog.New(slog.NewJSONHandler(&storeLog, nil))})
 	if err != nil {
 		t.Fatal(err)

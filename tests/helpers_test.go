@@ -9,7 +9,6 @@ package tests
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -315,7 +314,7 @@ func startProc(t *testing.T, name string, cmd *exec.Cmd) *workerProc {
 // logging the output's tail if t failed.
 func startLogged(t *testing.T, name string, cmd *exec.Cmd) {
 	t.Helper()
-	out := &lockedBuffer{}
+	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -327,22 +326,4 @@ func startLogged(t *testing.T, name string, cmd *exec.Cmd) {
 			t.Logf("%s log:\n%s", name, tail(out.String(), 4000))
 		}
 	})
-}
-
-// lockedBuffer is a process's output, read while it writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
