@@ -173,3 +173,70 @@ func TestGroupsConcurrency(t *testing.T) {
 		}
 	})
 }
+
+// stalledClaim holds one task's first claim write until the test lets it
+// go, as a stalled store would: the claim lands with less of its lease
+// left than a handler may start with.
+type stalledClaim struct {
+	task.Store
+	taskKey string
+	until   chan time.Time // the claim's lease end, as it is about to be written
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *stalledClaim) Update(ctx context.Context, t *task.Task) error {
+	if t.Key == s.taskKey && len(t.Attempts) == 1 {
+		s.once.Do(func() {
+			s.until <- t.Attempts[0].LeaseUntil
+			<-s.release
+		})
+	}
+	return s.Store.Update(ctx, t)
+}
+
+// TestLateClaimKeepsItsSlot: a claim that lands too late to start its
+// handler leaves the attempt running in the store until its lease ends,
+// and so keeps its concurrency slot until then: the other task of the
+// group, waiting for the slot, starts only after, and the attempt history
+// never shows two of a group limited to one running at once.
+func TestLateClaimKeepsItsSlot(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	if err := control.SetLimit(ctx, e.store, control.Limit{Target: control.Group("a"), Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan string, 4)
+	h := func(ctx context.Context, job *consumer.Job) error {
+		started <- job.Task.Key
+		return nil
+	}
+	stall := &stalledClaim{Store: e.store, taskKey: "late", until: make(chan time.Time, 1), release: make(chan struct{})}
+	e.worker("w1", h, onStore(stall))
+	e.awaitControls("w1", 0, 1)
+	// A lease of 4 s; a handler starts only with more than a tenth of it
+	// left. The claim holds the slot while its write stalls.
+	e.publish("late", group("a"), lease(time.Second, 4*time.Second))
+	until := recv(t, stall.until, "late's claim write")
+	e.publish("next", group("a"))
+	testutil.Eventually(t, waitLong, "late's lease to be 350 ms from its end", func() bool {
+		return !e.store.Now().Before(until.Add(-350 * time.Millisecond))
+	})
+	close(stall.release)
+	e.awaitLog("the late claim not to start", "claim landed after its lease ended; not starting", 1)
+	got := recv(t, started, "a handler to start")
+	doc, err := e.store.Get(ctx, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range slices.Concat(doc.History, doc.Attempts) {
+		if got == "late" && a.Attempt == 1 {
+			continue // the late claim itself
+		}
+		if a.StartedAt.Before(until) {
+			t.Fatalf("%s attempt %d started at %s, before the late claim's lease ended at %s: its slot was freed early",
+				got, a.Attempt, a.StartedAt.Format("05.000"), until.Format("05.000"))
+		}
+	}
+}

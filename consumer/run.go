@@ -170,7 +170,10 @@ func (c *Consumer) run(doc *task.Task, holder task.Holder, wait time.Duration, l
 		if keys := doc.LockKeys; len(keys) > 0 {
 			c.releaseLocks(task.LockParams{Keys: keys, Holder: lease.Holder()})
 		}
-		c.rules.releaseSlots(doc, lease.Holder())
+		// Its concurrency slots run out with the lease, as a lost lease's
+		// do: the store shows the attempt running until then, and a slot
+		// freed now would let the history show more running than the
+		// limit (releaseSlotsAfter).
 		return doc
 	}
 	tctx, span := tracing.StartRun(c.handlerCtx, tracing.Run{
