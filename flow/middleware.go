@@ -78,19 +78,6 @@ func Middleware(cfg MiddlewareConfig) consumer.Middleware {
 	}
 }
 
-// stepEnvelope decodes a step task's envelope; tasks whose key does not
-// look like a step's are not parsed at all.
-func stepEnvelope(t *task.Task) (envelope, bool) {
-	var env envelope
-	if !strings.Contains(t.Key, "/do") && !strings.Contains(t.Key, "/undo") {
-		return env, false
-	}
-	if err := json.Unmarshal(t.Payload, &env); err != nil || env.Flow.Flow == "" || env.Flow.TaskKey() != t.Key {
-		return env, false
-	}
-	return env, true
-}
-
 func runStep(ctx context.Context, cfg MiddlewareConfig, next consumer.Handler, job *consumer.Job, env envelope) error {
 	ref := env.Flow
 	log := cfg.Logger.With(slog.String("flow", ref.Flow), slog.String("task", job.Task.Key), slog.Int("attempt", job.Attempt))
